@@ -1,0 +1,143 @@
+"""edgec command line: parse, call the driver, print. No logic lives here."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import click
+
+from .errors import UserError
+
+__all__ = ["main", "cli"]
+
+EXIT_USER = 2
+EXIT_INTERNAL = 3
+
+
+def _progress(msg: str) -> None:
+    click.echo(f"edgec: {msg}", err=True)
+
+
+def _fail(msg: str, code: int = EXIT_USER) -> None:
+    click.echo(f"edgec: {msg}", err=True)
+    sys.exit(code)
+
+
+class _Group(click.Group):
+    """Turns UserError into one line and exit 2; other exceptions into one line and exit 3."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except UserError as exc:
+            _fail(str(exc))
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, SystemExit):
+            raise
+        except KeyboardInterrupt:
+            _fail("interrupted", 130)
+        except Exception as exc:  # a bug: keep the traceback behind EDGEC_DEBUG
+            if os.environ.get("EDGEC_DEBUG"):
+                traceback.print_exc()
+            _fail(f"internal error: {type(exc).__name__}: {exc} (set EDGEC_DEBUG=1 for the traceback)", EXIT_INTERNAL)
+
+
+@click.group(cls=_Group)
+@click.version_option(package_name="edgec")
+def cli() -> None:
+    """Compile an ONNX model so that several edge devices run it together."""
+
+
+@cli.command("compile")
+@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--devices", "devices", required=True, type=click.Path(dir_okay=False, path_type=Path), help="cluster.yaml")
+@click.option("-o", "--output", "outdir", required=True, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--strategy", default="auto", type=click.Choice(["auto", "pipeline", "single", "even", "neurosurgeon"]))
+@click.option("--objective", default="latency", type=click.Choice(["latency", "throughput"]))
+@click.option("--shape", "shapes", multiple=True, metavar="NAME=D0,D1,...", help="pin an input's dynamic dimensions")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON summary object on stdout")
+def compile_cmd(model, devices, outdir, strategy, objective, shapes, as_json):
+    """Compile MODEL for the devices in CLUSTER.yaml into OUTDIR (fragments + manifest.json)."""
+    import time
+
+    from .driver import compile_model
+    from .ingest import parse_shape_option
+    from .report import compile_summary, format_compile
+
+    t0 = time.perf_counter()
+    result = compile_model(model, devices, outdir, strategy, objective, parse_shape_option(shapes), _progress)
+    summary = compile_summary(result, outdir, time.perf_counter() - t0)
+    click.echo(json.dumps(summary, indent=1, sort_keys=True) if as_json else format_compile(summary))
+
+
+@cli.command("inspect")
+@click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--devices", type=click.Path(dir_okay=False, path_type=Path), help="cluster.yaml: add the cost table")
+@click.option("--shape", "shapes", multiple=True, metavar="NAME=D0,D1,...")
+@click.option("--json", "as_json", is_flag=True)
+def inspect_cmd(model, devices, shapes, as_json):
+    """Show MODEL's layer graph and, with a cluster, each layer's cost on each device."""
+    from .ingest import load_model, parse_shape_option
+    from .report import format_inspect, inspect_summary
+
+    ing = load_model(model, parse_shape_option(shapes))
+    cost = None
+    if devices:
+        from .cluster import load_cluster
+        from .cost import build_cost_table
+
+        cost = build_cost_table(ing.graph, load_cluster(devices), ing.sha256)
+    summary = inspect_summary(ing, cost)
+    click.echo(json.dumps(summary, indent=1, sort_keys=True) if as_json else format_inspect(summary))
+
+
+@cli.command("simulate")
+@click.argument("manifest", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True)
+def simulate_cmd(manifest, as_json):
+    """Replay MANIFEST's schedule under the cost model: per-device timeline and totals."""
+    from .report import format_simulation, load_manifest_json
+    from .simulate import simulate_manifest
+
+    data = load_manifest_json(manifest)
+    try:
+        sim = simulate_manifest(data)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UserError(f"not a valid edgec manifest ({exc})", str(manifest)) from None
+    sim["manifest"] = str(manifest)
+    sim["predicted_throughput_ips"] = data.get("predicted", {}).get("throughput_ips")
+    click.echo(json.dumps(sim, indent=1, sort_keys=True) if as_json else format_simulation(sim))
+
+
+@cli.command("profile")
+@click.option("-o", "--output", "output", required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--model", type=click.Path(dir_okay=False, path_type=Path), help="also measure this model's layers")
+@click.option("--threads", type=click.IntRange(min=1), default=None)
+@click.option("--power-idle", type=click.FloatRange(min=0), default=None, help="idle watts, if known")
+@click.option("--power-busy", type=click.FloatRange(min=0), default=None, help="busy watts, if known")
+def profile_cmd(output, model, threads, power_idle, power_busy):
+    """Measure this machine and write a device profile (the format of profiles/*.yaml)."""
+    from .profile import measure_host, write_profile
+
+    if model is not None and not model.is_file():
+        raise UserError("no such ONNX file", str(model))
+    prof = measure_host(model_path=str(model) if model else None, threads=threads, progress=_progress,
+                        power_idle_w=power_idle, power_busy_w=power_busy)
+    write_profile(prof, output)
+    click.echo(str(output))
+
+
+def _add_runtime_commands() -> None:
+    from runtime.cli import run as run_cmd
+
+    cli.add_command(run_cmd, "run")
+
+
+_add_runtime_commands()
+
+
+def main() -> None:
+    cli(prog_name="edgec")

@@ -1,0 +1,125 @@
+"""compile(): the compiler as one straight-line list of named steps."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from . import cluster as cluster_mod
+from .cost import CostTable, build_cost_table, pipeline_problem
+from .emit import build_fragments, build_manifest, write_output
+from .errors import UserError
+from .graph import LayerGraph
+from .ingest import Ingested, load_model
+from .plan import PLANNERS, STRATEGIES
+from .plan.problem import InfeasibleError, PipelineProblem, PipelineSolution
+from .plan.types import Plan, Stage
+from .simulate import Prediction, simulate
+
+__all__ = ["CompileResult", "Candidate", "compile_model", "plan_model", "OBJECTIVES"]
+
+logger = logging.getLogger(__name__)
+OBJECTIVES = ("latency", "throughput")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    strategy: str
+    plan: Plan | None
+    prediction: Prediction | None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    ingested: Ingested
+    cluster: cluster_mod.Cluster
+    cost: CostTable
+    chosen: Candidate
+    candidates: tuple[Candidate, ...]
+    manifest: dict
+    timings: dict[str, float]
+
+
+def _to_plan(sol: PipelineSolution, strategy: str, objective: str, graph: LayerGraph, problem: PipelineProblem) -> Plan:
+    blocks = graph.blocks
+    stages = tuple(Stage(problem.devices[s.device], blocks[s.lo][0], blocks[s.hi - 1][1]) for s in sol.stages)
+    return Plan(strategy, objective, stages).ensures(graph)
+
+
+def _key(c: Candidate, objective: str) -> tuple:
+    p = c.prediction
+    main = (p.latency_ms, p.bottleneck_ms) if objective == "latency" else (p.bottleneck_ms, p.latency_ms)
+    return (*main, STRATEGIES.index(c.strategy))
+
+
+def plan_model(graph: LayerGraph, cost: CostTable, strategy: str, objective: str) -> tuple[Candidate, tuple[Candidate, ...]]:
+    """Run the requested planner (all of them for `auto`) and choose the best predicted plan."""
+    problem = pipeline_problem(graph, cost)
+    names = [s for s in STRATEGIES if s != "auto"] if strategy == "auto" else [strategy]
+    candidates = []
+    for name in names:
+        try:
+            sol = PLANNERS[name](problem, objective)[0]
+        except InfeasibleError as exc:
+            candidates.append(Candidate(name, None, None, str(exc)))
+            continue
+        plan = _to_plan(sol, name, objective, graph, problem)
+        candidates.append(Candidate(name, plan, simulate(plan, graph, cost)))
+    feasible = [c for c in candidates if c.plan is not None]
+    if not feasible:
+        raise UserError(candidates[0].error, cost.cluster.path)
+    return min(feasible, key=lambda c: _key(c, objective)), tuple(candidates)
+
+
+def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, strategy: str = "auto",
+                  objective: str = "latency", shapes: dict | None = None,
+                  progress: Callable[[str], None] = lambda s: None) -> CompileResult:
+    timings: dict[str, float] = {}
+    t = time.perf_counter()
+
+    def step(name: str) -> None:
+        nonlocal t
+        now = time.perf_counter()
+        timings[name] = now - t
+        t = now
+        progress(f"{name}: {timings[name]:.2f}s")
+
+    if strategy not in STRATEGIES:
+        raise UserError(f"unknown strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
+    if objective not in OBJECTIVES:
+        raise UserError(f"unknown objective {objective!r} (choose from {', '.join(OBJECTIVES)})")
+    cluster = cluster_mod.load_cluster(devices)
+    step("cluster")
+    ing = load_model(model, shapes)
+    step("ingest")
+    cost = build_cost_table(ing.graph, cluster, ing.sha256)
+    step("cost")
+    chosen, candidates = plan_model(ing.graph, cost, strategy, objective)
+    step("plan")
+    frags = build_fragments(ing, chosen.plan, chosen.prediction)
+    manifest = build_manifest(ing, chosen.plan, chosen.prediction, frags, cluster.to_dict(), Path(outdir),
+                              plan_info(chosen, candidates, ing.graph))
+    step("emit")
+    write_output(Path(outdir), manifest, frags)
+    step("write")
+    return CompileResult(ing, cluster, cost, chosen, candidates, manifest, timings)
+
+
+def plan_info(chosen: Candidate, candidates, graph: LayerGraph) -> dict:
+    """The manifest's informational `plan` section: stages and the predicted numbers of every candidate."""
+    return {
+        "strategy": chosen.strategy,
+        "objective": chosen.plan.objective,
+        "stages": [{"device": s.device, "layers": [s.lo, s.hi], "first_layer": graph.layers[s.lo].name,
+                    "last_layer": graph.layers[s.hi - 1].name} for s in chosen.plan.stages],
+        "candidates": [
+            {"strategy": c.strategy, "feasible": c.plan is not None, "error": c.error,
+             "latency_ms": round(c.prediction.latency_ms, 4) if c.prediction else None,
+             "throughput_ips": round(c.prediction.throughput_ips, 4) if c.prediction else None}
+            for c in candidates
+        ],
+    }

@@ -1,0 +1,140 @@
+"""LayerGraph: the compiler's view of a model as an ordered DAG of layers, free of ONNX protobufs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+__all__ = ["TensorInfo", "Window", "Layer", "LayerGraph", "COST_CLASSES"]
+
+# Operator classes used by the cost model (profiles give a throughput for each compute class).
+COST_CLASSES = ("conv", "depthwise_conv", "gemm", "pool", "elementwise", "norm", "softmax", "data", "other")
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # numpy dtype name, e.g. "float32"
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Window:
+    """Sliding-window geometry of a Type-1 operator over the spatial axes (H, W) of an NCHW tensor."""
+
+    op_type: str
+    kernel: tuple[int, int]
+    strides: tuple[int, int]
+    pads: tuple[int, int, int, int]  # top, left, bottom, right (ONNX order: begins then ends)
+    dilations: tuple[int, int]
+    ceil_mode: bool = False
+    group: int = 1
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One operator plus the cheap elementwise operators that follow it.
+
+    `nodes` index the normalised model's node list (ingest keeps it); `inputs` and `outputs` are the
+    activation tensors that cross the layer's boundary (graph inputs, other layers' outputs, graph outputs).
+    """
+
+    index: int
+    name: str
+    nodes: tuple[int, ...]
+    node_names: tuple[str, ...]
+    op_types: tuple[str, ...]
+    cost_class: str  # one of COST_CLASSES, for the leading (most expensive) operator
+    spatial_type: int  # ADaPS: 1 neighbourhood, 2 pointwise, 3 not split
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    flops: int
+    param_bytes: int
+    input_bytes: int
+    output_bytes: int
+    window: Window | None = None  # the layer's Type-1 operator, if any (at most one per layer)
+
+
+@dataclass(frozen=True)
+class LayerGraph:
+    """Layers in a topological order (the order of the normalised model's nodes)."""
+
+    layers: tuple[Layer, ...]
+    tensors: dict[str, TensorInfo] = field(hash=False)
+    inputs: tuple[str, ...]  # graph inputs (activations fed by the user)
+    outputs: tuple[str, ...]  # graph outputs
+
+    @cached_property
+    def producer(self) -> dict[str, int]:
+        """Tensor name -> index of the layer producing it (graph inputs are absent)."""
+        return {t: layer.index for layer in self.layers for t in layer.outputs}
+
+    @cached_property
+    def consumers(self) -> dict[str, tuple[int, ...]]:
+        out: dict[str, list[int]] = {}
+        for layer in self.layers:
+            for t in layer.inputs:
+                out.setdefault(t, []).append(layer.index)
+        return {t: tuple(v) for t, v in out.items()}
+
+    def live_across(self, cut: int) -> tuple[str, ...]:
+        """Activations produced by layers < cut and consumed by layers >= cut (sorted by producer)."""
+        live = []
+        for t, users in self.consumers.items():
+            p = self.producer.get(t)
+            if p is not None and p < cut and any(u >= cut for u in users):
+                live.append((p, t))
+        return tuple(t for _, t in sorted(live))
+
+    def cut_bytes(self, cut: int) -> int:
+        return sum(self.tensors[t].nbytes for t in self.live_across(cut))
+
+    @cached_property
+    def block_cuts(self) -> tuple[int, ...]:
+        """Cut positions (1..L-1) across which exactly one activation is live: serial block boundaries.
+
+        Between two consecutive block cuts lies a single-entry/single-exit block, so a branching graph
+        (Inception, ResNet, DenseNet, transformer) plans as a chain of blocks.
+        """
+        n = len(self.layers)
+        count = [0] * (n + 1)
+        for t, users in self.consumers.items():
+            p = self.producer.get(t)
+            if p is None:
+                continue
+            last = max(users)
+            for c in range(p + 1, last + 1):
+                count[c] += 1
+        return tuple(c for c in range(1, n) if count[c] == 1)
+
+    @cached_property
+    def blocks(self) -> tuple[tuple[int, int], ...]:
+        """Half-open layer ranges [lo, hi) between consecutive block cuts, covering every layer."""
+        edges = (0, *self.block_cuts, len(self.layers))
+        return tuple((edges[i], edges[i + 1]) for i in range(len(edges) - 1))
+
+    @cached_property
+    def footprint_bytes(self) -> tuple[int, ...]:
+        """Per layer: bytes of activations resident while it runs (its inputs, outputs, and everything
+        produced earlier that a later layer still needs)."""
+        last_use = {t: max(users) for t, users in self.consumers.items()}
+        out = []
+        for layer in self.layers:
+            i = layer.index
+            live = {t for t, p in self.producer.items() if p < i and last_use.get(t, -1) > i}
+            live |= set(layer.inputs) | set(layer.outputs)
+            out.append(sum(self.tensors[t].nbytes for t in live if t in self.tensors))
+        return tuple(out)
+
+    def peak_activation_bytes(self, lo: int, hi: int) -> int:
+        """Peak bytes of activations alive while layers [lo, hi) run one after another on one device."""
+        return max(self.footprint_bytes[lo:hi], default=0)
+
+    @property
+    def total_flops(self) -> int:
+        return sum(layer.flops for layer in self.layers)
+
+    @property
+    def total_param_bytes(self) -> int:
+        return sum(layer.param_bytes for layer in self.layers)

@@ -1,0 +1,271 @@
+"""Ingest: load an ONNX file, normalise it, pin and infer static shapes, and build its LayerGraph."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper, shape_inference
+
+from .errors import UserError
+from .graph import LayerGraph
+from .layers import build_layer_graph, node_inputs, subgraph_inputs
+
+__all__ = ["Ingested", "load_model", "parse_shape_option", "file_sha256"]
+
+logger = logging.getLogger(__name__)
+
+MIN_OPSET = 7  # older models are converted up to CONVERT_TO
+CONVERT_TO = 13
+
+
+@dataclass(frozen=True, eq=False)
+class Ingested:
+    """The normalised model (static shapes, unique node names) and its layer graph."""
+
+    path: Path
+    sha256: str
+    model: onnx.ModelProto
+    graph: LayerGraph
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def parse_shape_option(items: tuple[str, ...] | list[str]) -> dict[str, tuple[int, ...]]:
+    """`NAME=D0,D1,...` strings -> {name: dims}."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for item in items:
+        name, sep, dims = item.rpartition("=")
+        try:
+            parsed = tuple(int(d) for d in dims.split(","))
+        except ValueError:
+            parsed = ()
+        if not sep or not name or not parsed or any(d <= 0 for d in parsed):
+            raise UserError(f"--shape {item!r}: expected NAME=D0,D1,... with positive integers")
+        shapes[name] = parsed
+    return shapes
+
+
+def load_model(path: str | Path, shapes: dict[str, tuple[int, ...]] | None = None) -> Ingested:
+    """Load, check, normalise and shape an ONNX model; build its layer graph."""
+    path = Path(path)
+    model = _read(path)
+    model = _normalise(model, path)
+    model = _pin_shapes(model, shapes or {}, path)
+    model = _infer_shapes(model, path)
+    graph = build_layer_graph(model)
+    if not graph.layers:
+        raise UserError("the model has no operators to run", str(path))
+    return Ingested(path=path, sha256=file_sha256(path), model=model, graph=graph)
+
+
+def _read(path: Path) -> onnx.ModelProto:
+    if not path.is_file():
+        raise UserError("no such ONNX file", str(path))
+    try:
+        model = onnx.load(str(path), load_external_data=True)
+    except Exception as exc:  # protobuf DecodeError, missing external data, ...
+        raise UserError(f"not a readable ONNX model ({_first_line(exc)})", str(path)) from None
+    if not model.graph.node:
+        raise UserError("not an ONNX model with a graph (no nodes)", str(path))
+    try:
+        onnx.checker.check_model(model, full_check=False)
+    except Exception as exc:
+        raise UserError(f"invalid ONNX model: {_first_line(exc)}", str(path)) from None
+    return model
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), CONVERT_TO)
+
+
+def _normalise(model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
+    """Fold constant subgraphs into initializers, drop Identity chains and initializer-inputs, name nodes."""
+    if _opset(model) < MIN_OPSET:
+        try:
+            model = onnx.version_converter.convert_version(model, CONVERT_TO)
+        except Exception as exc:
+            raise UserError(f"cannot convert opset {_opset(model)} to {CONVERT_TO}: {_first_line(exc)}", str(path)) from None
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    _fold_constants(out, path)
+    _drop_identities(out.graph)
+    _name_nodes(out.graph)
+    return out
+
+
+# Operators whose output is not a function of their inputs: never fold.
+NOT_FOLDABLE = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
+
+
+def _fold_constants(model: onnx.ModelProto, path: Path) -> None:
+    """Evaluate every node whose inputs are all constants (Constant, ConstantOfShape, Unsqueeze of a weight,
+    Identity of a weight, ...) into initializers; drop initializers listed as graph inputs and unused ones."""
+    from onnx.reference import ReferenceEvaluator
+
+    g = model.graph
+    inits = {i.name: i for i in g.initializer}
+    keep, opsets = [], list(model.opset_import)
+    for node in g.node:
+        ins = [i for i in node.input if i]
+        foldable = node.op_type not in NOT_FOLDABLE and all(i in inits for i in ins) and not subgraph_inputs(node)
+        if not foldable or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+            keep.append(node)
+            continue
+        try:
+            fn = helper.make_graph([node], "fold", [], [helper.make_empty_tensor_value_info(o) for o in node.output if o],
+                                   initializer=[inits[i] for i in dict.fromkeys(ins)])
+            values = ReferenceEvaluator(helper.make_model(fn, opset_imports=opsets)).run(None, {})
+        except Exception as exc:
+            raise UserError(f"cannot evaluate constant node {node.name or node.op_type}: {_first_line(exc)}", str(path)) from None
+        for name, value in zip([o for o in node.output if o], values):
+            inits[name] = numpy_helper.from_array(np.asarray(value), name)
+    graph_outputs = {o.name for o in g.output}
+    used = {i for n in keep for i in node_inputs(n)} | graph_outputs
+    del g.node[:]
+    g.node.extend(keep)
+    del g.initializer[:]
+    g.initializer.extend(inits[name] for name in inits if name in used)
+    real_inputs = [i for i in g.input if i.name not in inits]
+    del g.input[:]
+    g.input.extend(real_inputs)
+
+
+def _drop_identities(graph: onnx.GraphProto) -> None:
+    """Remove Identity/Dropout-free Identity chains by rewiring consumers (graph outputs keep theirs)."""
+    outputs = {o.name for o in graph.output}
+    rename: dict[str, str] = {}
+    keep = []
+    for node in graph.node:
+        if node.op_type == "Identity" and node.output[0] not in outputs:
+            src = node.input[0]
+            rename[node.output[0]] = rename.get(src, src)
+            continue
+        keep.append(node)
+    if not rename:
+        return
+    for node in keep:
+        for i, name in enumerate(node.input):
+            if name in rename:
+                node.input[i] = rename[name]
+    del graph.node[:]
+    graph.node.extend(keep)
+
+
+def _name_nodes(graph: onnx.GraphProto) -> None:
+    seen: set[str] = set()
+    for i, node in enumerate(graph.node):
+        name = node.name or f"{node.op_type}_{i}"
+        while name in seen:
+            name = f"{name}_{i}"
+        node.name = name
+        seen.add(name)
+
+
+def _pin_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], path: Path) -> onnx.ModelProto:
+    inits = {i.name for i in model.graph.initializer}
+    inputs = {i.name: i for i in model.graph.input if i.name not in inits}
+    for name in shapes:
+        if name not in inputs:
+            raise UserError(f"--shape names {name!r}, which is not an input (inputs: {', '.join(inputs)})", str(path))
+    for name, vi in inputs.items():
+        dims = vi.type.tensor_type.shape.dim
+        if name in shapes:
+            if len(shapes[name]) != len(dims):
+                raise UserError(f"--shape {name}: rank {len(shapes[name])}, but the input has rank {len(dims)}", str(path))
+            for d, v in zip(dims, shapes[name]):
+                if d.HasField("dim_value") and d.dim_value != v:
+                    raise UserError(f"--shape {name}: dimension {d.dim_value} is fixed by the model, not {v}", str(path))
+                d.Clear()
+                d.dim_value = v
+        unknown = [i for i, d in enumerate(dims) if not d.HasField("dim_value") or d.dim_value <= 0]
+        if unknown or not vi.type.tensor_type.HasField("shape"):
+            syms = [dims[i].dim_param or "?" for i in unknown]
+            raise UserError(
+                f"input {name!r} has dynamic dimension(s) {', '.join(syms) or '(no shape)'}: "
+                f"pin them with --shape {name}=D0,D1,...",
+                str(path),
+            )
+    return model
+
+
+def _infer_shapes(model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
+    try:
+        inferred = shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+    except Exception as exc:
+        raise UserError(f"shape inference failed: {_first_line(exc)}", str(path)) from None
+    missing = _tensors_without_static_shape(inferred)
+    if missing:
+        logger.info("shape inference left %d tensors unshaped; measuring them with onnxruntime", len(missing))
+        _measure_shapes(inferred, missing, path)
+    return inferred
+
+
+def _tensors_without_static_shape(model: onnx.ModelProto) -> list[str]:
+    known = {}
+    for vi in list(model.graph.value_info) + list(model.graph.output) + list(model.graph.input):
+        tt = vi.type.tensor_type
+        ok = tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim) and tt.elem_type != 0
+        known[vi.name] = ok
+    inits = {i.name for i in model.graph.initializer}
+    missing = []
+    for node in model.graph.node:
+        for out in node.output:
+            if out and out not in inits and not known.get(out, False) and out not in missing:
+                missing.append(out)
+    return missing
+
+
+def _measure_shapes(model: onnx.ModelProto, names: list[str], path: Path) -> None:
+    """Shapes inference could not derive: run the model once on zeros and record what comes out."""
+    import onnxruntime as ort
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    graph_outputs = {o.name for o in probe.graph.output}
+    for n in names:
+        if n not in graph_outputs:
+            probe.graph.output.append(helper.make_empty_tensor_value_info(n))
+    try:
+        sess = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+        feeds = {
+            i.name: np.zeros([d.dim_value for d in i.type.tensor_type.shape.dim], dtype=_np_dtype(i.type.tensor_type.elem_type))
+            for i in model.graph.input
+            if i.name not in {x.name for x in model.graph.initializer}
+        }
+        results = sess.run(names, feeds)
+    except Exception as exc:
+        raise UserError(f"cannot determine static shapes of {len(names)} tensors: {_first_line(exc)}", str(path)) from None
+    by_name = {vi.name: vi for vi in model.graph.value_info}
+    for name, value in zip(names, results):
+        value = np.asarray(value)
+        vi = helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(value.dtype), list(value.shape))
+        if name in by_name:
+            by_name[name].CopyFrom(vi)
+        elif name in graph_outputs:
+            next(o for o in model.graph.output if o.name == name).CopyFrom(vi)
+        else:
+            model.graph.value_info.append(vi)
+
+
+def _np_dtype(elem_type: int) -> np.dtype:
+    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+
+
+def initializer_arrays(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    return {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}

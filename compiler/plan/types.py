@@ -1,0 +1,130 @@
+"""Plan: the one object handed from planning to emission (frozen, JSON round-trip, self-checking)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ..graph import LayerGraph
+
+__all__ = ["Tile", "Segment", "SpatialGroup", "Stage", "Plan", "PlanError"]
+
+
+class PlanError(Exception):
+    """A plan that breaks an invariant: a planner bug, never a user error."""
+
+
+@dataclass(frozen=True)
+class Tile:
+    """Rows (or columns) [start, stop) of a segment's output tensor that one device computes."""
+
+    device: str
+    start: int
+    stop: int
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Layers [lo, hi) run fused on every tile: no exchange inside, overlapping halo rows recomputed.
+
+    Segment boundaries lie on serial-block cuts, so a segment's output is one tensor, tiled by `tiles`.
+    Between consecutive segments each device receives from its neighbours only the halo rows it needs.
+    """
+
+    lo: int
+    hi: int
+    tiles: tuple[Tile, ...]
+
+
+@dataclass(frozen=True)
+class SpatialGroup:
+    """Height (axis 2) or width (axis 3) partitioning of a stage's layers across a group of devices."""
+
+    axis: int
+    segments: tuple[Segment, ...]
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(t.device for seg in self.segments for t in seg.tiles))
+
+
+@dataclass(frozen=True)
+class Stage:
+    """Layers [lo, hi) of the graph's topological order, run on one device, or, with `spatial`, tiled
+    across a group of devices whose results are gathered on `device`."""
+
+    device: str
+    lo: int
+    hi: int
+    spatial: SpatialGroup | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    strategy: str  # the planner that produced it: pipeline, single, even, neurosurgeon, ...
+    objective: str  # latency | throughput
+    stages: tuple[Stage, ...]
+
+    def ensures(self, graph: LayerGraph) -> "Plan":
+        """Every layer placed exactly once and stages in dependency order; spatial segments cover their
+        stage and their tiles cover each segment output exactly, in order."""
+        if not self.stages:
+            raise PlanError("plan has no stages")
+        pos = 0
+        for s in self.stages:
+            if s.lo != pos or s.hi <= s.lo:
+                raise PlanError(f"stage {s} does not continue at layer {pos}")
+            pos = s.hi
+        if pos != len(graph.layers):
+            raise PlanError(f"plan covers {pos} of {len(graph.layers)} layers")
+        for s in self.stages:
+            if s.spatial is not None:
+                _check_group(s, graph)
+        return self
+
+    def stage_of_layer(self) -> list[int]:
+        out = []
+        for k, s in enumerate(self.stages):
+            out.extend([k] * (s.hi - s.lo))
+        return out
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Plan":
+        return cls(d["strategy"], d["objective"], tuple(_stage_from_dict(s) for s in d["stages"]))
+
+
+def _stage_from_dict(d: dict) -> Stage:
+    sp = d.get("spatial")
+    group = None
+    if sp is not None:
+        segs = tuple(Segment(g["lo"], g["hi"], tuple(Tile(**t) for t in g["tiles"])) for g in sp["segments"])
+        group = SpatialGroup(sp["axis"], segs)
+    return Stage(d["device"], d["lo"], d["hi"], group)
+
+
+def _check_group(stage: Stage, graph: LayerGraph) -> None:
+    g = stage.spatial
+    if g.axis not in (2, 3):
+        raise PlanError(f"spatial axis {g.axis} is neither height (2) nor width (3)")
+    pos = stage.lo
+    for seg in g.segments:
+        if seg.lo != pos or seg.hi <= seg.lo:
+            raise PlanError(f"segment {seg.lo}-{seg.hi} does not continue at layer {pos}")
+        pos = seg.hi
+        outs = graph.live_across(seg.hi) if seg.hi < len(graph.layers) else graph.layers[seg.hi - 1].outputs
+        if len(outs) != 1:
+            raise PlanError(f"segment {seg.lo}-{seg.hi} does not end on a single tensor: {outs}")
+        size = graph.tensors[outs[0]].shape[g.axis]
+        at = 0
+        for t in seg.tiles:
+            if t.start != at or t.stop <= t.start:
+                raise PlanError(f"tile {t} does not continue at row {at} of {outs[0]}")
+            at = t.stop
+        if at != size:
+            raise PlanError(f"tiles cover {at} of {size} rows of {outs[0]}")
+        if len({t.device for t in seg.tiles}) != len(seg.tiles):
+            raise PlanError(f"a device holds two tiles of {outs[0]}")
+    if pos != stage.hi:
+        raise PlanError(f"segments cover layers {stage.lo}-{pos}, not {stage.lo}-{stage.hi}")

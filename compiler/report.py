@@ -1,0 +1,132 @@
+"""Reports: the stable JSON summaries of compile/inspect/simulate and their human-readable tables."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .errors import UserError
+
+__all__ = ["compile_summary", "format_compile", "inspect_summary", "format_inspect", "format_simulation",
+           "load_manifest_json", "table"]
+
+MB = float(2**20)
+
+
+def table(headers: list[str], rows: list[list]) -> str:
+    cells = [[str(h) for h in headers]] + [[_fmt(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.3f}" if abs(v) < 100 else f"{v:.1f}"
+    return "-" if v is None else str(v)
+
+
+def compile_summary(result, outdir: Path, seconds: float) -> dict:
+    """The `edgec compile --json` object (documented in README; keys are stable)."""
+    graph = result.ingested.graph
+    plan, pred = result.chosen.plan, result.chosen.prediction
+    frags = {f["device"]: [] for f in result.manifest["fragments"]}
+    for f in result.manifest["fragments"]:
+        frags[f["device"]].append(f["file"])
+    devices = []
+    for dev in result.cluster.devices:
+        stages = [s for s in plan.stages if s.device == dev.name]
+        mem = sum(sum(layer.param_bytes for layer in graph.layers[s.lo:s.hi]) + graph.peak_activation_bytes(s.lo, s.hi)
+                  for s in stages)
+        devices.append({"name": dev.name, "profile": dev.profile.name, "fragments": frags.get(dev.name, []),
+                        "memory_mb": round(mem / MB, 3), "memory_available_mb": round(dev.usable_bytes / MB, 3),
+                        "predicted_busy_ms": round(pred.busy_ms.get(dev.name, 0.0), 4)})
+    return {
+        "manifest": str(Path(outdir) / "manifest.json"),
+        "model": str(result.ingested.path),
+        "strategy": result.chosen.strategy,
+        "objective": plan.objective,
+        "predicted_latency_ms": round(pred.latency_ms, 4),
+        "predicted_throughput_ips": round(pred.throughput_ips, 4),
+        "bytes_transferred": pred.bytes_transferred,
+        "compile_seconds": round(seconds, 3),
+        "timings": {k: round(v, 4) for k, v in result.timings.items()},
+        "layers": len(graph.layers),
+        "blocks": len(graph.blocks),
+        "devices": devices,
+        "stages": result.manifest["plan"]["stages"],
+        "candidates": result.manifest["plan"]["candidates"],
+    }
+
+
+def format_compile(s: dict) -> str:
+    rows = [[c["strategy"], c["latency_ms"], c["throughput_ips"], "chosen" if c["strategy"] == s["strategy"] else
+             ("" if c["feasible"] else "does not fit")] for c in s["candidates"]]
+    dev_rows = [[d["name"], d["profile"], ", ".join(d["fragments"]) or "-", d["memory_mb"], d["memory_available_mb"],
+                 d["predicted_busy_ms"]] for d in s["devices"]]
+    stage_rows = [[i, st["device"], f"{st['layers'][0]}-{st['layers'][1] - 1}", st["first_layer"], st["last_layer"]]
+                  for i, st in enumerate(s["stages"])]
+    return "\n\n".join([
+        f"{s['model']}: {s['layers']} layers in {s['blocks']} serial blocks; objective {s['objective']}",
+        table(["strategy", "latency ms", "throughput/s", ""], rows),
+        table(["stage", "device", "layers", "first", "last"], stage_rows),
+        table(["device", "profile", "fragments", "memory MB", "available MB", "busy ms"], dev_rows),
+        f"predicted latency {s['predicted_latency_ms']:.3f} ms, throughput {s['predicted_throughput_ips']:.3f}/s, "
+        f"{s['bytes_transferred']} bytes transferred per input; compiled in {s['compile_seconds']:.2f} s\n"
+        f"wrote {s['manifest']}",
+    ])
+
+
+def inspect_summary(ing, cost) -> dict:
+    g = ing.graph
+    layers = []
+    for layer in g.layers:
+        entry = {"index": layer.index, "name": layer.name, "ops": list(layer.op_types), "class": layer.cost_class,
+                 "spatial_type": layer.spatial_type, "flops": layer.flops, "param_bytes": layer.param_bytes,
+                 "input_bytes": layer.input_bytes, "output_bytes": layer.output_bytes,
+                 "outputs": [{"name": t, "shape": list(g.tensors[t].shape)} for t in layer.outputs if t in g.tensors]}
+        if cost is not None:
+            entry["ms"] = {d: round(float(cost.layer_ms[layer.index, j]), 5) for j, d in enumerate(cost.devices)}
+            entry["memory_bytes"] = layer.param_bytes + g.footprint_bytes[layer.index]
+        layers.append(entry)
+    out = {"model": str(ing.path), "sha256": ing.sha256, "inputs": list(g.inputs), "outputs": list(g.outputs),
+           "total_flops": g.total_flops, "total_param_bytes": g.total_param_bytes, "block_cuts": list(g.block_cuts),
+           "layers": layers}
+    if cost is not None:
+        out["devices"] = [{"name": d, "measured": m, "total_ms": round(float(cost.layer_ms[:, j].sum()), 4)}
+                          for j, (d, m) in enumerate(zip(cost.devices, cost.measured))]
+    return out
+
+
+def format_inspect(s: dict) -> str:
+    devs = [d["name"] for d in s.get("devices", [])]
+    rows = [[l["index"], l["name"][:32], "+".join(l["ops"])[:28], l["class"], l["spatial_type"], l["flops"] / 1e6,
+             l["param_bytes"] / MB, l["output_bytes"] / MB, *[l["ms"][d] for d in devs]] for l in s["layers"]]
+    head = f"{s['model']}: {len(s['layers'])} layers, {s['total_flops'] / 1e9:.3f} GFLOP, {s['total_param_bytes'] / MB:.1f} MB of weights"
+    body = table(["#", "layer", "ops", "class", "type", "MFLOP", "param MB", "out MB", *[f"{d} ms" for d in devs]], rows)
+    tail = "\n".join(f"{d['name']}: {d['total_ms']:.3f} ms for the whole model" + (" (measured)" if d["measured"] else "")
+                     for d in s.get("devices", []))
+    return "\n".join(x for x in (head, body, tail) if x)
+
+
+def format_simulation(sim: dict) -> str:
+    rows = [[e["device"], e["kind"], e["what"], e["start_ms"], e["end_ms"]] for e in sim["timeline"]]
+    devs = [[d, v["busy_ms"], v["finish_ms"]] for d, v in sim["devices"].items()]
+    return "\n\n".join([
+        table(["device", "kind", "what", "start ms", "end ms"], rows),
+        table(["device", "busy ms", "finish ms"], devs),
+        f"predicted latency {sim['latency_ms']:.3f} ms; {sim['bytes_transferred']} bytes between devices per input",
+    ])
+
+
+def load_manifest_json(path: Path) -> dict:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError("no such manifest", str(path)) from None
+    except (OSError, ValueError) as exc:
+        raise UserError(f"not a readable JSON manifest ({exc})", str(path)) from None
+    if not isinstance(data, dict) or data.get("format") != "edgec.manifest":
+        raise UserError("not an edgec manifest (format is not edgec.manifest)", str(path))
+    return data
