@@ -1,0 +1,149 @@
+"""`edgec profile`: measure this machine (quick mode), write the YAML, load it back."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import numpy as np
+import onnx
+import pytest
+import yaml
+from onnx import TensorProto, helper, numpy_helper
+
+from compiler.cluster import GFLOPS_KEYS, load_cluster, load_profile
+from compiler.errors import UserError
+from compiler.profile import measure_host, measure_layers, write_profile
+
+
+@pytest.fixture(scope="module")
+def quick_profile():
+    lines: list[str] = []
+    p = measure_host(quick=True, threads=1, progress=lines.append)
+    return p, lines
+
+
+def test_measure_host_quick(quick_profile):
+    p, lines = quick_profile
+    assert set(p) == {
+        "name", "description", "memory_mb", "usable_memory_fraction", "runtime_overhead_mb",
+        "op_overhead_us", "gflops", "memory_gbps", "power_w", "sources", "layers",
+    }
+    assert p["name"] and p["description"]
+    assert p["memory_mb"] > 0 and 0 < p["usable_memory_fraction"] <= 1
+    assert 0 < p["runtime_overhead_mb"] < p["memory_mb"]
+    assert p["op_overhead_us"] > 0
+    assert set(p["gflops"]) == set(GFLOPS_KEYS) and all(v > 0 for v in p["gflops"].values())
+    assert p["memory_gbps"] > 0
+    assert p["power_w"] == {"idle": None, "busy": None}
+    assert p["layers"] == {}
+    assert p["sources"][0].startswith("edgec profile on ") and "onnxruntime" in p["sources"][0] and "1 threads" in p["sources"][0]
+    assert any("GFLOP/s" in s for s in lines) and any("GB/s" in s for s in lines)
+
+
+def test_written_profile_loads(quick_profile, tmp_path):
+    p, _ = quick_profile
+    out = tmp_path / "profiles" / "host.yaml"
+    write_profile(p, out)
+    assert sorted(os.listdir(out.parent)) == ["host.yaml"]  # no temp file left behind
+    loaded = load_profile(str(out))
+    assert loaded.name == p["name"]
+    assert loaded.gflops == {k: float(v) for k, v in p["gflops"].items()}
+    assert loaded.memory_gbps == p["memory_gbps"]
+    assert loaded.power_idle_w is None and loaded.power_busy_w is None  # null = unknown
+    assert loaded.sources == tuple(p["sources"])
+    assert yaml.safe_load(out.read_text())["power_w"] == {"idle": None, "busy": None}
+    # and a cluster can use it by path
+    cf = tmp_path / "cluster.yaml"
+    cf.write_text("devices:\n  - {name: me, profile: profiles/host.yaml}\nnetwork: {bandwidth_mbps: 100, latency_ms: 1}\n")
+    assert load_cluster(cf).device("me").profile.name == p["name"]
+
+
+def test_write_profile_with_power_and_overwrite(quick_profile, tmp_path):
+    p, _ = quick_profile
+    out = tmp_path / "host.yaml"
+    out.write_text("old")
+    write_profile({**p, "power_w": {"idle": 2.5, "busy": 6.0}}, out)
+    loaded = load_profile(str(out))
+    assert (loaded.power_idle_w, loaded.power_busy_w) == (2.5, 6.0)
+
+
+def test_write_profile_rejects_invalid_and_leaves_file(quick_profile, tmp_path):
+    p, _ = quick_profile
+    out = tmp_path / "host.yaml"
+    write_profile(p, out)
+    before = out.read_text()
+    bad = {**p, "gflops": {**p["gflops"], "conv": 0}}
+    with pytest.raises(UserError, match=r"gflops\.conv must be positive") as ei:
+        write_profile(bad, out)
+    assert ei.value.path == str(out)
+    assert out.read_text() == before
+
+
+def test_measure_host_rejects_bad_threads():
+    with pytest.raises(UserError, match="threads must be a positive integer"):
+        measure_host(threads=0, quick=True)
+
+
+def _tiny_model(path):
+    rng = np.random.default_rng(1)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((16, 3, 3, 3)).astype(np.float32), "w1"),
+        numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "b1"),
+        numpy_helper.from_array(rng.standard_normal((16, 16, 3, 3)).astype(np.float32), "w2"),
+        numpy_helper.from_array(np.array([1, -1], dtype=np.int64), "shape"),
+        numpy_helper.from_array(rng.standard_normal((16 * 32 * 32, 64)).astype(np.float32), "fc_w"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["c2", "r1"], ["a2"], name="add2"),
+        helper.make_node("Sigmoid", ["a2"], ["s2"], name="sig2"),
+        helper.make_node("Mul", ["a2", "s2"], ["m2"], name="mul2"),
+        helper.make_node("Reshape", ["m2", "shape"], ["f"], name="flatten"),
+        helper.make_node("MatMul", ["f", "fc_w"], ["y"], name="fc"),
+    ]
+    g = helper.make_graph(
+        nodes, "tiny", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 32, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], inits,
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, path)
+    return [n.name for n in nodes]
+
+
+def test_layers_table_from_a_model(tmp_path):
+    model = tmp_path / "tiny.onnx"
+    names = _tiny_model(model)
+    p = measure_host(model_path=str(model), quick=True, threads=1)
+    digest = hashlib.sha256(model.read_bytes()).hexdigest()
+    assert list(p["layers"]) == [digest]
+    table = p["layers"][digest]
+    assert set(names) <= set(table)  # every node of the model is listed (fused/folded ones at 0.0)
+    assert all(v >= 0 for v in table.values())
+    assert sum(table.values()) > 0
+    assert table["conv1"] > 0 and table["fc"] > 0  # nodes that keep their own kernel get time
+    assert any("layers:" in s and digest[:12] in s for s in p["sources"])
+    out = tmp_path / "host.yaml"
+    write_profile(p, out)
+    assert load_profile(str(out)).layers[digest]["fc"] == table["fc"]
+
+
+def test_measure_layers_unnamed_nodes_and_bad_model(tmp_path):
+    model = tmp_path / "tiny.onnx"
+    _tiny_model(model)
+    m = onnx.load(str(model))
+    for n in m.graph.node:
+        n.name = ""
+    onnx.save(m, str(model))
+    digest, table = measure_layers(model, threads=1, runs=2)
+    assert set(table) == {f"{n.op_type}_{i}" for i, n in enumerate(m.graph.node)}
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a model")
+    with pytest.raises(UserError) as ei:
+        measure_layers(bad)
+    assert ei.value.path == str(bad)
+    with pytest.raises(UserError, match="cannot read model"):
+        measure_layers(tmp_path / "absent.onnx")
