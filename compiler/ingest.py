@@ -15,7 +15,7 @@ from .errors import UserError
 from .graph import LayerGraph
 from .layers import build_layer_graph, node_inputs, subgraph_inputs
 
-__all__ = ["Ingested", "load_model", "parse_shape_option", "file_sha256"]
+__all__ = ["Ingested", "load_model", "parse_shape_option", "file_sha256", "skeleton"]
 
 logger = logging.getLogger(__name__)
 
@@ -79,10 +79,39 @@ def _read(path: Path) -> onnx.ModelProto:
     if not model.graph.node:
         raise UserError("not an ONNX model with a graph (no nodes)", str(path))
     try:
-        onnx.checker.check_model(model, full_check=False)
+        onnx.checker.check_model(skeleton(model), full_check=False)
     except Exception as exc:
         raise UserError(f"invalid ONNX model: {_first_line(exc)}", str(path)) from None
     return model
+
+
+SKELETON_MAX_ELEMENTS = 4096  # initializers up to this size stay (shape tensors feed data propagation)
+
+
+def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model without its large weights: each becomes a typed graph input of the same shape.
+
+    The checker and shape inference serialise the whole model; on the skeleton they see the same structure
+    and types at a fraction of the cost (weights were already parsed, so their contents are not in doubt).
+    """
+    g = model.graph
+    sk = onnx.ModelProto()
+    sk.ir_version = max(model.ir_version, 4)
+    sk.opset_import.extend(model.opset_import)
+    sk.functions.extend(model.functions)
+    sg = sk.graph
+    sg.name = g.name or "graph"
+    sg.node.extend(g.node)
+    sg.input.extend(g.input)
+    sg.output.extend(g.output)
+    sg.value_info.extend(g.value_info)
+    listed = {i.name for i in g.input}  # old models also list initializers as inputs
+    for init in g.initializer:
+        if int(np.prod(init.dims, dtype=np.int64)) <= SKELETON_MAX_ELEMENTS:
+            sg.initializer.append(init)
+        elif init.name not in listed:
+            sg.input.append(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+    return sk
 
 
 def _first_line(exc: Exception) -> str:
@@ -101,9 +130,9 @@ def _normalise(model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
             model = onnx.version_converter.convert_version(model, CONVERT_TO)
         except Exception as exc:
             raise UserError(f"cannot convert opset {_opset(model)} to {CONVERT_TO}: {_first_line(exc)}", str(path)) from None
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
+    out = model  # normalised in place: the caller's proto is ours
     _fold_constants(out, path)
+    out.ir_version = max(out.ir_version, 4)  # IR 3 needs initializers listed as inputs; we list none
     _drop_identities(out.graph)
     _name_nodes(out.graph)
     return out
@@ -206,9 +235,14 @@ def _pin_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], path
 
 def _infer_shapes(model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
     try:
-        inferred = shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+        shaped = shape_inference.infer_shapes(skeleton(model), check_type=False, strict_mode=False, data_prop=True)
     except Exception as exc:
         raise UserError(f"shape inference failed: {_first_line(exc)}", str(path)) from None
+    inferred = model
+    del inferred.graph.value_info[:]
+    inferred.graph.value_info.extend(shaped.graph.value_info)
+    for out, new in zip(inferred.graph.output, shaped.graph.output):
+        out.CopyFrom(new)
     missing = _tensors_without_static_shape(inferred)
     if missing:
         logger.info("shape inference left %d tensors unshaped; measuring them with onnxruntime", len(missing))

@@ -1,0 +1,5 @@
+"""`python -m compiler` is the `edgec` command."""
+
+from .cli import main
+
+main()

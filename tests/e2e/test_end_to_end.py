@@ -1,0 +1,73 @@
+"""Split equals whole: every model models/ builds compiles for 1-4 device clusters and a memory-forced split,
+runs through the local runtime, and reproduces onnxruntime on the whole model (`edgec run --verify`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+import models
+
+HERE = Path(__file__).resolve().parent
+CLUSTERS = ["one", "two", "three", "four"]
+TINY = ["tinychain", "tinyconv", "tinytransformer"]
+ZOO = [m for m in models.MODEL_NAMES if m not in TINY and m != "dynamic"]
+
+
+def edgec(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "compiler", *args], capture_output=True, text=True, timeout=900)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"edgec {' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def compile_and_verify(model: Path, cluster: Path, out: Path, *extra: str) -> tuple[dict, dict]:
+    summary = json.loads(edgec("compile", str(model), "--devices", str(cluster), "-o", str(out), "--json", *extra).stdout)
+    run = json.loads(edgec("run", str(out / "manifest.json"), "--random-inputs", "--seed", "3", "--verify", "--json").stdout)
+    assert run["verify"]["passed"], run["verify"]
+    return summary, run
+
+
+def tight_cluster(model: Path, tmp: Path) -> Path:
+    """Two devices, each too small for the whole model: the plan must split it."""
+    from compiler.ingest import load_model
+
+    g = load_model(model).graph
+    need_mb = (g.total_param_bytes + max(g.footprint_bytes)) / 2**20
+    mem = 80 + 0.7 * need_mb  # runtime_overhead_mb of the profile + 70% of the model
+    doc = {"devices": [{"name": n, "profile": "rpi4", "memory_mb": round(mem / 0.75, 3)} for n in ("a", "b")],
+           "network": {"bandwidth_mbps": 100, "latency_ms": 1, "medium": "switched"}}
+    path = tmp / "tight.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@pytest.mark.parametrize("cluster", CLUSTERS)
+@pytest.mark.parametrize("name", TINY)
+def test_tiny_models(name, cluster, tmp_path):
+    summary, _ = compile_and_verify(models.ensure(name), HERE / "clusters" / f"{cluster}.yaml", tmp_path / "out")
+    assert summary["predicted_latency_ms"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ZOO)
+def test_zoo_models_on_every_cluster(name, tmp_path):
+    model = models.ensure(name)
+    for cluster in CLUSTERS:
+        compile_and_verify(model, HERE / "clusters" / f"{cluster}.yaml", tmp_path / cluster)
+    summary, _ = compile_and_verify(model, tight_cluster(model, tmp_path), tmp_path / "tight")
+    assert len({d["name"] for d in summary["devices"] if d["fragments"]}) == 2, summary["devices"]
+
+
+def test_dynamic_model_needs_shape(tmp_path):
+    model = models.ensure("dynamic")
+    bad = edgec("compile", str(model), "--devices", str(HERE / "clusters/two.yaml"), "-o", str(tmp_path / "o"), check=False)
+    assert bad.returncode == 2 and "dynamic" in bad.stderr and "Traceback" not in bad.stderr
+    assert not (tmp_path / "o").exists()
+    name = next(iter(json.loads(edgec("inspect", str(model), "--shape", "x=2,3,32,32", "--json").stdout)["inputs"]))
+    compile_and_verify(model, HERE / "clusters/two.yaml", tmp_path / "o", "--shape", f"{name}=2,3,32,32")
