@@ -1,0 +1,138 @@
+"""Baseline planners, same interface as `plan_pipeline`: (problem, objective, ...) -> [PipelineSolution].
+
+- `plan_single`: the whole model on the best single device that fits.
+- `plan_even`: EdgeShard-like: devices 0..n-1 in list order, contiguous stages of near-equal compute.
+- `plan_neurosurgeon`: the best split point between two devices (every ordered pair, every cut), or no
+  split at all.
+
+Each returns a list with exactly one solution (scored by `PipelineProblem.evaluate`); `top_k` is accepted
+for interface compatibility and ignored. They raise the same `InfeasibleError` as `plan_pipeline`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from compiler.plan.pipeline import _MB, _Tables, infeasible_message, solution_sort_key, validate_request
+from compiler.plan.problem import InfeasibleError, PipelineProblem, PipelineSolution, StageChoice
+
+__all__ = ["plan_single", "plan_even", "plan_neurosurgeon", "even_boundaries"]
+
+
+def _mb(x: float) -> str:
+    return f"{x / _MB:.1f} MB"
+
+
+def _solve(problem: PipelineProblem, stages: list[tuple[int, int, int]]) -> PipelineSolution:
+    return problem.evaluate(tuple(StageChoice(lo, hi, d) for lo, hi, d in stages))
+
+
+def _candidate_keys(tab: _Tables, objective: str, max_stages: int | None):
+    """Every plan with one stage, or two stages on distinct devices, as (sort key, stages), fitting memory.
+
+    Keys are computed with evaluate's exact arithmetic: latency = (sum of computes) + (sum of transfers).
+    """
+    B, D = tab.B, tab.D
+    out = []
+    for d in range(D):
+        c = float(tab.C[0, B, d])
+        if np.isfinite(c):
+            key = (c + 0, c) if objective == "latency" else (c, c + 0)
+            out.append((key, ((0, B, d),)))
+    if (max_stages or 2) < 2 or B < 2 or D < 2:
+        return out
+    cuts = np.arange(1, B)
+    head = tab.C[0, cuts]  # [B-1, D(a)]
+    tail = tab.C[cuts, B]  # [B-1, D(b)]
+    trans = tab.T[cuts - 1]  # [B-1, a, b]
+    lat = (head[:, :, None] + tail[:, None, :]) + trans
+    bn = np.maximum(np.maximum(head[:, :, None], tail[:, None, :]), trans)
+    ok = np.isfinite(lat)
+    for ci, a, b in zip(*np.nonzero(ok)):
+        key = (float(lat[ci, a, b]), float(bn[ci, a, b]))
+        if objective != "latency":
+            key = key[::-1]
+        c = int(cuts[ci])
+        out.append((key, ((0, c, int(a)), (c, B, int(b)))))
+    return out
+
+
+def plan_single(
+    problem: PipelineProblem, objective: str = "latency", top_k: int = 1, max_stages: int | None = None
+) -> list[PipelineSolution]:
+    """The best single device that holds the whole model (one stage)."""
+    validate_request(problem, objective)
+    B = problem.n_blocks
+    fits = [d for d in range(problem.n_devices) if problem.fits((StageChoice(0, B, d),))]
+    if not fits:
+        need = problem.stage_memory(0, B)
+        largest = int(np.argmax(problem.device_mem_bytes))
+        raise InfeasibleError(
+            f"no single device holds the model: it needs {_mb(need)} and the largest device"
+            f" ({problem.devices[largest]}) offers {_mb(float(problem.device_mem_bytes[largest]))}"
+        )
+    sols = [_solve(problem, [(0, B, d)]) for d in fits]
+    return [min(sols, key=lambda s: solution_sort_key(s, objective))]
+
+
+def even_boundaries(problem: PipelineProblem, n_stages: int) -> list[int]:
+    """Stage boundaries 0 = b_0 < b_1 < ... < b_n = B of near-equal compute share.
+
+    A block's size is its mean time over the devices; b_k is the block boundary whose cumulative size
+    is nearest to k/n of the total (ties go to the later boundary, i.e. the one where the cumulative
+    size crosses k/n), restricted so that every stage keeps at least one block.
+    """
+    B = problem.n_blocks
+    size = np.asarray(problem.block_ms, dtype=np.float64).mean(axis=1)
+    prefix = np.concatenate([[0.0], np.cumsum(size)])
+    total = prefix[-1]
+    bounds = [0]
+    for k in range(1, n_stages):
+        lo, hi = bounds[-1] + 1, B - (n_stages - k)
+        dist = np.abs(prefix[lo : hi + 1] - total * k / n_stages)
+        bounds.append(lo + int(np.flatnonzero(dist == dist.min())[-1]))
+    bounds.append(B)
+    return bounds
+
+
+def plan_even(
+    problem: PipelineProblem, objective: str = "latency", top_k: int = 1, max_stages: int | None = None
+) -> list[PipelineSolution]:
+    """EdgeShard-like: the first n = min(B, D[, max_stages]) devices in list order, stage k on device k,
+    stages of near-equal compute share (see `even_boundaries`)."""
+    validate_request(problem, objective)
+    n = min(problem.n_blocks, problem.n_devices, max_stages or problem.n_devices)
+    bounds = even_boundaries(problem, n)
+    stages = [(bounds[k], bounds[k + 1], k) for k in range(n)]
+    for lo, hi, d in stages:
+        need = problem.stage_memory(lo, hi)
+        have = problem.device_mem_bytes[d]
+        if need > have:
+            raise InfeasibleError(
+                f"even split over {n} devices does not fit: stage {d} (blocks {lo}..{hi - 1}) needs {_mb(need)}"
+                f" but device {problem.devices[d]} offers {_mb(float(have))}"
+            )
+    bw = np.asarray(problem.bandwidth_bytes_per_ms)
+    for (_, _, a), (_, _, b) in zip(stages, stages[1:]):
+        if not bw[a, b] > 0:
+            raise InfeasibleError(
+                f"even split over {n} devices needs the link {problem.devices[a]} -> {problem.devices[b]},"
+                " which has zero bandwidth"
+            )
+    return [_solve(problem, stages)]
+
+
+def plan_neurosurgeon(
+    problem: PipelineProblem, objective: str = "latency", top_k: int = 1, max_stages: int | None = None
+) -> list[PipelineSolution]:
+    """The best split point between two devices: every ordered pair (a, b), every cut, plus every
+    single-device plan; the best that fits (ties: smaller stages tuple)."""
+    validate_request(problem, objective)
+    cands = _candidate_keys(_Tables(problem), objective, max_stages)
+    if not cands:
+        raise InfeasibleError(
+            f"no single device or two-device split fits: {infeasible_message(problem, min(2, max_stages or 2))}"
+        )
+    _, stages = min(cands)
+    sol = _solve(problem, list(stages))
+    return [sol]

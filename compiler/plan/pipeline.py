@@ -1,0 +1,703 @@
+"""Exact pipeline planner: a layer-graph dynamic program over (blocks done, devices used, last device).
+
+`plan_pipeline` splits the chain of blocks 0..B-1 into contiguous stages, gives every stage its own
+device (any subset of the devices, in any order) and returns the `top_k` best placements that fit
+memory, under the cost model of `PipelineProblem` (see problem.py).
+
+Formulation. A state is (j, m, a): blocks 0..j-1 are placed, `m` is the bitmask of the devices used and
+`a` ran the last stage, which ends at j. A transition appends the stage [j, h) on a device b not in m:
+it pays the transfer of cut j-1 from a to b and the compute of blocks j..h-1 on b. Device order is part
+of the state, so every ordered subset of devices is searched; the answer is the best state with j = B.
+Each state keeps labels, and a label is dropped only when at least k other labels of the same state are
+at least as good under every possible completion, so the k best complete plans are exact:
+
+  - latency, switched medium: a label is (latency, bottleneck), compared lexicographically. Latency is
+    additive and the bottleneck a running max, so a lexicographically smaller label stays smaller after
+    any common extension. The k smallest labels per state are kept (vectorised over all states of a
+    given j with numpy).
+  - throughput, switched medium: the objective (max term, latency) is not monotone under extension (a
+    later large stage can hide an earlier difference in bottleneck), so it is solved in two exact passes
+    of the same vectorised DP: (1) the k best bottleneck values (a min-max DP, which is monotone) give
+    the bottleneck levels of the answer; every plan strictly below the highest level t is in the answer
+    and comes out of that pass; (2) the latency DP restricted to stages and transfers <= t gives the
+    best latencies at level t.
+  - shared medium: the link term is the SUM of the transfers, so the bottleneck max(max compute,
+    transfer sum) is not decomposable. A label is (latency, max compute, transfer sum) and each state
+    keeps its k-Pareto set (entries dominated by fewer than k others). The search is bounded with an
+    exact lower bound on the bottleneck (a parametric search over compute caps: min over c of
+    max(c, least transfer sum with every stage <= c)) and an upper bound from plans already known.
+    States that have used too many devices to cover the remaining blocks within the bound are dropped.
+    With the latency objective, a label with a strictly smaller latency dominates regardless of the
+    rest, so the Pareto step only resolves exact latency ties; when the (k+1)-th best latency differs
+    from the k-th, the fast latency DP is already exact and the Pareto pass is skipped.
+
+Symmetry: devices that are interchangeable bit for bit (same block_ms column, memory, and links to and
+from every other device) are only used in index order, which removes relabelled copies of the same
+plan from the search without losing any cost; for top_k > 1 the copies are generated back afterwards
+(they have identical costs), so the result equals the unrestricted search.
+
+Numerics: stage compute is summed with the same numpy reduction `PipelineProblem.evaluate` uses, and
+transfers with the same expression, so bottleneck values are bit-identical to `evaluate`'s. Latency is
+accumulated in a different order than `evaluate` (rounding differences ~1e-16 relative); returned plans
+are always re-scored with `evaluate`. Transfers over a pair with zero bandwidth are treated as missing
+links (never used).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from compiler.plan.problem import InfeasibleError, PipelineProblem, PipelineSolution, StageChoice
+
+__all__ = ["OBJECTIVES", "plan_pipeline", "infeasible_message", "solution_sort_key", "validate_request"]
+
+OBJECTIVES = ("latency", "throughput")
+_MB = 1e6
+_REL_SLACK = 1e-9  # slack on latency bounds (latency sums are rounded in a different order than evaluate's)
+
+Stage = tuple[int, int, int]  # (lo, hi, device)
+
+
+# ----------------------------------------------------------------------------------------------------
+# public helpers shared with the baselines
+
+
+def validate_request(problem: PipelineProblem, objective: str) -> None:
+    """Raise ValueError on an unknown objective or malformed problem arrays."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+    if problem.medium not in ("switched", "shared"):
+        raise ValueError(f"medium must be 'switched' or 'shared', got {problem.medium!r}")
+    B, D = problem.n_blocks, problem.n_devices
+    if B < 1 or D < 1:
+        raise ValueError(f"need at least one block and one device, got B={B}, D={D}")
+    if len(problem.devices) != D:
+        raise ValueError(f"{len(problem.devices)} device names for block_ms with {D} columns")
+    shapes = {
+        "block_param_bytes": (np.shape(problem.block_param_bytes), (B,)),
+        "block_peak_act_bytes": (np.shape(problem.block_peak_act_bytes), (B,)),
+        "cut_bytes": (np.shape(problem.cut_bytes), (B - 1,)),
+        "device_mem_bytes": (np.shape(problem.device_mem_bytes), (D,)),
+        "bandwidth_bytes_per_ms": (np.shape(problem.bandwidth_bytes_per_ms), (D, D)),
+        "link_latency_ms": (np.shape(problem.link_latency_ms), (D, D)),
+    }
+    for name, (got, want) in shapes.items():
+        if got != want:
+            raise ValueError(f"{name} has shape {got}, expected {want}")
+    for name in ("block_ms", "block_param_bytes", "block_peak_act_bytes", "cut_bytes", "link_latency_ms"):
+        arr = np.asarray(getattr(problem, name))
+        if arr.size and (np.isnan(arr).any() or (arr < 0).any()):
+            raise ValueError(f"{name} must be non-negative (and not NaN)")
+    bw = np.asarray(problem.bandwidth_bytes_per_ms)
+    if bw.size and (np.isnan(bw).any() or (bw < 0).any()):
+        raise ValueError("bandwidth_bytes_per_ms must be non-negative (0 = no link)")
+
+
+def solution_sort_key(sol: PipelineSolution, objective: str) -> tuple:
+    """Total order used to rank plans: the objective key, then the stages (lo, hi, device) tuple."""
+    return (*sol.key(objective), tuple((s.lo, s.hi, s.device) for s in sol.stages))
+
+
+def infeasible_message(problem: PipelineProblem, max_stages: int | None = None) -> str:
+    """One line saying how much memory the model needs and how much the cluster offers."""
+    params = np.asarray(problem.block_param_bytes, dtype=np.float64)
+    act = np.asarray(problem.block_peak_act_bytes, dtype=np.float64)
+    mem = np.asarray(problem.device_mem_bytes, dtype=np.float64)
+    weights, peak = float(params.sum()), float(act.max())
+    need, total, largest = weights + peak, float(mem.sum()), float(mem.max())
+    offer = f"the devices offer {total / _MB:.1f} MB in total (largest {largest / _MB:.1f} MB)"
+    block_mem = np.array([problem.stage_memory(i, i + 1) for i in range(problem.n_blocks)], dtype=np.float64)
+    worst = int(np.argmax(block_mem))
+    if block_mem[worst] > largest:
+        return (
+            f"block {worst} alone needs {block_mem[worst] / _MB:.1f} MB (weights {params[worst] / _MB:.1f} MB"
+            f" + activations {act[worst] / _MB:.1f} MB) but the largest device offers {largest / _MB:.1f} MB,"
+            f" so no split can fit it (the whole model needs at least {need / _MB:.1f} MB; {offer})"
+        )
+    base = (
+        f"model needs at least {need / _MB:.1f} MB (weights {weights / _MB:.1f} MB + peak activations"
+        f" {peak / _MB:.1f} MB) to fit across the cluster; {offer}"
+    )
+    if need > total:
+        return base
+    limit = f"at most {max_stages} " if max_stages is not None and max_stages < problem.n_devices else ""
+    if _memory_feasible(problem, max_stages):
+        return f"{base}; placements that fit memory exist but every one needs a missing link (zero bandwidth)"
+    return f"{base}, but no split into {limit}contiguous stages fits each stage on its own device"
+
+
+# ----------------------------------------------------------------------------------------------------
+# tables
+
+
+class _Tables:
+    """Stage compute C[lo, hi, d] (inf when the stage does not fit d's memory) and transfers T[c, a, b]."""
+
+    def __init__(self, problem: PipelineProblem):
+        B, D = problem.n_blocks, problem.n_devices
+        self.B, self.D = B, D
+        bm = np.asarray(problem.block_ms, dtype=np.float64)
+        bmT = np.ascontiguousarray(bm.T)  # [D, B]; window sums below match evaluate's slice sums bit for bit
+        params = np.asarray(problem.block_param_bytes)
+        act = np.asarray(problem.block_peak_act_bytes)
+        dev_mem = np.asarray(problem.device_mem_bytes)
+        C = np.full((B + 1, B + 1, D), np.inf)
+        self.mem_ok = np.zeros((B + 1, B + 1, D), dtype=bool)
+        for L in range(1, B + 1):
+            lo = np.arange(B - L + 1)
+            sums = sliding_window_view(bmT, L, axis=1).sum(axis=2)  # [D, B-L+1]
+            stage_mem = sliding_window_view(params, L).sum(axis=1) + sliding_window_view(act, L).max(axis=1)
+            if np.issubdtype(stage_mem.dtype, np.floating):
+                stage_mem = np.trunc(stage_mem)  # stage_memory() applies int()
+            ok = stage_mem[:, None] <= dev_mem[None, :]  # [B-L+1, D]
+            self.mem_ok[lo, lo + L] = ok
+            C[lo, lo + L] = np.where(ok, sums.T, np.inf)
+        self.C = C
+        if B > 1:
+            cut = np.asarray(problem.cut_bytes)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                T = cut[:, None, None] / np.asarray(problem.bandwidth_bytes_per_ms)[None] + np.asarray(
+                    problem.link_latency_ms
+                )[None]
+            T = np.asarray(T, dtype=np.float64)
+            T[~np.isfinite(T)] = np.inf  # zero bandwidth: no link
+            T[:, np.arange(D), np.arange(D)] = np.inf
+        else:
+            T = np.zeros((0, D, D))
+        self.T = T
+        self.cls = _device_classes(problem)
+        same = self.cls[:, None] == self.cls[None, :]
+        lower = same & (np.arange(D)[None, :] < np.arange(D)[:, None])  # [b, x]: x identical to b, x < b
+        self.lower_same = (lower * (1 << np.arange(D))[None, :]).sum(axis=1).astype(np.int64)
+        rowmin = bm.min(axis=1)
+        self.lat_rest = np.concatenate([np.cumsum(rowmin[::-1])[::-1], [0.0]])  # lower bound, blocks j..B-1
+        self.max_rest = np.concatenate([np.maximum.accumulate(rowmin[::-1])[::-1], [0.0]])
+
+    def replay(self, stages: list[Stage]) -> tuple[float, float, float, float]:
+        """(latency, max compute, max transfer, transfer sum) accumulated exactly as the DPs do."""
+        lat = mc = mt = st = 0.0
+        prev = None
+        for lo, hi, d in stages:
+            if prev is not None:
+                t = float(self.T[lo - 1, prev, d])
+                lat += t
+                st += t
+                mt = max(mt, t)
+            c = float(self.C[lo, hi, d])
+            lat += c
+            mc = max(mc, c)
+            prev = d
+        return lat, mc, mt, st
+
+
+def _device_classes(problem: PipelineProblem) -> np.ndarray:
+    """cls[d] = lowest index of the devices interchangeable with d (same block_ms column, memory and
+    links to and from every other device, bit for bit), so swapping them maps plans to equal-cost plans."""
+    D = problem.n_devices
+    bm = np.asarray(problem.block_ms)
+    mem = np.asarray(problem.device_mem_bytes)
+    mats = [np.asarray(problem.bandwidth_bytes_per_ms), np.asarray(problem.link_latency_ms)]
+    off = ~np.eye(D, dtype=bool)
+    cls = np.arange(D)
+    for d in range(D):
+        for r in range(d):
+            if cls[r] != r or mem[r] != mem[d] or not np.array_equal(bm[:, r], bm[:, d]):
+                continue
+            perm = np.arange(D)
+            perm[[r, d]] = [d, r]
+            if all(np.array_equal(x[np.ix_(perm, perm)][off], x[off]) for x in mats):
+                cls[d] = r
+                break
+    return cls
+
+
+class _Space:
+    """The device masks the DPs visit: at most S devices, and identical devices taken in index order
+    (a plan using a later copy of a device before an earlier one is a relabelling of a canonical plan)."""
+
+    def __init__(self, tab: "_Tables", S: int):
+        D = tab.D
+        masks = np.arange(1 << D)
+        pc = _popcount(masks)
+        bits = 1 << np.arange(D)
+        has = (masks[:, None] & bits[None, :]) != 0  # [M, D]
+        low = tab.lower_same[None, :]
+        canon = np.all(~has | ((masks[:, None] & low) == low), axis=1) & (pc <= S)
+        self.masks = masks[canon]
+        self.mid = np.full(1 << D, -1)
+        self.mid[self.masks] = np.arange(self.masks.size)
+        self.pc = pc[self.masks]
+        self.has = has[self.masks]
+        # can device b start the next stage after the devices in m?
+        self.add_ok = ~self.has & ((self.masks[:, None] & low) == low) & (self.pc[:, None] < S)  # [nM, D]
+        # (m, b) pairs a stage can end in: b in m and m without b is a mask that may add b
+        pm, pb = np.nonzero(self.has)
+        src = self.mid[self.masks[pm] ^ bits[pb]]
+        ok = src >= 0
+        ok[ok] = self.add_ok[src[ok], pb[ok]]
+        self.pm, self.pb, self.psrc = pm[ok], pb[ok], src[ok]
+        self.start = self.add_ok[self.mid[0]]  # devices that may run the first stage
+
+
+def _popcount(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.int64)
+    n = np.zeros_like(x)
+    while np.any(x):
+        n += x & 1
+        x = x >> 1
+    return n
+
+
+# ----------------------------------------------------------------------------------------------------
+# vectorised lexicographic k-best DP
+
+
+def _select_k(p: np.ndarray, s: np.ndarray, K: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The K lexicographically smallest (p, s) along the last axis: (indices, p, s), each [..., K].
+
+    Exhausted slots come back with p = s = inf. Ties go to the lower index (deterministic).
+    """
+    n = p.shape[-1]
+    if K == 1 or n == 1:
+        pm = p.min(axis=-1, keepdims=True)
+        idx = np.where(p == pm, s, np.inf).argmin(axis=-1)[..., None]
+        out_p = np.take_along_axis(p, idx, -1)
+        out_s = np.where(np.isfinite(out_p), np.take_along_axis(s, idx, -1), np.inf)
+        if K > 1:  # n == 1: pad
+            pad = p.shape[:-1] + (K - 1,)
+            idx = np.concatenate([idx, np.zeros(pad, dtype=idx.dtype)], -1)
+            out_p = np.concatenate([out_p, np.full(pad, np.inf)], -1)
+            out_s = np.concatenate([out_s, np.full(pad, np.inf)], -1)
+        return idx, out_p, out_s
+    p = p.copy()
+    s = s.copy()
+    idxs, ps, ss = [], [], []
+    for _ in range(K):
+        pm = p.min(axis=-1, keepdims=True)
+        idx = np.where(p == pm, s, np.inf).argmin(axis=-1)[..., None]
+        vp = np.take_along_axis(p, idx, -1)
+        vs = np.where(np.isfinite(vp), np.take_along_axis(s, idx, -1), np.inf)
+        idxs.append(idx)
+        ps.append(vp)
+        ss.append(vs)
+        np.put_along_axis(p, idx, np.inf, -1)
+        np.put_along_axis(s, idx, np.inf, -1)
+    return np.concatenate(idxs, -1), np.concatenate(ps, -1), np.concatenate(ss, -1)
+
+
+def _lex_dp(
+    tab: _Tables,
+    K: int,
+    S: int,
+    Cp: np.ndarray,
+    Cs: np.ndarray,
+    Tp: np.ndarray,
+    Ts: np.ndarray,
+    op_p,
+    op_s,
+) -> list[tuple[float, float, list[Stage]]]:
+    """K best plans by the lexicographic label (p, s), best first, as (p, s, stages).
+
+    A stage [lo, hi) on d contributes Cp/Cs[lo, hi, d], a transfer over cut c from a to b Tp/Ts[c, a, b];
+    labels combine with op_p / op_s (np.add or np.maximum). inf in Cp or Tp forbids that stage/transfer.
+    Exact for the multiset of the K best p values, and for (p, s) whenever extension preserves the
+    lexicographic order (p additive, s a running max). At most S stages; canonical device orders only.
+    """
+    B, D = tab.B, tab.D
+    sp = _Space(tab, S)
+    nM = sp.masks.size
+    pm, pb, psrc = sp.pm, sp.pb, sp.psrc
+    P = pm.size
+    # W[m, b, j, q]: label after the transfer into b at block j (b not in m); V[m, a, h, r]: after a stage
+    # on a ending at h. Masks are indices into sp.masks.
+    Wp = np.full((nM, D, B, K), np.inf)
+    Ws = np.full((nM, D, B, K), np.inf)
+    Wa = np.zeros((nM, D, B, K), dtype=np.int32)
+    Wr = np.zeros((nM, D, B, K), dtype=np.int32)
+    Vp = np.full((nM, D, B + 1, K), np.inf)
+    Vs = np.full((nM, D, B + 1, K), np.inf)
+    Vi = np.zeros((nM, D, B + 1, K), dtype=np.int32)
+    Vq = np.zeros((nM, D, B + 1, K), dtype=np.int32)
+    Wp[sp.mid[0], sp.start, 0, 0] = 0.0
+    Ws[sp.mid[0], sp.start, 0, 0] = 0.0
+    w_forbid = ~sp.add_ok[:, :, None]  # [nM, D(b), 1]
+    CpT = np.ascontiguousarray(Cp.transpose(2, 1, 0))  # [d, hi, lo]
+    CsT = np.ascontiguousarray(Cs.transpose(2, 1, 0))
+    # stages [j, h) allowed on some device: j >= jlo[h] (shrinking a stage keeps it allowed)
+    allowed = np.isfinite(Cp).any(axis=2)  # [lo, hi]
+    jlo = np.where(allowed.any(axis=0), allowed.argmax(axis=0), np.arange(B + 1))
+    for h in range(1, B + 1):
+        j0 = int(jlo[h])
+        n = h - j0
+        if n == 0:
+            continue
+        cand_p = op_p(Wp[psrc, pb, j0:h, :], CpT[pb, h, j0:h, None]).reshape(P, n * K)
+        cand_s = op_s(Ws[psrc, pb, j0:h, :], CsT[pb, h, j0:h, None]).reshape(P, n * K)
+        idx, vp, vs = _select_k(cand_p, cand_s, K)
+        Vp[pm, pb, h] = vp
+        Vs[pm, pb, h] = vs
+        Vi[pm, pb, h] = j0 + idx // K
+        Vq[pm, pb, h] = idx % K
+        if h == B:
+            break
+        tp = Tp[h - 1]  # [D(a), D(b)]
+        ts = Ts[h - 1]
+        cand_p = op_p(Vp[:, :, h, None, :], tp[None, :, :, None])  # [nM, a, b, K]
+        cand_s = op_s(Vs[:, :, h, None, :], ts[None, :, :, None])
+        cand_p = cand_p.transpose(0, 2, 1, 3).reshape(nM, D, D * K)
+        cand_s = cand_s.transpose(0, 2, 1, 3).reshape(nM, D, D * K)
+        cand_p = np.where(w_forbid, np.inf, cand_p)
+        idx, wp_, ws_ = _select_k(cand_p, cand_s, K)
+        Wp[:, :, h], Ws[:, :, h] = wp_, ws_
+        Wa[:, :, h], Wr[:, :, h] = idx // K, idx % K
+    # best final labels over all (m, b)
+    fp = Vp[pm, pb, B].reshape(P * K)
+    fs = Vs[pm, pb, B].reshape(P * K)
+    idx, vp, vs = _select_k(fp, fs, K)
+    out = []
+    for i, p_val, s_val in zip(idx.tolist(), vp.tolist(), vs.tolist()):
+        if not np.isfinite(p_val):
+            break
+        m, b, r = int(pm[i // K]), int(pb[i // K]), i % K
+        h, stages = B, []
+        while True:
+            j, q = int(Vi[m, b, h, r]), int(Vq[m, b, h, r])
+            stages.append((j, h, b))
+            if j == 0:
+                break
+            m = int(sp.mid[sp.masks[m] ^ (1 << b)])
+            b, r, h = int(Wa[m, b, j, q]), int(Wr[m, b, j, q]), j
+        out.append((p_val, s_val, stages[::-1]))
+    return out
+
+
+def _latency_dp(tab: _Tables, K: int, S: int, cap: float = np.inf) -> list[tuple[float, float, list[Stage]]]:
+    """K best (latency, switched bottleneck); stages and transfers above `cap` are forbidden."""
+    C = tab.C if cap == np.inf else np.where(tab.C <= cap, tab.C, np.inf)
+    T = tab.T if cap == np.inf else np.where(tab.T <= cap, tab.T, np.inf)
+    return _lex_dp(tab, K, S, C, C, T, T, np.add, np.maximum)
+
+
+def _bottleneck_dp(tab: _Tables, K: int, S: int) -> list[tuple[float, float, list[Stage]]]:
+    """K best switched bottlenecks (min-max DP; latency only as a tie-break that may be inexact)."""
+    return _lex_dp(tab, K, S, tab.C, tab.C, tab.T, tab.T, np.maximum, np.add)
+
+
+def _transfer_sum_dp(tab: _Tables, S: int, cap: float) -> list[tuple[float, float, list[Stage]]]:
+    """Least transfer sum over plans whose every stage computes in <= cap ms."""
+    Cp = np.where(tab.C <= cap, 0.0, np.inf)
+    return _lex_dp(tab, 1, S, Cp, tab.C, tab.T, tab.T, np.add, np.add)
+
+
+def _memory_feasible(problem: PipelineProblem, max_stages: int | None) -> bool:
+    tab = _Tables(problem)
+    S = min(tab.D, tab.B, max_stages or tab.D)
+    zero = np.where(np.isfinite(tab.C), 0.0, np.inf)
+    return bool(_lex_dp(tab, 1, S, zero, zero, np.zeros_like(tab.T), np.zeros_like(tab.T), np.add, np.add))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Pareto DP for the shared medium
+
+
+def _kpareto(lat: np.ndarray, mc: np.ndarray, st: np.ndarray, k: int, latency_first: bool) -> np.ndarray:
+    """Indices of the labels dominated by fewer than k others (ties broken by position, deterministic).
+
+    Dominance: all of (lat, mc, st) <= ; with latency_first, also any strictly smaller latency.
+    """
+    n = lat.size
+    if n <= k:
+        return np.arange(n)
+    order = np.lexsort((st, mc, lat))
+    l, m, s = lat[order], mc[order], st[order]
+    if latency_first:
+        first = np.searchsorted(l, l, side="left")  # labels with strictly smaller latency
+        n2 = int(np.searchsorted(first, k, side="left"))  # only a prefix can survive
+        l, m, s, base = l[:n2], m[:n2], s[:n2], first[:n2]
+    else:
+        n2, base = n, np.zeros(n, dtype=np.int64)
+    count = base.copy()
+    chunk = max(1, 4_000_000 // max(n2, 1))
+    for c0 in range(0, n2, chunk):  # count[i] += #{i' < i : i' dominates i}
+        cols = slice(c0, min(n2, c0 + chunk))
+        ii = np.arange(cols.start, cols.stop)
+        rows = slice(0, cols.stop)
+        dom = (m[rows, None] <= m[None, cols]) & (s[rows, None] <= s[None, cols])
+        if latency_first:
+            dom &= l[rows, None] == l[None, cols]
+        dom &= np.arange(cols.stop)[:, None] < ii[None, :]
+        count[cols] += dom.sum(axis=0)
+    return order[:n2][count < k]
+
+
+class _Labels:
+    __slots__ = ("lat", "mc", "st", "i", "a", "r")
+
+    def __init__(self, lat, mc, st, i, a, r):
+        self.lat, self.mc, self.st, self.i, self.a, self.r = lat, mc, st, i, a, r
+
+    def extend(self, other: "_Labels") -> "_Labels":
+        return _Labels(*(np.concatenate([getattr(self, f), getattr(other, f)]) for f in self.__slots__))
+
+
+def _pareto_dp(
+    tab: _Tables, k: int, S: int, objective: str, ub: tuple[float, float], lb_bn: float
+) -> list[tuple[float, float, list[Stage]]]:
+    """k best plans for the shared medium as (latency, bottleneck, stages), best first.
+
+    `ub` is (latency, bottleneck) of the k-th best plan already known (inf if fewer are known) and
+    `lb_bn` a lower bound on every plan's bottleneck; both only prune, the result stays exact.
+    """
+    B, D = tab.B, tab.D
+    latency_first = objective == "latency"
+    ub_lat, ub_bn = ub
+    ub_lat_slack = ub_lat + _REL_SLACK * abs(ub_lat) if np.isfinite(ub_lat) else np.inf
+
+    def prune(lab_lat, mc, st, j):
+        lat_lb = lab_lat + tab.lat_rest[j]
+        bn_lb = np.maximum(mc, st)
+        if latency_first:
+            bad = lat_lb > ub_lat_slack
+        else:
+            bad = (bn_lb > ub_bn) | ((bn_lb == ub_bn) & (lat_lb > ub_lat_slack))
+        return ~bad & np.isfinite(lab_lat)
+
+    # need[j]: least number of stages that can cover blocks j..B-1 (memory, and compute <= ub_bn when
+    # ranking by bottleneck); a state that has used too many devices for what is left is dropped whole.
+    ok = np.isfinite(tab.C).any(axis=2) if latency_first else (tab.C <= ub_bn).any(axis=2)
+    need = np.full(B + 1, B + 1)
+    need[B] = 0
+    for j in range(B - 1, -1, -1):
+        hs = np.flatnonzero(ok[j, j + 1 :]) + j + 1
+        if hs.size:
+            need[j] = 1 + need[hs].min()
+    sp = _Space(tab, S)
+    pairs = [(int(sp.masks[m]), int(b), int(sp.pc[m])) for m, b in zip(sp.pm, sp.pb)]  # stage ends
+    adds = [
+        (int(sp.masks[m]), np.flatnonzero(sp.add_ok[m]).tolist(), int(sp.pc[m])) for m in range(sp.masks.size)
+    ]
+    adds = [(m, bs, c) for m, bs, c in adds if m and bs]  # transfers: (mask, next devices, |mask|)
+    V: dict[tuple[int, int, int], _Labels] = {}  # (j, m, a): labels after a stage on a ending at j
+    W: dict[tuple[int, int], _Labels] = {}  # (m, b): all labels entering b (any j), j in .i
+    empty_i = np.zeros(0, dtype=np.int64)
+    for b in np.flatnonzero(sp.start).tolist():
+        z = np.zeros(1)
+        W[(0, b)] = _Labels(z, z, z, np.zeros(1, np.int64), np.full(1, -1), np.full(1, -1))
+    for j in range(1, B + 1):
+        clamp = 0.0 if latency_first else max(lb_bn, float(tab.max_rest[j]))
+        # stages ending at j
+        for m, b, c in pairs:
+            if c + need[j] > S:
+                continue
+            src = W.get((m ^ (1 << b), b))
+            if src is None:
+                continue
+            cc = tab.C[src.i, j, b]
+            lat = src.lat + cc
+            mc = np.maximum(src.mc, cc)
+            if clamp:
+                mc = np.maximum(mc, clamp)
+            keep = np.nonzero(prune(lat, mc, src.st, j))[0]
+            if keep.size == 0:
+                continue
+            sel = keep[_kpareto(lat[keep], mc[keep], src.st[keep], k, latency_first)]
+            V[(j, m, b)] = _Labels(lat[sel], mc[sel], src.st[sel], empty_i, empty_i, sel)  # r -> W index
+        if j == B:
+            break
+        # transfers into the next stage starting at j
+        for m, next_devices, c in adds:
+            if c + need[j] > S:
+                continue
+            present = [(a, V[(j, m, a)]) for a in range(D) if (j, m, a) in V]
+            if not present:
+                continue
+            lat0 = np.concatenate([lab.lat for _, lab in present])
+            mc0 = np.concatenate([lab.mc for _, lab in present])
+            st0 = np.concatenate([lab.st for _, lab in present])
+            a0 = np.concatenate([np.full(lab.lat.size, a) for a, lab in present])
+            r0 = np.concatenate([np.arange(lab.lat.size) for _, lab in present])
+            for b in next_devices:
+                t = tab.T[j - 1, a0, b]
+                lat, st = lat0 + t, st0 + t
+                keep = np.nonzero(prune(lat, mc0, st, j))[0]
+                if keep.size == 0:
+                    continue
+                sel = keep[_kpareto(lat[keep], mc0[keep], st[keep], k, latency_first)]
+                new = _Labels(lat[sel], mc0[sel], st[sel], np.full(sel.size, j), a0[sel], r0[sel])
+                W[(m, b)] = W[(m, b)].extend(new) if (m, b) in W else new
+    # final selection by the objective's key, then reconstruction
+    finals = [(key, lab) for key, lab in V.items() if key[0] == B]
+    if not finals:
+        return []
+    lat = np.concatenate([lab.lat for _, lab in finals])
+    bn = np.concatenate([np.maximum(lab.mc, lab.st) for _, lab in finals])
+    owner = np.concatenate([np.full(lab.lat.size, n) for n, (_, lab) in enumerate(finals)])
+    row = np.concatenate([np.arange(lab.lat.size) for _, lab in finals])
+    order = np.lexsort((bn, lat) if latency_first else (lat, bn))[:k]
+    out = []
+    for o in order.tolist():
+        (h, m, b), lab = finals[owner[o]]
+        r = int(row[o])
+        stages = []
+        while True:
+            w = int(lab.r[r])
+            src = W[(m ^ (1 << b), b)]
+            j = int(src.i[w])
+            stages.append((j, h, b))
+            if j == 0:
+                break
+            m ^= 1 << b
+            b, r, h = int(src.a[w]), int(src.r[w]), j
+            lab = V[(h, m, b)]
+        out.append((float(lat[o]), float(bn[o]), stages[::-1]))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# objectives
+
+
+def _solve_latency_switched(tab, k, S):
+    return [st for _, _, st in _latency_dp(tab, k, S)]
+
+
+def _solve_throughput_switched(tab, k, S):
+    levels = _bottleneck_dp(tab, k, S)
+    if len(levels) < k:  # fewer than k plans exist: all of them
+        return [st for _, _, st in levels]
+    t = levels[-1][0]
+    below = [st for bn, _, st in levels if bn < t]
+    at_t = [st for _, bn, st in _latency_dp(tab, k, S, cap=t) if bn == t]
+    return below + at_t[: k - len(below)]
+
+
+def _shared_key(tab, stages, objective):
+    lat, mc, _, st = tab.replay(stages)
+    bn = max(mc, st)
+    return (lat, bn) if objective == "latency" else (bn, lat)
+
+
+def _upper_bound(tab, plans, k, objective):
+    """(latency, bottleneck) of the k-th best of the distinct known plans, or infs."""
+    uniq = {tuple(p): _shared_key(tab, p, objective) for p in plans}
+    if len(uniq) < k:
+        return (np.inf, np.inf)
+    key = sorted(uniq.values())[k - 1]
+    return key if objective == "latency" else (key[1], key[0])
+
+
+def _solve_latency_shared(tab, k, S):
+    fast = _latency_dp(tab, k + 1, S)
+    if len(fast) <= k or fast[k][0] > fast[k - 1][0]:
+        return [st for _, _, st in fast[:k]]  # the k best latencies are unique at the boundary: exact
+    plans = [st for _, _, st in fast[:k]]
+    return [st for _, _, st in _pareto_dp(tab, k, S, "latency", _upper_bound(tab, plans, k, "latency"), 0.0)]
+
+
+def _min_shared_bottleneck(tab, S, lower: float, upper: float):
+    """Exact least shared-medium bottleneck: min over compute caps c of max(c, least transfer sum with
+    every stage <= c). The least sum only falls as c grows, so the crossing is found by bisection over
+    the distinct stage times in [lower, upper] (bounds on the answer). Returns (value, plans seen)."""
+    caps = np.unique(tab.C[np.isfinite(tab.C)])
+    plans = []
+
+    def least(i):
+        res = _transfer_sum_dp(tab, S, float(caps[i]))
+        if res:
+            plans.append(res[0][2])
+            return res[0][0]
+        return np.inf
+
+    # first i with least(i) <= caps[i]; none below `lower`, and caps[i] >= upper qualifies
+    lo = int(np.searchsorted(caps, lower, side="left"))
+    hi = int(np.searchsorted(caps, upper, side="left"))
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if least(mid) <= caps[mid]:
+            hi = mid
+        else:
+            lo = mid + 1
+    best = upper
+    if lo < caps.size:
+        best = min(best, float(caps[lo]))
+    if lo > 0:
+        best = min(best, least(lo - 1))
+    return best, plans
+
+
+def _solve_throughput_shared(tab, k, S):
+    sw = _bottleneck_dp(tab, 1, S)  # switched bottleneck <= shared bottleneck for every plan
+    if not sw:
+        return []
+    cheap = [sw[0][2]] + [st for _, _, st in _latency_dp(tab, k, S)]
+    upper = min(_shared_key(tab, p, "throughput")[0] for p in cheap)
+    lb, plans = _min_shared_bottleneck(tab, S, sw[0][0], upper)
+    ub = _upper_bound(tab, cheap + plans, k, "throughput")
+    return [st for _, _, st in _pareto_dp(tab, k, S, "throughput", ub, lb)]
+
+
+def _relabelings(tab: _Tables, plan: list[Stage], limit: int) -> list[list[Stage]]:
+    """Up to `limit` plans of identical cost: `plan` (canonical, first) with identical devices permuted."""
+    positions: dict[int, list[int]] = {}
+    for pos, (_, _, d) in enumerate(plan):
+        positions.setdefault(int(tab.cls[d]), []).append(pos)
+    groups = [(pos, np.flatnonzero(tab.cls == c).tolist()) for c, pos in positions.items()]
+    out: list[list[Stage]] = []
+    devices = [d for _, _, d in plan]
+
+    def rec(g: int):
+        if len(out) >= limit:
+            return
+        if g == len(groups):
+            out.append([(lo, hi, devices[i]) for i, (lo, hi, _) in enumerate(plan)])
+            return
+        pos, members = groups[g]
+        for choice in itertools.permutations(members, len(pos)):
+            for i, d in zip(pos, choice):
+                devices[i] = d
+            rec(g + 1)
+            if len(out) >= limit:
+                return
+
+    rec(0)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# entry point
+
+
+def plan_pipeline(
+    problem: PipelineProblem, objective: str = "latency", top_k: int = 1, max_stages: int | None = None
+) -> list[PipelineSolution]:
+    """The `top_k` best distinct placements of the block chain, best first (exact).
+
+    Stages are contiguous, each on its own device (any subset, any order), each fitting its device's
+    memory; at most `max_stages` stages if given. Ranked by `solution.key(objective)` - latency then
+    bottleneck, or bottleneck then latency - with the stages tuple as a final deterministic tie-break
+    (which of several exactly-tied plans fill the last slots is deterministic but not otherwise
+    specified). Fewer than `top_k` are returned only when fewer placements exist.
+    Raises InfeasibleError (message in MB) when nothing fits, ValueError on bad arguments.
+    """
+    validate_request(problem, objective)
+    if top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    if max_stages is not None and max_stages < 1:
+        raise ValueError(f"max_stages must be >= 1, got {max_stages}")
+    tab = _Tables(problem)
+    S = min(tab.D, tab.B, max_stages or tab.D)
+    shared = problem.medium == "shared" and tab.B > 1 and S > 1
+    if objective == "latency":
+        plans = _solve_latency_shared(tab, top_k, S) if shared else _solve_latency_switched(tab, top_k, S)
+    else:
+        plans = _solve_throughput_shared(tab, top_k, S) if shared else _solve_throughput_switched(tab, top_k, S)
+    if not plans:
+        raise InfeasibleError(infeasible_message(problem, max_stages))
+    if top_k > 1 and np.any(tab.cls != np.arange(tab.D)):  # the DPs searched canonical device orders only
+        plans = [q for p in plans for q in _relabelings(tab, p, top_k)]
+    sols = [problem.evaluate(tuple(StageChoice(lo, hi, d) for lo, hi, d in p)) for p in plans]
+    sols.sort(key=lambda s: solution_sort_key(s, objective))
+    return sols[:top_k]

@@ -1,0 +1,262 @@
+"""plan_pipeline: the layer-graph DP equals brute force over every partition x every injective device
+assignment, for both objectives and both media, including the top-k list; plus hand-made cases."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from compiler.plan.baselines import plan_single
+from compiler.plan.pipeline import plan_pipeline, solution_sort_key
+from compiler.plan.problem import InfeasibleError, PipelineProblem, PipelineSolution, StageChoice
+
+MB = 1_000_000
+OBJECTIVES = ("latency", "throughput")
+
+
+def make_problem(block_ms, params, act, cut, mem, bw, lat=None, medium="switched") -> PipelineProblem:
+    block_ms = np.asarray(block_ms, dtype=np.float64)
+    D = block_ms.shape[1]
+    return PipelineProblem(
+        devices=tuple(f"dev{i}" for i in range(D)),
+        block_ms=block_ms,
+        block_param_bytes=np.asarray(params, dtype=np.int64),
+        block_peak_act_bytes=np.asarray(act, dtype=np.int64),
+        cut_bytes=np.asarray(cut, dtype=np.int64).reshape(-1),
+        device_mem_bytes=np.asarray(mem, dtype=np.int64),
+        bandwidth_bytes_per_ms=np.asarray(bw, dtype=np.float64),
+        link_latency_ms=np.zeros((D, D)) if lat is None else np.asarray(lat, dtype=np.float64),
+        medium=medium,
+    )
+
+
+def brute_force(problem: PipelineProblem, objective: str, max_stages: int | None = None) -> list[PipelineSolution]:
+    """Every split into contiguous stages x every injective device assignment that fits, sorted."""
+    B, D = problem.n_blocks, problem.n_devices
+    out = []
+    for s in range(1, min(B, D, max_stages or D) + 1):
+        for cuts in itertools.combinations(range(1, B), s - 1):
+            bounds = (0, *cuts, B)
+            for devs in itertools.permutations(range(D), s):
+                stages = tuple(StageChoice(bounds[i], bounds[i + 1], devs[i]) for i in range(s))
+                if problem.fits(stages):
+                    out.append(problem.evaluate(stages))
+    return sorted(out, key=lambda sol: solution_sort_key(sol, objective))
+
+
+@st.composite
+def problems(draw, dyadic: bool = True, max_blocks: int = 7, max_devices: int = 4):
+    """Small random problems. Dyadic values (k/4 ms, power-of-two bandwidths, k/8 ms latencies) make
+    every sum exact in floating point, so the DP and brute force can be compared for equality,
+    tie-breaks included. Devices are drawn from a few kinds, so identical copies occur too."""
+    B = draw(st.integers(1, max_blocks))
+    D = draw(st.integers(1, max_devices))
+    kinds = draw(st.lists(st.integers(0, D - 1), min_size=D, max_size=D))
+    nk = D
+    if dyadic:
+        col = np.array(draw(st.lists(st.integers(0, 8), min_size=B * nk, max_size=B * nk))).reshape(B, nk) / 4.0
+        bw_k = 2.0 ** np.array(draw(st.lists(st.integers(3, 8), min_size=nk * nk, max_size=nk * nk))).reshape(nk, nk)
+        lat_k = np.array(draw(st.lists(st.integers(0, 3), min_size=nk * nk, max_size=nk * nk))).reshape(nk, nk) / 8.0
+        cut = np.array(draw(st.lists(st.integers(0, 6), min_size=B - 1, max_size=B - 1)), dtype=np.int64) * 32
+    else:
+        fl = st.floats(0.0, 10.0, allow_nan=False, allow_infinity=False)
+        col = np.array(draw(st.lists(fl, min_size=B * nk, max_size=B * nk))).reshape(B, nk)
+        bw_k = np.array(draw(st.lists(st.floats(1.0, 1e3), min_size=nk * nk, max_size=nk * nk))).reshape(nk, nk)
+        lat_k = np.array(draw(st.lists(st.floats(0.0, 1.0), min_size=nk * nk, max_size=nk * nk))).reshape(nk, nk)
+        cut = np.array(draw(st.lists(st.integers(0, 5000), min_size=B - 1, max_size=B - 1)), dtype=np.int64)
+    # links: symmetric (no asymmetric pairs) but heterogeneous; identical kinds get identical links
+    bw_k = np.minimum(bw_k, bw_k.T)
+    lat_k = np.maximum(lat_k, lat_k.T)
+    kinds = np.array(kinds)
+    params = np.array(draw(st.lists(st.integers(0, 8), min_size=B, max_size=B))) * MB
+    act = np.array(draw(st.lists(st.integers(0, 4), min_size=B, max_size=B))) * MB
+    mem_k = np.array(draw(st.lists(st.integers(2, 40), min_size=nk, max_size=nk))) * MB
+    medium = draw(st.sampled_from(["switched", "shared"]))
+    return make_problem(
+        col[:, kinds], params, act, cut, mem_k[kinds], bw_k[np.ix_(kinds, kinds)], lat_k[np.ix_(kinds, kinds)], medium
+    )
+
+
+def keys(solutions, objective):
+    return [s.key(objective) for s in solutions]
+
+
+def check_solution(problem: PipelineProblem, sol: PipelineSolution) -> None:
+    stages = sol.stages
+    assert stages[0].lo == 0 and stages[-1].hi == problem.n_blocks
+    assert all(a.hi == b.lo for a, b in zip(stages, stages[1:]))
+    assert all(s.lo < s.hi for s in stages)
+    assert len({s.device for s in stages}) == len(stages)
+    assert problem.fits(stages)
+    assert sol == problem.evaluate(stages)
+
+
+SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@SETTINGS
+@given(problems(), st.sampled_from([None, None, 1, 2, 3]))
+def test_dp_equals_brute_force(problem, max_stages):
+    for objective in OBJECTIVES:
+        ref = brute_force(problem, objective, max_stages)
+        if not ref:
+            with pytest.raises(InfeasibleError, match="MB"):
+                plan_pipeline(problem, objective, max_stages=max_stages)
+            continue
+        best = plan_pipeline(problem, objective, max_stages=max_stages)
+        assert len(best) == 1
+        assert best[0].key(objective) == ref[0].key(objective)
+        top = plan_pipeline(problem, objective, top_k=3, max_stages=max_stages)
+        assert keys(top, objective) == keys(ref[:3], objective)
+        assert top == sorted(top, key=lambda s: solution_sort_key(s, objective))
+        assert len({s.stages for s in top}) == len(top)
+        assert top[0].key(objective) == best[0].key(objective)
+        for sol in top:
+            check_solution(problem, sol)
+            assert max_stages is None or len(sol.stages) <= max_stages
+
+
+@SETTINGS
+@given(problems())
+def test_never_worse_than_best_single_device(problem):
+    for objective in OBJECTIVES:
+        try:
+            single = plan_single(problem, objective)[0]
+        except InfeasibleError:
+            continue
+        best = plan_pipeline(problem, objective)[0]
+        assert best.key(objective) <= single.key(objective)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(dyadic=False, max_blocks=6))
+def test_general_floats_match_brute_force_up_to_rounding(problem):
+    """Arbitrary floats: same objective values as brute force up to rounding (ties may resolve
+    differently when sums differ only in the last bits)."""
+    for objective in OBJECTIVES:
+        ref = brute_force(problem, objective)
+        if not ref:
+            with pytest.raises(InfeasibleError, match="MB"):
+                plan_pipeline(problem, objective)
+            continue
+        top = plan_pipeline(problem, objective, top_k=3)
+        assert len(top) == min(3, len(ref))
+        for got, want in zip(top, ref):
+            assert got.key(objective)[0] == pytest.approx(want.key(objective)[0], rel=1e-9, abs=1e-9)
+            check_solution(problem, got)
+
+
+def test_top_k_lists_every_placement_when_few_exist():
+    problem = make_problem([[1.0, 2.0], [3.0, 1.0]], [MB] * 2, [MB] * 2, [64], [10 * MB] * 2, np.full((2, 2), 64.0))
+    for objective in OBJECTIVES:
+        ref = brute_force(problem, objective)
+        got = plan_pipeline(problem, objective, top_k=50)
+        assert len(got) == len(ref) == 4  # 2 single-device plans + 1 cut x 2 device orders
+        assert keys(got, objective) == keys(ref, objective)
+
+
+# ----------------------------------------------------------------------------------------------------
+# hand-made cases
+
+
+def test_best_plan_uses_devices_out_of_list_order():
+    # dev1 is fast on the first half, dev0 on the second half; cheap links
+    block_ms = [[9.0, 1.0], [9.0, 1.0], [1.0, 9.0], [1.0, 9.0]]
+    problem = make_problem(block_ms, [MB] * 4, [MB] * 4, [100] * 3, [100 * MB] * 2, np.full((2, 2), 1e4))
+    for objective in OBJECTIVES:
+        (best,) = plan_pipeline(problem, objective)
+        assert [(s.lo, s.hi, s.device) for s in best.stages] == [(0, 2, 1), (2, 4, 0)]
+        assert best.latency_ms == pytest.approx(4.0 + 100 / 1e4)
+
+
+def test_three_devices_in_reverse_order():
+    block_ms = [[9.0, 9.0, 1.0], [9.0, 1.0, 9.0], [1.0, 9.0, 9.0]]
+    problem = make_problem(block_ms, [MB] * 3, [MB] * 3, [0, 0], [100 * MB] * 3, np.full((3, 3), 1e3))
+    (best,) = plan_pipeline(problem, "latency")
+    assert [s.device for s in best.stages] == [2, 1, 0]
+    assert best.latency_ms == 3.0
+
+
+def test_memory_limit_forces_a_split():
+    # the fast device alone would be best, but the model does not fit on any single device
+    block_ms = [[1.0, 5.0], [1.0, 5.0], [1.0, 4.0]]
+    params, act = [30 * MB] * 3, [2 * MB] * 3
+    problem = make_problem(block_ms, params, act, [1000, 1000], [70 * MB, 70 * MB], np.full((2, 2), 1e3))
+    with pytest.raises(InfeasibleError, match="MB"):
+        plan_single(problem, "latency")
+    (best,) = plan_pipeline(problem, "latency")
+    assert len(best.stages) == 2
+    assert [(s.lo, s.hi, s.device) for s in best.stages] == [(0, 2, 0), (2, 3, 1)]
+    assert problem.fits(best.stages)
+    # with room for everything the fast device wins alone
+    roomy = make_problem(block_ms, params, act, [1000, 1000], [200 * MB, 70 * MB], np.full((2, 2), 1e3))
+    assert [(s.lo, s.hi, s.device) for s in plan_pipeline(roomy, "latency")[0].stages] == [(0, 3, 0)]
+
+
+def test_slow_link_makes_one_device_best():
+    # two equal devices: splitting halves the bottleneck unless the link is slow
+    block_ms = [[4.0, 4.0]] * 4
+    fast = make_problem(block_ms, [MB] * 4, [MB] * 4, [1000] * 3, [100 * MB] * 2, np.full((2, 2), 1e4))
+    slow = make_problem(block_ms, [MB] * 4, [MB] * 4, [1000] * 3, [100 * MB] * 2, np.full((2, 2), 10.0))
+    (split,) = plan_pipeline(fast, "throughput")
+    assert len(split.stages) == 2 and split.bottleneck_ms == 8.0
+    (alone,) = plan_pipeline(slow, "throughput")
+    assert len(alone.stages) == 1 and alone.bottleneck_ms == 16.0  # a split would pay 100 ms on the link
+
+
+def test_shared_medium_sums_transfers():
+    # three equal devices; each cut costs 5 ms. Switched: 3 stages (max(4, 5) = 5) beat 2 stages (6).
+    # Shared: 3 stages pay 10 ms on the one channel, so 2 stages (max(6, 5) = 6) win.
+    block_ms = [[2.0] * 3] * 6
+    args = ([MB] * 6, [MB] * 6, [500] * 5, [100 * MB] * 3, np.full((3, 3), 100.0))
+    switched = make_problem(block_ms, *args, medium="switched")
+    shared = make_problem(block_ms, *args, medium="shared")
+    (a,) = plan_pipeline(switched, "throughput")
+    (b,) = plan_pipeline(shared, "throughput")
+    assert (len(a.stages), a.bottleneck_ms) == (3, 5.0)
+    assert (len(b.stages), b.bottleneck_ms) == (2, 6.0)
+    assert b.key("throughput") == brute_force(shared, "throughput")[0].key("throughput")
+
+
+def test_identical_devices_top_k_lists_relabelled_copies():
+    problem = make_problem([[1.0] * 3] * 4, [MB] * 4, [MB] * 4, [0] * 3, [100 * MB] * 3, np.full((3, 3), 64.0))
+    for objective in OBJECTIVES:
+        got = plan_pipeline(problem, objective, top_k=5)
+        assert keys(got, objective) == keys(brute_force(problem, objective)[:5], objective)
+        assert len({s.stages for s in got}) == 5
+
+
+def test_max_stages_bounds_the_split():
+    block_ms = [[2.0] * 4] * 8
+    problem = make_problem(block_ms, [MB] * 8, [MB] * 8, [0] * 7, [100 * MB] * 4, np.full((4, 4), 1e3))
+    for m in (1, 2, 3):
+        (best,) = plan_pipeline(problem, "throughput", max_stages=m)
+        assert len(best.stages) == m
+    with pytest.raises(InfeasibleError, match="MB"):
+        plan_pipeline(make_problem(block_ms, [MB] * 8, [MB] * 8, [0] * 7, [5 * MB] * 4, np.ones((4, 4))), "latency",
+                      max_stages=1)
+
+
+def test_infeasible_messages_name_sizes():
+    big_block = make_problem(
+        [[1.0, 1.0]] * 2, [100 * MB, 10 * MB], [5 * MB] * 2, [1], [50 * MB, 60 * MB], np.ones((2, 2))
+    )
+    with pytest.raises(InfeasibleError, match=r"block 0 .*105\.0 MB.*largest device offers 60\.0 MB"):
+        plan_pipeline(big_block, "latency")
+    too_small = make_problem([[1.0, 1.0]] * 3, [30 * MB] * 3, [2 * MB] * 3, [1, 1], [40 * MB, 40 * MB], np.ones((2, 2)))
+    with pytest.raises(InfeasibleError, match=r"needs at least 92\.0 MB .*offer 80\.0 MB in total \(largest 40\.0 MB"):
+        plan_pipeline(too_small, "throughput")
+
+
+def test_rejects_bad_arguments():
+    problem = make_problem([[1.0]], [MB], [MB], [], [10 * MB], np.ones((1, 1)))
+    with pytest.raises(ValueError):
+        plan_pipeline(problem, "speed")
+    with pytest.raises(ValueError):
+        plan_pipeline(problem, "latency", top_k=0)
+    with pytest.raises(ValueError):
+        plan_pipeline(problem, "latency", max_stages=0)
