@@ -1,0 +1,8 @@
+"""`python -m runtime MANIFEST ...`: the same command as `edgec run`."""
+
+from .cli import main
+
+__all__: list[str] = []
+
+if __name__ == "__main__":
+    main()

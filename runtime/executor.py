@@ -1,0 +1,85 @@
+"""ONNX Runtime sessions for one device's fragments: load (after the sha256 check) and run."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import onnxruntime as ort
+
+from .errors import InputError, RunError, one_line
+from .manifest import Fragment, Manifest, check_fragment_files
+
+__all__ = ["Executor", "session_options"]
+
+logger = logging.getLogger(__name__)
+
+
+def session_options(threads: int = 0, stop_spinning: bool = False) -> ort.SessionOptions:
+    """Sequential execution with `threads` intra-op threads (0 = onnxruntime's default, all cores)."""
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = max(0, threads)
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.log_severity_level = 3  # errors only: warnings would clutter the user's stderr
+    if stop_spinning:
+        # A worker's next move after Run() is transport: idle pool threads spinning on would take the
+        # cores that zmq's I/O threads and the other local workers need.
+        opts.add_session_config_entry("session.force_spinning_stop", "1")
+    return opts
+
+
+class Executor:
+    """Runs the fragments that belong to `device`; sessions load on `load()` or lazily on first use."""
+
+    def __init__(self, manifest: Manifest, device: str, threads: int = 0):
+        self.manifest = manifest
+        self.device = device
+        self.threads = threads
+        self.fragments = {f.id: f for f in manifest.device_fragments(device)}
+        self.sessions: dict[str, ort.InferenceSession] = {}
+
+    def load(self) -> None:
+        # Check every file before any session reads one (the manifest's sha256 is the contract).
+        check_fragment_files(self.manifest, [self.device])
+        for frag in self.fragments.values():
+            self.sessions[frag.id] = self._session(frag)
+
+    def _session(self, frag: Fragment) -> ort.InferenceSession:
+        path = self.manifest.fragment_path(frag)
+        where = f"{self.manifest.path}: fragment {frag.id} ({frag.file})"
+        try:
+            sess = ort.InferenceSession(str(path), session_options(self.threads, stop_spinning=True),
+                                        providers=["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime raises several pybind error types
+            raise InputError(f"{where}: onnxruntime cannot load it: {one_line(exc, 200)}") from None
+        graph_inputs = {i.name for i in sess.get_inputs()}
+        graph_outputs = {o.name for o in sess.get_outputs()}
+        missing = sorted(graph_inputs - set(frag.inputs))
+        if missing:
+            raise InputError(f"{where}: graph input(s) {missing} are not in the manifest's fragment inputs")
+        extra = sorted(set(frag.inputs) - graph_inputs)
+        if extra:
+            raise InputError(f"{where}: manifest input(s) {extra} are not graph inputs of the fragment")
+        unknown = sorted(set(frag.outputs) - graph_outputs)
+        if unknown:
+            raise InputError(f"{where}: manifest output(s) {unknown} are not graph outputs of the fragment")
+        return sess
+
+    def run(self, fragment_id: str, store: dict[str, np.ndarray]) -> float:
+        """Run one fragment on the store (outputs are added to it); returns the run time in seconds."""
+        frag = self.fragments[fragment_id]
+        sess = self.sessions.get(fragment_id)
+        if sess is None:
+            check_fragment_files(self.manifest, [self.device])
+            sess = self.sessions[fragment_id] = self._session(frag)
+        feeds = {name: store[name] for name in frag.inputs}
+        start = time.perf_counter()
+        try:
+            results = sess.run(list(frag.outputs), feeds)
+        except Exception as exc:
+            raise RunError(f"device {self.device}: fragment {frag.id} ({frag.file}) failed: {one_line(exc, 300)}") from None
+        elapsed = time.perf_counter() - start
+        store.update(zip(frag.outputs, results))
+        return elapsed

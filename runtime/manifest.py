@@ -1,0 +1,131 @@
+"""The edgec manifest (format "edgec.manifest", version 1): dataclasses, loading and validation.
+
+manifest.json is a UTF-8 JSON object (written with sorted keys). Relative paths are relative to the
+folder that holds manifest.json. Keys (all required unless marked optional; unknown top-level keys
+are ignored):
+
+  format      "edgec.manifest"
+  version     1
+  model       {"path": str, "sha256": hex str}: the source model, used only by `--verify`.
+  inputs      [{"name": str, "shape": [int >= 0, ...], "dtype": str}]: the model inputs the host feeds.
+              dtype is a numpy name: float16 float32 float64 int8 int16 int32 int64 uint8 uint16 uint32
+              uint64 bool.
+  outputs     [{"name": str, "shape": [...], "dtype": str, "device": str}]: the model outputs and the
+              device that sends each one to the host (the received arrays must match shape and dtype).
+  devices     [{"name": str, "profile": str, "memory_mb": number, "address": str or null}]. Names are
+              unique and must not start with "@" ("@host" is the coordinator). `address` is
+              informational for now: the embedded coordinator runs every device locally.
+  network     {"bandwidth_mbps": number > 0, "latency_ms": number >= 0, "medium": "switched" | "shared",
+               "links": [{"a": device, "b": device, "bandwidth_mbps": number > 0, "latency_ms": number >= 0}]}
+              Megabits per second. A link entry (unordered pair) overrides the default for that pair.
+              Used only by `--emulate`: a device-to-device send is delivered after
+              bytes * 8 / (bandwidth_mbps * 1e6) s + latency_ms, transfers on one link queue (on a "shared"
+              medium, all of one sender's transfers queue); transfers to and from "@host" are not delayed.
+  fragments   [{"id": str, "device": str, "file": str, "sha256": hex str, "inputs": [str], "outputs": [str],
+                "predicted_ms": number >= 0}]: one ONNX file each; ids unique. `inputs`/`outputs` are the
+              fragment's graph input/output names (the tensor-store names it reads and writes); `inputs`
+              must equal the graph's inputs and `outputs` be among its outputs (checked when a worker
+              loads it). `--emulate` pads each run of the fragment to `predicted_ms`.
+  transfers   [{"tensor": str, "src": device, "dst": device, "shape": [...], "dtype": str, "bytes": int >= 0,
+                "region": null | {"axis": int, "start": int, "stop": int}}]: informational summary of the
+              device-to-device sends (checked for well-formedness only).
+  steps       {device: [step, ...]}: each device's program, executed in order once per request. A device
+              without an entry does nothing. Step objects (no other keys allowed):
+                {"op": "run", "fragment": id}        feed the fragment's inputs from the device's tensor
+                                                     store; store its outputs under their names. The
+                                                     fragment must belong to this device.
+                {"op": "send", "tensor": t, "to": device | "@host", "region"?: region, "as"?: name}
+                                                     send the stored tensor (or its slice
+                                                     [start:stop) along `axis`); the receiver stores it
+                                                     under `as` (default: t).
+                {"op": "recv", "tensor": name, "from": device | "@host"}
+                                                     wait for `name` of this request from that sender.
+                {"op": "slice", "tensor": t, "axis": int, "start": int, "stop": int, "as": name}
+                {"op": "concat", "parts": [names], "axis": int, "as": name}
+                {"op": "free", "tensors": [names]}   drop tensors from the store.
+              Regions and slices need 0 <= start < stop (stop past the axis end is a run failure);
+              concat needs at least one part.
+  predicted   optional {"latency_ms": number, "throughput_ips": number, "devices": {device: {...}}}.
+  plan        optional, free-form; ignored by the runtime.
+
+Validation (each failure is an InputError "<manifest path>: <problem>", one line): format and version;
+missing keys and wrong types; duplicate device names, fragment ids, input or output names; a step that
+names an unknown op, fragment, device or tensor (dataflow is checked in order: a tensor must be in the
+device's store when a step reads it, and a name may not be stored twice without a free); every send
+matches exactly one recv and vice versa, on (src, dst, name-as-received); a recv from "@host" names a
+model input; every model output is sent to "@host" exactly once, by its declared device; the schedule
+cannot deadlock (sends never block); each fragment file exists and matches its sha256 (checked before any
+session loads it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import Any, Iterable
+
+from .errors import InputError
+from .manifest_parse import build_manifest
+from .manifest_types import (DTYPES, HOST, Concat, Device, Fragment, Free, Link, Manifest, Network, OutputSpec,
+                             Recv, Region, Run, Send, Slice, Step, TensorSpec, Transfer)
+from .schedule import validate_schedule
+
+__all__ = [
+    "HOST", "DTYPES", "TensorSpec", "OutputSpec", "Device", "Link", "Network", "Fragment", "Region",
+    "Transfer", "Run", "Send", "Recv", "Slice", "Concat", "Free", "Step", "Manifest",
+    "load_manifest", "parse_manifest", "check_fragment_files", "file_sha256",
+]
+
+logger = logging.getLogger(__name__)
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def load_manifest(path: str | Path, *, check_files: bool = True, devices: Iterable[str] | None = None) -> Manifest:
+    """Read, parse and validate manifest.json; with check_files, verify fragment files (of `devices` only,
+    when given) exist and match their sha256."""
+    path = Path(path).absolute()
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{path}: manifest not found") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot read manifest ({exc})") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}: not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg})") from None
+    manifest = parse_manifest(data, path)
+    if check_files:
+        check_fragment_files(manifest, devices)
+    return manifest
+
+
+def check_fragment_files(manifest: Manifest, devices: Iterable[str] | None = None) -> None:
+    """Raise InputError unless every fragment file (of `devices`, when given) exists with its sha256."""
+    wanted = None if devices is None else set(devices)
+    for frag in manifest.fragments.values():
+        if wanted is not None and frag.device not in wanted:
+            continue
+        file = manifest.fragment_path(frag)
+        if not file.is_file():
+            raise InputError(f"{manifest.path}: fragment {frag.id}: file {frag.file} not found in {manifest.folder}")
+        digest = file_sha256(file)
+        if digest != frag.sha256.lower():
+            raise InputError(
+                f"{manifest.path}: fragment {frag.id}: {frag.file} sha256 mismatch "
+                f"(manifest {frag.sha256[:12]}..., file {digest[:12]}...); the file was changed after compiling"
+            )
+
+
+def parse_manifest(data: Any, path: str | Path) -> Manifest:
+    """Build a Manifest from decoded JSON and validate it, schedule included (no file access)."""
+    manifest, reader = build_manifest(data, path)
+    validate_schedule(manifest, reader.fail)
+    return manifest

@@ -1,0 +1,236 @@
+"""Manifest JSON -> dataclasses, with one-line errors naming the manifest and the JSON location."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+from . import MANIFEST_FORMAT, MANIFEST_VERSION
+from .errors import InputError
+from .manifest_types import (DTYPES, Concat, Device, Fragment, Free, Link, Manifest, Network, OutputSpec, Recv,
+                             Region, Run, Send, Slice, Step, TensorSpec, Transfer)
+
+__all__ = ["build_manifest", "Reader"]
+
+logger = logging.getLogger(__name__)
+
+
+def build_manifest(data: Any, path: str | Path) -> tuple[Manifest, "Reader"]:
+    """Manifest from decoded JSON, checking keys, types and duplicates (the schedule is checked separately)."""
+    r = Reader(Path(path))
+    top = r.obj(data, "manifest")
+    fmt, version = r.get(top, "format", "manifest"), r.get(top, "version", "manifest")
+    if fmt != MANIFEST_FORMAT:
+        r.fail("manifest", f"format is {fmt!r}, expected {MANIFEST_FORMAT!r}")
+    if version != MANIFEST_VERSION or isinstance(version, bool):
+        r.fail("manifest", f"unsupported version {version!r} (this runtime reads version {MANIFEST_VERSION})")
+    model = r.obj(r.get(top, "model", "manifest"), "model")
+    model_path = Path(r.str(model, "path", "model"))
+    devices = tuple(_device(r, d, f"devices[{i}]") for i, d in enumerate(r.list(top, "devices", "manifest")))
+    manifest = Manifest(
+        path=Path(path),
+        model_path=model_path if model_path.is_absolute() else Path(os.path.normpath(Path(path).parent / model_path)),
+        model_sha256=r.str(model, "sha256", "model"),
+        inputs=tuple(_tensor(r, t, f"inputs[{i}]") for i, t in enumerate(r.list(top, "inputs", "manifest"))),
+        outputs=tuple(_output(r, t, f"outputs[{i}]") for i, t in enumerate(r.list(top, "outputs", "manifest"))),
+        devices=devices,
+        network=_network(r, r.obj(r.get(top, "network", "manifest"), "network")),
+        fragments=_fragments(r, r.list(top, "fragments", "manifest")),
+        transfers=tuple(_transfer(r, t, f"transfers[{i}]") for i, t in enumerate(r.list(top, "transfers", "manifest"))),
+        steps=_steps(r, r.obj(r.get(top, "steps", "manifest"), "steps")),
+        predicted=r.obj(top.get("predicted") or {}, "predicted"),
+    )
+    for where, names in (("devices", manifest.device_names), ("inputs", [t.name for t in manifest.inputs]),
+                         ("outputs", [t.name for t in manifest.outputs])):
+        dup = _first_duplicate(names)
+        if dup is not None:
+            r.fail(where, f"duplicate name {dup!r}")
+    return manifest, r
+
+
+def _first_duplicate(names: Iterable[str]) -> str | None:
+    seen: set[str] = set()
+    for n in names:
+        if n in seen:
+            return n
+        seen.add(n)
+    return None
+
+
+class Reader:
+    """Typed access to decoded JSON; every failure names the manifest and the JSON location."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def fail(self, where: str, problem: str):
+        raise InputError(f"{self.path}: {where}: {problem}")
+
+    def obj(self, value: Any, where: str) -> dict:
+        if not isinstance(value, dict):
+            self.fail(where, f"expected an object, got {type(value).__name__}")
+        return value
+
+    def get(self, d: dict, key: str, where: str) -> Any:
+        if key not in d:
+            self.fail(where, f"missing key {key!r}")
+        return d[key]
+
+    def str(self, d: dict, key: str, where: str) -> str:
+        v = self.get(d, key, where)
+        if not isinstance(v, str) or not v:
+            self.fail(f"{where}.{key}", "expected a non-empty string")
+        return v
+
+    def int(self, d: dict, key: str, where: str, minimum: int | None = None) -> int:
+        v = self.get(d, key, where)
+        if not isinstance(v, int) or isinstance(v, bool) or (minimum is not None and v < minimum):
+            self.fail(f"{where}.{key}", f"expected an integer{f' >= {minimum}' if minimum is not None else ''}, got {v!r}")
+        return v
+
+    def num(self, d: dict, key: str, where: str, positive: bool = False) -> float:
+        v = self.get(d, key, where)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0 or (positive and v == 0):
+            self.fail(f"{where}.{key}", f"expected a number {'> 0' if positive else '>= 0'}, got {v!r}")
+        return float(v)
+
+    def list(self, d: dict, key: str, where: str) -> list:
+        v = self.get(d, key, where)
+        if not isinstance(v, list):
+            self.fail(f"{where}.{key}", "expected a list")
+        return v
+
+    def names(self, d: dict, key: str, where: str) -> tuple[str, ...]:
+        v = self.list(d, key, where)
+        if not all(isinstance(n, str) and n for n in v):
+            self.fail(f"{where}.{key}", "expected a list of non-empty strings")
+        return tuple(v)
+
+    def shape(self, d: dict, where: str) -> tuple[int, ...]:
+        v = self.list(d, "shape", where)
+        if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v):
+            self.fail(f"{where}.shape", f"expected a list of integers >= 0, got {v!r}")
+        return tuple(v)
+
+    def dtype(self, d: dict, where: str) -> str:
+        v = self.str(d, "dtype", where)
+        if v not in DTYPES:
+            self.fail(f"{where}.dtype", f"unknown dtype {v!r} (known: {', '.join(sorted(DTYPES))})")
+        return v
+
+
+def _tensor(r: Reader, d: Any, where: str) -> TensorSpec:
+    d = r.obj(d, where)
+    return TensorSpec(r.str(d, "name", where), r.shape(d, where), r.dtype(d, where))
+
+
+def _output(r: Reader, d: Any, where: str) -> OutputSpec:
+    t = _tensor(r, d, where)
+    return OutputSpec(t.name, t.shape, t.dtype, r.str(d, "device", where))
+
+
+def _device(r: Reader, d: Any, where: str) -> Device:
+    d = r.obj(d, where)
+    name = r.str(d, "name", where)
+    if name.startswith("@"):
+        r.fail(f"{where}.name", f"{name!r}: device names may not start with '@'")
+    address = r.get(d, "address", where)
+    if address is not None and not isinstance(address, str):
+        r.fail(f"{where}.address", "expected a string or null")
+    return Device(name, r.str(d, "profile", where), r.num(d, "memory_mb", where), address)
+
+
+def _network(r: Reader, d: dict) -> Network:
+    medium = r.str(d, "medium", "network")
+    if medium not in ("switched", "shared"):
+        r.fail("network.medium", f"expected 'switched' or 'shared', got {medium!r}")
+    links = []
+    for i, lk in enumerate(r.list(d, "links", "network")):
+        w = f"network.links[{i}]"
+        lk = r.obj(lk, w)
+        links.append(Link(r.str(lk, "a", w), r.str(lk, "b", w), r.num(lk, "bandwidth_mbps", w, positive=True),
+                          r.num(lk, "latency_ms", w)))
+    return Network(r.num(d, "bandwidth_mbps", "network", positive=True), r.num(d, "latency_ms", "network"),
+                   medium, tuple(links))
+
+
+def _fragments(r: Reader, items: list) -> dict[str, Fragment]:
+    out: dict[str, Fragment] = {}
+    for i, d in enumerate(items):
+        w = f"fragments[{i}]"
+        d = r.obj(d, w)
+        frag = Fragment(r.str(d, "id", w), r.str(d, "device", w), r.str(d, "file", w), r.str(d, "sha256", w),
+                        r.names(d, "inputs", w), r.names(d, "outputs", w), r.num(d, "predicted_ms", w))
+        if frag.id in out:
+            r.fail("fragments", f"duplicate fragment id {frag.id!r}")
+        out[frag.id] = frag
+    return out
+
+
+def _region(r: Reader, d: Any, where: str) -> Region:
+    d = r.obj(d, where)
+    region = Region(r.int(d, "axis", where), r.int(d, "start", where, 0), r.int(d, "stop", where, 0))
+    if region.start >= region.stop:
+        r.fail(where, f"start {region.start} must be < stop {region.stop}")
+    return region
+
+
+def _transfer(r: Reader, d: Any, where: str) -> Transfer:
+    d = r.obj(d, where)
+    region = r.get(d, "region", where)
+    return Transfer(r.str(d, "tensor", where), r.str(d, "src", where), r.str(d, "dst", where),
+                    r.shape(d, where), r.dtype(d, where), r.int(d, "bytes", where, 0),
+                    None if region is None else _region(r, region, f"{where}.region"))
+
+
+_STEP_KEYS = {
+    "run": ({"fragment"}, set()),
+    "send": ({"tensor", "to"}, {"region", "as"}),
+    "recv": ({"tensor", "from"}, set()),
+    "slice": ({"tensor", "axis", "start", "stop", "as"}, set()),
+    "concat": ({"parts", "axis", "as"}, set()),
+    "free": ({"tensors"}, set()),
+}
+
+
+def _steps(r: Reader, d: dict) -> dict[str, tuple[Step, ...]]:
+    out = {}
+    for device, items in d.items():
+        if not isinstance(items, list):
+            r.fail(f"steps.{device}", "expected a list of steps")
+        out[device] = tuple(_step(r, s, f"steps.{device}[{i}]") for i, s in enumerate(items))
+    return out
+
+
+def _step(r: Reader, d: Any, where: str) -> Step:
+    d = r.obj(d, where)
+    op = d.get("op")
+    if op not in _STEP_KEYS:
+        r.fail(where, f"unknown op {op!r} (known: {', '.join(_STEP_KEYS)})")
+    required, optional = _STEP_KEYS[op]
+    extra = set(d) - required - optional - {"op"}
+    if extra:
+        r.fail(where, f"unknown key(s) {', '.join(sorted(map(repr, extra)))} for op {op!r}")
+    if op == "run":
+        return Run(r.str(d, "fragment", where))
+    if op == "recv":
+        return Recv(r.str(d, "tensor", where), r.str(d, "from", where))
+    if op == "send":
+        region = d.get("region")
+        return Send(r.str(d, "tensor", where), r.str(d, "to", where),
+                    None if region is None else _region(r, region, f"{where}.region"),
+                    r.str(d, "as", where) if d.get("as") is not None else None)
+    if op == "slice":
+        sl = Slice(r.str(d, "tensor", where), r.int(d, "axis", where), r.int(d, "start", where, 0),
+                   r.int(d, "stop", where, 0), r.str(d, "as", where))
+        if sl.start >= sl.stop:
+            r.fail(where, f"start {sl.start} must be < stop {sl.stop}")
+        return sl
+    if op == "concat":
+        parts = r.names(d, "parts", where)
+        if not parts:
+            r.fail(f"{where}.parts", "expected at least one part")
+        return Concat(parts, r.int(d, "axis", where), r.str(d, "as", where))
+    return Free(r.names(d, "tensors", where))

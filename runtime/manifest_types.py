@@ -1,0 +1,175 @@
+"""Manifest dataclasses (format version 1); the schema is documented in runtime/manifest.py."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Union
+
+__all__ = [
+    "HOST", "DTYPES", "TensorSpec", "OutputSpec", "Device", "Link", "Network", "Fragment", "Region",
+    "Transfer", "Run", "Send", "Recv", "Slice", "Concat", "Free", "Step", "Manifest",
+]
+
+logger = logging.getLogger(__name__)
+
+HOST = "@host"
+DTYPES = frozenset({
+    "float16", "float32", "float64", "int8", "int16", "int32", "int64",
+    "uint8", "uint16", "uint32", "uint64", "bool",
+})
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class OutputSpec(TensorSpec):
+    device: str = ""
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    profile: str
+    memory_mb: float
+    address: str | None
+
+
+@dataclass(frozen=True)
+class Link:
+    a: str
+    b: str
+    bandwidth_mbps: float
+    latency_ms: float
+
+
+@dataclass(frozen=True)
+class Network:
+    bandwidth_mbps: float
+    latency_ms: float
+    medium: str
+    links: tuple[Link, ...]
+
+    def link(self, a: str, b: str) -> tuple[float, float]:
+        """(bandwidth_mbps, latency_ms) between two devices; a link entry overrides the defaults."""
+        for lk in self.links:
+            if {lk.a, lk.b} == {a, b}:
+                return lk.bandwidth_mbps, lk.latency_ms
+        return self.bandwidth_mbps, self.latency_ms
+
+    def transfer_s(self, a: str, b: str, nbytes: int) -> float:
+        """Seconds to move nbytes from a to b: bytes / bandwidth + latency (the compiler's cost model)."""
+        mbps, ms = self.link(a, b)
+        return nbytes * 8.0 / (mbps * 1e6) + ms / 1000.0
+
+
+@dataclass(frozen=True)
+class Fragment:
+    id: str
+    device: str
+    file: str
+    sha256: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    predicted_ms: float
+
+
+@dataclass(frozen=True)
+class Region:
+    axis: int
+    start: int
+    stop: int
+
+
+@dataclass(frozen=True)
+class Transfer:
+    tensor: str
+    src: str
+    dst: str
+    shape: tuple[int, ...]
+    dtype: str
+    bytes: int
+    region: Region | None
+
+
+@dataclass(frozen=True)
+class Run:
+    fragment: str
+
+
+@dataclass(frozen=True)
+class Send:
+    tensor: str
+    to: str
+    region: Region | None = None
+    as_name: str | None = None
+
+    @property
+    def name(self) -> str:
+        """The name the receiver stores the tensor under."""
+        return self.as_name or self.tensor
+
+
+@dataclass(frozen=True)
+class Recv:
+    tensor: str
+    src: str
+
+
+@dataclass(frozen=True)
+class Slice:
+    tensor: str
+    axis: int
+    start: int
+    stop: int
+    as_name: str
+
+
+@dataclass(frozen=True)
+class Concat:
+    parts: tuple[str, ...]
+    axis: int
+    as_name: str
+
+
+@dataclass(frozen=True)
+class Free:
+    tensors: tuple[str, ...]
+
+
+Step = Union[Run, Send, Recv, Slice, Concat, Free]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    path: Path
+    model_path: Path
+    model_sha256: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[OutputSpec, ...]
+    devices: tuple[Device, ...]
+    network: Network
+    fragments: dict[str, Fragment]
+    transfers: tuple[Transfer, ...]
+    steps: dict[str, tuple[Step, ...]]
+    predicted: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def folder(self) -> Path:
+        return self.path.parent
+
+    @property
+    def device_names(self) -> tuple[str, ...]:
+        return tuple(d.name for d in self.devices)
+
+    def fragment_path(self, frag: Fragment) -> Path:
+        return self.folder / frag.file
+
+    def device_fragments(self, device: str) -> list[Fragment]:
+        return [f for f in self.fragments.values() if f.device == device]

@@ -1,0 +1,172 @@
+"""Cross-checks of a parsed manifest's schedule: references, per-device dataflow, send/recv pairs, deadlock."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Callable, NoReturn
+
+from .manifest_types import HOST, Concat, Free, Manifest, Recv, Run, Send, Slice, Step
+
+__all__ = ["validate_schedule", "host_feeds", "host_collects"]
+
+logger = logging.getLogger(__name__)
+
+Fail = Callable[[str, str], NoReturn]
+
+
+def validate_schedule(m: Manifest, fail: Fail) -> None:
+    """Raise (through `fail(where, problem)`) on the first inconsistency in the manifest's schedule."""
+    _check_references(m, fail)
+    for device, steps in m.steps.items():
+        _check_dataflow(m, device, steps, fail)
+    _check_pairs(m, fail)
+    _check_host(m, fail)
+    _check_deadlock(m, fail)
+
+
+def host_feeds(m: Manifest) -> list[tuple[str, str]]:
+    """(device, input name) for every recv from the host, in schedule order."""
+    return [(dev, s.tensor) for dev, steps in m.steps.items() for s in steps if isinstance(s, Recv) and s.src == HOST]
+
+
+def host_collects(m: Manifest) -> dict[str, str]:
+    """Output name -> the device that sends it to the host."""
+    return {s.name: dev for dev, steps in m.steps.items() for s in steps if isinstance(s, Send) and s.to == HOST}
+
+
+def _check_references(m: Manifest, fail: Fail) -> None:
+    devices = set(m.device_names)
+    for frag in m.fragments.values():
+        if frag.device not in devices:
+            fail(f"fragment {frag.id}", f"unknown device {frag.device!r}")
+    for out in m.outputs:
+        if out.device not in devices:
+            fail(f"output {out.name}", f"unknown device {out.device!r}")
+    for i, lk in enumerate(m.network.links):
+        for end in (lk.a, lk.b):
+            if end not in devices:
+                fail(f"network.links[{i}]", f"unknown device {end!r}")
+    for i, tr in enumerate(m.transfers):
+        for end in (tr.src, tr.dst):
+            if end not in devices:
+                fail(f"transfers[{i}]", f"unknown device {end!r}")
+    for device in m.steps:
+        if device not in devices:
+            fail(f"steps.{device}", "steps for an unknown device")
+
+
+class _Store:
+    """The names in one device's tensor store while its steps are walked in order."""
+
+    def __init__(self, device: str, fail: Fail):
+        self.device, self.fail, self.names, self.where = device, fail, set(), ""
+
+    def need(self, name: str) -> None:
+        if name not in self.names:
+            self.fail(self.where, f"tensor {name!r} is not in {self.device}'s store at this step "
+                                  "(never received or produced, or freed)")
+
+    def put(self, name: str) -> None:
+        if name in self.names:
+            self.fail(self.where, f"tensor {name!r} is already in {self.device}'s store (duplicate name; free it first)")
+        self.names.add(name)
+
+
+def _check_dataflow(m: Manifest, device: str, steps: tuple[Step, ...], fail: Fail) -> None:
+    """Walk the steps in order tracking the device's tensor store, as the worker will."""
+    store = _Store(device, fail)
+    for i, step in enumerate(steps):
+        store.where = f"steps.{device}[{i}] ({type(step).__name__.lower()})"
+        if isinstance(step, Run):
+            _check_run(m, device, step, store, fail)
+        elif isinstance(step, (Send, Recv)):
+            peer = step.to if isinstance(step, Send) else step.src
+            if peer == device or (peer != HOST and peer not in m.device_names):
+                fail(store.where, "a device cannot talk to itself" if peer == device else f"unknown peer device {peer!r}")
+            if isinstance(step, Send):
+                store.need(step.tensor)
+            else:
+                store.put(step.tensor)
+        elif isinstance(step, (Slice, Concat)):
+            for name in (step.tensor,) if isinstance(step, Slice) else step.parts:
+                store.need(name)
+            store.put(step.as_name)
+        elif isinstance(step, Free):
+            for name in step.tensors:
+                store.need(name)
+                store.names.discard(name)
+
+
+def _check_run(m: Manifest, device: str, step: Run, store: _Store, fail: Fail) -> None:
+    frag = m.fragments.get(step.fragment)
+    if frag is None:
+        fail(store.where, f"unknown fragment {step.fragment!r}")
+    if frag.device != device:
+        fail(store.where, f"fragment {frag.id} belongs to device {frag.device}, not {device}")
+    for name in frag.inputs:
+        store.need(name)
+    for name in frag.outputs:
+        store.put(name)
+
+
+def _check_pairs(m: Manifest, fail: Fail) -> None:
+    """Every device-to-device send has exactly one recv, keyed by (src, dst, name as received)."""
+    sends = Counter((dev, s.to, s.name) for dev, steps in m.steps.items() for s in steps
+                    if isinstance(s, Send) and s.to != HOST)
+    recvs = Counter((s.src, dev, s.tensor) for dev, steps in m.steps.items() for s in steps
+                    if isinstance(s, Recv) and s.src != HOST)
+    for (src, dst, name), n in sends.items():
+        if n > 1:
+            fail(f"steps.{src}", f"tensor {name!r} is sent to {dst} {n} times per request (duplicate)")
+        if (src, dst, name) not in recvs:
+            fail(f"steps.{src}", f"send of {name!r} to {dst} has no matching recv on {dst}")
+    for (src, dst, name) in recvs:
+        if (src, dst, name) not in sends:
+            fail(f"steps.{dst}", f"recv of {name!r} from {src} has no matching send on {src}")
+
+
+def _check_host(m: Manifest, fail: Fail) -> None:
+    inputs = {t.name for t in m.inputs}
+    for device, name in host_feeds(m):
+        if name not in inputs:
+            fail(f"steps.{device}", f"recv of {name!r} from {HOST}, which is not a model input")
+    sent = Counter(s.name for steps in m.steps.values() for s in steps if isinstance(s, Send) and s.to == HOST)
+    collects = host_collects(m)
+    for name, n in sent.items():
+        if n > 1:
+            fail("steps", f"output {name!r} is sent to {HOST} {n} times (duplicate)")
+    declared = {o.name: o for o in m.outputs}
+    for name, device in collects.items():
+        if name not in declared:
+            fail(f"steps.{device}", f"send of {name!r} to {HOST}, which is not a model output")
+        if declared[name].device != device:
+            fail(f"steps.{device}", f"output {name!r} is declared on {declared[name].device} but sent by {device}")
+    for name, out in declared.items():
+        if name not in collects:
+            fail(f"output {name}", f"no step sends it to {HOST} (expected a send on {out.device})")
+    unused = inputs - {name for _, name in host_feeds(m)}
+    if unused:
+        logger.warning("%s: model input(s) %s are never received by any device", m.path, sorted(unused))
+
+
+def _check_deadlock(m: Manifest, fail: Fail) -> None:
+    """Simulate the schedule with non-blocking sends and blocking recvs; all devices must finish."""
+    pc = dict.fromkeys(m.steps, 0)
+    delivered: set[tuple[str, str, str]] = set()
+    progress = True
+    while progress:
+        progress = False
+        for device, steps in m.steps.items():
+            while pc[device] < len(steps):
+                step = steps[pc[device]]
+                if isinstance(step, Recv) and step.src != HOST and (step.src, device, step.tensor) not in delivered:
+                    break
+                if isinstance(step, Send) and step.to != HOST:
+                    delivered.add((device, step.to, step.name))
+                pc[device] += 1
+                progress = True
+    stuck = [f"{dev} waits at step {i} for {m.steps[dev][i].tensor!r} from {m.steps[dev][i].src}"
+             for dev, i in pc.items() if i < len(m.steps[dev])]
+    if stuck:
+        fail("steps", "schedule deadlocks: " + "; ".join(stuck))

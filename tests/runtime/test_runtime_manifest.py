@@ -1,0 +1,111 @@
+"""Manifest parsing and validation: every rejected manifest gives one InputError line naming the file."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.errors import InputError
+from runtime.manifest import HOST, Concat, Free, Recv, Region, Run, Send, Slice, load_manifest, parse_manifest
+from runtime.schedule import host_collects, host_feeds
+
+
+def test_chain_parses(chain):
+    m = load_manifest(chain.path)
+    assert m.device_names == ("pi5-a", "pi4-a")
+    assert m.steps["pi5-a"] == (Recv("data", HOST), Run("f0"), Send("t1", "pi4-a"), Free(("data", "t1")))
+    assert m.fragments["f1"].inputs == ("t1",) and m.model_path == chain.folder / "model.onnx"
+    assert host_feeds(m) == [("pi5-a", "data")] and host_collects(m) == {"prob": "pi4-a"}
+
+
+def test_spatial_parses_every_op(spatial):
+    m = load_manifest(spatial.path)
+    ops = {type(s) for steps in m.steps.values() for s in steps}
+    assert ops == {Recv, Run, Send, Slice, Concat, Free}
+    send = m.steps["a"][3]
+    assert send == Send("x", "c", Region(2, 4, 8), "x_bot") and send.name == "x_bot"
+
+
+def test_network_link_overrides_default(chain):
+    chain.manifest["network"]["links"] = [{"a": "pi4-a", "b": "pi5-a", "bandwidth_mbps": 8.0, "latency_ms": 5.0}]
+    net = parse_manifest(chain.manifest, chain.path).network
+    assert net.link("pi5-a", "pi4-a") == (8.0, 5.0)
+    assert net.transfer_s("pi5-a", "pi4-a", 1_000_000) == pytest.approx(1.005)
+    assert net.transfer_s("pi5-a", "other", 125_000) == pytest.approx(0.001)  # the 1000 Mbit/s default
+
+
+def _drop(key):
+    return lambda m: m.pop(key)
+
+
+def _set(path, value):
+    def mutate(m):
+        *head, last = path
+        target = m
+        for k in head:
+            target = target[k]
+        target[last] = value
+    return mutate
+
+
+def _append_step(device, step):
+    return lambda m: m["steps"][device].append(step)
+
+
+BAD = {
+    "format": (_set(["format"], "other"), "format is 'other'"),
+    "version": (_set(["version"], 2), "unsupported version 2"),
+    "missing key": (_drop("fragments"), "missing key 'fragments'"),
+    "bad shape": (_set(["inputs", 0, "shape"], [1, -3]), "inputs[0].shape"),
+    "bad dtype": (_set(["inputs", 0, "dtype"], "float8"), "unknown dtype 'float8'"),
+    "dup device": (lambda m: m["devices"].append(dict(m["devices"][0])), "duplicate name 'pi5-a'"),
+    "dup fragment": (lambda m: m["fragments"].append(dict(m["fragments"][0])), "duplicate fragment id 'f0'"),
+    "unknown op": (_append_step("pi4-a", {"op": "jump"}), "unknown op 'jump'"),
+    "unknown step key": (_set(["steps", "pi5-a", 1, "fragmnet"], "f0"), "unknown key(s) 'fragmnet'"),
+    "unknown fragment": (_set(["steps", "pi5-a", 1, "fragment"], "f9"), "unknown fragment 'f9'"),
+    "foreign fragment": (_set(["steps", "pi5-a", 1, "fragment"], "f1"), "belongs to device pi4-a"),
+    "unknown device": (_set(["steps", "pi5-a", 2, "to"], "pi9"), "unknown peer device 'pi9'"),
+    "steps of unknown device": (_set(["steps", "ghost"], []), "steps.ghost"),
+    "unknown tensor": (_set(["steps", "pi5-a", 2, "tensor"], "t9"), "tensor 't9' is not in pi5-a's store"),
+    "use after free": (_append_step("pi5-a", {"op": "send", "tensor": "t1", "to": "pi4-a", "as": "t2"}),
+                       "tensor 't1' is not in pi5-a's store"),
+    "recv without send": (lambda m: m["steps"]["pi4-a"].insert(0, {"op": "recv", "tensor": "zz", "from": "pi5-a"}),
+                          "recv of 'zz' from pi5-a has no matching send"),
+    "send without recv": (lambda m: m["steps"]["pi5-a"].insert(3, {"op": "send", "tensor": "t1", "to": "pi4-a", "as": "t1b"}),
+                          "send of 't1b' to pi4-a has no matching recv"),
+    "host recv of non-input": (lambda m: m["steps"]["pi4-a"].insert(0, {"op": "recv", "tensor": "q", "from": "@host"}),
+                               "'q' from @host, which is not a model input"),
+    "output never sent": (lambda m: m["steps"]["pi4-a"].pop(), "no step sends it to @host"),
+    "output from wrong device": (_set(["outputs", 0, "device"], "pi5-a"), "declared on pi5-a but sent by pi4-a"),
+    "empty region": (_set(["steps", "pi5-a", 2, "region"], {"axis": 1, "start": 3, "stop": 3}), "must be < stop"),
+    "deadlock": (lambda m: (m["steps"]["pi5-a"].insert(0, {"op": "recv", "tensor": "back", "from": "pi4-a"}),
+                            m["steps"]["pi4-a"].append({"op": "send", "tensor": "t1", "to": "pi5-a", "as": "back"})),
+                 "schedule deadlocks: pi5-a waits at step 0 for 'back' from pi4-a"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_rejects(chain, case):
+    mutate, expected = BAD[case]
+    m = chain.copy_manifest()
+    mutate(m)
+    with pytest.raises(InputError) as info:
+        parse_manifest(m, chain.path)
+    message = str(info.value)
+    assert message.startswith(f"{chain.path}: ") and "\n" not in message
+    assert expected in message
+
+
+def test_rejects_invalid_json(tmp_path):
+    path = tmp_path / "manifest.json"
+    path.write_text('{"format": ', encoding="utf-8")
+    with pytest.raises(InputError, match="not valid JSON"):
+        load_manifest(path)
+
+
+def test_sha_checked_only_for_requested_devices(chain):
+    (chain.folder / "pi4-a.f1.onnx").write_bytes(b"changed")
+    load_manifest(chain.path, devices=["pi5-a"])
+    load_manifest(chain.path, check_files=False)
+    with pytest.raises(InputError, match="fragment f1: pi4-a.f1.onnx sha256 mismatch"):
+        load_manifest(chain.path)
+

@@ -1,0 +1,146 @@
+"""Unit tests without worker processes: inputs, transport, emulation, verification, import hygiene."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zmq
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from runtime.emulate import DelayedLinks, pad_run
+from runtime.errors import InputError
+from runtime.inputs import load_inputs, random_inputs
+from runtime.manifest import Fragment, TensorSpec, load_manifest
+from runtime.transport import Inbox, bind_local, send_tensor
+from runtime.verify import compare_outputs
+
+REPO = Path(__file__).resolve().parents[2]
+BANNED = ("compiler", "networkx", "ortools", "onnx_graphsurgeon", "onnx")
+
+
+def test_runtime_imports_nothing_device_cannot_install():
+    code = (
+        "import importlib, pkgutil, sys, runtime\n"
+        "names = [m.name for m in pkgutil.walk_packages(runtime.__path__, 'runtime.')]\n"
+        "assert {'runtime.cli', 'runtime.worker', 'runtime.coordinator', 'runtime.manifest'} <= set(names), names\n"
+        "for n in names: importlib.import_module(n)\n"
+        f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {BANNED!r})\n"
+        "print(len(names)); print(bad)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    count, bad = proc.stdout.splitlines()
+    assert int(count) >= 10 and bad == "[]", proc.stdout
+
+
+def test_no_pickle_in_runtime_sources():
+    for path in (REPO / "runtime").glob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        assert "pickle" not in text.replace("allow_pickle=False", ""), path
+        assert "multiprocessing" not in text, path
+
+
+def test_random_inputs_follow_names_shapes_dtypes():
+    specs = [TensorSpec("input_ids", (2, 7), "int64"), TensorSpec("attention_mask", (2, 7), "int64"),
+             TensorSpec("token_type_ids", (2, 7), "int64"), TensorSpec("pixels", (1, 3), "float16"),
+             TensorSpec("flag", (4,), "bool")]
+    a = random_inputs(specs, seed=5)
+    assert {k: (v.shape, v.dtype.name) for k, v in a.items()} == {s.name: (s.shape, s.dtype) for s in specs}
+    assert a["input_ids"].min() >= 0 and a["input_ids"].max() < 100
+    assert (a["attention_mask"] == 1).all() and (a["token_type_ids"] == 0).all()
+    b = random_inputs(specs, seed=5)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_inputs_options_errors(chain, tmp_path):
+    m = load_manifest(chain.path, check_files=False)
+    with pytest.raises(InputError, match="expected NAME=FILE.npy"):
+        load_inputs(m, pairs=["data"])
+    with pytest.raises(InputError, match="cannot be combined"):
+        load_inputs(m, npz="x.npz", random=True)
+    with pytest.raises(InputError, match="--random-inputs"):
+        load_inputs(m)
+    (tmp_path / "junk.npz").write_bytes(b"not a zip")
+    with pytest.raises(InputError, match=r"junk.npz: cannot read as .npz"):
+        load_inputs(m, npz=str(tmp_path / "junk.npz"))
+    np.savez(tmp_path / "empty.npz", other=np.zeros(1))
+    with pytest.raises(InputError, match="'other' is not a model input"):
+        load_inputs(m, npz=str(tmp_path / "empty.npz"))
+
+
+def test_inbox_buffers_out_of_order_and_regions_are_contiguous():
+    ctx = zmq.Context()
+    try:
+        pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+        push.connect(bind_local(pull))
+        big = np.arange(2 * 3 * 200 * 100, dtype=np.float32).reshape(2, 3, 200, 100)
+        send_tensor(push, 1, "b", "late", big[:, :, :, 10:20])  # inner-axis view: copied to contiguous
+        send_tensor(push, 0, "a", "first", big)
+        inbox = Inbox(pull)
+        first = inbox.wait((0, "a", "first"), lambda: None, lambda: None)
+        assert np.array_equal(first, big) and (1, "b", "late") in inbox.buffer
+        late = inbox.wait((1, "b", "late"), lambda: None, lambda: None)
+        assert np.array_equal(late, big[:, :, :, 10:20]) and not inbox.buffer
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_pad_run_and_delayed_links(chain):
+    frag = Fragment("f", "d", "f.onnx", "0", (), (), predicted_ms=30.0)
+    start = time.perf_counter()
+    assert pad_run(frag, 0.001) == pytest.approx(0.030)
+    assert time.perf_counter() - start >= 0.028
+    assert pad_run(frag, 0.050) == 0.050
+    chain.manifest["network"]["latency_ms"] = 25.0
+    from runtime.manifest import parse_manifest
+
+    links = DelayedLinks(parse_manifest(chain.manifest, chain.path), "pi5-a")
+    sent: list[float] = []
+    start = time.perf_counter()
+    links.submit("pi4-a", 0, lambda: sent.append(time.perf_counter() - start))
+    links.submit("pi4-a", 0, lambda: sent.append(time.perf_counter() - start))  # queues behind the first
+    links.close()
+    assert len(sent) == 2 and sent[0] >= 0.024 and sent[1] >= 0.049
+
+
+def test_compare_outputs_tolerance_scales_with_reference():
+    ref = {"a": np.array([1000.0, 0.0], np.float32), "b": np.array([0.5], np.float32)}
+    ok = compare_outputs({"a": ref["a"] + np.float32(0.05), "b": ref["b"]}, ref, 1e-4)
+    assert ok.passed and ok.worst_output == "a"
+    bad = compare_outputs({"a": ref["a"], "b": ref["b"] + np.float32(0.01)}, ref, 1e-4)
+    assert not bad.passed and bad.worst_output == "b" and bad.max_abs_diff == pytest.approx(0.01)
+    assert not compare_outputs({"a": ref["a"][:1], "b": ref["b"]}, ref, 1e-4).passed
+    nan = {"a": np.array([np.nan, 0.0]), "b": ref["b"]}
+    assert compare_outputs(nan, nan, 1e-4).passed
+
+
+@pytest.fixture(scope="module")
+def zmq_pair():
+    ctx = zmq.Context()
+    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    push.connect(bind_local(pull))
+    yield push, pull
+    ctx.destroy(linger=0)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(shape=st.lists(st.integers(0, 5), min_size=0, max_size=4),
+       dtype=st.sampled_from(["float32", "float16", "float64", "int64", "int8", "uint8", "bool"]),
+       axis_cut=st.integers(0, 3), data=st.data())
+def test_tensor_roundtrip_any_shape_dtype_and_region(zmq_pair, shape, dtype, axis_cut, data):
+    push, pull = zmq_pair
+    array = (np.arange(int(np.prod(shape)), dtype=np.int64) % 7).astype(dtype).reshape(shape)
+    if shape and shape[axis_cut % len(shape)] > 0:  # also a (generally non-contiguous) region view
+        axis = axis_cut % len(shape)
+        start = data.draw(st.integers(0, shape[axis] - 1))
+        array = np.take(array, range(start, shape[axis]), axis=axis) if axis == 0 else array.swapaxes(0, axis)[start:].swapaxes(0, axis)
+    send_tensor(push, 7, "src", "t", array)
+    inbox = Inbox(pull)
+    got = inbox.wait((7, "src", "t"), lambda: None, lambda: None)
+    assert got.dtype == array.dtype and got.shape == array.shape and np.array_equal(got, array)
