@@ -15,7 +15,7 @@ from .errors import UserError
 from .graph import LayerGraph
 from .layers import build_layer_graph, node_inputs, subgraph_inputs
 
-__all__ = ["Ingested", "load_model", "parse_shape_option", "file_sha256", "skeleton"]
+__all__ = ["Ingested", "load_model", "parse_shape_option", "file_sha256", "skeleton", "node_keys"]
 
 logger = logging.getLogger(__name__)
 
@@ -131,10 +131,10 @@ def _normalise(model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
         except Exception as exc:
             raise UserError(f"cannot convert opset {_opset(model)} to {CONVERT_TO}: {_first_line(exc)}", str(path)) from None
     out = model  # normalised in place: the caller's proto is ours
+    _name_nodes(out)  # before folding, so names follow the file's node indices
     _fold_constants(out, path)
     out.ir_version = max(out.ir_version, 4)  # IR 3 needs initializers listed as inputs; we list none
     _drop_identities(out.graph)
-    _name_nodes(out.graph)
     return out
 
 
@@ -196,14 +196,22 @@ def _drop_identities(graph: onnx.GraphProto) -> None:
     graph.node.extend(keep)
 
 
-def _name_nodes(graph: onnx.GraphProto) -> None:
-    seen: set[str] = set()
-    for i, node in enumerate(graph.node):
-        name = node.name or f"{node.op_type}_{i}"
-        while name in seen:
-            name = f"{name}_{i}"
-        node.name = name
-        seen.add(name)
+def node_keys(model: onnx.ModelProto) -> list[str]:
+    """Unique node names as edgec knows them: the node's own name, else `<op_type>_<index>` in the file;
+    a repeat gets `_<index>` appended. Measured per-node tables (`edgec profile --model`) use these keys."""
+    keys, seen = [], set()
+    for i, n in enumerate(model.graph.node):
+        k = n.name or f"{n.op_type}_{i}"
+        if k in seen:
+            k = f"{k}_{i}"
+        seen.add(k)
+        keys.append(k)
+    return keys
+
+
+def _name_nodes(model: onnx.ModelProto) -> None:
+    for node, key in zip(model.graph.node, node_keys(model)):
+        node.name = key
 
 
 def _pin_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], path: Path) -> onnx.ModelProto:

@@ -57,6 +57,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from compiler.cluster import validate_profile_dict
 from compiler.errors import UserError
+from compiler.ingest import node_keys
 
 __all__ = ["measure_host", "write_profile", "measure_layers"]
 
@@ -374,17 +375,6 @@ def _op_overhead_us(t_long: float, t_short: float, conv_gflops: float) -> float:
 # Per-node times of a real model
 
 
-def _node_keys(model: onnx.ModelProto) -> list[str]:
-    keys, seen = [], set()
-    for i, n in enumerate(model.graph.node):
-        k = n.name or f"{n.op_type}_{i}"
-        if k in seen:
-            k = f"{k}_{i}"
-        seen.add(k)
-        keys.append(k)
-    return keys
-
-
 def _map_optimized(orig: onnx.ModelProto, keys: list[str], opt: onnx.ModelProto) -> dict[str, str]:
     """Optimised node name -> original node key (see the module docstring for the rules)."""
     names = set(keys)
@@ -488,7 +478,7 @@ def measure_layers(
         raise UserError(f"cannot read model: {e.strerror or e}", path=str(path)) from None
     except Exception as e:  # protobuf DecodeError and friends
         raise UserError(f"not an ONNX model: {str(e).splitlines()[0] if str(e) else type(e).__name__}", path=str(path)) from None
-    keys = _node_keys(model)
+    keys = node_keys(model)
     warmup = 2
     with tempfile.TemporaryDirectory(prefix="edgec-profile-") as tmp:
         run_path = str(path)

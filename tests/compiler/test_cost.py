@@ -1,0 +1,63 @@
+"""Cost table: roofline estimates from profiles, measured per-node tables, the pipeline problem."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import yaml
+
+from compiler.cluster import load_cluster
+from compiler.cost import build_cost_table, pipeline_problem
+from compiler.ingest import load_model
+from compiler.profile import measure_host, write_profile
+from tests.conftest import conv_chain_model
+
+
+def cluster_file(tmp_path, profiles):
+    doc = {"devices": [{"name": f"d{i}", "profile": p} for i, p in enumerate(profiles)],
+           "network": {"bandwidth_mbps": 80, "latency_ms": 2}}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return load_cluster(path)
+
+
+def test_roofline_scales_with_device_speed(chain_path, tmp_path):
+    ing = load_model(chain_path)
+    cost = build_cost_table(ing.graph, cluster_file(tmp_path, ["rpi4", "rpi5", "laptop"]), ing.sha256)
+    assert cost.layer_ms.shape == (len(ing.graph.layers), 3)
+    conv = cost.layer_ms[0]
+    assert conv[0] > conv[1] > 0  # rpi4 slower than rpi5 (on a tiny conv the laptop's 50 us overhead dominates)
+    assert cost.transfer_ms(10_000, "d0", "d1") == pytest.approx(10_000 / (80 * 125) + 2)
+    assert cost.transfer_ms(10_000, "d0", "d0") == 0
+
+
+def test_pipeline_problem_matches_graph(residual_path, tmp_path):
+    ing = load_model(residual_path)
+    cost = build_cost_table(ing.graph, cluster_file(tmp_path, ["rpi4", "rpi5"]), ing.sha256)
+    prob = pipeline_problem(ing.graph, cost)
+    assert prob.n_blocks == len(ing.graph.blocks) == 3
+    np.testing.assert_allclose(prob.block_ms.sum(axis=0), cost.layer_ms.sum(axis=0))
+    assert list(prob.cut_bytes) == [4 * 4 * 8 * 8, 4 * 4 * 8 * 8]
+    assert prob.block_param_bytes.sum() == ing.graph.total_param_bytes
+
+
+def test_measured_table_is_used_for_unnamed_nodes(tmp_path):
+    """`edgec profile --model` keys nodes exactly as ingest names them, even when the file's nodes are
+    unnamed and constant nodes are folded away (indices shift)."""
+    m = conv_chain_model(n=3)
+    const = onnx.helper.make_node("Constant", [], ["unused_shape"], value=onnx.numpy_helper.from_array(np.array([1], np.int64)))
+    m.graph.node.insert(0, const)
+    for n in m.graph.node:
+        n.name = ""
+    model = tmp_path / "unnamed.onnx"
+    onnx.save(m, model)
+    prof = measure_host(model_path=str(model), quick=True)
+    write_profile(prof, tmp_path / "me.yaml")
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({"devices": [{"name": "me", "profile": "me.yaml"}],
+                                                      "network": {"bandwidth_mbps": 100, "latency_ms": 1}}))
+    ing = load_model(model)
+    cost = build_cost_table(ing.graph, load_cluster(tmp_path / "c.yaml"), ing.sha256)
+    assert cost.measured == (True,)
+    table = prof["layers"][ing.sha256]
+    assert cost.layer_ms[0, 0] == pytest.approx(sum(table[n] for n in ing.graph.layers[0].node_names))
