@@ -140,4 +140,8 @@ _add_runtime_commands()
 
 
 def main() -> None:
+    import logging
+
+    # Warnings from the passes (e.g. a measured table that does not cover the model) reach the user.
+    logging.basicConfig(level=logging.WARNING, format="edgec: warning: %(message)s", stream=sys.stderr)
     cli(prog_name="edgec")
