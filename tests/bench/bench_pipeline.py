@@ -1,5 +1,6 @@
-"""Benchmark (issue 2): predicted latency/throughput of `auto` next to the baselines, compile time, and the
-runtime's overhead over plain onnxruntime. Run: python tests/bench/bench_pipeline.py [--quick] [--skip-runtime]
+"""Benchmark (issue 2): predicted latency/throughput of `auto` next to the baselines, and compile time.
+Run: python tests/bench/bench_pipeline.py [--quick] [--repeat N]. The runtime's overhead over plain
+onnxruntime is measured by tests/bench/bench_runtime_overhead.py.
 
 Tables go to stdout (markdown), progress to stderr. Compile times are medians of --repeat runs.
 """
@@ -84,47 +85,10 @@ def markdown(head: list[str], rows: list[list[str]]) -> str:
     return "\n".join(out)
 
 
-def runtime_overhead(tmp: Path, model_name: str, repeat: int, rounds: int) -> str:
-    """One-device manifest through `edgec run --repeat N` vs plain onnxruntime, same threads, side by side."""
-    import numpy as np
-    import onnxruntime as ort
-
-    model = models.ensure(model_name)
-    cpath = write_cluster(tmp, "one", {"devices": [{"name": "solo", "profile": "laptop"}],
-                                       "network": {"bandwidth_mbps": 100, "latency_ms": 1}})
-    out = tmp / "solo"
-    compile_model(model, cpath, out, "single", "latency")
-    import os
-
-    threads = os.cpu_count()
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    sess = ort.InferenceSession(str(model), so, providers=["CPUExecutionProvider"])
-    feeds = {i.name: np.random.default_rng(0).standard_normal([d for d in i.shape]).astype(np.float32) for i in sess.get_inputs()}
-    ratios = []
-    for r in range(rounds):
-        sess.run(None, feeds)
-        plain = []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            sess.run(None, feeds)
-            plain.append((time.perf_counter() - t0) * 1000)
-        proc = subprocess.run([sys.executable, "-m", "compiler", "run", str(out / "manifest.json"), "--random-inputs",
-                               "--repeat", str(repeat), "--threads", str(threads), "--json"],
-                              capture_output=True, text=True, check=True)
-        edge = json.loads(proc.stdout)["latency_ms"]
-        ratios.append(edge / statistics.median(plain))
-        log(f"round {r}: plain onnxruntime median {statistics.median(plain):.2f} ms, edgec run median {edge:.2f} ms")
-    return (f"runtime overhead on {model_name}, one device, {threads} threads, --repeat {repeat}: "
-            f"median ratio edgec/onnxruntime over {rounds} rounds = {statistics.median(ratios):.3f} "
-            f"(rounds: {', '.join(f'{x:.3f}' for x in ratios)})")
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="ResNet-50 only, one compile per case")
     ap.add_argument("--repeat", type=int, default=3, help="compiles per case (median reported)")
-    ap.add_argument("--skip-runtime", action="store_true")
     args = ap.parse_args()
     names = ["resnet50"] if args.quick else MODELS
     with tempfile.TemporaryDirectory() as d:
@@ -132,9 +96,6 @@ def main() -> int:
         table, failures = planner_table(tmp, names, 1 if args.quick else args.repeat)
         print("## Pipeline planner vs baselines (predicted; lat ms / inputs per s)\n")
         print(table)
-        if not args.skip_runtime:
-            print()
-            print(runtime_overhead(tmp, "resnet50", 20, 1 if args.quick else 5))
     print()
     print("auto never worse than a baseline: " + ("yes" if not failures else "NO: " + "; ".join(failures)))
     return 1 if failures else 0

@@ -1,6 +1,6 @@
 """Overhead benchmark: a one-device manifest under `run --repeat N` vs plain onnxruntime, same threads."""
 
-# Usage: python tests/runtime/bench_overhead.py [--repeat 20] [--threads 0] [--rounds 3] [--folder DIR]
+# Usage: python tests/bench/bench_runtime_overhead.py [--repeat 20] [--threads 0] [--rounds 3] [--folder DIR]
 # Builds a ResNet-18-like conv net (random weights, ~1.8 GFLOPs) with onnx.helper and a one-device
 # manifest for it, then prints the median latency of plain onnxruntime and of `python -m runtime`,
 # alternating rounds, and finally an interleaved in-process comparison (robust on a shared machine).
