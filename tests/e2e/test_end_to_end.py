@@ -34,13 +34,20 @@ def compile_and_verify(model: Path, cluster: Path, out: Path, *extra: str) -> tu
 
 
 def tight_cluster(model: Path, tmp: Path) -> Path:
-    """Two devices, each too small for the whole model: the plan must split it."""
+    """Three devices, none able to hold the whole model: the plan must split it.
+
+    Each device gets room for the largest serial block (5% spare) or 55% of the model, whichever is more,
+    so a contiguous split exists (VGG's fc6 alone is ~70% of its weights) but no single device suffices.
+    """
     from compiler.ingest import load_model
 
     g = load_model(model).graph
-    need_mb = (g.total_param_bytes + max(g.footprint_bytes)) / 2**20
-    mem = 80 + 0.7 * need_mb  # runtime_overhead_mb of the profile + 70% of the model
-    doc = {"devices": [{"name": n, "profile": "rpi4", "memory_mb": round(mem / 0.75, 3)} for n in ("a", "b")],
+    need = g.total_param_bytes + max(g.footprint_bytes)
+    largest = max(sum(l.param_bytes for l in g.layers[lo:hi]) + g.peak_activation_bytes(lo, hi) for lo, hi in g.blocks)
+    room = max(1.05 * largest, 0.55 * need)
+    assert room < need, "a model with one dominant block cannot force a split"
+    mem = 80 + room / 2**20  # + runtime_overhead_mb of rpi4
+    doc = {"devices": [{"name": n, "profile": "rpi4", "memory_mb": round(mem / 0.75, 3)} for n in ("a", "b", "c")],
            "network": {"bandwidth_mbps": 100, "latency_ms": 1, "medium": "switched"}}
     path = tmp / "tight.yaml"
     path.write_text(yaml.safe_dump(doc))
@@ -61,7 +68,7 @@ def test_zoo_models_on_every_cluster(name, tmp_path):
     for cluster in CLUSTERS:
         compile_and_verify(model, HERE / "clusters" / f"{cluster}.yaml", tmp_path / cluster)
     summary, _ = compile_and_verify(model, tight_cluster(model, tmp_path), tmp_path / "tight")
-    assert len({d["name"] for d in summary["devices"] if d["fragments"]}) == 2, summary["devices"]
+    assert len({d["name"] for d in summary["devices"] if d["fragments"]}) >= 2, summary["devices"]
 
 
 def test_dynamic_model_needs_shape(tmp_path):
