@@ -265,10 +265,11 @@ def _tensors_without_static_shape(model: onnx.ModelProto) -> list[str]:
         ok = tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim) and tt.elem_type != 0
         known[vi.name] = ok
     inits = {i.name for i in model.graph.initializer}
+    needed = {i for n in model.graph.node for i in node_inputs(n)} | {o.name for o in model.graph.output}
     missing = []
     for node in model.graph.node:
-        for out in node.output:
-            if out and out not in inits and not known.get(out, False) and out not in missing:
+        for out in node.output:  # outputs nothing reads (e.g. Dropout's mask) need no shape
+            if out in needed and out not in inits and not known.get(out, False) and out not in missing:
                 missing.append(out)
     return missing
 
@@ -277,8 +278,7 @@ def _measure_shapes(model: onnx.ModelProto, names: list[str], path: Path) -> Non
     """Shapes inference could not derive: run the model once on zeros and record what comes out."""
     import onnxruntime as ort
 
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
+    probe = skeleton(model)  # weights become inputs, fed zeros: no multi-GB re-serialisation
     graph_outputs = {o.name for o in probe.graph.output}
     for n in names:
         if n not in graph_outputs:
@@ -287,8 +287,7 @@ def _measure_shapes(model: onnx.ModelProto, names: list[str], path: Path) -> Non
         sess = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
         feeds = {
             i.name: np.zeros([d.dim_value for d in i.type.tensor_type.shape.dim], dtype=_np_dtype(i.type.tensor_type.elem_type))
-            for i in model.graph.input
-            if i.name not in {x.name for x in model.graph.initializer}
+            for i in probe.graph.input
         }
         results = sess.run(names, feeds)
     except Exception as exc:

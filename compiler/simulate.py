@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from .cost import CostTable
 from .graph import LayerGraph
+from .plan.spatial_cost import predict_stage
 from .plan.types import Plan
 
 __all__ = ["Transfer", "Event", "Prediction", "crossing_tensors", "simulate"]
@@ -72,9 +73,13 @@ def simulate(plan: Plan, graph: LayerGraph, cost: CostTable) -> Prediction:
     Throughput is set by the busiest resource when inputs stream through: a device's compute, or a link
     (each pair its own link on a switched network; one channel for all transfers on a shared medium).
     """
-    stage_ms = tuple(float(cost.layer_ms[s.lo:s.hi, cost.index(s.device)].sum()) for s in plan.stages)
+    # Spatial stages (tiles across devices) are timed by the tile cost model: scatter .. gather.
+    spatial = {k: predict_stage(s, graph, cost) for k, s in enumerate(plan.stages) if s.spatial is not None}
+    stage_ms = tuple(spatial[k]["latency_ms"] if k in spatial else float(cost.layer_ms[s.lo:s.hi, cost.index(s.device)].sum())
+                     for k, s in enumerate(plan.stages))
     transfers = tuple(
-        Transfer(t, plan.stages[a].device, plan.stages[b].device, graph.tensors[t].nbytes,
+        Transfer(t, plan.stages[a].device, plan.stages[b].device,
+                 graph.tensors[t].nbytes if plan.stages[a].device != plan.stages[b].device else 0,
                  cost.transfer_ms(graph.tensors[t].nbytes, plan.stages[a].device, plan.stages[b].device))
         for t, a, b in crossing_tensors(plan, graph)
     )
@@ -99,8 +104,12 @@ def simulate(plan: Plan, graph: LayerGraph, cost: CostTable) -> Prediction:
             events.append(Event(s.device, "transfer", f"{tr.tensor} -> {tr.dst}", start, end))
             ready[b] = max(ready[b], end)
     busy: dict[str, float] = {}
-    for s, ms in zip(plan.stages, stage_ms):
-        busy[s.device] = busy.get(s.device, 0.0) + ms
+    for k, (s, ms) in enumerate(zip(plan.stages, stage_ms)):
+        for dev, dev_ms in (spatial[k]["compute_ms"].items() if k in spatial else [(s.device, ms)]):
+            busy[dev] = busy.get(dev, 0.0) + dev_ms
+    for k, sp in spatial.items():
+        events.extend(Event(d, kind, what, ready[k] + t0, ready[k] + t1) for d, kind, what, t0, t1 in sp["events"])
+        transfers += tuple(Transfer(*tr) for tr in sp["transfers"])
     links: dict[frozenset, float] = {}
     for tr in transfers:
         key = frozenset(["*"]) if cost.cluster.medium == "shared" else frozenset([tr.src, tr.dst])
@@ -120,54 +129,100 @@ def simulate(plan: Plan, graph: LayerGraph, cost: CostTable) -> Prediction:
 def simulate_manifest(manifest: dict) -> dict:
     """Replay a manifest's static schedule with its predicted fragment times and its network.
 
-    Each device executes its steps in order; a `run` takes the fragment's predicted_ms, a `send` occupies
-    the sender (and, on a shared medium, the one channel) for bytes / bandwidth + latency, a `recv` waits
-    for the matching send to finish. Host transfers (inputs in, outputs out) are free, as in the planner.
+    A discrete-event replay in time order: each device executes its steps in order; a `run` takes the
+    fragment's predicted_ms; a burst of consecutive `send`s occupies the sender (and, on a shared medium,
+    the one channel, which bursts take first come first served, ties in `transfers` order) for bytes /
+    bandwidth + latency per message; a `recv` waits for the matching send to finish; slice, concat, free
+    and host transfers (inputs in, outputs out) are free, as in the planner. A send's bytes are those of
+    its `transfers` entry (same tensor, src, dst and region).
     """
-    net = manifest["network"]
-    links = {frozenset((l["a"], l["b"])): l for l in net.get("links", [])}
-    frag_ms = {f["id"]: float(f["predicted_ms"]) for f in manifest["fragments"]}
-    sizes = {(t["tensor"], t["src"], t["dst"]): int(t["bytes"]) for t in manifest["transfers"]}
-    steps = manifest["steps"]
-    pc = {d: 0 for d in steps}
-    clock = {d: 0.0 for d in steps}
-    arrived: dict[tuple[str, str, str], float] = {}
-    channel = 0.0
-    events = []
-    progress = True
-    while progress:
-        progress = False
-        for dev, seq in steps.items():
-            while pc[dev] < len(seq):
-                s = seq[pc[dev]]
-                if s["op"] == "recv":
-                    key = (s["tensor"], s["from"], dev)
-                    if s["from"] != "@host":
-                        if key not in arrived:
-                            break
-                        clock[dev] = max(clock[dev], arrived[key])
-                elif s["op"] == "run":
-                    start = clock[dev]
-                    clock[dev] += frag_ms[s["fragment"]]
-                    events.append({"device": dev, "kind": "compute", "what": s["fragment"], "start_ms": start, "end_ms": clock[dev]})
-                elif s["op"] == "send" and s["to"] != "@host":
-                    name = s.get("as", s["tensor"])
-                    link = links.get(frozenset((dev, s["to"])), net)
-                    ms = sizes.get((s["tensor"], dev, s["to"]), 0) / (float(link["bandwidth_mbps"]) * 125.0) + float(link["latency_ms"])
-                    start = max(clock[dev], channel) if net["medium"] == "shared" else clock[dev]
-                    clock[dev] = start + ms
-                    channel = clock[dev] if net["medium"] == "shared" else channel
-                    arrived[(name, dev, s["to"])] = clock[dev]
-                    events.append({"device": dev, "kind": "transfer", "what": f"{s['tensor']} -> {s['to']}", "start_ms": start, "end_ms": clock[dev]})
-                pc[dev] += 1
-                progress = True
-    stuck = [d for d in steps if pc[d] < len(steps[d])]
+    replay = _Replay(manifest)
+    while (nxt := replay.next_step()) is not None:
+        replay.execute(*nxt)
+    stuck = [d for d, seq in replay.steps.items() if replay.pc[d] < len(seq)]
     if stuck:
         raise ValueError(f"schedule deadlocks: {', '.join(stuck)} wait for tensors that are never sent")
-    busy = {d: sum(e["end_ms"] - e["start_ms"] for e in events if e["device"] == d and e["kind"] == "compute") for d in steps}
+    events, clock = replay.events, replay.clock
+    busy = {d: sum(e["end_ms"] - e["start_ms"] for e in events if e["device"] == d and e["kind"] == "compute") for d in clock}
     return {
         "latency_ms": max(clock.values(), default=0.0),
-        "devices": {d: {"busy_ms": busy[d], "finish_ms": clock[d]} for d in steps},
-        "bytes_transferred": sum(sizes.values()),
+        "devices": {d: {"busy_ms": busy[d], "finish_ms": clock[d]} for d in clock},
+        "bytes_transferred": sum(replay.sizes.values()),
         "timeline": sorted(events, key=lambda e: (e["start_ms"], e["device"])),
     }
+
+
+def _region_key(region: dict | None) -> tuple | None:
+    return None if region is None else (region["axis"], region["start"], region["stop"])
+
+
+class _Replay:
+    """State of simulate_manifest: per-device program counters and clocks, arrivals, the shared channel."""
+
+    def __init__(self, manifest: dict):
+        self.net = manifest["network"]
+        self.shared = self.net["medium"] == "shared"
+        self.links = {frozenset((l["a"], l["b"])): l for l in self.net.get("links", [])}
+        self.frag_ms = {f["id"]: float(f["predicted_ms"]) for f in manifest["fragments"]}
+        self.sizes: dict[tuple, int] = {}
+        self.rank: dict[tuple, int] = {}
+        for i, t in enumerate(manifest["transfers"]):
+            key = (t["tensor"], t["src"], t["dst"], _region_key(t.get("region")))
+            self.sizes[key] = int(t["bytes"])
+            self.rank.setdefault(key, i)
+        self.steps = manifest["steps"]
+        self.pc = {d: 0 for d in self.steps}
+        self.clock = {d: 0.0 for d in self.steps}
+        self.arrived: dict[tuple[str, str, str], float] = {}
+        self.channel = 0.0
+        self.events: list[dict] = []
+
+    def _key(self, dev: str, s: dict) -> tuple:
+        return (s["tensor"], dev, s["to"], _region_key(s.get("region")))
+
+    def next_step(self) -> tuple[str, float] | None:
+        """The device whose next step can start first (ties: transfer order, then device order)."""
+        best = None
+        for dev, seq in self.steps.items():
+            if self.pc[dev] >= len(seq):
+                continue
+            s, at, rank = seq[self.pc[dev]], self.clock[dev], len(self.rank)
+            if s["op"] == "recv" and s["from"] != "@host":
+                got = self.arrived.get((s["tensor"], s["from"], dev))
+                if got is None:
+                    continue
+                at = max(at, got)
+            elif s["op"] == "send":
+                rank = self.rank.get(self._key(dev, s), rank)
+            if best is None or (at, rank) < best[0]:
+                best = ((at, rank), dev)
+        return None if best is None else (best[1], best[0][0])
+
+    def execute(self, dev: str, at: float) -> None:
+        seq = self.steps[dev]
+        s = seq[self.pc[dev]]
+        self.clock[dev] = at
+        self.pc[dev] += 1
+        if s["op"] == "run":
+            self.clock[dev] += self.frag_ms[s["fragment"]]
+            self.events.append({"device": dev, "kind": "compute", "what": s["fragment"], "start_ms": at, "end_ms": self.clock[dev]})
+        elif s["op"] == "send":
+            burst = [s]
+            while self.pc[dev] < len(seq) and seq[self.pc[dev]]["op"] == "send":
+                burst.append(seq[self.pc[dev]])
+                self.pc[dev] += 1
+            burst = [b for b in burst if b["to"] != "@host"]  # host transfers are free
+            if burst:
+                self._send(dev, burst, max(at, self.channel) if self.shared else at)
+
+    def _send(self, dev: str, burst: list[dict], t: float) -> None:
+        """Messages of a burst back to back from t (holding the channel on a shared medium)."""
+        for b in burst:
+            link = self.links.get(frozenset((dev, b["to"])), self.net)
+            ms = self.sizes.get(self._key(dev, b), 0) / (float(link["bandwidth_mbps"]) * 125.0) + float(link["latency_ms"])
+            self.events.append({"device": dev, "kind": "transfer", "what": f"{b['tensor']} -> {b['to']}", "start_ms": t, "end_ms": t + ms})
+            t += ms
+            self.arrived[(b.get("as", b["tensor"]), dev, b["to"])] = t
+        self.clock[dev] = t
+        if self.shared:
+            self.channel = t

@@ -1,0 +1,11 @@
+"""Spatial tiling geometry: exact row ranges of tiles through Type-1/Type-2 layers (no ONNX, no costs)."""
+
+from .regions import (
+    AXES, Need, NotTileable, SegmentMaps, TileRegion, segment_io, segment_maps, segment_region, spatial_cuts,
+    tile_pads, tileable, window_need, window_rows,
+)
+
+__all__ = [
+    "AXES", "Need", "NotTileable", "SegmentMaps", "TileRegion", "segment_io", "segment_maps", "segment_region",
+    "spatial_cuts", "tile_pads", "tileable", "window_need", "window_rows",
+]
