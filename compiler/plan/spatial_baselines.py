@@ -1,0 +1,117 @@
+"""Spatial baselines as real planners returning Plans: BBGraP, EdgeFlow and DeepThings (as ADaPS compares them).
+
+- `plan_bbgrap`: every block split equally across all devices, results gathered on one device and
+  re-scattered after every block (a spatial stage per block), or (sync="halo") halo rows exchanged
+  directly between blocks: fixed partitions, no device model.
+- `plan_edgeflow`: one stage, a segment per block (no fusion across blocks, halo exchange between them),
+  each block's split chosen against the previous block's only, around the speed-proportional split.
+- `plan_deepthings`: a fixed grid of equal fused tiles over the first layers, then a gather; the grid is
+  N x 1 (height) or 1 x M (width), one tile per device (our Tile is one-dimensional).
+
+A block is the finest segment a Plan allows (segments end on serial-block cuts), so inside an Inception
+or residual block every baseline fuses. All run their Type-3 remainder on the gather device.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..cost import CostTable
+from ..graph import LayerGraph
+from .problem import InfeasibleError
+from .spatial import INF, SpatialSearch, _cuts, _order, best_plan, plan_hybrid, plan_spatial
+from .types import Plan, Segment, SpatialGroup, Stage, Tile
+
+__all__ = ["plan_bbgrap", "plan_edgeflow", "plan_deepthings", "equal_tiles", "SPATIAL_PLANNERS"]
+
+logger = logging.getLogger(__name__)
+
+
+def equal_tiles(rows: int, devices: list[str]) -> tuple[Tile, ...]:
+    """Near-equal contiguous tiles (the first rows % n get one more row); fewer tiles if rows < n."""
+    n = min(len(devices), rows)
+    edges = [k * rows // n for k in range(n + 1)]
+    return tuple(Tile(d, a, b) for d, a, b in zip(devices, edges, edges[1:]))
+
+
+def _gather_device(cost: CostTable, names: list[str]) -> str:
+    """The fastest device: it gathers and runs the Type-3 layers."""
+    total = cost.layer_ms.sum(axis=0)
+    return min(names, key=lambda n: total[cost.index(n)])
+
+
+def _tail(graph: LayerGraph, g: str, end: int) -> tuple[Stage, ...]:
+    n = len(graph.layers)
+    return (Stage(g, end, n),) if end < n else ()
+
+
+def _rows(graph: LayerGraph, cut: int, axis: int) -> int:
+    return graph.tensors[graph.live_across(cut)[0] if cut < len(graph.layers) else graph.layers[-1].outputs[0]].shape[axis]
+
+
+def plan_bbgrap(graph: LayerGraph, cost: CostTable, objective: str = "latency", devices=None, axis: int = 2,
+                sync: str = "gather") -> Plan:
+    """Equal split of every block over all devices, no device model. sync="gather": each block's output
+    is gathered on the first device and re-scattered (a spatial stage per block); sync="halo": one
+    stage whose blocks exchange halo rows directly (decentralised, as ADaPS's Table 1 describes it)."""
+    names = list(devices or cost.devices)
+    g = names[0]  # device-agnostic: the first device coordinates
+    cuts = _cuts(graph, axis)
+    segs = [Segment(a, b, equal_tiles(_rows(graph, b, axis), names)) for a, b in zip(cuts, cuts[1:])]
+    if sync == "gather":
+        stages = tuple(Stage(g, s.lo, s.hi, SpatialGroup(axis, (s,))) for s in segs)
+    elif sync == "halo":
+        stages = (Stage(g, cuts[0], cuts[-1], SpatialGroup(axis, tuple(segs))),)
+    else:
+        raise ValueError(f"sync must be 'gather' or 'halo', got {sync!r}")
+    return Plan("bbgrap", objective, stages + _tail(graph, g, cuts[-1])).ensures(graph)
+
+
+def plan_edgeflow(graph: LayerGraph, cost: CostTable, objective: str = "latency", devices=None, axis: int = 2,
+                  threshold: float = 0.1) -> Plan:
+    names = list(devices or cost.devices)
+    g = _gather_device(cost, names)
+    cuts = _cuts(graph, axis)
+    s = SpatialSearch(graph, cost, axis, _order(cost, g, names), cuts, [0.0] * len(cuts), threshold)
+    path, part = [], None
+    for j in range(1, len(cuts)):  # greedy: each block against the previous block only
+        found = s.transition(j - 1, part, j, INF, 1)
+        if not found:
+            raise InfeasibleError("edgeflow: no partition within the bounds")
+        part = found[0][1]
+        path.append((j, part))
+    return Plan("edgeflow", objective, s.to_stages(path, len(cuts) - 1, g) + _tail(graph, g, cuts[-1])).ensures(graph)
+
+
+def plan_deepthings(graph: LayerGraph, cost: CostTable, objective: str = "latency", devices=None,
+                    grid: tuple[int, int] | None = None, layers: int | None = None) -> Plan:
+    """Fused tile partitioning: an N x 1 or 1 x M grid of equal tiles over the first `layers` layers
+    (rounded down to a block cut), one tile per device, gathered on the fastest device. With
+    layers=None every block cut is tried and the best predicted one kept (DeepThings tunes it by hand)."""
+    names = list(devices or cost.devices)
+    n, m = grid or (len(names), 1)
+    if min(n, m) != 1 or n * m > len(names):
+        raise ValueError(f"grid {n}x{m}: a one-dimensional grid of at most {len(names)} tiles is supported")
+    axis = 2 if m == 1 else 3
+    g = _gather_device(cost, names)
+    tiles_on = [g, *[d for d in names if d != g]][: n * m]
+    cuts = _cuts(graph, axis)
+    ends = [c for c in cuts[1:] if (layers is None or c <= max(layers, cuts[1])) and _rows(graph, c, axis) >= n * m]
+    ends = ends if layers is None else ends[-1:]
+    if not ends:
+        raise InfeasibleError(f"deepthings: no fused prefix has {n * m} rows for a {n}x{m} grid")
+    cands = []
+    for end in ends:
+        seg = Segment(0, end, equal_tiles(_rows(graph, end, axis), tiles_on))
+        stages = (Stage(g, cuts[0], end, SpatialGroup(axis, (seg,))),) + _tail(graph, g, end)
+        cands.append((0.0, Plan("deepthings", objective, stages)))
+    return best_plan(cands, graph, cost, objective, top=len(cands))
+
+
+SPATIAL_PLANNERS = {
+    "spatial": lambda graph, cost, objective="latency", **kw: plan_spatial(graph, cost, objective, **kw)[0],
+    "hybrid": lambda graph, cost, objective="latency", **kw: plan_hybrid(graph, cost, objective, **kw)[0],
+    "bbgrap": plan_bbgrap,
+    "edgeflow": plan_edgeflow,
+    "deepthings": plan_deepthings,
+}

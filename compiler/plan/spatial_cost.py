@@ -1,0 +1,263 @@
+"""Tile cost model: per-device compute of tiles, halo/scatter/gather transfers, and a spatial stage's timeline."""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..cost import CostTable
+from ..graph import LayerGraph
+from ..spatial.regions import SegmentMaps, segment_maps
+from .types import Stage
+
+__all__ = ["overhead_ms", "tile_ms", "SegmentCost", "Step", "StepModel", "row_bytes", "predict_stage", "group_param_bytes"]
+
+logger = logging.getLogger(__name__)
+
+
+def overhead_ms(graph: LayerGraph, cost: CostTable, i: int, d: int) -> float:
+    """Per-operator dispatch overhead of layer i on device d: paid by every tile, however small."""
+    prof = cost.cluster.device(cost.devices[d]).profile
+    return min(len(graph.layers[i].op_types) * prof.op_overhead_us / 1000.0, float(cost.layer_ms[i, d]))
+
+
+def tile_ms(graph: LayerGraph, cost: CostTable, i: int, d: int, rows: int, total: int) -> float:
+    """Layer i on device d computing `rows` of its `total` output rows (recomputed halo rows included):
+    overhead + (layer_ms - overhead) * rows / total, so a whole-tensor tile costs exactly layer_ms."""
+    if rows <= 0:
+        return 0.0
+    oh = overhead_ms(graph, cost, i, d)
+    return oh + (float(cost.layer_ms[i, d]) - oh) * rows / total
+
+
+def row_bytes(graph: LayerGraph, tensor: str, axis: int) -> float:
+    info = graph.tensors[tensor]
+    return info.nbytes / info.shape[axis]
+
+
+def group_param_bytes(graph: LayerGraph, lo: int, hi: int) -> int:
+    """Weights every tile device of layers [lo, hi) holds (each computes every layer on its rows)."""
+    return sum(graph.layers[i].param_bytes for i in range(lo, hi))
+
+
+@dataclass(eq=False)
+class SegmentCost:
+    """O(1) compute time of any tile [a, b) of a segment's output on any device.
+
+    Rows computed by layer i are end_i[b] - first_i[a] (separable, see SegmentMaps), so the segment's
+    time on device d is overhead_d + hi_d[b] - lo_d[a] with hi_d = sum_i w_id * end_i and
+    lo_d = sum_i w_id * first_i, w_id = (layer_ms - overhead) / total rows of layer i.
+    """
+
+    maps: SegmentMaps
+    overhead: np.ndarray  # [D]
+    hi: np.ndarray  # [D, M+1]
+    lo: np.ndarray  # [D, M+1]
+    in_bytes: float  # bytes per row of the segment input
+    out_bytes: float  # bytes per row of the segment output
+    _floor: dict = field(default_factory=dict)  # caches: floors by device weights, list views
+
+    @classmethod
+    def build(cls, graph: LayerGraph, cost: CostTable, lo: int, hi: int, axis: int) -> "SegmentCost":
+        maps = segment_maps(graph, lo, hi, axis)
+        n_dev = len(cost.devices)
+        oh = np.array([[overhead_ms(graph, cost, i, d) for d in range(n_dev)] for i in range(lo, hi)])
+        total = np.array([maps.size[maps.out_of[i]] for i in range(lo, hi)], dtype=float)
+        w = (cost.layer_ms[lo:hi] - oh) / total[:, None]  # [layers, D]
+        ends = np.stack([maps.end[maps.out_of[i]] for i in range(lo, hi)])  # [layers, M+1]
+        firsts = np.stack([maps.first[maps.out_of[i]] for i in range(lo, hi)])
+        return cls(maps, oh.sum(axis=0), w.T @ ends, w.T @ firsts,
+                   row_bytes(graph, maps.input, axis), row_bytes(graph, maps.output, axis))
+
+    @property
+    def rows(self) -> int:
+        return self.maps.rows
+
+    def comp(self, d: int, a: int, b: int) -> float:
+        return 0.0 if b <= a else float(self.overhead[d] + self.hi[d, b] - self.lo[d, a])
+
+    def need(self, a: int, b: int) -> tuple[int, int]:
+        """Rows of the segment input tile [a, b) reads."""
+        return int(self.maps.first[self.maps.input][a]), int(self.maps.end[self.maps.input][b])
+
+    @property
+    def lists(self) -> tuple[list, list, list, list, list]:
+        """(overhead, hi, lo, need first, need end) as Python lists: the search's inner loop indexes
+        them millions of times, where numpy scalars are slow."""
+        if "lists" not in self._floor:
+            m = self.maps
+            self._floor["lists"] = (self.overhead.tolist(), self.hi.tolist(), self.lo.tolist(),
+                                    m.first[m.input].tolist(), m.end[m.input].tolist())
+        return self._floor["lists"]
+
+    def floor(self, d: int) -> list[float]:
+        """floor[r]: least time of any r-row tile on device d (a lower bound for the search)."""
+        key = (self.hi[d].tobytes(), self.lo[d].tobytes(), float(self.overhead[d]))
+        if key not in self._floor:
+            m = self.rows
+            f = np.zeros(m + 1)
+            for r in range(1, m + 1):
+                f[r] = self.overhead[d] + np.min(self.hi[d, r:] - self.lo[d, : m + 1 - r])
+            self._floor[key] = np.maximum.accumulate(f).tolist()
+        return self._floor[key]
+
+
+# ------------------------------------------------------------------------------------------------
+# The search's step score: ADaPS Eq. 4-11 made exact per device
+
+
+@dataclass(frozen=True)
+class Step:
+    """One segment after a known partition: who holds its input rows, and list views of its costs."""
+
+    sc: SegmentCost
+    holders: list  # (device index, first row, end row) of the segment input, in row order
+    starts: list
+    sender: list  # per device position: its index among the holders, or -1
+    overhead: list
+    hi: list
+    lo: list
+    need_first: list
+    need_end: list
+
+
+class StepModel:
+    """Score of a segment step over devices in axis order (`devs`, CostTable indices).
+
+    All devices start the step together. Holders send each device the input rows it needs and does
+    not hold, in tile order, one message after another (on a shared medium all messages queue on one
+    channel). A device computes its tile (recomputed halo rows included) once its rows have arrived
+    and its own sends are done; the step costs the slowest device. This replaces ADaPS's
+    t_comp + t_data + t_ov (Eq. 4-11), which adds the worst compute to every transfer, by the time the
+    slowest device actually needs under the same link model as `predict_stage`.
+    """
+
+    def __init__(self, cost: CostTable, devs: list[int]):
+        n = len(cost.devices)
+        self.devs, self.shared = devs, cost.cluster.medium == "shared"
+        self.bw = [[float("inf")] * n for _ in range(n)]  # bytes per ms
+        self.lat = [[0.0] * n for _ in range(n)]
+        for a in range(n):
+            for b in range(n):
+                if a != b:
+                    link = cost.cluster.link(cost.devices[a], cost.devices[b])
+                    self.bw[a][b], self.lat[a][b] = link.bandwidth_mbps * 125.0, link.latency_ms
+
+    def context(self, sc: SegmentCost, holders: list) -> Step:
+        sender = {h[0]: e for e, h in enumerate(holders)}
+        return Step(sc, holders, [h[1] for h in holders], [sender.get(d, -1) for d in self.devs], *sc.lists)
+
+    def term(self, cx: Step, pos: int, a: int, b: int, sent: tuple, chan: float):
+        """Device `pos` computing rows [a, b) (b > a): (rows arrived at, compute ms, each holder's
+        sends done at, channel free at)."""
+        d = self.devs[pos]
+        n0, n1 = cx.need_first[a], cx.need_end[b]
+        ready = 0.0
+        for e in range(max(0, bisect.bisect_right(cx.starts, n0) - 1), bisect.bisect_left(cx.starts, n1)):
+            hd, s0, s1 = cx.holders[e]
+            rows = min(s1, n1) - max(s0, n0)
+            if rows <= 0 or hd == d:
+                continue
+            ms = rows * cx.sc.in_bytes / self.bw[hd][d] + self.lat[hd][d]
+            chan = (chan if self.shared else sent[e]) + ms
+            sent = sent[:e] + (chan,) + sent[e + 1:]
+            ready = max(ready, chan)
+        return ready, cx.overhead[d] + cx.hi[d][b] - cx.lo[d][a], sent, chan
+
+    @staticmethod
+    def finish(cx: Step, done, sent) -> float:
+        """The step's time from (position, arrived, compute) of every busy device and final sends."""
+        return max((max(r, sent[cx.sender[p]] if cx.sender[p] >= 0 else 0.0) + c for p, r, c in done), default=0.0)
+
+    def score(self, cx: Step, part) -> float:
+        """Step time of partition `part` (row boundaries per device position)."""
+        sent, chan, done = (0.0,) * len(cx.holders), 0.0, []
+        for pos in range(len(self.devs)):
+            if part[pos + 1] > part[pos]:
+                r, c, sent, chan = self.term(cx, pos, part[pos], part[pos + 1], sent, chan)
+                done.append((pos, r, c))
+        return self.finish(cx, done, sent)
+
+    def gather(self, sc: SegmentCost, holders: list, g: int) -> float:
+        """Every tile sent to device g (in parallel on a switched network, one after another if shared)."""
+        ms = [(b - a) * sc.out_bytes / self.bw[d][g] + self.lat[d][g] for d, a, b in holders if d != g]
+        return sum(ms) if self.shared else max(ms, default=0.0)
+
+
+# ------------------------------------------------------------------------------------------------
+# Event timeline of one spatial stage
+
+
+@dataclass
+class _Timeline:
+    cost: CostTable
+    clock: dict[str, float]
+    channel: float = 0.0
+    transfers: list = field(default_factory=list)
+    events: list = field(default_factory=list)
+
+    def exchange(self, tensor: str, per_row: float, holders, needs) -> dict[str, float]:
+        """Every holder sends each receiver the rows it needs, one message after another, starting when
+        the holder has finished computing; on a shared medium all messages queue for one channel.
+        Returns when each receiver has all its pieces."""
+        shared = self.cost.cluster.medium == "shared"
+        ready: dict[str, float] = {}
+        for src, s0, s1 in sorted(holders, key=lambda h: (self.clock[h[0]], h[1])):
+            for dst, n0, n1 in needs:
+                rows = min(s1, n1) - max(s0, n0)
+                if dst == src or rows <= 0:
+                    continue
+                nbytes = int(round(rows * per_row))
+                ms = self.cost.transfer_ms(nbytes, src, dst)
+                start = max(self.clock[src], self.channel) if shared else self.clock[src]
+                self.clock[src] = start + ms
+                self.channel = self.clock[src] if shared else self.channel
+                ready[dst] = max(ready.get(dst, 0.0), self.clock[src])
+                self.transfers.append((tensor, src, dst, nbytes, ms))
+                self.events.append((src, "transfer", f"{tensor}[{max(s0, n0)}:{min(s1, n1)}] -> {dst}", start, self.clock[src]))
+        return ready
+
+    def run(self, device: str, what: str, ready: float, ms: float) -> None:
+        start = max(self.clock[device], ready)
+        self.clock[device] = start + ms
+        self.events.append((device, "compute", what, start, start + ms))
+
+
+def predict_stage(stage: Stage, graph: LayerGraph, cost: CostTable) -> dict:
+    """Timeline of a spatial stage, from its input being complete on `stage.device` (which scatters
+    input rows to the tiles) to the last segment's output gathered on `stage.device`.
+
+    Each device runs its segments in order; before a segment it waits for the rows it needs (halo rows
+    from neighbours, sent by each holder as soon as it has finished the previous segment). Returns
+    latency_ms, compute_ms per device, transfers as (tensor, src, dst, bytes, ms), events as (device,
+    kind, what, start_ms, end_ms), tile_ms {(segment, tile): compute ms} and bytes.
+    """
+    group = stage.spatial
+    devices = {stage.device, *group.devices}
+    tl = _Timeline(cost, {d: 0.0 for d in devices})
+    compute = {d: 0.0 for d in devices}
+    per_tile = {}
+    first = segment_maps(graph, group.segments[0].lo, group.segments[0].hi, group.axis)
+    holders = [(stage.device, 0, first.size[first.input])]
+    for k, seg in enumerate(group.segments):
+        sc = SegmentCost.build(graph, cost, seg.lo, seg.hi, group.axis)
+        needs = [(t.device, *sc.need(t.start, t.stop)) for t in seg.tiles]
+        ready = tl.exchange(sc.maps.input, sc.in_bytes, holders, needs)
+        for n, t in enumerate(seg.tiles):
+            ms = per_tile[k, n] = sc.comp(cost.index(t.device), t.start, t.stop)
+            compute[t.device] += ms
+            tl.run(t.device, f"layers {seg.lo}-{seg.hi - 1} rows {t.start}:{t.stop}", ready.get(t.device, 0.0), ms)
+        holders = [(t.device, t.start, t.stop) for t in seg.tiles]
+    ready = tl.exchange(sc.maps.output, sc.out_bytes, holders, [(stage.device, 0, sc.rows)])
+    latency = max(tl.clock[stage.device], ready.get(stage.device, 0.0))
+    return {
+        "latency_ms": latency,
+        "compute_ms": compute,
+        "tile_ms": per_tile,
+        "transfers": tl.transfers,
+        "events": tl.events,
+        "bytes": sum(t[3] for t in tl.transfers),
+    }

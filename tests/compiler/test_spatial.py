@@ -1,0 +1,144 @@
+"""Spatial planner: pruned search equals exhaustive search, plans are valid, cost model is consistent."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import shape_inference
+
+from compiler.cluster import Cluster, Device, Link, load_profile
+from compiler.cost import build_cost_table
+from compiler.ingest import load_model
+from compiler.layers import build_layer_graph
+from compiler.plan.spatial import SpatialSearch, plan_hybrid, plan_spatial
+from compiler.plan.spatial_cost import SegmentCost, predict_stage, tile_ms
+from compiler.plan.types import Plan
+from compiler.simulate import simulate
+from compiler.spatial import spatial_cuts
+from tests.conftest import conv_chain_model, residual_model
+
+LIGHT = Path(__import__("onnx").__file__).parent / "backend/test/data/light"
+PROFILES = {n: load_profile(n) for n in ("rpi5", "rpi4")}
+
+
+def make_cluster(kinds, mbps=100.0, latency=1.0, medium="switched", links=None) -> Cluster:
+    devs = tuple(Device(f"{k}-{i}", PROFILES[k], PROFILES[k].memory_mb, None) for i, k in enumerate(kinds))
+    return Cluster(devs, mbps, latency, medium, links or {}, "test")
+
+
+def graph_of(model):
+    return build_layer_graph(shape_inference.infer_shapes(model))
+
+
+def _search(graph, cost, threshold, axis=2, budget=None):
+    cuts = spatial_cuts(graph, axis)
+    rest = [float(cost.layer_ms[c:, 0].sum()) for c in cuts]
+    return SpatialSearch(graph, cost, axis, list(cost.devices), cuts, rest, threshold, budget)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(1, 3), size=st.integers(4, 9), kinds=st.sampled_from([("rpi5", "rpi4"), ("rpi4", "rpi5"), ("rpi5", "rpi5", "rpi4")]),
+       mbps=st.sampled_from([1.0, 10.0, 100.0, 1000.0]), medium=st.sampled_from(["switched", "shared"]),
+       threshold=st.sampled_from([0.1, 0.3, 0.6]), residual=st.booleans())
+def test_pruned_search_equals_exhaustive(n, size, kinds, mbps, medium, threshold, residual):
+    model = residual_model() if residual else conv_chain_model(n=n, channels=4, size=size)
+    graph = graph_of(model)
+    cost = build_cost_table(graph, make_cluster(kinds, mbps, 0.2, medium))
+    ref = _search(graph, cost, threshold)
+    want, path = ref.exhaustive()
+    pruned = _search(graph, cost, threshold)
+    ends = pruned.run(beam=None, branch=None)
+    got = min(t for t, _ in ends.values())
+    assert math.isclose(got, want, rel_tol=1e-9), (got, want, path)
+    assert pruned.stats.exact
+    # the default beam never reports better than the optimum, and every total is the sum of its steps
+    beam = _search(graph, cost, threshold, budget=2000)
+    for end, (total, p) in beam.run().items():
+        assert total >= want - 1e-9
+        steps = sum(beam.step(j, part, j2, part2) for (j, part), (j2, part2) in zip([(0, None), *p], p))
+        assert math.isclose(total, steps + beam.gather(end, p[-1][1]) + beam.rest[end], rel_tol=1e-9)
+
+
+def test_search_space_counts_every_choice():
+    graph = graph_of(conv_chain_model(n=2, channels=4, size=6))
+    cost = build_cost_table(graph, make_cluster(("rpi5", "rpi4"), 10.0))
+    s = _search(graph, cost, 0.5)
+    per_cut = [sum(1 for _ in s.partitions(j)) for j in (1, 2)]
+    # end after cut 1 (one segmentation) or cut 2 (fused, or split at 1)
+    assert round(10 ** s.space_log10()) == per_cut[0] + per_cut[1] * (1 + per_cut[0])
+
+
+def test_tile_time_is_consistent_with_the_cost_table():
+    graph = graph_of(conv_chain_model(n=3, channels=4, size=12))
+    cost = build_cost_table(graph, make_cluster(("rpi5", "rpi4")))
+    sc = SegmentCost.build(graph, cost, 0, 3, 2)
+    for d in range(2):  # a whole-tensor tile costs exactly the layers' times
+        assert math.isclose(sc.comp(d, 0, 12), cost.layer_ms[:3, d].sum(), rel_tol=1e-12)
+    # a tile pays per-op overhead plus its share of rows, halo rows included
+    rows = [sc.maps.layer_rows(i, 0, 6) for i in range(3)]
+    assert rows == [8, 7, 6]  # 3x3 pad-1 convs: each earlier layer computes one more row below
+    want = sum(tile_ms(graph, cost, i, 1, r, 12) for i, r in enumerate(rows))
+    assert math.isclose(sc.comp(1, 0, 6), want, rel_tol=1e-12)
+
+
+def _stage_rows(plan: Plan):
+    return [[(t.device, t.start, t.stop) for t in seg.tiles] for seg in plan.stages[0].spatial.segments]
+
+
+def test_plan_spatial_on_a_chain_is_valid_and_beats_one_device():
+    graph = graph_of(conv_chain_model(n=4, channels=64, size=64))
+    cost = build_cost_table(graph, make_cluster(("rpi5", "rpi5", "rpi4"), 1000.0, 0.1))
+    plan, stats = plan_spatial(graph, cost)
+    plan.ensures(graph)
+    assert plan.strategy == "spatial" and plan.stages[0].spatial is not None
+    assert stats.nodes_visited > 0 and stats.search_space_log10 > 2
+    pred = simulate(plan, graph, cost)
+    assert pred.latency_ms < cost.layer_ms.sum(axis=0).min()  # fast network: splitting pays
+    # the faster device gets more rows of every segment output
+    for tiles in _stage_rows(plan):
+        sizes = {d.split("-")[0]: b - a for d, a, b in tiles}
+        assert sizes.get("rpi5", 0) > sizes.get("rpi4", 0)
+
+
+def test_predict_stage_timeline_matches_simulate():
+    graph = graph_of(conv_chain_model(n=4, channels=16, size=32))
+    cost = build_cost_table(graph, make_cluster(("rpi5", "rpi4", "rpi4"), 100.0))
+    plan, _ = plan_spatial(graph, cost, devices=list(cost.devices))
+    info = predict_stage(plan.stages[0], graph, cost)
+    pred = simulate(plan, graph, cost)
+    tail = sum(float(cost.layer_ms[s.lo:s.hi, cost.index(s.device)].sum()) for s in plan.stages[1:])
+    assert math.isclose(pred.latency_ms, info["latency_ms"] + tail, rel_tol=1e-9)
+    assert pred.bytes_transferred == info["bytes"] > 0
+    assert all(tr[1] != tr[2] for tr in info["transfers"])
+    assert set(info["compute_ms"]) == set(plan.stages[0].spatial.devices) | {plan.stages[0].device}
+
+
+def test_uneven_rows_over_three_devices():
+    graph = graph_of(conv_chain_model(n=2, channels=4, size=7))
+    cost = build_cost_table(graph, make_cluster(("rpi5", "rpi4", "rpi4"), 1000.0, 0.0))
+    plan, _ = plan_spatial(graph, cost, threshold=0.5)
+    for tiles in _stage_rows(plan):
+        assert tiles[0][1] == 0 and tiles[-1][2] == 7
+
+
+def test_plans_on_branching_zoo_models_cover_the_graph():
+    graph = load_model(LIGHT / "light_inception_v1.onnx").graph
+    cost = build_cost_table(graph, make_cluster(("rpi5", "rpi4"), 100.0))
+    for plan, stats in (plan_spatial(graph, cost), plan_hybrid(graph, cost)):
+        plan.ensures(graph)
+        assert Plan.from_dict(plan.to_dict()) == plan
+        assert stats.seconds < 10
+
+
+def test_hybrid_can_follow_tiles_with_pipeline_stages():
+    graph = graph_of(conv_chain_model(n=4, channels=32, size=64))
+    cost = build_cost_table(graph, make_cluster(("rpi5", "rpi4", "rpi4"), 1000.0, 0.1))
+    plan, _ = plan_hybrid(graph, cost)
+    plan.ensures(graph)
+    spatial_pred = simulate(plan_spatial(graph, cost)[0], graph, cost).latency_ms
+    assert simulate(plan, graph, cost).latency_ms <= spatial_pred * 1.05
