@@ -23,6 +23,7 @@ __all__ = ["CompileResult", "Candidate", "compile_model", "plan_model", "OBJECTI
 
 logger = logging.getLogger(__name__)
 OBJECTIVES = ("latency", "throughput")
+TOP_K = 3  # the pipeline DP keeps this many plans; the runners-up are reported in the manifest
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class Candidate:
     plan: Plan | None
     prediction: Prediction | None
     error: str | None = None
+    runners_up: tuple[tuple[Plan, Prediction], ...] = ()  # the planner's next-best plans (top-K)
 
 
 @dataclass(frozen=True)
@@ -63,12 +65,13 @@ def plan_model(graph: LayerGraph, cost: CostTable, strategy: str, objective: str
     candidates = []
     for name in names:
         try:
-            sol = PLANNERS[name](problem, objective)[0]
+            sols = PLANNERS[name](problem, objective, top_k=TOP_K)
         except InfeasibleError as exc:
             candidates.append(Candidate(name, None, None, str(exc)))
             continue
-        plan = _to_plan(sol, name, objective, graph, problem)
-        candidates.append(Candidate(name, plan, simulate(plan, graph, cost)))
+        plans = [_to_plan(sol, name, objective, graph, problem) for sol in sols]
+        preds = [simulate(p, graph, cost) for p in plans]
+        candidates.append(Candidate(name, plans[0], preds[0], runners_up=tuple(zip(plans[1:], preds[1:]))))
     feasible = [c for c in candidates if c.plan is not None]
     if not feasible:
         raise UserError(candidates[0].error, cost.cluster.path)
@@ -121,5 +124,10 @@ def plan_info(chosen: Candidate, candidates, graph: LayerGraph) -> dict:
              "latency_ms": round(c.prediction.latency_ms, 4) if c.prediction else None,
              "throughput_ips": round(c.prediction.throughput_ips, 4) if c.prediction else None}
             for c in candidates
+        ],
+        "runners_up": [
+            {"stages": [{"device": s.device, "layers": [s.lo, s.hi]} for s in p.stages],
+             "latency_ms": round(pr.latency_ms, 4), "throughput_ips": round(pr.throughput_ips, 4)}
+            for p, pr in chosen.runners_up
         ],
     }

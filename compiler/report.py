@@ -57,6 +57,7 @@ def compile_summary(result, outdir: Path, seconds: float) -> dict:
         "devices": devices,
         "stages": result.manifest["plan"]["stages"],
         "candidates": result.manifest["plan"]["candidates"],
+        "runners_up": result.manifest["plan"]["runners_up"],
     }
 
 
