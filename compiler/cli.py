@@ -55,11 +55,18 @@ def cli() -> None:
 @click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--devices", "devices", required=True, type=click.Path(dir_okay=False, path_type=Path), help="cluster.yaml")
 @click.option("-o", "--output", "outdir", required=True, type=click.Path(file_okay=False, path_type=Path))
-@click.option("--strategy", default="auto", type=click.Choice(["auto", "pipeline", "single", "even", "neurosurgeon"]))
+@click.option("--strategy", default="auto",
+              type=click.Choice(["auto", "pipeline", "single", "even", "neurosurgeon", "spatial", "hybrid", "bbgrap",
+                                 "edgeflow", "deepthings"]))
 @click.option("--objective", default="latency", type=click.Choice(["latency", "throughput"]))
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=D0,D1,...", help="pin an input's dynamic dimensions")
+@click.option("--search-threshold", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.1,
+              show_default=True, help="ADaPS partition search threshold (fraction of rows around speed shares)")
+@click.option("--deepthings-grid", metavar="NxM", default=None, help="DeepThings tile grid (N x 1 or 1 x M)")
+@click.option("--deepthings-layers", type=click.IntRange(min=1), default=None, help="DeepThings fused depth")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON summary object on stdout")
-def compile_cmd(model, devices, outdir, strategy, objective, shapes, as_json):
+def compile_cmd(model, devices, outdir, strategy, objective, shapes, search_threshold, deepthings_grid,
+                deepthings_layers, as_json):
     """Compile MODEL for the devices in CLUSTER.yaml into OUTDIR (fragments + manifest.json)."""
     import time
 
@@ -67,8 +74,18 @@ def compile_cmd(model, devices, outdir, strategy, objective, shapes, as_json):
     from .ingest import parse_shape_option
     from .report import compile_summary, format_compile
 
+    from .driver import PlanOptions
+
+    grid = None
+    if deepthings_grid is not None:
+        n, sep, m = deepthings_grid.lower().partition("x")
+        if not (sep and n.isdigit() and m.isdigit() and int(n) > 0 and int(m) > 0):
+            raise UserError(f"--deepthings-grid {deepthings_grid!r}: expected NxM with positive integers, e.g. 4x1")
+        grid = (int(n), int(m))
+    options = PlanOptions(search_threshold, grid, deepthings_layers)
     t0 = time.perf_counter()
-    result = compile_model(model, devices, outdir, strategy, objective, parse_shape_option(shapes), _progress)
+    result = compile_model(model, devices, outdir, strategy, objective, parse_shape_option(shapes), _progress,
+                           options)
     summary = compile_summary(result, outdir, time.perf_counter() - t0)
     click.echo(json.dumps(summary, indent=1, sort_keys=True) if as_json else format_compile(summary))
 

@@ -14,12 +14,13 @@ from .emit import build_fragments, build_manifest, write_output
 from .errors import UserError
 from .graph import LayerGraph
 from .ingest import Ingested, load_model
-from .plan import PLANNERS, STRATEGIES
+from .plan.registry import PLANNERS, SPATIAL_PLANNERS, STRATEGIES
+from .plan.spatial import fits as spatial_fits
 from .plan.problem import InfeasibleError, PipelineProblem, PipelineSolution
 from .plan.types import Plan, Stage
 from .simulate import Prediction, simulate
 
-__all__ = ["CompileResult", "Candidate", "compile_model", "plan_model", "OBJECTIVES"]
+__all__ = ["CompileResult", "Candidate", "PlanOptions", "compile_model", "plan_model", "OBJECTIVES"]
 
 logger = logging.getLogger(__name__)
 OBJECTIVES = ("latency", "throughput")
@@ -33,6 +34,22 @@ class Candidate:
     prediction: Prediction | None
     error: str | None = None
     runners_up: tuple[tuple[Plan, Prediction], ...] = ()  # the planner's next-best plans (top-K)
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """Knobs of the spatial planners (ADaPS search threshold; DeepThings grid and fused depth)."""
+
+    search_threshold: float = 0.1
+    deepthings_grid: tuple[int, int] | None = None
+    deepthings_layers: int | None = None
+
+    def kwargs(self, strategy: str) -> dict:
+        if strategy in ("spatial", "hybrid", "edgeflow"):
+            return {"threshold": self.search_threshold}
+        if strategy == "deepthings":
+            return {"grid": self.deepthings_grid, "layers": self.deepthings_layers}
+        return {}
 
 
 @dataclass(frozen=True)
@@ -58,29 +75,45 @@ def _key(c: Candidate, objective: str) -> tuple:
     return (*main, STRATEGIES.index(c.strategy))
 
 
-def plan_model(graph: LayerGraph, cost: CostTable, strategy: str, objective: str) -> tuple[Candidate, tuple[Candidate, ...]]:
+def plan_model(graph: LayerGraph, cost: CostTable, strategy: str, objective: str,
+               options: PlanOptions = PlanOptions()) -> tuple[Candidate, tuple[Candidate, ...]]:
     """Run the requested planner (all of them for `auto`) and choose the best predicted plan."""
     problem = pipeline_problem(graph, cost)
     names = [s for s in STRATEGIES if s != "auto"] if strategy == "auto" else [strategy]
-    candidates = []
-    for name in names:
-        try:
-            sols = PLANNERS[name](problem, objective, top_k=TOP_K)
-        except InfeasibleError as exc:
-            candidates.append(Candidate(name, None, None, str(exc)))
-            continue
-        plans = [_to_plan(sol, name, objective, graph, problem) for sol in sols]
-        preds = [simulate(p, graph, cost) for p in plans]
-        candidates.append(Candidate(name, plans[0], preds[0], runners_up=tuple(zip(plans[1:], preds[1:]))))
+    candidates = [_pipeline_candidate(n, graph, cost, problem, objective) if n in PLANNERS
+                  else _spatial_candidate(n, graph, cost, objective, options) for n in names]
     feasible = [c for c in candidates if c.plan is not None]
     if not feasible:
         raise UserError(candidates[0].error, cost.cluster.path)
     return min(feasible, key=lambda c: _key(c, objective)), tuple(candidates)
 
 
+def _pipeline_candidate(name, graph, cost, problem, objective) -> Candidate:
+    try:
+        sols = PLANNERS[name](problem, objective, top_k=TOP_K)
+    except InfeasibleError as exc:
+        return Candidate(name, None, None, str(exc))
+    plans = [_to_plan(sol, name, objective, graph, problem) for sol in sols]
+    preds = [simulate(p, graph, cost) for p in plans]
+    return Candidate(name, plans[0], preds[0], runners_up=tuple(zip(plans[1:], preds[1:])))
+
+
+def _spatial_candidate(name, graph, cost, objective, options: PlanOptions) -> Candidate:
+    try:
+        plan = SPATIAL_PLANNERS[name](graph, cost, objective, **options.kwargs(name)).ensures(graph)
+    except InfeasibleError as exc:
+        return Candidate(name, None, None, f"{name}: {exc}")
+    except ValueError as exc:  # an option the planner cannot honour (e.g. a grid larger than the cluster)
+        raise UserError(f"--strategy {name}: {exc}") from None
+    if not spatial_fits(plan, graph, cost):
+        return Candidate(name, None, None, f"{name}: the plan does not fit the devices' memory")
+    return Candidate(name, plan, simulate(plan, graph, cost))
+
+
 def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, strategy: str = "auto",
                   objective: str = "latency", shapes: dict | None = None,
-                  progress: Callable[[str], None] = lambda s: None) -> CompileResult:
+                  progress: Callable[[str], None] = lambda s: None,
+                  options: PlanOptions = PlanOptions()) -> CompileResult:
     timings: dict[str, float] = {}
     t = time.perf_counter()
 
@@ -101,7 +134,7 @@ def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, st
     step("ingest")
     cost = build_cost_table(ing.graph, cluster, ing.sha256)
     step("cost")
-    chosen, candidates = plan_model(ing.graph, cost, strategy, objective)
+    chosen, candidates = plan_model(ing.graph, cost, strategy, objective, options)
     step("plan")
     frags = build_fragments(ing, chosen.plan, chosen.prediction)
     manifest = build_manifest(ing, chosen.plan, chosen.prediction, frags, cluster.to_dict(), Path(outdir),
@@ -112,13 +145,25 @@ def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, st
     return CompileResult(ing, cluster, cost, chosen, candidates, manifest, timings)
 
 
+def _stage_info(s: Stage, graph: LayerGraph) -> dict:
+    info = {"device": s.device, "layers": [s.lo, s.hi], "first_layer": graph.layers[s.lo].name,
+            "last_layer": graph.layers[s.hi - 1].name, "spatial": None}
+    if s.spatial is not None:
+        info["spatial"] = {
+            "axis": "height" if s.spatial.axis == 2 else "width",
+            "devices": list(s.spatial.devices),
+            "segments": [{"layers": [g.lo, g.hi], "tiles": [{"device": t.device, "rows": [t.start, t.stop]} for t in g.tiles]}
+                         for g in s.spatial.segments],
+        }
+    return info
+
+
 def plan_info(chosen: Candidate, candidates, graph: LayerGraph) -> dict:
     """The manifest's informational `plan` section: stages and the predicted numbers of every candidate."""
     return {
         "strategy": chosen.strategy,
         "objective": chosen.plan.objective,
-        "stages": [{"device": s.device, "layers": [s.lo, s.hi], "first_layer": graph.layers[s.lo].name,
-                    "last_layer": graph.layers[s.hi - 1].name} for s in chosen.plan.stages],
+        "stages": [_stage_info(s, graph) for s in chosen.plan.stages],
         "candidates": [
             {"strategy": c.strategy, "feasible": c.plan is not None, "error": c.error,
              "latency_ms": round(c.prediction.latency_ms, 4) if c.prediction else None,

@@ -1,17 +1,6 @@
-"""Planners: each takes a PipelineProblem and an objective and returns solutions; none touches ONNX."""
+"""Planners: each takes analysis results and an objective and returns plans; none touches ONNX.
 
-from __future__ import annotations
-
-from .baselines import plan_even, plan_neurosurgeon, plan_single
-from .pipeline import plan_pipeline
-
-__all__ = ["PLANNERS", "STRATEGIES"]
-
-# `auto` runs every planner and keeps the best predicted plan; ties go to the earlier name.
-PLANNERS = {
-    "pipeline": plan_pipeline,
-    "single": plan_single,
-    "even": plan_even,
-    "neurosurgeon": plan_neurosurgeon,
-}
-STRATEGIES = ("auto", *PLANNERS)
+Pipeline planners see a PipelineProblem (the chain of serial blocks priced per device) and return
+PipelineSolutions; spatial planners see the LayerGraph and CostTable and return Plans with tiled stages.
+The strategy registry is compiler.plan.registry.
+"""
