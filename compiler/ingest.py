@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper, shape_inference
+
+from runtime.manifest import file_sha256  # the runtime owns the hashes it checks
 
 from .errors import UserError
 from .graph import LayerGraph
@@ -31,14 +32,6 @@ class Ingested:
     sha256: str
     model: onnx.ModelProto
     graph: LayerGraph
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def parse_shape_option(items: tuple[str, ...] | list[str]) -> dict[str, tuple[int, ...]]:

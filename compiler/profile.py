@@ -36,7 +36,6 @@ Nodes without a name are keyed "<op_type>_<index in graph.node>".
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import json
 import math
 import os
@@ -57,7 +56,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from compiler.cluster import validate_profile_dict
 from compiler.errors import UserError
-from compiler.ingest import node_keys
+from compiler.ingest import file_sha256, node_keys
 
 __all__ = ["measure_host", "write_profile", "measure_layers"]
 
@@ -438,14 +437,6 @@ def _map_optimized(orig: onnx.ModelProto, keys: list[str], opt: onnx.ModelProto)
     return mapping
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _feeds(sess: ort.InferenceSession, path: Path) -> dict[str, np.ndarray]:
     """Random float / zero integer inputs; symbolic or unknown dimensions become 1."""
     feeds = {}
@@ -472,7 +463,7 @@ def measure_layers(
     fused and renamed nodes back to the original ones."""
     path = Path(model_path)
     try:
-        digest = _sha256(path)
+        digest = file_sha256(path)
         model = onnx.load(str(path), load_external_data=False)  # graph structure only
     except OSError as e:
         raise UserError(f"cannot read model: {e.strerror or e}", path=str(path)) from None
