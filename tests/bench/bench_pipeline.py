@@ -8,9 +8,7 @@ Tables go to stdout (markdown), progress to stderr. Compile times are medians of
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
