@@ -19,7 +19,8 @@ import logging
 from ..cost import CostTable
 from ..graph import LayerGraph
 from .problem import InfeasibleError
-from .spatial import INF, SpatialSearch, _cuts, _order, best_plan, plan_hybrid, plan_spatial
+from .spatial import _cuts, _order, best_plan, plan_hybrid, plan_spatial
+from .spatial_search import INF, SpatialSearch
 from .types import Plan, Segment, SpatialGroup, Stage, Tile
 
 __all__ = ["plan_bbgrap", "plan_edgeflow", "plan_deepthings", "equal_tiles", "SPATIAL_PLANNERS"]

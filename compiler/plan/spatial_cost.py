@@ -58,7 +58,7 @@ class SegmentCost:
     lo: np.ndarray  # [D, M+1]
     in_bytes: float  # bytes per row of the segment input
     out_bytes: float  # bytes per row of the segment output
-    _floor: dict = field(default_factory=dict)  # caches: floors by device weights, list views
+    _cache: dict = field(default_factory=dict)  # floors (by device weights), need floor, list views
 
     @classmethod
     def build(cls, graph: LayerGraph, cost: CostTable, lo: int, hi: int, axis: int) -> "SegmentCost":
@@ -87,22 +87,29 @@ class SegmentCost:
     def lists(self) -> tuple[list, list, list, list, list]:
         """(overhead, hi, lo, need first, need end) as Python lists: the search's inner loop indexes
         them millions of times, where numpy scalars are slow."""
-        if "lists" not in self._floor:
+        if "lists" not in self._cache:
             m = self.maps
-            self._floor["lists"] = (self.overhead.tolist(), self.hi.tolist(), self.lo.tolist(),
+            self._cache["lists"] = (self.overhead.tolist(), self.hi.tolist(), self.lo.tolist(),
                                     m.first[m.input].tolist(), m.end[m.input].tolist())
-        return self._floor["lists"]
+        return self._cache["lists"]
+
+    def need_floor(self) -> list[int]:
+        """need_floor[r]: fewest input rows any r-row tile reads."""
+        if "need" not in self._cache:
+            m, (_, _, _, first, end) = self.rows, self.lists
+            self._cache["need"] = [0] + [min(end[a + r] - first[a] for a in range(m + 1 - r)) for r in range(1, m + 1)]
+        return self._cache["need"]
 
     def floor(self, d: int) -> list[float]:
         """floor[r]: least time of any r-row tile on device d (a lower bound for the search)."""
         key = (self.hi[d].tobytes(), self.lo[d].tobytes(), float(self.overhead[d]))
-        if key not in self._floor:
+        if key not in self._cache:
             m = self.rows
             f = np.zeros(m + 1)
             for r in range(1, m + 1):
                 f[r] = self.overhead[d] + np.min(self.hi[d, r:] - self.lo[d, : m + 1 - r])
-            self._floor[key] = np.maximum.accumulate(f).tolist()
-        return self._floor[key]
+            self._cache[key] = np.maximum.accumulate(f).tolist()
+        return self._cache[key]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -6,16 +6,16 @@ import math
 from pathlib import Path
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import shape_inference
 
-from compiler.cluster import Cluster, Device, Link, load_profile
+from compiler.cluster import Cluster, Device, load_profile
 from compiler.cost import build_cost_table
 from compiler.ingest import load_model
 from compiler.layers import build_layer_graph
-from compiler.plan.spatial import SpatialSearch, plan_hybrid, plan_spatial
+from compiler.plan.spatial import plan_hybrid, plan_spatial
+from compiler.plan.spatial_search import INF, SpatialSearch, windows
 from compiler.plan.spatial_cost import SegmentCost, predict_stage, tile_ms
 from compiler.plan.types import Plan
 from compiler.simulate import simulate
@@ -57,11 +57,37 @@ def test_pruned_search_equals_exhaustive(n, size, kinds, mbps, medium, threshold
     assert math.isclose(got, want, rel_tol=1e-9), (got, want, path)
     assert pruned.stats.exact
     # the default beam never reports better than the optimum, and every total is the sum of its steps
-    beam = _search(graph, cost, threshold, budget=2000)
+    beam = _search(graph, cost, threshold, budget=1000)
     for end, (total, p) in beam.run().items():
         assert total >= want - 1e-9
         steps = sum(beam.step(j, part, j2, part2) for (j, part), (j2, part2) in zip([(0, None), *p], p))
         assert math.isclose(total, steps + beam.gather(end, p[-1][1]) + beam.rest[end], rel_tol=1e-9)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(size=st.integers(4, 12), kinds=st.sampled_from([("rpi5", "rpi4"), ("rpi5", "rpi4", "rpi4"), ("rpi4", "rpi5", "rpi5", "rpi4")]),
+       mbps=st.sampled_from([1.0, 100.0]), medium=st.sampled_from(["switched", "shared"]), k=st.integers(1, 3),
+       data=st.data())
+def test_k_best_partitions_are_exact(size, kinds, mbps, medium, k, data):
+    """The partition search with sub-tree reuse and every bound on returns the k best steps exactly,
+    after the scatter and after an arbitrary earlier partition."""
+    graph = graph_of(conv_chain_model(n=2, channels=4, size=size))
+    cost = build_cost_table(graph, make_cluster(kinds, mbps, 0.2, medium))
+    s = _search(graph, cost, 0.5)
+    prev = data.draw(st.sampled_from([None, *s.partitions(1)]))
+    j, j2 = (0, 1) if prev is None else (1, 2)
+    want = sorted(s.step(j, prev, j2, p) for p in s.partitions(j2))[:k]
+    got = [c for c, _ in s.transition(j, prev, j2, INF, k)]
+    assert len(got) == len(want) and all(math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9) for a, b in zip(got, want))
+
+
+def test_windows_follow_adaps_bounds():
+    lo, hi, order = windows(224, np.array([3.0, 1.0]), 0.1)
+    assert order[0][0] == 168 and order[1][0] == 56  # Eq. 1: speed-proportional shares first
+    assert hi[0] == 168 + 6 and lo[0] == 168 - 6  # Eq. 3: 10% of (Eq. 2's 223 - 168), rounded up
+    assert hi[1] - 56 == 17  # 10% of 223 - 56
+    lo, hi, _ = windows(3, np.ones(4), 0.1)
+    assert min(lo) == 0 and sum(hi) >= 3  # fewer rows than devices: some devices sit out
 
 
 def test_search_space_counts_every_choice():

@@ -1,0 +1,221 @@
+"""ADaPS-style evaluation of the spatial planners: latency and traffic vs EdgeFlow, pruning, search time.
+
+    python tests/bench/bench_spatial.py [--quick]
+
+Predicted figures (compiler.simulate under the profiles' cost model), not measurements on devices.
+Tables go to stdout as markdown, progress to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper, shape_inference
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from compiler.cluster import Cluster, Device, load_profile  # noqa: E402
+from compiler.cost import build_cost_table, pipeline_problem  # noqa: E402
+from compiler.ingest import load_model  # noqa: E402
+from compiler.layers import build_layer_graph  # noqa: E402
+from compiler.plan.registry import PLANNERS  # noqa: E402
+from compiler.plan.problem import InfeasibleError  # noqa: E402
+from compiler.plan.spatial import _order, plan_hybrid, plan_spatial  # noqa: E402
+from compiler.plan.spatial_search import SpatialSearch  # noqa: E402
+from compiler.plan.spatial_baselines import plan_bbgrap, plan_deepthings, plan_edgeflow  # noqa: E402
+from compiler.plan.types import Plan, Stage  # noqa: E402
+from compiler.simulate import simulate  # noqa: E402
+from compiler.spatial import spatial_cuts  # noqa: E402
+
+MODELS = ["alexnet", "vgg16", "vgg19", "mobilenetv2", "inception_v1", "resnet50"]
+QUICK_MODELS = ["alexnet", "inception_v1", "mobilenetv2"]
+LIGHT = {"alexnet": "light_bvlc_alexnet", "vgg19": "light_vgg19", "inception_v1": "light_inception_v1",
+         "resnet50": "light_resnet50"}
+CLUSTERS = {"1x rpi5 + 1x rpi4": ("rpi5", "rpi4"), "2x rpi5 + 2x rpi4": ("rpi5", "rpi5", "rpi4", "rpi4")}
+BANDWIDTHS = (10, 100)
+LATENCY_MS = 1.0
+SHOWN = ("auto", "spatial", "hybrid", "pipeline", "bbgrap", "bbgrap-halo", "deepthings")
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def load(name: str):
+    built = ROOT / "models" / "build" / f"{name}.onnx"
+    light = Path(onnx.__file__).parent / "backend/test/data/light" / f"{LIGHT.get(name, '-')}.onnx"
+    path = built if built.is_file() else light if light.is_file() else None
+    if path is None:
+        log(f"{name}: no models/build/{name}.onnx (run `python -m models build`) and no light zoo file; skipped")
+        return None, None
+    t = time.perf_counter()
+    graph = load_model(path).graph
+    log(f"{name}: {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name}, {len(graph.layers)} layers, "
+        f"loaded in {time.perf_counter() - t:.1f}s")
+    return graph, path
+
+
+def make_cluster(kinds, mbps: float) -> Cluster:
+    profiles = {k: load_profile(k) for k in set(kinds)}
+    devs = tuple(Device(f"{k}-{i}", profiles[k], profiles[k].memory_mb, None) for i, k in enumerate(kinds))
+    return Cluster(devs, float(mbps), LATENCY_MS, "switched", {}, "bench")
+
+
+def pipeline_plan(name: str, graph, cost) -> Plan:
+    problem = pipeline_problem(graph, cost)
+    sol = PLANNERS[name](problem, "latency")[0]
+    blocks = graph.blocks
+    return Plan(name, "latency", tuple(Stage(problem.devices[s.device], blocks[s.lo][0], blocks[s.hi - 1][1])
+                                       for s in sol.stages)).ensures(graph)
+
+
+def planners(graph, cost) -> dict:
+    out = {
+        "edgeflow": lambda: plan_edgeflow(graph, cost),
+        "spatial": lambda: plan_spatial(graph, cost)[0],
+        "hybrid": lambda: plan_hybrid(graph, cost)[0],
+        "bbgrap": lambda: plan_bbgrap(graph, cost),
+        "bbgrap-halo": lambda: plan_bbgrap(graph, cost, sync="halo"),
+        "deepthings": lambda: plan_deepthings(graph, cost),
+    }
+    for name in PLANNERS:
+        out[name] = lambda name=name: pipeline_plan(name, graph, cost)
+    return out
+
+
+def evaluate(graph, cost) -> dict:
+    """name -> (latency ms, bytes, search seconds); `auto` is the best predicted of all of them."""
+    res = {}
+    for name, make in planners(graph, cost).items():
+        t = time.perf_counter()
+        try:
+            plan = make()
+        except InfeasibleError as exc:
+            log(f"  {name}: infeasible ({exc})")
+            continue
+        seconds = time.perf_counter() - t
+        pred = simulate(plan, graph, cost)
+        res[name] = (pred.latency_ms, pred.bytes_transferred, seconds)
+    best = min(res, key=lambda n: res[n][0])
+    res["auto"] = (*res[best][:2], sum(r[2] for r in res.values()), best)
+    return res
+
+
+def geomean(xs) -> str:
+    """Geometric mean, or n/a when a value is 0 (a single-device plan moves no bytes)."""
+    if not xs or any(not (x > 0 and math.isfinite(x)) for x in xs):
+        return "n/a"
+    return f"{math.exp(sum(map(math.log, xs)) / len(xs)):.2f}"
+
+
+def table_vs_edgeflow(results: dict, index: int, title: str) -> None:
+    print(f"\n### {title} (normalised to EdgeFlow; lower is better)\n")
+    print("| cluster | model | Mbps | EdgeFlow | " + " | ".join(SHOWN) + " | auto picks |")
+    print("|---|---|---|---|" + "---|" * len(SHOWN) + "---|")
+    for cl, rows in results.items():
+        ratios = {s: [] for s in SHOWN}
+        for (model, mbps), res in rows.items():
+            ef = res["edgeflow"][index]
+            unit = f"{ef:.1f} ms" if index == 0 else f"{ef / 1e6:.2f} MB"
+            cells = []
+            for s in SHOWN:
+                r = res[s][index] / ef if s in res and ef > 0 else float("nan")
+                ratios[s].append(r)
+                cells.append(f"{r:.2f}")
+            print(f"| {cl} | {model} | {mbps} | {unit} | " + " | ".join(cells) + f" | {res['auto'][3]} |")
+        print(f"| {cl} | **geomean** | | | " + " | ".join(f"**{geomean(ratios[s])}**" for s in SHOWN) + " | |")
+
+
+def conv224():
+    """One 3x3 convolution, 64 -> 64 channels, 224 x 224 (ADaPS Table 6's single layer)."""
+    w = numpy_helper.from_array(np.random.default_rng(0).normal(size=(64, 64, 3, 3)).astype(np.float32), "w")
+    g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], name="conv")], "conv224",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 224, 224])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    return build_layer_graph(shape_inference.infer_shapes(m))
+
+
+def table_pruning(devices, thresholds, cap: int) -> None:
+    """Partition search for one layer after the scatter: default search (level search + B&B with a
+    node budget) and the same B&B run until it proves the optimum (up to `cap` nodes)."""
+    graph = conv224()
+    print("\n### Pruning (ADaPS Table 6): one 224x224 convolution, half rpi5 / half rpi4, 100 Mbps\n")
+    print("| devices | threshold | search space (log10) | visited | pruning factor (log10) | proved optimal | "
+          "visited to prove (cap) | seconds |")
+    print("|---|---|---|---|---|---|---|---|")
+    for n in devices:
+        kinds = ["rpi5"] * (n // 2) + ["rpi4"] * (n - n // 2)
+        cost = build_cost_table(graph, make_cluster(kinds, 100))
+        for thr in thresholds:
+            row = []
+            for budget in (1000, cap):
+                s = SpatialSearch(graph, cost, 2, _order(cost, cost.devices[0], cost.devices), spatial_cuts(graph, 2),
+                                  [0.0, 0.0], thr, budget)
+                t = time.perf_counter()
+                s.transition(0, None, 1, float("inf"), 1)
+                row.append((s.stats.nodes_visited, s.stats.exact, time.perf_counter() - t, s.space_log10()))
+            (v, ex, sec, space), (v2, ex2, _, _) = row
+            prove = f"{v2}" if ex2 else f"> {cap}"
+            print(f"| {n} | {thr:.0%} | {space:.1f} | {v} | {space - math.log10(max(v, 1)):.1f} | "
+                  f"{'yes' if ex else 'no (budget)'} | {prove} | {sec:.2f} |")
+            log(f"pruning: {n} devices, threshold {thr:.0%}: {v} nodes")
+
+
+def table_search_time(times: dict, big: dict) -> None:
+    print("\n### Search time per model (seconds; worst of 10 and 100 Mbps)\n")
+    print("| model | spatial, 2 dev | hybrid, 2 dev | spatial, 4 dev | hybrid, 4 dev | spatial, 16 dev |")
+    print("|---|---|---|---|---|---|")
+    for model, t in times.items():
+        cells = [f"{t.get((n, s), float('nan')):.1f}" for n in (2, 4) for s in ("spatial", "hybrid")]
+        print(f"| {model} | " + " | ".join(cells) + f" | {big.get(model, float('nan')):.1f} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="three fast-loading models, fewer pruning cases")
+    args = ap.parse_args()
+    models = QUICK_MODELS if args.quick else MODELS
+    results = {cl: {} for cl in CLUSTERS}
+    times: dict = {}
+    big: dict = {}
+    print(f"# Spatial planners vs EdgeFlow (predicted; link latency {LATENCY_MS} ms, switched network)")
+    for model in models:
+        graph, _ = load(model)
+        if graph is None:
+            continue
+        times[model] = {}
+        for cl, kinds in CLUSTERS.items():
+            for mbps in BANDWIDTHS:
+                cost = build_cost_table(graph, make_cluster(kinds, mbps))
+                res = evaluate(graph, cost)
+                results[cl][model, mbps] = res
+                for s in ("spatial", "hybrid"):
+                    key = (len(kinds), s)
+                    times[model][key] = max(times[model].get(key, 0.0), res[s][2])
+                log(f"{model} {cl} {mbps} Mbps: auto={res['auto'][3]} "
+                    + " ".join(f"{k}={v[0]:.0f}ms" for k, v in res.items() if k != "auto"))
+        if not args.quick:
+            cost = build_cost_table(graph, make_cluster(["rpi5"] * 8 + ["rpi4"] * 8, 100))
+            t = time.perf_counter()
+            plan_spatial(graph, cost)
+            big[model] = time.perf_counter() - t
+            log(f"{model}: 16-device spatial search {big[model]:.1f}s")
+    table_vs_edgeflow(results, 0, "Latency")
+    table_vs_edgeflow(results, 1, "Bytes transferred")
+    table_search_time(times, big)
+    if args.quick:
+        table_pruning((2, 4, 8), (0.05, 0.10), 20000)
+    else:
+        table_pruning((2, 4, 8, 16), (0.05, 0.10, 0.15, 0.20), 100000)
+
+
+if __name__ == "__main__":
+    main()
