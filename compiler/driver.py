@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ from .errors import UserError
 from .graph import LayerGraph
 from .ingest import Ingested, load_model
 from .plan.registry import PLANNERS, SPATIAL_PLANNERS, STRATEGIES
+from .plan.spatial import Dominated
 from .plan.spatial import fits as spatial_fits
 from .plan.problem import InfeasibleError, PipelineProblem, PipelineSolution
 from .plan.types import Plan, Stage
@@ -34,6 +36,7 @@ class Candidate:
     prediction: Prediction | None
     error: str | None = None
     runners_up: tuple[tuple[Plan, Prediction], ...] = ()  # the planner's next-best plans (top-K)
+    pruned: bool = False  # auto stopped its search: it could not beat another planner's plan
 
 
 @dataclass(frozen=True)
@@ -80,8 +83,16 @@ def plan_model(graph: LayerGraph, cost: CostTable, strategy: str, objective: str
     """Run the requested planner (all of them for `auto`) and choose the best predicted plan."""
     problem = pipeline_problem(graph, cost)
     names = [s for s in STRATEGIES if s != "auto"] if strategy == "auto" else [strategy]
-    candidates = [_pipeline_candidate(n, graph, cost, problem, objective) if n in PLANNERS
-                  else _spatial_candidate(n, graph, cost, objective, options) for n in names]
+    # auto is a branch and bound over planners: the cheap ones run first and the best latency so far
+    # bounds the spatial searches (hybrid's space holds spatial's, so hybrid runs before spatial)
+    done: dict[str, Candidate] = {}
+    for n in sorted(names, key=lambda n: _SEARCH_LAST.index(n) if n in _SEARCH_LAST else -1):
+        if n in PLANNERS:
+            done[n] = _pipeline_candidate(n, graph, cost, problem, objective)
+        else:
+            preds = [c.prediction.latency_ms for c in done.values() if c.prediction is not None]
+            done[n] = _spatial_candidate(n, graph, cost, objective, options, incumbent=min(preds, default=math.inf))
+    candidates = [done[n] for n in names]
     feasible = [c for c in candidates if c.plan is not None]
     if not feasible:
         raise UserError(candidates[0].error, cost.cluster.path)
@@ -98,9 +109,15 @@ def _pipeline_candidate(name, graph, cost, problem, objective) -> Candidate:
     return Candidate(name, plans[0], preds[0], runners_up=tuple(zip(plans[1:], preds[1:])))
 
 
-def _spatial_candidate(name, graph, cost, objective, options: PlanOptions) -> Candidate:
+_SEARCH_LAST = ("hybrid", "spatial")  # the searching planners, in the order auto runs them
+
+
+def _spatial_candidate(name, graph, cost, objective, options: PlanOptions, incumbent: float = math.inf) -> Candidate:
+    kwargs = options.kwargs(name) | ({"incumbent": incumbent} if name in _SEARCH_LAST else {})
     try:
-        plan = SPATIAL_PLANNERS[name](graph, cost, objective, **options.kwargs(name)).ensures(graph)
+        plan = SPATIAL_PLANNERS[name](graph, cost, objective, **kwargs).ensures(graph)
+    except Dominated as exc:
+        return Candidate(name, None, None, f"{name}: {exc}", pruned=True)
     except InfeasibleError as exc:
         return Candidate(name, None, None, f"{name}: {exc}")
     except ValueError as exc:  # an option the planner cannot honour (e.g. a grid larger than the cluster)
@@ -165,7 +182,7 @@ def plan_info(chosen: Candidate, candidates, graph: LayerGraph) -> dict:
         "objective": chosen.plan.objective,
         "stages": [_stage_info(s, graph) for s in chosen.plan.stages],
         "candidates": [
-            {"strategy": c.strategy, "feasible": c.plan is not None, "error": c.error,
+            {"strategy": c.strategy, "feasible": c.plan is not None, "pruned": c.pruned, "error": c.error,
              "latency_ms": round(c.prediction.latency_ms, 4) if c.prediction else None,
              "throughput_ips": round(c.prediction.throughput_ips, 4) if c.prediction else None}
             for c in candidates

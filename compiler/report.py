@@ -63,7 +63,7 @@ def compile_summary(result, outdir: Path, seconds: float) -> dict:
 
 def format_compile(s: dict) -> str:
     rows = [[c["strategy"], c["latency_ms"], c["throughput_ips"], "chosen" if c["strategy"] == s["strategy"] else
-             ("" if c["feasible"] else "infeasible")] for c in s["candidates"]]
+             ("" if c["feasible"] else "pruned" if c.get("pruned") else "infeasible")] for c in s["candidates"]]
     dev_rows = [[d["name"], d["profile"], ", ".join(d["fragments"]) or "-", d["memory_mb"], d["memory_available_mb"],
                  d["predicted_busy_ms"]] for d in s["devices"]]
     stage_rows = [[i, st["device"], f"{st['layers'][0]}-{st['layers'][1] - 1}", st["first_layer"], st["last_layer"]]

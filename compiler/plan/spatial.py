@@ -19,17 +19,29 @@ from .spatial_cost import group_param_bytes
 from .spatial_search import INF, SearchStats, SpatialSearch
 from .types import Plan, Stage
 
-__all__ = ["plan_spatial", "plan_hybrid", "fits", "best_plan", "device_classes", "SearchStats"]
+__all__ = ["plan_spatial", "plan_hybrid", "fits", "best_plan", "device_classes", "Dominated", "SearchStats"]
 
 logger = logging.getLogger(__name__)
 
 
 def _classes(cost: CostTable, names) -> dict:
-    """Interchangeable devices (same profile and memory; with per-link overrides none are): class -> names."""
+    """Interchangeable devices: class representative -> names, in cluster order.
+
+    Two devices are interchangeable when swapping them changes nothing the planner sees: same profile,
+    memory and per-layer times, and equal links to every third device. Swaps compose, so any k members
+    of a class are as good as the first k."""
+    cl = cost.cluster
+
+    def same(x: str, y: str) -> bool:
+        dx, dy = cl.device(x), cl.device(y)
+        return ((dx.profile.name, dx.memory_mb) == (dy.profile.name, dy.memory_mb)
+                and bool((cost.layer_ms[:, cost.index(x)] == cost.layer_ms[:, cost.index(y)]).all())
+                and all(cl.link(x, z) == cl.link(y, z) for z in cl.device_names if z not in (x, y)))
+
     out: dict = {}
     for n in names:
-        dev = cost.cluster.device(n)
-        out.setdefault(n if cost.cluster.links else (dev.profile.name, dev.memory_mb), []).append(n)
+        rep = next((r for r in out if same(r, n)), n)
+        out.setdefault(rep, []).append(n)
     return out
 
 
@@ -73,11 +85,18 @@ def fits(plan: Plan, graph: LayerGraph, cost: CostTable) -> bool:
     return all(n <= cost.cluster.device(d).usable_bytes for d, n in need.items())
 
 
-def best_plan(cands: list[tuple[float, Plan]], graph: LayerGraph, cost: CostTable, objective: str, top: int = 6) -> Plan:
+class Dominated(InfeasibleError):
+    """The search found no plan predicted faster than the incumbent (the best plan of another planner)."""
+
+
+def best_plan(cands: list[tuple[float, Plan]], graph: LayerGraph, cost: CostTable, objective: str, top: int = 6,
+              incumbent: float = INF) -> Plan:
     """Re-score the best few by the search's total with the event simulation; keep the best that fits."""
     from ..simulate import simulate  # deferred: simulate imports the spatial cost model
 
     if not cands:
+        if _bound(objective, incumbent) < INF:
+            raise Dominated(f"no plan predicted under {incumbent:.4g} ms, the best plan of another planner")
         raise InfeasibleError("no tileable prefix spreads over two or more devices")
     scored = []
     for total, plan in sorted(cands, key=lambda c: c[0])[:top]:
@@ -99,7 +118,7 @@ def _cuts(graph: LayerGraph, axis: int) -> tuple[int, ...]:
 
 def plan_spatial(graph: LayerGraph, cost: CostTable, objective: str = "latency", threshold: float = 0.1,
                  devices=None, *, beam: int | None = 6, branch: int | None = 3, budget: int | None = 1000,
-                 axis: int | None = None) -> tuple[Plan, SearchStats]:
+                 axis: int | None = None, incumbent: float = INF) -> tuple[Plan, SearchStats]:
     """Tile the longest tileable prefix across `devices` (all by default); the rest runs on the gather device.
 
     >>> plan, stats = plan_spatial(graph, cost)                       # doctest: +SKIP
@@ -109,11 +128,12 @@ def plan_spatial(graph: LayerGraph, cost: CostTable, objective: str = "latency",
     names = list(devices or cost.devices)
     opts = {"threshold": threshold, "beam": beam, "branch": branch, "budget": budget}
     stats, cands, n = SearchStats(search_space_log10=-INF), [], len(graph.layers)
+    bound = _bound(objective, incumbent)
     for ax in _axes(graph, axis):
         cuts, cache = _cuts(graph, ax), {}
         for g in device_classes(cost, names):
             rest = [float(cost.layer_ms[c:, cost.index(g)].sum()) for c in cuts]
-            best = min((c[0] for c in cands), default=INF)  # an earlier search's best bounds this one
+            best = min([bound, *(c[0] for c in cands)])  # another planner's or an earlier search's best bounds this one
             s, ends = _search(graph, cost, ax, _order(cost, g, names), cuts, rest, opts, cache, best)
             stats.add(s.stats)
             for end, (total, path) in ends.items():
@@ -121,7 +141,12 @@ def plan_spatial(graph: LayerGraph, cost: CostTable, objective: str = "latency",
                     continue  # every tile on one device: that is the single-device plan, not a spatial one
                 tail = (Stage(g, cuts[end], n),) if cuts[end] < n else ()
                 cands.append((total, Plan("spatial", objective, s.to_stages(path, end, g) + tail)))
-    return best_plan(cands, graph, cost, objective), stats
+    return best_plan(cands, graph, cost, objective, incumbent=incumbent), stats
+
+
+def _bound(objective: str, incumbent: float) -> float:
+    """The search minimises latency: a plan to beat bounds it only under the latency objective."""
+    return incumbent if objective == "latency" else INF
 
 
 def _distributed(path) -> bool:
@@ -183,21 +208,23 @@ def _subsets(cost: CostTable) -> list[list[str]]:
 
 
 def plan_hybrid(graph: LayerGraph, cost: CostTable, objective: str = "latency", threshold: float = 0.1, *,
-                beam: int | None = 6, branch: int | None = 3, budget: int | None = 1000) -> tuple[Plan, SearchStats]:
+                beam: int | None = 6, branch: int | None = 3, budget: int | None = 1000,
+                incumbent: float = INF) -> tuple[Plan, SearchStats]:
     """A spatial group over a prefix, on a subset of the devices chosen by search, gathered on one of
     them; the remaining layers as pipeline stages over all devices (exact pipeline DP)."""
     rest_plan = _PipelineRest(graph, cost)
     opts = {"threshold": threshold, "beam": beam, "branch": branch, "budget": budget}
     stats, cands = SearchStats(search_space_log10=-INF), []
+    bound = _bound(objective, incumbent)
     for ax in _axes(graph, None):
         cuts, cache = _cuts(graph, ax), {}
         for subset in _subsets(cost):
             for g in device_classes(cost, subset):
                 tails = [rest_plan.best(c, g) for c in cuts]
-                best = min((c[0] for c in cands), default=INF)
+                best = min([bound, *(c[0] for c in cands)])
                 s, ends = _search(graph, cost, ax, _order(cost, g, subset), cuts, [t[0] for t in tails], opts, cache, best)
                 stats.add(s.stats)
                 for end, (total, path) in ends.items():
                     if tails[end][0] < INF and _distributed(path):
                         cands.append((total, Plan("hybrid", objective, s.to_stages(path, end, g) + tails[end][1])))
-    return best_plan(cands, graph, cost, objective), stats
+    return best_plan(cands, graph, cost, objective, incumbent=incumbent), stats

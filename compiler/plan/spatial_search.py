@@ -104,8 +104,10 @@ class _Partitions:
     water-filling bound of the rest reaches the k-th best) proves it or improves on it. The tree search
     stops after `budget` nodes (None: never, exact)."""
 
-    def __init__(self, model: StepModel, cx: Step, win, floors, bound: float, k: int | None, budget, stats):
+    def __init__(self, model: StepModel, cx: Step, win, floors, bound: float, k: int | None, budget, stats,
+                 floor: float = 0.0):
         self.model, self.cx, self.floors, self.bound, self.k, self.stats = model, cx, floors, bound, k, stats
+        self.floor = floor  # a lower bound of any partition's step time
         self.lo, self.hi, self.order = win
         self.centre = [o[0] for o in self.order]
         self.n, self.m = len(model.devs), cx.sc.rows
@@ -205,12 +207,12 @@ class _Partitions:
             part.append(a)
         return model.finish(cx, done, sent), tuple(part)
 
-    def seed(self, iters: int = 20) -> None:
+    def seed(self, iters: int = 4) -> None:
         top = self.greedy(INF)
         if top is None:
             return
         self.offer(*top)
-        low, high = 0.0, top[0]
+        low, high = self.floor, min(top[0], self.bound)
         for _ in range(iters):
             mid = (low + high) / 2
             got = self.greedy(mid)
@@ -331,7 +333,9 @@ class SpatialSearch:
     # -- bounds ----------------------------------------------------------------------------------
 
     def seg_lb(self, j: int, j2: int) -> float:
-        """Least possible step time of segment (j, j2) (no transfers, best-placed tiles)."""
+        """Least possible step time of segment (j, j2): best-placed tiles with no transfers, and for the
+        first segment also the scatter: the gather device sends every other device at least the input
+        rows of its smallest tile, one message after another, before the last of them can start."""
         if (j, j2) not in self._lb:
             sc, (lo, hi, _) = self.seg(j, j2), self.window(j2)
             floors = [sc.floor(d) for d in self.devs]
@@ -339,14 +343,27 @@ class SpatialSearch:
             for _ in range(40):
                 mid = (a + b) / 2
                 a, b = (a, mid) if _room(floors, mid, 0, lo, hi, sc.rows) else (mid, b)
+            if j == 0:
+                need = sc.need_floor()
+                msgs = [need[lo[p]] * sc.in_bytes / self.model.bw[self.g][d] + self.model.lat[self.g][d]
+                        for p, d in enumerate(self.devs) if p > 0 and lo[p] > 0]
+                a = max(a, sum(msgs))
             self._lb[j, j2] = a
         return self._lb[j, j2]
 
+    def gather_lb(self, j: int) -> float:
+        """Least possible gather after cut j: every other device returns at least its smallest tile."""
+        sc, (lo, _, _) = self.seg(j - 1, j), self.window(j)
+        ms = [lo[p] * sc.out_bytes / self.model.bw[d][self.g] + self.model.lat[d][self.g]
+              for p, d in enumerate(self.devs) if p > 0 and lo[p] > 0]
+        return sum(ms) if self.model.shared else max(ms, default=0.0)
+
     def completion_lb(self) -> list[float]:
+        """lb[j]: least cost from a state at cut j to the end of the model (any later cuts and end)."""
         n = len(self.cuts)
         lb = [INF] * n
         for j in range(n - 1, 0, -1):
-            lb[j] = min([self.rest[j], *[self.seg_lb(j, j2) + lb[j2] for j2 in range(j + 1, n)]])
+            lb[j] = min([self.rest[j] + self.gather_lb(j), *[self.seg_lb(j, j2) + lb[j2] for j2 in range(j + 1, n)]])
         lb[0] = min(self.seg_lb(0, j2) + lb[j2] for j2 in range(1, n))
         return lb
 
@@ -360,10 +377,15 @@ class SpatialSearch:
             if bound <= b0 and (k0 is None or (k is not None and k <= k0)):
                 self.stats.memo_hits += 1
                 return [r for r in res if r[0] < bound][:k]
+        floor = self.seg_lb(j, j2)
+        if floor >= bound:  # no partition of this segment beats the bound: skip the partition search
+            self.stats.pruned += 1
+            return []
         sc = self.seg(j, j2)
         cx = self.model.context(sc, self.holders(j, part))
         floors = [list(sc.floor(d)) for d in self.devs]
-        res, complete = _Partitions(self.model, cx, self.window(j2), floors, bound, k, self.budget, self.stats).run()
+        res, complete = _Partitions(self.model, cx, self.window(j2), floors, bound, k, self.budget, self.stats,
+                                    floor).run()
         self.stats.exact &= complete
         self._memo[key] = (bound, k, res)
         return res
