@@ -96,9 +96,23 @@ def compile_cmd(model, devices, outdir, strategy, objective, shapes, search_thre
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=D0,D1,...")
 @click.option("--json", "as_json", is_flag=True)
 def inspect_cmd(model, devices, shapes, as_json):
-    """Show MODEL's layer graph and, with a cluster, each layer's cost on each device."""
+    """Show MODEL's layer graph and, with a cluster, each layer's cost on each device.
+
+    Given a compiled manifest.json instead, show its plan: stages, every tile (device, rows,
+    fragment) and every exchange between devices (scatter, halo, gather, transfer) with its region."""
     from .ingest import load_model, parse_shape_option
-    from .report import format_inspect, inspect_summary
+    from .report import format_inspect, format_plan, inspect_summary, load_manifest_json, plan_summary
+
+    if model.suffix == ".json":
+        if devices or shapes:
+            raise UserError("--devices and --shape apply to a model, not to a manifest", str(model))
+        data = load_manifest_json(model)
+        try:
+            summary = plan_summary(data, model)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UserError(f"not a valid edgec manifest ({exc})", str(model)) from None
+        click.echo(json.dumps(summary, indent=1, sort_keys=True) if as_json else format_plan(summary))
+        return
 
     ing = load_model(model, parse_shape_option(shapes))
     cost = None

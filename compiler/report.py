@@ -8,7 +8,7 @@ from pathlib import Path
 from .errors import UserError
 
 __all__ = ["compile_summary", "format_compile", "inspect_summary", "format_inspect", "format_simulation",
-           "load_manifest_json", "table"]
+           "load_manifest_json", "plan_summary", "format_plan", "table"]
 
 MB = float(2**20)
 
@@ -66,17 +66,27 @@ def format_compile(s: dict) -> str:
              ("" if c["feasible"] else "pruned" if c.get("pruned") else "infeasible")] for c in s["candidates"]]
     dev_rows = [[d["name"], d["profile"], ", ".join(d["fragments"]) or "-", d["memory_mb"], d["memory_available_mb"],
                  d["predicted_busy_ms"]] for d in s["devices"]]
-    stage_rows = [[i, st["device"], f"{st['layers'][0]}-{st['layers'][1] - 1}", st["first_layer"], st["last_layer"]]
-                  for i, st in enumerate(s["stages"])]
+    stage_rows = [[i, st["device"], f"{st['layers'][0]}-{st['layers'][1] - 1}", st["first_layer"], st["last_layer"],
+                   _tiling(st)] for i, st in enumerate(s["stages"])]
     return "\n\n".join([
         f"{s['model']}: {s['layers']} layers in {s['blocks']} serial blocks; objective {s['objective']}",
         table(["strategy", "latency ms", "throughput/s", ""], rows),
-        table(["stage", "device", "layers", "first", "last"], stage_rows),
+        table(["stage", "device", "layers", "first", "last", "tiles"], stage_rows),
         table(["device", "profile", "fragments", "memory MB", "available MB", "busy ms"], dev_rows),
         f"predicted latency {s['predicted_latency_ms']:.3f} ms, throughput {s['predicted_throughput_ips']:.3f}/s, "
         f"{s['bytes_transferred']} bytes transferred per input; compiled in {s['compile_seconds']:.2f} s\n"
         f"wrote {s['manifest']}",
     ])
+
+
+def _tiling(st: dict) -> str:
+    """A stage's spatial structure in one cell: per segment, its layers and each device's rows."""
+    sp = st.get("spatial")
+    if not sp:
+        return "-"
+    segs = ["L{}-{} ".format(g["layers"][0], g["layers"][1] - 1)
+            + " ".join(f"{t['device']}[{t['rows'][0]}:{t['rows'][1]}]" for t in g["tiles"]) for g in sp["segments"]]
+    return f"{sp['axis']}: " + "; ".join(segs)
 
 
 def inspect_summary(ing, cost) -> dict:
@@ -109,6 +119,64 @@ def format_inspect(s: dict) -> str:
     tail = "\n".join(f"{d['name']}: {d['total_ms']:.3f} ms for the whole model" + (" (measured)" if d["measured"] else "")
                      for d in s.get("devices", []))
     return "\n".join(x for x in (head, body, tail) if x)
+
+
+def _exchange_kind(t: dict) -> str:
+    """scatter: rows of a whole tensor to a tile; halo: rows of one tile to a neighbour; gather: a whole
+    tile to the device that assembles the tensor; transfer: a whole tensor between pipeline stages."""
+    tiled = "@" in t["tensor"]
+    if t.get("region") is not None:
+        return "halo" if tiled else "scatter"
+    return "gather" if tiled else "transfer"
+
+
+def plan_summary(data: dict, path: Path) -> dict:
+    """What a manifest's plan does: stages, each spatial segment's tiles (device, rows, fragment) and
+    every tensor that crosses a link, classified (scatter, halo, gather, transfer)."""
+    by_device: dict[str, list[dict]] = {}
+    for f in data["fragments"]:
+        by_device.setdefault(f["device"], []).append(f)
+    tiles = []
+    for si, st in enumerate(data["plan"]["stages"]):
+        sp = st.get("spatial")
+        for gi, seg in enumerate(sp["segments"] if sp else []):
+            for t in seg["tiles"]:
+                a, b = t["rows"]
+                frag = next((f["id"] for f in by_device.get(t["device"], [])
+                             if any(o.endswith(f"@{t['device']}[{a}:{b}]") for o in f["outputs"])
+                             and f["id"].startswith(f"f{si}s{gi}t")), None)
+                tiles.append({"stage": si, "segment": gi, "layers": seg["layers"], "axis": sp["axis"],
+                              "device": t["device"], "rows": [a, b], "fragment": frag})
+    exchanges = [{"kind": _exchange_kind(t), "src": t["src"], "dst": t["dst"], "tensor": t["tensor"],
+                  "region": t.get("region"), "bytes": t["bytes"]} for t in data["transfers"]]
+    totals: dict[str, int] = {}
+    for e in exchanges:
+        totals[e["kind"]] = totals.get(e["kind"], 0) + e["bytes"]
+    return {"manifest": str(path), "model": data["model"]["path"], "strategy": data["plan"]["strategy"],
+            "stages": data["plan"]["stages"], "tiles": tiles, "exchanges": exchanges, "bytes_by_kind": totals,
+            "predicted": data.get("predicted", {})}
+
+
+def format_plan(s: dict) -> str:
+    stage_rows = []
+    for i, st in enumerate(s["stages"]):
+        sp = st.get("spatial")
+        how = (f"{len(sp['segments'])} segment(s) tiled by {sp['axis']} over {', '.join(sp['devices'])}"
+               if sp else "whole layers")
+        stage_rows.append([i, st["device"], f"{st['layers'][0]}-{st['layers'][1] - 1}", st["first_layer"], st["last_layer"], how])
+    tile_rows = [[t["stage"], t["segment"], f"{t['layers'][0]}-{t['layers'][1] - 1}", t["axis"], t["device"],
+                  f"{t['rows'][0]}:{t['rows'][1]}", t["fragment"]] for t in s["tiles"]]
+    ex_rows = [[e["kind"], e["src"], e["dst"], e["tensor"],
+                f"{'H' if e['region']['axis'] == 2 else 'W'} {e['region']['start']}:{e['region']['stop']}" if e["region"] else "all",
+                e["bytes"]] for e in s["exchanges"]]
+    parts = [f"{s['manifest']}: strategy {s['strategy']}, model {s['model']}",
+             table(["stage", "device", "layers", "first", "last", "how"], stage_rows)]
+    if tile_rows:
+        parts.append(table(["stage", "segment", "layers", "axis", "device", "rows", "fragment"], tile_rows))
+    if ex_rows:
+        parts.append(table(["kind", "from", "to", "tensor", "region", "bytes"], ex_rows))
+    parts.append("bytes per input: " + (", ".join(f"{k} {v}" for k, v in sorted(s["bytes_by_kind"].items())) or "none"))
+    return "\n\n".join(parts)
 
 
 def format_simulation(sim: dict) -> str:

@@ -65,6 +65,30 @@ def test_simulate_and_inspect(tmp_path):
     assert "conv" in edgec("inspect", model).stdout
 
 
+def test_inspect_manifest_shows_tiles_and_exchanges(tmp_path):
+    """A layer-by-layer spatial plan (edgeflow) has a scatter, halo exchanges and a gather: inspect on
+    the manifest lists every tile with its fragment and every exchange with its region and bytes."""
+    model = models.ensure("tinychain")
+    s = json.loads(edgec("compile", model, "--devices", TWO, "-o", tmp_path / "o", "--strategy", "edgeflow", "--json").stdout)
+    manifest = tmp_path / "o/manifest.json"
+    ins = json.loads(edgec("inspect", manifest, "--json").stdout)
+    assert ins["strategy"] == "edgeflow" and ins["stages"] == s["stages"]
+    tiled = [(i, g) for i, st in enumerate(s["stages"]) if st["spatial"] for g in st["spatial"]["segments"]]
+    assert len(ins["tiles"]) == sum(len(g["tiles"]) for _, g in tiled) > 2
+    data = json.loads(manifest.read_text())
+    frags = {f["id"]: f for f in data["fragments"]}
+    for t in ins["tiles"]:
+        f = frags[t["fragment"]]  # every tile names the fragment that computes it, on its device
+        assert f["device"] == t["device"] and f["outputs"][0].endswith(f"@{t['device']}[{t['rows'][0]}:{t['rows'][1]}]")
+    kinds = {e["kind"] for e in ins["exchanges"]}
+    assert {"scatter", "halo", "gather"} <= kinds
+    assert all(e["region"] is not None for e in ins["exchanges"] if e["kind"] in ("scatter", "halo"))
+    assert sum(ins["bytes_by_kind"].values()) == s["bytes_transferred"]
+    text = edgec("inspect", manifest).stdout
+    assert "halo" in text and "f0s0t1" in text
+    assert "--devices" in one_error_line(edgec("inspect", manifest, "--devices", TWO))
+
+
 def write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
