@@ -85,19 +85,8 @@ def _tile_fragments(ing: Ingested, stage: Stage, k: int, pred: Prediction) -> li
             encoded = build_tile_model(ing.model, ing.graph, maps, reg, spec.in_name, spec.out_name, name)
             out.append(Fragment(spec.fid, spec.device, f"{_safe(spec.device)}.{spec.fid}.onnx",
                                 (spec.in_name,), (spec.out_name,), encoded,
-                                _tile_ms(pred, stage, spec, maps.rows)))
+                                pred.tile_ms[spec.stage, spec.segment, spec.index]))
     return out
-
-
-def _tile_ms(pred: Prediction, stage: Stage, spec: TileSpec, rows: int) -> float:
-    """The tile's compute time from the prediction's timeline (simulate times spatial stages tile by tile);
-    a share of the stage's time by rows if the timeline does not have it."""
-    what = f"layers {spec.lo}-{spec.hi - 1} rows {spec.out_rows[0]}:{spec.out_rows[1]}"
-    for e in pred.timeline:
-        if e.device == spec.device and e.kind == "compute" and e.what == what:
-            return e.end_ms - e.start_ms
-    share = (spec.out_rows[1] - spec.out_rows[0]) / rows / len(stage.spatial.segments)
-    return pred.stage_ms[spec.stage] * share
 
 
 def _fragment_model(model, graph: LayerGraph, node_ids, inputs, outputs, name) -> EncodedModel:

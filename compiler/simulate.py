@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .cost import CostTable
 from .graph import LayerGraph
@@ -39,6 +39,7 @@ class Prediction:
     stage_ms: tuple[float, ...]
     transfers: tuple[Transfer, ...]
     timeline: tuple[Event, ...]
+    tile_ms: dict = field(default_factory=dict)  # (stage, segment, tile) -> compute ms of that tile
 
     @property
     def bytes_transferred(self) -> int:
@@ -123,6 +124,7 @@ def simulate(plan: Plan, graph: LayerGraph, cost: CostTable) -> Prediction:
         stage_ms=stage_ms,
         transfers=transfers,
         timeline=tuple(events),
+        tile_ms={(k, seg, t): ms for k, sp in spatial.items() for (seg, t), ms in sp["tile_ms"].items()},
     )
 
 
