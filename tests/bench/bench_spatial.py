@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from compiler.cluster import Cluster, Device, load_profile  # noqa: E402
 from compiler.cost import build_cost_table, pipeline_problem  # noqa: E402
+from compiler.driver import plan_model  # noqa: E402
 from compiler.ingest import load_model  # noqa: E402
 from compiler.layers import build_layer_graph  # noqa: E402
 from compiler.plan.registry import PLANNERS  # noqa: E402
@@ -103,9 +104,26 @@ def evaluate(graph, cost) -> dict:
         seconds = time.perf_counter() - t
         pred = simulate(plan, graph, cost)
         res[name] = (pred.latency_ms, pred.bytes_transferred, seconds)
-    best = min(res, key=lambda n: res[n][0])
-    res["auto"] = (*res[best][:2], sum(r[2] for r in res.values()), best)
+    # auto as `edgec compile` runs it: every planner, the searches bounded by the best plan so far
+    t = time.perf_counter()
+    chosen, _ = plan_model(graph, cost, "auto", "latency")
+    seconds = time.perf_counter() - t
+    pred = chosen.prediction
+    res["auto"] = (pred.latency_ms, pred.bytes_transferred, seconds, chosen.strategy)
     return res
+
+
+def never_worse(results: dict) -> tuple[int, int, list[str]]:
+    """Cases where auto's plan is predicted no slower than every other planner's (bbgrap-halo included)."""
+    ok, bad = 0, []
+    for cl, rows in results.items():
+        for (model, mbps), res in rows.items():
+            others = min(v[0] for k, v in res.items() if k != "auto")
+            if res["auto"][0] <= others * (1 + 1e-9):
+                ok += 1
+            else:
+                bad.append(f"{cl} {model} {mbps} Mbps: auto {res['auto'][0]:.2f} ms > {others:.2f} ms")
+    return ok, ok + len(bad), bad
 
 
 def geomean(xs) -> str:
@@ -171,11 +189,15 @@ def table_pruning(devices, thresholds, cap: int) -> None:
 
 def table_search_time(times: dict, big: dict) -> None:
     print("\n### Search time per model (seconds; worst of 10 and 100 Mbps)\n")
-    print("| model | spatial, 2 dev | hybrid, 2 dev | spatial, 4 dev | hybrid, 4 dev | spatial, 16 dev |")
-    print("|---|---|---|---|---|---|")
+    print("auto = all planners as `edgec compile` runs them (spatial and hybrid bounded by the best plan so far); "
+          "16 devices: 8 x rpi5 + 8 x rpi4 at 100 Mbps.\n")
+    cols = [(n, s) for n in (2, 4) for s in ("spatial", "hybrid", "auto")]
+    print("| model | " + " | ".join(f"{s}, {n} dev" for n, s in cols) + " | spatial, 16 dev | hybrid, 16 dev |")
+    print("|---|" + "---|" * (len(cols) + 2))
     for model, t in times.items():
-        cells = [f"{t.get((n, s), float('nan')):.1f}" for n in (2, 4) for s in ("spatial", "hybrid")]
-        print(f"| {model} | " + " | ".join(cells) + f" | {big.get(model, float('nan')):.1f} |")
+        cells = [f"{t[c]:.1f}" if c in t else "-" for c in cols]
+        cells += [f"{big[model, s]:.1f}" if (model, s) in big else "-" for s in ("spatial", "hybrid")]
+        print(f"| {model} | " + " | ".join(cells) + " |")
 
 
 def main() -> None:
@@ -197,18 +219,21 @@ def main() -> None:
                 cost = build_cost_table(graph, make_cluster(kinds, mbps))
                 res = evaluate(graph, cost)
                 results[cl][model, mbps] = res
-                for s in ("spatial", "hybrid"):
+                for s in ("spatial", "hybrid", "auto"):
                     key = (len(kinds), s)
                     times[model][key] = max(times[model].get(key, 0.0), res[s][2])
                 log(f"{model} {cl} {mbps} Mbps: auto={res['auto'][3]} "
                     + " ".join(f"{k}={v[0]:.0f}ms" for k, v in res.items() if k != "auto"))
         if not args.quick:
             cost = build_cost_table(graph, make_cluster(["rpi5"] * 8 + ["rpi4"] * 8, 100))
-            t = time.perf_counter()
-            plan_spatial(graph, cost)
-            big[model] = time.perf_counter() - t
-            log(f"{model}: 16-device spatial search {big[model]:.1f}s")
+            for name, plan in (("spatial", plan_spatial), ("hybrid", plan_hybrid)):
+                t = time.perf_counter()
+                plan(graph, cost)
+                big[model, name] = time.perf_counter() - t
+                log(f"{model}: 16-device {name} search {big[model, name]:.1f}s")
     table_vs_edgeflow(results, 0, "Latency")
+    ok, total, bad = never_worse(results)
+    print(f"\nauto predicted no slower than every other planner: {ok} of {total} cases" + "".join(f"\n- {b}" for b in bad))
     table_vs_edgeflow(results, 1, "Bytes transferred")
     table_search_time(times, big)
     if args.quick:
