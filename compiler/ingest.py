@@ -245,10 +245,50 @@ def _infer_shapes(model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
     for out, new in zip(inferred.graph.output, shaped.graph.output):
         out.CopyFrom(new)
     missing = _tensors_without_static_shape(inferred)
+    missing += [t for t in _downstream_of_ceil_pools(inferred) if t not in missing]
     if missing:
         logger.info("shape inference left %d tensors unshaped; measuring them with onnxruntime", len(missing))
         _measure_shapes(inferred, missing, path)
     return inferred
+
+
+def _ceil_pool_rows(size: int, k: int, s: int, d: int, pb: int, pe: int) -> int:
+    """Output size of a ceil_mode pool as onnxruntime computes it: a last window that would start in
+    the end padding is dropped (ONNX shape inference keeps it)."""
+    out = -(-(size + pb + pe - ((k - 1) * d + 1)) // s) + 1
+    return out - 1 if (out - 1) * s >= size + pb else out
+
+
+def _downstream_of_ceil_pools(model: onnx.ModelProto) -> list[str]:
+    """Tensors whose inferred shape may be wrong: the outputs of ceil_mode pools where shape inference
+    and onnxruntime disagree, and everything computed from them (measured instead)."""
+    shapes = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim]
+              for vi in [*model.graph.value_info, *model.graph.output, *model.graph.input]}
+    bad = set()
+    for node in model.graph.node:
+        if node.op_type not in ("MaxPool", "AveragePool", "LpPool") or not node.output:
+            continue
+        a = {at.name: helper.get_attribute_value(at) for at in node.attribute}
+        x, y = shapes.get(node.input[0]), shapes.get(node.output[0])
+        if not a.get("ceil_mode") or a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET") or not x or not y:
+            continue
+        k = list(a["kernel_shape"])
+        n = len(k)
+        pads = list(a.get("pads", [0] * 2 * n))
+        strides, dil = list(a.get("strides", [1] * n)), list(a.get("dilations", [1] * n))
+        want = [_ceil_pool_rows(x[2 + i], k[i], strides[i], dil[i], pads[i], pads[n + i]) for i in range(n)]
+        if list(y[2:]) != want:
+            bad.add(node.output[0])
+    if not bad:
+        return []
+    out = []
+    for node in model.graph.node:  # nodes are topologically sorted
+        if any(i in bad for i in node_inputs(node)) or any(o in bad for o in node.output):
+            for o in node.output:
+                bad.add(o)
+                out.append(o)
+    needed = {i for n in model.graph.node for i in node_inputs(n)} | {o.name for o in model.graph.output}
+    return [t for t in out if t in needed]
 
 
 def _tensors_without_static_shape(model: onnx.ModelProto) -> list[str]:
