@@ -62,7 +62,8 @@ def cli() -> None:
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=D0,D1,...", help="pin an input's dynamic dimensions")
 @click.option("--search-threshold", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.1,
               show_default=True, help="ADaPS partition search threshold (fraction of rows around speed shares)")
-@click.option("--deepthings-grid", metavar="NxM", default=None, help="DeepThings tile grid (N x 1 or 1 x M)")
+@click.option("--deepthings-grid", metavar="NxM", default=None,
+              help="DeepThings tile grid: N tiles along height by M along width, e.g. 2x2")
 @click.option("--deepthings-layers", type=click.IntRange(min=1), default=None, help="DeepThings fused depth")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON summary object on stdout")
 def compile_cmd(model, devices, outdir, strategy, objective, shapes, search_threshold, deepthings_grid,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import itertools
 import json
 import os
 import re
@@ -76,13 +78,13 @@ def build_fragments(ing: Ingested, plan: Plan, pred: Prediction) -> list[Fragmen
 def _tile_fragments(ing: Ingested, stage: Stage, k: int, pred: Prediction) -> list[Fragment]:
     """One fragment per tile of every segment of spatial stage k (ids f{stage}s{segment}t{tile})."""
     out = []
-    for maps, tiles in stage_layout(ing.graph, stage, k):
-        for spec, reg in tiles:
+    for _, tiles in stage_layout(ing.graph, stage, k):
+        for spec, geo in tiles:
             clash = {spec.in_name, spec.out_name} & set(ing.graph.tensors)
             if clash:
                 raise RuntimeError(f"tile tensor name {clash.pop()!r} is also a tensor of the model")
             name = f"{_safe(spec.device)}_{spec.fid}"
-            encoded = build_tile_model(ing.model, ing.graph, maps, reg, spec.in_name, spec.out_name, name)
+            encoded = build_tile_model(ing.model, ing.graph, geo, spec.in_name, spec.out_name, name)
             out.append(Fragment(spec.fid, spec.device, f"{_safe(spec.device)}.{spec.fid}.onnx",
                                 (spec.in_name,), (spec.out_name,), encoded,
                                 pred.tile_ms[spec.stage, spec.segment, spec.index]))
@@ -106,9 +108,10 @@ class _Schedule:
         self.transfers: list[dict] = []
 
     def send(self, src: str, dst: str, tensor: str, graph_tensor: str, as_name: str | None = None,
-             region: dict | None = None, axis: int = 0, rows: tuple[int, int] | None = None) -> None:
+             region: dict | list | None = None, cut: tuple[tuple[int, int, int], ...] = ()) -> None:
         """A send step (of `region` of `tensor`, stored on dst as `as_name`) and its transfer entry; the
-        piece is rows `rows` along `axis` of `graph_tensor` (all of it when rows is None)."""
+        piece is `graph_tensor` cut to [start, stop) on each (axis, start, stop) of `cut` (all of it when
+        cut is empty)."""
         step = {"op": "send", "tensor": tensor, "to": dst}
         if region is not None:
             step["region"] = region
@@ -119,8 +122,8 @@ class _Schedule:
             return
         info = self.graph.tensors[graph_tensor]
         shape = list(info.shape)
-        if rows is not None:
-            shape[axis] = rows[1] - rows[0]
+        for axis, start, stop in cut:
+            shape[axis] = stop - start
         nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(info.dtype).itemsize
         self.transfers.append({"tensor": tensor, "src": src, "dst": dst, "shape": shape, "dtype": info.dtype,
                                "bytes": nbytes, "region": region})
@@ -178,86 +181,161 @@ def build_manifest(ing: Ingested, plan: Plan, pred: Prediction, frags: list[Frag
         "transfers": sched.transfers,
         "steps": {d: s for d, s in sched.steps.items()},
         "predicted": pred.to_dict(),
-        "plan": plan_info,
+        "plan": _with_grid_columns(plan_info, plan),
     }
+
+
+def _with_grid_columns(plan_info: dict, plan: Plan) -> dict:
+    """The manifest's `plan` section: the driver's plan_info, which describes a tile by its rows, with
+    each grid tile's columns added as `cols` (1-D plans: plan_info unchanged)."""
+    if "stages" not in plan_info or not any(s.spatial is not None and s.spatial.grid for s in plan.stages):
+        return plan_info
+    info = copy.deepcopy(plan_info)
+    for entry, stage in zip(info["stages"], plan.stages):
+        if stage.spatial is not None and stage.spatial.grid:
+            for seg_entry, seg in zip(entry["spatial"]["segments"], stage.spatial.segments):
+                for tile_entry, tile in zip(seg_entry["tiles"], seg.tiles):
+                    tile_entry["cols"] = list(tile.cols)
+    return info
 
 
 def _spatial_steps(sched: _Schedule, stage: Stage, layout, keep_input: bool) -> None:
     """Scatter the stage input's rows from the stage's device to the first segment's tiles (then drop the
     whole input unless a later stage there reads it), run the segments with halo exchange between them,
     and gather the last segment's output whole on the stage's device under its graph name (so later
-    stages and outputs use it as after a pipeline stage)."""
-    axis = stage.spatial.axis
+    stages and outputs use it as after a pipeline stage). A grid's tiles are boxes of rows and columns."""
+    axes = stage.spatial.axes
     x, y = layout[0][0].input, layout[-1][0].output
-    holders = [(stage.device, 0, sched.graph.tensors[x].shape[axis], x)]
+
+    def whole(tensor: str) -> Box:
+        return tuple((0, sched.graph.tensors[tensor].shape[ax]) for ax in axes)
+
+    holders = [(stage.device, whole(x), x)]
     for j, (maps, tiles) in enumerate(layout):
         drop = {x} if j == 0 and not keep_input else set()
-        _exchange(sched, maps.input, axis, holders, [(t.device, *t.in_rows, t.in_name) for t, _ in tiles], drop)
+        _exchange(sched, maps.input, axes, holders, [(t.device, t.in_box, t.in_name) for t, _ in tiles], drop)
         for t, _ in tiles:
             sched.steps[t.device] += [{"op": "run", "fragment": t.fid}, {"op": "free", "tensors": [t.in_name]}]
-        holders = [(t.device, *t.out_rows, t.out_name) for t, _ in tiles]
-    _exchange(sched, y, axis, holders, [(stage.device, 0, sched.graph.tensors[y].shape[axis], y)])
+        holders = [(t.device, t.out_box, t.out_name) for t, _ in tiles]
+    _exchange(sched, y, axes, holders, [(stage.device, whole(y), y)])
+
+
+Box = tuple[tuple[int, int], ...]  # [start, stop) on each tiled axis: rows, or rows and columns
+
+
+def _box_name(tensor: str, device: str, box: Box) -> str:
+    return tile_name(tensor, device, *box[0], box[1] if len(box) > 1 else None)
 
 
 @dataclass(frozen=True)
 class _Move:
-    """Rows [lo, hi) of an exchanged tensor: from src, which stores rows [start, stop) as `held`, to dst,
-    which stores them as `piece` (src == dst: a local slice, or nothing when piece is held itself)."""
+    """The part `part` of an exchanged tensor: from src, which stores its box `have` as `held`, to dst,
+    which stores it as `piece` (src == dst: a local slice, or nothing when piece is held itself)."""
 
     src: str
     dst: str
     held: str
-    start: int
-    stop: int
-    lo: int
-    hi: int
+    have: Box
+    part: Box
     piece: str
 
-    def region(self, axis: int) -> dict | None:
-        whole = (self.lo, self.hi) == (self.start, self.stop)
-        return None if whole else {"axis": axis, "start": self.lo - self.start, "stop": self.hi - self.start}
+    def cut(self, axes: tuple[int, ...]) -> tuple[tuple[int, int, int], ...]:
+        """(axis, start, stop) of the part within the graph tensor, on every tiled axis."""
+        return tuple((ax, a, b) for ax, (a, b) in zip(axes, self.part))
+
+    def ranges(self, axes: tuple[int, ...]) -> list[dict]:
+        """The part relative to what src holds, on the axes where it is not all of it."""
+        return [{"axis": ax, "start": a - h0, "stop": b - h0}
+                for ax, (a, b), (h0, h1) in zip(axes, self.part, self.have) if (a, b) != (h0, h1)]
+
+    def region(self, axes: tuple[int, ...]) -> dict | list | None:
+        """The send's region: None (all of it), one range, or a list of ranges (a box)."""
+        r = self.ranges(axes)
+        return None if not r else r[0] if len(r) == 1 else r
 
 
 def _moves(tensor: str, holders, needs) -> list[_Move]:
-    """Every holder's rows of every need, named so that a piece that is a whole need is that need."""
+    """Every holder's part of every need, named so that a piece that is a whole need is that need."""
     out = []
-    for h, s, e, held in holders:
-        for r, n0, n1, target in needs:
-            lo, hi = max(s, n0), min(e, n1)
-            if lo >= hi:
+    for h, have, held in holders:
+        for r, need, target in needs:
+            part = tuple((max(s, n0), min(e, n1)) for (s, e), (n0, n1) in zip(have, need))
+            if any(b <= a for a, b in part):
                 continue
-            piece = target if (lo, hi) == (n0, n1) else tile_name(tensor, r, lo, hi)
-            if h == r and (lo, hi) == (s, e) and piece != target:
+            piece = target if part == need else _box_name(tensor, r, part)
+            if h == r and part == have and piece != target:
                 piece = held  # all of its own rows, one part among several: no copy
-            out.append(_Move(h, r, held, s, e, lo, hi, piece))
+            out.append(_Move(h, r, held, have, part, piece))
     return out
 
 
-def _exchange(sched: _Schedule, tensor: str, axis: int, holders, needs, drop: set[str] = frozenset()) -> None:
-    """Move rows of `tensor` from holders (device, start, stop, stored name) to needs (device, start, stop,
-    name to store): each holder sends every other device the rows it has of that device's need (device
-    to device, in need order) before it receives, and slices its own; each receiver concatenates its
-    pieces in row order. Each device then frees what only this exchange used (graph-named tensors stay,
-    except those in `drop`)."""
+def _exchange(sched: _Schedule, tensor: str, axes: tuple[int, ...], holders, needs, drop: set[str] = frozenset()) -> None:
+    """Move boxes of `tensor` from holders (device, box, stored name) to needs (device, box, name to
+    store): each holder sends every other device the part it has of that device's need (device to
+    device, in need order) before it receives, and slices its own; each receiver concatenates its
+    pieces in order (see _assemble). Each device then frees what only this exchange used (graph-named
+    tensors stay, except those in `drop`)."""
     moves = _moves(tensor, holders, needs)
-    targets = {n[3] for n in needs}
+    targets = {n[2] for n in needs}
     for dev in dict.fromkeys([h[0] for h in holders] + [n[0] for n in needs]):
         for m in moves:
             if m.src == dev != m.dst:
-                sched.send(dev, m.dst, m.held, tensor, m.piece, m.region(axis), axis, (m.lo, m.hi))
-        mine = sorted((m for m in moves if m.dst == dev), key=lambda m: m.lo)
+                sched.send(dev, m.dst, m.held, tensor, m.piece, m.region(axes), m.cut(axes))
+        mine = sorted((m for m in moves if m.dst == dev), key=lambda m: m.part)
         steps = sched.steps[dev]
-        steps += [{"op": "slice", "tensor": m.held, "axis": axis, "start": m.lo - m.start, "stop": m.hi - m.start,
-                   "as": m.piece} for m in mine if m.src == dev and m.piece != m.held]
+        temps = []
+        for m in mine:
+            if m.src == dev and m.piece != m.held:
+                temps += _local_slice(steps, tensor, m, axes)
         steps += [{"op": "recv", "tensor": m.piece, "from": m.src} for m in mine if m.src != dev]
-        target = next((n[3] for n in needs if n[0] == dev), None)
-        if len(mine) > 1:
-            steps.append({"op": "concat", "parts": [m.piece for m in mine], "axis": axis, "as": target})
-        elif mine and mine[0].piece != target:
-            raise RuntimeError(f"{dev}: rows of {tensor} arrive as {mine[0].piece}, not {target}")
-        free = {h[3] for h in holders if h[0] == dev and (h[3] != tensor or h[3] in drop)} | {m.piece for m in mine}
+        target = next((n[2] for n in needs if n[0] == dev), None)
+        temps += _assemble(steps, tensor, dev, axes, mine, target)
+        free = {h[2] for h in holders if h[0] == dev and (h[2] != tensor or h[2] in drop)} | {m.piece for m in mine}
+        free |= set(temps)
         if free - targets:
             steps.append({"op": "free", "tensors": sorted(free - targets)})
+
+
+def _local_slice(steps: list[dict], tensor: str, m: _Move, axes: tuple[int, ...]) -> list[str]:
+    """Slice steps cutting a device's own part out of what it holds, one axis at a time (a box: rows
+    first, into a temporary named for that band); returns the temporaries."""
+    # nothing to cut: a whole-range slice stores the held tensor under the piece's name
+    ranges = m.ranges(axes) or [{"axis": axes[0], "start": 0, "stop": m.have[0][1] - m.have[0][0]}]
+    src, box, temps = m.held, m.have, []
+    for k, r in enumerate(ranges):
+        j = axes.index(r["axis"])
+        box = box[:j] + (m.part[j],) + box[j + 1:]
+        out = m.piece if k == len(ranges) - 1 else _box_name(tensor, m.dst, box)
+        steps.append({"op": "slice", "tensor": src, **r, "as": out})
+        temps += [out] if out != m.piece else []
+        src = out
+    return temps
+
+
+def _assemble(steps: list[dict], tensor: str, dev: str, axes: tuple[int, ...], mine: list[_Move],
+              target: str | None) -> list[str]:
+    """Concatenate a device's pieces (sorted by box) into its need: along the axis; for a grid, each
+    band of equal rows along the width, then the bands along the height. Returns the temporaries."""
+    if len(mine) <= 1:
+        if mine and mine[0].piece != target:
+            raise RuntimeError(f"{dev}: rows of {tensor} arrive as {mine[0].piece}, not {target}")
+        return []
+    if len(axes) == 1:
+        steps.append({"op": "concat", "parts": [m.piece for m in mine], "axis": axes[0], "as": target})
+        return []
+    bands = [list(band) for _, band in itertools.groupby(mine, key=lambda m: m.part[0])]
+    names, temps = [], []
+    for band in bands:
+        if len(band) == 1:
+            names.append(band[0].piece)
+            continue
+        box = (band[0].part[0], (band[0].part[1][0], band[-1].part[1][1]))
+        names.append(target if len(bands) == 1 else _box_name(tensor, dev, box))
+        steps.append({"op": "concat", "parts": [m.piece for m in band], "axis": axes[1], "as": names[-1]})
+        temps += [names[-1]] if len(bands) > 1 else []
+    if len(bands) > 1:
+        steps.append({"op": "concat", "parts": names, "axis": axes[0], "as": target})
+    return temps
 
 
 def _relative_or_absolute(path: Path, outdir: Path) -> str:

@@ -85,8 +85,20 @@ def _tiling(st: dict) -> str:
     if not sp:
         return "-"
     segs = ["L{}-{} ".format(g["layers"][0], g["layers"][1] - 1)
-            + " ".join(f"{t['device']}[{t['rows'][0]}:{t['rows'][1]}]" for t in g["tiles"]) for g in sp["segments"]]
-    return f"{sp['axis']}: " + "; ".join(segs)
+            + " ".join(f"{t['device']}[{_span(t)}]" for t in g["tiles"]) for g in sp["segments"]]
+    return f"{_axis(sp)}: " + "; ".join(segs)
+
+
+def _span(tile: dict) -> str:
+    """A tile's rows "a:b", or a grid tile's rows and columns "a:b,c:d"."""
+    (a, b), cols = tile["rows"], tile.get("cols")
+    return f"{a}:{b}" if cols is None else f"{a}:{b},{cols[0]}:{cols[1]}"
+
+
+def _axis(sp: dict) -> str:
+    """A spatial stage's tiled axis; a grid (tiles with columns) cuts height and width."""
+    grid = any(t.get("cols") is not None for g in sp["segments"] for t in g["tiles"])
+    return "height x width" if grid else sp["axis"]
 
 
 def inspect_summary(ing, cost) -> dict:
@@ -141,12 +153,12 @@ def plan_summary(data: dict, path: Path) -> dict:
         sp = st.get("spatial")
         for gi, seg in enumerate(sp["segments"] if sp else []):
             for t in seg["tiles"]:
-                a, b = t["rows"]
+                suffix = f"@{t['device']}[{_span(t)}]"
                 frag = next((f["id"] for f in by_device.get(t["device"], [])
-                             if any(o.endswith(f"@{t['device']}[{a}:{b}]") for o in f["outputs"])
-                             and f["id"].startswith(f"f{si}s{gi}t")), None)
-                tiles.append({"stage": si, "segment": gi, "layers": seg["layers"], "axis": sp["axis"],
-                              "device": t["device"], "rows": [a, b], "fragment": frag})
+                             if any(o.endswith(suffix) for o in f["outputs"]) and f["id"].startswith(f"f{si}s{gi}t")), None)
+                entry = {"stage": si, "segment": gi, "layers": seg["layers"], "axis": _axis(sp),
+                         "device": t["device"], "rows": list(t["rows"]), "fragment": frag}
+                tiles.append(entry | ({"cols": list(t["cols"])} if t.get("cols") is not None else {}))
     exchanges = [{"kind": _exchange_kind(t), "src": t["src"], "dst": t["dst"], "tensor": t["tensor"],
                   "region": t.get("region"), "bytes": t["bytes"]} for t in data["transfers"]]
     totals: dict[str, int] = {}
@@ -161,22 +173,31 @@ def format_plan(s: dict) -> str:
     stage_rows = []
     for i, st in enumerate(s["stages"]):
         sp = st.get("spatial")
-        how = (f"{len(sp['segments'])} segment(s) tiled by {sp['axis']} over {', '.join(sp['devices'])}"
+        how = (f"{len(sp['segments'])} segment(s) tiled by {_axis(sp)} over {', '.join(sp['devices'])}"
                if sp else "whole layers")
         stage_rows.append([i, st["device"], f"{st['layers'][0]}-{st['layers'][1] - 1}", st["first_layer"], st["last_layer"], how])
+    grid = any("cols" in t for t in s["tiles"])
+    cols = [[f"{t['cols'][0]}:{t['cols'][1]}" if "cols" in t else "all"] if grid else [] for t in s["tiles"]]
     tile_rows = [[t["stage"], t["segment"], f"{t['layers'][0]}-{t['layers'][1] - 1}", t["axis"], t["device"],
-                  f"{t['rows'][0]}:{t['rows'][1]}", t["fragment"]] for t in s["tiles"]]
-    ex_rows = [[e["kind"], e["src"], e["dst"], e["tensor"],
-                f"{'H' if e['region']['axis'] == 2 else 'W'} {e['region']['start']}:{e['region']['stop']}" if e["region"] else "all",
-                e["bytes"]] for e in s["exchanges"]]
+                  f"{t['rows'][0]}:{t['rows'][1]}", *c, t["fragment"]] for t, c in zip(s["tiles"], cols)]
+    ex_rows = [[e["kind"], e["src"], e["dst"], e["tensor"], _region_text(e["region"]), e["bytes"]] for e in s["exchanges"]]
     parts = [f"{s['manifest']}: strategy {s['strategy']}, model {s['model']}",
              table(["stage", "device", "layers", "first", "last", "how"], stage_rows)]
     if tile_rows:
-        parts.append(table(["stage", "segment", "layers", "axis", "device", "rows", "fragment"], tile_rows))
+        heads = ["stage", "segment", "layers", "axis", "device", "rows", *(["cols"] if grid else []), "fragment"]
+        parts.append(table(heads, tile_rows))
     if ex_rows:
         parts.append(table(["kind", "from", "to", "tensor", "region", "bytes"], ex_rows))
     parts.append("bytes per input: " + (", ".join(f"{k} {v}" for k, v in sorted(s["bytes_by_kind"].items())) or "none"))
     return "\n\n".join(parts)
+
+
+def _region_text(region: dict | list | None) -> str:
+    """ "H a:b", "W a:b", or a box's ranges "H a:b W c:d"; "all" for the whole tensor."""
+    if region is None:
+        return "all"
+    return " ".join(f"{'H' if r['axis'] == 2 else 'W'} {r['start']}:{r['stop']}"
+                    for r in (region if isinstance(region, list) else [region]))
 
 
 def format_simulation(sim: dict) -> str:

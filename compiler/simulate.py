@@ -154,8 +154,13 @@ def simulate_manifest(manifest: dict) -> dict:
     }
 
 
-def _region_key(region: dict | None) -> tuple | None:
-    return None if region is None else (region["axis"], region["start"], region["stop"])
+def _region_key(region: dict | list | None) -> tuple | None:
+    """A send's region as a key: None, one range, or (a box) a tuple of ranges."""
+    if region is None:
+        return None
+    if isinstance(region, list):
+        return tuple(_region_key(r) for r in region)
+    return (region["axis"], region["start"], region["stop"])
 
 
 class _Replay:

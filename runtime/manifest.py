@@ -27,23 +27,27 @@ are ignored):
               must equal the graph's inputs and `outputs` be among its outputs (checked when a worker
               loads it). `--emulate` pads each run of the fragment to `predicted_ms`.
   transfers   [{"tensor": str, "src": device, "dst": device, "shape": [...], "dtype": str, "bytes": int >= 0,
-                "region": null | {"axis": int, "start": int, "stop": int}}]: informational summary of the
-              device-to-device sends (checked for well-formedness only).
+                "region": null | region}]: informational summary of the device-to-device sends (checked
+              for well-formedness only).
+  region      the part of a tensor a send moves: one range {"axis": int, "start": int, "stop": int}
+              (elements [start, stop) along axis), or a non-empty list of such ranges on distinct axes,
+              the box they span (a 2-D tile: [{"axis": 2, ...}, {"axis": 3, ...}]; added after the first
+              version-1 manifests, which only hold the single-range form: both forms parse).
   steps       {device: [step, ...]}: each device's program, executed in order once per request. A device
               without an entry does nothing. Step objects (no other keys allowed):
                 {"op": "run", "fragment": id}        feed the fragment's inputs from the device's tensor
                                                      store; store its outputs under their names. The
                                                      fragment must belong to this device.
                 {"op": "send", "tensor": t, "to": device | "@host", "region"?: region, "as"?: name}
-                                                     send the stored tensor (or its slice
-                                                     [start:stop) along `axis`); the receiver stores it
-                                                     under `as` (default: t).
+                                                     send the stored tensor (or its region: the slice
+                                                     [start:stop) along each range's axis); the receiver
+                                                     stores it under `as` (default: t).
                 {"op": "recv", "tensor": name, "from": device | "@host"}
                                                      wait for `name` of this request from that sender.
                 {"op": "slice", "tensor": t, "axis": int, "start": int, "stop": int, "as": name}
                 {"op": "concat", "parts": [names], "axis": int, "as": name}
                 {"op": "free", "tensors": [names]}   drop tensors from the store.
-              Regions and slices need 0 <= start < stop (stop past the axis end is a run failure);
+              Region ranges and slices need 0 <= start < stop (stop past the axis end is a run failure);
               concat needs at least one part.
   predicted   optional {"latency_ms": number, "throughput_ips": number, "devices": {device: {...}}}.
   plan        optional, free-form; ignored by the runtime.
@@ -69,12 +73,12 @@ from typing import Any, Iterable
 from .errors import InputError
 from .manifest_parse import build_manifest
 from .manifest_types import (DTYPES, HOST, Concat, Device, Fragment, Free, Link, Manifest, Network, OutputSpec,
-                             Recv, Region, Run, Send, Slice, Step, TensorSpec, Transfer)
+                             Recv, Region, Regions, Run, Send, Slice, Step, TensorSpec, Transfer, region_ranges)
 from .schedule import validate_schedule
 
 __all__ = [
-    "HOST", "DTYPES", "TensorSpec", "OutputSpec", "Device", "Link", "Network", "Fragment", "Region",
-    "Transfer", "Run", "Send", "Recv", "Slice", "Concat", "Free", "Step", "Manifest",
+    "HOST", "DTYPES", "TensorSpec", "OutputSpec", "Device", "Link", "Network", "Fragment", "Region", "Regions",
+    "region_ranges", "Transfer", "Run", "Send", "Recv", "Slice", "Concat", "Free", "Step", "Manifest",
     "load_manifest", "parse_manifest", "check_fragment_files", "file_sha256",
 ]
 

@@ -10,7 +10,7 @@ from typing import Any, Iterable
 from . import MANIFEST_FORMAT, MANIFEST_VERSION
 from .errors import InputError
 from .manifest_types import (DTYPES, Concat, Device, Fragment, Free, Link, Manifest, Network, OutputSpec, Recv,
-                             Region, Run, Send, Slice, Step, TensorSpec, Transfer)
+                             Region, Regions, Run, Send, Slice, Step, TensorSpec, Transfer)
 
 __all__ = ["build_manifest", "Reader"]
 
@@ -169,12 +169,25 @@ def _fragments(r: Reader, items: list) -> dict[str, Fragment]:
     return out
 
 
-def _region(r: Reader, d: Any, where: str) -> Region:
+def _range(r: Reader, d: Any, where: str) -> Region:
     d = r.obj(d, where)
     region = Region(r.int(d, "axis", where), r.int(d, "start", where, 0), r.int(d, "stop", where, 0))
     if region.start >= region.stop:
         r.fail(where, f"start {region.start} must be < stop {region.stop}")
     return region
+
+
+def _region(r: Reader, d: Any, where: str) -> Regions:
+    """One range object, or a non-empty list of them on distinct axes (a box, e.g. a 2-D tile)."""
+    if not isinstance(d, list):
+        return _range(r, d, where)
+    if not d:
+        r.fail(where, "expected at least one range")
+    ranges = tuple(_range(r, x, f"{where}[{i}]") for i, x in enumerate(d))
+    axes = [x.axis for x in ranges]
+    if len(set(axes)) != len(axes):
+        r.fail(where, f"two ranges on one axis ({axes})")
+    return ranges
 
 
 def _transfer(r: Reader, d: Any, where: str) -> Transfer:

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any, Union
 
 __all__ = [
-    "HOST", "DTYPES", "TensorSpec", "OutputSpec", "Device", "Link", "Network", "Fragment", "Region",
-    "Transfer", "Run", "Send", "Recv", "Slice", "Concat", "Free", "Step", "Manifest",
+    "HOST", "DTYPES", "TensorSpec", "OutputSpec", "Device", "Link", "Network", "Fragment", "Region", "Regions",
+    "region_ranges", "Transfer", "Run", "Send", "Recv", "Slice", "Concat", "Free", "Step", "Manifest",
 ]
 
 logger = logging.getLogger(__name__)
@@ -87,6 +87,17 @@ class Region:
     stop: int
 
 
+# A send's region: one range (the version-1 form) or a box of ranges on distinct axes (a 2-D tile).
+Regions = Union[Region, tuple[Region, ...]]
+
+
+def region_ranges(region: Regions | None) -> tuple[Region, ...]:
+    """The ranges of a region as a tuple (empty for None: the whole tensor)."""
+    if region is None:
+        return ()
+    return (region,) if isinstance(region, Region) else region
+
+
 @dataclass(frozen=True)
 class Transfer:
     tensor: str
@@ -95,7 +106,7 @@ class Transfer:
     shape: tuple[int, ...]
     dtype: str
     bytes: int
-    region: Region | None
+    region: Regions | None
 
 
 @dataclass(frozen=True)
@@ -107,7 +118,7 @@ class Run:
 class Send:
     tensor: str
     to: str
-    region: Region | None = None
+    region: Regions | None = None
     as_name: str | None = None
 
     @property

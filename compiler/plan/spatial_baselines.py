@@ -5,8 +5,8 @@
   directly between blocks: fixed partitions, no device model.
 - `plan_edgeflow`: one stage, a segment per block (no fusion across blocks, halo exchange between them),
   each block's split chosen against the previous block's only, around the speed-proportional split.
-- `plan_deepthings`: a fixed grid of equal fused tiles over the first layers, then a gather; the grid is
-  N x 1 (height) or 1 x M (width), one tile per device (our Tile is one-dimensional).
+- `plan_deepthings`: a fixed N x M grid of equal fused tiles over the first layers, one tile per device,
+  then a gather (N x 1 and 1 x M grids are plain height or width tiles; others cut both axes).
 
 A block is the finest segment a Plan allows (segments end on serial-block cuts), so inside an Inception
 or residual block every baseline fuses. All run their Type-3 remainder on the gather device.
@@ -23,7 +23,7 @@ from .spatial import _cuts, _order, best_plan, plan_hybrid, plan_spatial
 from .spatial_search import INF, SpatialSearch
 from .types import Plan, Segment, SpatialGroup, Stage, Tile
 
-__all__ = ["plan_bbgrap", "plan_edgeflow", "plan_deepthings", "equal_tiles", "SPATIAL_PLANNERS"]
+__all__ = ["plan_bbgrap", "plan_edgeflow", "plan_deepthings", "equal_tiles", "grid_tiles", "SPATIAL_PLANNERS"]
 
 logger = logging.getLogger(__name__)
 
@@ -86,27 +86,47 @@ def plan_edgeflow(graph: LayerGraph, cost: CostTable, objective: str = "latency"
 
 def plan_deepthings(graph: LayerGraph, cost: CostTable, objective: str = "latency", devices=None,
                     grid: tuple[int, int] | None = None, layers: int | None = None) -> Plan:
-    """Fused tile partitioning: an N x 1 or 1 x M grid of equal tiles over the first `layers` layers
-    (rounded down to a block cut), one tile per device, gathered on the fastest device. With
-    layers=None every block cut is tried and the best predicted one kept (DeepThings tunes it by hand)."""
+    """Fused tile partitioning: an N x M grid of equal tiles (N along height, M along width) over the
+    first `layers` layers (rounded down to a block cut), one tile per device in row-major order starting
+    with the fastest device, which gathers. N x 1 and 1 x M grids are height or width tiles; others cut
+    both axes (the prefix then ends on a cut tileable along both). With layers=None every block cut is
+    tried and the best predicted one kept (DeepThings tunes it by hand)."""
     names = list(devices or cost.devices)
     n, m = grid or (len(names), 1)
-    if min(n, m) != 1 or n * m > len(names):
-        raise ValueError(f"grid {n}x{m}: a one-dimensional grid of at most {len(names)} tiles is supported")
-    axis = 2 if m == 1 else 3
+    if n < 1 or m < 1 or n * m > len(names):
+        raise ValueError(f"grid {n}x{m} has {n * m} tiles, more than the {len(names)} devices (one tile each)")
     g = _gather_device(cost, names)
     tiles_on = [g, *[d for d in names if d != g]][: n * m]
-    cuts = _cuts(graph, axis)
-    ends = [c for c in cuts[1:] if (layers is None or c <= max(layers, cuts[1])) and _rows(graph, c, axis) >= n * m]
-    ends = ends if layers is None else ends[-1:]
+    grid2d = n > 1 and m > 1
+    axis = 2 if m == 1 or grid2d else 3
+    cuts = [c for c in _cuts(graph, 2) if c in set(_cuts(graph, 3))] if grid2d else list(_cuts(graph, axis))
+
+    def tiles(end: int) -> tuple[Tile, ...]:
+        if grid2d:
+            return grid_tiles(_rows(graph, end, 2), _rows(graph, end, 3), n, m, tiles_on)
+        return equal_tiles(_rows(graph, end, axis), tiles_on)
+
+    enough = [c for c in cuts[1:] if (_rows(graph, c, 2) >= n and _rows(graph, c, 3) >= m if grid2d
+                                      else _rows(graph, c, axis) >= n * m)]
+    ends = enough if layers is None else [c for c in enough if c <= max(layers, cuts[1])][-1:]
     if not ends:
-        raise InfeasibleError(f"deepthings: no fused prefix has {n * m} rows for a {n}x{m} grid")
+        raise InfeasibleError(f"no fused prefix has at least {n} rows and {m} columns for a {n}x{m} grid")
     cands = []
     for end in ends:
-        seg = Segment(0, end, equal_tiles(_rows(graph, end, axis), tiles_on))
-        stages = (Stage(g, cuts[0], end, SpatialGroup(axis, (seg,))),) + _tail(graph, g, end)
+        stages = (Stage(g, cuts[0], end, SpatialGroup(axis, (Segment(0, end, tiles(end)),))),) + _tail(graph, g, end)
         cands.append((0.0, Plan("deepthings", objective, stages)))
     return best_plan(cands, graph, cost, objective, top=len(cands))
+
+
+def grid_tiles(rows: int, cols: int, n: int, m: int, devices: list[str]) -> tuple[Tile, ...]:
+    """An n x m grid of near-equal tiles in row-major order (devices[i * m + j] holds band i, column j).
+
+    >>> [(t.device, t.start, t.stop, t.cols) for t in grid_tiles(5, 4, 2, 2, ["a", "b", "c", "d"])]
+    [('a', 0, 2, (0, 2)), ('b', 0, 2, (2, 4)), ('c', 2, 5, (0, 2)), ('d', 2, 5, (2, 4))]
+    """
+    bands, parts = equal_tiles(rows, ["-"] * n), equal_tiles(cols, ["-"] * m)
+    return tuple(Tile(devices[i * m + j], b.start, b.stop, (c.start, c.stop))
+                 for i, b in enumerate(bands) for j, c in enumerate(parts))
 
 
 SPATIAL_PLANNERS = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -198,6 +199,9 @@ class StepModel:
 # Event timeline of one spatial stage
 
 
+Box = tuple[tuple[int, int], ...]  # a tile's [start, stop) on each tiled axis
+
+
 @dataclass
 class _Timeline:
     cost: CostTable
@@ -206,31 +210,66 @@ class _Timeline:
     transfers: list = field(default_factory=list)
     events: list = field(default_factory=list)
 
-    def exchange(self, tensor: str, per_row: float, holders, needs) -> dict[str, float]:
-        """Every holder sends each receiver the rows it needs, one message after another, starting when
-        the holder has finished computing; on a shared medium all messages queue for one channel.
-        Returns when each receiver has all its pieces."""
+    def exchange(self, tensor: str, per_cell: float, holders, needs) -> dict[str, float]:
+        """Every holder (device, box) sends each receiver (device, box) the part of its box that receiver
+        needs, one message after another, starting when the holder has finished computing; on a shared
+        medium all messages queue for one channel. `per_cell` is the bytes of one row (one row and
+        column of a 2-D box). Returns when each receiver has all its pieces."""
         shared = self.cost.cluster.medium == "shared"
         ready: dict[str, float] = {}
-        for src, s0, s1 in sorted(holders, key=lambda h: (self.clock[h[0]], h[1])):
-            for dst, n0, n1 in needs:
-                rows = min(s1, n1) - max(s0, n0)
-                if dst == src or rows <= 0:
+        for src, have in sorted(holders, key=lambda h: (self.clock[h[0]], h[1])):
+            for dst, need in needs:
+                part = [(max(s0, n0), min(s1, n1)) for (s0, s1), (n0, n1) in zip(have, need)]
+                if dst == src or any(b <= a for a, b in part):
                     continue
-                nbytes = int(round(rows * per_row))
+                nbytes = int(round(math.prod(b - a for a, b in part) * per_cell))
                 ms = self.cost.transfer_ms(nbytes, src, dst)
                 start = max(self.clock[src], self.channel) if shared else self.clock[src]
                 self.clock[src] = start + ms
                 self.channel = self.clock[src] if shared else self.channel
                 ready[dst] = max(ready.get(dst, 0.0), self.clock[src])
                 self.transfers.append((tensor, src, dst, nbytes, ms))
-                self.events.append((src, "transfer", f"{tensor}[{max(s0, n0)}:{min(s1, n1)}] -> {dst}", start, self.clock[src]))
+                self.events.append((src, "transfer", f"{tensor}[{_label(part)}] -> {dst}", start, self.clock[src]))
         return ready
 
     def run(self, device: str, what: str, ready: float, ms: float) -> None:
         start = max(self.clock[device], ready)
         self.clock[device] = start + ms
         self.events.append((device, "compute", what, start, start + ms))
+
+
+def _label(box: Box) -> str:
+    return ",".join(f"{a}:{b}" for a, b in box)
+
+
+def _grid_tile_ms(graph: LayerGraph, cost: CostTable, rows: SegmentMaps, cols: SegmentMaps, d: int, box: Box) -> float:
+    """A 2-D tile's compute on device d: each layer's share is its rows x columns (recomputed halo rows
+    and columns included) over its whole plane, plus its operator overhead (see tile_ms)."""
+    (a, b), (c, e) = box
+    return sum(tile_ms(graph, cost, i, d, int(rows.layer_rows(i, a, b)) * int(cols.layer_rows(i, c, e)),
+                       rows.size[rows.out_of[i]] * cols.size[cols.out_of[i]]) for i in range(rows.lo, rows.hi))
+
+
+def _segment_tiles(graph: LayerGraph, cost: CostTable, group, seg) -> tuple[SegmentMaps, float, float, list]:
+    """(maps along the group axis, input and output bytes per cell, [(device, input box, output box, compute
+    ms)] per tile) of one segment; 1-D tiles priced by SegmentCost, grid tiles per axis pair."""
+    if not group.grid:
+        sc = SegmentCost.build(graph, cost, seg.lo, seg.hi, group.axis)
+        tiles = [(t.device, (sc.need(t.start, t.stop),), ((t.start, t.stop),),
+                  sc.comp(cost.index(t.device), t.start, t.stop)) for t in seg.tiles]
+        return sc.maps, sc.in_bytes, sc.out_bytes, tiles
+    rows, cols = segment_maps(graph, seg.lo, seg.hi, 2), segment_maps(graph, seg.lo, seg.hi, 3)
+    tiles = []
+    for t in seg.tiles:
+        box = ((t.start, t.stop), t.cols)
+        need = tuple((int(m.first[m.input][a]), int(m.end[m.input][b])) for m, (a, b) in zip((rows, cols), box))
+        tiles.append((t.device, need, box, _grid_tile_ms(graph, cost, rows, cols, cost.index(t.device), box)))
+    return rows, _cell_bytes(graph, rows.input), _cell_bytes(graph, rows.output), tiles
+
+
+def _cell_bytes(graph: LayerGraph, tensor: str) -> float:
+    info = graph.tensors[tensor]
+    return info.nbytes / (info.shape[2] * info.shape[3])
 
 
 def predict_stage(stage: Stage, graph: LayerGraph, cost: CostTable) -> dict:
@@ -240,7 +279,8 @@ def predict_stage(stage: Stage, graph: LayerGraph, cost: CostTable) -> dict:
     Each device runs its segments in order; before a segment it waits for the rows it needs (halo rows
     from neighbours, sent by each holder as soon as it has finished the previous segment). Returns
     latency_ms, compute_ms per device, transfers as (tensor, src, dst, bytes, ms), events as (device,
-    kind, what, start_ms, end_ms), tile_ms {(segment, tile): compute ms} and bytes.
+    kind, what, start_ms, end_ms), tile_ms {(segment, tile): compute ms} and bytes. A grid's tiles are
+    boxes of rows and columns; everything else is the same.
     """
     group = stage.spatial
     devices = {stage.device, *group.devices}
@@ -248,17 +288,21 @@ def predict_stage(stage: Stage, graph: LayerGraph, cost: CostTable) -> dict:
     compute = {d: 0.0 for d in devices}
     per_tile = {}
     first = segment_maps(graph, group.segments[0].lo, group.segments[0].hi, group.axis)
-    holders = [(stage.device, 0, first.size[first.input])]
+
+    def whole(tensor: str) -> Box:
+        return tuple((0, graph.tensors[tensor].shape[ax]) for ax in group.axes)
+
+    holders = [(stage.device, whole(first.input))]
     for k, seg in enumerate(group.segments):
-        sc = SegmentCost.build(graph, cost, seg.lo, seg.hi, group.axis)
-        needs = [(t.device, *sc.need(t.start, t.stop)) for t in seg.tiles]
-        ready = tl.exchange(sc.maps.input, sc.in_bytes, holders, needs)
-        for n, t in enumerate(seg.tiles):
-            ms = per_tile[k, n] = sc.comp(cost.index(t.device), t.start, t.stop)
-            compute[t.device] += ms
-            tl.run(t.device, f"layers {seg.lo}-{seg.hi - 1} rows {t.start}:{t.stop}", ready.get(t.device, 0.0), ms)
-        holders = [(t.device, t.start, t.stop) for t in seg.tiles]
-    ready = tl.exchange(sc.maps.output, sc.out_bytes, holders, [(stage.device, 0, sc.rows)])
+        maps, in_bytes, out_bytes, tiles = _segment_tiles(graph, cost, group, seg)
+        ready = tl.exchange(maps.input, in_bytes, holders, [(d, need) for d, need, _, _ in tiles])
+        for n, (d, _, box, ms) in enumerate(tiles):
+            per_tile[k, n] = ms
+            compute[d] += ms
+            what = f"rows {box[0][0]}:{box[0][1]}" + (f" cols {box[1][0]}:{box[1][1]}" if len(box) > 1 else "")
+            tl.run(d, f"layers {seg.lo}-{seg.hi - 1} {what}", ready.get(d, 0.0), ms)
+        holders = [(d, box) for d, _, box, _ in tiles]
+    ready = tl.exchange(maps.output, out_bytes, holders, [(stage.device, whole(maps.output))])
     latency = max(tl.clock[stage.device], ready.get(stage.device, 0.0))
     return {
         "latency_ms": latency,

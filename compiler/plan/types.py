@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import asdict, dataclass
 
 from ..graph import LayerGraph
@@ -15,11 +16,14 @@ class PlanError(Exception):
 
 @dataclass(frozen=True)
 class Tile:
-    """Rows (or columns) [start, stop) of a segment's output tensor that one device computes."""
+    """Rows (or columns) [start, stop) of a segment's output tensor that one device computes, along the
+    group's axis. With `cols` (a 2-D grid, group axis height only), the tile is rows [start, stop) by
+    columns [cols[0], cols[1]); None means every column (all 1-D plans)."""
 
     device: str
     start: int
     stop: int
+    cols: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,16 @@ class SpatialGroup:
     @property
     def devices(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(t.device for seg in self.segments for t in seg.tiles))
+
+    @property
+    def grid(self) -> bool:
+        """Tiles cut height and width (each tile has `cols`), as DeepThings' N x M grid."""
+        return any(t.cols is not None for seg in self.segments for t in seg.tiles)
+
+    @property
+    def axes(self) -> tuple[int, ...]:
+        """The tiled axes: (axis,), or (2, 3) for a grid (a tile's rows, then its columns)."""
+        return (2, 3) if self.grid else (self.axis,)
 
 
 @dataclass(frozen=True)
@@ -99,15 +113,22 @@ def _stage_from_dict(d: dict) -> Stage:
     sp = d.get("spatial")
     group = None
     if sp is not None:
-        segs = tuple(Segment(g["lo"], g["hi"], tuple(Tile(**t) for t in g["tiles"])) for g in sp["segments"])
+        segs = tuple(Segment(g["lo"], g["hi"], tuple(_tile_from_dict(t) for t in g["tiles"])) for g in sp["segments"])
         group = SpatialGroup(sp["axis"], segs)
     return Stage(d["device"], d["lo"], d["hi"], group)
+
+
+def _tile_from_dict(t: dict) -> Tile:
+    cols = t.get("cols")
+    return Tile(t["device"], t["start"], t["stop"], None if cols is None else (int(cols[0]), int(cols[1])))
 
 
 def _check_group(stage: Stage, graph: LayerGraph) -> None:
     g = stage.spatial
     if g.axis not in (2, 3):
         raise PlanError(f"spatial axis {g.axis} is neither height (2) nor width (3)")
+    if g.grid and (g.axis != 2 or any(t.cols is None for seg in g.segments for t in seg.tiles)):
+        raise PlanError("a grid's tiles all have columns, and its axis is height")
     pos = stage.lo
     for seg in g.segments:
         if seg.lo != pos or seg.hi <= seg.lo:
@@ -116,15 +137,26 @@ def _check_group(stage: Stage, graph: LayerGraph) -> None:
         outs = graph.live_across(seg.hi) if seg.hi < len(graph.layers) else graph.layers[seg.hi - 1].outputs
         if len(outs) != 1:
             raise PlanError(f"segment {seg.lo}-{seg.hi} does not end on a single tensor: {outs}")
-        size = graph.tensors[outs[0]].shape[g.axis]
-        at = 0
-        for t in seg.tiles:
-            if t.start != at or t.stop <= t.start:
-                raise PlanError(f"tile {t} does not continue at row {at} of {outs[0]}")
-            at = t.stop
-        if at != size:
-            raise PlanError(f"tiles cover {at} of {size} rows of {outs[0]}")
+        shape = graph.tensors[outs[0]].shape
+        if g.grid:  # row-major: bands of equal rows continue down, each band's columns across
+            bands = [(k, [t.cols for t in ts]) for k, ts in itertools.groupby(seg.tiles, key=lambda t: (t.start, t.stop))]
+            _check_cover([k for k, _ in bands], shape[2], f"rows of {outs[0]}")
+            for (a, b), cols in bands:
+                _check_cover(cols, shape[3], f"columns of {outs[0]} in rows {a}:{b}")
+        else:
+            _check_cover([(t.start, t.stop) for t in seg.tiles], shape[g.axis], f"rows of {outs[0]}")
         if len({t.device for t in seg.tiles}) != len(seg.tiles):
             raise PlanError(f"a device holds two tiles of {outs[0]}")
     if pos != stage.hi:
         raise PlanError(f"segments cover layers {stage.lo}-{pos}, not {stage.lo}-{stage.hi}")
+
+
+def _check_cover(ranges: list[tuple[int, int]], size: int, what: str) -> None:
+    """Ranges continue one another from 0 to size: a grid's row bands, or one band's columns."""
+    at = 0
+    for a, b in ranges:
+        if a != at or b <= a:
+            raise PlanError(f"tile range {a}:{b} does not continue at {at} ({what})")
+        at = b
+    if at != size:
+        raise PlanError(f"tiles cover {at} of {size} {what}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from onnx import shape_inference
 
@@ -11,8 +13,8 @@ from compiler.layers import build_layer_graph
 from compiler.plan.problem import InfeasibleError
 from compiler.plan.registry import SPATIAL_PLANNERS
 from compiler.plan.spatial import fits
-from compiler.plan.spatial_baselines import equal_tiles, plan_bbgrap, plan_deepthings, plan_edgeflow
-from compiler.plan.types import Plan, Tile
+from compiler.plan.spatial_baselines import equal_tiles, grid_tiles, plan_bbgrap, plan_deepthings, plan_edgeflow
+from compiler.plan.types import Plan, PlanError, Tile
 from compiler.simulate import simulate
 from compiler.spatial import spatial_cuts
 from tests.conftest import conv_chain_model, residual_model
@@ -81,10 +83,72 @@ def test_deepthings_fuses_a_fixed_grid(chain):
     assert [t.stop - t.start for t in group.segments[0].tiles] == [10, 10, 10]
     wide = plan_deepthings(graph, cost, grid=(1, 2))
     assert wide.stages[0].spatial.axis == 3 and len(wide.stages[0].spatial.segments[0].tiles) == 2
+    with pytest.raises(ValueError, match="more than the 3 devices"):
+        plan_deepthings(graph, cost, grid=(2, 2))
     with pytest.raises(ValueError):
-        plan_deepthings(graph, cost, grid=(2, 2))  # a 2-D grid needs 2-D tiles
-    with pytest.raises(ValueError):
-        plan_deepthings(graph, cost, grid=(4, 1))  # more tiles than devices
+        plan_deepthings(graph, cost, grid=(4, 1))
+
+
+@pytest.fixture(scope="module")
+def chain6():
+    graph = build_layer_graph(shape_inference.infer_shapes(conv_chain_model(n=4, channels=8, size=29)))
+    return graph, build_cost_table(graph, cluster(("rpi5", "rpi4", "rpi4", "rpi5", "rpi4", "rpi4")))
+
+
+def test_grid_tiles_are_row_major_and_near_equal():
+    got = grid_tiles(7, 5, 3, 2, list("abcdef"))
+    assert [(t.device, t.start, t.stop, t.cols) for t in got] == [
+        ("a", 0, 2, (0, 2)), ("b", 0, 2, (2, 5)), ("c", 2, 4, (0, 2)), ("d", 2, 4, (2, 5)),
+        ("e", 4, 7, (0, 2)), ("f", 4, 7, (2, 5))]
+
+
+@pytest.mark.parametrize("grid", [(2, 2), (3, 2), (2, 3)])
+def test_deepthings_two_dimensional_grid(chain6, grid):
+    graph, cost = chain6
+    n, m = grid
+    plan = plan_deepthings(graph, cost, grid=grid, layers=3)
+    _check(plan, graph, cost)
+    group = plan.stages[0].spatial
+    assert group.grid and group.axes == (2, 3) and len(group.segments) == 1 and group.segments[0].hi == 3
+    tiles = group.segments[0].tiles
+    assert len(tiles) == n * m and len(set(t.device for t in tiles)) == n * m
+    assert tiles[0].device == plan.stages[0].device  # the gather device computes the top-left tile
+    assert len({(t.start, t.stop) for t in tiles}) == n and len({t.cols for t in tiles}) == m
+    pred = simulate(plan, graph, cost)
+    assert set(pred.busy_ms) >= {t.device for t in tiles} and pred.bytes_transferred > 0
+    # a tile's compute is about its share of the plane: no tile is priced like the whole prefix
+    whole = float(cost.layer_ms[:3, cost.index(tiles[0].device)].sum())
+    assert pred.tile_ms[0, 0, 0] < whole
+
+
+def test_deepthings_grid_needs_rows_and_columns(chain6):
+    graph, cost = chain6
+    small = build_layer_graph(shape_inference.infer_shapes(conv_chain_model(n=2, channels=4, size=1)))
+    with pytest.raises(InfeasibleError, match="2 rows and 2 columns"):
+        plan_deepthings(small, build_cost_table(small, cluster(("rpi5", "rpi4", "rpi4", "rpi4"))), grid=(2, 2))
+    with pytest.raises(ValueError, match="7 tiles"):
+        plan_deepthings(graph, cost, grid=(7, 1))
+
+
+def test_plan_checks_grids(chain6):
+    graph, cost = chain6
+    plan = plan_deepthings(graph, cost, grid=(2, 2), layers=3)
+    stage = plan.stages[0]
+    seg = stage.spatial.segments[0]
+    a, b, c, d = seg.tiles
+    broken = [
+        (a, b, c, Tile(d.device, d.start, d.stop, (d.cols[0], d.cols[1] - 1))),  # a band misses a column
+        (a, b, c, Tile(d.device, d.start, d.stop)),  # a grid tile without columns
+        (a, c, b, d),  # not row-major
+    ]
+    for tiles in broken:
+        bad = replace(plan, stages=(replace(stage, spatial=replace(stage.spatial, segments=(replace(seg, tiles=tiles),))),
+                                    *plan.stages[1:]))
+        with pytest.raises(PlanError):
+            bad.ensures(graph)
+    width = replace(stage.spatial, axis=3)
+    with pytest.raises(PlanError, match="axis is height"):
+        replace(plan, stages=(replace(stage, spatial=width), *plan.stages[1:])).ensures(graph)
 
 
 def test_deepthings_refuses_a_grid_finer_than_the_tensor():

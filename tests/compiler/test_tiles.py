@@ -170,6 +170,28 @@ def spatial_stage(graph, devices, axis, lo=0, hi=None, fused=False, rng=None, de
     return Stage(device or devices[0], cuts[0], cuts[-1], SpatialGroup(axis, tuple(segs)))
 
 
+def grid_tiles(rows: int, cols: int, n: int, m: int, devices, rng=None) -> tuple[Tile, ...]:
+    """An n x m grid in row-major order: equal, or (rng) uneven random bands, each with its own columns."""
+    out = []
+    for i, band in enumerate(tiles(rows, ["-"] * n, rng)):
+        out += [Tile(devices[i * m + j], band.start, band.stop, (c.start, c.stop))
+                for j, c in enumerate(tiles(cols, ["-"] * m, rng))]
+    return tuple(out)
+
+
+def grid_stage(graph, devices, n, m, fused=False, rng=None) -> Stage:
+    """An n x m grid over the layers tileable along both axes, one segment per block or one fused."""
+    both = set(spatial_cuts(graph, 3))
+    cuts = [c for c in spatial_cuts(graph, 2) if c in both]
+    if fused:
+        cuts = [cuts[0], cuts[-1]]
+    segs = []
+    for a, b in zip(cuts, cuts[1:]):
+        shape = graph.tensors[segment_io(graph, a, b)[1]].shape
+        segs.append(Segment(a, b, grid_tiles(shape[2], shape[3], n, m, devices, rng)))
+    return Stage(devices[0], cuts[0], cuts[-1], SpatialGroup(2, tuple(segs)))
+
+
 def plan_of(graph, *stages: Stage) -> Plan:
     rest = [] if stages[-1].hi == len(graph.layers) else [Stage(stages[-1].device, stages[-1].hi, len(graph.layers))]
     return Plan("manual", "latency", (*stages, *rest)).ensures(graph)
@@ -220,9 +242,10 @@ def check_tiles_offline(ing, plan, frags) -> None:
             for spec, _ in specs:
                 frag = by_id[spec.fid]
                 sess = ort.InferenceSession(frag.data, providers=["CPUExecutionProvider"])
-                feed = np.take(full[spec.input], range(*spec.in_rows), axis=spec.axis)
+                feed, want = full[spec.input], full[spec.output]
+                for axis, (a, b), (c, d) in zip(spec.axes, spec.in_box, spec.out_box):
+                    feed, want = np.take(feed, range(a, b), axis=axis), np.take(want, range(c, d), axis=axis)
                 (got,) = sess.run([spec.out_name], {spec.in_name: feed})
-                want = np.take(full[spec.output], range(*spec.out_rows), axis=spec.axis)
                 assert got.shape == want.shape, (spec, got.shape, want.shape)
                 np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=str(spec))
 
@@ -232,6 +255,7 @@ def check_tiles_offline(ing, plan, frags) -> None:
 
 def test_names():
     assert tile_name("conv1/out", "pi5-a", 3, 9) == "conv1/out@pi5-a[3:9]"
+    assert tile_name("conv1/out", "pi5-a", 3, 9, (0, 4)) == "conv1/out@pi5-a[3:9,0:4]"
 
 
 @pytest.mark.parametrize("axis", [2, 3])
@@ -309,6 +333,49 @@ def test_simulated_replay_agrees_with_prediction(medium, tmp_path):
         assert sim["devices"][d]["busy_ms"] == pytest.approx(busy, rel=1e-3, abs=1e-3)
 
 
+@pytest.mark.parametrize("net", [chain_net, blocks_net])
+def test_grid_tile_fragments_reproduce_boxes(net, tmp_path):
+    """2-D tiles: rows and columns with their halos, border padding on both axes only at the image
+    border, plane-wide constants cut on both axes; uneven grids, fused or a segment per block."""
+    model = net(tmp_path / "m.onnx")
+    devs = [f"d{i}" for i in range(6)]
+    for n, m, fused, seed in [(2, 2, True, None), (3, 2, False, 0), (2, 3, True, 1)]:
+        rng = None if seed is None else np.random.default_rng(seed)
+        ing, plan, _, frags, _ = emit(model, cluster(tmp_path, 6), lambda g: plan_of(
+            g, grid_stage(g, devs, n, m, fused=fused, rng=rng)), tmp_path / f"o{n}{m}{fused}")
+        assert plan.stages[0].spatial.grid
+        check_tiles_offline(ing, plan, frags)
+
+
+def test_grid_pads_on_both_axes(tmp_path):
+    model = small_net(tmp_path / "m.onnx", 7, 7)
+    ing, plan, _, frags, manifest = emit(model, cluster(tmp_path, 4), lambda g: plan_of(
+        g, grid_stage(g, ["d0", "d1", "d2", "d3"], 2, 2, fused=True)), tmp_path / "o")
+    by_dev = {f.device: onnx.load_from_string(f.data) for f in frags if f.id.startswith("f0s")}
+    pads = {d: [list(helper.get_attribute_value(a)) for n in m.graph.node if n.op_type == "Conv"
+                for a in n.attribute if a.name == "pads"] for d, m in by_dev.items()}
+    # rows and columns 0-4 | 4-7 of 7 (pads: top, left, bottom, right): the border keeps pad 1
+    assert pads == {"d0": [[1, 1, 0, 0]] * 2, "d1": [[1, 0, 0, 1]] * 2, "d2": [[0, 1, 1, 0]] * 2, "d3": [[0, 0, 1, 1]] * 2}
+    assert [f.outputs[0].split("@")[1] for f in frags if f.id.startswith("f0s")] == \
+        ["d0[0:4,0:4]", "d1[0:4,4:7]", "d2[4:7,0:4]", "d3[4:7,4:7]"]
+    # the scatter sends each tile its box (with halo) as one region on both axes
+    boxes = {tr["dst"]: tr["region"] for tr in manifest["transfers"] if tr["tensor"] == "x"}
+    assert boxes["d3"] == [{"axis": 2, "start": 2, "stop": 7}, {"axis": 3, "start": 2, "stop": 7}]
+    check_tiles_offline(ing, plan, frags)
+
+
+@pytest.mark.parametrize("medium", ["switched", "shared"])
+def test_grid_replay_agrees_with_prediction(medium, tmp_path):
+    model = chain_net(tmp_path / "m.onnx")
+    _, _, pred, _, manifest = emit(model, cluster(tmp_path, 6, medium), lambda g: plan_of(
+        g, grid_stage(g, [f"d{i}" for i in range(6)], 3, 2, rng=np.random.default_rng(2))), tmp_path / "o")
+    sim = simulate_manifest(manifest)
+    assert sim["latency_ms"] == pytest.approx(pred.latency_ms, rel=1e-4)
+    assert sim["bytes_transferred"] == pred.bytes_transferred
+    for d, busy in pred.busy_ms.items():
+        assert sim["devices"][d]["busy_ms"] == pytest.approx(busy, rel=1e-3, abs=1e-3)
+
+
 # ------------------------------------------------------------------------------------------------ runtime
 
 
@@ -365,4 +432,19 @@ def test_run_between_pipeline_stages_on_a_shared_medium(tmp_path):
 
     _, plan, _, _, manifest = emit(model, cluster(tmp_path, 4, "shared"), make, tmp_path / "o")
     assert all(s["to"] != d for d, steps in manifest["steps"].items() for s in steps if s["op"] == "send")
+    run_verified(tmp_path / "o")
+
+
+def test_run_grids_with_halo_exchange_between_segments(tmp_path):
+    """Uneven 3 x 2 grids, one segment per block: neighbours exchange halo rows, columns and corners."""
+    model = chain_net(tmp_path / "m.onnx")
+    emit(model, cluster(tmp_path, 6), lambda g: plan_of(
+        g, grid_stage(g, [f"d{i}" for i in range(6)], 3, 2, rng=np.random.default_rng(5))), tmp_path / "o")
+    run_verified(tmp_path / "o")
+
+
+def test_run_blocks_fused_grid(tmp_path):
+    model = blocks_net(tmp_path / "m.onnx")
+    emit(model, cluster(tmp_path, 4), lambda g: plan_of(
+        g, grid_stage(g, ["d0", "d1", "d2", "d3"], 2, 2, fused=True, rng=np.random.default_rng(1))), tmp_path / "o")
     run_verified(tmp_path / "o")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from runtime.errors import InputError
-from runtime.manifest import HOST, Concat, Free, Recv, Region, Run, Send, Slice, load_manifest, parse_manifest
+from runtime.manifest import (HOST, Concat, Free, Recv, Region, Run, Send, Slice, load_manifest, parse_manifest,
+                              region_ranges)
 from runtime.schedule import host_collects, host_feeds
 
 
@@ -23,6 +24,19 @@ def test_spatial_parses_every_op(spatial):
     assert ops == {Recv, Run, Send, Slice, Concat, Free}
     send = m.steps["a"][3]
     assert send == Send("x", "c", Region(2, 4, 8), "x_bot") and send.name == "x_bot"
+
+
+def test_box_region_parses_as_ranges(spatial):
+    """A region may be a list of ranges on distinct axes (a 2-D tile's box); one range stays a Region."""
+    box = [{"axis": 2, "start": 4, "stop": 8}, {"axis": 3, "start": 1, "stop": 5}]
+    m = spatial.copy_manifest()
+    m["steps"]["a"][3]["region"] = box
+    m["transfers"][0]["region"] = box
+    parsed = parse_manifest(m, spatial.path)
+    ranges = (Region(2, 4, 8), Region(3, 1, 5))
+    assert parsed.steps["a"][3].region == ranges and parsed.transfers[0].region == ranges
+    assert region_ranges(ranges) == ranges and region_ranges(Region(2, 4, 8)) == (Region(2, 4, 8),)
+    assert region_ranges(None) == ()
 
 
 def test_network_link_overrides_default(chain):
@@ -77,6 +91,13 @@ BAD = {
     "output never sent": (lambda m: m["steps"]["pi4-a"].pop(), "no step sends it to @host"),
     "output from wrong device": (_set(["outputs", 0, "device"], "pi5-a"), "declared on pi5-a but sent by pi4-a"),
     "empty region": (_set(["steps", "pi5-a", 2, "region"], {"axis": 1, "start": 3, "stop": 3}), "must be < stop"),
+    "empty box": (_set(["steps", "pi5-a", 2, "region"], []), "expected at least one range"),
+    "box on one axis twice": (_set(["steps", "pi5-a", 2, "region"], [{"axis": 2, "start": 0, "stop": 3},
+                                                                       {"axis": 2, "start": 1, "stop": 2}]),
+                              "two ranges on one axis"),
+    "empty range in a box": (_set(["transfers", 0, "region"], [{"axis": 2, "start": 0, "stop": 3},
+                                                               {"axis": 3, "start": 2, "stop": 2}]),
+                             "transfers[0].region[1]: start 2 must be < stop 2"),
     "deadlock": (lambda m: (m["steps"]["pi5-a"].insert(0, {"op": "recv", "tensor": "back", "from": "pi4-a"}),
                             m["steps"]["pi4-a"].append({"op": "send", "tensor": "t1", "to": "pi5-a", "as": "back"})),
                  "schedule deadlocks: pi5-a waits at step 0 for 'back' from pi4-a"),

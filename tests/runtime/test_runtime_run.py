@@ -78,6 +78,17 @@ def test_spatial_inputs_file_verify_and_output(spatial, tmp_path):
     assert [p.name for p in out.parent.iterdir()] == ["out.npz"]  # no temp file left behind
 
 
+def test_spatial_box_region_sends_the_box(spatial):
+    """The bottom half sent as a box (rows 4:8 by columns 0:6): each range of the box cuts its axis."""
+    box = [{"axis": 2, "start": 4, "stop": 8}, {"axis": 3, "start": 0, "stop": 6}]
+    spatial.manifest["steps"]["a"][3]["region"] = box
+    spatial.manifest["transfers"][0]["region"] = box
+    spatial.write()
+    res = invoke(spatial.path, "--random-inputs", "--verify")
+    assert res.exit_code == 0, res.stderr
+    assert "verify: PASSED" in res.stdout
+
+
 def _conv_weight(case) -> np.ndarray:
     import onnx
     from onnx import numpy_helper
