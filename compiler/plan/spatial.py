@@ -96,7 +96,8 @@ def best_plan(cands: list[tuple[float, Plan]], graph: LayerGraph, cost: CostTabl
 
     if not cands:
         if _bound(objective, incumbent) < INF:
-            raise Dominated(f"no plan predicted under {incumbent:.4g} ms, the best plan of another planner")
+            raise Dominated(f"no plan predicted within {BOUND_SLACK:.0%} of {incumbent:.4g} ms, the best plan of "
+                            "another planner")
         raise InfeasibleError("no tileable prefix spreads over two or more devices")
     scored = []
     for total, plan in sorted(cands, key=lambda c: c[0])[:top]:
@@ -144,9 +145,15 @@ def plan_spatial(graph: LayerGraph, cost: CostTable, objective: str = "latency",
     return best_plan(cands, graph, cost, objective, incumbent=incumbent), stats
 
 
+# The search's totals are estimates: the event simulation that finally ranks plans may find a plan up to
+# several percent faster than its search total (measured: up to ~8% on the benchmark models). A search
+# bounded by another planner's simulated latency keeps candidates up to this much above it.
+BOUND_SLACK = 0.15
+
+
 def _bound(objective: str, incumbent: float) -> float:
     """The search minimises latency: a plan to beat bounds it only under the latency objective."""
-    return incumbent if objective == "latency" else INF
+    return incumbent * (1.0 + BOUND_SLACK) if objective == "latency" else INF
 
 
 def _distributed(path) -> bool:
