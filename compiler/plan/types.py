@@ -41,7 +41,8 @@ class Segment:
 
 @dataclass(frozen=True)
 class SpatialGroup:
-    """Height (axis 2) or width (axis 3) partitioning of a stage's layers across a group of devices."""
+    """Height (axis 2) or width (axis 3) partitioning of a stage's layers across a group of devices; a
+    grid (tiles with `cols`, axis 2) partitions height and width at once."""
 
     axis: int
     segments: tuple[Segment, ...]
