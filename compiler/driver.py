@@ -169,10 +169,15 @@ def _stage_info(s: Stage, graph: LayerGraph) -> dict:
         info["spatial"] = {
             "axis": "height" if s.spatial.axis == 2 else "width",
             "devices": list(s.spatial.devices),
-            "segments": [{"layers": [g.lo, g.hi], "tiles": [{"device": t.device, "rows": [t.start, t.stop]} for t in g.tiles]}
+            "segments": [{"layers": [g.lo, g.hi], "tiles": [_tile_info(t) for t in g.tiles]}
                          for g in s.spatial.segments],
         }
     return info
+
+
+def _tile_info(t) -> dict:
+    """A tile's rows, and for a grid tile (DeepThings N x M) its columns too."""
+    return {"device": t.device, "rows": [t.start, t.stop]} | ({"cols": list(t.cols)} if t.cols is not None else {})
 
 
 def plan_info(chosen: Candidate, candidates, graph: LayerGraph) -> dict:

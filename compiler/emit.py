@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import itertools
 import json
 import os
@@ -21,7 +20,7 @@ from .ingest import Ingested
 from .layers import node_inputs
 from .plan.types import Plan, Stage
 from .simulate import Prediction, crossing_tensors
-from .spatial.tiles import TileSpec, build_tile_model, stage_layout, tile_name
+from .spatial.tiles import build_tile_model, stage_layout, tile_name
 
 __all__ = ["Fragment", "build_fragments", "build_manifest", "write_output", "MANIFEST_FORMAT", "MANIFEST_VERSION"]
 
@@ -181,22 +180,8 @@ def build_manifest(ing: Ingested, plan: Plan, pred: Prediction, frags: list[Frag
         "transfers": sched.transfers,
         "steps": {d: s for d, s in sched.steps.items()},
         "predicted": pred.to_dict(),
-        "plan": _with_grid_columns(plan_info, plan),
+        "plan": plan_info,
     }
-
-
-def _with_grid_columns(plan_info: dict, plan: Plan) -> dict:
-    """The manifest's `plan` section: the driver's plan_info, which describes a tile by its rows, with
-    each grid tile's columns added as `cols` (1-D plans: plan_info unchanged)."""
-    if "stages" not in plan_info or not any(s.spatial is not None and s.spatial.grid for s in plan.stages):
-        return plan_info
-    info = copy.deepcopy(plan_info)
-    for entry, stage in zip(info["stages"], plan.stages):
-        if stage.spatial is not None and stage.spatial.grid:
-            for seg_entry, seg in zip(entry["spatial"]["segments"], stage.spatial.segments):
-                for tile_entry, tile in zip(seg_entry["tiles"], seg.tiles):
-                    tile_entry["cols"] = list(tile.cols)
-    return info
 
 
 def _spatial_steps(sched: _Schedule, stage: Stage, layout, keep_input: bool) -> None:

@@ -603,8 +603,8 @@ def measure_host(
         "op_overhead_us: the larger of (a) the dispatch floor, (200-node tiny Relu chain - 1 node) / 199, and (b) small layers, "
         "(chain of 50 x [3x3 Conv 16 ch on 28x28 -> Relu] - one pair - their Conv FLOPs at the measured conv rate) / 98 nodes, "
         "default optimisation (Conv+Relu fuse as in the runtime)",
-        f"memory_mb: MemTotal; usable_memory_fraction: MemAvailable/MemTotal at profiling time, rounded down to 0.05; "
-        f"runtime_overhead_mb: resident set of the profiling process (python+numpy+onnx+onnxruntime, one small session)",
+        "memory_mb: MemTotal; usable_memory_fraction: MemAvailable/MemTotal at profiling time, rounded down to 0.05; "
+        "runtime_overhead_mb: resident set of the profiling process (python+numpy+onnx+onnxruntime, one small session)",
         "power_w: not measurable by edgec profile; "
         + ("given by the caller" if power_idle_w is not None or power_busy_w is not None else "null = unknown"),
     ]

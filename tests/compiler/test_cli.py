@@ -43,6 +43,7 @@ def test_compile_json_and_determinism(tmp_path):
     assert {d["name"] for d in s["devices"]} == {"pi5-a", "pi4-a"}
     assert all({"name", "fragments", "memory_mb", "predicted_busy_ms"} <= set(d) for d in s["devices"])
     b = edgec("compile", model, "--devices", TWO, "-o", tmp_path / "b", "--objective", "throughput", "--json")
+    assert b.returncode == 0, b.stderr
     assert tree_digest(tmp_path / "a") == tree_digest(tmp_path / "b")
     # recompiling into an earlier build replaces it
     c = edgec("compile", model, "--devices", TWO, "-o", tmp_path / "a", "--strategy", "single")
