@@ -38,6 +38,7 @@ __all__ = ["SearchStats", "SpatialSearch", "windows", "INF"]
 
 logger = logging.getLogger(__name__)
 INF = float("inf")
+MAX_SPAN = 8  # block cuts one fused segment may span (None: any)
 
 
 @dataclass
@@ -293,8 +294,10 @@ class SpatialSearch:
     """Search over one device order (axis order; devs[0] is the gather device) and one axis."""
 
     def __init__(self, graph: LayerGraph, cost: CostTable, axis: int, devices: list[str], cuts: tuple[int, ...],
-                 rest: list[float], threshold: float = 0.1, budget: int | None = 1000, seg_cache: dict | None = None):
+                 rest: list[float], threshold: float = 0.1, budget: int | None = 1000, seg_cache: dict | None = None,
+                 max_span: int | None = MAX_SPAN):
         self.graph, self.cost, self.axis, self.cuts, self.rest, self.thr = graph, cost, axis, cuts, rest, threshold
+        self.max_span = max_span
         self.devs = [cost.index(d) for d in devices]
         self.g, self.budget = self.devs[0], budget
         self.model = StepModel(cost, self.devs)
@@ -363,11 +366,16 @@ class SpatialSearch:
         n = len(self.cuts)
         lb = [INF] * n
         for j in range(n - 1, 0, -1):
-            lb[j] = min([self.rest[j] + self.gather_lb(j), *[self.seg_lb(j, j2) + lb[j2] for j2 in range(j + 1, n)]])
-        lb[0] = min(self.seg_lb(0, j2) + lb[j2] for j2 in range(1, n))
+            lb[j] = min([self.rest[j] + self.gather_lb(j), *[self.seg_lb(j, j2) + lb[j2] for j2 in self.nexts(j)]])
+        lb[0] = min(self.seg_lb(0, j2) + lb[j2] for j2 in self.nexts(0))
         return lb
 
     # -- search ----------------------------------------------------------------------------------
+
+    def nexts(self, j: int) -> range:
+        """Cuts a segment starting at cut j may end at: at most `max_span` block cuts on (a deep fused
+        segment recomputes a halo that grows with every window; DenseNet has 67 cuts, n^2 transitions)."""
+        return range(j + 1, len(self.cuts) if self.max_span is None else min(len(self.cuts), j + 1 + self.max_span))
 
     def transition(self, j: int, part, j2: int, bound: float, k: int | None) -> list[tuple[float, tuple]]:
         """The k cheapest partitions of cut j2 after state (j, part) with step < bound (memoised)."""
@@ -411,7 +419,7 @@ class SpatialSearch:
                     if total < ends.get(j, (INF,))[0]:
                         ends[j] = (total, self._path(states, j, part))
                     incumbent = min(incumbent, total)
-                for j2 in range(j + 1, n):
+                for j2 in self.nexts(j):
                     found = self.transition(j, part, j2, incumbent - v - lb[j2], branch)
                     if branch is not None and len(found) >= branch:
                         self.stats.exact = False
@@ -436,7 +444,7 @@ class SpatialSearch:
             nonlocal best
             if j > 0:
                 best = min(best, (v + self.gather(j, part) + self.rest[j], path), key=lambda x: x[0])
-            for j2 in range(j + 1, len(self.cuts)):
+            for j2 in self.nexts(j):
                 for p2 in self.partitions(j2):
                     go(j2, p2, v + self.step(j, part, j2, p2), path + [(j2, p2)])
 
@@ -464,7 +472,8 @@ class SpatialSearch:
         paths = [0.0] + [-INF] * (len(self.cuts) - 1)
         for j in range(1, len(self.cuts)):
             for i in range(j):
-                paths[j] = _log10_add(paths[j], paths[i] + logn[j])
+                if j in self.nexts(i):
+                    paths[j] = _log10_add(paths[j], paths[i] + logn[j])
         return _sum_log(paths[1:])
 
     def to_stages(self, path, end: int, strategy_device: str) -> tuple[Stage, ...]:
