@@ -13,6 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
+from runtime import MANIFEST_FORMAT, MANIFEST_VERSION
+from runtime.manifest_types import HOST
+
 from .errors import UserError
 from .graph import LayerGraph
 from .fragment import EncodedModel, assemble, value_info
@@ -24,9 +27,6 @@ from .spatial.tiles import build_tile_model, stage_layout, tile_name
 
 __all__ = ["Fragment", "build_fragments", "build_manifest", "write_output", "MANIFEST_FORMAT", "MANIFEST_VERSION"]
 
-MANIFEST_FORMAT = "edgec.manifest"
-MANIFEST_VERSION = 1
-HOST = "@host"
 
 
 @dataclass(frozen=True)

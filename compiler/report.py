@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from runtime import MANIFEST_FORMAT
+
 from .errors import UserError
 
 __all__ = ["compile_summary", "format_compile", "inspect_summary", "format_inspect", "format_simulation",
@@ -217,6 +219,6 @@ def load_manifest_json(path: Path) -> dict:
         raise UserError("no such manifest", str(path)) from None
     except (OSError, ValueError) as exc:
         raise UserError(f"not a readable JSON manifest ({exc})", str(path)) from None
-    if not isinstance(data, dict) or data.get("format") != "edgec.manifest":
+    if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
         raise UserError("not an edgec manifest (format is not edgec.manifest)", str(path))
     return data
