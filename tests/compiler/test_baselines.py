@@ -3,7 +3,6 @@ to its own definition checked by brute force."""
 
 from __future__ import annotations
 
-import itertools
 
 import numpy as np
 import pytest
@@ -11,7 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from compiler.plan.baselines import even_boundaries, plan_even, plan_neurosurgeon, plan_single
-from compiler.plan.pipeline import plan_pipeline, solution_sort_key
+from compiler.plan.pipeline import plan_pipeline
+from pipeline_reference import brute_force
 from compiler.plan.problem import InfeasibleError, PipelineProblem, PipelineSolution, StageChoice
 
 MB = 1_000_000
@@ -42,19 +42,6 @@ def problems(draw, max_blocks: int = 8, max_devices: int = 4):
         link_latency_ms=np.maximum(lat, lat.T),
         medium=draw(st.sampled_from(["switched", "shared"])),
     )
-
-
-def brute_force(problem: PipelineProblem, objective: str, max_stages: int) -> list[PipelineSolution]:
-    B, D = problem.n_blocks, problem.n_devices
-    out = []
-    for s in range(1, min(B, D, max_stages) + 1):
-        for cuts in itertools.combinations(range(1, B), s - 1):
-            bounds = (0, *cuts, B)
-            for devs in itertools.permutations(range(D), s):
-                stages = tuple(StageChoice(bounds[i], bounds[i + 1], devs[i]) for i in range(s))
-                if problem.fits(stages):
-                    out.append(problem.evaluate(stages))
-    return sorted(out, key=lambda sol: solution_sort_key(sol, objective))
 
 
 def as_tuples(sol: PipelineSolution):

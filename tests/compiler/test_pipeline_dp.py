@@ -3,7 +3,6 @@ assignment, for both objectives and both media, including the top-k list; plus h
 
 from __future__ import annotations
 
-import itertools
 
 import numpy as np
 import pytest
@@ -12,7 +11,8 @@ from hypothesis import strategies as st
 
 from compiler.plan.baselines import plan_single
 from compiler.plan.pipeline import plan_pipeline, solution_sort_key
-from compiler.plan.problem import InfeasibleError, PipelineProblem, PipelineSolution, StageChoice
+from pipeline_reference import brute_force
+from compiler.plan.problem import InfeasibleError, PipelineProblem, PipelineSolution
 
 MB = 1_000_000
 OBJECTIVES = ("latency", "throughput")
@@ -32,20 +32,6 @@ def make_problem(block_ms, params, act, cut, mem, bw, lat=None, medium="switched
         link_latency_ms=np.zeros((D, D)) if lat is None else np.asarray(lat, dtype=np.float64),
         medium=medium,
     )
-
-
-def brute_force(problem: PipelineProblem, objective: str, max_stages: int | None = None) -> list[PipelineSolution]:
-    """Every split into contiguous stages x every injective device assignment that fits, sorted."""
-    B, D = problem.n_blocks, problem.n_devices
-    out = []
-    for s in range(1, min(B, D, max_stages or D) + 1):
-        for cuts in itertools.combinations(range(1, B), s - 1):
-            bounds = (0, *cuts, B)
-            for devs in itertools.permutations(range(D), s):
-                stages = tuple(StageChoice(bounds[i], bounds[i + 1], devs[i]) for i in range(s))
-                if problem.fits(stages):
-                    out.append(problem.evaluate(stages))
-    return sorted(out, key=lambda sol: solution_sort_key(sol, objective))
 
 
 @st.composite
