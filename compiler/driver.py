@@ -16,7 +16,7 @@ from .errors import UserError
 from .graph import LayerGraph
 from .ingest import Ingested, load_model
 from .plan.registry import PLANNERS, SPATIAL_PLANNERS, STRATEGIES
-from .plan.spatial import Dominated
+from .plan.spatial import Dominated, plan_searches
 from .plan.spatial import fits as spatial_fits
 from .plan.problem import InfeasibleError, PipelineProblem, PipelineSolution
 from .plan.types import Plan, Stage
@@ -84,14 +84,17 @@ def plan_model(graph: LayerGraph, cost: CostTable, strategy: str, objective: str
     problem = pipeline_problem(graph, cost)
     names = [s for s in STRATEGIES if s != "auto"] if strategy == "auto" else [strategy]
     # auto is a branch and bound over planners: the cheap ones run first and the best latency so far
-    # bounds the spatial searches (hybrid's space holds spatial's, so hybrid runs before spatial)
+    # bounds the spatial searches, which share one search for spatial and hybrid (plan_searches)
     done: dict[str, Candidate] = {}
-    for n in sorted(names, key=lambda n: _SEARCH_LAST.index(n) if n in _SEARCH_LAST else -1):
+    for n in [n for n in names if n not in _SEARCH_LAST]:
         if n in PLANNERS:
             done[n] = _pipeline_candidate(n, graph, cost, problem, objective)
         else:
-            preds = [c.prediction.latency_ms for c in done.values() if c.prediction is not None]
-            done[n] = _spatial_candidate(n, graph, cost, objective, options, incumbent=min(preds, default=math.inf))
+            done[n] = _spatial_candidate(n, graph, cost, objective, options)
+    searching = [n for n in _SEARCH_LAST if n in names]
+    if searching:
+        preds = [c.prediction.latency_ms for c in done.values() if c.prediction is not None]
+        done |= _search_candidates(searching, graph, cost, objective, options, min(preds, default=math.inf))
     candidates = [done[n] for n in names]
     feasible = [c for c in candidates if c.plan is not None]
     if not feasible:
@@ -109,19 +112,30 @@ def _pipeline_candidate(name, graph, cost, problem, objective) -> Candidate:
     return Candidate(name, plans[0], preds[0], runners_up=tuple(zip(plans[1:], preds[1:])))
 
 
-_SEARCH_LAST = ("hybrid", "spatial")  # the searching planners, in the order auto runs them
+_SEARCH_LAST = ("spatial", "hybrid")  # the searching planners: they run last, bounded by the others
 
 
-def _spatial_candidate(name, graph, cost, objective, options: PlanOptions, incumbent: float = math.inf) -> Candidate:
-    kwargs = options.kwargs(name) | ({"incumbent": incumbent} if name in _SEARCH_LAST else {})
+def _search_candidates(kinds, graph, cost, objective, options: PlanOptions, incumbent: float) -> dict[str, Candidate]:
+    results, _ = plan_searches(graph, cost, objective, kinds, options.search_threshold, incumbent=incumbent)
+    return {name: _candidate(name, graph, cost, got) for name, got in results.items()}
+
+
+def _spatial_candidate(name, graph, cost, objective, options: PlanOptions) -> Candidate:
     try:
-        plan = SPATIAL_PLANNERS[name](graph, cost, objective, **kwargs).ensures(graph)
-    except Dominated as exc:
-        return Candidate(name, None, None, f"{name}: {exc}", pruned=True)
+        plan = SPATIAL_PLANNERS[name](graph, cost, objective, **options.kwargs(name))
     except InfeasibleError as exc:
-        return Candidate(name, None, None, f"{name}: {exc}")
+        plan = exc
     except ValueError as exc:  # an option the planner cannot honour (e.g. a grid larger than the cluster)
         raise UserError(f"--strategy {name}: {exc}") from None
+    return _candidate(name, graph, cost, plan)
+
+
+def _candidate(name, graph, cost, plan: Plan | InfeasibleError) -> Candidate:
+    if isinstance(plan, Dominated):
+        return Candidate(name, None, None, f"{name}: {plan}", pruned=True)
+    if isinstance(plan, InfeasibleError):
+        return Candidate(name, None, None, f"{name}: {plan}")
+    plan.ensures(graph)
     if not spatial_fits(plan, graph, cost):
         return Candidate(name, None, None, f"{name}: the plan does not fit the devices' memory")
     return Candidate(name, plan, simulate(plan, graph, cost))

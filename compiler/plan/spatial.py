@@ -19,7 +19,7 @@ from .spatial_cost import group_param_bytes
 from .spatial_search import INF, SearchStats, SpatialSearch
 from .types import Plan, Stage
 
-__all__ = ["plan_spatial", "plan_hybrid", "fits", "best_plan", "device_classes", "Dominated", "SearchStats"]
+__all__ = ["plan_spatial", "plan_hybrid", "plan_searches", "fits", "best_plan", "device_classes", "Dominated", "SearchStats"]
 
 logger = logging.getLogger(__name__)
 
@@ -126,23 +126,9 @@ def plan_spatial(graph: LayerGraph, cost: CostTable, objective: str = "latency",
     >>> plan.stages[0].spatial.segments[0].tiles                      # doctest: +SKIP
     (Tile(device='pi5', start=0, stop=130), Tile(device='pi4', start=130, stop=224))
     """
-    names = list(devices or cost.devices)
     opts = {"threshold": threshold, "beam": beam, "branch": branch, "budget": budget}
-    stats, cands, n = SearchStats(search_space_log10=-INF), [], len(graph.layers)
-    bound = _bound(objective, incumbent)
-    for ax in _axes(graph, axis):
-        cuts, cache = _cuts(graph, ax), {}
-        for g in device_classes(cost, names):
-            rest = [float(cost.layer_ms[c:, cost.index(g)].sum()) for c in cuts]
-            best = min([bound, *(c[0] for c in cands)])  # another planner's or an earlier search's best bounds this one
-            s, ends = _search(graph, cost, ax, _order(cost, g, names), cuts, rest, opts, cache, best)
-            stats.add(s.stats)
-            for end, (total, path) in ends.items():
-                if not _distributed(path):
-                    continue  # every tile on one device: that is the single-device plan, not a spatial one
-                tail = (Stage(g, cuts[end], n),) if cuts[end] < n else ()
-                cands.append((total, Plan("spatial", objective, s.to_stages(path, end, g) + tail)))
-    return best_plan(cands, graph, cost, objective, incumbent=incumbent), stats
+    cands, stats = _search_family(graph, cost, objective, ("spatial",), opts, incumbent, list(devices or cost.devices), axis)
+    return best_plan(cands["spatial"], graph, cost, objective, incumbent=incumbent), stats
 
 
 # The search's totals are estimates: the event simulation that finally ranks plans may find a plan up to
@@ -219,19 +205,62 @@ def plan_hybrid(graph: LayerGraph, cost: CostTable, objective: str = "latency", 
                 incumbent: float = INF) -> tuple[Plan, SearchStats]:
     """A spatial group over a prefix, on a subset of the devices chosen by search, gathered on one of
     them; the remaining layers as pipeline stages over all devices (exact pipeline DP)."""
-    rest_plan = _PipelineRest(graph, cost)
     opts = {"threshold": threshold, "beam": beam, "branch": branch, "budget": budget}
-    stats, cands = SearchStats(search_space_log10=-INF), []
+    cands, stats = _search_family(graph, cost, objective, ("hybrid",), opts, incumbent)
+    return best_plan(cands["hybrid"], graph, cost, objective, incumbent=incumbent), stats
+
+
+def plan_searches(graph: LayerGraph, cost: CostTable, objective: str, kinds, threshold: float = 0.1, *,
+                  beam: int | None = 6, branch: int | None = 3, budget: int | None = 1000,
+                  incumbent: float = INF) -> tuple[dict, SearchStats]:
+    """`spatial` and `hybrid` from shared searches: {kind: Plan, or the InfeasibleError (Dominated) it
+    ends with}. Both tile a prefix and differ only after the gather (the rest on the gather device, or
+    pipeline stages), so one search per (axis, device group, gather device) serves both: it prunes with
+    the cheaper of the two tails and each kind adds its own tail to the best prefix of every end."""
+    opts = {"threshold": threshold, "beam": beam, "branch": branch, "budget": budget}
+    cands, stats = _search_family(graph, cost, objective, tuple(kinds), opts, incumbent)
+    out: dict = {}
+    for kind in kinds:
+        try:
+            out[kind] = best_plan(cands[kind], graph, cost, objective, incumbent=incumbent)
+        except InfeasibleError as exc:
+            out[kind] = exc
+    return out, stats
+
+
+def _search_family(graph: LayerGraph, cost: CostTable, objective: str, kinds: tuple, opts: dict, incumbent: float,
+                   devices: list[str] | None = None, axis: int | None = None) -> tuple[dict, SearchStats]:
+    """Candidates (search total, plan) per kind. `spatial` tiles over `devices` (all by default) and
+    keeps the rest on the gather device; `hybrid` tiles over every group of `_subsets` and runs the rest
+    as pipeline stages (exact pipeline DP) from the gather device."""
+    names = list(devices or cost.devices)
+    rest_plan = _PipelineRest(graph, cost) if "hybrid" in kinds else None
+    stats, n = SearchStats(search_space_log10=-INF), len(graph.layers)
+    cands: dict = {k: [] for k in kinds}
     bound = _bound(objective, incumbent)
-    for ax in _axes(graph, None):
+    groups = _subsets(cost) if "hybrid" in kinds else [names]
+    if "spatial" in kinds and not any(set(gr) == set(names) for gr in groups):
+        groups.append(names)
+    for ax in _axes(graph, axis):
         cuts, cache = _cuts(graph, ax), {}
-        for subset in _subsets(cost):
-            for g in device_classes(cost, subset):
-                tails = [rest_plan.best(c, g) for c in cuts]
-                best = min([bound, *(c[0] for c in cands)])
-                s, ends = _search(graph, cost, ax, _order(cost, g, subset), cuts, [t[0] for t in tails], opts, cache, best)
+        for group in groups:
+            for g in device_classes(cost, group):
+                tails = {}
+                if "spatial" in kinds and set(group) == set(names):
+                    stay = [float(cost.layer_ms[c:, cost.index(g)].sum()) for c in cuts]
+                    tails["spatial"] = [(t, (Stage(g, c, n),) if c < n else ()) for t, c in zip(stay, cuts)]
+                if rest_plan is not None:
+                    tails["hybrid"] = [rest_plan.best(c, g) for c in cuts]
+                rest = [min(t[i][0] for t in tails.values()) for i in range(len(cuts))]
+                # another planner's or an earlier search's best bounds this one
+                best = min([bound, *(c[0] for cs in cands.values() for c in cs)])
+                s, ends = _search(graph, cost, ax, _order(cost, g, group), cuts, rest, opts, cache, best)
                 stats.add(s.stats)
                 for end, (total, path) in ends.items():
-                    if tails[end][0] < INF and _distributed(path):
-                        cands.append((total, Plan("hybrid", objective, s.to_stages(path, end, g) + tails[end][1])))
-    return best_plan(cands, graph, cost, objective, incumbent=incumbent), stats
+                    if not _distributed(path):
+                        continue  # every tile on one device: that is the single-device plan, not a spatial one
+                    prefix = total - rest[end]
+                    for kind, tail in tails.items():
+                        if tail[end][0] < INF:
+                            cands[kind].append((prefix + tail[end][0], Plan(kind, objective, s.to_stages(path, end, g) + tail[end][1])))
+    return cands, stats

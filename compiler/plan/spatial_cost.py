@@ -130,6 +130,7 @@ class Step:
     lo: list
     need_first: list
     need_end: list
+    terms: dict = field(default_factory=dict)  # (position, a, b) -> (messages, compute ms), see StepModel.term
 
 
 class StepModel:
@@ -161,19 +162,32 @@ class StepModel:
     def term(self, cx: Step, pos: int, a: int, b: int, sent: tuple, chan: float):
         """Device `pos` computing rows [a, b) (b > a): (rows arrived at, compute ms, each holder's
         sends done at, channel free at)."""
+        got = cx.terms.get((pos, a, b))
+        if got is None:
+            got = cx.terms[pos, a, b] = self._messages(cx, pos, a, b)
+        msgs, comp = got
+        ready = 0.0
+        if msgs:
+            sent = list(sent)
+            for e, ms in msgs:
+                chan = (chan if self.shared else sent[e]) + ms
+                sent[e] = chan
+                ready = max(ready, chan)
+            sent = tuple(sent)
+        return ready, comp, sent, chan
+
+    def _messages(self, cx: Step, pos: int, a: int, b: int) -> tuple[tuple, float]:
+        """The messages device `pos` receives for rows [a, b) as (holder index, ms), in holder order,
+        and its compute ms: what `term` needs that does not depend on when the holders are free."""
         d = self.devs[pos]
         n0, n1 = cx.need_first[a], cx.need_end[b]
-        ready = 0.0
+        msgs = []
         for e in range(max(0, bisect.bisect_right(cx.starts, n0) - 1), bisect.bisect_left(cx.starts, n1)):
             hd, s0, s1 = cx.holders[e]
             rows = min(s1, n1) - max(s0, n0)
-            if rows <= 0 or hd == d:
-                continue
-            ms = rows * cx.sc.in_bytes / self.bw[hd][d] + self.lat[hd][d]
-            chan = (chan if self.shared else sent[e]) + ms
-            sent = sent[:e] + (chan,) + sent[e + 1:]
-            ready = max(ready, chan)
-        return ready, cx.overhead[d] + cx.hi[d][b] - cx.lo[d][a], sent, chan
+            if rows > 0 and hd != d:
+                msgs.append((e, rows * cx.sc.in_bytes / self.bw[hd][d] + self.lat[hd][d]))
+        return tuple(msgs), cx.overhead[d] + cx.hi[d][b] - cx.lo[d][a]
 
     @staticmethod
     def finish(cx: Step, done, sent) -> float:

@@ -92,6 +92,20 @@ def _room(floors, level: float, pos: int, lo, hi, rows: int, shift=None) -> bool
     return total >= rows
 
 
+def _room_receiving(floors, level: float, lo, hi, rows: int, receivers: int, delay) -> bool:
+    """_room when `receivers` of the devices (any, each with at least one row) also wait `delay` before
+    computing: they are the devices whose rows below the level shrink least."""
+    total, losses = 0, []
+    for p in range(len(floors)):
+        cap = min(hi[p], max(0, bisect.bisect_left(floors[p], level) - 1))
+        if cap < lo[p]:
+            return False
+        late = min(hi[p], max(0, bisect.bisect_left(floors[p], level - delay[p]) - 1))
+        total += cap
+        losses.append(cap - late if late >= max(lo[p], 1) else INF)
+    return total - sum(sorted(losses)[:receivers]) >= rows
+
+
 class _Budget(Exception):
     """A partition search ran out of nodes; it keeps the best partitions found so far."""
 
@@ -304,7 +318,8 @@ class SpatialSearch:
         prefix = cost.layer_ms[cuts[0]:cuts[-1]].sum(axis=0)
         self.speed = np.array([1.0 / max(prefix[d], 1e-9) for d in self.devs])
         self.stats = SearchStats()
-        self._seg = {} if seg_cache is None else seg_cache  # segment costs do not depend on device order
+        # segment costs, and bounds of a device set, do not depend on device order: searches share them
+        self._seg = {} if seg_cache is None else seg_cache
         self._win: dict = {}
         self._memo: dict = {}
         self._lb: dict = {}
@@ -336,30 +351,81 @@ class SpatialSearch:
     # -- bounds ----------------------------------------------------------------------------------
 
     def seg_lb(self, j: int, j2: int) -> float:
-        """Least possible step time of segment (j, j2): best-placed tiles with no transfers, and for the
-        first segment also the scatter: the gather device sends every other device at least the input
-        rows of its smallest tile, one message after another, before the last of them can start."""
+        """Least possible step time of segment (j, j2): best-placed tiles, each device no faster than its
+        least time for its rows (water-filling), plus the transfers every partition must make: for the
+        first segment the scatter (`_scatter_lb`), for a later one the halo (`_halo`)."""
         if (j, j2) not in self._lb:
             sc, (lo, hi, _) = self.seg(j, j2), self.window(j2)
             floors = [sc.floor(d) for d in self.devs]
-            a, b = 0.0, max(f[-1] for f in floors) + 1.0
-            for _ in range(40):
-                mid = (a + b) / 2
-                a, b = (a, mid) if _room(floors, mid, 0, lo, hi, sc.rows) else (mid, b)
+            shared = ("lb", frozenset(self.devs), j, j2)  # the same for any order of the same devices
+            if shared not in self._seg:
+                halo = self._halo(j, j2) if j > 0 else None
+                a, b = 0.0, max(f[-1] for f in floors) + (max(halo[1]) if halo else 0.0) + 1.0
+                for _ in range(24):  # `a` never has room: a lower bound however early the bisection stops
+                    mid = (a + b) / 2
+                    room = _room(floors, mid, 0, lo, hi, sc.rows) if halo is None else _room_receiving(floors, mid, lo, hi, sc.rows, *halo)
+                    a, b = (a, mid) if room else (mid, b)
+                self._seg[shared] = a
+            a = self._seg[shared]
             if j == 0:
-                need = sc.need_floor()
-                msgs = [need[lo[p]] * sc.in_bytes / self.model.bw[self.g][d] + self.model.lat[self.g][d]
-                        for p, d in enumerate(self.devs) if p > 0 and lo[p] > 0]
-                a = max(a, sum(msgs))
+                a = max(a, self._scatter_lb(sc, lo, hi, floors))
             self._lb[j, j2] = a
         return self._lb[j, j2]
 
+    def _halo(self, j: int, j2: int) -> tuple[int, list[float]] | None:
+        """(receivers, per-device delay): the halo every partition of segment (j, j2) must receive.
+
+        Two adjacent tiles both read the `ov` input rows [first[b], end[b]) around their boundary b, and
+        the partition at cut j left each such row on one device only (its tiles are disjoint), so one of
+        the two receives at least ceil(ov / 2) of them. Over the boundaries of k tiles those receivers
+        cover a path of k nodes: at least k // 2 distinct devices, k at least the devices whose window
+        floor is above 0. A receiver computes only after its rows arrive, from at most as many holders
+        in parallel as a run of that many rows can touch (tiles at cut j hold at least `least` rows)."""
+        sc, lo = self.seg(j, j2), self.window(j2)[0]
+        receivers = sum(l > 0 for l in lo) // 2
+        _, _, _, first, end = sc.lists
+        ov = min((end[b] - first[b] for b in range(1, sc.rows)), default=0)
+        if receivers == 0 or ov <= 0:
+            return None
+        r = (ov + 1) // 2
+        least = min(max(l, 1) for l in self.window(j)[0])
+        holders = min(r, len(self.devs) - 1, 1 + -(-(r - 1) // least))
+        rows = -(-r // holders)  # the largest of the messages
+        bw, lat = self.model.bw, self.model.lat
+        delay = []
+        for d in self.devs:
+            others = [q for q in self.devs if q != d]
+            delay.append(min(lat[q][d] for q in others) + rows * sc.in_bytes / max(bw[q][d] for q in others))
+        return receivers, delay
+
+    def _scatter_lb(self, sc: SegmentCost, lo, hi, floors) -> float:
+        """Least step time of the first segment, whose input is whole on the gather device (position 0,
+        so the other tiles are the contiguous rows after its tile): it sends every other busy device
+        its rows, one message after another, and the last of those devices (or the gather device, which
+        computes after its sends) then computes at least its least rows."""
+        g, bw, lat = self.g, self.model.bw, self.model.lat
+        others = [(p, d) for p, d in enumerate(self.devs) if p > 0]
+        if not others or sc.rows <= hi[0]:
+            return 0.0
+        need = sc.need_floor()
+        each = sum(need[lo[p]] * sc.in_bytes / bw[g][d] + lat[g][d] for p, d in others if lo[p] > 0)
+        msgs = max(1, sum(lo[p] > 0 for p, _ in others))
+        whole = msgs * min(lat[g][d] for _, d in others) + need[sc.rows - hi[0]] * sc.in_bytes / max(bw[g][d] for _, d in others)
+        last = min(floors[p][max(lo[p], 1)] for p in range(len(self.devs)) if hi[p] > 0)
+        return max(each, whole) + last
+
     def gather_lb(self, j: int) -> float:
         """Least possible gather after cut j: every other device returns at least its smallest tile."""
-        sc, (lo, _, _) = self.seg(j - 1, j), self.window(j)
-        ms = [lo[p] * sc.out_bytes / self.model.bw[d][self.g] + self.model.lat[d][self.g]
-              for p, d in enumerate(self.devs) if p > 0 and lo[p] > 0]
-        return sum(ms) if self.model.shared else max(ms, default=0.0)
+        sc, (lo, hi, _) = self.seg(j - 1, j), self.window(j)
+        bw, lat, g = self.model.bw, self.model.lat, self.g
+        ms = [lo[p] * sc.out_bytes / bw[d][g] + lat[d][g] for p, d in enumerate(self.devs) if p > 0 and lo[p] > 0]
+        each = sum(ms) if self.model.shared else max(ms, default=0.0)
+        others = self.devs[1:]
+        if not others or sc.rows <= hi[0]:
+            return each
+        # the rows after the gather device's tile come back over at most len(others) links in parallel
+        spread = (sc.rows - hi[0]) / (1 if self.model.shared else len(others))
+        return max(each, min(lat[d][g] for d in others) + spread * sc.out_bytes / max(bw[d][g] for d in others))
 
     def completion_lb(self) -> list[float]:
         """lb[j]: least cost from a state at cut j to the end of the model (any later cuts and end)."""
