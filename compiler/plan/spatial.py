@@ -11,6 +11,8 @@ import itertools
 import logging
 import time
 
+import numpy as np
+
 from ..cost import CostTable
 from ..graph import LayerGraph
 from ..spatial.regions import spatial_cuts
@@ -66,8 +68,9 @@ def _order(cost: CostTable, g: str, names) -> list[str]:
     return [g, *sorted((n for n in names if n != g), key=lambda n: total[cost.index(n)])]
 
 
-def _search(graph, cost, axis, order, cuts, rest, opts: dict, cache: dict, incumbent: float) -> tuple[SpatialSearch, dict]:
-    s = SpatialSearch(graph, cost, axis, order, cuts, rest, opts["threshold"], opts["budget"], cache)
+def _search(graph, cost, axis, order, cuts, rest, opts: dict, cache: dict, incumbent: float,
+            exact_rest=None) -> tuple[SpatialSearch, dict]:
+    s = SpatialSearch(graph, cost, axis, order, cuts, rest, opts["threshold"], opts["budget"], cache, exact_rest=exact_rest)
     t0 = time.perf_counter()
     ends = s.run(opts["beam"], opts["branch"], incumbent)
     s.stats.seconds = time.perf_counter() - t0
@@ -154,6 +157,13 @@ class _PipelineRest:
 
         self.graph, self.cost, self.problem = graph, cost, pipeline_problem(graph, cost)
         self._sols: dict = {}
+        fastest = self.problem.block_ms.min(axis=1)
+        self._least = np.concatenate([np.cumsum(fastest[::-1])[::-1], [0.0]])  # [block]: its suffix, each block on its fastest device
+        self._block = {lo: i for i, (lo, _) in enumerate(graph.blocks)}
+
+    def lower(self, cut: int) -> float:
+        """A lower bound of `best(cut, g)` for any g, without solving: no transfers, fastest devices."""
+        return 0.0 if cut >= len(self.graph.layers) else float(self._least[self._block[cut]])
 
     def _solutions(self, cut: int):
         if cut not in self._sols:
@@ -161,7 +171,7 @@ class _PipelineRest:
 
             from .pipeline import plan_pipeline
 
-            bi = next(i for i, (lo, _) in enumerate(self.graph.blocks) if lo == cut)
+            bi = self._block[cut]
             p = self.problem
             sub = replace(p, block_ms=p.block_ms[bi:], block_param_bytes=p.block_param_bytes[bi:],
                           block_peak_act_bytes=p.block_peak_act_bytes[bi:], cut_bytes=p.cut_bytes[bi:])
@@ -245,22 +255,27 @@ def _search_family(graph: LayerGraph, cost: CostTable, objective: str, kinds: tu
         cuts, cache = _cuts(graph, ax), {}
         for group in groups:
             for g in device_classes(cost, group):
-                tails = {}
+                tails = {}  # kind -> (lower bound per cut, exact tail of cut index i: (ms, stages))
                 if "spatial" in kinds and set(group) == set(names):
                     stay = [float(cost.layer_ms[c:, cost.index(g)].sum()) for c in cuts]
-                    tails["spatial"] = [(t, (Stage(g, c, n),) if c < n else ()) for t, c in zip(stay, cuts)]
-                if rest_plan is not None:
-                    tails["hybrid"] = [rest_plan.best(c, g) for c in cuts]
-                rest = [min(t[i][0] for t in tails.values()) for i in range(len(cuts))]
+                    tails["spatial"] = (stay, lambda i, g=g, stay=stay: (stay[i], (Stage(g, cuts[i], n),) if cuts[i] < n else ()))
+                if rest_plan is not None:  # pipeline DPs only for the ends the search reaches
+                    tails["hybrid"] = ([rest_plan.lower(c) for c in cuts], lambda i, g=g: rest_plan.best(cuts[i], g))
+                rest = [min(t[0][i] for t in tails.values()) for i in range(len(cuts))]
+
+                def exact(i, tails=tails):
+                    return min(t[1](i)[0] for t in tails.values())
+
                 # another planner's or an earlier search's best bounds this one
                 best = min([bound, *(c[0] for cs in cands.values() for c in cs)])
-                s, ends = _search(graph, cost, ax, _order(cost, g, group), cuts, rest, opts, cache, best)
+                s, ends = _search(graph, cost, ax, _order(cost, g, group), cuts, rest, opts, cache, best, exact)
                 stats.add(s.stats)
                 for end, (total, path) in ends.items():
                     if not _distributed(path):
                         continue  # every tile on one device: that is the single-device plan, not a spatial one
-                    prefix = total - rest[end]
-                    for kind, tail in tails.items():
-                        if tail[end][0] < INF:
-                            cands[kind].append((prefix + tail[end][0], Plan(kind, objective, s.to_stages(path, end, g) + tail[end][1])))
+                    prefix = total - exact(end)
+                    for kind, (_, tail) in tails.items():
+                        ms, stages = tail(end)
+                        if ms < INF:
+                            cands[kind].append((prefix + ms, Plan(kind, objective, s.to_stages(path, end, g) + stages)))
     return cands, stats

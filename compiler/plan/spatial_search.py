@@ -309,8 +309,11 @@ class SpatialSearch:
 
     def __init__(self, graph: LayerGraph, cost: CostTable, axis: int, devices: list[str], cuts: tuple[int, ...],
                  rest: list[float], threshold: float = 0.1, budget: int | None = 1000, seg_cache: dict | None = None,
-                 max_span: int | None = MAX_SPAN):
+                 max_span: int | None = MAX_SPAN, exact_rest=None):
         self.graph, self.cost, self.axis, self.cuts, self.rest, self.thr = graph, cost, axis, cuts, rest, threshold
+        # rest[j]: the layers after an end at cut j; exactly, or (with exact_rest(j), called only for the
+        # ends the search reaches) a lower bound of it
+        self._exact = exact_rest
         self.max_span = max_span
         self.devs = [cost.index(d) for d in devices]
         self.g, self.budget = self.devs[0], budget
@@ -361,7 +364,7 @@ class SpatialSearch:
             if shared not in self._seg:
                 halo = self._halo(j, j2) if j > 0 else None
                 a, b = 0.0, max(f[-1] for f in floors) + (max(halo[1]) if halo else 0.0) + 1.0
-                for _ in range(24):  # `a` never has room: a lower bound however early the bisection stops
+                for _ in range(18):  # `a` never has room: a lower bound however early the bisection stops
                     mid = (a + b) / 2
                     room = _room(floors, mid, 0, lo, hi, sc.rows) if halo is None else _room_receiving(floors, mid, lo, hi, sc.rows, *halo)
                     a, b = (a, mid) if room else (mid, b)
@@ -481,10 +484,12 @@ class SpatialSearch:
                     continue
                 self.stats.states += 1
                 if j > 0:
-                    total = v + self.gather(j, part) + self.rest[j]
-                    if total < ends.get(j, (INF,))[0]:
-                        ends[j] = (total, self._path(states, j, part))
-                    incumbent = min(incumbent, total)
+                    prefix = v + self.gather(j, part)
+                    if prefix + self.rest[j] < ends.get(j, (INF,))[0]:  # else no better than the end's best
+                        total = prefix + self.rest_at(j)
+                        if total < ends.get(j, (INF,))[0]:
+                            ends[j] = (total, self._path(states, j, part))
+                        incumbent = min(incumbent, total)
                 for j2 in self.nexts(j):
                     found = self.transition(j, part, j2, incumbent - v - lb[j2], branch)
                     if branch is not None and len(found) >= branch:
@@ -493,6 +498,10 @@ class SpatialSearch:
                         if v + c < states[j2].get(part2, (INF,))[0]:
                             states[j2][part2] = (v + c, (j, part))
         return ends
+
+    def rest_at(self, j: int) -> float:
+        """The exact cost of the layers after an end at cut j."""
+        return self.rest[j] if self._exact is None else self._exact(j)
 
     @staticmethod
     def _path(states, j, part) -> list[tuple[int, tuple]]:
@@ -509,7 +518,7 @@ class SpatialSearch:
         def go(j, part, v, path):
             nonlocal best
             if j > 0:
-                best = min(best, (v + self.gather(j, part) + self.rest[j], path), key=lambda x: x[0])
+                best = min(best, (v + self.gather(j, part) + self.rest_at(j), path), key=lambda x: x[0])
             for j2 in self.nexts(j):
                 for p2 in self.partitions(j2):
                     go(j2, p2, v + self.step(j, part, j2, p2), path + [(j2, p2)])
