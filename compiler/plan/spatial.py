@@ -68,11 +68,13 @@ def _order(cost: CostTable, g: str, names) -> list[str]:
     return [g, *sorted((n for n in names if n != g), key=lambda n: total[cost.index(n)])]
 
 
-def _search(graph, cost, axis, order, cuts, rest, opts: dict, cache: dict, incumbent: float,
+def _search(graph, cost, axis, order, cuts, rest, opts: dict, cache: dict, incumbent,
             exact_rest=None) -> tuple[SpatialSearch, dict]:
+    """One search: {end: (total, path)}, or with a tuple of tails {end: (cost before the tail, path)}."""
     s = SpatialSearch(graph, cost, axis, order, cuts, rest, opts["threshold"], opts["budget"], cache, exact_rest=exact_rest)
     t0 = time.perf_counter()
-    ends = s.run(opts["beam"], opts["branch"], incumbent)
+    run = s.run_tails if isinstance(rest, tuple) else s.run
+    ends = run(opts["beam"], opts["branch"], incumbent)
     s.stats.seconds = time.perf_counter() - t0
     s.stats.search_space_log10 = s.space_log10()
     return s, ends
@@ -228,7 +230,10 @@ def plan_searches(graph: LayerGraph, cost: CostTable, objective: str, kinds, thr
     pipeline stages), so one search per (axis, device group, gather device) serves both: it prunes with
     the cheaper of the two tails and each kind adds its own tail to the best prefix of every end."""
     opts = {"threshold": threshold, "beam": beam, "branch": branch, "budget": budget}
-    cands, stats = _search_family(graph, cost, objective, tuple(kinds), opts, incumbent)
+    try:
+        cands, stats = _search_family(graph, cost, objective, tuple(kinds), opts, incumbent)
+    except InfeasibleError as exc:  # nothing to tile: every kind ends the same way
+        return {kind: exc for kind in kinds}, SearchStats()
     out: dict = {}
     for kind in kinds:
         try:
@@ -261,19 +266,19 @@ def _search_family(graph: LayerGraph, cost: CostTable, objective: str, kinds: tu
                     tails["spatial"] = (stay, lambda i, g=g, stay=stay: (stay[i], (Stage(g, cuts[i], n),) if cuts[i] < n else ()))
                 if rest_plan is not None:  # pipeline DPs only for the ends the search reaches
                     tails["hybrid"] = ([rest_plan.lower(c) for c in cuts], lambda i, g=g: rest_plan.best(cuts[i], g))
-                rest = [min(t[0][i] for t in tails.values()) for i in range(len(cuts))]
+                kinds_here = list(tails)
 
-                def exact(i, tails=tails):
-                    return min(t[1](i)[0] for t in tails.values())
+                def exact(i, t, tails=tails, kinds_here=kinds_here):
+                    return tails[kinds_here[t]][1](i)[0]
 
-                # another planner's or an earlier search's best bounds this one
-                best = min([bound, *(c[0] for cs in cands.values() for c in cs)])
-                s, ends = _search(graph, cost, ax, _order(cost, g, group), cuts, rest, opts, cache, best, exact)
+                # another planner's plan, or an earlier search's, bounds each kind
+                best = tuple(min([bound, *(c[0] for c in cands[k])]) for k in kinds_here)
+                s, ends = _search(graph, cost, ax, _order(cost, g, group), cuts, tuple(tails[k][0] for k in kinds_here),
+                                  opts, cache, best, exact)
                 stats.add(s.stats)
-                for end, (total, path) in ends.items():
+                for end, (prefix, path) in ends.items():
                     if not _distributed(path):
                         continue  # every tile on one device: that is the single-device plan, not a spatial one
-                    prefix = total - exact(end)
                     for kind, (_, tail) in tails.items():
                         ms, stages = tail(end)
                         if ms < INF:

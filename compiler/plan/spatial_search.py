@@ -311,8 +311,11 @@ class SpatialSearch:
                  rest: list[float], threshold: float = 0.1, budget: int | None = 1000, seg_cache: dict | None = None,
                  max_span: int | None = MAX_SPAN, exact_rest=None):
         self.graph, self.cost, self.axis, self.cuts, self.rest, self.thr = graph, cost, axis, cuts, rest, threshold
-        # rest[j]: the layers after an end at cut j; exactly, or (with exact_rest(j), called only for the
-        # ends the search reaches) a lower bound of it
+        # rest[j]: the layers after an end at cut j; exactly, or (with exact_rest(j, tail), called only for
+        # the ends the search reaches) a lower bound of it. A tuple of such lists: several tails at once
+        # (run_tails), e.g. spatial's (stay on the gather device) and hybrid's (pipeline stages).
+        self.rests = tuple(rest) if isinstance(rest, tuple) else (rest,)
+        self.rest = self.rests[0]
         self._exact = exact_rest
         self.max_span = max_span
         self.devs = [cost.index(d) for d in devices]
@@ -430,12 +433,12 @@ class SpatialSearch:
         spread = (sc.rows - hi[0]) / (1 if self.model.shared else len(others))
         return max(each, min(lat[d][g] for d in others) + spread * sc.out_bytes / max(bw[d][g] for d in others))
 
-    def completion_lb(self) -> list[float]:
+    def completion_lb(self, tail: int = 0) -> list[float]:
         """lb[j]: least cost from a state at cut j to the end of the model (any later cuts and end)."""
-        n = len(self.cuts)
+        n, rest = len(self.cuts), self.rests[tail]
         lb = [INF] * n
         for j in range(n - 1, 0, -1):
-            lb[j] = min([self.rest[j] + self.gather_lb(j), *[self.seg_lb(j, j2) + lb[j2] for j2 in self.nexts(j)]])
+            lb[j] = min([rest[j] + self.gather_lb(j), *[self.seg_lb(j, j2) + lb[j2] for j2 in self.nexts(j)]])
         lb[0] = min(self.seg_lb(0, j2) + lb[j2] for j2 in self.nexts(0))
         return lb
 
@@ -469,8 +472,16 @@ class SpatialSearch:
 
     def run(self, beam: int | None = 6, branch: int | None = 3, incumbent: float = INF) -> dict[int, tuple]:
         """Forward DP over cuts. Returns {end cut index: (total, path)}; path = [(cut index, partition)]."""
-        n = len(self.cuts)
-        lb = self.completion_lb()
+        return {j: (prefix + self.rest_at(j), path) for j, (prefix, path) in self.run_tails(beam, branch, incumbent).items()}
+
+    def run_tails(self, beam: int | None = 6, branch: int | None = 3, incumbent=INF) -> dict[int, tuple]:
+        """run() for every tail at once: {end cut index: (cost before the tail, path)}, the best path to
+        each end (the same for every tail). `incumbent`: one bound, or one per tail. A state is pruned
+        only when no tail can beat its own incumbent through it, so each tail finds what a search with
+        it alone would."""
+        n, tails = len(self.cuts), range(len(self.rests))
+        lbs = [self.completion_lb(t) for t in tails]
+        inc = list(incumbent) if isinstance(incumbent, (list, tuple)) else [incumbent] * len(self.rests)
         states: list[dict] = [dict() for _ in range(n)]
         states[0][None] = (0.0, None)
         ends: dict[int, tuple] = {}
@@ -479,19 +490,19 @@ class SpatialSearch:
             if beam is not None and len(items) > beam:
                 items, self.stats.exact = items[:beam], False
             for part, (v, _) in items:
-                if v + lb[j] >= incumbent:
+                if all(v + lbs[t][j] >= inc[t] for t in tails):
                     self.stats.pruned += 1
                     continue
                 self.stats.states += 1
                 if j > 0:
                     prefix = v + self.gather(j, part)
-                    if prefix + self.rest[j] < ends.get(j, (INF,))[0]:  # else no better than the end's best
-                        total = prefix + self.rest_at(j)
-                        if total < ends.get(j, (INF,))[0]:
-                            ends[j] = (total, self._path(states, j, part))
-                        incumbent = min(incumbent, total)
+                    if prefix < ends.get(j, (INF,))[0]:
+                        ends[j] = (prefix, self._path(states, j, part))
+                    for t in tails:
+                        if prefix + self.rests[t][j] < inc[t]:  # else the exact tail cannot lower it
+                            inc[t] = min(inc[t], prefix + self.rest_at(j, t))
                 for j2 in self.nexts(j):
-                    found = self.transition(j, part, j2, incumbent - v - lb[j2], branch)
+                    found = self.transition(j, part, j2, max(inc[t] - v - lbs[t][j2] for t in tails), branch)
                     if branch is not None and len(found) >= branch:
                         self.stats.exact = False
                     for c, part2 in found:
@@ -499,9 +510,9 @@ class SpatialSearch:
                             states[j2][part2] = (v + c, (j, part))
         return ends
 
-    def rest_at(self, j: int) -> float:
+    def rest_at(self, j: int, tail: int = 0) -> float:
         """The exact cost of the layers after an end at cut j."""
-        return self.rest[j] if self._exact is None else self._exact(j)
+        return self.rests[tail][j] if self._exact is None else self._exact(j, tail)
 
     @staticmethod
     def _path(states, j, part) -> list[tuple[int, tuple]]:
