@@ -70,11 +70,10 @@ def _order(cost: CostTable, g: str, names) -> list[str]:
 
 def _search(graph, cost, axis, order, cuts, rest, opts: dict, cache: dict, incumbent,
             exact_rest=None) -> tuple[SpatialSearch, dict]:
-    """One search: {end: (total, path)}, or with a tuple of tails {end: (cost before the tail, path)}."""
+    """One search for a tuple of tails: {end: (cost before the tail, path)} (SpatialSearch.run_tails)."""
     s = SpatialSearch(graph, cost, axis, order, cuts, rest, opts["threshold"], opts["budget"], cache, exact_rest=exact_rest)
     t0 = time.perf_counter()
-    run = s.run_tails if isinstance(rest, tuple) else s.run
-    ends = run(opts["beam"], opts["branch"], incumbent)
+    ends = s.run_tails(opts["beam"], opts["branch"], incumbent)
     s.stats.seconds = time.perf_counter() - t0
     s.stats.search_space_log10 = s.space_log10()
     return s, ends
@@ -227,8 +226,9 @@ def plan_searches(graph: LayerGraph, cost: CostTable, objective: str, kinds, thr
                   incumbent: float = INF) -> tuple[dict, SearchStats]:
     """`spatial` and `hybrid` from shared searches: {kind: Plan, or the InfeasibleError (Dominated) it
     ends with}. Both tile a prefix and differ only after the gather (the rest on the gather device, or
-    pipeline stages), so one search per (axis, device group, gather device) serves both: it prunes with
-    the cheaper of the two tails and each kind adds its own tail to the best prefix of every end."""
+    pipeline stages), so one search per (axis, device group, gather device) serves both: each kind keeps
+    its own bound, a state is dropped only when neither can use it, and each kind adds its own tail to
+    the best prefix of every end."""
     opts = {"threshold": threshold, "beam": beam, "branch": branch, "budget": budget}
     try:
         cands, stats = _search_family(graph, cost, objective, tuple(kinds), opts, incumbent)
