@@ -65,9 +65,12 @@ def cli() -> None:
 @click.option("--deepthings-grid", metavar="NxM", default=None,
               help="DeepThings tile grid: N tiles along height by M along width, e.g. 2x2")
 @click.option("--deepthings-layers", type=click.IntRange(min=1), default=None, help="DeepThings fused depth")
+@click.option("--jobs", type=click.IntRange(min=1), default=None,
+              help="processes for the spatial and hybrid searches (default: the cores available, at most 2); "
+                   "the plan is the same for any value")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON summary object on stdout")
 def compile_cmd(model, devices, outdir, strategy, objective, shapes, search_threshold, deepthings_grid,
-                deepthings_layers, as_json):
+                deepthings_layers, jobs, as_json):
     """Compile MODEL for the devices in CLUSTER.yaml into OUTDIR (fragments + manifest.json)."""
     import time
 
@@ -83,7 +86,7 @@ def compile_cmd(model, devices, outdir, strategy, objective, shapes, search_thre
         if not (sep and n.isdigit() and m.isdigit() and int(n) > 0 and int(m) > 0):
             raise UserError(f"--deepthings-grid {deepthings_grid!r}: expected NxM with positive integers, e.g. 4x1")
         grid = (int(n), int(m))
-    options = PlanOptions(search_threshold, grid, deepthings_layers)
+    options = PlanOptions(search_threshold, grid, deepthings_layers, jobs)
     t0 = time.perf_counter()
     result = compile_model(model, devices, outdir, strategy, objective, parse_shape_option(shapes), _progress,
                            options)

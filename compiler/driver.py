@@ -41,14 +41,18 @@ class Candidate:
 
 @dataclass(frozen=True)
 class PlanOptions:
-    """Knobs of the spatial planners (ADaPS search threshold; DeepThings grid and fused depth)."""
+    """Knobs of the spatial planners (ADaPS search threshold; DeepThings grid and fused depth; processes
+    for the spatial and hybrid searches, None: as many as this machine has cores for, at most 2)."""
 
     search_threshold: float = 0.1
     deepthings_grid: tuple[int, int] | None = None
     deepthings_layers: int | None = None
+    jobs: int | None = None
 
     def kwargs(self, strategy: str) -> dict:
-        if strategy in ("spatial", "hybrid", "edgeflow"):
+        if strategy in ("spatial", "hybrid"):
+            return {"threshold": self.search_threshold, "workers": self.jobs}
+        if strategy == "edgeflow":
             return {"threshold": self.search_threshold}
         if strategy == "deepthings":
             return {"grid": self.deepthings_grid, "layers": self.deepthings_layers}
@@ -116,7 +120,8 @@ _SEARCH_LAST = ("spatial", "hybrid")  # the searching planners: they run last, b
 
 
 def _search_candidates(kinds, graph, cost, objective, options: PlanOptions, incumbent: float) -> dict[str, Candidate]:
-    results, _ = plan_searches(graph, cost, objective, kinds, options.search_threshold, incumbent=incumbent)
+    results, _ = plan_searches(graph, cost, objective, kinds, options.search_threshold, incumbent=incumbent,
+                               workers=options.jobs)
     return {name: _candidate(name, graph, cost, got) for name, got in results.items()}
 
 

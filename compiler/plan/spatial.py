@@ -10,12 +10,14 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from dataclasses import asdict
 
 import numpy as np
 
 from ..cost import CostTable
 from ..graph import LayerGraph
 from ..spatial.regions import spatial_cuts
+from .lanes import run_lanes
 from .problem import InfeasibleError
 from .spatial_cost import group_param_bytes
 from .spatial_search import INF, SearchStats, SpatialSearch
@@ -123,7 +125,7 @@ def _cuts(graph: LayerGraph, axis: int) -> tuple[int, ...]:
 
 def plan_spatial(graph: LayerGraph, cost: CostTable, objective: str = "latency", threshold: float = 0.1,
                  devices=None, *, beam: int | None = 6, branch: int | None = 3, budget: int | None = 1000,
-                 axis: int | None = None, incumbent: float = INF) -> tuple[Plan, SearchStats]:
+                 axis: int | None = None, incumbent: float = INF, workers: int | None = None) -> tuple[Plan, SearchStats]:
     """Tile the longest tileable prefix across `devices` (all by default); the rest runs on the gather device.
 
     >>> plan, stats = plan_spatial(graph, cost)                       # doctest: +SKIP
@@ -131,7 +133,8 @@ def plan_spatial(graph: LayerGraph, cost: CostTable, objective: str = "latency",
     (Tile(device='pi5', start=0, stop=130), Tile(device='pi4', start=130, stop=224))
     """
     opts = {"threshold": threshold, "beam": beam, "branch": branch, "budget": budget}
-    cands, stats = _search_family(graph, cost, objective, ("spatial",), opts, incumbent, list(devices or cost.devices), axis)
+    cands, stats = _search_family(graph, cost, objective, ("spatial",), opts, incumbent, list(devices or cost.devices), axis,
+                                  workers)
     return best_plan(cands["spatial"], graph, cost, objective, incumbent=incumbent), stats
 
 
@@ -213,17 +216,17 @@ def _subsets(cost: CostTable) -> list[list[str]]:
 
 def plan_hybrid(graph: LayerGraph, cost: CostTable, objective: str = "latency", threshold: float = 0.1, *,
                 beam: int | None = 6, branch: int | None = 3, budget: int | None = 1000,
-                incumbent: float = INF) -> tuple[Plan, SearchStats]:
+                incumbent: float = INF, workers: int | None = None) -> tuple[Plan, SearchStats]:
     """A spatial group over a prefix, on a subset of the devices chosen by search, gathered on one of
     them; the remaining layers as pipeline stages over all devices (exact pipeline DP)."""
     opts = {"threshold": threshold, "beam": beam, "branch": branch, "budget": budget}
-    cands, stats = _search_family(graph, cost, objective, ("hybrid",), opts, incumbent)
+    cands, stats = _search_family(graph, cost, objective, ("hybrid",), opts, incumbent, workers=workers)
     return best_plan(cands["hybrid"], graph, cost, objective, incumbent=incumbent), stats
 
 
 def plan_searches(graph: LayerGraph, cost: CostTable, objective: str, kinds, threshold: float = 0.1, *,
                   beam: int | None = 6, branch: int | None = 3, budget: int | None = 1000,
-                  incumbent: float = INF) -> tuple[dict, SearchStats]:
+                  incumbent: float = INF, workers: int | None = None) -> tuple[dict, SearchStats]:
     """`spatial` and `hybrid` from shared searches: {kind: Plan, or the InfeasibleError (Dominated) it
     ends with}. Both tile a prefix and differ only after the gather (the rest on the gather device, or
     pipeline stages), so one search per (axis, device group, gather device) serves both: each kind keeps
@@ -231,7 +234,7 @@ def plan_searches(graph: LayerGraph, cost: CostTable, objective: str, kinds, thr
     the best prefix of every end."""
     opts = {"threshold": threshold, "beam": beam, "branch": branch, "budget": budget}
     try:
-        cands, stats = _search_family(graph, cost, objective, tuple(kinds), opts, incumbent)
+        cands, stats = _search_family(graph, cost, objective, tuple(kinds), opts, incumbent, workers=workers)
     except InfeasibleError as exc:  # nothing to tile: every kind ends the same way
         return {kind: exc for kind in kinds}, SearchStats()
     out: dict = {}
@@ -243,44 +246,93 @@ def plan_searches(graph: LayerGraph, cost: CostTable, objective: str, kinds, thr
     return out, stats
 
 
+LANES = 2  # the searches split into this many fixed lanes (lanes.py): the plan never depends on the cores
+
+
 def _search_family(graph: LayerGraph, cost: CostTable, objective: str, kinds: tuple, opts: dict, incumbent: float,
-                   devices: list[str] | None = None, axis: int | None = None) -> tuple[dict, SearchStats]:
+                   devices: list[str] | None = None, axis: int | None = None,
+                   workers: int | None = None) -> tuple[dict, SearchStats]:
     """Candidates (search total, plan) per kind. `spatial` tiles over `devices` (all by default) and
     keeps the rest on the gather device; `hybrid` tiles over every group of `_subsets` and runs the rest
-    as pipeline stages (exact pipeline DP) from the gather device."""
+    as pipeline stages (exact pipeline DP) from the gather device.
+
+    One search per (axis, device group, gather device), each bounded by the best plan of another planner
+    and the best plans of the searches before it in its lane. Bounded by another planner (auto, latency),
+    the searches split into LANES fixed lanes that run side by side in `workers` processes (default: as
+    many as this machine has cores for); the plans do not depend on `workers`."""
     names = list(devices or cost.devices)
-    rest_plan = _PipelineRest(graph, cost) if "hybrid" in kinds else None
-    stats, n = SearchStats(search_space_log10=-INF), len(graph.layers)
-    cands: dict = {k: [] for k in kinds}
-    bound = _bound(objective, incumbent)
     groups = _subsets(cost) if "hybrid" in kinds else [names]
     if "spatial" in kinds and not any(set(gr) == set(names) for gr in groups):
         groups.append(names)
-    for ax in _axes(graph, axis):
-        cuts, cache = _cuts(graph, ax), {}
-        for group in groups:
-            for g in device_classes(cost, group):
-                tails = {}  # kind -> (lower bound per cut, exact tail of cut index i: (ms, stages))
-                if "spatial" in kinds and set(group) == set(names):
-                    stay = [float(cost.layer_ms[c:, cost.index(g)].sum()) for c in cuts]
-                    tails["spatial"] = (stay, lambda i, g=g, stay=stay: (stay[i], (Stage(g, cuts[i], n),) if cuts[i] < n else ()))
-                if rest_plan is not None:  # pipeline DPs only for the ends the search reaches
-                    tails["hybrid"] = ([rest_plan.lower(c) for c in cuts], lambda i, g=g: rest_plan.best(cuts[i], g))
-                kinds_here = list(tails)
-
-                def exact(i, t, tails=tails, kinds_here=kinds_here):
-                    return tails[kinds_here[t]][1](i)[0]
-
-                # another planner's plan, or an earlier search's, bounds each kind
-                best = tuple(min([bound, *(c[0] for c in cands[k])]) for k in kinds_here)
-                s, ends = _search(graph, cost, ax, _order(cost, g, group), cuts, tuple(tails[k][0] for k in kinds_here),
-                                  opts, cache, best, exact)
-                stats.add(s.stats)
-                for end, (prefix, path) in ends.items():
-                    if not _distributed(path):
-                        continue  # every tile on one device: that is the single-device plan, not a spatial one
-                    for kind, (_, tail) in tails.items():
-                        ms, stages = tail(end)
-                        if ms < INF:
-                            cands[kind].append((prefix + ms, Plan(kind, objective, s.to_stages(path, end, g) + stages)))
+    axes = _axes(graph, axis)
+    cuts = {ax: _cuts(graph, ax) for ax in axes}
+    jobs = [(ax, group, g) for ax in axes for group in groups for g in device_classes(cost, group)]
+    bound = _bound(objective, incumbent)
+    lane = _Lane(graph, cost, objective, kinds, opts, bound, names, cuts)
+    # lanes cost the bounds one lane's searches would give another's: worth it only when another planner's
+    # plan bounds every lane from the start
+    split = _split([len(group) ** 2 for _, group, _ in jobs], LANES if bound < INF else 1)
+    results = run_lanes(lane.run, [[(i, jobs[i]) for i in idx] for idx in split], workers)
+    cands: dict = {k: [] for k in kinds}
+    stats = SearchStats(search_space_log10=-INF)
+    for _, kind, total, plan in sorted((c for r in results for c in r["cands"]), key=lambda c: c[0]):
+        cands[kind].append((total, Plan.from_dict(plan)))
+    for r in results:
+        stats.add(SearchStats(**r["stats"]))
     return cands, stats
+
+
+def _split(weights: list[int], n: int) -> list[list[int]]:
+    """Job indices in `n` lanes: the heaviest first, each to the lightest lane (ties: the first)."""
+    lanes, load = [[] for _ in range(n)], [0] * n
+    for i in sorted(range(len(weights)), key=lambda i: (-weights[i], i)):
+        k = load.index(min(load))
+        lanes[k].append(i)
+        load[k] += weights[i]
+    return [sorted(lane) for lane in lanes if lane]
+
+
+class _Lane:
+    """The searches of one lane, run in order, each bounded by the best plan of another planner or of an
+    earlier search of the lane. Returns plain data (msgpack): candidates and summed statistics."""
+
+    def __init__(self, graph: LayerGraph, cost: CostTable, objective: str, kinds: tuple, opts: dict, bound: float,
+                 names: list[str], cuts: dict):
+        self.graph, self.cost, self.objective, self.kinds, self.opts = graph, cost, objective, kinds, opts
+        self.bound, self.names, self.cuts = bound, names, cuts
+        self.rest_plan = _PipelineRest(graph, cost) if "hybrid" in kinds else None
+        self.caches: dict = {ax: {} for ax in cuts}  # segment costs and bounds, shared by the lane's searches
+
+    def run(self, jobs: list) -> dict:
+        graph, cost, cuts_by_axis, n = self.graph, self.cost, self.cuts, len(self.graph.layers)
+        stats = SearchStats(search_space_log10=-INF)
+        best = {k: self.bound for k in self.kinds}
+        out = []
+        for index, (ax, group, g) in jobs:
+            cuts, rest_plan = cuts_by_axis[ax], self.rest_plan
+            tails = {}  # kind -> (lower bound per cut, exact tail of cut index i: (ms, stages))
+            if "spatial" in self.kinds and set(group) == set(self.names):
+                stay = [float(cost.layer_ms[c:, cost.index(g)].sum()) for c in cuts]
+                tails["spatial"] = (stay, lambda i, g=g, stay=stay, cuts=cuts: (stay[i], (Stage(g, cuts[i], n),) if cuts[i] < n else ()))
+            if rest_plan is not None:  # pipeline DPs only for the ends the search reaches
+                tails["hybrid"] = ([rest_plan.lower(c) for c in cuts], lambda i, g=g, cuts=cuts: rest_plan.best(cuts[i], g))
+            kinds_here = list(tails)
+
+            def exact(i, t, tails=tails, kinds_here=kinds_here):
+                return tails[kinds_here[t]][1](i)[0]
+
+            s, ends = _search(graph, cost, ax, _order(cost, g, group), cuts, tuple(tails[k][0] for k in kinds_here),
+                              self.opts, self.caches[ax], tuple(best[k] for k in kinds_here), exact)
+            stats.add(s.stats)
+            for end, (prefix, path) in ends.items():
+                if not _distributed(path):
+                    continue  # every tile on one device: that is the single-device plan, not a spatial one
+                for kind, (lower, tail) in tails.items():
+                    if prefix + lower[end] >= self.bound:
+                        continue  # cannot beat the other planners' plan: not worth its exact tail
+                    ms, stages = tail(end)
+                    if ms < INF and prefix + ms < self.bound:
+                        plan = Plan(kind, self.objective, s.to_stages(path, end, g) + stages)
+                        out.append((index, kind, prefix + ms, plan.to_dict()))
+                        best[kind] = min(best[kind], prefix + ms)
+        return {"cands": out, "stats": asdict(stats)}
