@@ -166,15 +166,20 @@ class StepModel:
         if got is None:
             got = cx.terms[pos, a, b] = self._messages(cx, pos, a, b)
         msgs, comp = got
-        ready = 0.0
-        if msgs:
-            sent = list(sent)
+        if not msgs:
+            return 0.0, comp, sent, chan
+        ready, sent = 0.0, list(sent)
+        if self.shared:  # every message queues on the one channel
             for e, ms in msgs:
-                chan = (chan if self.shared else sent[e]) + ms
+                chan += ms
                 sent[e] = chan
-                ready = max(ready, chan)
-            sent = tuple(sent)
-        return ready, comp, sent, chan
+            return chan, comp, tuple(sent), chan
+        for e, ms in msgs:  # each holder sends on its own link; `chan` ends as the last message's end
+            chan = sent[e] + ms
+            sent[e] = chan
+            if chan > ready:
+                ready = chan
+        return ready, comp, tuple(sent), chan
 
     def _messages(self, cx: Step, pos: int, a: int, b: int) -> tuple[tuple, float]:
         """The messages device `pos` receives for rows [a, b) as (holder index, ms), in holder order,

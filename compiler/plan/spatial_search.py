@@ -129,6 +129,8 @@ class _Partitions:
         self.min_rest = [sum(self.lo[p:]) for p in range(self.n + 1)]
         self.max_rest = [sum(self.hi[p:]) for p in range(self.n + 1)]
         self.heap: list = []  # max-heap (-cost, partition) of the k best
+        self.lim = bound  # the bound, or the k-th best once there are k
+        self._room_at = None  # the level of the suffix capacities below (rest_has_room)
         self.nodes, self.budget = 0, budget
         self.source = self._scatter_floors() if len(cx.holders) == 1 else None
         self.labels: dict = {}
@@ -175,15 +177,26 @@ class _Partitions:
         """Per device: time the single holder is already busy sending (0 for the holder itself)."""
         return [sent[0] if w else 0.0 for w in self.source] if self.source else None
 
-    def limit(self) -> float:
-        full = self.k is not None and len(self.heap) >= self.k
-        return min(self.bound, -self.heap[0][0]) if full else self.bound
-
     def offer(self, total: float, part: tuple) -> None:
-        if total < self.limit() and all(p != part for _, p in self.heap):
+        if total < self.lim and all(p != part for _, p in self.heap):
             heapq.heappush(self.heap, (-total, part))
             if self.k is not None and len(self.heap) > self.k:
                 heapq.heappop(self.heap)
+            if self.k is not None and len(self.heap) >= self.k:
+                self.lim = min(self.bound, -self.heap[0][0])
+
+    def rest_has_room(self, pos: int, rows: int, lim: float, sent) -> bool:
+        """_room for devices pos.. at level lim. Without a scatter's shifts each device's capacity depends
+        on the level only: suffix sums, computed once per level, answer in O(1)."""
+        if self.source:
+            return _room(self.floors, lim, pos, self.lo, self.hi, rows, self.shift(sent))
+        if self._room_at != lim:
+            n, ok, total = self.n, [True] * (self.n + 1), [0] * (self.n + 1)
+            for p in range(n - 1, -1, -1):
+                cap = min(self.hi[p], max(0, bisect.bisect_left(self.floors[p], lim) - 1))
+                ok[p], total[p] = ok[p + 1] and cap >= self.lo[p], total[p + 1] + cap
+            self._room_at, self._ok, self._total = lim, ok, total
+        return self._ok[pos] and self._total[pos] >= rows
 
     def run(self) -> tuple[list[tuple[float, tuple]], bool]:
         self.seed()
@@ -202,19 +215,22 @@ class _Partitions:
     def greedy(self, level: float) -> tuple[float, tuple] | None:
         model, cx = self.model, self.cx
         a, sent, chan, done, part = 0, (0.0,) * len(cx.holders), 0.0, [], [0]
+        term = model.term
         for pos in range(self.n):
             first, last = self._span(pos, a)
             if first > last:
                 return None
-
-            def fits(b):
-                return b == a or sum(model.term(cx, pos, a, b, sent, chan)[:2]) < level
-
-            if not fits(first):
-                return None
+            if first > a:
+                r, c, _, _ = term(cx, pos, a, first, sent, chan)
+                if r + c >= level:
+                    return None
             while first < last:  # largest b that fits: a device's time only grows with its rows
                 mid = (first + last + 1) // 2
-                first, last = (mid, last) if fits(mid) else (first, mid - 1)
+                r, c, _, _ = term(cx, pos, a, mid, sent, chan)  # mid > first >= a
+                if r + c < level:
+                    first = mid
+                else:
+                    last = mid - 1
             if first > a:
                 r, c, sent, chan = model.term(cx, pos, a, first, sent, chan)
                 done.append((pos, r, c))
@@ -245,13 +261,13 @@ class _Partitions:
         if b > a:
             r, c, sent, chan = self.model.term(self.cx, pos, a, b, sent, chan)
             t, done = r + c, done + ((pos, r, c),)
-        lim = self.limit()
+        lim = self.lim
         if max(cur, t) >= lim:  # a device's time only grows with its rows
             self.stats.pruned += 1
             return -1 if t >= lim else 0
         if pos == self.n - 1:
             self.offer(self.model.finish(self.cx, done, sent), bounds + (b,))
-        elif not _room(self.floors, lim, pos + 1, self.lo, self.hi, self.m - b, self.shift(sent)) or (
+        elif not self.rest_has_room(pos + 1, self.m - b, lim, sent) or (
                 self.source and not self.queued(pos, b, sent, done, lim)):  # the rest gets more rows below
             self.stats.pruned += 1
             return 1
