@@ -257,9 +257,10 @@ def _search_family(graph: LayerGraph, cost: CostTable, objective: str, kinds: tu
     as pipeline stages (exact pipeline DP) from the gather device.
 
     One search per (axis, device group, gather device), each bounded by the best plan of another planner
-    and the best plans of the searches before it in its lane. Bounded by another planner (auto, latency),
-    the searches split into LANES fixed lanes that run side by side in `workers` processes (default: as
-    many as this machine has cores for); the plans do not depend on `workers`."""
+    and the best plans of the searches before it in its lane. Bounded by another planner (auto, latency)
+    and with at least two searches per lane, the searches split into LANES fixed lanes that run side by
+    side in `workers` processes (default: as many as this machine has cores for); the plans do not depend
+    on `workers`."""
     names = list(devices or cost.devices)
     groups = _subsets(cost) if "hybrid" in kinds else [names]
     if "spatial" in kinds and not any(set(gr) == set(names) for gr in groups):
@@ -269,9 +270,11 @@ def _search_family(graph: LayerGraph, cost: CostTable, objective: str, kinds: tu
     jobs = [(ax, group, g) for ax in axes for group in groups for g in device_classes(cost, group)]
     bound = _bound(objective, incumbent)
     lane = _Lane(graph, cost, objective, kinds, opts, bound, names, cuts)
-    # lanes cost the bounds one lane's searches would give another's: worth it only when another planner's
-    # plan bounds every lane from the start
-    split = _split([len(group) ** 2 for _, group, _ in jobs], LANES if bound < INF else 1)
+    # lanes cost the bounds one lane's searches would give another's, and each lane builds its own segment
+    # costs: worth it only when another planner's plan bounds every lane from the start, and each lane
+    # has at least two searches
+    lanes = LANES if bound < INF and len(jobs) >= 2 * LANES else 1
+    split = _split([len(group) ** 2 for _, group, _ in jobs], lanes)
     results = run_lanes(lane.run, [[(i, jobs[i]) for i in idx] for idx in split], workers)
     cands: dict = {k: [] for k in kinds}
     stats = SearchStats(search_space_log10=-INF)

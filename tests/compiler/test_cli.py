@@ -142,3 +142,15 @@ def test_tampered_fragment_is_refused_by_run(tmp_path):
     frag.write_bytes(frag.read_bytes() + b"\0")
     line = one_error_line(edgec("run", tmp_path / "o/manifest.json", "--random-inputs"))
     assert frag.name in line and "sha256" in line
+
+
+def test_search_processes_do_not_change_the_output(tmp_path):
+    model, four = models.ensure("squeezenet"), ROOT / "tests/e2e/clusters/four.yaml"
+    outs = []
+    for jobs in ("1", "2"):
+        proc = edgec("compile", model, "--devices", four, "-o", tmp_path / jobs, "--jobs", jobs, "--json")
+        assert proc.returncode == 0, proc.stderr
+        outs.append(json.loads(proc.stdout)["candidates"])
+    assert tree_digest(tmp_path / "1") == tree_digest(tmp_path / "2")
+    assert outs[0] == outs[1] and any(c["strategy"] == "hybrid" and c["feasible"] for c in outs[0])
+    assert "--jobs" in one_error_line(edgec("compile", model, "--devices", four, "-o", tmp_path / "x", "--jobs", "0"))
