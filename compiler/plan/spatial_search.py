@@ -383,7 +383,7 @@ class SpatialSearch:
             if shared not in self._seg:
                 halo = self._halo(j, j2) if j > 0 else None
                 a, b = 0.0, max(f[-1] for f in floors) + (max(halo[1]) if halo else 0.0) + 1.0
-                for _ in range(18):  # `a` never has room: a lower bound however early the bisection stops
+                for _ in range(12):  # `a` never has room: a lower bound however early the bisection stops
                     mid = (a + b) / 2
                     room = _room(floors, mid, 0, lo, hi, sc.rows) if halo is None else _room_receiving(floors, mid, lo, hi, sc.rows, *halo)
                     a, b = (a, mid) if room else (mid, b)
