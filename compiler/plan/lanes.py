@@ -62,8 +62,14 @@ def run_lanes(fn: Callable, lanes: Sequence, workers: int | None = None) -> list
 def _fork(fn: Callable, lane) -> tuple[int, int] | None:
     try:
         r, w = os.pipe()
+    except OSError as exc:  # out of file descriptors: run the lane here instead
+        logger.debug("cannot open a pipe for a planner worker (%s); running its lane in this process", exc)
+        return None
+    try:
         pid = os.fork()
     except OSError as exc:  # out of processes or memory: run the lane here instead
+        os.close(r)
+        os.close(w)
         logger.debug("cannot fork a planner worker (%s); running its lane in this process", exc)
         return None
     if pid == 0:  # the child: compute, write, and leave without running the parent's exit handlers
