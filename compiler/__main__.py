@@ -1,4 +1,4 @@
-"""`python -m compiler` is the `edgec` command."""
+"""`python -m edgec.compiler` is the `edgec` command."""
 
 from .cli import main
 

@@ -166,7 +166,7 @@ def profile_cmd(output, model, threads, power_idle, power_busy):
 
 
 def _add_runtime_commands() -> None:
-    from runtime.cli import run as run_cmd
+    from edgec.runtime.cli import run as run_cmd
 
     cli.add_command(run_cmd, "run")
 

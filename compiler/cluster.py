@@ -58,7 +58,7 @@ from typing import Any
 
 import yaml
 
-from compiler.errors import UserError
+from edgec.compiler.errors import UserError
 
 __all__ = [
     "PROFILES_DIR",

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime import MANIFEST_FORMAT, MANIFEST_VERSION
-from runtime.manifest_types import HOST
+from edgec.runtime import MANIFEST_FORMAT, MANIFEST_VERSION
+from edgec.runtime.manifest_types import HOST
 
 from .errors import UserError
 from .graph import LayerGraph

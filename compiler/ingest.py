@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper, shape_inference
 
-from runtime.manifest import file_sha256  # the runtime owns the hashes it checks
+from edgec.runtime.manifest import file_sha256  # the runtime owns the hashes it checks
 
 from .errors import UserError
 from .graph import LayerGraph

@@ -54,9 +54,9 @@ import onnxruntime as ort
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
-from compiler.cluster import validate_profile_dict
-from compiler.errors import UserError
-from compiler.ingest import file_sha256, node_keys
+from edgec.compiler.cluster import validate_profile_dict
+from edgec.compiler.errors import UserError
+from edgec.compiler.ingest import file_sha256, node_keys
 
 __all__ = ["measure_host", "write_profile", "measure_layers"]
 

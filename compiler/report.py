@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from runtime import MANIFEST_FORMAT
+from edgec.runtime import MANIFEST_FORMAT
 
 from .errors import UserError
 

@@ -1,4 +1,4 @@
-"""Deterministic local builds of every test and benchmark ONNX model (`python -m models build`)."""
+"""Deterministic local builds of every test and benchmark ONNX model (`python -m edgec.models build`)."""
 from __future__ import annotations
 
 import hashlib
@@ -15,11 +15,17 @@ from . import torch_support
 from .inputs import example_inputs
 from .zoo import LIGHT_DIR, ZOO
 
-__all__ = ["MODEL_NAMES", "DESCRIPTIONS", "TORCH_MISSING", "DEFAULT_DIR", "build", "ensure",
+__all__ = ["MODEL_NAMES", "DESCRIPTIONS", "TORCH_MISSING", "default_dir", "build", "ensure",
            "is_current", "stamp", "build_model", "example_inputs"]
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-DEFAULT_DIR = PACKAGE_DIR / "build"
+
+
+def default_dir() -> Path:
+    """Where models are built and looked up: $EDGEC_MODELS_DIR, else ./models/build in the working
+    directory (never inside the installed package)."""
+    env = os.environ.get("EDGEC_MODELS_DIR")
+    return Path(env) if env else Path.cwd() / "models" / "build"
 
 
 @dataclass(frozen=True)
@@ -102,12 +108,12 @@ def build(name: str, out_dir: str | os.PathLike) -> Path:
 
 
 def ensure(name: str, out_dir: str | os.PathLike | None = None) -> Path:
-    """Path of out_dir/NAME.onnx, building it first if it is missing or from older builder code.
+    """Path of out_dir/NAME.onnx (default: `default_dir()`), building it first if it is missing or from older builder code.
 
     Safe when several processes call it at once: each writes its own temp file and renames it
     over the target, and builds are deterministic, so the result is the same whoever wins.
     """
-    path = Path(out_dir if out_dir is not None else DEFAULT_DIR) / f"{name}.onnx"
+    path = Path(out_dir if out_dir is not None else default_dir()) / f"{name}.onnx"
     if is_current(name, path):
         return path
     return build(name, path.parent)

@@ -1,4 +1,4 @@
-"""Command line: `python -m models build [-o DIR] [--only A,B] [--force]` and `python -m models list`."""
+"""Command line: `python -m edgec.models build [-o DIR] [--only A,B] [--force]` and `python -m edgec.models list`."""
 from __future__ import annotations
 
 import argparse
@@ -8,15 +8,15 @@ from pathlib import Path
 
 import onnx
 
-from . import DEFAULT_DIR, DESCRIPTIONS, MODEL_NAMES, TORCH_MISSING, build, is_current
+from . import DESCRIPTIONS, default_dir, MODEL_NAMES, TORCH_MISSING, build, is_current
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m models", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m edgec.models", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="build models into DIR/NAME.onnx")
-    b.add_argument("-o", "--out", type=Path, default=DEFAULT_DIR, metavar="DIR",
-                   help=f"output directory (default {DEFAULT_DIR})")
+    b.add_argument("-o", "--out", type=Path, default=None, metavar="DIR",
+                   help="output directory (default: $EDGEC_MODELS_DIR, else ./models/build)")
     b.add_argument("--only", action="append", metavar="NAME[,NAME...]",
                    help="build only these models (default: all)")
     b.add_argument("--force", action="store_true", help="rebuild even if the file is up to date")
@@ -37,7 +37,7 @@ def _names(only: list[str] | None) -> list[str]:
 
 
 def _error(msg: str) -> int:
-    print(f"python -m models: error: {msg}", file=sys.stderr)
+    print(f"python -m edgec.models: error: {msg}", file=sys.stderr)
     return 2
 
 
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     if args.command == "list":
         return _list()
-    return _build(args.out, _names(args.only), args.force)
+    return _build(args.out or default_dir(), _names(args.only), args.force)
 
 
 if __name__ == "__main__":

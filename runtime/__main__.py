@@ -1,4 +1,4 @@
-"""`python -m runtime MANIFEST ...`: the same command as `edgec run`."""
+"""`python -m edgec.runtime MANIFEST ...`: the same command as `edgec run`."""
 
 from .cli import main
 

@@ -63,7 +63,7 @@ def run(ctx: click.Context, manifest: str, inputs_file, input_pairs, random_inpu
         click.echo("edgec: interrupted", err=True)
         code = 130
     finally:
-        logging.getLogger("runtime").removeHandler(handler)
+        logging.getLogger("edgec.runtime").removeHandler(handler)
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     ctx.exit(code)
@@ -84,7 +84,7 @@ def _progress_handler() -> logging.Handler:
     """Progress goes to stderr (looked up now, so test runners that swap sys.stderr capture it)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("edgec: %(message)s"))
-    root = logging.getLogger("runtime")
+    root = logging.getLogger("edgec.runtime")
     root.addHandler(handler)
     root.setLevel(logging.INFO)
     return handler
@@ -171,4 +171,4 @@ def _print_human(manifest: Manifest, result: RunResult, checked: VerifyResult | 
 
 
 def main() -> None:
-    run(prog_name="python -m runtime")
+    run(prog_name="python -m edgec.runtime")

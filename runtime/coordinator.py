@@ -10,7 +10,6 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Mapping
 
 import numpy as np
@@ -24,8 +23,6 @@ from .transport import POLL_MS, bind_local, decode_tensor, pack, send_tensor, un
 __all__ = ["RunResult", "LocalCluster", "run_manifest", "default_threads", "available_cores"]
 
 logger = logging.getLogger(__name__)
-
-_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 
 
 @dataclass
@@ -123,13 +120,10 @@ class LocalCluster:
         return bind_local(self.control), bind_local(self.data)
 
     def _spawn(self, name: str, control_addr: str) -> None:
-        cmd = [sys.executable, "-m", "runtime.worker", "--manifest", str(self.manifest.path), "--device", name,
+        cmd = [sys.executable, "-m", "edgec.runtime.worker", "--manifest", str(self.manifest.path), "--device", name,
                "--control", control_addr, "--threads", str(self.threads)] + (["--emulate"] if self.emulate else [])
-        env = dict(os.environ)
-        # The worker must import this same runtime package, installed or not.
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
         log = self.logs[name] = tempfile.TemporaryFile()
-        self.procs[name] = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, env=env)
+        self.procs[name] = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log)
         logger.debug("started worker %s (pid %d)", name, self.procs[name].pid)
 
     # -- requests ----------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""One device's worker process: `python -m runtime.worker --manifest M --device NAME --control ADDR`."""
+"""One device's worker process: `python -m edgec.runtime.worker --manifest M --device NAME --control ADDR`."""
 
 from __future__ import annotations
 
@@ -155,7 +155,7 @@ class Worker:
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m runtime.worker", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m edgec.runtime.worker", description=__doc__)
     p.add_argument("--manifest", required=True)
     p.add_argument("--device", required=True)
     p.add_argument("--control", required=True, help="the coordinator's control address (zmq ROUTER)")

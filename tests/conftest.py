@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -11,7 +12,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
+# The tests use the models that README's `python -m edgec.models build` wrote into the checkout, from
+# any working directory (subprocesses included).
+os.environ.setdefault("EDGEC_MODELS_DIR", str(ROOT / "models" / "build"))
+if str(ROOT) not in sys.path:  # tests import shared helpers as tests.<module>
     sys.path.insert(0, str(ROOT))
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from compiler.plan.pipeline import _MB, _Tables, infeasible_message, solution_sort_key, validate_request
-from compiler.plan.problem import InfeasibleError, PipelineProblem, PipelineSolution, StageChoice
+from edgec.compiler.plan.pipeline import _MB, _Tables, infeasible_message, solution_sort_key, validate_request
+from edgec.compiler.plan.problem import InfeasibleError, PipelineProblem, PipelineSolution, StageChoice
 
 __all__ = ["plan_single", "plan_even", "plan_neurosurgeon", "even_boundaries"]
 

@@ -50,7 +50,7 @@ import itertools
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from compiler.plan.problem import InfeasibleError, PipelineProblem, PipelineSolution, StageChoice
+from edgec.compiler.plan.problem import InfeasibleError, PipelineProblem, PipelineSolution, StageChoice
 
 __all__ = ["OBJECTIVES", "plan_pipeline", "infeasible_message", "solution_sort_key", "validate_request"]
 

@@ -15,10 +15,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
-import models  # noqa: E402
-from compiler.driver import compile_model  # noqa: E402
+from edgec import models
+from edgec.compiler.driver import compile_model
 
 MODELS = ["resnet50", "vgg19", "inception_v1", "densenet121", "transformer"]
 CLUSTERS = {

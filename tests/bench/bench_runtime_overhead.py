@@ -23,9 +23,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
 
-from runtime.executor import session_options  # noqa: E402
+from edgec.runtime.executor import session_options
 
 
 def resnet18_like(seed: int = 0) -> onnx.ModelProto:
@@ -104,7 +103,7 @@ def plain_ort_ms(model: Path, repeat: int, threads: int) -> list[float]:
 
 
 def runtime_ms(manifest: Path, repeat: int, threads: int) -> list[float]:
-    cmd = [sys.executable, "-m", "runtime", str(manifest), "--random-inputs", "--repeat", str(repeat), "--json"]
+    cmd = [sys.executable, "-m", "edgec.runtime", str(manifest), "--random-inputs", "--repeat", str(repeat), "--json"]
     if threads:
         cmd += ["--threads", str(threads)]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=True)
@@ -117,8 +116,8 @@ def interleaved_ms(manifest: Path, repeat: int, threads: int) -> tuple[list[floa
     pool threads keep spinning for tens of ms (the workers stop them) and would slow whatever runs next."""
     import onnxruntime as ort
 
-    from runtime.coordinator import LocalCluster
-    from runtime.manifest import load_manifest
+    from edgec.runtime.coordinator import LocalCluster
+    from edgec.runtime.manifest import load_manifest
 
     m = load_manifest(manifest)
     sess = ort.InferenceSession(str(m.model_path), session_options(threads), providers=["CPUExecutionProvider"])

@@ -19,21 +19,20 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper, shape_inference
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
-from compiler.cluster import Cluster, Device, load_profile  # noqa: E402
-from compiler.cost import build_cost_table, pipeline_problem  # noqa: E402
-from compiler.driver import plan_model  # noqa: E402
-from compiler.ingest import load_model  # noqa: E402
-from compiler.layers import build_layer_graph  # noqa: E402
-from compiler.plan.registry import PLANNERS  # noqa: E402
-from compiler.plan.problem import InfeasibleError  # noqa: E402
-from compiler.plan.spatial import _order, plan_hybrid, plan_spatial  # noqa: E402
-from compiler.plan.spatial_search import SpatialSearch  # noqa: E402
-from compiler.plan.spatial_baselines import plan_bbgrap, plan_deepthings, plan_edgeflow  # noqa: E402
-from compiler.plan.types import Plan, Stage  # noqa: E402
-from compiler.simulate import simulate  # noqa: E402
-from compiler.spatial import spatial_cuts  # noqa: E402
+from edgec.compiler.cluster import Cluster, Device, load_profile
+from edgec.compiler.cost import build_cost_table, pipeline_problem
+from edgec.compiler.driver import plan_model
+from edgec.compiler.ingest import load_model
+from edgec.compiler.layers import build_layer_graph
+from edgec.compiler.plan.registry import PLANNERS
+from edgec.compiler.plan.problem import InfeasibleError
+from edgec.compiler.plan.spatial import _order, plan_hybrid, plan_spatial
+from edgec.compiler.plan.spatial_search import SpatialSearch
+from edgec.compiler.plan.spatial_baselines import plan_bbgrap, plan_deepthings, plan_edgeflow
+from edgec.compiler.plan.types import Plan, Stage
+from edgec.compiler.simulate import simulate
+from edgec.compiler.spatial import spatial_cuts
 
 MODELS = ["alexnet", "vgg16", "vgg19", "mobilenetv2", "inception_v1", "resnet50"]
 QUICK_MODELS = ["alexnet", "inception_v1", "mobilenetv2"]

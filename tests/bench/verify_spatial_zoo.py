@@ -21,9 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
 
-import models  # noqa: E402
+from edgec import models
 
 CONV_MODELS = ["tinyconv", "squeezenet", "alexnet", "zfnet512", "shufflenet", "mobilenetv2", "inception_v1",
                "inception_v2", "resnet50", "densenet121", "vgg16", "vgg19"]
@@ -37,7 +36,7 @@ def cluster_yaml(n: int) -> str:
 
 
 def edgec(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "compiler", *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "edgec.compiler", *map(str, args)], capture_output=True, text=True,
                           timeout=3600, cwd=ROOT)
 
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-import models
-from compiler.cluster import load_cluster
-from compiler.cost import build_cost_table
-from compiler.driver import plan_model
-from compiler.ingest import load_model
+from edgec import models
+from edgec.compiler.cluster import load_cluster
+from edgec.compiler.cost import build_cost_table
+from edgec.compiler.driver import plan_model
+from edgec.compiler.ingest import load_model
 
 CLUSTERS = Path(__file__).resolve().parents[1] / "e2e/clusters"
 

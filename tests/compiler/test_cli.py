@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-import models
+from edgec import models
 
 ROOT = Path(__file__).resolve().parents[2]
 TWO = ROOT / "tests/e2e/clusters/two.yaml"
 
 
 def edgec(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "compiler", *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "edgec.compiler", *map(str, args)], capture_output=True, text=True,
                           timeout=600, cwd=cwd)
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from compiler import cluster as cl
-from compiler.cluster import (
+from edgec.compiler import cluster as cl
+from edgec.compiler.cluster import (
     GFLOPS_KEYS,
     Cluster,
     Link,
@@ -18,7 +18,7 @@ from compiler.cluster import (
     load_cluster,
     load_profile,
 )
-from compiler.errors import UserError
+from edgec.compiler.errors import UserError
 
 REQUIRED_PROFILES = ["rpi4", "rpi5", "jetson-nano", "jetson-orin-nano", "phone", "laptop", "edge-server"]
 

@@ -7,10 +7,10 @@ import onnx
 import pytest
 import yaml
 
-from compiler.cluster import load_cluster
-from compiler.cost import build_cost_table, pipeline_problem
-from compiler.ingest import load_model
-from compiler.profile import measure_host, write_profile
+from edgec.compiler.cluster import load_cluster
+from edgec.compiler.cost import build_cost_table, pipeline_problem
+from edgec.compiler.ingest import load_model
+from edgec.compiler.profile import measure_host, write_profile
 from tests.conftest import conv_chain_model
 
 

@@ -7,8 +7,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from compiler.errors import UserError
-from compiler.ingest import load_model, parse_shape_option
+from edgec.compiler.errors import UserError
+from edgec.compiler.ingest import load_model, parse_shape_option
 from tests.conftest import conv_chain_model
 
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from compiler.cost import build_cost_table
-from compiler.ingest import load_model
-from compiler.plan import lanes
-from compiler.plan.spatial import plan_searches
-from compiler.plan.types import Plan
+from edgec.compiler.cost import build_cost_table
+from edgec.compiler.ingest import load_model
+from edgec.compiler.plan import lanes
+from edgec.compiler.plan.spatial import plan_searches
+from edgec.compiler.plan.types import Plan
 from tests.compiler.test_spatial import make_cluster
 
 LIGHT = Path(__import__("onnx").__file__).parent / "backend/test/data/light"
@@ -46,7 +46,7 @@ def _dies_in_a_child(lane):
 
 @needs_fork
 def test_a_worker_that_dies_has_its_lane_run_again_here(caplog):
-    with caplog.at_level(logging.WARNING, logger="compiler.plan.lanes"):
+    with caplog.at_level(logging.WARNING, logger="edgec.compiler.plan.lanes"):
         assert lanes.run_lanes(_dies_in_a_child, [(1,), (2,)], workers=2) == [[1], [2]]
     assert "running its lane again here" in caplog.text
 

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from compiler.plan.baselines import plan_single
-from compiler.plan.pipeline import plan_pipeline, solution_sort_key
+from edgec.compiler.plan.baselines import plan_single
+from edgec.compiler.plan.pipeline import plan_pipeline, solution_sort_key
 from pipeline_reference import brute_force
-from compiler.plan.problem import InfeasibleError, PipelineProblem, PipelineSolution
+from edgec.compiler.plan.problem import InfeasibleError, PipelineProblem, PipelineSolution
 
 MB = 1_000_000
 OBJECTIVES = ("latency", "throughput")

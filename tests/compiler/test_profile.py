@@ -11,9 +11,9 @@ import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
-from compiler.cluster import GFLOPS_KEYS, load_cluster, load_profile
-from compiler.errors import UserError
-from compiler.profile import measure_host, measure_layers, write_profile
+from edgec.compiler.cluster import GFLOPS_KEYS, load_cluster, load_profile
+from edgec.compiler.errors import UserError
+from edgec.compiler.profile import measure_host, measure_layers, write_profile
 
 
 @pytest.fixture(scope="module")

@@ -10,9 +10,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper, shape_inference
 
-from compiler.graph import Window
-from compiler.layers import build_layer_graph
-from compiler.spatial import NotTileable, segment_maps, segment_region, spatial_cuts, tile_pads, window_need
+from edgec.compiler.graph import Window
+from edgec.compiler.layers import build_layer_graph
+from edgec.compiler.spatial import NotTileable, segment_maps, segment_region, spatial_cuts, tile_pads, window_need
 
 OPSET, IR = 17, 9
 ort.set_default_logger_severity(3)

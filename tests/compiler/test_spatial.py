@@ -10,16 +10,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import shape_inference
 
-from compiler.cluster import Cluster, Device, load_profile
-from compiler.cost import build_cost_table
-from compiler.ingest import load_model
-from compiler.layers import build_layer_graph
-from compiler.plan.spatial import plan_hybrid, plan_spatial
-from compiler.plan.spatial_search import INF, SpatialSearch, windows
-from compiler.plan.spatial_cost import SegmentCost, predict_stage, tile_ms
-from compiler.plan.types import Plan
-from compiler.simulate import simulate
-from compiler.spatial import spatial_cuts
+from edgec.compiler.cluster import Cluster, Device, load_profile
+from edgec.compiler.cost import build_cost_table
+from edgec.compiler.ingest import load_model
+from edgec.compiler.layers import build_layer_graph
+from edgec.compiler.plan.spatial import plan_hybrid, plan_spatial
+from edgec.compiler.plan.spatial_search import INF, SpatialSearch, windows
+from edgec.compiler.plan.spatial_cost import SegmentCost, predict_stage, tile_ms
+from edgec.compiler.plan.types import Plan
+from edgec.compiler.simulate import simulate
+from edgec.compiler.spatial import spatial_cuts
 from tests.conftest import conv_chain_model, residual_model
 
 LIGHT = Path(__import__("onnx").__file__).parent / "backend/test/data/light"

@@ -7,16 +7,16 @@ from dataclasses import replace
 import pytest
 from onnx import shape_inference
 
-from compiler.cluster import Cluster, Device, load_profile
-from compiler.cost import build_cost_table
-from compiler.layers import build_layer_graph
-from compiler.plan.problem import InfeasibleError
-from compiler.plan.registry import SPATIAL_PLANNERS
-from compiler.plan.spatial import fits
-from compiler.plan.spatial_baselines import equal_tiles, grid_tiles, plan_bbgrap, plan_deepthings, plan_edgeflow
-from compiler.plan.types import Plan, PlanError, Tile
-from compiler.simulate import simulate
-from compiler.spatial import spatial_cuts
+from edgec.compiler.cluster import Cluster, Device, load_profile
+from edgec.compiler.cost import build_cost_table
+from edgec.compiler.layers import build_layer_graph
+from edgec.compiler.plan.problem import InfeasibleError
+from edgec.compiler.plan.registry import SPATIAL_PLANNERS
+from edgec.compiler.plan.spatial import fits
+from edgec.compiler.plan.spatial_baselines import equal_tiles, grid_tiles, plan_bbgrap, plan_deepthings, plan_edgeflow
+from edgec.compiler.plan.types import Plan, PlanError, Tile
+from edgec.compiler.simulate import simulate
+from edgec.compiler.spatial import spatial_cuts
 from tests.conftest import conv_chain_model, residual_model
 
 PROFILES = {n: load_profile(n) for n in ("rpi5", "rpi4")}

@@ -11,18 +11,18 @@ import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
-from compiler.cluster import load_cluster
-from compiler.cost import build_cost_table
-from compiler.emit import build_fragments, build_manifest, write_output
-from compiler.ingest import load_model
-from compiler.plan.types import Plan, Segment, SpatialGroup, Stage, Tile
-from compiler.simulate import simulate, simulate_manifest
-from compiler.spatial import segment_io, spatial_cuts
-from compiler.spatial.tiles import stage_layout, tile_name
-from runtime.coordinator import run_manifest
-from runtime.inputs import random_inputs
-from runtime.manifest import load_manifest
-from runtime.verify import verify_outputs
+from edgec.compiler.cluster import load_cluster
+from edgec.compiler.cost import build_cost_table
+from edgec.compiler.emit import build_fragments, build_manifest, write_output
+from edgec.compiler.ingest import load_model
+from edgec.compiler.plan.types import Plan, Segment, SpatialGroup, Stage, Tile
+from edgec.compiler.simulate import simulate, simulate_manifest
+from edgec.compiler.spatial import segment_io, spatial_cuts
+from edgec.compiler.spatial.tiles import stage_layout, tile_name
+from edgec.runtime.coordinator import run_manifest
+from edgec.runtime.inputs import random_inputs
+from edgec.runtime.manifest import load_manifest
+from edgec.runtime.verify import verify_outputs
 
 ort.set_default_logger_severity(3)
 F32 = TensorProto.FLOAT

@@ -14,7 +14,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from compiler.ingest import load_model
+from edgec.compiler.ingest import load_model
 
 HERE = Path(__file__).resolve().parent
 
@@ -46,14 +46,14 @@ def test_ingest_uses_onnxruntime_shapes(tmp_path):
 def test_ceil_pool_plans_verify(tmp_path, strategy, op):
     model = ceil_pool_model(tmp_path / "m.onnx", op=op)
     out = tmp_path / "o"
-    c = subprocess.run([sys.executable, "-m", "compiler", "compile", model, "--devices", HERE / "clusters/two.yaml",
+    c = subprocess.run([sys.executable, "-m", "edgec.compiler", "compile", model, "--devices", HERE / "clusters/two.yaml",
                         "-o", out, "--strategy", strategy, "--json"], capture_output=True, text=True, timeout=300)
     assert c.returncode == 0, c.stderr
     stages = json.loads(c.stdout)["stages"]
     if strategy != "even":  # the pool is inside a tiled segment
         pool = 1  # layers: conv1+relu1, pool, conv2+relu2
         assert any(st["spatial"] and st["layers"][0] <= pool < st["layers"][1] for st in stages), stages
-    r = subprocess.run([sys.executable, "-m", "compiler", "run", out / "manifest.json", "--random-inputs", "--verify",
+    r = subprocess.run([sys.executable, "-m", "edgec.compiler", "run", out / "manifest.json", "--random-inputs", "--verify",
                         "--json"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads(r.stdout)["verify"]["passed"]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-import models
+from edgec import models
 from tests.e2e.test_spatial_e2e import with_logits
 
 HERE = Path(__file__).resolve().parent
@@ -19,7 +19,7 @@ PROFILES = ("rpi5", "rpi4", "rpi4", "rpi5", "jetson-nano", "laptop")
 
 
 def edgec(*args):
-    return subprocess.run([sys.executable, "-m", "compiler", *map(str, args)], capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, "-m", "edgec.compiler", *map(str, args)], capture_output=True, text=True, timeout=600)
 
 
 def six_devices(tmp: Path) -> Path:

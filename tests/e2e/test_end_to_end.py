@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-import models
+from edgec import models
 
 HERE = Path(__file__).resolve().parent
 CLUSTERS = ["one", "two", "three", "four"]
@@ -20,7 +20,7 @@ ZOO = [m for m in models.MODEL_NAMES if m not in TINY and m != "dynamic"]
 
 
 def edgec(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "compiler", *args], capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([sys.executable, "-m", "edgec.compiler", *args], capture_output=True, text=True, timeout=900)
     if check and proc.returncode != 0:
         raise AssertionError(f"edgec {' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
     return proc
@@ -39,7 +39,7 @@ def tight_cluster(model: Path, tmp: Path) -> Path:
     Each device gets room for the largest serial block (5% spare) or 55% of the model, whichever is more,
     so a contiguous split exists (VGG's fc6 alone is ~70% of its weights) but no single device suffices.
     """
-    from compiler.ingest import load_model
+    from edgec.compiler.ingest import load_model
 
     g = load_model(model).graph
     need = g.total_param_bytes + max(g.footprint_bytes)

@@ -11,14 +11,14 @@ from pathlib import Path
 import onnx
 import pytest
 
-import models
-from compiler.cluster import load_cluster
-from compiler.cost import build_cost_table
-from compiler.emit import build_fragments, build_manifest, write_output
-from compiler.ingest import load_model
-from compiler.plan.types import Plan, Segment, SpatialGroup, Stage, Tile
-from compiler.simulate import simulate, simulate_manifest
-from compiler.spatial import segment_io, spatial_cuts
+from edgec import models
+from edgec.compiler.cluster import load_cluster
+from edgec.compiler.cost import build_cost_table
+from edgec.compiler.emit import build_fragments, build_manifest, write_output
+from edgec.compiler.ingest import load_model
+from edgec.compiler.plan.types import Plan, Segment, SpatialGroup, Stage, Tile
+from edgec.compiler.simulate import simulate, simulate_manifest
+from edgec.compiler.spatial import segment_io, spatial_cuts
 
 HERE = Path(__file__).resolve().parent
 FAST = ["tinyconv", "squeezenet"]
@@ -76,7 +76,7 @@ def compile_spatial(model: Path, n_devices: int, axis: int, fused: bool, out: Pa
 
 
 def run_verify(out: Path) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "compiler", "run", str(out / "manifest.json"), "--random-inputs",
+    proc = subprocess.run([sys.executable, "-m", "edgec.compiler", "run", str(out / "manifest.json"), "--random-inputs",
                            "--seed", "3", "--verify", "--json", "--threads", "1"],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]

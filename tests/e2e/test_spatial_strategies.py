@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-import models
+from edgec import models
 
 HERE = Path(__file__).resolve().parent
 SPATIAL = ["spatial", "hybrid", "bbgrap", "edgeflow", "deepthings"]
 
 
 def edgec(*args):
-    return subprocess.run([sys.executable, "-m", "compiler", *map(str, args)], capture_output=True, text=True, timeout=900)
+    return subprocess.run([sys.executable, "-m", "edgec.compiler", *map(str, args)], capture_output=True, text=True, timeout=900)
 
 
 def compile_run(model, cluster, out, *extra):

@@ -12,8 +12,8 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-import models
-from models import torch_support
+from edgec import models
+from edgec.models import torch_support
 
 REPO = Path(models.__file__).resolve().parent.parent
 TINY = ["tinyconv", "tinychain", "tinytransformer", "dynamic"]
@@ -48,7 +48,7 @@ def assert_lively(path: Path) -> None:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "models", *args], cwd=REPO, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "edgec.models", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=300)
 
 

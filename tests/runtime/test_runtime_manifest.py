@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.errors import InputError
-from runtime.manifest import (HOST, Concat, Free, Recv, Region, Run, Send, Slice, load_manifest, parse_manifest,
+from edgec.runtime.errors import InputError
+from edgec.runtime.manifest import (HOST, Concat, Free, Recv, Region, Run, Send, Slice, load_manifest, parse_manifest,
                               region_ranges)
-from runtime.schedule import host_collects, host_feeds
+from edgec.runtime.schedule import host_collects, host_feeds
 
 
 def test_chain_parses(chain):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from runtime.cli import run
+from edgec.runtime.cli import run
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -119,7 +119,7 @@ def test_verify_mismatch_exits_1(chain):
 def test_tampered_fragment_exits_2_one_line(chain):
     with open(chain.folder / "pi4-a.f1.onnx", "ab") as fh:
         fh.write(b"\0")
-    proc = subprocess.run([sys.executable, "-m", "runtime", str(chain.path), "--random-inputs"],
+    proc = subprocess.run([sys.executable, "-m", "edgec.runtime", str(chain.path), "--random-inputs"],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and proc.stdout == ""
@@ -195,11 +195,11 @@ def test_emulate_follows_predicted_ms_and_links(chain):
 
 
 def test_python_dash_m_runtime_help():
-    proc = subprocess.run([sys.executable, "-m", "runtime", "--help"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-m", "edgec.runtime", "--help"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "--random-inputs" in proc.stdout
 
 
 def test_worker_help():
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, "-m", "runtime.worker", "--help"], capture_output=True, text=True, env=env, timeout=60)
+    proc = subprocess.run([sys.executable, "-m", "edgec.runtime.worker", "--help"], capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 0 and "--control" in proc.stdout

@@ -13,24 +13,26 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runtime.emulate import DelayedLinks, pad_run
-from runtime.errors import InputError
-from runtime.inputs import load_inputs, random_inputs
-from runtime.manifest import Fragment, TensorSpec, load_manifest
-from runtime.transport import Inbox, bind_local, send_tensor
-from runtime.verify import compare_outputs
+from edgec.runtime.emulate import DelayedLinks, pad_run
+from edgec.runtime.errors import InputError
+from edgec.runtime.inputs import load_inputs, random_inputs
+from edgec.runtime.manifest import Fragment, TensorSpec, load_manifest
+from edgec.runtime.transport import Inbox, bind_local, send_tensor
+from edgec.runtime.verify import compare_outputs
 
 REPO = Path(__file__).resolve().parents[2]
-BANNED = ("compiler", "networkx", "ortools", "onnx_graphsurgeon", "onnx")
+BANNED = ("edgec.compiler", "networkx", "ortools", "onnx_graphsurgeon", "onnx", "yaml")
 
 
 def test_runtime_imports_nothing_device_cannot_install():
     code = (
-        "import importlib, pkgutil, sys, runtime\n"
-        "names = [m.name for m in pkgutil.walk_packages(runtime.__path__, 'runtime.')]\n"
-        "assert {'runtime.cli', 'runtime.worker', 'runtime.coordinator', 'runtime.manifest'} <= set(names), names\n"
+        "import importlib, pkgutil, sys, edgec.runtime as runtime\n"
+        "names = [m.name for m in pkgutil.walk_packages(runtime.__path__, 'edgec.runtime.')]\n"
+        "assert {'edgec.runtime.cli', 'edgec.runtime.worker', 'edgec.runtime.coordinator',"
+        " 'edgec.runtime.manifest'} <= set(names), names\n"
         "for n in names: importlib.import_module(n)\n"
-        f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {BANNED!r})\n"
+        f"bad = sorted(m for m in sys.modules if m in {BANNED!r} or m.split('.')[0] in {BANNED!r}"
+        f" or m.startswith('edgec.compiler'))\n"
         "print(len(names)); print(bad)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
@@ -98,7 +100,7 @@ def test_pad_run_and_delayed_links(chain):
     assert time.perf_counter() - start >= 0.028
     assert pad_run(frag, 0.050) == 0.050
     chain.manifest["network"]["latency_ms"] = 25.0
-    from runtime.manifest import parse_manifest
+    from edgec.runtime.manifest import parse_manifest
 
     links = DelayedLinks(parse_manifest(chain.manifest, chain.path), "pi5-a")
     sent: list[float] = []
