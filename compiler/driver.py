@@ -7,7 +7,6 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from . import cluster as cluster_mod
 from .cost import CostTable, build_cost_table, pipeline_problem
@@ -20,6 +19,7 @@ from .plan.spatial import Dominated, plan_searches
 from .plan.spatial import fits as spatial_fits
 from .plan.problem import InfeasibleError, PipelineProblem, PipelineSolution
 from .plan.types import Plan, Stage
+from .progress import LineProgress, Progress
 from .simulate import Prediction, simulate
 
 __all__ = ["CompileResult", "Candidate", "PlanOptions", "compile_model", "plan_model", "OBJECTIVES"]
@@ -83,7 +83,7 @@ def _key(c: Candidate, objective: str) -> tuple:
 
 
 def plan_model(graph: LayerGraph, cost: CostTable, strategy: str, objective: str,
-               options: PlanOptions = PlanOptions()) -> tuple[Candidate, tuple[Candidate, ...]]:
+               options: PlanOptions = PlanOptions(), progress: Progress = Progress()) -> tuple[Candidate, tuple[Candidate, ...]]:
     """Run the requested planner (all of them for `auto`) and choose the best predicted plan."""
     problem = pipeline_problem(graph, cost)
     names = [s for s in STRATEGIES if s != "auto"] if strategy == "auto" else [strategy]
@@ -91,19 +91,45 @@ def plan_model(graph: LayerGraph, cost: CostTable, strategy: str, objective: str
     # bounds the spatial searches, which share one search for spatial and hybrid (plan_searches)
     done: dict[str, Candidate] = {}
     for n in [n for n in names if n not in _SEARCH_LAST]:
+        progress.status(f"planning: {n}{_best_so_far(done.values(), objective)}")
+        t0 = time.perf_counter()
         if n in PLANNERS:
             done[n] = _pipeline_candidate(n, graph, cost, problem, objective)
         else:
             done[n] = _spatial_candidate(n, graph, cost, objective, options)
+        progress.note(_planned(done[n], time.perf_counter() - t0))
     searching = [n for n in _SEARCH_LAST if n in names]
     if searching:
+        progress.status(f"planning: searching {' and '.join(searching)}{_best_so_far(done.values(), objective)}")
+        t0 = time.perf_counter()
         preds = [c.prediction.latency_ms for c in done.values() if c.prediction is not None]
-        done |= _search_candidates(searching, graph, cost, objective, options, min(preds, default=math.inf))
+        found = _search_candidates(searching, graph, cost, objective, options, min(preds, default=math.inf))
+        for n in searching:
+            progress.note(_planned(found[n], time.perf_counter() - t0))
+        done |= found
     candidates = [done[n] for n in names]
     feasible = [c for c in candidates if c.plan is not None]
     if not feasible:
         raise UserError(candidates[0].error, cost.cluster.path)
     return min(feasible, key=lambda c: _key(c, objective)), tuple(candidates)
+
+
+def _planned(c: Candidate, seconds: float) -> str:
+    """One progress line for a planner that finished."""
+    if c.prediction is None:
+        return f"plan: {c.strategy}: {'pruned' if c.pruned else 'no plan'} ({seconds:.2f}s)"
+    return (f"plan: {c.strategy}: latency {c.prediction.latency_ms:.1f} ms, "
+            f"throughput {c.prediction.throughput_ips:.2f}/s ({seconds:.2f}s)")
+
+
+def _best_so_far(done, objective: str) -> str:
+    feasible = [c for c in done if c.prediction is not None]
+    if not feasible:
+        return ""
+    best = min(feasible, key=lambda c: _key(c, objective))
+    figure = (f"{best.prediction.latency_ms:.1f} ms" if objective == "latency"
+              else f"{best.prediction.throughput_ips:.2f}/s")
+    return f" (best so far: {best.strategy}, {figure})"
 
 
 def _pipeline_candidate(name, graph, cost, problem, objective) -> Candidate:
@@ -148,34 +174,39 @@ def _candidate(name, graph, cost, plan: Plan | InfeasibleError) -> Candidate:
 
 def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, strategy: str = "auto",
                   objective: str = "latency", shapes: dict | None = None,
-                  progress: Callable[[str], None] = lambda s: None,
-                  options: PlanOptions = PlanOptions()) -> CompileResult:
+                  progress: Progress = Progress(), options: PlanOptions = PlanOptions()) -> CompileResult:
+    if callable(progress):  # until every caller passes a Progress: a function that takes one line
+        progress = LineProgress(lambda line, write=progress: write(line.removeprefix("edgec: ")))
     timings: dict[str, float] = {}
     t = time.perf_counter()
 
-    def step(name: str) -> None:
+    def step(name: str, then: str | None = None) -> None:
+        """`name` finished; `then` starts."""
         nonlocal t
         now = time.perf_counter()
         timings[name] = now - t
         t = now
-        progress(f"{name}: {timings[name]:.2f}s")
+        progress.note(f"{name}: {timings[name]:.2f}s")
+        if then:
+            progress.status(then)
 
     if strategy not in STRATEGIES:
         raise UserError(f"unknown strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
     if objective not in OBJECTIVES:
         raise UserError(f"unknown objective {objective!r} (choose from {', '.join(OBJECTIVES)})")
+    progress.status("reading the cluster")
     cluster = cluster_mod.load_cluster(devices)
-    step("cluster")
+    step("cluster", "reading and normalising the model")
     ing = load_model(model, shapes)
-    step("ingest")
+    step("ingest", "pricing every layer on every device")
     cost = build_cost_table(ing.graph, cluster, ing.sha256)
-    step("cost")
-    chosen, candidates = plan_model(ing.graph, cost, strategy, objective, options)
-    step("plan")
+    step("cost", "planning")
+    chosen, candidates = plan_model(ing.graph, cost, strategy, objective, options, progress)
+    step("plan", "building the fragments")
     frags = build_fragments(ing, chosen.plan, chosen.prediction)
     manifest = build_manifest(ing, chosen.plan, chosen.prediction, frags, cluster.to_dict(), Path(outdir),
                               plan_info(chosen, candidates, ing.graph))
-    step("emit")
+    step("emit", f"writing {outdir}")
     write_output(Path(outdir), manifest, frags)
     step("write")
     return CompileResult(ing, cluster, cost, chosen, candidates, manifest, timings)
