@@ -9,7 +9,7 @@ cluster.yaml::
         address: tcp://192.168.1.20:7000   # optional
       - name: pi4-a
         profile: rpi4
-    network:
+    network:                     # required with two or more devices; a one-device cluster may omit it
       bandwidth_mbps: 100        # every pair, unless a link says otherwise (megabits per second)
       latency_ms: 1              # one-way latency per transfer
       medium: switched           # switched (each pair has its own link) or shared (one channel); default switched
@@ -44,6 +44,10 @@ memory_gbps.  Optional: description (default ""), power_w (default both null), s
 layers (default empty).  A `layers` table is keyed by ONNX node name (not layer name): the cost model sums
 the node times of each layer.
 
+Numbers must be finite and at most 1e12; positive ones at least 1e-9 (the cost model divides by them
+and sums them, so this keeps every prediction finite).  A cluster file may hold at most 1 MiB, a profile
+16 MiB (its measured tables grow with the models), and neither may nest more than 32 levels deep.
+
 Every problem raises `UserError(message, path=<the file at fault>)`.
 """
 
@@ -52,6 +56,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import reprlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,6 +115,13 @@ _NETWORK_KEYS = ("bandwidth_mbps", "latency_ms", "medium", "links")
 _LINK_KEYS = ("a", "b", "bandwidth_mbps", "latency_ms")
 _DEVICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _MiB = 1 << 20
+# Bounds that keep the cost model's divisions and sums finite (see the module docstring).
+_MAX_FIGURE = 1e12
+_MIN_POSITIVE = 1e-9
+# Read limits: real files are a few KiB (profiles with measured tables: a few hundred KiB); anything far
+# larger is a wrong file, not a cluster, and is refused before it is read whole.
+_MAX_BYTES = {"cluster file": 1 * _MiB, "profile file": 16 * _MiB}
+_MAX_DEPTH = 32  # real files nest at most 5 levels; PyYAML's composer recurses once per level
 
 
 # --------------------------------------------------------------------------------------------------
@@ -167,7 +179,7 @@ _SAME_DEVICE = Link(bandwidth_mbps=math.inf, latency_ms=0.0)
 @dataclass(frozen=True)
 class Cluster:
     devices: tuple[Device, ...]
-    bandwidth_mbps: float  # default for every pair
+    bandwidth_mbps: float  # default for every pair; inf for a one-device cluster without `network`
     latency_ms: float  # default for every pair
     medium: str  # "switched" or "shared"
     links: dict[frozenset[str], Link] = field(hash=False)  # explicit overrides only
@@ -192,8 +204,14 @@ class Cluster:
             return _SAME_DEVICE
         return self.links.get(frozenset((a, b)), Link(self.bandwidth_mbps, self.latency_ms))
 
+    @property
+    def has_network(self) -> bool:
+        """False for a one-device cluster whose file has no `network` section."""
+        return math.isfinite(self.bandwidth_mbps)
+
     def to_dict(self) -> dict[str, Any]:
-        """The manifest's "devices" and "network" sections (JSON-able, deterministic)."""
+        """The manifest's "devices" and "network" sections (JSON-able, deterministic); without a network
+        section (one device), bandwidth_mbps and latency_ms are null."""
         links = []
         for pair, link in self.links.items():
             a, b = sorted(pair)
@@ -205,8 +223,8 @@ class Cluster:
                 for d in self.devices
             ],
             "network": {
-                "bandwidth_mbps": self.bandwidth_mbps,
-                "latency_ms": self.latency_ms,
+                "bandwidth_mbps": self.bandwidth_mbps if self.has_network else None,
+                "latency_ms": self.latency_ms if self.has_network else None,
                 "medium": self.medium,
                 "links": links,
             },
@@ -217,14 +235,37 @@ class Cluster:
 # Helpers
 
 
+class _TooDeep(yaml.YAMLError):
+    def __init__(self, mark: yaml.Mark):
+        super().__init__(f"nested more than {_MAX_DEPTH} levels deep")
+        self.problem, self.problem_mark = str(self), mark
+
+
 class _SafeLoader(yaml.SafeLoader):
     """yaml.safe_load's loader, plus: a key repeated in one mapping is an error (PyYAML would keep the
-    last value silently)."""
+    last value silently); nesting deeper than _MAX_DEPTH is an error (the composer recurses per level, so
+    a deep file would otherwise end in RecursionError); a scalar that its tag cannot convert (2001-99-99,
+    !!int x) is a YAML error with its position, not a ValueError."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent, index):
+        self._depth += 1
+        try:
+            if self._depth > _MAX_DEPTH:
+                raise _TooDeep(self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 def _construct_mapping(loader: _SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
     seen: set = set()
     for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *x` merges (and may be overridden) by design
+            continue
         key = loader.construct_object(key_node, deep=deep)
         try:
             dup = key in seen
@@ -232,32 +273,69 @@ def _construct_mapping(loader: _SafeLoader, node: yaml.MappingNode, deep: bool =
             continue
         if dup:
             raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
+                None, None, f"duplicate key {_show(key)}", key_node.start_mark
             )
         seen.add(key)
     return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
 
 
+def _checked_scalar(construct):
+    def wrapped(loader: _SafeLoader, node: yaml.Node):
+        try:
+            return construct(loader, node)
+        except (ValueError, TypeError, OverflowError) as e:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"invalid {node.tag.rsplit(':', 1)[-1]} {_show(node.value)}: {e}", node.start_mark
+            ) from None
+
+    return wrapped
+
+
 _SafeLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+for _tag in ("null", "bool", "int", "float", "binary", "timestamp"):
+    _SafeLoader.add_constructor(f"tag:yaml.org,2002:{_tag}",
+                                _checked_scalar(yaml.SafeLoader.yaml_constructors[f"tag:yaml.org,2002:{_tag}"]))
 
 
-def _read_yaml(path: Path, what: str) -> Any:
-    shown = str(path)
+def _read_text(path: Path, what: str) -> str:
+    """The file's text, refusing (before reading it whole) a file larger than the limit for its kind."""
+    shown, limit = str(path), _MAX_BYTES[what]
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, "rb") as fh:
+            raw = fh.read(limit + 1)
+        if len(raw) > limit:
+            raise UserError(f"{what} is larger than {limit // _MiB} MiB, the limit for a {what}", path=shown)
+        return raw.decode("utf-8")
     except FileNotFoundError:
         raise UserError(f"{what} not found", path=shown) from None
     except IsADirectoryError:
         raise UserError(f"{what} is a directory, not a file", path=shown) from None
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"cannot read {what}: {e}", path=shown) from None
+
+
+def _read_yaml(path: Path, what: str) -> Any:
+    shown = str(path)
+    text = _read_text(path, what)
     try:
         return yaml.load(text, Loader=_SafeLoader)  # noqa: S506 - a SafeLoader subclass
+    except _TooDeep as e:
+        m = e.problem_mark
+        raise UserError(f"YAML nested more than {_MAX_DEPTH} levels deep (line {m.line + 1}, column {m.column + 1})",
+                        path=shown) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
         raise UserError(f"YAML syntax error: {where}{problem}", path=shown) from None
+    except RecursionError:  # the depth limit keeps PyYAML's recursion shallow; this guards what it cannot see
+        raise UserError("YAML structure too deeply nested or recursive", path=shown) from None
+
+
+_REPR = reprlib.Repr()
+_REPR.maxstring, _REPR.maxother, _REPR.maxlevel = 80, 80, 2
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 4
+_show = _REPR.repr  # a value quoted in a message: bounded even for huge, deep or alias-shared values
 
 
 def _type_name(v: Any) -> str:
@@ -267,7 +345,7 @@ def _type_name(v: Any) -> str:
 def _check_keys(d: dict, allowed: tuple[str, ...], required: tuple[str, ...], where: str, path: str) -> None:
     for k in d:
         if k not in allowed:
-            raise UserError(f"unknown key {k!r} in {where} (allowed: {', '.join(allowed)})", path=path)
+            raise UserError(f"unknown key {_show(k)} in {where} (allowed: {', '.join(allowed)})", path=path)
     for k in required:
         if k not in d:
             raise UserError(f"missing required key {k!r} in {where}", path=path)
@@ -278,27 +356,34 @@ def _mapping(v: Any, where: str, path: str) -> dict:
         raise UserError(f"{where} must be a mapping, got {_type_name(v)}", path=path)
     for k in v:
         if not isinstance(k, str):
-            raise UserError(f"{where}: keys must be strings, got {_type_name(k)} {k!r}", path=path)
+            raise UserError(f"{where}: keys must be strings, got {_type_name(k)} {_show(k)}", path=path)
     return v
 
 
 def _number(v: Any, where: str, path: str, *, positive: bool = False, nonneg: bool = False) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         hint = " (write floats with a dot, e.g. 1.0e3)" if isinstance(v, str) and re.fullmatch(r"[-+]?\d+(\.\d*)?[eE][-+]?\d+", v.strip()) else ""
-        raise UserError(f"{where} must be a number, got {_type_name(v)} {v!r}{hint}", path=path)
-    x = float(v)
+        raise UserError(f"{where} must be a number, got {_type_name(v)} {_show(v)}{hint}", path=path)
+    try:
+        x = float(v)
+    except OverflowError:  # an integer beyond float range
+        x = math.inf if v > 0 else -math.inf
     if not math.isfinite(x):
-        raise UserError(f"{where} must be finite, got {v!r}", path=path)
+        raise UserError(f"{where} must be finite, got {_show(v)}", path=path)
     if positive and x <= 0:
-        raise UserError(f"{where} must be positive, got {v!r}", path=path)
+        raise UserError(f"{where} must be positive, got {_show(v)}", path=path)
     if nonneg and x < 0:
-        raise UserError(f"{where} must not be negative, got {v!r}", path=path)
+        raise UserError(f"{where} must not be negative, got {_show(v)}", path=path)
+    if abs(x) > _MAX_FIGURE:
+        raise UserError(f"{where} must be at most {_MAX_FIGURE:g}, got {_show(v)}", path=path)
+    if positive and x < _MIN_POSITIVE:
+        raise UserError(f"{where} must be at least {_MIN_POSITIVE:g}, got {_show(v)}", path=path)
     return x
 
 
 def _string(v: Any, where: str, path: str) -> str:
     if not isinstance(v, str) or not v.strip():
-        raise UserError(f"{where} must be a non-empty string, got {_type_name(v)} {v!r}", path=path)
+        raise UserError(f"{where} must be a non-empty string, got {_type_name(v)} {_show(v)}", path=path)
     return v
 
 
@@ -341,7 +426,7 @@ def validate_profile_dict(data: Any, path: str) -> Profile:
     memory_mb = _number(data["memory_mb"], "memory_mb", path, positive=True)
     frac = _number(data["usable_memory_fraction"], "usable_memory_fraction", path)
     if not 0 < frac <= 1:
-        raise UserError(f"usable_memory_fraction must be in (0, 1], got {data['usable_memory_fraction']!r}", path=path)
+        raise UserError(f"usable_memory_fraction must be in (0, 1], got {_show(data['usable_memory_fraction'])}", path=path)
     overhead_mb = _number(data["runtime_overhead_mb"], "runtime_overhead_mb", path, nonneg=True)
     if overhead_mb >= memory_mb * frac:
         raise UserError(
@@ -379,9 +464,9 @@ def validate_profile_dict(data: Any, path: str) -> Profile:
     if layers_in is not None:
         layers_in = _mapping(layers_in, "layers", path)
         for model, table in layers_in.items():
-            table = _mapping(table, f"layers[{model!r}]", path)
+            table = _mapping(table, f"layers[{_show(model)}]", path)
             layers[model] = {
-                node: _number(ms, f"layers[{model!r}][{node!r}]", path, nonneg=True) for node, ms in table.items()
+                node: _number(ms, f"layers[{_show(model)}][{_show(node)}]", path, nonneg=True) for node, ms in table.items()
             }
 
     return Profile(
@@ -418,14 +503,14 @@ def _profile_path(ref: str, base_dir: Path | None) -> Path | None:
 
 def _unknown_profile(ref: str) -> str:
     avail = available_profiles()
-    return f"unknown profile {ref!r} (available: {', '.join(avail) if avail else f'none in {profiles_dir()}'})"
+    return f"unknown profile {_show(ref)} (available: {', '.join(avail) if avail else f'none in {profiles_dir()}'})"
 
 
 def load_profile(ref: str, base_dir: Path | None = None) -> Profile:
     """A profile by name (a file <name>.yaml under the profiles folder) or by path (relative to
     base_dir when given, else to the working directory)."""
     if not isinstance(ref, str) or not ref.strip():
-        raise UserError(f"a profile reference must be a non-empty string, got {ref!r}")
+        raise UserError(f"a profile reference must be a non-empty string, got {_show(ref)}")
     p = _profile_path(ref, base_dir)
     if p is None:
         raise UserError(_unknown_profile(ref))
@@ -445,7 +530,7 @@ def load_cluster(path: str | Path) -> Cluster:
     if not isinstance(data, dict):
         raise UserError(f"a cluster file must be a mapping, got {_type_name(data)}", path=shown)
     _mapping(data, "cluster file", shown)
-    _check_keys(data, _CLUSTER_KEYS, _CLUSTER_KEYS, "cluster file", shown)
+    _check_keys(data, _CLUSTER_KEYS, ("devices",), "cluster file", shown)
 
     # devices
     devs = data["devices"]
@@ -464,7 +549,7 @@ def load_cluster(path: str | Path) -> Cluster:
         name = dv["name"]
         if not isinstance(name, str) or not _DEVICE_NAME.match(name):
             raise UserError(
-                f"{where}.name must be 1-64 characters from [A-Za-z0-9._-] starting with a letter or digit, got {name!r}",
+                f"{where}.name must be 1-64 characters from [A-Za-z0-9._-] starting with a letter or digit, got {_show(name)}",
                 path=shown,
             )
         where = f"device {name!r}"
@@ -473,7 +558,7 @@ def load_cluster(path: str | Path) -> Cluster:
         seen.add(name)
         ref = dv["profile"]
         if not isinstance(ref, str) or not ref.strip():
-            raise UserError(f"{where}: profile must be a profile name or a path, got {_type_name(ref)} {ref!r}", path=shown)
+            raise UserError(f"{where}: profile must be a profile name or a path, got {_type_name(ref)} {_show(ref)}", path=shown)
         if ref not in profiles:
             pp = _profile_path(ref, base_dir)
             if pp is None:
@@ -498,6 +583,13 @@ def load_cluster(path: str | Path) -> Cluster:
         devices.append(device)
 
     # network
+    if "network" not in data:
+        if len(devices) > 1:
+            raise UserError(f"missing required key 'network' in cluster file ({len(devices)} devices need one)",
+                            path=shown)
+        # No pair of devices exists: the defaults are those of "no network hop" and never price a transfer.
+        return Cluster(devices=tuple(devices), bandwidth_mbps=_SAME_DEVICE.bandwidth_mbps,
+                       latency_ms=_SAME_DEVICE.latency_ms, medium="switched", links={}, path=shown)
     net = _mapping(data["network"], "network", shown)
     _check_keys(net, _NETWORK_KEYS, ("bandwidth_mbps", "latency_ms"), "network", shown)
     bandwidth = _number(net["bandwidth_mbps"], "network.bandwidth_mbps", shown, positive=True)
@@ -506,7 +598,7 @@ def load_cluster(path: str | Path) -> Cluster:
     if medium is None:
         medium = "switched"
     if medium not in MEDIUMS:
-        raise UserError(f"unknown network.medium {medium!r} (allowed: {', '.join(MEDIUMS)})", path=shown)
+        raise UserError(f"unknown network.medium {_show(medium)} (allowed: {', '.join(MEDIUMS)})", path=shown)
     links_in = net.get("links")
     if links_in is None:
         links_in = []
@@ -521,7 +613,7 @@ def load_cluster(path: str | Path) -> Cluster:
         for end in (a, b):
             if not isinstance(end, str) or end not in seen:
                 raise UserError(
-                    f"{where} names unknown device {end!r} (devices: {', '.join(d.name for d in devices)})", path=shown
+                    f"{where} names unknown device {_show(end)} (devices: {', '.join(d.name for d in devices)})", path=shown
                 )
         if a == b:
             raise UserError(f"{where} links device {a!r} with itself", path=shown)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from edgec.runtime import MANIFEST_FORMAT
+from edgec.runtime.errors import InputError
+from edgec.runtime.manifest import parse_manifest, read_manifest_json
 
 from .errors import UserError
+from .plan.spatial import device_memory_bytes
 
 __all__ = ["compile_summary", "format_compile", "inspect_summary", "format_inspect", "format_simulation",
            "load_manifest_json", "plan_summary", "format_plan", "table"]
@@ -37,12 +39,11 @@ def compile_summary(result, outdir: Path, seconds: float) -> dict:
     for f in result.manifest["fragments"]:
         frags[f["device"]].append(f["file"])
     devices = []
+    need = device_memory_bytes(plan, graph)
     for dev in result.cluster.devices:
-        stages = [s for s in plan.stages if s.device == dev.name]
-        mem = sum(sum(layer.param_bytes for layer in graph.layers[s.lo:s.hi]) + graph.peak_activation_bytes(s.lo, s.hi)
-                  for s in stages)
         devices.append({"name": dev.name, "profile": dev.profile.name, "fragments": frags.get(dev.name, []),
-                        "memory_mb": round(mem / MB, 3), "memory_available_mb": round(dev.usable_bytes / MB, 3),
+                        "memory_mb": round(need.get(dev.name, 0) / MB, 3),
+                        "memory_available_mb": round(dev.usable_bytes / MB, 3),
                         "predicted_busy_ms": round(pred.busy_ms.get(dev.name, 0.0), 4)})
     return {
         "manifest": str(Path(outdir) / "manifest.json"),
@@ -130,6 +131,8 @@ def format_inspect(s: dict) -> str:
              l["param_bytes"] / MB, l["output_bytes"] / MB, *[l["ms"][d] for d in devs]] for l in s["layers"]]
     head = f"{s['model']}: {len(s['layers'])} layers, {s['total_flops'] / 1e9:.3f} GFLOP, {s['total_param_bytes'] / MB:.1f} MB of weights"
     body = table(["#", "layer", "ops", "class", "type", "MFLOP", "param MB", "out MB", *[f"{d} ms" for d in devs]], rows)
+    cuts = s["block_cuts"]
+    head += f"\nblock cuts: {', '.join(map(str, cuts)) or 'none'} ({len(cuts) + 1} serial blocks)"
     tail = "\n".join(f"{d['name']}: {d['total_ms']:.3f} ms for the whole model" + (" (measured)" if d["measured"] else "")
                      for d in s.get("devices", []))
     return "\n".join(x for x in (head, body, tail) if x)
@@ -147,6 +150,7 @@ def _exchange_kind(t: dict) -> str:
 def plan_summary(data: dict, path: Path) -> dict:
     """What a manifest's plan does: stages, each spatial segment's tiles (device, rows, fragment) and
     every tensor that crosses a link, classified (scatter, halo, gather, transfer)."""
+    _check_plan(data.get("plan"), path)
     by_device: dict[str, list[dict]] = {}
     for f in data["fragments"]:
         by_device.setdefault(f["device"], []).append(f)
@@ -169,6 +173,50 @@ def plan_summary(data: dict, path: Path) -> dict:
     return {"manifest": str(path), "model": data["model"]["path"], "strategy": data["plan"]["strategy"],
             "stages": data["plan"]["stages"], "tiles": tiles, "exchanges": exchanges, "bytes_by_kind": totals,
             "predicted": data.get("predicted", {})}
+
+
+def _check_plan(plan, path: Path) -> None:
+    """UserError unless `plan` has the shape plan_summary and format_plan read. The runtime ignores the
+    plan section (load_manifest_json checks the rest), so this is its only check."""
+    def need(ok: bool, where: str, what: str) -> None:
+        if not ok:
+            raise UserError(f"not a valid edgec manifest: {where}: expected {what}", str(path))
+
+    def span(v, where: str) -> None:
+        need(isinstance(v, list) and len(v) == 2 and all(type(x) is int for x in v), where, "[start, stop] integers")
+
+    def strings(d: dict, keys: tuple[str, ...], where: str) -> None:
+        for k in keys:
+            need(isinstance(d.get(k), str), f"{where}.{k}", "a string")
+
+    need(isinstance(plan, dict), "plan", "an object")
+    strings(plan, ("strategy",), "plan")
+    need(isinstance(plan.get("stages"), list), "plan.stages", "a list")
+    for i, st in enumerate(plan["stages"]):
+        w = f"plan.stages[{i}]"
+        need(isinstance(st, dict), w, "an object")
+        strings(st, ("device", "first_layer", "last_layer"), w)
+        span(st.get("layers"), f"{w}.layers")
+        sp = st.get("spatial")
+        if sp is None:
+            continue
+        need(isinstance(sp, dict), f"{w}.spatial", "an object or null")
+        strings(sp, ("axis",), f"{w}.spatial")
+        need(isinstance(sp.get("devices"), list) and all(isinstance(d, str) for d in sp["devices"]),
+             f"{w}.spatial.devices", "a list of strings")
+        need(isinstance(sp.get("segments"), list), f"{w}.spatial.segments", "a list")
+        for j, seg in enumerate(sp["segments"]):
+            ws = f"{w}.spatial.segments[{j}]"
+            need(isinstance(seg, dict), ws, "an object")
+            span(seg.get("layers"), f"{ws}.layers")
+            need(isinstance(seg.get("tiles"), list), f"{ws}.tiles", "a list")
+            for k, t in enumerate(seg["tiles"]):
+                wt = f"{ws}.tiles[{k}]"
+                need(isinstance(t, dict), wt, "an object")
+                strings(t, ("device",), wt)
+                span(t.get("rows"), f"{wt}.rows")
+                if t.get("cols") is not None:
+                    span(t["cols"], f"{wt}.cols")
 
 
 def format_plan(s: dict) -> str:
@@ -213,12 +261,18 @@ def format_simulation(sim: dict) -> str:
 
 
 def load_manifest_json(path: Path) -> dict:
+    """A manifest's decoded JSON for inspect and simulate, read under the runtime's size and depth limits and
+    validated by the runtime (schema and schedule; the fragment files are not read)."""
+    if not Path(path).exists():  # the compiler's wording, which `edgec inspect/simulate` users know
+        raise UserError("no such manifest", str(path))
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError("no such manifest", str(path)) from None
-    except (OSError, ValueError) as exc:
-        raise UserError(f"not a readable JSON manifest ({exc})", str(path)) from None
+        data = read_manifest_json(path)
+    except InputError as exc:  # its message already names the file
+        raise UserError(str(exc)) from None
     if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
         raise UserError("not an edgec manifest (format is not edgec.manifest)", str(path))
+    try:  # the runtime owns the schema: inspect and simulate read only manifests that it would run
+        parse_manifest(data, path)
+    except InputError as exc:
+        raise UserError(str(exc)) from None
     return data

@@ -18,6 +18,8 @@ are ignored):
   network     {"bandwidth_mbps": number > 0, "latency_ms": number >= 0, "medium": "switched" | "shared",
                "links": [{"a": device, "b": device, "bandwidth_mbps": number > 0, "latency_ms": number >= 0}]}
               Megabits per second. A link entry (unordered pair) overrides the default for that pair.
+              With exactly one device, bandwidth_mbps and latency_ms may both be null: there is no network
+              (a cluster file without one); the runtime then treats every hop as free.
               Used only by `--emulate`: a device-to-device send is delivered after
               bytes * 8 / (bandwidth_mbps * 1e6) s + latency_ms, transfers on one link queue (on a "shared"
               medium, all of one sender's transfers queue); transfers to and from "@host" are not delayed.
@@ -52,7 +54,8 @@ are ignored):
   predicted   optional {"latency_ms": number, "throughput_ips": number, "devices": {device: {...}}}.
   plan        optional, free-form; ignored by the runtime.
 
-Validation (each failure is an InputError "<manifest path>: <problem>", one line): format and version;
+Validation (each failure is an InputError "<manifest path>: <problem>", one line): the file's size
+(at most 64 MiB) and nesting (at most 64 levels); format and version; numbers finite;
 missing keys and wrong types; duplicate device names, fragment ids, input or output names; a step that
 names an unknown op, fragment, device or tensor (dataflow is checked in order: a tensor must be in the
 device's store when a step reads it, and a name may not be stored twice without a free); every send
@@ -79,10 +82,17 @@ from .schedule import validate_schedule
 __all__ = [
     "HOST", "DTYPES", "TensorSpec", "OutputSpec", "Device", "Link", "Network", "Fragment", "Region", "Regions",
     "region_ranges", "Transfer", "Run", "Send", "Recv", "Slice", "Concat", "Free", "Step", "Manifest",
-    "load_manifest", "parse_manifest", "check_fragment_files", "file_sha256",
+    "load_manifest", "read_manifest_json", "parse_manifest", "check_fragment_files", "file_sha256",
+    "MAX_MANIFEST_BYTES", "MAX_JSON_DEPTH",
 ]
 
 logger = logging.getLogger(__name__)
+
+# A ResNet-50 manifest on four devices is about 1 MiB; 64 MiB leaves room for far larger plans while a
+# wrong (or hostile) file of gigabytes is refused before it is read.
+MAX_MANIFEST_BYTES = 64 << 20
+# The compiler writes at most about 10 levels (plan.stages[].spatial.segments[].tiles[].rows).
+MAX_JSON_DEPTH = 64
 
 
 def file_sha256(path: Path) -> str:
@@ -97,18 +107,50 @@ def load_manifest(path: str | Path, *, check_files: bool = True, devices: Iterab
     """Read, parse and validate manifest.json; with check_files, verify fragment files (of `devices` only,
     when given) exist and match their sha256."""
     path = Path(path).absolute()
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(f"{path}: manifest not found") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot read manifest ({exc})") from None
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path}: not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg})") from None
-    manifest = parse_manifest(data, path)
+    manifest = parse_manifest(read_manifest_json(path), path)
     if check_files:
         check_fragment_files(manifest, devices)
     return manifest
+
+
+def read_manifest_json(path: str | Path) -> Any:
+    """Decoded JSON of a manifest file, or InputError naming `path` as given. The file is refused unread
+    beyond MAX_MANIFEST_BYTES, and JSON nested deeper than MAX_JSON_DEPTH is refused: the decoder
+    recurses per level, and so would every later use of such a value (its repr in a message, say)."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_MANIFEST_BYTES + 1)
+    except FileNotFoundError:
+        raise InputError(f"{path}: manifest not found") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read manifest ({exc.strerror or exc})") from None
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise InputError(f"{path}: manifest is larger than {MAX_MANIFEST_BYTES >> 20} MiB, the limit for a manifest")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: cannot read manifest ({exc})") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}: not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg})") from None
+    except ValueError as exc:  # an integer literal beyond Python's digit limit
+        raise InputError(f"{path}: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise InputError(f"{path}: JSON nested more than {MAX_JSON_DEPTH} levels deep") from None
+    if _depth_exceeds(data, MAX_JSON_DEPTH):
+        raise InputError(f"{path}: JSON nested more than {MAX_JSON_DEPTH} levels deep")
+    return data
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    """Whether decoded JSON nests containers more than `limit` deep (iterative: no recursion to overflow)."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, (dict, list)):
+            if depth > limit:
+                return True
+            stack.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return False
 
 
 def check_fragment_files(manifest: Manifest, devices: Iterable[str] | None = None) -> None:

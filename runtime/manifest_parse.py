@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
+import reprlib
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -16,6 +18,11 @@ __all__ = ["build_manifest", "Reader"]
 
 logger = logging.getLogger(__name__)
 
+_REPR = reprlib.Repr()
+_REPR.maxstring, _REPR.maxother, _REPR.maxlevel = 80, 80, 2
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 4
+_show = _REPR.repr  # a value quoted in a message: bounded even for huge, deep or alias-shared values
+
 
 def build_manifest(data: Any, path: str | Path) -> tuple[Manifest, "Reader"]:
     """Manifest from decoded JSON, checking keys, types and duplicates (the schedule is checked separately)."""
@@ -23,9 +30,9 @@ def build_manifest(data: Any, path: str | Path) -> tuple[Manifest, "Reader"]:
     top = r.obj(data, "manifest")
     fmt, version = r.get(top, "format", "manifest"), r.get(top, "version", "manifest")
     if fmt != MANIFEST_FORMAT:
-        r.fail("manifest", f"format is {fmt!r}, expected {MANIFEST_FORMAT!r}")
+        r.fail("manifest", f"format is {_show(fmt)}, expected {MANIFEST_FORMAT!r}")
     if version != MANIFEST_VERSION or isinstance(version, bool):
-        r.fail("manifest", f"unsupported version {version!r} (this runtime reads version {MANIFEST_VERSION})")
+        r.fail("manifest", f"unsupported version {_show(version)} (this runtime reads version {MANIFEST_VERSION})")
     model = r.obj(r.get(top, "model", "manifest"), "model")
     model_path = Path(r.str(model, "path", "model"))
     devices = tuple(_device(r, d, f"devices[{i}]") for i, d in enumerate(r.list(top, "devices", "manifest")))
@@ -36,17 +43,17 @@ def build_manifest(data: Any, path: str | Path) -> tuple[Manifest, "Reader"]:
         inputs=tuple(_tensor(r, t, f"inputs[{i}]") for i, t in enumerate(r.list(top, "inputs", "manifest"))),
         outputs=tuple(_output(r, t, f"outputs[{i}]") for i, t in enumerate(r.list(top, "outputs", "manifest"))),
         devices=devices,
-        network=_network(r, r.obj(r.get(top, "network", "manifest"), "network")),
+        network=_network(r, r.obj(r.get(top, "network", "manifest"), "network"), len(devices)),
         fragments=_fragments(r, r.list(top, "fragments", "manifest")),
         transfers=tuple(_transfer(r, t, f"transfers[{i}]") for i, t in enumerate(r.list(top, "transfers", "manifest"))),
         steps=_steps(r, r.obj(r.get(top, "steps", "manifest"), "steps")),
-        predicted=r.obj(top.get("predicted") or {}, "predicted"),
+        predicted={} if top.get("predicted") is None else r.obj(top["predicted"], "predicted"),
     )
     for where, names in (("devices", manifest.device_names), ("inputs", [t.name for t in manifest.inputs]),
                          ("outputs", [t.name for t in manifest.outputs])):
         dup = _first_duplicate(names)
         if dup is not None:
-            r.fail(where, f"duplicate name {dup!r}")
+            r.fail(where, f"duplicate name {_show(dup)}")
     return manifest, r
 
 
@@ -87,13 +94,14 @@ class Reader:
     def int(self, d: dict, key: str, where: str, minimum: int | None = None) -> int:
         v = self.get(d, key, where)
         if not isinstance(v, int) or isinstance(v, bool) or (minimum is not None and v < minimum):
-            self.fail(f"{where}.{key}", f"expected an integer{f' >= {minimum}' if minimum is not None else ''}, got {v!r}")
+            self.fail(f"{where}.{key}", f"expected an integer{f' >= {minimum}' if minimum is not None else ''}, got {_show(v)}")
         return v
 
     def num(self, d: dict, key: str, where: str, positive: bool = False) -> float:
         v = self.get(d, key, where)
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0 or (positive and v == 0):
-            self.fail(f"{where}.{key}", f"expected a number {'> 0' if positive else '>= 0'}, got {v!r}")
+        if (not isinstance(v, (int, float)) or isinstance(v, bool) or not _finite(v) or v < 0
+                or (positive and v == 0)):
+            self.fail(f"{where}.{key}", f"expected a finite number {'> 0' if positive else '>= 0'}, got {_show(v)}")
         return float(v)
 
     def list(self, d: dict, key: str, where: str) -> list:
@@ -111,14 +119,22 @@ class Reader:
     def shape(self, d: dict, where: str) -> tuple[int, ...]:
         v = self.list(d, "shape", where)
         if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v):
-            self.fail(f"{where}.shape", f"expected a list of integers >= 0, got {v!r}")
+            self.fail(f"{where}.shape", f"expected a list of integers >= 0, got {_show(v)}")
         return tuple(v)
 
     def dtype(self, d: dict, where: str) -> str:
         v = self.str(d, "dtype", where)
         if v not in DTYPES:
-            self.fail(f"{where}.dtype", f"unknown dtype {v!r} (known: {', '.join(sorted(DTYPES))})")
+            self.fail(f"{where}.dtype", f"unknown dtype {_show(v)} (known: {', '.join(sorted(DTYPES))})")
         return v
+
+
+def _finite(v: int | float) -> bool:
+    """NaN and infinity (which Python's json reads) are not figures; nor is an integer beyond float range."""
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
 
 
 def _tensor(r: Reader, d: Any, where: str) -> TensorSpec:
@@ -135,23 +151,27 @@ def _device(r: Reader, d: Any, where: str) -> Device:
     d = r.obj(d, where)
     name = r.str(d, "name", where)
     if name.startswith("@"):
-        r.fail(f"{where}.name", f"{name!r}: device names may not start with '@'")
+        r.fail(f"{where}.name", f"{_show(name)}: device names may not start with '@'")
     address = r.get(d, "address", where)
     if address is not None and not isinstance(address, str):
         r.fail(f"{where}.address", "expected a string or null")
     return Device(name, r.str(d, "profile", where), r.num(d, "memory_mb", where), address)
 
 
-def _network(r: Reader, d: dict) -> Network:
+def _network(r: Reader, d: dict, n_devices: int) -> Network:
     medium = r.str(d, "medium", "network")
     if medium not in ("switched", "shared"):
-        r.fail("network.medium", f"expected 'switched' or 'shared', got {medium!r}")
+        r.fail("network.medium", f"expected 'switched' or 'shared', got {_show(medium)}")
     links = []
     for i, lk in enumerate(r.list(d, "links", "network")):
         w = f"network.links[{i}]"
         lk = r.obj(lk, w)
         links.append(Link(r.str(lk, "a", w), r.str(lk, "b", w), r.num(lk, "bandwidth_mbps", w, positive=True),
                           r.num(lk, "latency_ms", w)))
+    if n_devices == 1 and r.get(d, "bandwidth_mbps", "network") is None and r.get(d, "latency_ms", "network") is None:
+        # One device and no network: no device-to-device send can exist (the schedule check refuses a
+        # device talking to itself), so "no hop" figures are never used to delay anything.
+        return Network(math.inf, 0.0, medium, tuple(links))
     return Network(r.num(d, "bandwidth_mbps", "network", positive=True), r.num(d, "latency_ms", "network"),
                    medium, tuple(links))
 
@@ -164,7 +184,7 @@ def _fragments(r: Reader, items: list) -> dict[str, Fragment]:
         frag = Fragment(r.str(d, "id", w), r.str(d, "device", w), r.str(d, "file", w), r.str(d, "sha256", w),
                         r.names(d, "inputs", w), r.names(d, "outputs", w), r.num(d, "predicted_ms", w))
         if frag.id in out:
-            r.fail("fragments", f"duplicate fragment id {frag.id!r}")
+            r.fail("fragments", f"duplicate fragment id {_show(frag.id)}")
         out[frag.id] = frag
     return out
 
@@ -220,8 +240,8 @@ def _steps(r: Reader, d: dict) -> dict[str, tuple[Step, ...]]:
 def _step(r: Reader, d: Any, where: str) -> Step:
     d = r.obj(d, where)
     op = d.get("op")
-    if op not in _STEP_KEYS:
-        r.fail(where, f"unknown op {op!r} (known: {', '.join(_STEP_KEYS)})")
+    if not isinstance(op, str) or op not in _STEP_KEYS:
+        r.fail(where, f"unknown op {_show(op)} (known: {', '.join(_STEP_KEYS)})")
     required, optional = _STEP_KEYS[op]
     extra = set(d) - required - optional - {"op"}
     if extra:

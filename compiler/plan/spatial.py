@@ -81,14 +81,19 @@ def _search(graph, cost, axis, order, cuts, rest, opts: dict, cache: dict, incum
     return s, ends
 
 
-def fits(plan: Plan, graph: LayerGraph, cost: CostTable) -> bool:
-    """Every device holds the weights of all layers it computes plus the activations of its stages."""
+def device_memory_bytes(plan: Plan, graph: LayerGraph) -> dict[str, int]:
+    """Bytes each device of the plan needs: for every stage it takes part in, as the stage's device or
+    computing its tiles, the weights of the stage's layers plus their peak live activations."""
     need: dict[str, int] = {}
     for st in plan.stages:
-        devs = st.spatial.devices if st.spatial else (st.device,)
-        for d in {*devs, st.device}:
+        for d in {*(st.spatial.devices if st.spatial else ()), st.device}:
             need[d] = need.get(d, 0) + group_param_bytes(graph, st.lo, st.hi) + graph.peak_activation_bytes(st.lo, st.hi)
-    return all(n <= cost.cluster.device(d).usable_bytes for d, n in need.items())
+    return need
+
+
+def fits(plan: Plan, graph: LayerGraph, cost: CostTable) -> bool:
+    """Every device holds what `device_memory_bytes` says it needs."""
+    return all(n <= cost.cluster.device(d).usable_bytes for d, n in device_memory_bytes(plan, graph).items())
 
 
 class Dominated(InfeasibleError):

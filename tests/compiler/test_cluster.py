@@ -382,3 +382,94 @@ def test_duplicate_yaml_key_is_an_error(tmp_path):
     with pytest.raises(UserError, match=r"YAML syntax error: line 4, column 1: duplicate key 'network'") as ei:
         load_cluster(f)
     assert ei.value.path == str(f)
+
+
+# --------------------------------------------------------------------------------------------------
+# One device needs no network; hostile files end in one UserError, never a Python exception
+
+
+def test_one_device_cluster_needs_no_network(tmp_path):
+    c = load_cluster(_write(tmp_path, {"devices": [{"name": "a", "profile": "rpi4"}]}))
+    assert c.device_names == ("a",) and not c.has_network and c.links == {}
+    assert c.link("a", "a").latency_ms == 0.0
+    d = json.loads(json.dumps(c.to_dict(), allow_nan=False))  # strict JSON: no Infinity in the manifest
+    assert d["network"] == {"bandwidth_mbps": None, "latency_ms": None, "medium": "switched", "links": []}
+    with_net = load_cluster(_write(tmp_path, {"devices": [{"name": "a", "profile": "rpi4"}], "network": NET}))
+    assert with_net.has_network and with_net.to_dict()["network"]["bandwidth_mbps"] == 100
+
+
+def test_two_devices_still_need_a_network(tmp_path):
+    with pytest.raises(UserError, match=r"missing required key 'network' in cluster file \(2 devices need one\)"):
+        load_cluster(_write(tmp_path, {"devices": DEV}))
+
+
+@pytest.mark.parametrize("text", ["[" * 20000 + "]" * 20000, "devices:\n" + "  " * 1 + "- " * 2000 + "x\n",
+                                  "devices: " + "{a: " * 5000 + "1" + "}" * 5000 + "\n"],
+                         ids=["flow list", "block list", "flow mapping"])
+def test_deep_nesting_is_a_user_error(tmp_path, text):
+    f = _write(tmp_path, text)
+    with pytest.raises(UserError, match=r"YAML nested more than 32 levels deep \(line \d+, column \d+\)") as ei:
+        load_cluster(f)
+    assert ei.value.path == str(f)
+
+
+def test_deep_profile_is_a_user_error_naming_the_profile(tmp_path):
+    prof = _write(tmp_path, "name: " + "[" * 20000 + "]" * 20000 + "\n", "board.yaml")
+    cf = _write(tmp_path, {"devices": [{"name": "a", "profile": "board.yaml"}]})
+    with pytest.raises(UserError, match="nested more than 32 levels") as ei:
+        load_cluster(cf)
+    assert ei.value.path == str(prof)
+
+
+def test_oversized_files_are_refused_before_parsing(tmp_path):
+    f = tmp_path / "huge.yaml"
+    with open(f, "wb") as fh:  # sparse: 2 GiB on paper, nothing on disk
+        fh.truncate(2 << 30)
+    with pytest.raises(UserError, match=r"cluster file is larger than 1 MiB, the limit for a cluster file"):
+        load_cluster(f)
+    prof = tmp_path / "board.yaml"
+    prof.write_text("# padding\n" * (2 << 20))
+    with pytest.raises(UserError, match=r"profile file is larger than 16 MiB") as ei:
+        load_profile(str(prof))
+    assert ei.value.path == str(prof)
+
+
+@pytest.mark.parametrize("value,pattern", [
+    ("2001-99-99", r"line 2, column \d+: invalid timestamp '2001-99-99': month must be in 1\.\.12"),
+    ("!!int x", r"invalid int 'x'"),
+    ("!!float nope", r"invalid float 'nope'"),
+    ("9" * 400, r"memory_mb must be finite, got 9999"),
+    ("9" * 5000, r"invalid int '9999.*Exceeds the limit"),
+    ("1.0e+305", r"memory_mb must be at most 1e\+12"),
+    ("1.0e-300", r"memory_mb must be at least 1e-09"),
+    (".nan", r"memory_mb must be finite"),
+])
+def test_out_of_range_numbers_are_user_errors(tmp_path, value, pattern):
+    f = _write(tmp_path, f"devices:\n  - {{name: a, profile: rpi4, memory_mb: {value}}}\n")
+    with pytest.raises(UserError, match=pattern) as ei:
+        load_cluster(f)
+    assert ei.value.path == str(f) and "\n" not in str(ei.value) and len(str(ei.value)) < 400
+
+
+def test_long_values_are_shortened_in_messages(tmp_path):
+    f = _write(tmp_path, {"devices": [{"name": "a", "profile": "rpi4", "memory_mb": "x" * 100000}]})
+    with pytest.raises(UserError, match=r"memory_mb must be a number, got str 'xxx.*\.\.\..*x'$") as ei:
+        load_cluster(f)
+    assert len(str(ei.value)) < 300
+
+
+def test_alias_bomb_is_not_expanded_in_messages(tmp_path):
+    # 10 ** 10 leaves on paper, a few dozen nodes in memory: quoting the value must not expand it
+    anchors = ["&a0 [x, x, x, x, x, x, x, x, x, x]"]
+    anchors += [f"&a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 10)]
+    f = _write(tmp_path, f"devices:\n  - name: a\n    profile: rpi4\n    memory_mb: [{', '.join(anchors)}]\n")
+    with pytest.raises(UserError, match=r"memory_mb must be a number, got list \[\['x', ") as ei:
+        load_cluster(f)
+    assert len(str(ei.value)) < 400
+
+
+def test_yaml_merge_keys_work(tmp_path):
+    f = _write(tmp_path, "devices:\n  - &d {name: a, profile: rpi4, memory_mb: 512}\n  - {<<: *d, name: b}\n"
+                         "network: {bandwidth_mbps: 5, latency_ms: 1}\n")
+    c = load_cluster(f)
+    assert [d.memory_mb for d in c.devices] == [512, 512] and c.device_names == ("a", "b")

@@ -130,3 +130,78 @@ def test_sha_checked_only_for_requested_devices(chain):
     with pytest.raises(InputError, match="fragment f1: pi4-a.f1.onnx sha256 mismatch"):
         load_manifest(chain.path)
 
+
+
+def _one_device(chain) -> dict:
+    """The chain's two fragments run in order on pi5-a alone."""
+    m = chain.copy_manifest()
+    m["devices"] = m["devices"][:1]
+    next(f for f in m["fragments"] if f["id"] == "f1")["device"] = "pi5-a"
+    m["outputs"][0]["device"] = "pi5-a"
+    m["transfers"] = []
+    m["steps"] = {"pi5-a": [{"op": "recv", "tensor": "data", "from": HOST}, {"op": "run", "fragment": "f0"},
+                            {"op": "run", "fragment": "f1"}, {"op": "send", "tensor": "prob", "to": HOST}]}
+    return m
+
+
+def test_one_device_may_have_no_network(chain):
+    m = _one_device(chain)
+    m["network"].update(bandwidth_mbps=None, latency_ms=None, links=[])
+    net = parse_manifest(m, chain.path).network
+    assert net.transfer_s("pi5-a", HOST, 10**9) == 0.0  # no network: no hop is ever delayed
+
+
+def test_two_devices_need_network_figures(chain):
+    m = chain.copy_manifest()
+    m["network"].update(bandwidth_mbps=None, latency_ms=None)
+    with pytest.raises(InputError, match=r"network\.bandwidth_mbps: expected a finite number > 0, got None"):
+        parse_manifest(m, chain.path)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 10**400])
+def test_numbers_must_be_finite(chain, value):
+    m = chain.copy_manifest()
+    m["fragments"][0]["predicted_ms"] = value
+    with pytest.raises(InputError, match=r"fragments\[0\]\.predicted_ms: expected a finite number >= 0"):
+        parse_manifest(m, chain.path)
+
+
+def test_unhashable_op_is_an_input_error(chain):
+    m = chain.copy_manifest()
+    m["steps"]["pi5-a"][0]["op"] = ["run"]
+    with pytest.raises(InputError, match=r"unknown op \['run'\]"):
+        parse_manifest(m, chain.path)
+
+
+def test_huge_values_are_shortened_in_messages(chain):
+    m = chain.copy_manifest()
+    m["inputs"][0]["dtype"] = "f" * 100_000
+    with pytest.raises(InputError, match=r"unknown dtype 'fff.*\.\.\.") as info:
+        parse_manifest(m, chain.path)
+    assert len(str(info.value)) < 500
+
+
+@pytest.mark.parametrize("text", ["[" * 20000 + "]" * 20000, '{"a": ' * 20000 + "1" + "}" * 20000,
+                                  '{"format": "edgec.manifest", "plan": ' + "[" * 900 + "]" * 900 + "}"],
+                         ids=["past the decoder's recursion", "deep objects", "decodable but too deep"])
+def test_deep_json_is_an_input_error(tmp_path, text):
+    path = tmp_path / "manifest.json"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(InputError, match=r"JSON nested more than 64 levels deep") as info:
+        load_manifest(path)
+    assert str(info.value).startswith(f"{path}: ")
+
+
+def test_huge_manifest_is_refused_unread(tmp_path):
+    path = tmp_path / "manifest.json"
+    with open(path, "wb") as fh:  # sparse: 2 GiB on paper
+        fh.truncate(2 << 30)
+    with pytest.raises(InputError, match=r"manifest is larger than 64 MiB, the limit for a manifest"):
+        load_manifest(path)
+
+
+def test_integer_beyond_digit_limit_is_invalid_json(tmp_path):
+    path = tmp_path / "manifest.json"
+    path.write_text('{"version": ' + "9" * 5000 + "}", encoding="utf-8")
+    with pytest.raises(InputError, match=r"not valid JSON \(Exceeds the limit"):
+        load_manifest(path)
