@@ -10,12 +10,17 @@ from pathlib import Path
 
 import click
 
+from edgec.runtime.cli import EXIT_PIPE, MAX_THREADS, Interrupted, OneLineErrors, interrupt_on_signals, quiet_broken_pipe
+
 from .errors import UserError
 
 __all__ = ["main", "cli"]
 
 EXIT_USER = 2
 EXIT_INTERNAL = 3
+_EPILOG = (f"Exit codes: 0 ok, 2 bad input, 3 internal error (a bug), {EXIT_PIPE} stdout closed before the output "
+           "was written (e.g. piped into head), 128+N stopped by signal N (130 SIGINT, 143 SIGTERM); `run` adds "
+           "1 verification failed and 3 run failure.")
 
 
 def _progress(msg: str) -> None:
@@ -27,16 +32,23 @@ def _fail(msg: str, code: int = EXIT_USER) -> None:
     sys.exit(code)
 
 
-class _Group(click.Group):
-    """Turns UserError into one line and exit 2; other exceptions into one line and exit 3."""
+class _Group(OneLineErrors, click.Group):
+    """Turns UserError into one line and exit 2; SIGTERM/SIGINT into one line and 128+signal, after every
+    cleanup ran (temporary folders, forked searches); other exceptions into one line and exit 3. Usage
+    errors and a closed stdout: see OneLineErrors."""
 
     def invoke(self, ctx):
         try:
-            return super().invoke(ctx)
+            with interrupt_on_signals():
+                return super().invoke(ctx)
         except UserError as exc:
             _fail(str(exc))
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, SystemExit):
             raise
+        except BrokenPipeError:  # handled here: click's own handling would exit 1
+            ctx.exit(quiet_broken_pipe())
+        except Interrupted as exc:
+            _fail(str(exc), exc.exit_code)
         except KeyboardInterrupt:
             _fail("interrupted", 130)
         except Exception as exc:  # a bug: keep the traceback behind EDGEC_DEBUG
@@ -45,13 +57,13 @@ class _Group(click.Group):
             _fail(f"internal error: {type(exc).__name__}: {exc} (set EDGEC_DEBUG=1 for the traceback)", EXIT_INTERNAL)
 
 
-@click.group(cls=_Group)
+@click.group(cls=_Group, epilog=_EPILOG, context_settings={"show_default": True})
 @click.version_option(package_name="edgec")
 def cli() -> None:
     """Compile an ONNX model so that several edge devices run it together."""
 
 
-@cli.command("compile")
+@cli.command("compile", epilog=_EPILOG)
 @click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--devices", "devices", required=True, type=click.Path(dir_okay=False, path_type=Path), help="cluster.yaml")
 @click.option("-o", "--output", "outdir", required=True, type=click.Path(file_okay=False, path_type=Path))
@@ -62,24 +74,24 @@ def cli() -> None:
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=D0,D1,...", help="pin an input's dynamic dimensions")
 @click.option("--search-threshold", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.1,
               show_default=True, help="ADaPS partition search threshold (fraction of rows around speed shares)")
-@click.option("--deepthings-grid", metavar="NxM", default=None,
+@click.option("--deepthings-grid", metavar="NxM", default=None, show_default="one band of rows per device: Nx1",
               help="DeepThings tile grid: N tiles along height by M along width, e.g. 2x2")
-@click.option("--deepthings-layers", type=click.IntRange(min=1), default=None, help="DeepThings fused depth")
-@click.option("--jobs", type=click.IntRange(min=1), default=None,
-              help="processes for the spatial and hybrid searches (default: the cores available, at most 2); "
-                   "the plan is the same for any value")
+@click.option("--deepthings-layers", type=click.IntRange(min=1), default=None,
+              show_default="every block cut tried, the best predicted kept", help="DeepThings fused depth")
+@click.option("--jobs", type=click.IntRange(min=1), default=None, show_default="the cores available, at most 2",
+              help="processes for the spatial and hybrid searches; the plan is the same for any value")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON summary object on stdout")
 def compile_cmd(model, devices, outdir, strategy, objective, shapes, search_threshold, deepthings_grid,
                 deepthings_layers, jobs, as_json):
     """Compile MODEL for the devices in CLUSTER.yaml into OUTDIR (fragments + manifest.json)."""
     import time
 
-    from .driver import compile_model
+    from .driver import PlanOptions, compile_model
+    from .emit import check_output_dir
     from .ingest import parse_shape_option
     from .report import compile_summary, format_compile
 
-    from .driver import PlanOptions
-
+    check_output_dir(outdir)  # a folder that will be refused is refused now, not after the planning
     grid = None
     if deepthings_grid is not None:
         n, sep, m = deepthings_grid.lower().partition("x")
@@ -94,9 +106,10 @@ def compile_cmd(model, devices, outdir, strategy, objective, shapes, search_thre
     click.echo(json.dumps(summary, indent=1, sort_keys=True) if as_json else format_compile(summary))
 
 
-@cli.command("inspect")
+@cli.command("inspect", epilog=_EPILOG)
 @click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--devices", type=click.Path(dir_okay=False, path_type=Path), help="cluster.yaml: add the cost table")
+@click.option("--devices", type=click.Path(dir_okay=False, path_type=Path), show_default="no cost table",
+              help="cluster.yaml: add the cost table")
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=D0,D1,...")
 @click.option("--json", "as_json", is_flag=True)
 def inspect_cmd(model, devices, shapes, as_json):
@@ -129,7 +142,7 @@ def inspect_cmd(model, devices, shapes, as_json):
     click.echo(json.dumps(summary, indent=1, sort_keys=True) if as_json else format_inspect(summary))
 
 
-@cli.command("simulate")
+@cli.command("simulate", epilog=_EPILOG)
 @click.argument("manifest", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True)
 def simulate_cmd(manifest, as_json):
@@ -147,12 +160,18 @@ def simulate_cmd(manifest, as_json):
     click.echo(json.dumps(sim, indent=1, sort_keys=True) if as_json else format_simulation(sim))
 
 
-@cli.command("profile")
+@cli.command("profile", epilog=_EPILOG)
 @click.option("-o", "--output", "output", required=True, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--model", type=click.Path(dir_okay=False, path_type=Path), help="also measure this model's layers")
-@click.option("--threads", type=click.IntRange(min=1), default=None)
-@click.option("--power-idle", type=click.FloatRange(min=0), default=None, help="idle watts, if known")
-@click.option("--power-busy", type=click.FloatRange(min=0), default=None, help="busy watts, if known")
+@click.option("--model", type=click.Path(dir_okay=False, path_type=Path), show_default="the standard kernels only",
+              help="also measure this model's layers")
+@click.option("--threads", type=click.IntRange(min=1, max=MAX_THREADS), default=None,
+              show_default="onnxruntime's, one per physical core",
+              help=f"onnxruntime intra-op threads; at most 4 x this machine's cores ({MAX_THREADS} here): more only "
+                   "oversubscribe them")
+@click.option("--power-idle", type=click.FloatRange(min=0), default=None, show_default="unknown",
+              help="idle watts, if known")
+@click.option("--power-busy", type=click.FloatRange(min=0), default=None, show_default="unknown",
+              help="busy watts, if known")
 def profile_cmd(output, model, threads, power_idle, power_busy):
     """Measure this machine and write a device profile (the format of profiles/*.yaml)."""
     from .profile import measure_host, write_profile

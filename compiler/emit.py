@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import logging
 import os
 import re
 import shutil
+import signal
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from edgec.runtime import MANIFEST_FORMAT, MANIFEST_VERSION
+from edgec.runtime.errors import one_line
 from edgec.runtime.manifest_types import HOST
 
 from .errors import UserError
@@ -25,8 +30,10 @@ from .plan.types import Plan, Stage
 from .simulate import Prediction, crossing_tensors
 from .spatial.tiles import build_tile_model, stage_layout, tile_name
 
-__all__ = ["Fragment", "build_fragments", "build_manifest", "write_output", "MANIFEST_FORMAT", "MANIFEST_VERSION"]
+__all__ = ["Fragment", "build_fragments", "build_manifest", "write_output", "check_output_dir", "MANIFEST_FORMAT",
+           "MANIFEST_VERSION"]
 
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -337,45 +344,113 @@ def _tensor_entry(graph: LayerGraph, t: str) -> dict:
 
 
 def write_output(outdir: Path, manifest: dict, frags: list[Fragment]) -> None:
-    """Write into a temporary sibling folder, then swap it into place: a failure leaves nothing half-written.
+    """Write into a temporary sibling folder, then swap it into place: a failure (or SIGTERM/SIGINT, when
+    the caller turns them into exceptions) leaves nothing half-written and no temporary folder.
 
-    An existing OUTDIR is replaced only when it is empty or holds an earlier edgec build (a manifest.json
-    of ours); anything else is the user's data and is refused.
+    An existing OUTDIR is replaced only when it is empty or holds exactly an earlier edgec build (see
+    check_output_dir); every fragment must load in onnxruntime before the build is swapped in.
     """
-    outdir = Path(outdir)
-    if outdir.exists():
-        if not outdir.is_dir():
-            raise UserError("output path exists and is not a folder", str(outdir))
-        entries = list(outdir.iterdir())
-        if entries and not _is_edgec_build(outdir):
-            raise UserError("output folder is not empty and is not an edgec build; refusing to overwrite it", str(outdir))
-    parent = outdir.resolve().parent
+    outdir = Path(outdir).resolve()  # `-o .` has no name to put the temporary sibling beside
+    check_output_dir(outdir)
+    tmp: Path | None = None
     try:
-        parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{outdir.name}.tmp-", dir=parent))
-    except OSError as exc:
-        raise UserError(f"cannot create the output folder: {exc.strerror}", str(outdir)) from None
-    try:
+        with _signals_held():  # the folder exists only once `tmp` names it, for the cleanup below
+            outdir.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{outdir.name}.tmp-", dir=outdir.parent))
         for f in frags:
             with open(tmp / f.file, "wb") as fh:
                 fh.writelines(f.encoded.chunks)
+        # From the written files: onnxruntime reads them itself, where bytes would need each fragment
+        # joined into one more copy (575 MB for VGG-19) first.
+        _check_loadable(tmp, frags, outdir, manifest)
         text = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
         (tmp / "manifest.json").write_text(text, encoding="utf-8")
-        _swap_into_place(tmp, outdir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        with _signals_held():  # half a swap would leave the old build beside the new one, or neither in place
+            _swap_into_place(tmp, outdir, check_output_dir(outdir))  # checked again: files may have appeared
+    except OSError as exc:
+        raise UserError(f"cannot write the build: {exc.strerror or exc}", str(outdir)) from None
+    finally:
+        if tmp is not None and tmp.exists():  # tmp is gone once swapped into place
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _is_edgec_build(folder: Path) -> bool:
+def check_output_dir(outdir: Path) -> tuple[str, ...]:
+    """The files of the earlier build that OUTDIR holds (empty if OUTDIR is missing or empty); UserError
+    if OUTDIR is not a folder, or holds anything else: the user's files are never replaced."""
+    outdir = Path(outdir).resolve()
+    if not outdir.name:
+        raise UserError("cannot write a build over the root folder", str(outdir))
+    if not outdir.exists():
+        return ()
+    if not outdir.is_dir():
+        raise UserError("output path exists and is not a folder", str(outdir))
+    try:
+        entries = sorted(outdir.iterdir())
+    except OSError as exc:
+        raise UserError(f"cannot read the output folder: {exc.strerror}", str(outdir)) from None
+    build = _build_files(outdir) if entries else set()
+    foreign = [e.name for e in entries if e.name not in build or e.is_symlink() or not e.is_file()]
+    if foreign:
+        what = "which is not part of the earlier edgec build there" if build else "and is not an edgec build"
+        raise UserError(f"output folder holds {foreign[0]!r} {what}; refusing to replace it (move that away or "
+                        "choose another output folder)", str(outdir))
+    return tuple(e.name for e in entries)
+
+
+def _build_files(folder: Path) -> set[str]:
+    """manifest.json and the fragment files it names, if folder/manifest.json is an edgec manifest; else empty."""
     try:
         data = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and data.get("format") == MANIFEST_FORMAT
+        return set()
+    if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT or not isinstance(data.get("fragments"), list):
+        return set()
+    files = {"manifest.json"}
+    for frag in data["fragments"]:
+        name = frag.get("file") if isinstance(frag, dict) else None
+        if not isinstance(name, str) or name in ("", ".", "..") or Path(name).name != name:
+            return set()  # a name reaching outside the folder: not a manifest we wrote
+        files.add(name)
+    return files
 
 
-def _swap_into_place(tmp: Path, outdir: Path) -> None:
+def _check_loadable(folder: Path, frags: list[Fragment], outdir: Path, manifest: dict) -> None:
+    """UserError naming the fragment and onnxruntime's reason if a fragment does not load (e.g. an
+    operator of a custom domain): the build would fail on the devices instead. Loading is what is
+    checked, so neither graph optimisation nor weight prepacking (half the load time of VGG-19's 575 MB)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.add_session_config_entry("session.disable_prepacking", "1")
+    opts.intra_op_num_threads = opts.inter_op_num_threads = 1
+    model = os.path.normpath(outdir / manifest["model"]["path"])
+    for f in frags:
+        try:
+            ort.InferenceSession(str(folder / f.file), opts, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime raises several pybind error types
+            raise UserError(f"fragment {f.id} for {f.device} ({f.file}) does not load in onnxruntime, so no "
+                            f"device could run it: {one_line(exc, 300)}", model) from None
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """Hold SIGTERM and SIGINT within (main thread only), then deliver them to the handlers in place before."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, _frame: pending.append(signum)) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
+        for s in dict.fromkeys(pending):
+            signal.raise_signal(s)
+
+
+def _swap_into_place(tmp: Path, outdir: Path, old_files: tuple[str, ...]) -> None:
     if not outdir.exists():
         os.replace(tmp, outdir)
         return
@@ -386,4 +461,15 @@ def _swap_into_place(tmp: Path, outdir: Path) -> None:
     except BaseException:
         os.replace(old, outdir)
         raise
-    shutil.rmtree(old, ignore_errors=True)
+    _remove_old_build(old, old_files)
+
+
+def _remove_old_build(old: Path, files: tuple[str, ...]) -> None:
+    """Delete the earlier build's files by name, then its folder: a file that appeared in it after the
+    last check keeps the folder, which is reported rather than deleted."""
+    for name in files:
+        (old / name).unlink(missing_ok=True)
+    try:
+        old.rmdir()
+    except OSError:
+        logger.warning("kept %s: files appeared in the earlier build while compiling", old)

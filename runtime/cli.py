@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -16,91 +18,204 @@ from pathlib import Path
 import click
 import numpy as np
 
-from .coordinator import RunResult, run_manifest
-from .errors import EdgecRuntimeError, InputError
+from .coordinator import RunResult, available_cores, run_manifest
+from .errors import EdgecRuntimeError, InputError, one_line
 from .inputs import load_inputs
 from .manifest import Manifest, load_manifest
-from .verify import VerifyResult, verify_outputs
+from .verify import VerifyResult, check_model, verify_outputs
 
-__all__ = ["run", "main", "EXIT_OK", "EXIT_VERIFY_FAILED", "EXIT_INPUT", "EXIT_RUN"]
+__all__ = ["run", "main", "OneLineErrors", "Interrupted", "interrupt_on_signals", "quiet_broken_pipe",
+           "EXIT_OK", "EXIT_VERIFY_FAILED", "EXIT_INPUT", "EXIT_RUN", "EXIT_PIPE", "MAX_THREADS"]
 
 logger = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_VERIFY_FAILED, EXIT_INPUT, EXIT_RUN = 0, 1, 2, 3
+# What a shell reports for a writer killed by SIGPIPE (128 + 13): `edgec ... | head` behaves like any
+# other Unix filter whose reader went away.
+EXIT_PIPE = 128 + 13
+# More intra-op threads than this only oversubscribe the cores; 100000 would stall start-up past --timeout.
+MAX_THREADS = 4 * available_cores()
 
 
-@click.command("run", epilog="Exit codes: 0 ok, 1 verification failed, 2 bad input, 3 run failure (a worker failed, "
-                             "died or timed out).")
+class Interrupted(BaseException):
+    """SIGTERM or SIGINT arrived: unwinds like KeyboardInterrupt (every `finally` and context manager
+    cleans up), and is no Exception, so no `except Exception` swallows it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+    def __str__(self) -> str:
+        return f"interrupted by {signal.Signals(self.signum).name}"
+
+
+@contextlib.contextmanager
+def interrupt_on_signals():
+    """Within: SIGTERM and SIGINT raise Interrupted (in the main thread; elsewhere signals cannot be set)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, _frame):
+        raise Interrupted(signum)
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, signal.SIG_DFL if h is None else h)  # None: a handler set outside Python
+
+
+def quiet_broken_pipe() -> int:
+    """Python's recipe for a reader that closed stdout early: point stdout at devnull, so that the flush
+    at exit cannot raise again, and exit EXIT_PIPE without a traceback."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no file descriptor (a test runner's captured stdout)
+        pass
+    return EXIT_PIPE
+
+
+class OneLineErrors:
+    """Mixin for a click Command or Group run standalone: a usage error is one line
+    `edgec: <message> (see 'COMMAND --help')` and exit 2; stdout closed early exits EXIT_PIPE quietly."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            code = code if isinstance(code, int) else EXIT_OK
+            sys.stdout.flush()  # inside the try: what is still buffered may meet the closed pipe too
+        except click.exceptions.NoArgsIsHelpError as exc:  # the bare command: its help, not an error
+            exc.show()
+            code = exc.exit_code
+        except click.ClickException as exc:
+            click.echo(f"edgec: {_usage_line(exc)}", err=True)
+            code = EXIT_INPUT
+        except click.exceptions.Abort:  # click's form of KeyboardInterrupt outside a command
+            click.echo("edgec: interrupted", err=True)
+            code = 128 + signal.SIGINT
+        except BrokenPipeError:
+            code = quiet_broken_pipe()
+        sys.exit(code)
+
+    def make_context(self, *args, **kwargs):
+        try:  # --help and --version print while the context is made
+            return super().make_context(*args, **kwargs)
+        except BrokenPipeError:  # handled here: click's own handling would exit 1
+            raise click.exceptions.Exit(quiet_broken_pipe()) from None
+
+
+def _usage_line(exc: click.ClickException) -> str:
+    message = one_line(exc.format_message(), 500)
+    ctx = getattr(exc, "ctx", None)
+    return f"{message} (see '{ctx.command_path} --help')" if ctx is not None else message
+
+
+class _RunCommand(OneLineErrors, click.Command):
+    pass
+
+
+_EPILOG = ("Exit codes: 0 ok, 1 verification failed, 2 bad input, 3 run failure (a worker failed, died or timed "
+           f"out), {EXIT_PIPE} stdout closed before the report was written (e.g. piped into head), 128+N "
+           "stopped by signal N (130 SIGINT, 143 SIGTERM).")
+
+
+@click.command("run", cls=_RunCommand, epilog=_EPILOG, context_settings={"show_default": True})
 @click.argument("manifest", type=click.Path(dir_okay=True))
 @click.option("--inputs", "inputs_file", metavar="FILE.npz", help="All model inputs, by name (np.savez).")
 @click.option("--input", "input_pairs", multiple=True, metavar="NAME=FILE.npy", help="One model input (repeatable).")
 @click.option("--random-inputs", is_flag=True, help="Random inputs of the manifest's shapes and dtypes.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for --random-inputs.")
 @click.option("--verify", is_flag=True, help="Compare against the source model run whole in onnxruntime.")
+@click.option("--model", "model_file", metavar="MODEL.onnx", show_default="the manifest's model path",
+              help="The source model for --verify, when the build folder was moved away from it; its sha256 "
+                   "must match the manifest's.")
 @click.option("--tolerance", type=click.FloatRange(min=0), default=1e-4, show_default=True,
               help="Pass when max|a-b| <= tolerance * max(1, max|reference|) for every output.")
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True, help="Timed requests (after one warm-up).")
 @click.option("--output", "output_file", metavar="FILE.npz", help="Write the outputs here (atomically).")
-@click.option("--threads", type=click.IntRange(min=0), default=None,
-              help="onnxruntime intra-op threads per worker [default: cores / devices; all cores for one device].")
+@click.option("--threads", type=click.IntRange(min=0, max=MAX_THREADS), default=None,
+              show_default="cores / devices; all cores for one device",
+              help="onnxruntime intra-op threads per worker, 0 for onnxruntime's own default (all cores); at "
+                   f"most 4 x this machine's cores ({MAX_THREADS} here): more only oversubscribe them.")
 @click.option("--emulate", is_flag=True, help="Pad runs to predicted_ms and delay sends by the manifest's network.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
               help="Seconds allowed for start-up and for each request.")
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object on stdout.")
 @click.pass_context
-def run(ctx: click.Context, manifest: str, inputs_file, input_pairs, random_inputs, seed, verify, tolerance,
-        repeat, output_file, threads, emulate, timeout, as_json) -> None:
+def run(ctx: click.Context, manifest: str, inputs_file, input_pairs, random_inputs, seed, verify, model_file,
+        tolerance, repeat, output_file, threads, emulate, timeout, as_json) -> None:
     """Run MANIFEST (a manifest.json, or the folder holding one) on one local worker per device."""
-    handler = _progress_handler()
-    previous = _exit_on_sigterm()
-    try:
-        code = _run(manifest, inputs_file, input_pairs, random_inputs, seed, verify, tolerance, repeat,
-                    output_file, threads, emulate, timeout, as_json)
-    except EdgecRuntimeError as exc:
-        click.echo(f"edgec: {exc}", err=True)
-        code = exc.exit_code
-    except KeyboardInterrupt:
-        click.echo("edgec: interrupted", err=True)
-        code = 130
-    finally:
-        logging.getLogger("edgec.runtime").removeHandler(handler)
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+    # SIGTERM and SIGINT unwind through the coordinator's cleanup, which stops the workers.
+    with _progress_to_stderr(), interrupt_on_signals():
+        try:
+            code = _run(manifest, inputs_file, input_pairs, random_inputs, seed, verify, model_file, tolerance,
+                        repeat, output_file, threads, emulate, timeout, as_json)
+        except EdgecRuntimeError as exc:
+            click.echo(f"edgec: {exc}", err=True)
+            code = exc.exit_code
+        except Interrupted as exc:
+            click.echo(f"edgec: {exc}", err=True)
+            code = exc.exit_code
+        except KeyboardInterrupt:  # SIGINT while another handler (an embedding application's) is in charge
+            click.echo("edgec: interrupted", err=True)
+            code = 128 + signal.SIGINT
+        except BrokenPipeError:  # handled here: click's own handling would exit 1
+            code = quiet_broken_pipe()
     ctx.exit(code)
 
 
-def _exit_on_sigterm():
-    """Turn SIGTERM into SystemExit so the coordinator's cleanup (stopping the workers) still runs."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-
-    def handler(signum, _frame):
-        raise SystemExit(128 + signum)
-
-    return signal.signal(signal.SIGTERM, handler)
+class _ProgressFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        return f"edgec: warning: {text}" if record.levelno >= logging.WARNING else f"edgec: {text}"
 
 
-def _progress_handler() -> logging.Handler:
-    """Progress goes to stderr (looked up now, so test runners that swap sys.stderr capture it)."""
+@contextlib.contextmanager
+def _progress_to_stderr():
+    """The runtime's progress and warnings on stderr, each once: the "edgec.runtime" logger stops
+    propagating meanwhile, so a root handler (`edgec`'s own, for the compiler's warnings) does not
+    print them a second time. stderr is looked up now, so test runners that swap it capture it."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("edgec: %(message)s"))
-    root = logging.getLogger("edgec.runtime")
-    root.addHandler(handler)
-    root.setLevel(logging.INFO)
-    return handler
+    handler.setFormatter(_ProgressFormatter("%(message)s"))
+    log = logging.getLogger("edgec.runtime")
+    saved = log.level, log.propagate
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(saved[0])
+        log.propagate = saved[1]
 
 
-def _run(manifest_arg, inputs_file, input_pairs, random_inputs, seed, verify, tolerance, repeat, output_file,
-         threads, emulate, timeout, as_json) -> int:
+def _run(manifest_arg, inputs_file, input_pairs, random_inputs, seed, verify, model_file, tolerance, repeat,
+         output_file, threads, emulate, timeout, as_json) -> int:
     path = Path(manifest_arg)
     manifest = load_manifest(path / "manifest.json" if path.is_dir() else path)
+    if model_file is not None:
+        if not verify:
+            raise InputError(f"--model {model_file}: the source model is used by --verify only; add --verify")
+        manifest = dataclasses.replace(manifest, model_path=Path(model_file))
+    if verify:  # before the run: a moved or changed model fails in a second, not after the whole run
+        check_model(manifest)
     inputs = load_inputs(manifest, npz=inputs_file, pairs=input_pairs, random=random_inputs, seed=seed)
     result = run_manifest(manifest, inputs, repeat=repeat, threads=threads, emulate=emulate, timeout=timeout,
                           progress=logger.info)
     checked = None
     if verify:
         logger.info("verifying against %s", manifest.model_path)
-        checked = verify_outputs(manifest, inputs, result.outputs, tolerance)
+        checked = verify_outputs(manifest, inputs, result.outputs, tolerance, model_checked=True)
     if output_file:
         write_npz(output_file, result.outputs)
     if as_json:
@@ -171,4 +286,4 @@ def _print_human(manifest: Manifest, result: RunResult, checked: VerifyResult | 
 
 
 def main() -> None:
-    run(prog_name="python -m edgec.runtime")
+    run.main(prog_name="python -m edgec.runtime")

@@ -13,7 +13,7 @@ from .errors import InputError, one_line
 from .executor import session_options
 from .manifest import Manifest, file_sha256
 
-__all__ = ["VerifyResult", "reference_outputs", "compare_outputs", "verify_outputs"]
+__all__ = ["VerifyResult", "check_model", "reference_outputs", "compare_outputs", "verify_outputs"]
 
 logger = logging.getLogger(__name__)
 
@@ -31,14 +31,28 @@ class VerifyResult:
                 "tolerance": self.tolerance}
 
 
-def reference_outputs(manifest: Manifest, inputs: Mapping[str, np.ndarray], threads: int = 0) -> dict[str, np.ndarray]:
-    """The source model's outputs (manifest output names) on `inputs`, from one whole-model session."""
+def _where(manifest: Manifest) -> str:
+    return f"{manifest.path}: model {manifest.model_path}"
+
+
+def check_model(manifest: Manifest) -> None:
+    """InputError unless manifest.model_path is the file the manifest was compiled from (its sha256)."""
     path = manifest.model_path
-    where = f"{manifest.path}: model {path}"
     if not path.is_file():
-        raise InputError(f"{where}: not found (needed by --verify)")
+        raise InputError(f"{_where(manifest)}: not found (needed by --verify; if the build folder was moved, "
+                         "pass the model with --model PATH)")
     if file_sha256(path) != manifest.model_sha256.lower():
-        raise InputError(f"{where}: sha256 does not match the manifest (the model changed after compiling)")
+        raise InputError(f"{_where(manifest)}: sha256 does not match the manifest's: not the model this build was "
+                         "compiled from (or it changed since)")
+
+
+def reference_outputs(manifest: Manifest, inputs: Mapping[str, np.ndarray], threads: int = 0,
+                      model_checked: bool = False) -> dict[str, np.ndarray]:
+    """The source model's outputs (manifest output names) on `inputs`, from one whole-model session.
+    `model_checked`: the caller ran check_model already (hashing a 500 MB model twice costs a second)."""
+    path, where = manifest.model_path, _where(manifest)
+    if not model_checked:
+        check_model(manifest)
     try:
         sess = ort.InferenceSession(str(path), session_options(threads), providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises several pybind error types
@@ -86,5 +100,5 @@ def compare_outputs(outputs: Mapping[str, np.ndarray], reference: Mapping[str, n
 
 
 def verify_outputs(manifest: Manifest, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray],
-                   tolerance: float = 1e-4, threads: int = 0) -> VerifyResult:
-    return compare_outputs(outputs, reference_outputs(manifest, inputs, threads), tolerance)
+                   tolerance: float = 1e-4, threads: int = 0, model_checked: bool = False) -> VerifyResult:
+    return compare_outputs(outputs, reference_outputs(manifest, inputs, threads, model_checked), tolerance)

@@ -8,9 +8,11 @@ ways hand the caller exactly the same values.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
+import sys
 import threading
 from typing import Callable, Sequence
 
@@ -65,6 +67,7 @@ def _fork(fn: Callable, lane) -> tuple[int, int] | None:
     except OSError as exc:  # out of file descriptors: run the lane here instead
         logger.debug("cannot open a pipe for a planner worker (%s); running its lane in this process", exc)
         return None
+    parent = os.getpid()
     try:
         pid = os.fork()
     except OSError as exc:  # out of processes or memory: run the lane here instead
@@ -75,6 +78,7 @@ def _fork(fn: Callable, lane) -> tuple[int, int] | None:
     if pid == 0:  # the child: compute, write, and leave without running the parent's exit handlers
         code = 1
         try:
+            _die_with(parent)
             os.close(r)
             data = msgpack.packb({"ok": fn(lane)}, use_bin_type=True)
             with os.fdopen(w, "wb") as f:
@@ -84,6 +88,25 @@ def _fork(fn: Callable, lane) -> tuple[int, int] | None:
             os._exit(code)
     os.close(w)
     return pid, r
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# Loaded before any fork, so that a child's first step does no dynamic loading.
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def _die_with(parent: int) -> None:
+    """In a fresh child: the parent's signal handlers are not ours (SIGTERM and SIGINT end a worker at
+    once), and on Linux the kernel kills this process when the parent dies, even by SIGKILL, when no
+    `finally` of the parent can stop it. A parent that died before prctl took effect is caught by getppid."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    if _LIBC is None:
+        return
+    if _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def _collect(child: tuple[int, int]) -> dict | None:
