@@ -10,7 +10,8 @@ from pathlib import Path
 
 import click
 
-from edgec.runtime.cli import EXIT_PIPE, MAX_THREADS, Interrupted, OneLineErrors, interrupt_on_signals, quiet_broken_pipe
+from edgec.runtime.cli import EXIT_PIPE, MAX_THREADS, OneLineErrors, quiet_broken_pipe
+from edgec.runtime.interrupts import Interrupted, interrupt_on_signals
 
 from .errors import UserError
 
@@ -84,12 +85,11 @@ def cli() -> None:
 def compile_cmd(model, devices, outdir, strategy, objective, shapes, search_threshold, deepthings_grid,
                 deepthings_layers, jobs, as_json):
     """Compile MODEL for the devices in CLUSTER.yaml into OUTDIR (fragments + manifest.json)."""
-    import time
-
-    from .driver import PlanOptions, compile_model
+    from .api import compile as compile_api
     from .emit import check_output_dir
     from .ingest import parse_shape_option
-    from .report import compile_summary, format_compile
+    from .progress import for_stderr
+    from .report import format_compile
 
     check_output_dir(outdir)  # a folder that will be refused is refused now, not after the planning
     grid = None
@@ -98,11 +98,11 @@ def compile_cmd(model, devices, outdir, strategy, objective, shapes, search_thre
         if not (sep and n.isdigit() and m.isdigit() and int(n) > 0 and int(m) > 0):
             raise UserError(f"--deepthings-grid {deepthings_grid!r}: expected NxM with positive integers, e.g. 4x1")
         grid = (int(n), int(m))
-    options = PlanOptions(search_threshold, grid, deepthings_layers, jobs)
-    t0 = time.perf_counter()
-    result = compile_model(model, devices, outdir, strategy, objective, parse_shape_option(shapes), _progress,
-                           options)
-    summary = compile_summary(result, outdir, time.perf_counter() - t0)
+    with for_stderr(live=not as_json) as progress:
+        summary = compile_api(model, devices, outdir, strategy=strategy, objective=objective,
+                              shapes=parse_shape_option(shapes), search_threshold=search_threshold,
+                              deepthings_grid=grid, deepthings_layers=deepthings_layers, jobs=jobs,
+                              progress=progress)
     click.echo(json.dumps(summary, indent=1, sort_keys=True) if as_json else format_compile(summary))
 
 

@@ -8,6 +8,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from edgec.runtime.interrupts import check_interrupted
+
 from . import cluster as cluster_mod
 from .cost import CostTable, build_cost_table, pipeline_problem
 from .emit import build_fragments, build_manifest, write_output
@@ -19,7 +21,7 @@ from .plan.spatial import Dominated, plan_searches
 from .plan.spatial import fits as spatial_fits
 from .plan.problem import InfeasibleError, PipelineProblem, PipelineSolution
 from .plan.types import Plan, Stage
-from .progress import LineProgress, Progress
+from .progress import Progress
 from .simulate import Prediction, simulate
 
 __all__ = ["CompileResult", "Candidate", "PlanOptions", "compile_model", "plan_model", "OBJECTIVES"]
@@ -91,6 +93,7 @@ def plan_model(graph: LayerGraph, cost: CostTable, strategy: str, objective: str
     # bounds the spatial searches, which share one search for spatial and hybrid (plan_searches)
     done: dict[str, Candidate] = {}
     for n in [n for n in names if n not in _SEARCH_LAST]:
+        check_interrupted()
         progress.status(f"planning: {n}{_best_so_far(done.values(), objective)}")
         t0 = time.perf_counter()
         if n in PLANNERS:
@@ -175,13 +178,12 @@ def _candidate(name, graph, cost, plan: Plan | InfeasibleError) -> Candidate:
 def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, strategy: str = "auto",
                   objective: str = "latency", shapes: dict | None = None,
                   progress: Progress = Progress(), options: PlanOptions = PlanOptions()) -> CompileResult:
-    if callable(progress):  # until every caller passes a Progress: a function that takes one line
-        progress = LineProgress(lambda line, write=progress: write(line.removeprefix("edgec: ")))
     timings: dict[str, float] = {}
     t = time.perf_counter()
 
     def step(name: str, then: str | None = None) -> None:
         """`name` finished; `then` starts."""
+        check_interrupted()
         nonlocal t
         now = time.perf_counter()
         timings[name] = now - t

@@ -19,6 +19,7 @@ import numpy as np
 
 from edgec.runtime import MANIFEST_FORMAT, MANIFEST_VERSION
 from edgec.runtime.errors import one_line
+from edgec.runtime.interrupts import check_interrupted
 from edgec.runtime.manifest_types import HOST
 
 from .errors import UserError
@@ -358,6 +359,7 @@ def write_output(outdir: Path, manifest: dict, frags: list[Fragment]) -> None:
             outdir.parent.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix=f".{outdir.name}.tmp-", dir=outdir.parent))
         for f in frags:
+            check_interrupted()
             with open(tmp / f.file, "wb") as fh:
                 fh.writelines(f.encoded.chunks)
         # From the written files: onnxruntime reads them itself, where bytes would need each fragment
@@ -426,6 +428,7 @@ def _check_loadable(folder: Path, frags: list[Fragment], outdir: Path, manifest:
     opts.intra_op_num_threads = opts.inter_op_num_threads = 1
     model = os.path.normpath(outdir / manifest["model"]["path"])
     for f in frags:
+        check_interrupted()  # the sessions freed here may swallow a signal's first raise
         try:
             ort.InferenceSession(str(folder / f.file), opts, providers=["CPUExecutionProvider"])
         except Exception as exc:  # onnxruntime raises several pybind error types

@@ -2,8 +2,8 @@
 
 The driver reports two kinds of event: `note` (something finished: a pass, a planner and its plan) and
 `status` (what is running now, with the best plan so far). Plain lines print the notes; on a terminal
-(`RichProgress`) the status is one transient line, redrawn with a spinner and the elapsed time, and the
-notes scroll above it. Nothing here writes to stdout, which belongs to the results (`--json`).
+(`RichProgress`) the status is one transient line, redrawn at each event, and the notes scroll above
+it. Nothing here writes to stdout, which belongs to the results (`--json`).
 """
 
 from __future__ import annotations
@@ -42,31 +42,32 @@ class LineProgress(Progress):
 
 
 class RichProgress(Progress):
-    """A live status line on a terminal (rich): spinner, what runs now, seconds since it started; notes
-    print above it and stay."""
+    """A live status line on a terminal (rich): what runs now and the best plan so far, redrawn at each
+    event; notes print above it and stay. No refresh thread: the planner forks its search lanes only
+    while this process has no other thread (plan/lanes.py), and a timer thread would stop that."""
 
     def __init__(self, console=None):
+        from rich.progress import Progress as Live, TextColumn
         from rich.console import Console
-        from rich.progress import Progress as Bar, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-        self._bar = Bar(SpinnerColumn(), TextColumn("{task.description}", markup=False), TimeElapsedColumn(),
-                        console=console or Console(stderr=True), transient=True)
+        self._live = Live(TextColumn("{task.description}", markup=False), auto_refresh=False, transient=True,
+                          console=console or Console(stderr=True))
         self._task = None
 
     def __enter__(self) -> "RichProgress":
-        self._bar.__enter__()
-        self._task = self._bar.add_task("edgec: starting", total=None)
+        self._live.__enter__()
+        self._task = self._live.add_task("edgec: starting", total=None)
         return self
 
     def __exit__(self, *exc) -> None:
-        self._bar.__exit__(*exc)
+        self._live.__exit__(*exc)
 
     def note(self, message: str) -> None:
-        self._bar.console.print(f"edgec: {message}", markup=False, highlight=False)
+        self._live.console.print(f"edgec: {message}", markup=False, highlight=False)
 
     def status(self, message: str) -> None:
         if self._task is not None:
-            self._bar.reset(self._task, description=f"edgec: {message}")
+            self._live.update(self._task, description=f"edgec: {message}", refresh=True)
 
 
 def for_stderr(live: bool = True) -> Progress:

@@ -3,28 +3,24 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
-import math
 import os
 import signal
 import statistics
 import sys
-import tempfile
-import threading
-from pathlib import Path
 
 import click
 import numpy as np
 
-from .coordinator import RunResult, available_cores, run_manifest
-from .errors import EdgecRuntimeError, InputError, one_line
-from .inputs import load_inputs
-from .manifest import Manifest, load_manifest
-from .verify import VerifyResult, check_model, verify_outputs
+from .api import MAX_THREADS, execute, report, write_npz
+from .coordinator import RunResult
+from .errors import EdgecRuntimeError, one_line
+from .interrupts import Interrupted, interrupt_on_signals
+from .manifest import Manifest
+from .verify import VerifyResult
 
-__all__ = ["run", "main", "OneLineErrors", "Interrupted", "interrupt_on_signals", "quiet_broken_pipe",
+__all__ = ["run", "main", "device_main", "OneLineErrors", "quiet_broken_pipe",
            "EXIT_OK", "EXIT_VERIFY_FAILED", "EXIT_INPUT", "EXIT_RUN", "EXIT_PIPE", "MAX_THREADS"]
 
 logger = logging.getLogger(__name__)
@@ -33,42 +29,6 @@ EXIT_OK, EXIT_VERIFY_FAILED, EXIT_INPUT, EXIT_RUN = 0, 1, 2, 3
 # What a shell reports for a writer killed by SIGPIPE (128 + 13): `edgec ... | head` behaves like any
 # other Unix filter whose reader went away.
 EXIT_PIPE = 128 + 13
-# More intra-op threads than this only oversubscribe the cores; 100000 would stall start-up past --timeout.
-MAX_THREADS = 4 * available_cores()
-
-
-class Interrupted(BaseException):
-    """SIGTERM or SIGINT arrived: unwinds like KeyboardInterrupt (every `finally` and context manager
-    cleans up), and is no Exception, so no `except Exception` swallows it."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-    @property
-    def exit_code(self) -> int:
-        return 128 + self.signum
-
-    def __str__(self) -> str:
-        return f"interrupted by {signal.Signals(self.signum).name}"
-
-
-@contextlib.contextmanager
-def interrupt_on_signals():
-    """Within: SIGTERM and SIGINT raise Interrupted (in the main thread; elsewhere signals cannot be set)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, _frame):
-        raise Interrupted(signum)
-
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, signal.SIG_DFL if h is None else h)  # None: a handler set outside Python
 
 
 def quiet_broken_pipe() -> int:
@@ -201,65 +161,16 @@ def _progress_to_stderr():
 
 def _run(manifest_arg, inputs_file, input_pairs, random_inputs, seed, verify, model_file, tolerance, repeat,
          output_file, threads, emulate, timeout, as_json) -> int:
-    path = Path(manifest_arg)
-    manifest = load_manifest(path / "manifest.json" if path.is_dir() else path)
-    if model_file is not None:
-        if not verify:
-            raise InputError(f"--model {model_file}: the source model is used by --verify only; add --verify")
-        manifest = dataclasses.replace(manifest, model_path=Path(model_file))
-    if verify:  # before the run: a moved or changed model fails in a second, not after the whole run
-        check_model(manifest)
-    inputs = load_inputs(manifest, npz=inputs_file, pairs=input_pairs, random=random_inputs, seed=seed)
-    result = run_manifest(manifest, inputs, repeat=repeat, threads=threads, emulate=emulate, timeout=timeout,
-                          progress=logger.info)
-    checked = None
-    if verify:
-        logger.info("verifying against %s", manifest.model_path)
-        checked = verify_outputs(manifest, inputs, result.outputs, tolerance, model_checked=True)
+    manifest, result, checked = execute(manifest_arg, npz=inputs_file, pairs=input_pairs, random_inputs=random_inputs,
+                                        seed=seed, verify=verify, model=model_file, tolerance=tolerance,
+                                        repeat=repeat, threads=threads, emulate=emulate, timeout=timeout)
     if output_file:
         write_npz(output_file, result.outputs)
     if as_json:
-        click.echo(json.dumps(_report(manifest, result, checked)))
+        click.echo(json.dumps(report(manifest, result, checked)))
     else:
         _print_human(manifest, result, checked)
     return EXIT_VERIFY_FAILED if checked is not None and not checked.passed else EXIT_OK
-
-
-def write_npz(path: str, arrays: dict[str, np.ndarray]) -> None:
-    """Write atomically: a temporary file in the same folder, then os.replace."""
-    target = Path(path)
-    try:
-        fd, tmp = tempfile.mkstemp(dir=target.parent if str(target.parent) else ".", prefix=f".{target.name}.", suffix=".tmp")
-    except OSError as exc:
-        raise InputError(f"{path}: cannot write the outputs here ({exc.strerror})") from None
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **arrays)
-        os.replace(tmp, target)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise InputError(f"{path}: cannot write the outputs ({exc.strerror})") from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _report(manifest: Manifest, result: RunResult, checked: VerifyResult | None) -> dict:
-    return {
-        "manifest": str(manifest.path),
-        "latency_ms": result.latency_ms,
-        "latencies_ms": result.latencies_ms,
-        "outputs": [{"name": o.name, "shape": list(result.outputs[o.name].shape), "dtype": result.outputs[o.name].dtype.name}
-                    for o in manifest.outputs],
-        "verify": None if checked is None else _finite(checked.as_json()),
-        "devices": {name: {"fragments_run_ms": statistics.median(ms) if ms else 0.0}
-                    for name, ms in result.device_run_ms.items()},
-    }
-
-
-def _finite(d: dict) -> dict:
-    """Strict JSON has no Infinity/NaN: an unbounded difference (shape mismatch, NaN) becomes null."""
-    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in d.items()}
 
 
 def _stats(a: np.ndarray) -> str:
@@ -287,3 +198,21 @@ def _print_human(manifest: Manifest, result: RunResult, checked: VerifyResult | 
 
 def main() -> None:
     run.main(prog_name="python -m edgec.runtime")
+
+
+class _DeviceGroup(OneLineErrors, click.Group):
+    pass
+
+
+@click.group("edgec", cls=_DeviceGroup, context_settings={"show_default": True})
+@click.version_option(package_name="edgec-runtime")
+def device_cli() -> None:
+    """edgec on a device that only runs builds (the distribution edgec-runtime, without the compiler)."""
+
+
+device_cli.add_command(run)
+
+
+def device_main() -> None:
+    """The `edgec` command of the device-only distribution (runtime/dist)."""
+    device_cli.main(prog_name="edgec")

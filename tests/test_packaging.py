@@ -3,6 +3,8 @@ distribution (runtime/dist) that carries the runtime and nothing of the compiler
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -13,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import edgec
+from edgec import models
 from edgec.compiler import cluster
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,14 +66,45 @@ def test_declared_dependencies_are_imported():
         assert f"import {module}" in sources or f"from {module}" in sources, f"{name} is declared, never imported"
 
 
-@pytest.mark.slow
-def test_device_distribution_holds_only_the_runtime(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path),
-                           str(ROOT / "runtime" / "dist")], capture_output=True, text=True, timeout=600)
+def _device_wheel(tmp_path: Path) -> Path:
+    """The edgec-runtime wheel, built from a copy of runtime/ (setuptools leaves its build folder beside
+    the project it builds: not in the checkout)."""
+    src = tmp_path / "src" / "runtime"
+    shutil.copytree(ROOT / "runtime", src, ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"))
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "wheel"),
+                           str(src / "dist")], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
-    (wheel,) = tmp_path.glob("edgec_runtime-*.whl")
+    (wheel,) = (tmp_path / "wheel").glob("edgec_runtime-*.whl")
+    return wheel
+
+
+@pytest.mark.slow
+def test_device_distribution_runs_a_build_without_the_compiler(tmp_path):
+    """A device installs edgec-runtime alone (a fresh venv, no compiler dependencies) and its `edgec run`
+    runs and verifies a build that the full distribution compiled."""
+    wheel = _device_wheel(tmp_path)
     names = [n for n in zipfile.ZipFile(wheel).namelist() if not n.split("/")[0].endswith(".dist-info")]
     assert "edgec/__init__.py" in names and "edgec/runtime/worker.py" in names
     assert all(n == "edgec/__init__.py" or n.startswith("edgec/runtime/") for n in names), names
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    py, cli = venv / "bin" / "python", venv / "bin" / "edgec"
+    proc = subprocess.run([str(py), "-m", "pip", "install", "-q", str(wheel)], capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    installed = subprocess.run([str(py), "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True,
+                               check=True).stdout.lower()
+    for heavy in ("onnx==", "pyyaml", "ortools", "networkx", "onnx-graphsurgeon", "rich"):
+        assert f"\n{heavy}" not in f"\n{installed}", f"{heavy} installed on the device"
+    assert subprocess.run([str(py), "-c", "import edgec.compiler"], capture_output=True).returncode != 0
+
+    build = tmp_path / "build"
+    edgec.compile(models.ensure("tinychain"), ROOT / "tests" / "e2e" / "clusters" / "two.yaml", build,
+                  strategy="pipeline")
+    proc = subprocess.run([str(cli), "run", str(build), "--random-inputs", "--verify", "--json"],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["verify"]["passed"] is True
     meta = _pyproject(ROOT / "runtime" / "dist" / "pyproject.toml")["project"]["dependencies"]
     assert not [d for d in meta if d.split(">")[0] in ("onnx", "PyYAML", "ortools", "networkx", "onnx-graphsurgeon")]

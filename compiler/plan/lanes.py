@@ -18,6 +18,8 @@ from typing import Callable, Sequence
 
 import msgpack
 
+from edgec.runtime.interrupts import check_interrupted
+
 __all__ = ["run_lanes", "available_workers"]
 
 logger = logging.getLogger(__name__)
@@ -51,6 +53,7 @@ def run_lanes(fn: Callable, lanes: Sequence, workers: int | None = None) -> list
             children[k] = _fork(fn, lanes[k])
         out = [_roundtrip(fn(lanes[0]))] if lanes else []
         for k in range(1, len(lanes)):
+            check_interrupted()
             got = _collect(children[k]) if children[k] else None
             children[k] = None
             out.append(got["ok"] if got is not None else _roundtrip(fn(lanes[k])))

@@ -1,0 +1,76 @@
+"""`edgec.compile(...)`: the compiler for build scripts, returning what `edgec compile --json` prints."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from .driver import PlanOptions, compile_model
+from .errors import UserError
+from .progress import Progress
+from .report import compile_summary
+
+__all__ = ["compile"]
+
+
+def compile(model: str | os.PathLike, devices: str | os.PathLike, outdir: str | os.PathLike, *,
+            strategy: str = "auto", objective: str = "latency",
+            shapes: Mapping[str, Sequence[int]] | None = None, search_threshold: float = 0.1,
+            deepthings_grid: tuple[int, int] | None = None, deepthings_layers: int | None = None,
+            jobs: int | None = None, progress: Progress | None = None) -> dict:
+    """Compile `model` for the cluster in `devices` into `outdir`; return the `--json` summary.
+
+    Bad input raises `edgec.compiler.errors.UserError` (one line, naming the file), and nothing is
+    written. The arguments are the command's options, with `shapes` as `{input name: dims}`.
+
+        >>> import edgec
+        >>> summary = edgec.compile("models/build/tinychain.onnx", "tests/e2e/clusters/two.yaml",
+        ...                         "build/tinychain", strategy="pipeline")        # doctest: +SKIP
+        >>> summary["strategy"], summary["manifest"]                                # doctest: +SKIP
+        ('pipeline', 'build/tinychain/manifest.json')
+    """
+    options = PlanOptions(_fraction(search_threshold), _grid(deepthings_grid),
+                          _positive("deepthings_layers", deepthings_layers), _positive("jobs", jobs))
+    t0 = time.perf_counter()
+    result = compile_model(model, devices, outdir, strategy, objective, _shapes(shapes), progress or Progress(),
+                           options)
+    return compile_summary(result, Path(outdir), time.perf_counter() - t0)
+
+
+def _shapes(shapes: Mapping[str, Sequence[int]] | None) -> dict[str, tuple[int, ...]]:
+    out = {}
+    for name, dims in (shapes or {}).items():
+        try:
+            parsed = tuple(int(d) for d in dims)
+        except (TypeError, ValueError):
+            parsed = ()
+        if not parsed or any(d <= 0 for d in parsed):
+            raise UserError(f"shapes[{name!r}]: expected a sequence of positive integers, got {dims!r}")
+        out[str(name)] = parsed
+    return out
+
+
+def _grid(grid) -> tuple[int, int] | None:
+    if grid is None:
+        return None
+    try:
+        n, m = (int(g) for g in grid)
+    except (TypeError, ValueError):
+        n = m = 0
+    if n <= 0 or m <= 0:
+        raise UserError(f"deepthings_grid {grid!r}: expected (N, M) with positive integers")
+    return n, m
+
+
+def _positive(name: str, value: int | None) -> int | None:
+    if value is not None and (not isinstance(value, int) or value < 1):
+        raise UserError(f"{name} {value!r}: expected a positive integer")
+    return value
+
+
+def _fraction(value: float) -> float:
+    if not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise UserError(f"search_threshold {value!r}: expected a fraction in (0, 1)")
+    return float(value)

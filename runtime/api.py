@@ -1,0 +1,139 @@
+"""`edgec.run(...)`: the runtime for build scripts, returning what `edgec run --json` prints."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Iterable, Mapping
+
+import numpy as np
+
+from .coordinator import RunResult, available_cores, run_manifest
+from .errors import InputError
+from .inputs import check_inputs, check_memory, load_inputs
+from .manifest import Manifest, load_manifest
+from .verify import VerifyResult, check_model, verify_outputs
+
+__all__ = ["run", "execute", "report", "write_npz", "MAX_THREADS"]
+
+logger = logging.getLogger(__name__)
+
+# More onnxruntime threads than this only oversubscribe the cores; 100000 would stall start-up past --timeout.
+MAX_THREADS = 4 * available_cores()
+
+
+def run(manifest: str | os.PathLike, *, inputs: str | os.PathLike | Mapping[str, np.ndarray] | None = None,
+        random_inputs: bool = False, seed: int = 0, verify: bool = False, model: str | os.PathLike | None = None,
+        tolerance: float = 1e-4, repeat: int = 1, threads: int | None = None, emulate: bool = False,
+        timeout: float = 60.0, output: str | os.PathLike | None = None) -> dict:
+    """Run a compiled build (its manifest.json, or the folder holding it); return the `--json` report.
+
+    `inputs` is an .npz file or `{input name: array}`; or pass `random_inputs=True`. With `verify`, the
+    source model (the manifest's, or `model`) runs whole in onnxruntime and `report["verify"]["passed"]`
+    says whether every output matched. Bad input raises `edgec.runtime.errors.InputError`; a failed run,
+    `RunError`. The other arguments are the command's options.
+
+        >>> import edgec
+        >>> report = edgec.run("build/tinychain", random_inputs=True, verify=True)  # doctest: +SKIP
+        >>> report["verify"]["passed"]                                              # doctest: +SKIP
+        True
+    """
+    if isinstance(inputs, Mapping):
+        loaded = execute(manifest, arrays=inputs, random_inputs=random_inputs, seed=seed, verify=verify,
+                         model=model, tolerance=tolerance, repeat=repeat, threads=threads, emulate=emulate,
+                         timeout=timeout)
+    else:
+        loaded = execute(manifest, npz=None if inputs is None else os.fspath(inputs), random_inputs=random_inputs,
+                         seed=seed, verify=verify, model=model, tolerance=tolerance, repeat=repeat, threads=threads,
+                         emulate=emulate, timeout=timeout)
+    m, result, checked = loaded
+    if output is not None:
+        write_npz(os.fspath(output), result.outputs)
+    return report(m, result, checked)
+
+
+def execute(manifest: str | os.PathLike, *, npz: str | None = None, pairs: Iterable[str] = (),
+            arrays: Mapping[str, np.ndarray] | None = None, random_inputs: bool = False, seed: int = 0,
+            verify: bool = False, model: str | os.PathLike | None = None, tolerance: float = 1e-4, repeat: int = 1,
+            threads: int | None = None, emulate: bool = False,
+            timeout: float = 60.0) -> tuple[Manifest, RunResult, VerifyResult | None]:
+    """Load, check and run a manifest on its inputs; verify when asked. What `edgec run` and `run` share."""
+    _check_options(repeat, threads, timeout, tolerance)
+    path = Path(manifest)
+    m = load_manifest(path / "manifest.json" if path.is_dir() else path)
+    if model is not None:
+        if not verify:
+            raise InputError(f"--model {model}: the source model is used by --verify only; add --verify")
+        m = dataclasses.replace(m, model_path=Path(model))
+    if verify:  # before the run: a moved or changed model fails in a second, not after the whole run
+        check_model(m)
+    if arrays is not None:
+        if random_inputs:
+            raise InputError("random inputs cannot be combined with given inputs")
+        given = {str(k): np.asarray(v) for k, v in arrays.items()}
+        check_inputs(m, given, {}, origin="inputs")
+        check_memory(m)
+    else:
+        given = load_inputs(m, npz=npz, pairs=pairs, random=random_inputs, seed=seed)
+    result = run_manifest(m, given, repeat=repeat, threads=threads, emulate=emulate, timeout=timeout,
+                          progress=logger.info)
+    checked = None
+    if verify:
+        logger.info("verifying against %s", m.model_path)
+        checked = verify_outputs(m, given, result.outputs, tolerance, model_checked=True)
+    return m, result, checked
+
+
+def _check_options(repeat: int, threads: int | None, timeout: float, tolerance: float) -> None:
+    if not isinstance(repeat, int) or repeat < 1:
+        raise InputError(f"repeat {repeat!r}: expected a positive integer")
+    if threads is not None and (not isinstance(threads, int) or not 0 <= threads <= MAX_THREADS):
+        raise InputError(f"threads {threads!r}: expected 0 (onnxruntime's default) to {MAX_THREADS} "
+                         "(4 x this machine's cores)")
+    if not timeout > 0:
+        raise InputError(f"timeout {timeout!r}: expected a positive number of seconds")
+    if not tolerance >= 0:
+        raise InputError(f"tolerance {tolerance!r}: expected a non-negative number")
+
+
+def report(manifest: Manifest, result: RunResult, checked: VerifyResult | None) -> dict:
+    """The `edgec run --json` object (documented in README; keys are stable)."""
+    return {
+        "manifest": str(manifest.path),
+        "latency_ms": result.latency_ms,
+        "latencies_ms": result.latencies_ms,
+        "outputs": [{"name": o.name, "shape": list(result.outputs[o.name].shape),
+                     "dtype": result.outputs[o.name].dtype.name} for o in manifest.outputs],
+        "verify": None if checked is None else _finite(checked.as_json()),
+        "devices": {name: {"fragments_run_ms": statistics.median(ms) if ms else 0.0}
+                    for name, ms in result.device_run_ms.items()},
+    }
+
+
+def _finite(d: dict) -> dict:
+    """Strict JSON has no Infinity/NaN: an unbounded difference (shape mismatch, NaN) becomes null."""
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in d.items()}
+
+
+def write_npz(path: str, arrays: dict[str, np.ndarray]) -> None:
+    """Write atomically: a temporary file in the same folder, then os.replace."""
+    target = Path(path)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=target.parent if str(target.parent) else ".", prefix=f".{target.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise InputError(f"{path}: cannot write the outputs here ({exc.strerror})") from None
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.savez(fh, **arrays)
+        os.replace(tmp, target)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise InputError(f"{path}: cannot write the outputs ({exc.strerror})") from None
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
