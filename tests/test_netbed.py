@@ -1,0 +1,266 @@
+"""The shaped-network testbed (tests/netbed.py): it cleans up after itself, and pyzmq traffic between its
+namespaces moves at the shaped rate (per pair on a switched network, split on a shared medium).
+
+Needs root, iproute2 and the kernel's namespaces/tc; otherwise every test that builds a testbed skips with
+the reason (EDGEC_REQUIRE_NETBED=1 makes that a failure). Measured rates print with `pytest -s`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests import netbed
+from tests.netbed import Testbed
+
+TOLERANCE = 0.15  # measured payload rate within 15% of the shaped rate
+PORT = 5555
+MSG_BYTES = 64 * 1024
+
+# Receives [sender, payload] messages on a PULL socket until every sender sent its empty end marker, then
+# prints each sender's arrival times and sizes as JSON.
+RECEIVER = textwrap.dedent("""
+    import json, sys, time, zmq
+    url, senders = sys.argv[1], int(sys.argv[2])
+    sock = zmq.Context().socket(zmq.PULL)
+    sock.bind(url)
+    print("ready", flush=True)
+    arrivals, ended = {}, 0
+    while ended < senders:
+        who, payload = sock.recv_multipart()
+        if not payload:
+            ended += 1
+            continue
+        arrivals.setdefault(who.decode(), []).append((time.perf_counter(), len(payload)))
+    print(json.dumps(arrivals), flush=True)
+""")
+
+# Connects a PUSH socket, says ready, waits for "go" on stdin, then sends `count` messages and the end marker.
+SENDER = textwrap.dedent("""
+    import sys, zmq
+    url, name, count, size = sys.argv[1], sys.argv[2].encode(), int(sys.argv[3]), int(sys.argv[4])
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PUSH)
+    sock.connect(url)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    payload = bytes(size)
+    for _ in range(count):
+        sock.send_multipart([name, payload])
+    sock.send_multipart([name, b""])
+    sock.close(linger=-1)
+    ctx.term()
+""")
+
+
+def _readline(proc: subprocess.Popen, timeout: float) -> str:
+    """One line of proc's stdout, failing the test (not hanging it) if none comes in time."""
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    ready = sel.select(timeout)
+    sel.close()
+    if not ready:
+        pytest.fail(f"no output from {proc.args} within {timeout} s")
+    line = proc.stdout.readline()
+    if not line:
+        pytest.fail(f"{proc.args} exited ({proc.wait()}) without output: {proc.stderr.read() if proc.stderr else ''}")
+    return line.strip()
+
+
+def _transfer(tb: Testbed, tmp: Path, flows: list[tuple[str, str, int]]) -> dict[str, list[tuple[float, int]]]:
+    """Send `count` messages of MSG_BYTES from each src to one receiver host, all senders starting together;
+    return the arrivals per sender. All flows must share the destination."""
+    dst = {d for _, d, _ in flows}
+    assert len(dst) == 1
+    dst = dst.pop()
+    (tmp / "recv.py").write_text(RECEIVER)
+    (tmp / "send.py").write_text(SENDER)
+    url = f"tcp://{tb.address(dst)}:{PORT}"
+    pipes = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    receiver = tb.popen(dst, [sys.executable, str(tmp / "recv.py"), url, str(len(flows))], **pipes)
+    assert _readline(receiver, 20) == "ready"
+    senders = [tb.popen(src, [sys.executable, str(tmp / "send.py"), url, src, str(count), str(MSG_BYTES)],
+                        stdin=subprocess.PIPE, **pipes) for src, _, count in flows]
+    for s in senders:
+        assert _readline(s, 20) == "ready"
+    for s in senders:
+        s.stdin.write("go\n")
+        s.stdin.flush()
+    out, err = receiver.communicate(timeout=60)
+    assert receiver.returncode == 0, err
+    for s in senders:
+        assert s.wait(timeout=10) == 0, s.stderr.read()
+    return {k: [tuple(a) for a in v] for k, v in json.loads(out).items()}
+
+
+def _rate_mbps(arrivals: list[tuple[float, int]]) -> float:
+    """Payload rate from the first arrival to the last: the first message's bytes arrived before the clock
+    started, so they do not count."""
+    (t0, _), (t1, _) = arrivals[0], arrivals[-1]
+    return sum(n for _, n in arrivals[1:]) * 8 / (t1 - t0) / 1e6
+
+
+def _overlap_rates(flows: dict[str, list[tuple[float, int]]]) -> tuple[dict[str, float], float]:
+    """Each sender's rate while all of them were sending, and how long that was (seconds)."""
+    t0 = max(a[0][0] for a in flows.values())
+    t1 = min(a[-1][0] for a in flows.values())
+    assert t1 > t0, "the flows did not overlap"
+    return {k: sum(n for t, n in a if t0 < t <= t1) * 8 / (t1 - t0) / 1e6 for k, a in flows.items()}, t1 - t0
+
+
+def _host_net_state() -> dict[str, str]:
+    """What the host's own network looks like, to compare before and after a testbed."""
+    show = lambda *argv: subprocess.run(list(argv), capture_output=True, text=True, check=True).stdout
+    return {"netns": show("ip", "netns", "list"), "links": show("ip", "-d", "link", "show"),
+            "addrs": show("ip", "addr", "show"), "routes": show("ip", "route", "show", "table", "all"),
+            "qdiscs": show("tc", "qdisc", "show")}
+
+
+def _within(measured: float, expected: float) -> bool:
+    return abs(measured / expected - 1) <= TOLERANCE
+
+
+# -- arguments are checked before anything is created (no root needed) -----------------------------------
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(hosts=["a", "a"], bandwidth_mbps=10), "repeat"),
+    (dict(hosts=["a", "b"], bandwidth_mbps=0), "Mbps"),
+    (dict(hosts=["a", "b"], bandwidth_mbps=float("nan")), "Mbps"),
+    (dict(hosts=["a", "b"], bandwidth_mbps=True), "Mbps"),
+    (dict(hosts=["a", "b", "c"], bandwidth_mbps={("a", "b"): 10}), "no rate for"),
+    (dict(hosts=["a", "b"], bandwidth_mbps={("a", "x"): 10}), "not a pair"),
+    (dict(hosts=["a", "b"], bandwidth_mbps={("a", "b"): 10, ("b", "a"): 20}), "twice"),
+    (dict(hosts=["a", "b", "c"], bandwidth_mbps={("a", "b"): 10, ("a", "c"): 5}, unshaped=["c"]), "not a pair"),
+    (dict(hosts=["a", "b"], bandwidth_mbps={("a", "b"): 10}, medium="shared"), "one rate"),
+    (dict(hosts=["a", "b"], bandwidth_mbps=10, medium="wifi"), "medium"),
+    (dict(hosts=["a", "b"], bandwidth_mbps=10, unshaped=["z"]), "unknown hosts"),
+    (dict(hosts=["a", "b"], bandwidth_mbps=10, subnet="8.8.8.0/24"), "private"),
+    (dict(hosts=["a", "b", "c"], bandwidth_mbps=10, subnet="10.241.0.0/31"), "room"),
+    (dict(hosts=["a", "b"], bandwidth_mbps=10, burst_ms=0), "burst_ms"),
+    (dict(hosts=["a", "b"], bandwidth_mbps=10, queue_ms=-1), "queue_ms"),
+])
+def test_bad_arguments_are_refused_before_building(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Testbed(**kwargs)
+
+
+def test_tbf_parameters():
+    # 20 Mbps of TCP payload is 20.91 Mbps (2613.95 bytes per ms) of frames; the bucket holds 4 ms, the
+    # queue 200 ms more.
+    p = netbed.tbf_params(20)
+    assert p.rate_bit == round(20e6 * 1514 / 1448)
+    assert (p.burst, p.limit) == (10_456, 10_456 + 522_791)
+    assert netbed.tbf_params(1000).burst == 522_791  # 4 ms at 1045.58 Mbps of frames
+    assert netbed.tbf_params(1).burst == 2 * 1514  # never less than two full frames
+    raw = netbed.tbf_params(100, payload_rate=False)
+    assert (raw.rate_bit, raw.burst, raw.limit) == (100_000_000, 50_000, 50_000 + 2_500_000)
+
+
+def test_rates_per_pair():
+    tb = Testbed(["coord", "a", "b", "c"], {("a", "b"): 20, ("c", "a"): 50, ("b", "c"): 100}, unshaped=["coord"])
+    assert (tb.rate_mbps("b", "a"), tb.rate_mbps("a", "c"), tb.rate_mbps("c", "b")) == (20, 50, 100)
+    assert tb.rate_mbps("coord", "a") is None and tb.rate_mbps("a", "a") is None
+    assert [tb.address(h) for h in tb.hosts] == ["10.241.0.1", "10.241.0.2", "10.241.0.3", "10.241.0.4"]
+    shared = Testbed(["a", "b", "c"], 40, medium="shared", subnet="172.30.5.0/24")
+    assert shared.rate_mbps("a", "b") == shared.rate_mbps("c", "a") == 40
+    assert shared.address("c") == "172.30.5.3"
+
+
+# -- (a) and (d): nothing is left behind -------------------------------------------------------------------
+@pytest.mark.parametrize("medium", ["switched", "shared"])
+def test_teardown_leaves_nothing(medium):
+    netbed.skip_unless_available(medium)
+    before = _host_net_state()
+    with Testbed(["a", "b", "c"], 50, medium=medium, unshaped=["c"]) as tb:
+        names = tb.namespaces
+        assert set(names) <= set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split())
+        assert len(tb.qdisc_stats()) == (2 if medium == "switched" else 1)
+        during = _host_net_state()
+    after = _host_net_state()
+    assert {k: v for k, v in during.items() if k != "netns"} == {k: v for k, v in before.items() if k != "netns"}
+    assert after == before
+    assert not set(names) & set(after["netns"].split())
+
+
+def test_exception_inside_tears_down():
+    netbed.skip_unless_available()
+    before = _host_net_state()
+    with pytest.raises(RuntimeError, match="boom"):
+        with Testbed(["a", "b"], 20) as tb:
+            names = tb.namespaces
+            sleeper = tb.popen("a", ["sleep", "60"])
+            raise RuntimeError("boom")
+    assert sleeper.poll() is not None  # ended, not left running in a deleted namespace
+    after = _host_net_state()
+    assert after == before
+    assert not set(names) & set(after["netns"].split())
+
+
+def test_stale_namespaces_of_dead_runs_are_removed():
+    netbed.skip_unless_available()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale, live = f"netbed-{dead.pid}-0-sw", f"netbed-{os.getpid()}-999999-sw"
+    try:
+        for ns in (stale, live):
+            subprocess.run(["ip", "netns", "add", ns], check=True)
+        removed = netbed.remove_stale()
+        present = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+        assert stale in removed and stale not in present
+        assert live not in removed and live in present
+    finally:
+        for ns in (stale, live):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+# -- (b) and (c): the shaping holds ------------------------------------------------------------------------
+@pytest.mark.parametrize("mbps, megabytes", [(20, 4), (100, 12)])
+def test_one_flow_moves_at_the_shaped_rate(tmp_path, mbps, megabytes):
+    netbed.skip_unless_available()
+    count = megabytes * 1024 * 1024 // MSG_BYTES
+    with Testbed(["a", "b"], mbps) as tb:
+        sent_before = tb.bytes_sent("a")
+        start = time.perf_counter()
+        arrivals = _transfer(tb, tmp_path, [("a", "b", count)])["a"]
+        elapsed = time.perf_counter() - start
+        sent = tb.bytes_sent("a") - sent_before
+        drops = sum(q["drops"] for q in tb.qdisc_stats())
+    measured = _rate_mbps(arrivals)
+    print(f"\n{mbps} Mbps link: {measured:.1f} Mbps of payload ({measured / mbps:.3f}x) over {megabytes} MB, "
+          f"{elapsed:.2f} s, {sent} bytes on a's interface, {drops} drops")
+    assert len(arrivals) == count
+    assert _within(measured, mbps), f"{measured:.1f} Mbps measured on a {mbps} Mbps link"
+    payload = count * MSG_BYTES
+    assert payload <= sent <= payload * 1.10  # the counter sees the payload plus its frame headers
+
+
+def test_switched_pairs_have_their_own_links(tmp_path):
+    netbed.skip_unless_available()
+    # Two senders to one host, each on its own link at its own rate: neither slows the other.
+    with Testbed(["a", "b", "c"], {("a", "c"): 20, ("b", "c"): 40, ("a", "b"): 10}) as tb:
+        flows = _transfer(tb, tmp_path, [("a", "c", 80), ("b", "c", 160)])
+    rates, window = _overlap_rates(flows)
+    print(f"\nswitched a->c 20 Mbps, b->c 40 Mbps, together: a {rates['a']:.1f}, b {rates['b']:.1f} Mbps "
+          f"over {window:.2f} s")
+    assert window > 1.0
+    assert _within(rates["a"], 20) and _within(rates["b"], 40), rates
+
+
+def test_shared_medium_splits_one_rate(tmp_path):
+    netbed.skip_unless_available("shared")
+    with Testbed(["a", "b", "c"], 40, medium="shared") as tb:
+        flows = _transfer(tb, tmp_path, [("a", "c", 80), ("b", "c", 80)])
+    rates, window = _overlap_rates(flows)
+    total = sum(rates.values())
+    print(f"\nshared 40 Mbps, a->c and b->c together: a {rates['a']:.1f} + b {rates['b']:.1f} = {total:.1f} Mbps "
+          f"over {window:.2f} s")
+    assert window > 1.0
+    assert _within(total, 40), rates
+    assert all(0.25 * 40 <= r <= 0.75 * 40 for r in rates.values()), rates  # both move: a shared, not a won, channel
