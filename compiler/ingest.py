@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper, shape_inference
+from google.protobuf.message import Message
+from onnx import TensorProto, helper, numpy_helper, shape_inference
 
 from edgec.runtime.manifest import file_sha256  # the runtime owns the hashes it checks
 
 from .errors import UserError
 from .graph import LayerGraph
-from .layers import build_layer_graph, node_inputs, subgraph_inputs
+from .layers import build_layer_graph, node_inputs, np_dtype
 
 __all__ = ["Ingested", "load_model", "parse_shape_option", "file_sha256", "skeleton", "node_keys"]
 
@@ -71,11 +75,201 @@ def _read(path: Path) -> onnx.ModelProto:
         raise UserError(f"not a readable ONNX model ({_first_line(exc)})", str(path)) from None
     if not model.graph.node:
         raise UserError("not an ONNX model with a graph (no nodes)", str(path))
+    _check_text(model, path)
+    _check_operators(model, path)
+    _check_tensors(model, path)
     try:
         onnx.checker.check_model(skeleton(model), full_check=False)
     except Exception as exc:
         raise UserError(f"invalid ONNX model: {_first_line(exc)}", str(path)) from None
     return model
+
+
+def _check_text(model: onnx.ModelProto, path: Path) -> None:
+    where = _undecodable_text(model, "model")
+    if where:
+        raise UserError(f"corrupt model: {where} is not valid UTF-8 text", str(path))
+
+
+# bytes fields that ONNX defines as UTF-8 text (string attributes, string tensors); raw_data is not text
+TEXT_BYTES = {"s", "strings", "string_data"}
+
+
+def _undecodable_text(msg: Message, where: str) -> str | None:
+    """The field path of the first string in `msg` that is not UTF-8. Protobuf parses ONNX's (proto2) strings
+    without checking them: such a string reads back as bytes (upb) and breaks whatever uses it later."""
+    for name, is_message in _text_fields(msg.DESCRIPTOR):
+        value = getattr(msg, name)
+        if not is_message:
+            if not _is_text(value):
+                return f"{where}.{name}"
+            continue
+        if isinstance(value, Message):  # singular: only if set (TypeProto nests itself without end)
+            children = [(f"{where}.{name}", value)] if msg.HasField(name) else []
+        else:
+            children = [(f"{where}.{name}[{i}]", v) for i, v in enumerate(value)]
+        for label, child in children:
+            bad = _undecodable_text(child, label)
+            if bad:
+                return bad
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _text_fields(descriptor) -> tuple[tuple[str, bool], ...]:
+    """(name, is a message) of the fields that hold text or may contain some."""
+    return tuple((fd.name, fd.type == fd.TYPE_MESSAGE) for fd in descriptor.fields
+                 if fd.type in (fd.TYPE_STRING, fd.TYPE_MESSAGE) or (fd.type == fd.TYPE_BYTES and fd.name in TEXT_BYTES))
+
+
+def _is_text(value) -> bool:
+    try:
+        for item in [value] if isinstance(value, (str, bytes)) else value:
+            if isinstance(item, bytes):
+                item.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+# Domains whose operators onnx.defs defines ("ai.onnx" is the default domain's other name).
+STANDARD_DOMAINS = {"": "", "ai.onnx": "", "ai.onnx.ml": "ai.onnx.ml"}
+CONTRIB_DOMAIN = "com.microsoft"
+
+
+def _check_operators(model: onnx.ModelProto, path: Path) -> None:
+    """Reject operators onnxruntime cannot run, before any work is done: without this a custom op compiles
+    and fails only when a device loads its fragment."""
+    functions = {(f.domain, f.name) for f in model.functions}
+    scopes = [(model.opset_import, model.graph.node)] + [(f.opset_import or model.opset_import, f.node) for f in model.functions]
+    for opset_import, nodes in scopes:
+        opsets = _opsets(opset_import, path)
+        for node in _with_subgraph_nodes(nodes):
+            problem = _unrunnable(node, opsets, functions)
+            if problem:
+                raise UserError(f"node {node.name or node.op_type!r}: {problem}", str(path))
+
+
+def _opsets(opset_import, path: Path) -> dict[str, int]:
+    newest = {"": onnx.defs.onnx_opset_version(), "ai.onnx.ml": onnx.defs.onnx_ml_opset_version()}
+    opsets = {}
+    for o in opset_import:
+        domain = STANDARD_DOMAINS.get(o.domain, o.domain)
+        if domain in newest and not 1 <= o.version <= newest[domain]:
+            raise UserError(f"the model imports opset {o.version} of domain {o.domain!r}, which does not exist "
+                            f"(onnx {onnx.__version__} knows 1 to {newest[domain]})", str(path))
+        opsets[domain] = o.version
+    return opsets
+
+
+def _with_subgraph_nodes(nodes):
+    for node in nodes:
+        yield node
+        for a in node.attribute:
+            for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs:
+                yield from _with_subgraph_nodes(g.node)
+
+
+def _unrunnable(node: onnx.NodeProto, opsets: dict[str, int], functions: set[tuple[str, str]]) -> str | None:
+    op, domain = node.op_type, node.domain
+    if (domain, op) in functions:
+        return None
+    what = f"operator {op!r} of domain {domain!r}"
+    if domain in STANDARD_DOMAINS:
+        version = opsets.get(STANDARD_DOMAINS[domain])
+        if version is None:
+            return f"{what}: the model imports no opset for this domain"
+        try:
+            onnx.defs.get_schema(op, version, STANDARD_DOMAINS[domain])
+        except onnx.defs.SchemaError:
+            return f"{what} does not exist in opset {version}"
+        return None
+    if domain == CONTRIB_DOMAIN:
+        known = _contrib_cpu_ops()
+        return None if known is None or op in known else f"{what} is not an onnxruntime contrib operator with a CPU kernel"
+    return f"{what} is not an operator onnxruntime can run (a custom domain, and not a function of the model)"
+
+
+@functools.lru_cache(maxsize=1)
+def _contrib_cpu_ops() -> frozenset[str] | None:
+    """com.microsoft operators with a CPU kernel in this onnxruntime; None if it does not list its kernels
+    (then emit's load check of each fragment is what rejects an unknown one)."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
+
+    kernels = getattr(ort_state, "get_all_opkernel_def", None)
+    if kernels is None:
+        return None
+    return frozenset(k.op_name for k in kernels() if k.domain == CONTRIB_DOMAIN and k.provider == "CPUExecutionProvider")
+
+
+# Element types packed below a byte (raw_data holds ceil(n * bits / 8) bytes); absent in older onnx releases.
+PACKED_BITS = {getattr(TensorProto, name): bits for name, bits in
+               (("INT4", 4), ("UINT4", 4), ("FLOAT4E2M1", 4), ("INT2", 2), ("UINT2", 2), ("FLOAT6E2M3", 6), ("FLOAT6E3M2", 6))
+               if hasattr(TensorProto, name)}
+# Packed types whose typed field (int32_data) holds one element per entry, as onnx.numpy_helper reads them.
+UNPACKED_FIELD = {getattr(TensorProto, name) for name in ("FLOAT6E2M3", "FLOAT6E3M2") if hasattr(TensorProto, name)}
+
+
+def _check_tensors(model: onnx.ModelProto, path: Path) -> None:
+    """Element types and initializer sizes. The checker sees only the skeleton, so large weights are checked
+    here: a corrupt dimension would otherwise be priced, planned and emitted, and fail on the device."""
+    g = model.graph
+    for role, vis in (("input", g.input), ("output", g.output)):  # the runtime feeds and returns numpy arrays
+        for vi in vis:
+            if not vi.type.HasField("tensor_type"):
+                kind = vi.type.WhichOneof("value") or "no type"
+                raise UserError(f"graph {role} {vi.name!r} is not a tensor ({kind}): "
+                                "edgec runs models whose inputs and outputs are tensors", str(path))
+    for vi in [*g.input, *g.output, *g.value_info]:
+        tt = vi.type.tensor_type
+        if vi.type.HasField("tensor_type") and tt.elem_type != TensorProto.UNDEFINED and np_dtype(tt.elem_type) is None:
+            raise UserError(f"tensor {vi.name!r} has an unknown element type {tt.elem_type}", str(path))
+    for label, tensor in _stored_tensors(g.initializer, [g.node, *(f.node for f in model.functions)]):
+        problem = _initializer_problem(tensor)
+        if problem:
+            raise UserError(f"{label}: {problem}", str(path))
+
+
+def _stored_tensors(initializers, node_lists):
+    """Every tensor the file stores: initializers, and Constant values and other tensor attributes of the
+    nodes, subgraphs included."""
+    for init in initializers:
+        yield f"initializer {init.name!r}", init
+    for nodes in node_lists:
+        for node in nodes:
+            for a in node.attribute:
+                for t in ([a.t] if a.HasField("t") else []) + list(a.tensors):
+                    yield f"node {node.name or node.op_type!r}, attribute {a.name!r}", t
+                for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                    yield from _stored_tensors(sub.initializer, [sub.node])
+
+
+def _initializer_problem(t: onnx.TensorProto) -> str | None:
+    dtype = np_dtype(t.data_type)
+    if dtype is None:
+        return f"unknown element type {t.data_type}"
+    dims = list(t.dims)
+    if any(d < 0 for d in dims):
+        return f"negative dimension in {dims}"
+    n = math.prod(dims)
+    if t.HasField("raw_data"):
+        if t.data_type == TensorProto.STRING:
+            return "strings stored as raw bytes"
+        bits = PACKED_BITS.get(t.data_type)
+        have, want, unit = len(t.raw_data), -(-n * bits // 8) if bits else n * dtype.itemsize, "bytes"
+    else:
+        field = helper.tensor_dtype_to_field(t.data_type)
+        have, want, unit = len(getattr(t, field)), _typed_count(n, t.data_type), f"{field} values"
+    if have != want:
+        return f"holds {have} {unit}, but its dims {dims} of {dtype.name} need {want}"
+    return None
+
+
+def _typed_count(n: int, data_type: int) -> int:
+    if data_type in (TensorProto.COMPLEX64, TensorProto.COMPLEX128):
+        return 2 * n
+    bits = PACKED_BITS.get(data_type)
+    return -(-n * bits // 8) if bits and data_type not in UNPACKED_FIELD else n
 
 
 SKELETON_MAX_ELEMENTS = 4096  # initializers up to this size stay (shape tensors feed data propagation)
@@ -85,7 +279,7 @@ def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     """The model without its large weights: each becomes a typed graph input of the same shape.
 
     The checker and shape inference serialise the whole model; on the skeleton they see the same structure
-    and types at a fraction of the cost (weights were already parsed, so their contents are not in doubt).
+    and types at a fraction of the cost (_read has checked the weights' sizes and types).
     """
     g = model.graph
     sk = onnx.ModelProto()
@@ -100,7 +294,7 @@ def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     sg.value_info.extend(g.value_info)
     listed = {i.name for i in g.input}  # old models also list initializers as inputs
     for init in g.initializer:
-        if int(np.prod(init.dims, dtype=np.int64)) <= SKELETON_MAX_ELEMENTS:
+        if math.prod(init.dims) <= SKELETON_MAX_ELEMENTS:
             sg.initializer.append(init)
         elif init.name not in listed:
             sg.input.append(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
@@ -135,37 +329,131 @@ def _normalise(model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
 NOT_FOLDABLE = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"}
 
 
+# A folded tensor may be as large as the model's largest weight (a transposed weight) or this; a larger
+# one (an Expand or ConstantOfShape of a huge shape) stays an operator instead of bloating the fragments
+# and, at worst, exhausting memory while it is evaluated.
+FOLD_MIN_LIMIT_BYTES = 64 << 20
+
+
 def _fold_constants(model: onnx.ModelProto, path: Path) -> None:
     """Evaluate every node whose inputs are all constants (Constant, ConstantOfShape, Unsqueeze of a weight,
-    Identity of a weight, ...) into initializers; drop initializers listed as graph inputs and unused ones."""
-    from onnx.reference import ReferenceEvaluator
+    Identity of a weight, ...) into initializers; drop nodes nothing reads, initializers listed as graph
+    inputs and unused initializers. Node order and names are kept.
 
+    graphsurgeon works on the model without the weights no foldable node reads (exporting the full graph
+    would copy every weight: seconds for VGG); the result is spliced back into `model`."""
+    light = _foldable_part(model)
+    limit = max([FOLD_MIN_LIMIT_BYTES, *(_nbytes(i.dims, i.data_type) for i in model.graph.initializer)])
+    sizes = _output_nbytes(light, path)
+
+    def never(node) -> bool:  # a graphsurgeon Node; an output of unknown size is not evaluated
+        return node.op in NOT_FOLDABLE or any(o.name and sizes.get(o.name, limit + 1) > limit for o in node.outputs)
+
+    _splice(model, _fold_with_graphsurgeon(light, never, path))
+
+
+def _nbytes(dims, elem_type: int) -> int | None:
+    dtype = np_dtype(elem_type)
+    return None if dtype is None else math.prod(dims) * dtype.itemsize
+
+
+def _output_nbytes(light: onnx.ModelProto, path: Path) -> dict[str, int]:
+    """Bytes of every tensor whose shape and type inference can tell before anything is evaluated."""
+    try:
+        shaped = shape_inference.infer_shapes(light, data_prop=True)
+    except Exception as exc:  # onnx's inference errors (malformed attributes, ...) have no common type
+        raise UserError(f"shape inference failed: {_first_line(exc)}", str(path)) from None
+    sizes = {}
+    for vi in shaped.graph.value_info:
+        tt = vi.type.tensor_type
+        if tt.HasField("shape") and all(d.HasField("dim_value") and d.dim_value >= 0 for d in tt.shape.dim):
+            n = _nbytes([d.dim_value for d in tt.shape.dim], tt.elem_type)
+            if n is not None:
+                sizes[vi.name] = n
+    return sizes
+
+
+def _foldable_part(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with only the initializers foldable nodes read. The others' names dangle, which leaves
+    their readers unfoldable as they are anyway; neither stand-in inputs (graphsurgeon's cleanup is
+    quadratic in the inputs) nor value_info (onnxruntime infers what folding needs) are given."""
     g = model.graph
-    inits = {i.name: i for i in g.initializer}
-    keep, opsets = [], list(model.opset_import)
-    for node in g.node:
-        ins = [i for i in node.input if i]
-        foldable = node.op_type not in NOT_FOLDABLE and all(i in inits for i in ins) and not subgraph_inputs(node)
-        if not foldable or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
-            keep.append(node)
-            continue
-        try:
-            fn = helper.make_graph([node], "fold", [], [helper.make_empty_tensor_value_info(o) for o in node.output if o],
-                                   initializer=[inits[i] for i in dict.fromkeys(ins)])
-            values = ReferenceEvaluator(helper.make_model(fn, opset_imports=opsets)).run(None, {})
-        except Exception as exc:
-            raise UserError(f"cannot evaluate constant node {node.name or node.op_type}: {_first_line(exc)}", str(path)) from None
-        for name, value in zip([o for o in node.output if o], values):
-            inits[name] = numpy_helper.from_array(np.asarray(value), name)
-    graph_outputs = {o.name for o in g.output}
-    used = {i for n in keep for i in node_inputs(n)} | graph_outputs
-    del g.node[:]
-    g.node.extend(keep)
-    del g.initializer[:]
-    g.initializer.extend(inits[name] for name in inits if name in used)
-    real_inputs = [i for i in g.input if i.name not in inits]
+    needed = _read_by_foldable_nodes(g)
+    inits = {i.name for i in g.initializer}
+    light = onnx.ModelProto()
+    light.ir_version = max(model.ir_version, 4)
+    light.opset_import.extend(model.opset_import)
+    light.functions.extend(model.functions)
+    light.graph.name = g.name or "graph"
+    light.graph.node.extend(g.node)
+    light.graph.input.extend(i for i in g.input if i.name not in inits)
+    light.graph.output.extend(g.output)
+    light.graph.initializer.extend(i for i in g.initializer if i.name in needed)
+    return light
+
+
+def _read_by_foldable_nodes(g: onnx.GraphProto) -> set[str]:
+    """Initializers that some node computable from constants alone reads (graphsurgeon needs their values)."""
+    inits = {i.name for i in g.initializer}
+    constant, needed = set(inits), set()
+    for node in g.node:  # topological order: a folded output is known before its readers
+        ins = node_inputs(node)
+        if node.op_type not in NOT_FOLDABLE and all(i in constant for i in ins):
+            needed.update(i for i in ins if i in inits)
+            constant.update(o for o in node.output if o)
+    return needed
+
+
+def _fold_with_graphsurgeon(light: onnx.ModelProto, never: Callable, path: Path) -> onnx.GraphProto:
+    import onnx_graphsurgeon as gs
+    import onnxruntime as ort
+    from onnx_graphsurgeon.logger import G_LOGGER
+
+    # graphsurgeon's onnxruntime sessions take no options, so the default log level is what quiets them:
+    # optimiser notes ("UnsqueezeElimination cannot remove node ...") and the error log of a failed
+    # evaluation would clutter stderr, where the user gets that failure as one line (error_ok=False).
+    # graphsurgeon's own warnings are suppressed likewise. onnxruntime has no getter for the level: it
+    # goes back to onnxruntime's default (warnings) for the rest of the process.
+    ort.set_default_logger_severity(4)
+    try:
+        with G_LOGGER.suppress():
+            graph = gs.import_onnx(light)
+            try:
+                # Shape nodes are not folded: shapes are pinned and inferred after this (data propagation
+                # carries them); subgraphs and functions are left as they are
+                graph.fold_constants(fold_shapes=False, recurse_subgraphs=False, flatten_subgraphs=False,
+                                     recurse_functions=False, error_ok=False, should_exclude_node=never)
+            except _onnxruntime_errors() as exc:  # onnxruntime could not evaluate the model's constants
+                raise UserError(f"cannot evaluate the model's constant nodes: {_first_line(exc)}", str(path)) from None
+            graph.cleanup()
+            return gs.export_onnx(graph, do_type_check=False).graph
+    finally:
+        ort.set_default_logger_severity(2)
+
+
+@functools.lru_cache(maxsize=1)
+def _onnxruntime_errors() -> tuple[type[Exception], ...]:
+    """The exception types onnxruntime raises (Fail, InvalidArgument, ...: they share no base class)."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
+
+    return tuple(v for v in vars(ort_state).values() if isinstance(v, type) and issubclass(v, Exception))
+
+
+def _splice(model: onnx.ModelProto, folded: onnx.GraphProto) -> None:
+    """Give `model` the folded graph's nodes and new initializers; keep its own weights (no copy) where
+    still read, and its inputs that are not initializers."""
+    g = model.graph
+    inits = {i.name for i in g.initializer}
+    used = {i for n in folded.node for i in node_inputs(n)} | {o.name for o in g.output}
+    for k in reversed(range(len(g.initializer))):
+        if g.initializer[k].name not in used:
+            del g.initializer[k]
+    g.initializer.extend(t for t in folded.initializer if t.name not in inits and t.name in used)
+    inputs = [i for i in g.input if i.name not in inits]
     del g.input[:]
-    g.input.extend(real_inputs)
+    g.input.extend(inputs)
+    del g.node[:]
+    g.node.extend(folded.node)
 
 
 def _drop_identities(graph: onnx.GraphProto) -> None:
@@ -191,11 +479,12 @@ def _drop_identities(graph: onnx.GraphProto) -> None:
 
 def node_keys(model: onnx.ModelProto) -> list[str]:
     """Unique node names as edgec knows them: the node's own name, else `<op_type>_<index>` in the file;
-    a repeat gets `_<index>` appended. Measured per-node tables (`edgec profile --model`) use these keys."""
+    a repeat gets `_<index>` appended (again while it still repeats an earlier key). Measured per-node
+    tables (`edgec profile --model`) use these keys."""
     keys, seen = [], set()
     for i, n in enumerate(model.graph.node):
         k = n.name or f"{n.op_type}_{i}"
-        if k in seen:
+        while k in seen:
             k = f"{k}_{i}"
         seen.add(k)
         keys.append(k)
@@ -205,6 +494,11 @@ def node_keys(model: onnx.ModelProto) -> list[str]:
 def _name_nodes(model: onnx.ModelProto) -> None:
     for node, key in zip(model.graph.node, node_keys(model)):
         node.name = key
+
+
+def _is_fixed(d: onnx.TensorShapeProto.Dimension) -> bool:
+    """Exporters mark a dynamic dimension with a dim_param, nothing, or (PaddlePaddle) a dim_value of -1."""
+    return d.HasField("dim_value") and d.dim_value > 0
 
 
 def _pin_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], path: Path) -> onnx.ModelProto:
@@ -219,24 +513,35 @@ def _pin_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], path
             if len(shapes[name]) != len(dims):
                 raise UserError(f"--shape {name}: rank {len(shapes[name])}, but the input has rank {len(dims)}", str(path))
             for d, v in zip(dims, shapes[name]):
-                if d.HasField("dim_value") and d.dim_value != v:
+                if _is_fixed(d) and d.dim_value != v:
                     raise UserError(f"--shape {name}: dimension {d.dim_value} is fixed by the model, not {v}", str(path))
                 d.Clear()
                 d.dim_value = v
-        unknown = [i for i, d in enumerate(dims) if not d.HasField("dim_value") or d.dim_value <= 0]
+        unknown = [d for d in dims if not _is_fixed(d)]
         if unknown or not vi.type.tensor_type.HasField("shape"):
-            syms = [dims[i].dim_param or "?" for i in unknown]
+            syms = [d.dim_param or (str(d.dim_value) if d.HasField("dim_value") else "?") for d in unknown]
             raise UserError(
                 f"input {name!r} has dynamic dimension(s) {', '.join(syms) or '(no shape)'}: "
                 f"pin them with --shape {name}=D0,D1,...",
                 str(path),
             )
+    _forget_dynamic_dims(model.graph)
     return model
+
+
+def _forget_dynamic_dims(graph: onnx.GraphProto) -> None:
+    """A -1 left in an output or value_info would contradict the pinned shapes during inference: unknown."""
+    for vi in [*graph.output, *graph.value_info]:
+        for d in vi.type.tensor_type.shape.dim:
+            if d.HasField("dim_value") and d.dim_value <= 0:
+                d.Clear()
 
 
 def _infer_shapes(model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
     try:
-        shaped = shape_inference.infer_shapes(skeleton(model), check_type=False, strict_mode=False, data_prop=True)
+        # strict: an inconsistent graph (a corrupt Reshape target, a bad attribute) fails here, in one line,
+        # instead of compiling and failing when a device loads its fragment
+        shaped = shape_inference.infer_shapes(skeleton(model), check_type=True, strict_mode=True, data_prop=True)
     except Exception as exc:
         raise UserError(f"shape inference failed: {_first_line(exc)}", str(path)) from None
     inferred = model
@@ -319,7 +624,7 @@ def _measure_shapes(model: onnx.ModelProto, names: list[str], path: Path) -> Non
     try:
         sess = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
         feeds = {
-            i.name: np.zeros([d.dim_value for d in i.type.tensor_type.shape.dim], dtype=_np_dtype(i.type.tensor_type.elem_type))
+            i.name: np.zeros([d.dim_value for d in i.type.tensor_type.shape.dim], dtype=np_dtype(i.type.tensor_type.elem_type))
             for i in probe.graph.input
         }
         results = sess.run(names, feeds)
@@ -335,10 +640,6 @@ def _measure_shapes(model: onnx.ModelProto, names: list[str], path: Path) -> Non
             next(o for o in model.graph.output if o.name == name).CopyFrom(vi)
         else:
             model.graph.value_info.append(vi)
-
-
-def _np_dtype(elem_type: int) -> np.dtype:
-    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
 
 
 def initializer_arrays(model: onnx.ModelProto) -> dict[str, np.ndarray]:

@@ -10,7 +10,7 @@ from onnx import helper
 
 from .graph import Layer, LayerGraph, TensorInfo, Window
 
-__all__ = ["build_layer_graph", "cost_class", "spatial_type", "subgraph_inputs"]
+__all__ = ["build_layer_graph", "cost_class", "np_dtype", "spatial_type", "subgraph_inputs"]
 
 # Cheap operators that join the layer of the operator producing their single activation input.
 FOLLOWERS = {
@@ -28,6 +28,14 @@ DATA = {
     "SpaceToDepth", "Identity", "Cast", "ConstantOfShape", "Range",
 }
 CONTROL_FLOW = {"If", "Loop", "Scan"}
+
+
+def np_dtype(elem_type: int) -> np.dtype | None:
+    """The numpy dtype of an ONNX element type; None for a code this onnx release does not know."""
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+    except KeyError:
+        return None
 
 
 def _attr(node: onnx.NodeProto, name: str, default=None):
@@ -147,7 +155,9 @@ def _tensor_infos(model: onnx.ModelProto) -> dict[str, TensorInfo]:
         if not tt.HasField("shape") or tt.elem_type == 0:
             continue
         shape = tuple(int(d.dim_value) for d in tt.shape.dim)
-        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type))
+        dtype = np_dtype(tt.elem_type)
+        if dtype is None:
+            raise ValueError(f"tensor {vi.name!r}: unknown element type {tt.elem_type} (ingest rejects these)")
         infos[vi.name] = TensorInfo(vi.name, shape, dtype.name, _numel(shape) * dtype.itemsize)
     return infos
 
@@ -224,5 +234,7 @@ def _ordered(names: set[str], nodes) -> list[str]:
 
 
 def _init_bytes(init: onnx.TensorProto) -> int:
-    dtype = np.dtype(helper.tensor_dtype_to_np_dtype(init.data_type))
+    dtype = np_dtype(init.data_type)
+    if dtype is None:
+        raise ValueError(f"initializer {init.name!r}: unknown element type {init.data_type} (ingest rejects these)")
     return _numel(tuple(init.dims)) * dtype.itemsize
