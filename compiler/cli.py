@@ -160,26 +160,48 @@ def simulate_cmd(manifest, as_json):
     click.echo(json.dumps(sim, indent=1, sort_keys=True) if as_json else format_simulation(sim))
 
 
+def _thread_list(ctx, param, value: str | None) -> list[int] | None:
+    """--threads 1,2: distinct counts, each 1 .. MAX_THREADS."""
+    if value is None:
+        return None
+    counts = []
+    for item in value.split(","):
+        item = item.strip()
+        if not item.isdigit() or not 1 <= int(item) <= MAX_THREADS:
+            raise click.BadParameter(f"{value!r}: expected a comma-separated list of thread counts, each 1 to "
+                                     f"{MAX_THREADS}, e.g. 1,2")
+        counts.append(int(item))
+    return sorted(set(counts))
+
+
 @cli.command("profile", epilog=_EPILOG)
 @click.option("-o", "--output", "output", required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--model", type=click.Path(dir_okay=False, path_type=Path), show_default="the standard kernels only",
               help="also measure this model's layers")
-@click.option("--threads", type=click.IntRange(min=1, max=MAX_THREADS), default=None,
-              show_default="onnxruntime's, one per physical core",
-              help=f"onnxruntime intra-op threads; at most 4 x this machine's cores ({MAX_THREADS} here): more only "
-                   "oversubscribe them")
+@click.option("--threads", "threads", metavar="N[,N...]", callback=_thread_list, default=None,
+              show_default="1 and one per physical core",
+              help=f"onnxruntime intra-op thread counts to measure, each at most 4 x this machine's cores "
+                   f"({MAX_THREADS} here): more only oversubscribe them; the top-level figures are the largest's")
+@click.option("--strict", is_flag=True,
+              help="refuse (exit 2) when the machine is busy or a timing's spread stays above 10%, instead of "
+                   "warning")
+@click.option("--quick", is_flag=True, help="small benchmarks, short timings: noisy figures, for tests")
 @click.option("--power-idle", type=click.FloatRange(min=0), default=None, show_default="unknown",
               help="idle watts, if known")
 @click.option("--power-busy", type=click.FloatRange(min=0), default=None, show_default="unknown",
               help="busy watts, if known")
-def profile_cmd(output, model, threads, power_idle, power_busy):
-    """Measure this machine and write a device profile (the format of profiles/*.yaml)."""
+def profile_cmd(output, model, threads, strict, quick, power_idle, power_busy):
+    """Measure this machine and write a device profile (the format of profiles/*.yaml).
+
+    Each figure is measured per thread count and repeated until its spread is small; the load of the
+    machine is checked before and during.  A busy machine or a figure that stays noisy is a warning, or
+    with --strict an error."""
     from .profile import measure_host, write_profile
 
     if model is not None and not model.is_file():
         raise UserError("no such ONNX file", str(model))
     prof = measure_host(model_path=str(model) if model else None, threads=threads, progress=_progress,
-                        power_idle_w=power_idle, power_busy_w=power_busy)
+                        quick=quick, strict=strict, power_idle_w=power_idle, power_busy_w=power_busy)
     write_profile(prof, output)
     click.echo(str(output))
 

@@ -38,11 +38,23 @@ Profile file (profiles/<name>.yaml)::
     power_w: {idle: 2.7, busy: 7.0}   # watts; either may be null = unknown (`edgec profile` cannot measure power)
     sources: ["..."]               # where each figure comes from
     layers: {}                     # optional measured tables {<model sha256>: {<onnx node name>: ms}}
+    op_ms_per_melem:               # optional: ms per million output elements beyond op_overhead_us (> 0)
+      {LRN: 25.0, Softmax: 0.48, Resize:linear: 1.4}   # key: ONNX op type, or "<op type>:<mode>"
+    efficiency:                    # optional: throughput of small outputs, as a fraction of gflops.conv / .gemm
+      conv: [[7168, 0.62], [401408, 1.0]]   # [output elements, fraction in (0, 4]], elements increasing
+      gemm: [[8192, 0.55], [524288, 1.0]]
+    threads:                       # optional: the figures per onnxruntime intra-op thread count (keys 1..4096)
+      1: {op_overhead_us: 5, gflops: {...}, memory_gbps: 9.0, op_ms_per_melem: {...}, efficiency: {...}, layers: {...}}
+    measurement: {...}             # optional: how `edgec profile` measured (spread per timing, load); informational
 
 Required keys: name, memory_mb, usable_memory_fraction, runtime_overhead_mb, op_overhead_us, gflops,
 memory_gbps.  Optional: description (default ""), power_w (default both null), sources (default none),
-layers (default empty).  A `layers` table is keyed by ONNX node name (not layer name): the cost model sums
-the node times of each layer.
+layers, op_ms_per_melem, efficiency, threads, measurement (default empty).  A `layers` table is keyed by
+ONNX node name (not layer name): the cost model sums the node times of each layer.  A `threads:` entry
+holds the top level's figures (op_overhead_us, gflops, memory_gbps required; op_ms_per_melem, efficiency,
+layers optional) with the same names and bounds; `edgec profile` writes the largest count's at the top
+level, so a reader that knows no thread counts reads the all-cores figures.  `Profile.figures(n)` picks
+a worker's.
 
 Numbers must be finite and at most 1e12; positive ones at least 1e-9 (the cost model divides by them
 and sums them, so this keeps every prediction finite).  A cluster file may hold at most 1 MiB, a profile
@@ -68,6 +80,8 @@ from edgec.compiler.errors import UserError
 __all__ = [
     "PROFILES_DIR",
     "GFLOPS_KEYS",
+    "EFFICIENCY_KEYS",
+    "Figures",
     "MEDIUMS",
     "Profile",
     "Device",
@@ -84,6 +98,7 @@ _DEFAULT_PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
 PROFILES_DIR: Path = Path(os.environ["EDGEC_PROFILES"]) if os.environ.get("EDGEC_PROFILES") else _DEFAULT_PROFILES_DIR
 
 GFLOPS_KEYS = ("conv", "depthwise_conv", "gemm", "other")
+EFFICIENCY_KEYS = ("conv", "gemm")
 MEDIUMS = ("switched", "shared")
 
 _PROFILE_KEYS = (
@@ -98,7 +113,22 @@ _PROFILE_KEYS = (
     "power_w",
     "sources",
     "layers",
+    "op_ms_per_melem",
+    "efficiency",
+    "threads",
+    "measurement",
 )
+# The figures measured per intra-op thread count (a `threads:` entry): the top level's, same names and bounds.
+_FIGURE_KEYS = ("op_overhead_us", "gflops", "memory_gbps", "op_ms_per_melem", "efficiency", "layers")
+_FIGURE_REQUIRED = ("op_overhead_us", "gflops", "memory_gbps")
+_MEASUREMENT_KEYS = ("max_spread", "window", "max_seconds", "load", "threads", "warnings")
+_LOAD_KEYS = ("cpus", "busy_rule", "before", "during", "verdict")
+_LOAD_WINDOW_KEYS = ("seconds", "other_cpus", "loadavg")
+_VERDICTS = ("quiet", "busy", "unknown")
+_TIMING_KEYS = ("runs", "median_ms", "spread", "stable", "loadavg_1m", "other_cpus")
+_OP_KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,63}(:[A-Za-z0-9_]{1,32})?$")  # op type, or op type:mode
+_MAX_EFFICIENCY = 4.0  # a tile at most 4x the large benchmark's throughput (edgec profile caps it there)
+_MAX_THREADS = 4096
 _PROFILE_REQUIRED = (
     "name",
     "memory_mb",
@@ -129,6 +159,18 @@ _MAX_DEPTH = 32  # real files nest at most 5 levels; PyYAML's composer recurses 
 
 
 @dataclass(frozen=True)
+class Figures:
+    """What a device does at one intra-op thread count (a profile's top level, or one `threads:` entry)."""
+
+    op_overhead_us: float
+    gflops: dict[str, float] = field(hash=False)
+    memory_gbps: float
+    op_ms_per_melem: dict[str, float] = field(hash=False)  # {op type or "op type:mode": ms per 1e6 output elements}
+    efficiency: dict[str, tuple[tuple[float, float], ...]] = field(hash=False)  # {conv|gemm: ((out elems, fraction), ...)} ascending
+    layers: dict[str, dict[str, float]] = field(hash=False, repr=False)  # {model sha256: {node name: ms}}
+
+
+@dataclass(frozen=True)
 class Profile:
     """A device class: memory, per-operator-class throughput and power, from a profile file."""
 
@@ -145,6 +187,23 @@ class Profile:
     sources: tuple[str, ...]
     layers: dict[str, dict[str, float]] = field(hash=False, repr=False)  # {model sha256: {node name: ms}}
     path: str  # the file it was read from
+    op_ms_per_melem: dict[str, float] = field(default_factory=dict, hash=False)  # top level: see Figures
+    efficiency: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict, hash=False)
+    threads: dict[int, Figures] = field(default_factory=dict, hash=False, repr=False)  # per intra-op thread count
+    measurement: dict[str, Any] = field(default_factory=dict, hash=False, repr=False)  # how it was measured (informational)
+
+    def figures(self, threads: int | None = None) -> Figures:
+        """The figures for a worker running `threads` intra-op threads: that count's entry if measured;
+        else the largest measured count below it (fewer threads: a slower, safe estimate); else the
+        smallest measured.  The top level when `threads` is None or the profile has no `threads:`."""
+        top = Figures(self.op_overhead_us, self.gflops, self.memory_gbps, self.op_ms_per_melem, self.efficiency,
+                      self.layers)
+        if threads is None or not self.threads:
+            return top
+        if threads in self.threads:
+            return self.threads[threads]
+        below = [n for n in self.threads if n < threads]
+        return self.threads[max(below)] if below else self.threads[min(self.threads)]
 
 
 @dataclass(frozen=True)
@@ -434,12 +493,7 @@ def validate_profile_dict(data: Any, path: str) -> Profile:
             f"(memory_mb x usable_memory_fraction = {memory_mb * frac:g})",
             path=path,
         )
-    op_overhead = _number(data["op_overhead_us"], "op_overhead_us", path, nonneg=True)
-
-    g = _mapping(data["gflops"], "gflops", path)
-    _check_keys(g, GFLOPS_KEYS, GFLOPS_KEYS, "gflops", path)
-    gflops = {k: _number(g[k], f"gflops.{k}", path, positive=True) for k in GFLOPS_KEYS}
-    memory_gbps = _number(data["memory_gbps"], "memory_gbps", path, positive=True)
+    top = _figures(data, "", path)
 
     power = data.get("power_w")
     idle = busy = None
@@ -459,15 +513,11 @@ def validate_profile_dict(data: Any, path: str) -> Profile:
     if not isinstance(sources, list) or not all(isinstance(s, str) and s.strip() for s in sources):
         raise UserError("sources must be a list of non-empty strings", path=path)
 
-    layers_in = data.get("layers")
-    layers: dict[str, dict[str, float]] = {}
-    if layers_in is not None:
-        layers_in = _mapping(layers_in, "layers", path)
-        for model, table in layers_in.items():
-            table = _mapping(table, f"layers[{_show(model)}]", path)
-            layers[model] = {
-                node: _number(ms, f"layers[{_show(model)}][{_show(node)}]", path, nonneg=True) for node, ms in table.items()
-            }
+    threads_in = data.get("threads")
+    threads: dict[int, Figures] = {}
+    if threads_in is not None:
+        threads = _threads_table(threads_in, "threads", path, lambda v, where: _figures(v, where, path))
+    measurement = _measurement(data.get("measurement"), path)
 
     return Profile(
         name=name,
@@ -475,15 +525,151 @@ def validate_profile_dict(data: Any, path: str) -> Profile:
         memory_mb=memory_mb,
         usable_memory_fraction=frac,
         runtime_overhead_mb=overhead_mb,
-        op_overhead_us=op_overhead,
-        gflops=gflops,
-        memory_gbps=memory_gbps,
+        op_overhead_us=top.op_overhead_us,
+        gflops=top.gflops,
+        memory_gbps=top.memory_gbps,
         power_idle_w=idle,
         power_busy_w=busy,
         sources=tuple(sources),
-        layers=layers,
+        layers=top.layers,
         path=path,
+        op_ms_per_melem=top.op_ms_per_melem,
+        efficiency=top.efficiency,
+        threads=threads,
+        measurement=measurement,
     )
+
+
+def _figures(data: Any, where: str, path: str) -> Figures:
+    """The figures at the top level of a profile (where == "") or in one `threads:` entry."""
+    at = f"{where}." if where else ""
+    if where:
+        data = _mapping(data, where, path)
+        _check_keys(data, _FIGURE_KEYS, _FIGURE_REQUIRED, where, path)
+    op_overhead = _number(data["op_overhead_us"], f"{at}op_overhead_us", path, nonneg=True)
+    g = _mapping(data["gflops"], f"{at}gflops", path)
+    _check_keys(g, GFLOPS_KEYS, GFLOPS_KEYS, f"{at}gflops", path)
+    gflops = {k: _number(g[k], f"{at}gflops.{k}", path, positive=True) for k in GFLOPS_KEYS}
+    memory_gbps = _number(data["memory_gbps"], f"{at}memory_gbps", path, positive=True)
+    ops: dict[str, float] = {}
+    if data.get("op_ms_per_melem") is not None:
+        table = _mapping(data["op_ms_per_melem"], f"{at}op_ms_per_melem", path)
+        for op, ms in table.items():
+            if not _OP_KEY.match(op):
+                raise UserError(f"{at}op_ms_per_melem: {_show(op)} is not an operator type (e.g. LRN, or Resize:linear "
+                                "for an operator and its mode)", path=path)
+            ops[op] = _number(ms, f"{at}op_ms_per_melem.{op}", path, positive=True)
+    efficiency = {}
+    if data.get("efficiency") is not None:
+        eff = _mapping(data["efficiency"], f"{at}efficiency", path)
+        _check_keys(eff, EFFICIENCY_KEYS, (), f"{at}efficiency", path)
+        efficiency = {k: _curve(v, f"{at}efficiency.{k}", path) for k, v in eff.items()}
+    layers = _layers(data.get("layers"), f"{at}layers", path)
+    return Figures(op_overhead, gflops, memory_gbps, ops, efficiency, layers)
+
+
+def _curve(v: Any, where: str, path: str) -> tuple[tuple[float, float], ...]:
+    """[[output elements, fraction of peak], ...]: at least one point, elements ascending."""
+    if not isinstance(v, list) or not v:
+        raise UserError(f"{where} must be a non-empty list of [output elements, fraction] pairs, got "
+                        f"{_type_name(v)} {_show(v)}", path=path)
+    points = []
+    for i, p in enumerate(v):
+        if not isinstance(p, list) or len(p) != 2:
+            raise UserError(f"{where}[{i}] must be an [output elements, fraction] pair, got {_show(p)}", path=path)
+        elems = _number(p[0], f"{where}[{i}] output elements", path, positive=True)
+        frac = _number(p[1], f"{where}[{i}] fraction", path, positive=True)
+        if frac > _MAX_EFFICIENCY:
+            raise UserError(f"{where}[{i}] fraction must be at most {_MAX_EFFICIENCY:g}, got {_show(p[1])}", path=path)
+        if points and elems <= points[-1][0]:
+            raise UserError(f"{where}: output elements must increase from point to point, got {_show(p[0])} after "
+                            f"{points[-1][0]:g}", path=path)
+        points.append((elems, frac))
+    return tuple(points)
+
+
+def _layers(v: Any, where: str, path: str) -> dict[str, dict[str, float]]:
+    layers: dict[str, dict[str, float]] = {}
+    if v is not None:
+        for model, table in _mapping(v, where, path).items():
+            table = _mapping(table, f"{where}[{_show(model)}]", path)
+            layers[model] = {node: _number(ms, f"{where}[{_show(model)}][{_show(node)}]", path, nonneg=True)
+                             for node, ms in table.items()}
+    return layers
+
+
+def _threads_table(v: Any, where: str, path: str, entry) -> dict:
+    """{thread count: entry(value, where)}: keys are positive integers."""
+    if not isinstance(v, dict) or not v:
+        raise UserError(f"{where} must be a non-empty mapping of thread counts, got {_type_name(v)} {_show(v)}", path=path)
+    out = {}
+    for n, value in v.items():
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= _MAX_THREADS:
+            raise UserError(f"{where}: keys must be thread counts, integers 1 to {_MAX_THREADS}, got "
+                            f"{_type_name(n)} {_show(n)}", path=path)
+        out[n] = entry(value, f"{where}.{n}")
+    return out
+
+
+def _measurement(v: Any, path: str) -> dict[str, Any]:
+    """How the figures were measured: informational (no prediction reads it), but typed, so that a tool
+    reading it can trust its shape."""
+    if v is None:
+        return {}
+    m = _mapping(v, "measurement", path)
+    _check_keys(m, _MEASUREMENT_KEYS, (), "measurement", path)
+    for k in ("max_spread", "max_seconds"):
+        if k in m:
+            _number(m[k], f"measurement.{k}", path, positive=True)
+    if "window" in m and (isinstance(m["window"], bool) or not isinstance(m["window"], int) or m["window"] < 1):
+        raise UserError(f"measurement.window must be a positive integer, got {_show(m['window'])}", path=path)
+    if m.get("load") is not None:
+        _load_section(m["load"], path)
+    if m.get("threads") is not None:
+        _threads_table(m["threads"], "measurement.threads", path, lambda t, where: _timings(t, where, path))
+    warnings = m.get("warnings")
+    if warnings is not None and (not isinstance(warnings, list) or not all(isinstance(w, str) for w in warnings)):
+        raise UserError("measurement.warnings must be a list of strings", path=path)
+    return m
+
+
+def _load_section(v: Any, path: str) -> None:
+    load = _mapping(v, "measurement.load", path)
+    _check_keys(load, _LOAD_KEYS, (), "measurement.load", path)
+    if "cpus" in load:
+        _number(load["cpus"], "measurement.load.cpus", path, nonneg=True)
+    if "verdict" in load and load["verdict"] not in _VERDICTS:
+        raise UserError(f"measurement.load.verdict must be one of {', '.join(_VERDICTS)}, got {_show(load['verdict'])}",
+                        path=path)
+    for k in ("before", "during"):
+        if load.get(k) is None:
+            continue
+        w = _mapping(load[k], f"measurement.load.{k}", path)
+        _check_keys(w, _LOAD_WINDOW_KEYS, (), f"measurement.load.{k}", path)
+        for f in ("seconds", "other_cpus"):
+            if w.get(f) is not None:
+                _number(w[f], f"measurement.load.{k}.{f}", path, nonneg=True)
+        avg = w.get("loadavg")
+        if avg is not None and (not isinstance(avg, list) or len(avg) != 3):
+            raise UserError(f"measurement.load.{k}.loadavg must be [1 min, 5 min, 15 min], got {_show(avg)}", path=path)
+        for i, x in enumerate(avg or []):
+            _number(x, f"measurement.load.{k}.loadavg[{i}]", path, nonneg=True)
+
+
+def _timings(v: Any, where: str, path: str) -> None:
+    for name, t in _mapping(v, where, path).items():
+        at = f"{where}[{_show(name)}]"
+        t = _mapping(t, at, path)
+        _check_keys(t, _TIMING_KEYS, ("runs", "median_ms", "spread", "stable"), at, path)
+        if isinstance(t["runs"], bool) or not isinstance(t["runs"], int) or t["runs"] < 1:
+            raise UserError(f"{at}.runs must be a positive integer, got {_show(t['runs'])}", path=path)
+        _number(t["median_ms"], f"{at}.median_ms", path, nonneg=True)
+        _number(t["spread"], f"{at}.spread", path, nonneg=True)
+        if not isinstance(t["stable"], bool):
+            raise UserError(f"{at}.stable must be true or false, got {_show(t['stable'])}", path=path)
+        for f in ("loadavg_1m", "other_cpus"):
+            if t.get(f) is not None:
+                _number(t[f], f"{at}.{f}", path, nonneg=True)
 
 
 def _profile_path(ref: str, base_dir: Path | None) -> Path | None:

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
-from edgec.compiler.cluster import GFLOPS_KEYS, load_cluster, load_profile
+from edgec.compiler.cluster import EFFICIENCY_KEYS, GFLOPS_KEYS, load_cluster, load_profile
 from edgec.compiler.errors import UserError
 from edgec.compiler.profile import measure_host, measure_layers, write_profile
 
@@ -28,6 +28,7 @@ def test_measure_host_quick(quick_profile):
     assert set(p) == {
         "name", "description", "memory_mb", "usable_memory_fraction", "runtime_overhead_mb",
         "op_overhead_us", "gflops", "memory_gbps", "power_w", "sources", "layers",
+        "op_ms_per_melem", "efficiency", "threads", "measurement",
     }
     assert p["name"] and p["description"]
     assert p["memory_mb"] > 0 and 0 < p["usable_memory_fraction"] <= 1
@@ -37,8 +38,44 @@ def test_measure_host_quick(quick_profile):
     assert p["memory_gbps"] > 0
     assert p["power_w"] == {"idle": None, "busy": None}
     assert p["layers"] == {}
-    assert p["sources"][0].startswith("edgec profile on ") and "onnxruntime" in p["sources"][0] and "1 threads" in p["sources"][0]
+    assert p["sources"][0].startswith("edgec profile on ") and "onnxruntime" in p["sources"][0]
+    assert "intra-op threads 1;" in p["sources"][0]
     assert any("GFLOP/s" in s for s in lines) and any("GB/s" in s for s in lines)
+
+
+def test_measure_host_quick_per_thread_figures(quick_profile):
+    """One `threads:` entry per count; the top level repeats the largest count's figures for old readers."""
+    p, _ = quick_profile
+    assert list(p["threads"]) == [1]
+    t1 = p["threads"][1]
+    for key in ("op_overhead_us", "gflops", "memory_gbps", "op_ms_per_melem", "efficiency"):
+        assert p[key] == t1[key], key
+    assert set(t1["op_ms_per_melem"]) == {"LRN", "Softmax", "LayerNormalization", "Erf", "Resize", "Resize:linear"}
+    assert all(v > 0 for v in t1["op_ms_per_melem"].values())
+    # LRN's size-5 window costs far more per element than a row softmax: the reason the table exists
+    assert t1["op_ms_per_melem"]["LRN"] > 3 * t1["op_ms_per_melem"]["Softmax"]
+    assert set(t1["efficiency"]) == set(EFFICIENCY_KEYS)
+    for curve in t1["efficiency"].values():
+        elems = [e for e, _ in curve]
+        assert elems == sorted(set(elems)) and len(elems) >= 5
+        assert all(0 < f <= 4 for _, f in curve)
+
+
+def test_measure_host_quick_measurement_section(quick_profile):
+    p, _ = quick_profile
+    m = p["measurement"]
+    assert m["max_spread"] == 0.1 and m["window"] == 5
+    assert m["load"]["verdict"] in ("quiet", "busy") and m["load"]["cpus"] >= 1
+    assert m["load"]["before"]["other_cpus"] is not None and len(m["load"]["before"]["loadavg"]) == 3
+    timings = m["threads"][1]
+    assert {"gflops.conv", "gflops.gemm", "memory_gbps", "op_ms_per_melem.LRN", "efficiency.conv.rows_1",
+            "efficiency.gemm.rows_8", "op_overhead_us.relu_chain_200"} <= set(timings)
+    for name, t in timings.items():
+        assert t["runs"] >= 3 and t["median_ms"] > 0 and t["spread"] >= 0, name
+        assert t["spread"] <= 0.1 or not t["stable"], name
+        assert t["other_cpus"] is None or t["other_cpus"] >= 0  # None: the timing took less than one jiffy
+    unstable = [name for name, t in timings.items() if not t["stable"]]
+    assert len([w for w in m["warnings"] if "stayed above" in w]) == len(unstable)
 
 
 def test_written_profile_loads(quick_profile, tmp_path):
@@ -53,6 +90,10 @@ def test_written_profile_loads(quick_profile, tmp_path):
     assert loaded.power_idle_w is None and loaded.power_busy_w is None  # null = unknown
     assert loaded.sources == tuple(p["sources"])
     assert yaml.safe_load(out.read_text())["power_w"] == {"idle": None, "busy": None}
+    assert "&id" not in out.read_text()  # figures shared by the top level and threads: written out, not aliased
+    assert loaded.figures(1).gflops == loaded.gflops and loaded.threads[1].efficiency == loaded.efficiency
+    assert loaded.op_ms_per_melem == p["op_ms_per_melem"]
+    assert loaded.measurement["load"]["verdict"] == p["measurement"]["load"]["verdict"]
     # and a cluster can use it by path
     cf = tmp_path / "cluster.yaml"
     cf.write_text("devices:\n  - {name: me, profile: profiles/host.yaml}\nnetwork: {bandwidth_mbps: 100, latency_ms: 1}\n")
@@ -81,8 +122,9 @@ def test_write_profile_rejects_invalid_and_leaves_file(quick_profile, tmp_path):
 
 
 def test_measure_host_rejects_bad_threads():
-    with pytest.raises(UserError, match="threads must be a positive integer"):
-        measure_host(threads=0, quick=True)
+    for bad in (0, [1, 0], [], "2", True):
+        with pytest.raises(UserError, match="threads must be a positive integer"):
+            measure_host(threads=bad, quick=True)
 
 
 def _tiny_model(path):
@@ -129,6 +171,8 @@ def test_layers_table_from_a_model(tmp_path):
     out = tmp_path / "host.yaml"
     write_profile(p, out)
     assert load_profile(str(out)).layers[digest]["fc"] == table["fc"]
+    assert p["threads"][1]["layers"] == {digest: table}  # per thread count; the top level has the largest's
+    assert load_profile(str(out)).figures(1).layers[digest]["fc"] == table["fc"]
 
 
 def test_measure_layers_unnamed_nodes_and_bad_model(tmp_path):

@@ -1,0 +1,61 @@
+"""`edgec profile`: measure this machine with onnxruntime micro-benchmarks and write a device profile.
+
+Modules: host.py (CPU, memory, description), load.py (is the machine busy?), timing.py (repeat until the
+spread is small), bench.py (the micro-benchmarks), nodes.py (per-node tables of a real model),
+measure.py (`measure_host`), output.py (`write_profile`).
+
+Every figure is measured at each requested intra-op thread count (default: 1 and all cores, since workers
+that share a machine run 1 thread each) into `threads: {<count>: {...}}`; the top-level figures are the
+largest count's, for readers that know no thread counts.  Per count:
+
+  - gflops.conv            a 3x3 Conv, 128 -> 128 channels on 56x56 (0.92 GFLOP)
+  - gflops.depthwise_conv  a 3x3 depthwise Conv, 96 channels on 112x112 (memory-heavy, as in MobileNets)
+  - gflops.gemm            a 512x1024 by 1024x1024 MatMul (1.07 GFLOP)
+  - gflops.other           the slower of a ConvTranspose (2x upsampling) and a batch-1 LSTM: ops without a
+                           GEMM-shaped fast path
+  - memory_gbps            an elementwise Add of two 8M-float tensors: (2 inputs + 1 output) bytes / time
+  - op_overhead_us         fixed cost per ONNX node, the larger of
+                           (a) the dispatch floor: (200 tiny Relu nodes - 1) / 199, and
+                           (b) small layers: a chain of 50 (3x3 Conv 16 ch on 28x28 -> Relu) pairs against
+                           one pair, less the Conv FLOPs at the measured conv rate, per original node (98):
+                           dispatch + thread-pool sync + small-layer inefficiency
+  - op_ms_per_melem        operators the roofline misprices (LRN costs 100x its bytes at memory speed):
+                           milliseconds per million output elements beyond op_overhead_us, for LRN,
+                           Softmax, LayerNormalization, Erf, Resize (nearest) and Resize:linear.  Per output
+                           element because their work is a fixed amount per output element (a size-5
+                           window, a row's exp and sum, a row's mean and variance, an interpolation), so
+                           overhead + elements x price is the whole prediction, with no FLOP count to guess
+  - efficiency             how throughput falls for small outputs: [output elements, fraction] points of a
+                           3x3 Conv (128 ch, 56 wide, 56..1 output rows: tiles of a map) against gflops.conv,
+                           and of MatMuls with 512..8 rows against gflops.gemm; fraction = the FLOPs' time at
+                           the large benchmark's rate / (time - op_overhead_us)
+
+Each timing is repeated until its last samples agree (timing.py: (p90 - p10) / median at most 10% over
+7 samples, at most 1.5 s a timing); the machine's load is checked before and during (load.py).  What was
+seen goes to `measurement:` (per timing: runs, median, spread, stable, load average and other processes'
+CPUs), and a busy machine or an unstable timing is a warning, or with strict an error.
+
+Memory comes from /proc/meminfo (MemTotal; usable_memory_fraction = MemAvailable / MemTotal at
+profiling time, rounded down to 0.05), or os.sysconf where there is no /proc.  runtime_overhead_mb is
+the resident set of this Python process (python + numpy + onnx + onnxruntime with one small session)
+before the large benchmarks run.  Power cannot be measured here: pass power_idle_w / power_busy_w, or
+they are written as null (= unknown).
+
+With a model: `layers: {<sha256 of the model file>: {<onnx node name>: ms}}` per thread count (and at the
+top level, the largest count's), the median over a few runs of each node's kernel time from
+onnxruntime's profiler (SessionOptions.enable_profiling), with the default optimisation level
+(ORT_ENABLE_ALL), as the runtime would run it.  onnxruntime fuses and renames nodes (Conv+Relu -> one
+FusedConv, NCHWc layout nodes named <output tensor>_nchwc, Reorder nodes); each optimised node's time is
+given to the original node it came from (same name; the name before the first '/'; the producer of the
+tensor in "<tensor>_nchwc" or of its output, walked back to the operator of the same kind that starts a
+fusion, e.g. the Conv of a fused Conv+Relu; else the first mappable node downstream).  Every node of the
+original graph is listed: nodes that were folded, eliminated or fused into another get 0.0, so summing
+node times per layer gives the layer's time.  Nodes without a name are keyed "<op_type>_<index in
+graph.node>".
+"""
+
+from .measure import measure_host
+from .nodes import measure_layers
+from .output import write_profile
+
+__all__ = ["measure_host", "write_profile", "measure_layers"]

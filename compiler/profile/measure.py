@@ -1,0 +1,261 @@
+"""measure_host: check the load, run the micro-benchmarks at each thread count, assemble the profile dict."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import onnxruntime as ort
+
+from edgec.compiler.errors import UserError
+
+from . import bench, host
+from .bench import Bench, measure_figures
+from .load import BUSY_FRACTION, LoadProbe, LoadSample, describe_load, is_busy, other_cpus
+from .nodes import measure_layers
+from .timing import DEFAULT, QUICK, Policy, rand, session
+
+__all__ = ["measure_host", "thread_counts"]
+
+logger = logging.getLogger("edgec.compiler.profile")
+
+_IDLE_WINDOW_S = {False: 0.5, True: 0.2}  # the look at the machine before anything of ours runs
+
+
+def thread_counts(threads: int | Iterable[int] | None, cores: int) -> list[int]:
+    """The thread counts to measure, ascending and distinct; None: 1 and all cores."""
+    if threads is None:
+        return sorted({1, cores})
+    if isinstance(threads, Iterable) and not isinstance(threads, (str, bytes)):
+        items = list(threads)
+    else:
+        items = [threads]
+    if not items or any(isinstance(t, bool) or not isinstance(t, int) or t < 1 for t in items):
+        raise UserError(f"threads must be a positive integer or a list of them, got {threads!r}")
+    return sorted(set(items))
+
+
+class _Load:
+    """What the machine's other processes did: an idle look before, then the whole measurement."""
+
+    def __init__(self, probe: LoadProbe, quick: bool):
+        self.probe = probe
+        self.idle_s = _IDLE_WINDOW_S[quick]
+        a = probe.sample()
+        probe.wait(self.idle_s)
+        self.start = probe.sample()
+        self.before = other_cpus(a, self.start)
+        self.t0 = time.perf_counter()
+        self.end: LoadSample | None = None
+        self.during: float | None = None
+
+    @property
+    def cpus(self) -> int:
+        return self.start.cpu.cpus if self.start.cpu else 0
+
+    def busy_before(self) -> bool:
+        return is_busy(self.before, self.cpus)
+
+    def finish(self) -> None:
+        self.end = self.probe.sample()
+        self.during = other_cpus(self.start, self.end)
+
+    def busy_during(self) -> bool:
+        return is_busy(self.during, self.cpus)
+
+    def said_before(self) -> str:
+        return f"{describe_load(self.before, self.cpus, self.start.loadavg)} in the {self.idle_s:g} s before profiling"
+
+    def said_during(self) -> str:
+        return f"{describe_load(self.during, self.cpus, self.end.loadavg if self.end else None)} while profiling"
+
+    def section(self) -> dict[str, Any]:
+        unknown = self.before is None and self.during is None
+        return {
+            "cpus": self.cpus,
+            "busy_rule": f"busy when other processes use more than {BUSY_FRACTION:.0%} of the CPUs' time "
+                         f"({BUSY_FRACTION * self.cpus:g} of {self.cpus} CPUs), from /proc/stat less this "
+                         "process's own jiffies (/proc/self/stat); the load average is recorded, not used",
+            "before": {"seconds": self.idle_s, "other_cpus": _round(self.before), "loadavg": _avg(self.start)},
+            "during": {"seconds": round(time.perf_counter() - self.t0, 1), "other_cpus": _round(self.during),
+                       "loadavg": _avg(self.end)},
+            "verdict": "unknown" if unknown else "busy" if self.busy_before() or self.busy_during() else "quiet",
+        }
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 2)
+
+
+def _avg(s: LoadSample | None) -> list[float] | None:
+    return None if s is None or s.loadavg is None else [round(v, 2) for v in s.loadavg]
+
+
+def _check_load_before(load: _Load, strict: bool, warnings: list[str]) -> None:
+    if not load.busy_before():
+        return
+    if strict:
+        raise UserError(f"the machine is busy: {load.said_before()}; profile on a quiet machine, or without "
+                        "--strict to write the profile with a warning")
+    warnings.append(f"the machine is busy: {load.said_before()}; the figures may be too slow")
+
+
+def _check_load_during(load: _Load, strict: bool, warnings: list[str]) -> None:
+    load.finish()
+    if not load.busy_during():
+        return
+    if strict:
+        raise UserError(f"the machine was busy: {load.said_during()}; profile on a quiet machine, or without "
+                        "--strict to write the profile with a warning")
+    warnings.append(f"the machine was busy: {load.said_during()}; the figures may be too slow")
+
+
+def _runtime_rss_mb() -> int:
+    """Resident set of python + numpy + onnx + onnxruntime with one small session, in MB rounded up to 10."""
+    import numpy as np
+
+    sess = session(bench._relu_chain(1), 1)
+    sess.run(None, {"x": rand(np.random.default_rng(0), 1, 16)})
+    rss = host.rss_mb()
+    return math.ceil((rss or 100.0) / 10) * 10
+
+
+def _sources(stamp: str, counts: list[int], quick: bool, policy: Policy, power_given: bool) -> list[str]:
+    top = counts[-1]
+    return [
+        f"edgec profile on {host.host_name()} at {stamp}, onnxruntime {ort.__version__}, intra-op threads "
+        f"{', '.join(map(str, counts))}; top-level figures at {top} thread{'s' if top > 1 else ''}, `threads:` per count"
+        + (" (quick mode: small benchmarks, noisy)" if quick else ""),
+        f"every timing repeated until (p90 - p10) / median of its last {policy.window} samples is at most "
+        f"{policy.max_spread:g}, or {policy.max_seconds:g} s passed (then the calmest window, marked unstable): "
+        "see `measurement:`",
+        "gflops: conv = 3x3 Conv 128->128 ch on 56x56, depthwise_conv = 3x3 depthwise Conv 96 ch on 112x112, "
+        "gemm = MatMul 512x1024x1024, other = slower of ConvTranspose 2x2/s2 and batch-1 LSTM; FLOPs = 2 x MACs"
+        + (" (quick mode uses smaller shapes)" if quick else ""),
+        "memory_gbps: elementwise Add of two 8M-float tensors, (2 inputs + 1 output) bytes / time"
+        if not quick else
+        "memory_gbps: elementwise Add of two 2M-float tensors (may partly fit in cache), (2 inputs + 1 output) bytes / time",
+        "op_overhead_us: the larger of (a) the dispatch floor, (200-node tiny Relu chain - 1 node) / 199, and (b) small "
+        "layers, (chain of 50 x [3x3 Conv 16 ch on 28x28 -> Relu] - one pair - their Conv FLOPs at the measured conv "
+        "rate) / 98 nodes, default optimisation (Conv+Relu fuse as in the runtime)",
+        "op_ms_per_melem: ms per million output elements of one node beyond op_overhead_us, at the shapes of the zoo's "
+        "models (LRN size 5 on 64x56x56, Softmax 12x128x128, LayerNormalization 128x768, Erf 128x3072, Resize 2x "
+        "of 64x56x56: `Resize` nearest, `Resize:linear` linear)" + (" (quick mode halves every dimension)" if quick else ""),
+        "efficiency: [output elements, fraction of gflops.conv / gflops.gemm] of a 3x3 Conv 128 ch, 56 wide, at "
+        f"{'/'.join(map(str, bench.CONV_HEIGHTS))} output rows (halo rows in the input), and a MatMul "
+        f"{'/'.join(map(str, bench.GEMM_ROWS))} x 1024 x 1024; fraction = FLOPs at gflops / (time - op_overhead_us), "
+        f"at most {bench.MAX_EFFICIENCY:g}" + (" (quick mode: 64 ch, 28 wide, MatMul x 512 x 512)" if quick else ""),
+        "memory_mb: MemTotal; usable_memory_fraction: MemAvailable/MemTotal at profiling time, rounded down to 0.05; "
+        "runtime_overhead_mb: resident set of the profiling process (python+numpy+onnx+onnxruntime, one small session)",
+        "power_w: not measurable by edgec profile; " + ("given by the caller" if power_given else "null = unknown"),
+    ]
+
+
+def _layers_per_thread(model_path: str, counts: list[int], quick: bool, per_thread: dict[int, dict],
+                       sources: list[str], say: Callable[[str], None]) -> dict[str, dict[str, float]]:
+    """The model's per-node table at each thread count, into its `threads:` entry; returns the largest
+    count's, for the top level (like every other figure)."""
+    runs = 3 if quick else 5
+    for n in counts:
+        say(f"  per-node times of {model_path} at {n} thread{'s' if n > 1 else ''}")
+        digest, table = measure_layers(model_path, threads=n, runs=runs, progress=say)
+        per_thread[n]["layers"] = {digest: table}
+    sources.append(f"layers: onnxruntime profiler kernel times (median of {runs} runs, ORT_ENABLE_ALL), keyed by "
+                   f"ONNX node name, of {Path(model_path).name} (sha256 {digest[:12]}...), per thread count")
+    return {digest: table}
+
+
+def measure_host(
+    model_path: str | None = None,
+    threads: int | Iterable[int] | None = None,
+    progress: Callable[[str], None] | None = None,
+    *,
+    quick: bool = False,
+    strict: bool = False,
+    power_idle_w: float | None = None,
+    power_busy_w: float | None = None,
+    name: str | None = None,
+    policy: Policy | None = None,
+    probe: LoadProbe | None = None,
+) -> dict[str, Any]:
+    """Measure this machine and return a profile dict in the profile file format.
+
+    threads: the intra-op thread counts to measure (an int or a list); None: 1 and all cores.  The
+      top-level figures are those of the largest count; `threads:` holds every count's.
+    quick: smaller benchmarks and a shorter time per timing (for tests; noisier figures).
+    strict: refuse (UserError) when the machine is busy or a timing's spread stays above the policy's
+      max_spread; otherwise those are warnings (logged, and listed under measurement.warnings).
+    power_idle_w / power_busy_w: watts from a meter, if the caller has them; None is written as null.
+    policy / probe: the timing policy and the load probe (tests inject scripted ones).
+    """
+    say = progress or (lambda s: None)
+    cpu = host.cpuinfo()
+    counts = thread_counts(threads, host.all_cores(cpu))
+    policy = policy or (QUICK if quick else DEFAULT)
+    probe = probe or LoadProbe()
+    mem_total, mem_avail = host.meminfo_mb()
+    started = time.perf_counter()
+    warnings: list[str] = []
+
+    say(f"profiling {host.host_name()}: onnxruntime {ort.__version__}, threads {', '.join(map(str, counts))}"
+        f"{' (quick)' if quick else ''}")
+    load = _Load(probe, quick)
+    _check_load_before(load, strict, warnings)
+    say(f"  {load.said_before()}")
+    runtime_mb = _runtime_rss_mb()
+    per_thread: dict[int, dict] = {}
+    entries: dict[int, dict] = {}
+    unstable: list[str] = []  # the timings whose spread stayed large, named for the one-line warning
+    details: list[str] = []  # the same, each with the load it saw, for measurement.warnings
+    for n in counts:
+        b = Bench(n, quick, policy, probe, strict, say)
+        per_thread[n] = measure_figures(b)
+        entries[n] = b.entries
+        details.extend(b.unstable)
+        unstable.extend(b.unstable_names)
+    _check_load_during(load, strict, warnings)
+    say(f"  {load.said_during()}")
+
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    sources = _sources(stamp, counts, quick, policy, power_idle_w is not None or power_busy_w is not None)
+    layers = {} if model_path is None else _layers_per_thread(model_path, counts, quick, per_thread, sources, say)
+    for w in warnings:
+        logger.warning(w)
+    if unstable:  # one line for all of them; measurement.warnings has each with the load it saw
+        logger.warning(f"spread stayed above {policy.max_spread:.0%} for {len(unstable)} timing"
+                       f"{'s' if len(unstable) > 1 else ''}: {', '.join(unstable)}; those figures may be off "
+                       "(see measurement: in the profile)")
+    say(f"  done in {time.perf_counter() - started:.1f} s")
+
+    frac = 0.75
+    if mem_avail is not None and mem_total > 0:
+        frac = max(0.05, math.floor(mem_avail / mem_total * 20) / 20)
+    top = per_thread[counts[-1]]
+    return {
+        "name": name or host.host_name(),
+        "description": host.describe(cpu, mem_total, counts),
+        "memory_mb": int(round(mem_total)),
+        "usable_memory_fraction": frac,
+        "runtime_overhead_mb": runtime_mb,
+        "op_overhead_us": top["op_overhead_us"],
+        "gflops": dict(top["gflops"]),
+        "memory_gbps": top["memory_gbps"],
+        "op_ms_per_melem": dict(top["op_ms_per_melem"]),
+        "efficiency": {k: [list(p) for p in v] for k, v in top["efficiency"].items()},
+        "power_w": {"idle": power_idle_w, "busy": power_busy_w},
+        "threads": per_thread,
+        "measurement": {
+            "max_spread": policy.max_spread,
+            "window": policy.window,
+            "max_seconds": policy.max_seconds,
+            "load": load.section(),
+            "threads": entries,
+            "warnings": warnings + details,
+        },
+        "sources": sources,
+        "layers": layers,
+    }

@@ -1,0 +1,183 @@
+"""Per-node times of a real model (`edgec profile --model`): onnxruntime's profiler, mapped back to the
+original graph's nodes (see the package docstring for the rules)."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from edgec.compiler.errors import UserError
+from edgec.compiler.ingest import file_sha256, node_keys
+
+from .timing import sig as _sig
+
+__all__ = ["measure_layers"]
+
+
+def _map_optimized(orig: onnx.ModelProto, keys: list[str], opt: onnx.ModelProto) -> dict[str, str]:
+    """Optimised node name -> original node key (see the module docstring for the rules)."""
+    names = set(keys)
+    by_key = dict(zip(keys, orig.graph.node))
+    producer: dict[str, str] = {}
+    for k, n in zip(keys, orig.graph.node):
+        for t in n.output:
+            if t:
+                producer[t] = k
+    consumers: dict[str, list] = {}
+    for n in opt.graph.node:
+        for t in n.input:
+            consumers.setdefault(t, []).append(n)
+
+    def same_kind(a: str, b: str) -> bool:
+        a, b = a.removeprefix("Fused"), b.removeprefix("Fused")
+        return a == b
+
+    def head_of_fusion(k: str, op_type: str) -> str:
+        """A fused node named after its last output (e.g. Conv+Relu -> "<relu output>_nchwc") belongs
+        to the operator that starts the fusion: walk up first inputs (at most 3 nodes) to a node of
+        the optimised node's kind."""
+        node, steps = by_key[k], 0
+        while not same_kind(node.op_type, op_type) and steps < 3 and node.input and node.input[0] in producer:
+            node_key = producer[node.input[0]]
+            node, steps = by_key[node_key], steps + 1
+            if same_kind(node.op_type, op_type):
+                return node_key
+        return k
+
+    def direct(n) -> str | None:
+        if n.name in names:
+            return n.name
+        head = n.name.split("/", 1)[0]
+        if head in names:
+            return head
+        tensor = n.name[: -len("_nchwc")] if n.name.endswith("_nchwc") else None
+        if tensor in producer:
+            return head_of_fusion(producer[tensor], n.op_type)
+        for t in n.output:
+            if t in producer:
+                return head_of_fusion(producer[t], n.op_type)
+        return None
+
+    mapping: dict[str, str] = {}
+    for n in opt.graph.node:
+        k = direct(n)
+        if k is None:  # walk downstream to the first node that maps
+            frontier, visited = list(n.output), set()
+            while frontier and k is None:
+                t = frontier.pop(0)
+                for c in consumers.get(t, []):
+                    if c.name in visited:
+                        continue
+                    visited.add(c.name)
+                    k = direct(c)
+                    if k is not None:
+                        break
+                    frontier.extend(c.output)
+        mapping[n.name] = k if k is not None else n.name
+    return mapping
+
+
+def _feeds(sess: ort.InferenceSession, path: Path) -> dict[str, np.ndarray]:
+    """Random float / zero integer inputs; symbolic or unknown dimensions become 1."""
+    feeds = {}
+    rng = np.random.default_rng(0)
+    for inp in sess.get_inputs():
+        shape = [d if isinstance(d, int) and d > 0 else 1 for d in inp.shape]
+        dtype = _ORT_TYPES.get(inp.type)
+        if dtype is None:
+            raise UserError(f"input {inp.name!r} has unsupported type {inp.type}", path=str(path))
+        if np.issubdtype(dtype, np.floating):
+            feeds[inp.name] = rng.standard_normal(shape).astype(dtype)
+        else:
+            feeds[inp.name] = np.zeros(shape, dtype=dtype)
+    return feeds
+
+
+def measure_layers(
+    model_path: str | Path, threads: int | None = None, runs: int = 5, progress: Callable[[str], None] | None = None
+) -> tuple[str, dict[str, float]]:
+    """(sha256 of the model file, {node name: median kernel ms}) from onnxruntime's profiler.
+
+    Runs the model `runs` times after 2 warm-up runs, with random inputs (dimensions that are not
+    fixed become 1).  The optimised graph is written to a temporary folder (weights included) to map
+    fused and renamed nodes back to the original ones."""
+    path = Path(model_path)
+    try:
+        digest = file_sha256(path)
+        model = onnx.load(str(path), load_external_data=False)  # graph structure only
+    except OSError as e:
+        raise UserError(f"cannot read model: {e.strerror or e}", path=str(path)) from None
+    except Exception as e:  # protobuf DecodeError and friends
+        raise UserError(f"not an ONNX model: {str(e).splitlines()[0] if str(e) else type(e).__name__}", path=str(path)) from None
+    keys = node_keys(model)
+    warmup = 2
+    with tempfile.TemporaryDirectory(prefix="edgec-profile-") as tmp:
+        run_path = str(path)
+        if keys != [n.name for n in model.graph.node]:  # unnamed or repeated names: run a renamed copy
+            named = onnx.load(str(path))
+            for k, n in zip(keys, named.graph.node):
+                n.name = k
+            run_path = os.path.join(tmp, "named.onnx")
+            onnx.save_model(named, run_path, save_as_external_data=True, all_tensors_to_one_file=True, location="named.weights")
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        so.enable_profiling = True
+        so.profile_file_prefix = os.path.join(tmp, "ort")
+        so.optimized_model_filepath = os.path.join(tmp, "optimized.onnx")
+        so.add_session_config_entry("session.optimized_model_external_initializers_file_name", "optimized.weights")
+        so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+        if threads:
+            so.intra_op_num_threads = threads
+            so.inter_op_num_threads = 1
+        try:
+            sess = ort.InferenceSession(run_path, so, providers=["CPUExecutionProvider"])
+        except Exception as e:
+            raise UserError(f"onnxruntime cannot load the model: {str(e).splitlines()[0]}", path=str(path)) from None
+        feeds = _feeds(sess, path)
+        for i in range(warmup + runs):
+            sess.run(None, feeds)
+            if progress:
+                progress(f"  model run {i + 1}/{warmup + runs}")
+        events = json.loads(Path(sess.end_profiling()).read_text())
+        try:
+            opt = onnx.load(os.path.join(tmp, "optimized.onnx"), load_external_data=False)
+            mapping = _map_optimized(model, keys, opt)
+        except Exception:  # no optimised graph: keep onnxruntime's names
+            mapping = {}
+    run_spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
+    run_spans = run_spans[warmup:]
+    per_run: list[dict[str, float]] = [dict() for _ in run_spans]
+    for e in events:
+        if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time"):
+            continue
+        node = e["name"][: -len("_kernel_time")]
+        key = mapping.get(node, node)
+        for i, (a, b) in enumerate(run_spans):
+            if a <= e["ts"] <= b:
+                per_run[i][key] = per_run[i].get(key, 0.0) + e["dur"] / 1000.0
+                break
+    table = {k: 0.0 for k in keys}
+    measured = set().union(*per_run) if per_run else set()
+    for k in measured:
+        table[k] = _sig(statistics.median(r.get(k, 0.0) for r in per_run), 4)
+    return digest, table
+
+
+_ORT_TYPES = {
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(double)": np.float64,
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+    "tensor(int8)": np.int8,
+    "tensor(uint8)": np.uint8,
+    "tensor(bool)": np.bool_,
+}

@@ -1,0 +1,201 @@
+"""`edgec profile` under load: the spread rule, busy detection (scripted timings and /proc readings, so
+deterministic), --strict, and two back-to-back runs that must agree on a quiet machine."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+
+import pytest
+
+from edgec.compiler.errors import UserError
+from edgec.compiler.profile import measure_host
+from edgec.compiler.profile.load import (CpuTimes, LoadSample, is_busy, other_cpus, parse_loadavg, parse_proc_stat,
+                                         parse_self_stat)
+from edgec.compiler.profile.timing import Policy, measure_stable, spread
+
+# --------------------------------------------------------------------------------------------------
+# The spread rule, with injected timings and an injected clock
+
+
+def scripted(samples, step=0.01):
+    """A sampler returning `samples` in turn, and a clock advancing `step` seconds per sample."""
+    it = iter(samples)
+    now = itertools.count()
+    return (lambda: next(it)), (lambda: next(now) * step)
+
+
+POLICY = Policy(max_spread=0.10, window=5, max_seconds=1.0, min_sample_s=0.0)
+
+
+def test_spread_is_p90_minus_p10_over_median():
+    assert spread([1.0] * 5) == 0
+    assert spread([1.0, 1.0, 1.0, 1.0, 2.0]) == pytest.approx((1.6 - 1.0) / 1.0)
+
+
+def test_stable_after_one_window_of_agreeing_samples():
+    sample, clock = scripted([1.00, 1.02, 0.99, 1.01, 1.00] + [9.0] * 100)
+    s = measure_stable(sample, POLICY, clock)
+    assert s.stable and s.runs == 5 and s.median_s == 1.00 and s.spread < 0.1
+
+
+def test_noisy_start_then_calm_stops_at_the_first_calm_window():
+    noisy = [1.0, 3.0, 1.0, 2.5, 1.2, 4.0]
+    sample, clock = scripted(noisy + [2.0, 2.01, 1.99, 2.0, 2.02] + [9.0] * 100)
+    s = measure_stable(sample, POLICY, clock)
+    assert s.stable and s.runs == len(noisy) + 5 and s.median_s == 2.0
+
+
+def test_never_calm_gives_up_after_max_seconds_with_the_calmest_window():
+    values = [1.0, 2.0, 1.0, 2.0, 1.0, 1.5, 1.6, 1.55, 1.9, 3.0] + [1.0, 3.0] * 50
+    sample, clock = scripted(values, step=0.1)
+    s = measure_stable(sample, POLICY, clock)
+    assert not s.stable
+    assert s.runs == 10  # the clock reads 0.1 s more after each sample: 1.0 s after the 10th
+    # the calmest 5 in a row are [1.0, 1.5, 1.6, 1.55, 1.9]; every other window holds a 2.0 or a 3.0
+    assert s.median_s == 1.55 and s.spread == pytest.approx(spread([1.0, 1.5, 1.6, 1.55, 1.9]))
+
+
+def test_samples_slower_than_the_time_bound_are_judged_on_what_there_is():
+    sample, clock = scripted([5.0, 5.1, 7.0, 9.0], step=0.6)
+    s = measure_stable(sample, POLICY, clock)
+    assert not s.stable and s.runs == 3 and s.median_s == 5.1
+
+
+# --------------------------------------------------------------------------------------------------
+# Busy detection from /proc text
+
+
+PROC_STAT = """cpu  1000 50 300 8000 100 10 20 30 400 0
+cpu0 500 25 150 4000 50 5 10 15 200 0
+cpu1 500 25 150 4000 50 5 10 15 200 0
+intr 12345
+"""
+
+
+def test_parse_proc_stat_counts_steal_not_guest():
+    busy, total, cpus = parse_proc_stat(PROC_STAT)
+    assert busy == 1000 + 50 + 300 + 10 + 20 + 30  # guest (400) is already inside user
+    assert total == busy + 8000 + 100 and cpus == 2
+
+
+def test_parse_self_stat_survives_a_command_name_with_spaces_and_parentheses():
+    fields = ["S"] + [str(i) for i in range(4, 14)] + ["170", "30"] + ["0"] * 30
+    assert parse_self_stat("4242 (my (odd) prog) " + " ".join(fields)) == 200
+
+
+def test_parse_loadavg():
+    assert parse_loadavg("3.37 3.78 3.61 4/110 22790\n") == (3.37, 3.78, 3.61)
+
+
+def sample_at(busy, total, own, cpus=2, loadavg=(0.5, 0.5, 0.5)):
+    return LoadSample(loadavg, CpuTimes(busy, total, own, cpus))
+
+
+def test_other_cpus_is_machine_busy_less_our_own_time():
+    a, b = sample_at(100, 1000, 40), sample_at(400, 1200, 190)  # 300 busy jiffies, 150 of them ours, of 200
+    assert other_cpus(a, b) == pytest.approx(150 / 200 * 2)
+    assert other_cpus(a, sample_at(100, 1000, 40)) is None  # no jiffy elapsed: unknown, not zero
+    assert other_cpus(a, sample_at(150, 1200, 120)) == 0  # rounding never gives a negative figure
+    assert other_cpus(LoadSample(None, None), b) is None
+
+
+@pytest.mark.parametrize("others, cpus, busy", [
+    (None, 2, False), (0.0, 2, False), (0.2, 2, False), (0.21, 2, True), (1.5, 2, True), (0.35, 4, False),
+    (0.41, 4, True),
+])
+def test_busy_rule_is_more_than_a_tenth_of_the_machine(others, cpus, busy):
+    assert is_busy(others, cpus) is busy
+
+
+class ScriptedProbe:
+    """A load probe whose machine's other processes use `others` CPUs of 2, always; our process is idle."""
+
+    def __init__(self, others: float):
+        self.others, self.jiffies, self.waits = others, 0, []
+
+    def sample(self) -> LoadSample:
+        self.jiffies += 100  # 100 jiffies of the whole machine (2 CPUs) between readings
+        return sample_at(int(self.jiffies * self.others / 2), self.jiffies, 0, 2, (3.2, 2.9, 2.5))
+
+    def wait(self, seconds: float) -> None:
+        self.waits.append(seconds)
+
+
+def test_strict_refuses_a_busy_machine_before_measuring():
+    probe = ScriptedProbe(1.3)
+    with pytest.raises(UserError) as ei:
+        measure_host(quick=True, threads=1, strict=True, probe=probe)
+    msg = str(ei.value)
+    assert "\n" not in msg and msg.startswith("the machine is busy: other processes used 1.30 of 2 CPUs")
+    assert "load average 3.20 2.90 2.50" in msg and "--strict" in msg
+    assert len(probe.waits) == 1  # refused after the idle look, before any benchmark
+
+
+def test_busy_machine_without_strict_warns_and_says_so_in_the_profile(caplog):
+    with caplog.at_level(logging.WARNING, logger="edgec.compiler.profile"):
+        p = measure_host(quick=True, threads=1, probe=ScriptedProbe(0.9))
+    busy = [r.getMessage() for r in caplog.records if "busy" in r.getMessage()]
+    assert len(busy) == 2 and "0.90 of 2 CPUs" in busy[0] and "before profiling" in busy[0]
+    load = p["measurement"]["load"]
+    assert load["verdict"] == "busy" and load["before"]["other_cpus"] == 0.9 and load["during"]["other_cpus"] == 0.9
+    assert all(t["other_cpus"] == 0.9 for t in p["measurement"]["threads"][1].values())
+
+
+def test_quiet_machine_has_no_load_warning(caplog):
+    with caplog.at_level(logging.WARNING, logger="edgec.compiler.profile"):
+        p = measure_host(quick=True, threads=1, probe=ScriptedProbe(0.1))
+    assert not [r for r in caplog.records if "busy" in r.getMessage()]
+    assert p["measurement"]["load"]["verdict"] == "quiet"
+
+
+def test_strict_refuses_a_timing_whose_spread_stays_large():
+    """No machine meets a spread of 1e-9: --strict stops at the first timing, after its time bound."""
+    impossible = Policy(max_spread=1e-9, window=3, max_seconds=0.05, min_sample_s=0.0, warmup=1)
+    with pytest.raises(UserError) as ei:
+        measure_host(quick=True, threads=1, strict=True, policy=impossible, probe=ScriptedProbe(0.0))
+    msg = str(ei.value)
+    assert "\n" not in msg and msg.startswith("1 thread, op_overhead_us.relu_chain_200: spread ")
+    assert "stayed above 0%" in msg and "other processes used" in msg
+
+
+def test_unstable_timings_without_strict_are_one_warning(caplog):
+    impossible = Policy(max_spread=1e-9, window=3, max_seconds=0.01, min_sample_s=0.0, warmup=1)
+    with caplog.at_level(logging.WARNING, logger="edgec.compiler.profile"):
+        p = measure_host(quick=True, threads=1, policy=impossible, probe=ScriptedProbe(0.0))
+    (line,) = [r.getMessage() for r in caplog.records if "spread stayed above" in r.getMessage()]
+    timings = p["measurement"]["threads"][1]
+    assert f"for {len(timings)} timings: " in line and "gflops.conv at 1 thr" in line
+    assert not any(t["stable"] for t in timings.values())
+    assert len(p["measurement"]["warnings"]) == len(timings)
+
+
+# --------------------------------------------------------------------------------------------------
+# Back to back on a quiet machine (issue 11: within 10%)
+
+
+def _figures(p: dict) -> dict[str, float]:
+    out = {f"gflops.{k}": v for k, v in p["gflops"].items()}
+    out["memory_gbps"] = p["memory_gbps"]
+    out.update({f"op_ms_per_melem.{k}": v for k, v in p["op_ms_per_melem"].items()})
+    return out
+
+
+def _stable_timings(p: dict) -> set[str]:
+    return {name for name, t in p["measurement"]["threads"][1].items() if t["stable"]}
+
+
+def test_two_quick_runs_back_to_back_agree_within_10_percent_on_a_quiet_machine():
+    a = measure_host(quick=True, threads=1)
+    if a["measurement"]["load"]["verdict"] != "quiet":
+        pytest.skip(f"machine busy during the first run: {a['measurement']['load']['during']}")
+    b = measure_host(quick=True, threads=1)
+    if b["measurement"]["load"]["verdict"] != "quiet":
+        pytest.skip(f"machine busy during the second run: {b['measurement']['load']['during']}")
+    both = _stable_timings(a) & _stable_timings(b)  # a figure whose spread stayed large is already flagged
+    fa, fb = _figures(a), _figures(b)
+    compared = [k for k in fa if k in both
+                or (k == "gflops.other" and {"gflops.other.ConvTranspose", "gflops.other.LSTM"} <= both)]
+    assert compared, "no figure was stable in both runs on a quiet machine"
+    off = {k: (fa[k], fb[k]) for k in compared if abs(fa[k] - fb[k]) > 0.10 * max(fa[k], fb[k])}
+    assert not off, off
