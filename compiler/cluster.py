@@ -59,14 +59,15 @@ from typing import Any
 import yaml
 
 from edgec.compiler.errors import UserError
+from edgec.compiler.units import MiB
 
 __all__ = [
     "PROFILES_DIR",
     "GFLOPS_KEYS",
     "MEDIUMS",
     "Profile",
-    "Device",
-    "Link",
+    "DeviceSpec",
+    "LinkSpec",
     "Cluster",
     "profiles_dir",
     "available_profiles",
@@ -109,7 +110,6 @@ _DEVICE_KEYS = ("name", "profile", "memory_mb", "address")
 _NETWORK_KEYS = ("bandwidth_mbps", "latency_ms", "medium", "links")
 _LINK_KEYS = ("a", "b", "bandwidth_mbps", "latency_ms")
 _DEVICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-_MiB = 1 << 20
 
 
 # --------------------------------------------------------------------------------------------------
@@ -136,7 +136,7 @@ class Profile:
 
 
 @dataclass(frozen=True)
-class Device:
+class DeviceSpec:
     name: str
     profile: Profile
     memory_mb: float  # the cluster file's override, or the profile's
@@ -145,52 +145,47 @@ class Device:
     @property
     def usable_bytes(self) -> int:
         """Bytes edgec may fill with weights and activations on this device."""
-        return int(self.memory_mb * self.profile.usable_memory_fraction * _MiB) - int(
-            self.profile.runtime_overhead_mb * _MiB
+        return int(self.memory_mb * self.profile.usable_memory_fraction * MiB) - int(
+            self.profile.runtime_overhead_mb * MiB
         )
 
 
 @dataclass(frozen=True)
-class Link:
+class LinkSpec:
     bandwidth_mbps: float  # megabits per second (10^6 bit/s)
     latency_ms: float
 
-    @property
-    def bytes_per_ms(self) -> float:
-        """Bandwidth in bytes per millisecond (1 Mbps = 125 bytes/ms)."""
-        return self.bandwidth_mbps * 125.0
 
-
-_SAME_DEVICE = Link(bandwidth_mbps=math.inf, latency_ms=0.0)
+_SAME_DEVICE = LinkSpec(bandwidth_mbps=math.inf, latency_ms=0.0)
 
 
 @dataclass(frozen=True)
 class Cluster:
-    devices: tuple[Device, ...]
+    devices: tuple[DeviceSpec, ...]
     bandwidth_mbps: float  # default for every pair
     latency_ms: float  # default for every pair
     medium: str  # "switched" or "shared"
-    links: dict[frozenset[str], Link] = field(hash=False)  # explicit overrides only
+    links: dict[frozenset[str], LinkSpec] = field(hash=False)  # explicit overrides only
     path: str
 
     @property
     def device_names(self) -> tuple[str, ...]:
         return tuple(d.name for d in self.devices)
 
-    def device(self, name: str) -> Device:
+    def device(self, name: str) -> DeviceSpec:
         for d in self.devices:
             if d.name == name:
                 return d
         raise KeyError(f"no device {name!r} in {self.path} (devices: {', '.join(self.device_names)})")
 
-    def link(self, a: str, b: str) -> Link:
+    def link(self, a: str, b: str) -> LinkSpec:
         """The link between devices a and b (symmetric): the override if the file gives one, else the
         network default.  a == b is no network hop: infinite bandwidth, zero latency."""
         self.device(a)
         self.device(b)
         if a == b:
             return _SAME_DEVICE
-        return self.links.get(frozenset((a, b)), Link(self.bandwidth_mbps, self.latency_ms))
+        return self.links.get(frozenset((a, b)), LinkSpec(self.bandwidth_mbps, self.latency_ms))
 
     def to_dict(self) -> dict[str, Any]:
         """The manifest's "devices" and "network" sections (JSON-able, deterministic)."""
@@ -455,7 +450,7 @@ def load_cluster(path: str | Path) -> Cluster:
         raise UserError(f"devices must be a list, got {_type_name(devs)}", path=shown)
     base_dir = p.parent
     profiles: dict[str, Profile] = {}
-    devices: list[Device] = []
+    devices: list[DeviceSpec] = []
     seen: set[str] = set()
     for i, dv in enumerate(devs):
         where = f"devices[{i}]"
@@ -488,7 +483,7 @@ def load_cluster(path: str | Path) -> Cluster:
         address = dv.get("address")
         if address is not None:
             address = _string(address, f"{where}: address", shown)
-        device = Device(name=name, profile=prof, memory_mb=memory_mb, address=address)
+        device = DeviceSpec(name=name, profile=prof, memory_mb=memory_mb, address=address)
         if device.usable_bytes <= 0:
             raise UserError(
                 f"{where}: no usable memory ({memory_mb:g} MB x {prof.usable_memory_fraction:g} "
@@ -512,7 +507,7 @@ def load_cluster(path: str | Path) -> Cluster:
         links_in = []
     if not isinstance(links_in, list):
         raise UserError(f"network.links must be a list, got {_type_name(links_in)}", path=shown)
-    links: dict[frozenset[str], Link] = {}
+    links: dict[frozenset[str], LinkSpec] = {}
     for i, lk in enumerate(links_in):
         where = f"network.links[{i}]"
         lk = _mapping(lk, where, shown)
@@ -534,7 +529,7 @@ def load_cluster(path: str | Path) -> Cluster:
         lat = latency
         if lk.get("latency_ms") is not None:
             lat = _number(lk["latency_ms"], f"{where}.latency_ms", shown, nonneg=True)
-        links[pair] = Link(bandwidth_mbps=bw, latency_ms=lat)
+        links[pair] = LinkSpec(bandwidth_mbps=bw, latency_ms=lat)
 
     return Cluster(
         devices=tuple(devices),

@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from edgec.compiler.cluster import load_cluster
-from edgec.compiler.cost import build_cost_table, pipeline_problem
+from edgec.compiler.cost import build_cost_table
+from edgec.compiler.plan.pipeline import pipeline_problem
 from edgec.compiler.ingest import load_model
 from edgec.compiler.profile import measure_host, write_profile
 from tests.conftest import conv_chain_model
