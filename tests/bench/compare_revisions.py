@@ -16,8 +16,9 @@ models/ and profiles/ link to the tree, and goes first on PYTHONPATH; the script
 imports `edgec.compiler` from before compiling. Both sides write into the same output folder (the
 manifest records the model's path relative to it), one after the other; the script hashes manifest.json
 and every fragment and compares the two sets of files. A revision given as a commit caches its hashes
-under the work folder, so rerunning against another NEW compiles BASE only once (--prime fills that
-cache ahead of time).
+under the work folder (cache/COMMIT.json, keyed by case and the model's path relative to the output
+folder), so rerunning against another NEW compiles BASE only once; --prime fills that cache ahead of
+time, and two primes in work folders at the same depth can run side by side and share their caches.
 
 Prints one line per case and a summary; exits 1 on any difference (or a case that one side compiles and
 the other does not), 0 otherwise.
@@ -151,14 +152,16 @@ class Revision:
 
     def compile(self, case: dict, work: Path) -> dict:
         """{'files': {name: sha256}} or {'error': last stderr line} for one case, from the cache if known."""
-        key = f"{case['id']} | out={work / 'out'}"
+        out = work / "out"
+        # what the build depends on besides the code: the case, and the model's path as the manifest
+        # records it (relative to the output folder), so work folders at the same depth share hashes
+        key = f"{case['id']} | model={os.path.relpath(model_path(case['model']).resolve(), out.resolve())}"
         if key in self.hashes:
             return self.hashes[key]
         cluster = work / "cluster.yaml"
         import yaml
 
         cluster.write_text(yaml.safe_dump(case["doc"]))
-        out = work / "out"
         if out.exists():
             shutil.rmtree(out)
         cmd = [sys.executable, "-m", "edgec.compiler", "compile", str(model_path(case["model"])), "--devices",
