@@ -122,8 +122,9 @@ def _cuts(graph: LayerGraph, axis: int) -> tuple[int, ...]:
 
 
 def search_spatial(graph: LayerGraph, cost: CostTable, objective: str = "latency", threshold: float = 0.1,
-                 devices=None, *, beam: int | None = 6, branch: int | None = 3, budget: int | None = 1000,
-                 axis: int | None = None, incumbent: float = INF, workers: int | None = None) -> tuple[Plan, SearchStats]:
+                   devices=None, *, beam: int | None = 6, branch: int | None = 3, budget: int | None = 1000,
+                   axis: int | None = None, incumbent: float = INF,
+                   workers: int | None = None) -> tuple[Plan, SearchStats]:
     """Tile the longest tileable prefix across `devices` (all by default); the rest runs on the gather device.
 
     >>> plan, stats = search_spatial(graph, cost)                     # doctest: +SKIP
@@ -165,8 +166,8 @@ def _subsets(cost: CostTable) -> list[list[str]]:
 
 
 def search_hybrid(graph: LayerGraph, cost: CostTable, objective: str = "latency", threshold: float = 0.1, *,
-                beam: int | None = 6, branch: int | None = 3, budget: int | None = 1000,
-                incumbent: float = INF, workers: int | None = None) -> tuple[Plan, SearchStats]:
+                  beam: int | None = 6, branch: int | None = 3, budget: int | None = 1000,
+                  incumbent: float = INF, workers: int | None = None) -> tuple[Plan, SearchStats]:
     """A spatial group over a prefix, on a subset of the devices chosen by search, gathered on one of
     them; the remaining layers as pipeline stages over all devices (exact pipeline DP)."""
     opts = {"threshold": threshold, "beam": beam, "branch": branch, "budget": budget}

@@ -55,7 +55,7 @@ def _rows(graph: LayerGraph, cut: int, axis: int) -> int:
 
 
 def bbgrap(graph: LayerGraph, cost: CostTable, objective: str = "latency", devices=None, axis: int = 2,
-                sync: str = "gather") -> Plan:
+           sync: str = "gather") -> Plan:
     """Equal split of every block over all devices, no device model. sync="gather": each block's output
     is gathered on the first device and re-scattered (a spatial stage per block); sync="halo": one
     stage whose blocks exchange halo rows directly (decentralised, as ADaPS's Table 1 describes it)."""
@@ -73,7 +73,7 @@ def bbgrap(graph: LayerGraph, cost: CostTable, objective: str = "latency", devic
 
 
 def edgeflow(graph: LayerGraph, cost: CostTable, objective: str = "latency", devices=None, axis: int = 2,
-                  threshold: float = 0.1) -> Plan:
+             threshold: float = 0.1) -> Plan:
     names = list(devices or cost.devices)
     g = _gather_device(cost, names)
     cuts = _cuts(graph, axis)
@@ -89,7 +89,7 @@ def edgeflow(graph: LayerGraph, cost: CostTable, objective: str = "latency", dev
 
 
 def deepthings(graph: LayerGraph, cost: CostTable, objective: str = "latency", devices=None,
-                    grid: tuple[int, int] | None = None, layers: int | None = None) -> Plan:
+               grid: tuple[int, int] | None = None, layers: int | None = None) -> Plan:
     """Fused tile partitioning: an N x M grid of equal tiles (N along height, M along width) over the
     first `layers` layers (rounded down to a block cut), one tile per device in row-major order starting
     with the fastest device, which gathers. N x 1 and 1 x M grids are height or width tiles; others cut
