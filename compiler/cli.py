@@ -148,7 +148,7 @@ def inspect_cmd(model, devices, shapes, as_json):
 def simulate_cmd(manifest, as_json):
     """Replay MANIFEST's schedule under the cost model: per-device timeline and totals."""
     from .report import format_simulation, load_manifest_json
-    from .simulate import simulate_manifest
+    from .cost import simulate_manifest
 
     data = load_manifest_json(manifest)
     try:

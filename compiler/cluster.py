@@ -76,6 +76,7 @@ from typing import Any
 import yaml
 
 from edgec.compiler.errors import UserError
+from edgec.compiler.units import MiB
 
 __all__ = [
     "PROFILES_DIR",
@@ -84,8 +85,8 @@ __all__ = [
     "Figures",
     "MEDIUMS",
     "Profile",
-    "Device",
-    "Link",
+    "DeviceSpec",
+    "LinkSpec",
     "Cluster",
     "profiles_dir",
     "available_profiles",
@@ -144,13 +145,12 @@ _DEVICE_KEYS = ("name", "profile", "memory_mb", "address")
 _NETWORK_KEYS = ("bandwidth_mbps", "latency_ms", "medium", "links")
 _LINK_KEYS = ("a", "b", "bandwidth_mbps", "latency_ms")
 _DEVICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-_MiB = 1 << 20
 # Bounds that keep the cost model's divisions and sums finite (see the module docstring).
 _MAX_FIGURE = 1e12
 _MIN_POSITIVE = 1e-9
 # Read limits: real files are a few KiB (profiles with measured tables: a few hundred KiB); anything far
 # larger is a wrong file, not a cluster, and is refused before it is read whole.
-_MAX_BYTES = {"cluster file": 1 * _MiB, "profile file": 16 * _MiB}
+_MAX_BYTES = {"cluster file": 1 * MiB, "profile file": 16 * MiB}
 _MAX_DEPTH = 32  # real files nest at most 5 levels; PyYAML's composer recurses once per level
 
 
@@ -207,7 +207,7 @@ class Profile:
 
 
 @dataclass(frozen=True)
-class Device:
+class DeviceSpec:
     name: str
     profile: Profile
     memory_mb: float  # the cluster file's override, or the profile's
@@ -216,52 +216,47 @@ class Device:
     @property
     def usable_bytes(self) -> int:
         """Bytes edgec may fill with weights and activations on this device."""
-        return int(self.memory_mb * self.profile.usable_memory_fraction * _MiB) - int(
-            self.profile.runtime_overhead_mb * _MiB
+        return int(self.memory_mb * self.profile.usable_memory_fraction * MiB) - int(
+            self.profile.runtime_overhead_mb * MiB
         )
 
 
 @dataclass(frozen=True)
-class Link:
+class LinkSpec:
     bandwidth_mbps: float  # megabits per second (10^6 bit/s)
     latency_ms: float
 
-    @property
-    def bytes_per_ms(self) -> float:
-        """Bandwidth in bytes per millisecond (1 Mbps = 125 bytes/ms)."""
-        return self.bandwidth_mbps * 125.0
 
-
-_SAME_DEVICE = Link(bandwidth_mbps=math.inf, latency_ms=0.0)
+_SAME_DEVICE = LinkSpec(bandwidth_mbps=math.inf, latency_ms=0.0)
 
 
 @dataclass(frozen=True)
 class Cluster:
-    devices: tuple[Device, ...]
+    devices: tuple[DeviceSpec, ...]
     bandwidth_mbps: float  # default for every pair; inf for a one-device cluster without `network`
     latency_ms: float  # default for every pair
     medium: str  # "switched" or "shared"
-    links: dict[frozenset[str], Link] = field(hash=False)  # explicit overrides only
+    links: dict[frozenset[str], LinkSpec] = field(hash=False)  # explicit overrides only
     path: str
 
     @property
     def device_names(self) -> tuple[str, ...]:
         return tuple(d.name for d in self.devices)
 
-    def device(self, name: str) -> Device:
+    def device(self, name: str) -> DeviceSpec:
         for d in self.devices:
             if d.name == name:
                 return d
         raise KeyError(f"no device {name!r} in {self.path} (devices: {', '.join(self.device_names)})")
 
-    def link(self, a: str, b: str) -> Link:
+    def link(self, a: str, b: str) -> LinkSpec:
         """The link between devices a and b (symmetric): the override if the file gives one, else the
         network default.  a == b is no network hop: infinite bandwidth, zero latency."""
         self.device(a)
         self.device(b)
         if a == b:
             return _SAME_DEVICE
-        return self.links.get(frozenset((a, b)), Link(self.bandwidth_mbps, self.latency_ms))
+        return self.links.get(frozenset((a, b)), LinkSpec(self.bandwidth_mbps, self.latency_ms))
 
     @property
     def has_network(self) -> bool:
@@ -363,7 +358,7 @@ def _read_text(path: Path, what: str) -> str:
         with open(path, "rb") as fh:
             raw = fh.read(limit + 1)
         if len(raw) > limit:
-            raise UserError(f"{what} is larger than {limit // _MiB} MiB, the limit for a {what}", path=shown)
+            raise UserError(f"{what} is larger than {limit // MiB} MiB, the limit for a {what}", path=shown)
         return raw.decode("utf-8")
     except FileNotFoundError:
         raise UserError(f"{what} not found", path=shown) from None
@@ -726,7 +721,7 @@ def load_cluster(path: str | Path) -> Cluster:
         raise UserError(f"devices must be a list, got {_type_name(devs)}", path=shown)
     base_dir = p.parent
     profiles: dict[str, Profile] = {}
-    devices: list[Device] = []
+    devices: list[DeviceSpec] = []
     seen: set[str] = set()
     for i, dv in enumerate(devs):
         where = f"devices[{i}]"
@@ -759,7 +754,7 @@ def load_cluster(path: str | Path) -> Cluster:
         address = dv.get("address")
         if address is not None:
             address = _string(address, f"{where}: address", shown)
-        device = Device(name=name, profile=prof, memory_mb=memory_mb, address=address)
+        device = DeviceSpec(name=name, profile=prof, memory_mb=memory_mb, address=address)
         if device.usable_bytes <= 0:
             raise UserError(
                 f"{where}: no usable memory ({memory_mb:g} MB x {prof.usable_memory_fraction:g} "
@@ -790,7 +785,7 @@ def load_cluster(path: str | Path) -> Cluster:
         links_in = []
     if not isinstance(links_in, list):
         raise UserError(f"network.links must be a list, got {_type_name(links_in)}", path=shown)
-    links: dict[frozenset[str], Link] = {}
+    links: dict[frozenset[str], LinkSpec] = {}
     for i, lk in enumerate(links_in):
         where = f"network.links[{i}]"
         lk = _mapping(lk, where, shown)
@@ -812,7 +807,7 @@ def load_cluster(path: str | Path) -> Cluster:
         lat = latency
         if lk.get("latency_ms") is not None:
             lat = _number(lk["latency_ms"], f"{where}.latency_ms", shown, nonneg=True)
-        links[pair] = Link(bandwidth_mbps=bw, latency_ms=lat)
+        links[pair] = LinkSpec(bandwidth_mbps=bw, latency_ms=lat)
 
     return Cluster(
         devices=tuple(devices),

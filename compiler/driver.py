@@ -5,30 +5,26 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from edgec.runtime.interrupts import check_interrupted
 
 from . import cluster as cluster_mod
-from .cost import CostTable, build_cost_table, pipeline_problem
-from .emit import build_fragments, build_manifest, write_output
+from .cost import CostTable, Prediction, build_cost_table, evaluate
+from .emit import assemble_manifest, build_fragments, write_output
 from .errors import UserError
 from .graph import LayerGraph
 from .ingest import Ingested, load_model
-from .plan.registry import PLANNERS, SPATIAL_PLANNERS, STRATEGIES
-from .plan.spatial import Dominated, plan_searches
-from .plan.spatial import fits as spatial_fits
-from .plan.problem import InfeasibleError, PipelineProblem, PipelineSolution
-from .plan.types import Plan, Stage
+from .plan.planner import Dominated, InfeasibleError, PlanOptions
+from .plan.registry import SEARCHES, STRATEGIES, run_group, schedule
+from .plan_types import Plan, Stage
 from .progress import Progress
-from .simulate import Prediction, simulate
 
 __all__ = ["CompileResult", "Candidate", "PlanOptions", "compile_model", "plan_model", "OBJECTIVES"]
 
 logger = logging.getLogger(__name__)
 OBJECTIVES = ("latency", "throughput")
-TOP_K = 3  # the pipeline DP keeps this many plans; the runners-up are reported in the manifest
 
 
 @dataclass(frozen=True)
@@ -42,26 +38,6 @@ class Candidate:
 
 
 @dataclass(frozen=True)
-class PlanOptions:
-    """Knobs of the spatial planners (ADaPS search threshold; DeepThings grid and fused depth; processes
-    for the spatial and hybrid searches, None: as many as this machine has cores for, at most 2)."""
-
-    search_threshold: float = 0.1
-    deepthings_grid: tuple[int, int] | None = None
-    deepthings_layers: int | None = None
-    jobs: int | None = None
-
-    def kwargs(self, strategy: str) -> dict:
-        if strategy in ("spatial", "hybrid"):
-            return {"threshold": self.search_threshold, "workers": self.jobs}
-        if strategy == "edgeflow":
-            return {"threshold": self.search_threshold}
-        if strategy == "deepthings":
-            return {"grid": self.deepthings_grid, "layers": self.deepthings_layers}
-        return {}
-
-
-@dataclass(frozen=True)
 class CompileResult:
     ingested: Ingested
     cluster: cluster_mod.Cluster
@@ -72,12 +48,6 @@ class CompileResult:
     timings: dict[str, float]
 
 
-def _to_plan(sol: PipelineSolution, strategy: str, objective: str, graph: LayerGraph, problem: PipelineProblem) -> Plan:
-    blocks = graph.blocks
-    stages = tuple(Stage(problem.devices[s.device], blocks[s.lo][0], blocks[s.hi - 1][1]) for s in sol.stages)
-    return Plan(strategy, objective, stages).ensures(graph)
-
-
 def _key(c: Candidate, objective: str) -> tuple:
     p = c.prediction
     main = (p.latency_ms, p.bottleneck_ms) if objective == "latency" else (p.bottleneck_ms, p.latency_ms)
@@ -86,30 +56,27 @@ def _key(c: Candidate, objective: str) -> tuple:
 
 def plan_model(graph: LayerGraph, cost: CostTable, strategy: str, objective: str,
                options: PlanOptions = PlanOptions(), progress: Progress = Progress()) -> tuple[Candidate, tuple[Candidate, ...]]:
-    """Run the requested planner (all of them for `auto`) and choose the best predicted plan."""
-    problem = pipeline_problem(graph, cost)
+    """Run the requested planner (all of them for `auto`) and choose the best predicted plan.
+
+    auto is a branch and bound over the registry's planners: the cheap ones run first and the best
+    latency so far bounds the searching planners, which run last and share their searches."""
     names = [s for s in STRATEGIES if s != "auto"] if strategy == "auto" else [strategy]
-    # auto is a branch and bound over planners: the cheap ones run first and the best latency so far
-    # bounds the spatial searches, which share one search for spatial and hybrid (plan_searches)
     done: dict[str, Candidate] = {}
-    for n in [n for n in names if n not in _SEARCH_LAST]:
+    for group in schedule(names):
         check_interrupted()
-        progress.status(f"planning: {n}{_best_so_far(done.values(), objective)}")
-        t0 = time.perf_counter()
-        if n in PLANNERS:
-            done[n] = _pipeline_candidate(n, graph, cost, problem, objective)
-        else:
-            done[n] = _spatial_candidate(n, graph, cost, objective, options)
-        progress.note(_planned(done[n], time.perf_counter() - t0))
-    searching = [n for n in _SEARCH_LAST if n in names]
-    if searching:
-        progress.status(f"planning: searching {' and '.join(searching)}{_best_so_far(done.values(), objective)}")
+        searching = all(n in SEARCHES for n in group)
+        what = f"searching {' and '.join(group)}" if searching else " and ".join(group)
+        progress.status(f"planning: {what}{_best_so_far(done.values(), objective)}")
         t0 = time.perf_counter()
         preds = [c.prediction.latency_ms for c in done.values() if c.prediction is not None]
-        found = _search_candidates(searching, graph, cost, objective, options, min(preds, default=math.inf))
-        for n in searching:
-            progress.note(_planned(found[n], time.perf_counter() - t0))
-        done |= found
+        bounded = replace(options, incumbent=min(preds, default=math.inf))
+        try:
+            results = run_group(group, graph, cost, objective, bounded)
+        except ValueError as exc:  # an option the planner cannot honour (e.g. a grid larger than the cluster)
+            raise UserError(f"--strategy {' '.join(group)}: {exc}") from None
+        for n in group:
+            done[n] = _candidate(n, graph, cost, results[n])
+            progress.note(_planned(done[n], time.perf_counter() - t0))
     candidates = [done[n] for n in names]
     feasible = [c for c in candidates if c.plan is not None]
     if not feasible:
@@ -135,44 +102,12 @@ def _best_so_far(done, objective: str) -> str:
     return f" (best so far: {best.strategy}, {figure})"
 
 
-def _pipeline_candidate(name, graph, cost, problem, objective) -> Candidate:
-    try:
-        sols = PLANNERS[name](problem, objective, top_k=TOP_K)
-    except InfeasibleError as exc:
-        return Candidate(name, None, None, str(exc))
-    plans = [_to_plan(sol, name, objective, graph, problem) for sol in sols]
-    preds = [simulate(p, graph, cost) for p in plans]
+def _candidate(name: str, graph: LayerGraph, cost: CostTable, plans: list[Plan] | InfeasibleError) -> Candidate:
+    """A planner's outcome: its best plan and the runners-up, each with its prediction; or why it has none."""
+    if isinstance(plans, InfeasibleError):
+        return Candidate(name, None, None, str(plans), pruned=isinstance(plans, Dominated))
+    preds = [evaluate(p.ensures(graph), graph, cost) for p in plans]
     return Candidate(name, plans[0], preds[0], runners_up=tuple(zip(plans[1:], preds[1:])))
-
-
-_SEARCH_LAST = ("spatial", "hybrid")  # the searching planners: they run last, bounded by the others
-
-
-def _search_candidates(kinds, graph, cost, objective, options: PlanOptions, incumbent: float) -> dict[str, Candidate]:
-    results, _ = plan_searches(graph, cost, objective, kinds, options.search_threshold, incumbent=incumbent,
-                               workers=options.jobs)
-    return {name: _candidate(name, graph, cost, got) for name, got in results.items()}
-
-
-def _spatial_candidate(name, graph, cost, objective, options: PlanOptions) -> Candidate:
-    try:
-        plan = SPATIAL_PLANNERS[name](graph, cost, objective, **options.kwargs(name))
-    except InfeasibleError as exc:
-        plan = exc
-    except ValueError as exc:  # an option the planner cannot honour (e.g. a grid larger than the cluster)
-        raise UserError(f"--strategy {name}: {exc}") from None
-    return _candidate(name, graph, cost, plan)
-
-
-def _candidate(name, graph, cost, plan: Plan | InfeasibleError) -> Candidate:
-    if isinstance(plan, Dominated):
-        return Candidate(name, None, None, f"{name}: {plan}", pruned=True)
-    if isinstance(plan, InfeasibleError):
-        return Candidate(name, None, None, f"{name}: {plan}")
-    plan.ensures(graph)
-    if not spatial_fits(plan, graph, cost):
-        return Candidate(name, None, None, f"{name}: the plan does not fit the devices' memory")
-    return Candidate(name, plan, simulate(plan, graph, cost))
 
 
 def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, strategy: str = "auto",
@@ -206,8 +141,8 @@ def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, st
     chosen, candidates = plan_model(ing.graph, cost, strategy, objective, options, progress)
     step("plan", "building the fragments")
     frags = build_fragments(ing, chosen.plan, chosen.prediction)
-    manifest = build_manifest(ing, chosen.plan, chosen.prediction, frags, cluster.to_dict(), Path(outdir),
-                              plan_info(chosen, candidates, ing.graph))
+    manifest = assemble_manifest(ing, chosen.plan, chosen.prediction, frags, cluster.to_dict(), Path(outdir),
+                                 plan_info(chosen, candidates, ing.graph))
     step("emit", f"writing {outdir}")
     write_output(Path(outdir), manifest, frags)
     step("write")

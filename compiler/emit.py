@@ -27,18 +27,19 @@ from .graph import LayerGraph
 from .fragment import EncodedModel, assemble, value_info
 from .ingest import Ingested
 from .layers import node_inputs
-from .plan.types import Plan, Stage
-from .simulate import Prediction, crossing_tensors
+from .cost import Prediction, crossing_tensors
+from .plan_types import Plan, Stage
 from .spatial.tiles import build_tile_model, stage_layout, tile_name
 
-__all__ = ["Fragment", "build_fragments", "build_manifest", "write_output", "check_output_dir", "MANIFEST_FORMAT",
+__all__ = ["EmittedFragment", "build_fragments", "assemble_manifest", "write_output", "check_output_dir",
+           "MANIFEST_FORMAT",
            "MANIFEST_VERSION"]
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Fragment:
+class EmittedFragment:
     id: str
     device: str
     file: str
@@ -60,7 +61,7 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
 
 
-def build_fragments(ing: Ingested, plan: Plan, pred: Prediction) -> list[Fragment]:
+def build_fragments(ing: Ingested, plan: Plan, pred: Prediction) -> list[EmittedFragment]:
     graph, model = ing.graph, ing.model
     crossing = crossing_tensors(plan, graph)
     leaving = {(t, a) for t, a, _ in crossing}
@@ -77,12 +78,12 @@ def build_fragments(ing: Ingested, plan: Plan, pred: Prediction) -> list[Fragmen
         node_ids = sorted(i for layer in layers for i in layer.nodes)
         fid = f"f{k}"
         encoded = _fragment_model(model, graph, node_ids, inputs, outputs, f"{_safe(stage.device)}_{fid}")
-        frags.append(Fragment(fid, stage.device, f"{_safe(stage.device)}.{fid}.onnx", tuple(inputs), tuple(outputs),
-                              encoded, pred.stage_ms[k]))
+        frags.append(EmittedFragment(fid, stage.device, f"{_safe(stage.device)}.{fid}.onnx", tuple(inputs),
+                                     tuple(outputs), encoded, pred.stage_ms[k]))
     return frags
 
 
-def _tile_fragments(ing: Ingested, stage: Stage, k: int, pred: Prediction) -> list[Fragment]:
+def _tile_fragments(ing: Ingested, stage: Stage, k: int, pred: Prediction) -> list[EmittedFragment]:
     """One fragment per tile of every segment of spatial stage k (ids f{stage}s{segment}t{tile})."""
     out = []
     for _, tiles in stage_layout(ing.graph, stage, k):
@@ -92,9 +93,9 @@ def _tile_fragments(ing: Ingested, stage: Stage, k: int, pred: Prediction) -> li
                 raise RuntimeError(f"tile tensor name {clash.pop()!r} is also a tensor of the model")
             name = f"{_safe(spec.device)}_{spec.fid}"
             encoded = build_tile_model(ing.model, ing.graph, geo, spec.in_name, spec.out_name, name)
-            out.append(Fragment(spec.fid, spec.device, f"{_safe(spec.device)}.{spec.fid}.onnx",
-                                (spec.in_name,), (spec.out_name,), encoded,
-                                pred.tile_ms[spec.stage, spec.segment, spec.index]))
+            out.append(EmittedFragment(spec.fid, spec.device, f"{_safe(spec.device)}.{spec.fid}.onnx",
+                                       (spec.in_name,), (spec.out_name,), encoded,
+                                       pred.tile_ms[spec.stage, spec.segment, spec.index]))
     return out
 
 
@@ -136,7 +137,7 @@ class _Schedule:
                                "bytes": nbytes, "region": region})
 
 
-def build_manifest(ing: Ingested, plan: Plan, pred: Prediction, frags: list[Fragment], cluster_dict: dict,
+def assemble_manifest(ing: Ingested, plan: Plan, pred: Prediction, frags: list[EmittedFragment], cluster_dict: dict,
                    outdir: Path, plan_info: dict) -> dict:
     """The manifest: per stage, its device receives the stage's inputs, runs its fragment (a spatial
     stage: scatters, runs tiles with halo exchange, gathers; see _spatial_steps) and sends what leaves.
@@ -344,7 +345,7 @@ def _tensor_entry(graph: LayerGraph, t: str) -> dict:
     return {"name": t, "shape": list(info.shape), "dtype": info.dtype}
 
 
-def write_output(outdir: Path, manifest: dict, frags: list[Fragment]) -> None:
+def write_output(outdir: Path, manifest: dict, frags: list[EmittedFragment]) -> None:
     """Write into a temporary sibling folder, then swap it into place: a failure (or SIGTERM/SIGINT, when
     the caller turns them into exceptions) leaves nothing half-written and no temporary folder.
 
@@ -416,7 +417,7 @@ def _build_files(folder: Path) -> set[str]:
     return files
 
 
-def _check_loadable(folder: Path, frags: list[Fragment], outdir: Path, manifest: dict) -> None:
+def _check_loadable(folder: Path, frags: list[EmittedFragment], outdir: Path, manifest: dict) -> None:
     """UserError naming the fragment and onnxruntime's reason if a fragment does not load (e.g. an
     operator of a custom domain): the build would fail on the devices instead. Loading is what is
     checked, so neither graph optimisation nor weight prepacking (half the load time of VGG-19's 575 MB)."""

@@ -9,12 +9,11 @@ from edgec.runtime.errors import InputError
 from edgec.runtime.manifest import parse_manifest, read_manifest_json
 
 from .errors import UserError
-from .plan.spatial import device_memory_bytes
+from .cost.memory import device_memory_bytes
+from .units import MiB
 
 __all__ = ["compile_summary", "format_compile", "inspect_summary", "format_inspect", "format_simulation",
            "load_manifest_json", "plan_summary", "format_plan", "table"]
-
-MB = float(2**20)
 
 
 def table(headers: list[str], rows: list[list]) -> str:
@@ -42,8 +41,8 @@ def compile_summary(result, outdir: Path, seconds: float) -> dict:
     need = device_memory_bytes(plan, graph)
     for dev in result.cluster.devices:
         devices.append({"name": dev.name, "profile": dev.profile.name, "fragments": frags.get(dev.name, []),
-                        "memory_mb": round(need.get(dev.name, 0) / MB, 3),
-                        "memory_available_mb": round(dev.usable_bytes / MB, 3),
+                        "memory_mb": round(need.get(dev.name, 0) / MiB, 3),
+                        "memory_available_mb": round(dev.usable_bytes / MiB, 3),
                         "predicted_busy_ms": round(pred.busy_ms.get(dev.name, 0.0), 4)})
     return {
         "manifest": str(Path(outdir) / "manifest.json"),
@@ -128,8 +127,8 @@ def inspect_summary(ing, cost) -> dict:
 def format_inspect(s: dict) -> str:
     devs = [d["name"] for d in s.get("devices", [])]
     rows = [[l["index"], l["name"][:32], "+".join(l["ops"])[:28], l["class"], l["spatial_type"], l["flops"] / 1e6,
-             l["param_bytes"] / MB, l["output_bytes"] / MB, *[l["ms"][d] for d in devs]] for l in s["layers"]]
-    head = f"{s['model']}: {len(s['layers'])} layers, {s['total_flops'] / 1e9:.3f} GFLOP, {s['total_param_bytes'] / MB:.1f} MB of weights"
+             l["param_bytes"] / MiB, l["output_bytes"] / MiB, *[l["ms"][d] for d in devs]] for l in s["layers"]]
+    head = f"{s['model']}: {len(s['layers'])} layers, {s['total_flops'] / 1e9:.3f} GFLOP, {s['total_param_bytes'] / MiB:.1f} MB of weights"
     body = table(["#", "layer", "ops", "class", "type", "MFLOP", "param MB", "out MB", *[f"{d} ms" for d in devs]], rows)
     cuts = s["block_cuts"]
     head += f"\nblock cuts: {', '.join(map(str, cuts)) or 'none'} ({len(cuts) + 1} serial blocks)"

@@ -1,6 +1,9 @@
-"""Planners: each takes analysis results and an objective and returns plans; none touches ONNX.
+"""Planners: each takes the layer graph, the cost table, an objective and options, and returns plans,
+best first (planner.py: `(graph, cost, objective, options) -> list[Plan]`); none touches ONNX.
 
-Pipeline planners see a PipelineProblem (the chain of serial blocks priced per device) and return
-PipelineSolutions; spatial planners see the LayerGraph and CostTable and return Plans with tiled stages.
-The strategy registry is compiler.plan.registry.
+- pipeline.py: the exact pipeline planner and its problem (the chain of serial blocks priced per
+  device); pareto.py: its Pareto DP for the shared medium; baselines.py: single, even, neurosurgeon.
+- spatial.py, spatial_search.py: the ADaPS-style spatial and hybrid searches (lanes.py runs them side
+  by side); spatial_baselines.py: BBGraP, EdgeFlow, DeepThings.
+- registry.py: strategy name -> planner, and the order auto runs them in.
 """

@@ -1,26 +1,56 @@
-"""Baseline planners, same interface as `plan_pipeline`: (problem, objective, ...) -> [PipelineSolution].
+"""Pipeline baselines, planners like `plan_pipeline`: (graph, cost, objective, options) -> [Plan].
 
 - `plan_single`: the whole model on the best single device that fits.
 - `plan_even`: EdgeShard-like: devices 0..n-1 in list order, contiguous stages of near-equal compute.
 - `plan_neurosurgeon`: the best split point between two devices (every ordered pair, every cut), or no
   split at all.
 
-Each returns a list with exactly one solution (scored by `PipelineProblem.evaluate`); `top_k` is accepted
-for interface compatibility and ignored. They raise the same `InfeasibleError` as `plan_pipeline`.
+Each solves the pipeline planner's problem (pipeline.py) with its `solve_*` function, which has the
+interface of `solve_pipeline`: (problem, objective, ...) -> [PipelineSolution], a list with exactly one
+solution (scored by `PipelineProblem.evaluate`; `top_k` is accepted for interface compatibility and
+ignored). They raise the same `InfeasibleError` as `solve_pipeline`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from edgec.compiler.plan.pipeline import _MB, _Tables, infeasible_message, solution_sort_key, validate_request
-from edgec.compiler.plan.problem import InfeasibleError, PipelineProblem, PipelineSolution, StageChoice
+from ..cost import CostTable
+from ..graph import LayerGraph
+from ..plan_types import Plan
+from ..units import MB
+from .pipeline import (
+    PipelineProblem, PipelineSolution, StageChoice, _Tables, infeasible_message, pipeline_problem, solution_sort_key,
+    to_plan, validate_request,
+)
+from .planner import InfeasibleError, PlanOptions
 
-__all__ = ["plan_single", "plan_even", "plan_neurosurgeon", "even_boundaries"]
+__all__ = ["plan_single", "plan_even", "plan_neurosurgeon", "solve_single", "solve_even", "solve_neurosurgeon",
+           "even_boundaries"]
 
 
 def _mb(x: float) -> str:
-    return f"{x / _MB:.1f} MB"
+    return f"{x / MB:.1f} MB"
+
+
+def _plans(name: str, solve, graph: LayerGraph, cost: CostTable, objective: str, options: PlanOptions) -> list[Plan]:
+    problem = pipeline_problem(graph, cost)
+    return [to_plan(sol, name, objective, graph, problem) for sol in solve(problem, objective, top_k=options.top_k)]
+
+
+def plan_single(graph: LayerGraph, cost: CostTable, objective: str, options: PlanOptions) -> list[Plan]:
+    """The planner of `solve_single`."""
+    return _plans("single", solve_single, graph, cost, objective, options)
+
+
+def plan_even(graph: LayerGraph, cost: CostTable, objective: str, options: PlanOptions) -> list[Plan]:
+    """The planner of `solve_even`."""
+    return _plans("even", solve_even, graph, cost, objective, options)
+
+
+def plan_neurosurgeon(graph: LayerGraph, cost: CostTable, objective: str, options: PlanOptions) -> list[Plan]:
+    """The planner of `solve_neurosurgeon`."""
+    return _plans("neurosurgeon", solve_neurosurgeon, graph, cost, objective, options)
 
 
 def _solve(problem: PipelineProblem, stages: list[tuple[int, int, int]]) -> PipelineSolution:
@@ -57,7 +87,7 @@ def _candidate_keys(tab: _Tables, objective: str, max_stages: int | None):
     return out
 
 
-def plan_single(
+def solve_single(
     problem: PipelineProblem, objective: str = "latency", top_k: int = 1, max_stages: int | None = None
 ) -> list[PipelineSolution]:
     """The best single device that holds the whole model (one stage)."""
@@ -95,7 +125,7 @@ def even_boundaries(problem: PipelineProblem, n_stages: int) -> list[int]:
     return bounds
 
 
-def plan_even(
+def solve_even(
     problem: PipelineProblem, objective: str = "latency", top_k: int = 1, max_stages: int | None = None
 ) -> list[PipelineSolution]:
     """EdgeShard-like: the first n = min(B, D[, max_stages]) devices in list order, stage k on device k,
@@ -122,7 +152,7 @@ def plan_even(
     return [_solve(problem, stages)]
 
 
-def plan_neurosurgeon(
+def solve_neurosurgeon(
     problem: PipelineProblem, objective: str = "latency", top_k: int = 1, max_stages: int | None = None
 ) -> list[PipelineSolution]:
     """The best split point between two devices: every ordered pair (a, b), every cut, plus every
@@ -136,3 +166,4 @@ def plan_neurosurgeon(
     _, stages = min(cands)
     sol = _solve(problem, list(stages))
     return [sol]
+

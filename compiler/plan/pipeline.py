@@ -1,8 +1,11 @@
 """Exact pipeline planner: a layer-graph dynamic program over (blocks done, devices used, last device).
 
-`plan_pipeline` splits the chain of blocks 0..B-1 into contiguous stages, gives every stage its own
+`plan_pipeline` is the planner (graph, cost, objective, options) -> [Plan]. It sets up its problem
+(`pipeline_problem`: the chain of serial blocks priced on every device, a `PipelineProblem`) and
+`solve_pipeline` splits the chain of blocks 0..B-1 into contiguous stages, gives every stage its own
 device (any subset of the devices, in any order) and returns the `top_k` best placements that fit
-memory, under the cost model of `PipelineProblem` (see problem.py).
+memory, under the cost model of `PipelineProblem`. The pipeline baselines (baselines.py) and the
+pipeline tails of hybrid plans (`PipelineTail`, for spatial.py) solve the same problem.
 
 Formulation. A state is (j, m, a): blocks 0..j-1 are placed, `m` is the bitmask of the devices used and
 `a` ran the last stage, which ends at j. A transition appends the stage [j, h) on a device b not in m:
@@ -23,7 +26,7 @@ at least as good under every possible completion, so the k best complete plans a
     best latencies at level t.
   - shared medium: the link term is the SUM of the transfers, so the bottleneck max(max compute,
     transfer sum) is not decomposable. A label is (latency, max compute, transfer sum) and each state
-    keeps its k-Pareto set (entries dominated by fewer than k others). The search is bounded with an
+    keeps its k-Pareto set (entries dominated by fewer than k others; pareto.py). The search is bounded with an
     exact lower bound on the bottleneck (a parametric search over compute caps: min over c of
     max(c, least transfer sum with every stage <= c)) and an upper bound from plans already known.
     States that have used too many devices to cover the remaining blocks within the bound are dropped.
@@ -46,19 +49,147 @@ links (never used).
 from __future__ import annotations
 
 import itertools
+import math
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from edgec.compiler.plan.problem import InfeasibleError, PipelineProblem, PipelineSolution, StageChoice
+from ..cost import CostTable
+from ..graph import LayerGraph
+from ..plan_types import Plan, Stage
+from ..units import MB
+from .pareto import pareto_dp
+from .planner import InfeasibleError, PlanOptions
 
-__all__ = ["OBJECTIVES", "plan_pipeline", "infeasible_message", "solution_sort_key", "validate_request"]
+__all__ = ["OBJECTIVES", "PipelineProblem", "StageChoice", "PipelineSolution", "pipeline_problem", "to_plan",
+           "plan_pipeline", "solve_pipeline", "PipelineTail", "infeasible_message", "solution_sort_key",
+           "validate_request"]
 
 OBJECTIVES = ("latency", "throughput")
-_MB = 1e6
-_REL_SLACK = 1e-9  # slack on latency bounds (latency sums are rounded in a different order than evaluate's)
 
-Stage = tuple[int, int, int]  # (lo, hi, device)
+Span = tuple[int, int, int]  # (lo, hi, device): one stage of the DPs
+
+
+# ----------------------------------------------------------------------------------------------------
+# the problem
+
+
+@dataclass(frozen=True, eq=False)
+class PipelineProblem:
+    """A chain of B blocks to place as contiguous stages on distinct devices.
+
+    Cost model (all times in ms):
+      - stage compute  = sum(block_ms[lo:hi, d])
+      - stage memory   = sum(block_param_bytes[lo:hi]) + max(block_peak_act_bytes[lo:hi]); must be
+                         <= device_mem_bytes[d]
+      - transfer between consecutive stages on devices a -> b across the cut after block c:
+                         cut_bytes[c] / bandwidth_bytes_per_ms[a, b] + link_latency_ms[a, b]
+      - latency (one input)  = sum of stage compute + sum of transfers
+      - bottleneck (pipelined) = max(max stage compute, link term) where the link term is the largest
+                         transfer when medium == "switched" (each pair has its own link) and the sum of all
+                         transfers when medium == "shared" (one channel carries every transfer)
+      - throughput = 1000 / bottleneck (inputs per second)
+    Input delivery to the first stage and output collection from the last are outside the model.
+    """
+
+    devices: tuple[str, ...]
+    block_ms: np.ndarray  # [B, D]
+    block_param_bytes: np.ndarray  # [B]
+    block_peak_act_bytes: np.ndarray  # [B]
+    cut_bytes: np.ndarray  # [B-1], bytes crossing the cut after block c
+    device_mem_bytes: np.ndarray  # [D]
+    bandwidth_bytes_per_ms: np.ndarray  # [D, D]
+    link_latency_ms: np.ndarray  # [D, D]
+    medium: str = "switched"  # or "shared"
+
+    @property
+    def n_blocks(self) -> int:
+        return int(self.block_ms.shape[0])
+
+    @property
+    def n_devices(self) -> int:
+        return int(self.block_ms.shape[1])
+
+    def transfer_ms(self, cut: int, src: int, dst: int) -> float:
+        return float(self.cut_bytes[cut] / self.bandwidth_bytes_per_ms[src, dst] + self.link_latency_ms[src, dst])
+
+    def stage_memory(self, lo: int, hi: int) -> int:
+        return int(self.block_param_bytes[lo:hi].sum() + self.block_peak_act_bytes[lo:hi].max())
+
+    def evaluate(self, stages: tuple["StageChoice", ...]) -> "PipelineSolution":
+        """Score a placement under the cost model (no feasibility check; see `fits`)."""
+        compute = [float(self.block_ms[s.lo:s.hi, s.device].sum()) for s in stages]
+        transfers = [self.transfer_ms(a.hi - 1, a.device, b.device) for a, b in zip(stages, stages[1:])]
+        link = (sum(transfers) if self.medium == "shared" else max(transfers)) if transfers else 0.0
+        return PipelineSolution(
+            stages=tuple(stages),
+            latency_ms=sum(compute) + sum(transfers),
+            bottleneck_ms=max(max(compute), link),
+            stage_ms=tuple(compute),
+            transfer_ms=tuple(transfers),
+        )
+
+    def fits(self, stages: tuple["StageChoice", ...]) -> bool:
+        return all(self.stage_memory(s.lo, s.hi) <= self.device_mem_bytes[s.device] for s in stages)
+
+
+@dataclass(frozen=True)
+class StageChoice:
+    lo: int  # first block (inclusive)
+    hi: int  # last block (exclusive)
+    device: int  # index into PipelineProblem.devices
+
+
+@dataclass(frozen=True)
+class PipelineSolution:
+    stages: tuple[StageChoice, ...]
+    latency_ms: float
+    bottleneck_ms: float
+    stage_ms: tuple[float, ...]
+    transfer_ms: tuple[float, ...]
+
+    @property
+    def throughput_ips(self) -> float:
+        return 1000.0 / self.bottleneck_ms if self.bottleneck_ms > 0 else float("inf")
+
+    def key(self, objective: str) -> tuple[float, float]:
+        """Sort key: the objective first, the other measure as tie-break."""
+        if objective == "latency":
+            return (self.latency_ms, self.bottleneck_ms)
+        return (self.bottleneck_ms, self.latency_ms)
+
+
+def pipeline_problem(graph: LayerGraph, cost: CostTable) -> PipelineProblem:
+    """Collapse the layer graph into its chain of serial blocks, priced on every device."""
+    blocks = graph.blocks
+    cluster, net = cost.cluster, cost.network
+    n = len(cluster.devices)
+    bw = np.ones((n, n))
+    lat = np.zeros((n, n))
+    for a, da in enumerate(cluster.devices):
+        for b, db in enumerate(cluster.devices):
+            if a != b:
+                bw[a, b] = net.bytes_per_ms(da.name, db.name)
+                lat[a, b] = net.latency_ms(da.name, db.name)
+    return PipelineProblem(
+        devices=cost.devices,
+        block_ms=np.stack([cost.layer_ms[lo:hi].sum(axis=0) for lo, hi in blocks]),
+        block_param_bytes=np.array([sum(graph.layers[i].param_bytes for i in range(lo, hi)) for lo, hi in blocks]),
+        block_peak_act_bytes=np.array([graph.peak_activation_bytes(lo, hi) for lo, hi in blocks]),
+        cut_bytes=np.array([graph.cut_bytes(hi) for _, hi in blocks[:-1]], dtype=np.float64),
+        device_mem_bytes=np.array([d.usable_bytes for d in cluster.devices]),
+        bandwidth_bytes_per_ms=bw,
+        link_latency_ms=lat,
+        medium=cluster.medium,
+    )
+
+
+def to_plan(sol: PipelineSolution, strategy: str, objective: str, graph: LayerGraph, problem: PipelineProblem) -> Plan:
+    """A solution's block stages as a Plan of layer stages."""
+    blocks = graph.blocks
+    stages = tuple(Stage(problem.devices[s.device], blocks[s.lo][0], blocks[s.hi - 1][1]) for s in sol.stages)
+    return Plan(strategy, objective, stages).ensures(graph)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -108,18 +239,18 @@ def infeasible_message(problem: PipelineProblem, max_stages: int | None = None) 
     mem = np.asarray(problem.device_mem_bytes, dtype=np.float64)
     weights, peak = float(params.sum()), float(act.max())
     need, total, largest = weights + peak, float(mem.sum()), float(mem.max())
-    offer = f"the devices offer {total / _MB:.1f} MB in total (largest {largest / _MB:.1f} MB)"
+    offer = f"the devices offer {total / MB:.1f} MB in total (largest {largest / MB:.1f} MB)"
     block_mem = np.array([problem.stage_memory(i, i + 1) for i in range(problem.n_blocks)], dtype=np.float64)
     worst = int(np.argmax(block_mem))
     if block_mem[worst] > largest:
         return (
-            f"block {worst} alone needs {block_mem[worst] / _MB:.1f} MB (weights {params[worst] / _MB:.1f} MB"
-            f" + activations {act[worst] / _MB:.1f} MB) but the largest device offers {largest / _MB:.1f} MB,"
-            f" so no split can fit it (the whole model needs at least {need / _MB:.1f} MB; {offer})"
+            f"block {worst} alone needs {block_mem[worst] / MB:.1f} MB (weights {params[worst] / MB:.1f} MB"
+            f" + activations {act[worst] / MB:.1f} MB) but the largest device offers {largest / MB:.1f} MB,"
+            f" so no split can fit it (the whole model needs at least {need / MB:.1f} MB; {offer})"
         )
     base = (
-        f"model needs at least {need / _MB:.1f} MB (weights {weights / _MB:.1f} MB + peak activations"
-        f" {peak / _MB:.1f} MB) to fit across the cluster; {offer}"
+        f"model needs at least {need / MB:.1f} MB (weights {weights / MB:.1f} MB + peak activations"
+        f" {peak / MB:.1f} MB) to fit across the cluster; {offer}"
     )
     if need > total:
         return base
@@ -176,7 +307,7 @@ class _Tables:
         self.lat_rest = np.concatenate([np.cumsum(rowmin[::-1])[::-1], [0.0]])  # lower bound, blocks j..B-1
         self.max_rest = np.concatenate([np.maximum.accumulate(rowmin[::-1])[::-1], [0.0]])
 
-    def replay(self, stages: list[Stage]) -> tuple[float, float, float, float]:
+    def replay(self, stages: list[Span]) -> tuple[float, float, float, float]:
         """(latency, max compute, max transfer, transfer sum) accumulated exactly as the DPs do."""
         lat = mc = mt = st = 0.0
         prev = None
@@ -298,7 +429,7 @@ def _lex_dp(
     Ts: np.ndarray,
     op_p,
     op_s,
-) -> list[tuple[float, float, list[Stage]]]:
+) -> list[tuple[float, float, list[Span]]]:
     """K best plans by the lexicographic label (p, s), best first, as (p, s, stages).
 
     A stage [lo, hi) on d contributes Cp/Cs[lo, hi, d], a transfer over cut c from a to b Tp/Ts[c, a, b];
@@ -374,19 +505,19 @@ def _lex_dp(
     return out
 
 
-def _latency_dp(tab: _Tables, K: int, S: int, cap: float = np.inf) -> list[tuple[float, float, list[Stage]]]:
+def _latency_dp(tab: _Tables, K: int, S: int, cap: float = np.inf) -> list[tuple[float, float, list[Span]]]:
     """K best (latency, switched bottleneck); stages and transfers above `cap` are forbidden."""
     C = tab.C if cap == np.inf else np.where(tab.C <= cap, tab.C, np.inf)
     T = tab.T if cap == np.inf else np.where(tab.T <= cap, tab.T, np.inf)
     return _lex_dp(tab, K, S, C, C, T, T, np.add, np.maximum)
 
 
-def _bottleneck_dp(tab: _Tables, K: int, S: int) -> list[tuple[float, float, list[Stage]]]:
+def _bottleneck_dp(tab: _Tables, K: int, S: int) -> list[tuple[float, float, list[Span]]]:
     """K best switched bottlenecks (min-max DP; latency only as a tie-break that may be inexact)."""
     return _lex_dp(tab, K, S, tab.C, tab.C, tab.T, tab.T, np.maximum, np.add)
 
 
-def _transfer_sum_dp(tab: _Tables, S: int, cap: float) -> list[tuple[float, float, list[Stage]]]:
+def _transfer_sum_dp(tab: _Tables, S: int, cap: float) -> list[tuple[float, float, list[Span]]]:
     """Least transfer sum over plans whose every stage computes in <= cap ms."""
     Cp = np.where(tab.C <= cap, 0.0, np.inf)
     return _lex_dp(tab, 1, S, Cp, tab.C, tab.T, tab.T, np.add, np.add)
@@ -397,163 +528,6 @@ def _memory_feasible(problem: PipelineProblem, max_stages: int | None) -> bool:
     S = min(tab.D, tab.B, max_stages or tab.D)
     zero = np.where(np.isfinite(tab.C), 0.0, np.inf)
     return bool(_lex_dp(tab, 1, S, zero, zero, np.zeros_like(tab.T), np.zeros_like(tab.T), np.add, np.add))
-
-
-# ----------------------------------------------------------------------------------------------------
-# Pareto DP for the shared medium
-
-
-def _kpareto(lat: np.ndarray, mc: np.ndarray, st: np.ndarray, k: int, latency_first: bool) -> np.ndarray:
-    """Indices of the labels dominated by fewer than k others (ties broken by position, deterministic).
-
-    Dominance: all of (lat, mc, st) <= ; with latency_first, also any strictly smaller latency.
-    """
-    n = lat.size
-    if n <= k:
-        return np.arange(n)
-    order = np.lexsort((st, mc, lat))
-    l, m, s = lat[order], mc[order], st[order]
-    if latency_first:
-        first = np.searchsorted(l, l, side="left")  # labels with strictly smaller latency
-        n2 = int(np.searchsorted(first, k, side="left"))  # only a prefix can survive
-        l, m, s, base = l[:n2], m[:n2], s[:n2], first[:n2]
-    else:
-        n2, base = n, np.zeros(n, dtype=np.int64)
-    count = base.copy()
-    chunk = max(1, 4_000_000 // max(n2, 1))
-    for c0 in range(0, n2, chunk):  # count[i] += #{i' < i : i' dominates i}
-        cols = slice(c0, min(n2, c0 + chunk))
-        ii = np.arange(cols.start, cols.stop)
-        rows = slice(0, cols.stop)
-        dom = (m[rows, None] <= m[None, cols]) & (s[rows, None] <= s[None, cols])
-        if latency_first:
-            dom &= l[rows, None] == l[None, cols]
-        dom &= np.arange(cols.stop)[:, None] < ii[None, :]
-        count[cols] += dom.sum(axis=0)
-    return order[:n2][count < k]
-
-
-class _Labels:
-    __slots__ = ("lat", "mc", "st", "i", "a", "r")
-
-    def __init__(self, lat, mc, st, i, a, r):
-        self.lat, self.mc, self.st, self.i, self.a, self.r = lat, mc, st, i, a, r
-
-    def extend(self, other: "_Labels") -> "_Labels":
-        return _Labels(*(np.concatenate([getattr(self, f), getattr(other, f)]) for f in self.__slots__))
-
-
-def _pareto_dp(
-    tab: _Tables, k: int, S: int, objective: str, ub: tuple[float, float], lb_bn: float
-) -> list[tuple[float, float, list[Stage]]]:
-    """k best plans for the shared medium as (latency, bottleneck, stages), best first.
-
-    `ub` is (latency, bottleneck) of the k-th best plan already known (inf if fewer are known) and
-    `lb_bn` a lower bound on every plan's bottleneck; both only prune, the result stays exact.
-    """
-    B, D = tab.B, tab.D
-    latency_first = objective == "latency"
-    ub_lat, ub_bn = ub
-    ub_lat_slack = ub_lat + _REL_SLACK * abs(ub_lat) if np.isfinite(ub_lat) else np.inf
-
-    def prune(lab_lat, mc, st, j):
-        lat_lb = lab_lat + tab.lat_rest[j]
-        bn_lb = np.maximum(mc, st)
-        if latency_first:
-            bad = lat_lb > ub_lat_slack
-        else:
-            bad = (bn_lb > ub_bn) | ((bn_lb == ub_bn) & (lat_lb > ub_lat_slack))
-        return ~bad & np.isfinite(lab_lat)
-
-    # need[j]: least number of stages that can cover blocks j..B-1 (memory, and compute <= ub_bn when
-    # ranking by bottleneck); a state that has used too many devices for what is left is dropped whole.
-    ok = np.isfinite(tab.C).any(axis=2) if latency_first else (tab.C <= ub_bn).any(axis=2)
-    need = np.full(B + 1, B + 1)
-    need[B] = 0
-    for j in range(B - 1, -1, -1):
-        hs = np.flatnonzero(ok[j, j + 1 :]) + j + 1
-        if hs.size:
-            need[j] = 1 + need[hs].min()
-    sp = _Space(tab, S)
-    pairs = [(int(sp.masks[m]), int(b), int(sp.pc[m])) for m, b in zip(sp.pm, sp.pb)]  # stage ends
-    adds = [
-        (int(sp.masks[m]), np.flatnonzero(sp.add_ok[m]).tolist(), int(sp.pc[m])) for m in range(sp.masks.size)
-    ]
-    adds = [(m, bs, c) for m, bs, c in adds if m and bs]  # transfers: (mask, next devices, |mask|)
-    V: dict[tuple[int, int, int], _Labels] = {}  # (j, m, a): labels after a stage on a ending at j
-    W: dict[tuple[int, int], _Labels] = {}  # (m, b): all labels entering b (any j), j in .i
-    empty_i = np.zeros(0, dtype=np.int64)
-    for b in np.flatnonzero(sp.start).tolist():
-        z = np.zeros(1)
-        W[(0, b)] = _Labels(z, z, z, np.zeros(1, np.int64), np.full(1, -1), np.full(1, -1))
-    for j in range(1, B + 1):
-        clamp = 0.0 if latency_first else max(lb_bn, float(tab.max_rest[j]))
-        # stages ending at j
-        for m, b, c in pairs:
-            if c + need[j] > S:
-                continue
-            src = W.get((m ^ (1 << b), b))
-            if src is None:
-                continue
-            cc = tab.C[src.i, j, b]
-            lat = src.lat + cc
-            mc = np.maximum(src.mc, cc)
-            if clamp:
-                mc = np.maximum(mc, clamp)
-            keep = np.nonzero(prune(lat, mc, src.st, j))[0]
-            if keep.size == 0:
-                continue
-            sel = keep[_kpareto(lat[keep], mc[keep], src.st[keep], k, latency_first)]
-            V[(j, m, b)] = _Labels(lat[sel], mc[sel], src.st[sel], empty_i, empty_i, sel)  # r -> W index
-        if j == B:
-            break
-        # transfers into the next stage starting at j
-        for m, next_devices, c in adds:
-            if c + need[j] > S:
-                continue
-            present = [(a, V[(j, m, a)]) for a in range(D) if (j, m, a) in V]
-            if not present:
-                continue
-            lat0 = np.concatenate([lab.lat for _, lab in present])
-            mc0 = np.concatenate([lab.mc for _, lab in present])
-            st0 = np.concatenate([lab.st for _, lab in present])
-            a0 = np.concatenate([np.full(lab.lat.size, a) for a, lab in present])
-            r0 = np.concatenate([np.arange(lab.lat.size) for _, lab in present])
-            for b in next_devices:
-                t = tab.T[j - 1, a0, b]
-                lat, st = lat0 + t, st0 + t
-                keep = np.nonzero(prune(lat, mc0, st, j))[0]
-                if keep.size == 0:
-                    continue
-                sel = keep[_kpareto(lat[keep], mc0[keep], st[keep], k, latency_first)]
-                new = _Labels(lat[sel], mc0[sel], st[sel], np.full(sel.size, j), a0[sel], r0[sel])
-                W[(m, b)] = W[(m, b)].extend(new) if (m, b) in W else new
-    # final selection by the objective's key, then reconstruction
-    finals = [(key, lab) for key, lab in V.items() if key[0] == B]
-    if not finals:
-        return []
-    lat = np.concatenate([lab.lat for _, lab in finals])
-    bn = np.concatenate([np.maximum(lab.mc, lab.st) for _, lab in finals])
-    owner = np.concatenate([np.full(lab.lat.size, n) for n, (_, lab) in enumerate(finals)])
-    row = np.concatenate([np.arange(lab.lat.size) for _, lab in finals])
-    order = np.lexsort((bn, lat) if latency_first else (lat, bn))[:k]
-    out = []
-    for o in order.tolist():
-        (h, m, b), lab = finals[owner[o]]
-        r = int(row[o])
-        stages = []
-        while True:
-            w = int(lab.r[r])
-            src = W[(m ^ (1 << b), b)]
-            j = int(src.i[w])
-            stages.append((j, h, b))
-            if j == 0:
-                break
-            m ^= 1 << b
-            b, r, h = int(src.a[w]), int(src.r[w]), j
-            lab = V[(h, m, b)]
-        out.append((float(lat[o]), float(bn[o]), stages[::-1]))
-    return out
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -594,7 +568,8 @@ def _solve_latency_shared(tab, k, S):
     if len(fast) <= k or fast[k][0] > fast[k - 1][0]:
         return [st for _, _, st in fast[:k]]  # the k best latencies are unique at the boundary: exact
     plans = [st for _, _, st in fast[:k]]
-    return [st for _, _, st in _pareto_dp(tab, k, S, "latency", _upper_bound(tab, plans, k, "latency"), 0.0)]
+    ub = _upper_bound(tab, plans, k, "latency")
+    return [st for _, _, st in pareto_dp(tab, _Space(tab, S), k, S, "latency", ub, 0.0)]
 
 
 def _min_shared_bottleneck(tab, S, lower: float, upper: float):
@@ -636,16 +611,16 @@ def _solve_throughput_shared(tab, k, S):
     upper = min(_shared_key(tab, p, "throughput")[0] for p in cheap)
     lb, plans = _min_shared_bottleneck(tab, S, sw[0][0], upper)
     ub = _upper_bound(tab, cheap + plans, k, "throughput")
-    return [st for _, _, st in _pareto_dp(tab, k, S, "throughput", ub, lb)]
+    return [st for _, _, st in pareto_dp(tab, _Space(tab, S), k, S, "throughput", ub, lb)]
 
 
-def _relabelings(tab: _Tables, plan: list[Stage], limit: int) -> list[list[Stage]]:
+def _relabelings(tab: _Tables, plan: list[Span], limit: int) -> list[list[Span]]:
     """Up to `limit` plans of identical cost: `plan` (canonical, first) with identical devices permuted."""
     positions: dict[int, list[int]] = {}
     for pos, (_, _, d) in enumerate(plan):
         positions.setdefault(int(tab.cls[d]), []).append(pos)
     groups = [(pos, np.flatnonzero(tab.cls == c).tolist()) for c, pos in positions.items()]
-    out: list[list[Stage]] = []
+    out: list[list[Span]] = []
     devices = [d for _, _, d in plan]
 
     def rec(g: int):
@@ -667,10 +642,17 @@ def _relabelings(tab: _Tables, plan: list[Stage], limit: int) -> list[list[Stage
 
 
 # ----------------------------------------------------------------------------------------------------
-# entry point
+# entry points
 
 
-def plan_pipeline(
+def plan_pipeline(graph: LayerGraph, cost: CostTable, objective: str, options: PlanOptions) -> list[Plan]:
+    """The planner: the `options.top_k` best pipeline plans, best first (`solve_pipeline`)."""
+    problem = pipeline_problem(graph, cost)
+    return [to_plan(sol, "pipeline", objective, graph, problem)
+            for sol in solve_pipeline(problem, objective, top_k=options.top_k)]
+
+
+def solve_pipeline(
     problem: PipelineProblem, objective: str = "latency", top_k: int = 1, max_stages: int | None = None
 ) -> list[PipelineSolution]:
     """The `top_k` best distinct placements of the block chain, best first (exact).
@@ -701,3 +683,48 @@ def plan_pipeline(
     sols = [problem.evaluate(tuple(StageChoice(lo, hi, d) for lo, hi, d in p)) for p in plans]
     sols.sort(key=lambda s: solution_sort_key(s, objective))
     return sols[:top_k]
+
+
+class PipelineTail:
+    """The layers after a cut as pipeline stages over all devices (the exact latency DP), entered from a
+    given device: what a hybrid plan runs after its spatial prefix (spatial.py)."""
+
+    def __init__(self, graph: LayerGraph, cost: CostTable):
+        self.graph, self.cost, self.problem = graph, cost, pipeline_problem(graph, cost)
+        self._sols: dict = {}
+        fastest = self.problem.block_ms.min(axis=1)
+        self._least = np.concatenate([np.cumsum(fastest[::-1])[::-1], [0.0]])  # [block]: its suffix, each block on its fastest device
+        self._block = {lo: i for i, (lo, _) in enumerate(graph.blocks)}
+
+    def lower(self, cut: int) -> float:
+        """A lower bound of `best(cut, g)` for any g, without solving: no transfers, fastest devices."""
+        return 0.0 if cut >= len(self.graph.layers) else float(self._least[self._block[cut]])
+
+    def _solutions(self, cut: int):
+        if cut not in self._sols:
+            bi = self._block[cut]
+            p = self.problem
+            sub = replace(p, block_ms=p.block_ms[bi:], block_param_bytes=p.block_param_bytes[bi:],
+                          block_peak_act_bytes=p.block_peak_act_bytes[bi:], cut_bytes=p.cut_bytes[bi:])
+            try:
+                self._sols[cut] = (bi, solve_pipeline(sub, "latency", top_k=3))
+            except InfeasibleError:
+                self._sols[cut] = (bi, [])
+        return self._sols[cut]
+
+    def best(self, cut: int, g: str) -> tuple[float, tuple[Stage, ...]]:
+        """(least latency, stages) of the layers from `cut` on, their input sent from device g; (inf, ())
+        when no placement fits."""
+        n = len(self.graph.layers)
+        if cut >= n:
+            return 0.0, ()
+        bi, sols = self._solutions(cut)
+        nbytes = self.graph.cut_bytes(cut)
+        best = (math.inf, ())
+        for sol in sols:
+            first = self.problem.devices[sol.stages[0].device]
+            total = self.cost.transfer_ms(nbytes, g, first) + sol.latency_ms
+            blocks = self.graph.blocks
+            stages = tuple(Stage(self.problem.devices[s.device], blocks[bi + s.lo][0], blocks[bi + s.hi - 1][1]) for s in sol.stages)
+            best = min(best, (total, stages), key=lambda x: x[0])
+        return best

@@ -2,7 +2,11 @@
 
 Both run spatial_search.SpatialSearch for every gather device class (and, for hybrid, every device
 subset), bound each search by the best total found so far, and re-score the best candidates with the
-event simulation (compiler.simulate): the best predicted plan that fits memory wins.
+cost model's event simulation (compiler.cost.evaluate): the best predicted plan that fits memory wins.
+
+`plan_spatial` and `plan_hybrid` are planners, (graph, cost, objective, options) -> [Plan];
+`plan_jointly` runs both from shared searches (as auto does); `search_spatial` and `search_hybrid` are
+the searches themselves, with every knob and the search statistics.
 """
 
 from __future__ import annotations
@@ -12,18 +16,18 @@ import logging
 import time
 from dataclasses import asdict
 
-import numpy as np
-
-from ..cost import CostTable
+from ..cost import CostTable, evaluate
+from ..cost.memory import device_memory_bytes
 from ..graph import LayerGraph
+from ..plan_types import Plan, Stage
 from ..spatial.regions import spatial_cuts
 from .lanes import run_lanes
-from .problem import InfeasibleError
-from .spatial_cost import group_param_bytes
+from .pipeline import PipelineTail
+from .planner import Dominated, InfeasibleError, PlanOptions
 from .spatial_search import INF, SearchStats, SpatialSearch
-from .types import Plan, Stage
 
-__all__ = ["plan_spatial", "plan_hybrid", "plan_searches", "fits", "best_plan", "device_classes", "Dominated", "SearchStats"]
+__all__ = ["plan_spatial", "plan_hybrid", "plan_jointly", "search_spatial", "search_hybrid", "plan_searches", "fits",
+           "best_plan", "device_classes", "SearchStats"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,30 +85,14 @@ def _search(graph, cost, axis, order, cuts, rest, opts: dict, cache: dict, incum
     return s, ends
 
 
-def device_memory_bytes(plan: Plan, graph: LayerGraph) -> dict[str, int]:
-    """Bytes each device of the plan needs: for every stage it takes part in, as the stage's device or
-    computing its tiles, the weights of the stage's layers plus their peak live activations."""
-    need: dict[str, int] = {}
-    for st in plan.stages:
-        for d in {*(st.spatial.devices if st.spatial else ()), st.device}:
-            need[d] = need.get(d, 0) + group_param_bytes(graph, st.lo, st.hi) + graph.peak_activation_bytes(st.lo, st.hi)
-    return need
-
-
 def fits(plan: Plan, graph: LayerGraph, cost: CostTable) -> bool:
     """Every device holds what `device_memory_bytes` says it needs."""
     return all(n <= cost.cluster.device(d).usable_bytes for d, n in device_memory_bytes(plan, graph).items())
 
 
-class Dominated(InfeasibleError):
-    """The search found no plan predicted faster than the incumbent (the best plan of another planner)."""
-
-
 def best_plan(cands: list[tuple[float, Plan]], graph: LayerGraph, cost: CostTable, objective: str, top: int = 6,
               incumbent: float = INF) -> Plan:
     """Re-score the best few by the search's total with the event simulation; keep the best that fits."""
-    from ..simulate import simulate  # deferred: simulate imports the spatial cost model
-
     if not cands:
         if _bound(objective, incumbent) < INF:
             raise Dominated(f"no plan predicted within {BOUND_SLACK:.0%} of {incumbent:.4g} ms, the best plan of "
@@ -114,7 +102,7 @@ def best_plan(cands: list[tuple[float, Plan]], graph: LayerGraph, cost: CostTabl
     for total, plan in sorted(cands, key=lambda c: c[0])[:top]:
         plan.ensures(graph)
         if fits(plan, graph, cost):
-            p = simulate(plan, graph, cost)
+            p = evaluate(plan, graph, cost)
             scored.append(((p.latency_ms, p.bottleneck_ms) if objective == "latency" else (p.bottleneck_ms, p.latency_ms), plan))
     if not scored:
         raise InfeasibleError("no spatial plan fits the devices' memory")
@@ -128,12 +116,13 @@ def _cuts(graph: LayerGraph, axis: int) -> tuple[int, ...]:
     return cuts
 
 
-def plan_spatial(graph: LayerGraph, cost: CostTable, objective: str = "latency", threshold: float = 0.1,
-                 devices=None, *, beam: int | None = 6, branch: int | None = 3, budget: int | None = 1000,
-                 axis: int | None = None, incumbent: float = INF, workers: int | None = None) -> tuple[Plan, SearchStats]:
+def search_spatial(graph: LayerGraph, cost: CostTable, objective: str = "latency", threshold: float = 0.1,
+                   devices=None, *, beam: int | None = 6, branch: int | None = 3, budget: int | None = 1000,
+                   axis: int | None = None, incumbent: float = INF,
+                   workers: int | None = None) -> tuple[Plan, SearchStats]:
     """Tile the longest tileable prefix across `devices` (all by default); the rest runs on the gather device.
 
-    >>> plan, stats = plan_spatial(graph, cost)                       # doctest: +SKIP
+    >>> plan, stats = search_spatial(graph, cost)                     # doctest: +SKIP
     >>> plan.stages[0].spatial.segments[0].tiles                      # doctest: +SKIP
     (Tile(device='pi5', start=0, stop=130), Tile(device='pi4', start=130, stop=224))
     """
@@ -158,54 +147,6 @@ def _distributed(path) -> bool:
     return any(sum(b > a for a, b in zip(part, part[1:])) > 1 for _, part in path)
 
 
-class _PipelineRest:
-    """The layers after a spatial prefix as pipeline stages (compiler.plan.pipeline), from gather device g."""
-
-    def __init__(self, graph: LayerGraph, cost: CostTable):
-        from ..cost import pipeline_problem
-
-        self.graph, self.cost, self.problem = graph, cost, pipeline_problem(graph, cost)
-        self._sols: dict = {}
-        fastest = self.problem.block_ms.min(axis=1)
-        self._least = np.concatenate([np.cumsum(fastest[::-1])[::-1], [0.0]])  # [block]: its suffix, each block on its fastest device
-        self._block = {lo: i for i, (lo, _) in enumerate(graph.blocks)}
-
-    def lower(self, cut: int) -> float:
-        """A lower bound of `best(cut, g)` for any g, without solving: no transfers, fastest devices."""
-        return 0.0 if cut >= len(self.graph.layers) else float(self._least[self._block[cut]])
-
-    def _solutions(self, cut: int):
-        if cut not in self._sols:
-            from dataclasses import replace
-
-            from .pipeline import plan_pipeline
-
-            bi = self._block[cut]
-            p = self.problem
-            sub = replace(p, block_ms=p.block_ms[bi:], block_param_bytes=p.block_param_bytes[bi:],
-                          block_peak_act_bytes=p.block_peak_act_bytes[bi:], cut_bytes=p.cut_bytes[bi:])
-            try:
-                self._sols[cut] = (bi, plan_pipeline(sub, "latency", top_k=3))
-            except InfeasibleError:
-                self._sols[cut] = (bi, [])
-        return self._sols[cut]
-
-    def best(self, cut: int, g: str) -> tuple[float, tuple[Stage, ...]]:
-        n = len(self.graph.layers)
-        if cut >= n:
-            return 0.0, ()
-        bi, sols = self._solutions(cut)
-        nbytes = self.graph.cut_bytes(cut)
-        best = (INF, ())
-        for sol in sols:
-            first = self.problem.devices[sol.stages[0].device]
-            total = self.cost.transfer_ms(nbytes, g, first) + sol.latency_ms
-            blocks = self.graph.blocks
-            stages = tuple(Stage(self.problem.devices[s.device], blocks[bi + s.lo][0], blocks[bi + s.hi - 1][1]) for s in sol.stages)
-            best = min(best, (total, stages), key=lambda x: x[0])
-        return best
-
-
 def _subsets(cost: CostTable) -> list[list[str]]:
     """Device groups worth tiling over: every mix of class counts (>= 2 devices), or, when that would be
     more than 16 groups, the fastest 2, 4, 8, ... and all devices."""
@@ -219,9 +160,9 @@ def _subsets(cost: CostTable) -> list[list[str]]:
     return [order[:k] for k in sizes]
 
 
-def plan_hybrid(graph: LayerGraph, cost: CostTable, objective: str = "latency", threshold: float = 0.1, *,
-                beam: int | None = 6, branch: int | None = 3, budget: int | None = 1000,
-                incumbent: float = INF, workers: int | None = None) -> tuple[Plan, SearchStats]:
+def search_hybrid(graph: LayerGraph, cost: CostTable, objective: str = "latency", threshold: float = 0.1, *,
+                  beam: int | None = 6, branch: int | None = 3, budget: int | None = 1000,
+                  incumbent: float = INF, workers: int | None = None) -> tuple[Plan, SearchStats]:
     """A spatial group over a prefix, on a subset of the devices chosen by search, gathered on one of
     them; the remaining layers as pipeline stages over all devices (exact pipeline DP)."""
     opts = {"threshold": threshold, "beam": beam, "branch": branch, "budget": budget}
@@ -249,6 +190,33 @@ def plan_searches(graph: LayerGraph, cost: CostTable, objective: str, kinds, thr
         except InfeasibleError as exc:
             out[kind] = exc
     return out, stats
+
+
+def plan_jointly(graph: LayerGraph, cost: CostTable, objective: str, options: PlanOptions,
+                 kinds=("spatial", "hybrid")) -> dict:
+    """The planners of `kinds` (spatial, hybrid or both) from shared searches (`plan_searches`), bounded by
+    `options.incumbent`: {kind: [Plan], or the InfeasibleError (Dominated) it ends with, its message
+    naming the planner}."""
+    found, _ = plan_searches(graph, cost, objective, kinds, options.search_threshold, incumbent=options.incumbent,
+                             workers=options.jobs)
+    return {kind: type(got)(f"{kind}: {got}") if isinstance(got, InfeasibleError) else [got]
+            for kind, got in found.items()}
+
+
+def plan_spatial(graph: LayerGraph, cost: CostTable, objective: str, options: PlanOptions) -> list[Plan]:
+    """The planner of `search_spatial` over all devices (as `plan_jointly` runs it)."""
+    return _one(plan_jointly(graph, cost, objective, options, ("spatial",))["spatial"])
+
+
+def plan_hybrid(graph: LayerGraph, cost: CostTable, objective: str, options: PlanOptions) -> list[Plan]:
+    """The planner of `search_hybrid` (as `plan_jointly` runs it)."""
+    return _one(plan_jointly(graph, cost, objective, options, ("hybrid",))["hybrid"])
+
+
+def _one(got):
+    if isinstance(got, InfeasibleError):
+        raise got
+    return got
 
 
 LANES = 2  # the searches split into this many fixed lanes (lanes.py): the plan never depends on the cores
@@ -308,7 +276,7 @@ class _Lane:
                  names: list[str], cuts: dict):
         self.graph, self.cost, self.objective, self.kinds, self.opts = graph, cost, objective, kinds, opts
         self.bound, self.names, self.cuts = bound, names, cuts
-        self.rest_plan = _PipelineRest(graph, cost) if "hybrid" in kinds else None
+        self.rest_plan = PipelineTail(graph, cost) if "hybrid" in kinds else None
         self.caches: dict = {ax: {} for ax in cuts}  # segment costs and bounds, shared by the lane's searches
 
     def run(self, jobs: list) -> dict:

@@ -1,12 +1,15 @@
 """Spatial baselines as real planners returning Plans: BBGraP, EdgeFlow and DeepThings (as ADaPS compares them).
 
-- `plan_bbgrap`: every block split equally across all devices, results gathered on one device and
+- `bbgrap`: every block split equally across all devices, results gathered on one device and
   re-scattered after every block (a spatial stage per block), or (sync="halo") halo rows exchanged
   directly between blocks: fixed partitions, no device model.
-- `plan_edgeflow`: one stage, a segment per block (no fusion across blocks, halo exchange between them),
+- `edgeflow`: one stage, a segment per block (no fusion across blocks, halo exchange between them),
   each block's split chosen against the previous block's only, around the speed-proportional split.
-- `plan_deepthings`: a fixed N x M grid of equal fused tiles over the first layers, one tile per device,
+- `deepthings`: a fixed N x M grid of equal fused tiles over the first layers, one tile per device,
   then a gather (N x 1 and 1 x M grids are plain height or width tiles; others cut both axes).
+
+`plan_bbgrap`, `plan_edgeflow` and `plan_deepthings` are the planners, (graph, cost, objective, options)
+-> [Plan]: the plan over all devices, checked against the devices' memory.
 
 A block is the finest segment a Plan allows (segments end on serial-block cuts), so inside an Inception
 or residual block every baseline fuses. All run their Type-3 remainder on the gather device.
@@ -18,12 +21,13 @@ import logging
 
 from ..cost import CostTable
 from ..graph import LayerGraph
-from .problem import InfeasibleError
-from .spatial import _cuts, _order, best_plan, plan_hybrid, plan_spatial
+from ..plan_types import Plan, Segment, SpatialGroup, Stage, Tile
+from .planner import InfeasibleError, PlanOptions
+from .spatial import _cuts, _order, best_plan, fits
 from .spatial_search import INF, SpatialSearch
-from .types import Plan, Segment, SpatialGroup, Stage, Tile
 
-__all__ = ["plan_bbgrap", "plan_edgeflow", "plan_deepthings", "equal_tiles", "grid_tiles", "SPATIAL_PLANNERS"]
+__all__ = ["plan_bbgrap", "plan_edgeflow", "plan_deepthings", "bbgrap", "edgeflow", "deepthings", "equal_tiles",
+           "grid_tiles"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,8 +54,8 @@ def _rows(graph: LayerGraph, cut: int, axis: int) -> int:
     return graph.tensors[graph.live_across(cut)[0] if cut < len(graph.layers) else graph.layers[-1].outputs[0]].shape[axis]
 
 
-def plan_bbgrap(graph: LayerGraph, cost: CostTable, objective: str = "latency", devices=None, axis: int = 2,
-                sync: str = "gather") -> Plan:
+def bbgrap(graph: LayerGraph, cost: CostTable, objective: str = "latency", devices=None, axis: int = 2,
+           sync: str = "gather") -> Plan:
     """Equal split of every block over all devices, no device model. sync="gather": each block's output
     is gathered on the first device and re-scattered (a spatial stage per block); sync="halo": one
     stage whose blocks exchange halo rows directly (decentralised, as ADaPS's Table 1 describes it)."""
@@ -68,8 +72,8 @@ def plan_bbgrap(graph: LayerGraph, cost: CostTable, objective: str = "latency", 
     return Plan("bbgrap", objective, stages + _tail(graph, g, cuts[-1])).ensures(graph)
 
 
-def plan_edgeflow(graph: LayerGraph, cost: CostTable, objective: str = "latency", devices=None, axis: int = 2,
-                  threshold: float = 0.1) -> Plan:
+def edgeflow(graph: LayerGraph, cost: CostTable, objective: str = "latency", devices=None, axis: int = 2,
+             threshold: float = 0.1) -> Plan:
     names = list(devices or cost.devices)
     g = _gather_device(cost, names)
     cuts = _cuts(graph, axis)
@@ -84,8 +88,8 @@ def plan_edgeflow(graph: LayerGraph, cost: CostTable, objective: str = "latency"
     return Plan("edgeflow", objective, s.to_stages(path, len(cuts) - 1, g) + _tail(graph, g, cuts[-1])).ensures(graph)
 
 
-def plan_deepthings(graph: LayerGraph, cost: CostTable, objective: str = "latency", devices=None,
-                    grid: tuple[int, int] | None = None, layers: int | None = None) -> Plan:
+def deepthings(graph: LayerGraph, cost: CostTable, objective: str = "latency", devices=None,
+               grid: tuple[int, int] | None = None, layers: int | None = None) -> Plan:
     """Fused tile partitioning: an N x M grid of equal tiles (N along height, M along width) over the
     first `layers` layers (rounded down to a block cut), one tile per device in row-major order starting
     with the fastest device, which gathers. N x 1 and 1 x M grids are height or width tiles; others cut
@@ -129,10 +133,30 @@ def grid_tiles(rows: int, cols: int, n: int, m: int, devices: list[str]) -> tupl
                  for i, b in enumerate(bands) for j, c in enumerate(parts))
 
 
-SPATIAL_PLANNERS = {
-    "spatial": lambda graph, cost, objective="latency", **kw: plan_spatial(graph, cost, objective, **kw)[0],
-    "hybrid": lambda graph, cost, objective="latency", **kw: plan_hybrid(graph, cost, objective, **kw)[0],
-    "bbgrap": plan_bbgrap,
-    "edgeflow": plan_edgeflow,
-    "deepthings": plan_deepthings,
-}
+def _checked(name: str, make, graph: LayerGraph, cost: CostTable) -> list[Plan]:
+    """[the plan `make()` builds], or InfeasibleError naming the planner (also when it does not fit memory)."""
+    try:
+        plan = make()
+    except InfeasibleError as exc:
+        raise type(exc)(f"{name}: {exc}") from None
+    plan.ensures(graph)
+    if not fits(plan, graph, cost):
+        raise InfeasibleError(f"{name}: the plan does not fit the devices' memory")
+    return [plan]
+
+
+def plan_bbgrap(graph: LayerGraph, cost: CostTable, objective: str, options: PlanOptions) -> list[Plan]:
+    """The planner of `bbgrap` (gathers after every block)."""
+    return _checked("bbgrap", lambda: bbgrap(graph, cost, objective), graph, cost)
+
+
+def plan_edgeflow(graph: LayerGraph, cost: CostTable, objective: str, options: PlanOptions) -> list[Plan]:
+    """The planner of `edgeflow`, its partitions within the search threshold."""
+    return _checked("edgeflow", lambda: edgeflow(graph, cost, objective, threshold=options.search_threshold),
+                    graph, cost)
+
+
+def plan_deepthings(graph: LayerGraph, cost: CostTable, objective: str, options: PlanOptions) -> list[Plan]:
+    """The planner of `deepthings`, with the options' grid and fused depth."""
+    return _checked("deepthings", lambda: deepthings(graph, cost, objective, grid=options.deepthings_grid,
+                                                     layers=options.deepthings_layers), graph, cost)

@@ -2,9 +2,10 @@
 
 Search space: per cut, tile sizes within ADaPS's bounds (Eq. 1-3: a window around the speed-proportional
 share, width threshold * (max size - share)); any subset of block cuts as segment boundaries; any end of
-the spatial group. Each choice is scored with spatial_cost.StepModel: the group starts with its input on
-the gather device (a scatter), every segment costs its slowest device (rows received + tile compute),
-the group ends with a gather, and the layers after it cost `rest` (given by the planner).
+the spatial group. Each choice is scored with the tile cost model's StepModel (compiler.cost.tiles): the
+group starts with its input on the gather device (a scatter), every segment costs its slowest device
+(rows received + tile compute), the group ends with a gather, and the layers after it cost `rest`
+(given by the planner).
 
 Search: a forward dynamic program over (cut, partition) states. Memoisation: a state keeps its best
 prefix once, and the k best partitions after a (state, next cut) pair are cached and reused. Alpha-beta
@@ -30,9 +31,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..cost import CostTable
+from ..cost.tiles import SegmentCost, Step, StepModel
 from ..graph import LayerGraph
-from .spatial_cost import SegmentCost, Step, StepModel
-from .types import Segment, SpatialGroup, Stage, Tile
+from ..plan_types import Segment, SpatialGroup, Stage, Tile
 
 __all__ = ["SearchStats", "SpatialSearch", "windows", "INF"]
 

@@ -1,4 +1,5 @@
-"""Spatial tiling geometry: exact row ranges of tiles through Type-1/Type-2 layers (no ONNX, no costs)."""
+"""Spatial tiling: exact row ranges of tiles through Type-1/Type-2 layers (regions.py: no ONNX, no costs), and
+the ONNX models of the tiles built from them (tiles.py)."""
 
 from .regions import (
     AXES, Need, NotTileable, SegmentMaps, TileRegion, segment_io, segment_maps, segment_region, spatial_cuts,

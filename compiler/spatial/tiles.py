@@ -11,7 +11,7 @@ from onnx import helper, numpy_helper
 from ..graph import LayerGraph
 from ..fragment import EncodedModel, assemble, value_info
 from ..layers import node_inputs
-from ..plan.types import Stage
+from ..plan_types import Stage
 from .regions import SegmentMaps, TileRegion, segment_maps, segment_region, tile_pads
 
 __all__ = ["tile_name", "TileSpec", "Geometry", "stage_layout", "build_tile_model"]

@@ -2,7 +2,7 @@
 
     python tests/bench/bench_spatial.py [--quick]
 
-Predicted figures (compiler.simulate under the profiles' cost model), not measurements on devices.
+Predicted figures (compiler.cost.evaluate under the profiles' cost model), not measurements on devices.
 Tables go to stdout as markdown, progress to stderr.
 """
 
@@ -20,18 +20,18 @@ from onnx import TensorProto, helper, numpy_helper, shape_inference
 
 ROOT = Path(__file__).resolve().parents[2]
 
-from edgec.compiler.cluster import Cluster, Device, load_profile
-from edgec.compiler.cost import build_cost_table, pipeline_problem
+from edgec.compiler.cluster import Cluster, DeviceSpec, load_profile
+from edgec.compiler.cost import build_cost_table
+from edgec.compiler.cost import evaluate as predict
 from edgec.compiler.driver import plan_model
 from edgec.compiler.ingest import load_model
 from edgec.compiler.layers import build_layer_graph
+from edgec.compiler.plan.planner import InfeasibleError, PlanOptions
 from edgec.compiler.plan.registry import PLANNERS
-from edgec.compiler.plan.problem import InfeasibleError
-from edgec.compiler.plan.spatial import _order, plan_hybrid, plan_spatial
+from edgec.compiler.plan.spatial import _order, search_hybrid, search_spatial
 from edgec.compiler.plan.spatial_search import SpatialSearch
-from edgec.compiler.plan.spatial_baselines import plan_bbgrap, plan_deepthings, plan_edgeflow
-from edgec.compiler.plan.types import Plan, Stage
-from edgec.compiler.simulate import simulate
+from edgec.compiler.plan.spatial_baselines import bbgrap, deepthings, edgeflow
+from edgec.compiler.plan_types import Plan
 from edgec.compiler.spatial import spatial_cuts
 
 MODELS = ["alexnet", "vgg16", "vgg19", "mobilenetv2", "inception_v1", "resnet50"]
@@ -64,28 +64,27 @@ def load(name: str):
 
 def make_cluster(kinds, mbps: float) -> Cluster:
     profiles = {k: load_profile(k) for k in set(kinds)}
-    devs = tuple(Device(f"{k}-{i}", profiles[k], profiles[k].memory_mb, None) for i, k in enumerate(kinds))
+    devs = tuple(DeviceSpec(f"{k}-{i}", profiles[k], profiles[k].memory_mb, None) for i, k in enumerate(kinds))
     return Cluster(devs, float(mbps), LATENCY_MS, "switched", {}, "bench")
 
 
+PIPELINE = ("pipeline", "single", "even", "neurosurgeon")  # the planners of pipeline stages only
+
+
 def pipeline_plan(name: str, graph, cost) -> Plan:
-    problem = pipeline_problem(graph, cost)
-    sol = PLANNERS[name](problem, "latency")[0]
-    blocks = graph.blocks
-    return Plan(name, "latency", tuple(Stage(problem.devices[s.device], blocks[s.lo][0], blocks[s.hi - 1][1])
-                                       for s in sol.stages)).ensures(graph)
+    return PLANNERS[name](graph, cost, "latency", PlanOptions(top_k=1))[0]
 
 
 def planners(graph, cost) -> dict:
     out = {
-        "edgeflow": lambda: plan_edgeflow(graph, cost),
-        "spatial": lambda: plan_spatial(graph, cost)[0],
-        "hybrid": lambda: plan_hybrid(graph, cost)[0],
-        "bbgrap": lambda: plan_bbgrap(graph, cost),
-        "bbgrap-halo": lambda: plan_bbgrap(graph, cost, sync="halo"),
-        "deepthings": lambda: plan_deepthings(graph, cost),
+        "edgeflow": lambda: edgeflow(graph, cost),
+        "spatial": lambda: search_spatial(graph, cost)[0],
+        "hybrid": lambda: search_hybrid(graph, cost)[0],
+        "bbgrap": lambda: bbgrap(graph, cost),
+        "bbgrap-halo": lambda: bbgrap(graph, cost, sync="halo"),
+        "deepthings": lambda: deepthings(graph, cost),
     }
-    for name in PLANNERS:
+    for name in PIPELINE:
         out[name] = lambda name=name: pipeline_plan(name, graph, cost)
     return out
 
@@ -101,7 +100,7 @@ def evaluate(graph, cost) -> dict:
             log(f"  {name}: infeasible ({exc})")
             continue
         seconds = time.perf_counter() - t
-        pred = simulate(plan, graph, cost)
+        pred = predict(plan, graph, cost)
         res[name] = (pred.latency_ms, pred.bytes_transferred, seconds)
     # auto as `edgec compile` runs it: every planner, the searches bounded by the best plan so far
     t = time.perf_counter()
@@ -225,7 +224,7 @@ def main() -> None:
                     + " ".join(f"{k}={v[0]:.0f}ms" for k, v in res.items() if k != "auto"))
         if not args.quick:
             cost = build_cost_table(graph, make_cluster(["rpi5"] * 8 + ["rpi4"] * 8, 100))
-            for name, plan in (("spatial", plan_spatial), ("hybrid", plan_hybrid)):
+            for name, plan in (("spatial", search_spatial), ("hybrid", search_hybrid)):
                 t = time.perf_counter()
                 plan(graph, cost)
                 big[model, name] = time.perf_counter() - t

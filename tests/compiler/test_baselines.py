@@ -9,14 +9,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from edgec.compiler.plan.baselines import even_boundaries, plan_even, plan_neurosurgeon, plan_single
-from edgec.compiler.plan.pipeline import plan_pipeline
+from edgec.compiler.plan.baselines import even_boundaries, solve_even, solve_neurosurgeon, solve_single
+from edgec.compiler.plan.pipeline import solve_pipeline
 from pipeline_reference import brute_force
-from edgec.compiler.plan.problem import InfeasibleError, PipelineProblem, PipelineSolution, StageChoice
+from edgec.compiler.plan.pipeline import PipelineProblem, PipelineSolution, StageChoice
+from edgec.compiler.plan.planner import InfeasibleError
 
 MB = 1_000_000
 OBJECTIVES = ("latency", "throughput")
-BASELINES = (plan_single, plan_even, plan_neurosurgeon)
+BASELINES = (solve_single, solve_even, solve_neurosurgeon)
 
 
 @st.composite
@@ -56,7 +57,7 @@ SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[Heal
 def test_baselines_feasible_and_never_better_than_dp(problem):
     for objective in OBJECTIVES:
         try:
-            optimum = plan_pipeline(problem, objective)[0]
+            optimum = solve_pipeline(problem, objective)[0]
         except InfeasibleError:
             optimum = None
         for planner in BASELINES:
@@ -79,7 +80,7 @@ def test_baselines_feasible_and_never_better_than_dp(problem):
 @given(problems())
 def test_single_and_neurosurgeon_equal_brute_force(problem):
     for objective in OBJECTIVES:
-        for planner, max_stages in ((plan_single, 1), (plan_neurosurgeon, 2)):
+        for planner, max_stages in ((solve_single, 1), (solve_neurosurgeon, 2)):
             ref = brute_force(problem, objective, max_stages)
             if not ref:
                 with pytest.raises(InfeasibleError, match="MB"):
@@ -105,7 +106,7 @@ def test_even_uses_equal_shares(problem):
         best = min(abs(prefix[i] - target) for i in range(lo, hi + 1))
         assert abs(prefix[bounds[k]] - target) == best  # the nearest boundary to k/n of the total
     try:
-        (sol,) = plan_even(problem, "latency")
+        (sol,) = solve_even(problem, "latency")
     except InfeasibleError as err:
         assert "MB" in str(err)
         assert not problem.fits(tuple(StageChoice(bounds[k], bounds[k + 1], k) for k in range(n)))
@@ -131,42 +132,42 @@ def _problem(block_ms, mem, cut=None, bw=1e3, params=MB, act=MB, medium="switche
 
 def test_even_splits_equal_compute_in_list_order():
     problem = _problem([[1.0, 3.0]] * 4 + [[2.0, 6.0]] * 2, [100 * MB, 100 * MB])  # sizes 2,2,2,2,4,4
-    (sol,) = plan_even(problem, "latency")
+    (sol,) = solve_even(problem, "latency")
     assert as_tuples(sol) == [(0, 4, 0), (4, 6, 1)]  # 8 | 8 of the mean size, device order 0, 1
 
 
 def test_even_with_fewer_blocks_than_devices_uses_the_first_ones():
     problem = _problem([[1.0] * 4] * 2, [100 * MB] * 4)
-    (sol,) = plan_even(problem, "throughput")
+    (sol,) = solve_even(problem, "throughput")
     assert as_tuples(sol) == [(0, 1, 0), (1, 2, 1)]
 
 
 def test_even_that_does_not_fit_raises():
     problem = _problem([[1.0, 1.0]] * 4, [10 * MB, 2 * MB])  # blocks 2..3 need 2 x 1 MB + 1 MB
     with pytest.raises(InfeasibleError, match=r"stage 1 \(blocks 2\.\.3\) needs 3\.0 MB"):
-        plan_even(problem, "latency")
+        solve_even(problem, "latency")
 
 
 def test_single_picks_fastest_device_that_fits():
     problem = _problem([[1.0, 2.0, 3.0]] * 3, [3 * MB, 10 * MB, 10 * MB])  # dev0 is fastest but too small
-    (sol,) = plan_single(problem, "latency")
+    (sol,) = solve_single(problem, "latency")
     assert as_tuples(sol) == [(0, 3, 1)]
     with pytest.raises(InfeasibleError, match=r"needs 4\.0 MB .*offers 2\.0 MB"):
-        plan_single(_problem([[1.0, 1.0]] * 3, [MB, 2 * MB]), "latency")
+        solve_single(_problem([[1.0, 1.0]] * 3, [MB, 2 * MB]), "latency")
 
 
 def test_neurosurgeon_splits_between_two_devices():
     block_ms = [[1.0, 9.0, 9.0], [9.0, 1.0, 9.0], [9.0, 9.0, 1.0]]
     problem = _problem(block_ms, [100 * MB] * 3, cut=0)
-    (ns,) = plan_neurosurgeon(problem, "latency")
+    (ns,) = solve_neurosurgeon(problem, "latency")
     assert len(ns.stages) == 2 and ns.latency_ms == 11.0
-    (dp,) = plan_pipeline(problem, "latency")
+    (dp,) = solve_pipeline(problem, "latency")
     assert dp.latency_ms == 3.0  # three stages beat the best single split
 
 
 def test_all_planners_share_one_interface():
     problem = _problem([[1.0, 2.0]] * 3, [100 * MB] * 2)
-    for planner in (plan_pipeline, *BASELINES):
+    for planner in (solve_pipeline, *BASELINES):
         for objective in OBJECTIVES:
             out = planner(problem, objective)
             assert isinstance(out, list) and len(out) == 1 and isinstance(out[0], PipelineSolution)

@@ -13,7 +13,7 @@ from edgec.compiler import cluster as cl
 from edgec.compiler.cluster import (
     GFLOPS_KEYS,
     Cluster,
-    Link,
+    LinkSpec,
     available_profiles,
     load_cluster,
     load_profile,
@@ -154,12 +154,11 @@ def test_valid_cluster_defaults_and_overrides(tmp_path):
     assert pi5.usable_bytes == int(4096 * prof.usable_memory_fraction * 2**20) - int(prof.runtime_overhead_mb * 2**20)
     assert pi5.usable_bytes > 0
     assert c.bandwidth_mbps == 100 and c.latency_ms == 1 and c.medium == "switched"
-    assert c.link("pi5-a", "pi4-a") == Link(10, 5)
-    assert c.link("orin", "pi5-a") == Link(100, 0.5)  # missing bandwidth falls back to the default
-    assert c.link("orin", "pi4-a") == Link(100, 1)  # no override: default
+    assert c.link("pi5-a", "pi4-a") == LinkSpec(10, 5)
+    assert c.link("orin", "pi5-a") == LinkSpec(100, 0.5)  # missing bandwidth falls back to the default
+    assert c.link("orin", "pi4-a") == LinkSpec(100, 1)  # no override: default
     assert set(c.links) == {frozenset({"pi5-a", "pi4-a"}), frozenset({"orin", "pi5-a"})}
     assert c.link("pi4-a", "pi4-a").latency_ms == 0 and math.isinf(c.link("pi4-a", "pi4-a").bandwidth_mbps)
-    assert Link(8, 0).bytes_per_ms == 1000.0  # 8 Mbit/s = 1 MB/s = 1000 bytes/ms
 
 
 def test_link_is_symmetric(tmp_path):

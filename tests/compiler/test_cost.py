@@ -1,4 +1,4 @@
-"""Cost table: roofline estimates from profiles, measured per-node tables, the pipeline problem."""
+"""Cost table: roofline estimates from profiles, measured per-node tables, the network model, the pipeline problem."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ import pytest
 import yaml
 
 from edgec.compiler.cluster import load_cluster
-from edgec.compiler.cost import build_cost_table, pipeline_problem
+from edgec.compiler.cost import build_cost_table, bytes_per_ms, message_ms
 from edgec.compiler.ingest import load_model
+from edgec.compiler.layers import build_layer_graph
+from edgec.compiler.plan.pipeline import pipeline_problem
 from edgec.compiler.profile import measure_host, write_profile
 from tests.conftest import conv_chain_model
 
@@ -20,6 +22,24 @@ def cluster_file(tmp_path, profiles):
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(doc))
     return load_cluster(path)
+
+
+def test_network_model_converts_mbps_once(tmp_path):
+    assert bytes_per_ms(8) == 1000.0  # 8 Mbit/s = 1 MB/s = 1000 bytes/ms
+    assert message_ms(3000, 8, 0.5) == 3.5
+    doc = {"devices": [{"name": n, "profile": "rpi5"} for n in ("a", "b", "c")],
+           "network": {"bandwidth_mbps": 80, "latency_ms": 2, "links": [{"a": "a", "b": "c", "bandwidth_mbps": 8}]}}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    net = build_cost_table(conv_graph(), load_cluster(path)).network
+    assert (net.bytes_per_ms("a", "b"), net.latency_ms("a", "b")) == (10_000.0, 2)
+    assert net.bytes_per_ms("c", "a") == 1000.0  # the link override, either way round
+    assert net.transfer_ms(3000, "a", "c") == 3000 / 1000.0 + 2
+    assert net.transfer_ms(3000, "a", "a") == 0 and net.transfer_ms(0, "a", "b") == 0
+
+
+def conv_graph():
+    return build_layer_graph(onnx.shape_inference.infer_shapes(conv_chain_model(n=1)))
 
 
 def test_roofline_scales_with_device_speed(chain_path, tmp_path):

@@ -12,7 +12,7 @@ from edgec.compiler.cost import build_cost_table
 from edgec.compiler.ingest import load_model
 from edgec.compiler.plan import lanes
 from edgec.compiler.plan.spatial import plan_searches
-from edgec.compiler.plan.types import Plan
+from edgec.compiler.plan_types import Plan
 from tests.compiler.test_spatial import make_cluster
 
 LIGHT = Path(__import__("onnx").__file__).parent / "backend/test/data/light"

@@ -1,4 +1,4 @@
-"""plan_pipeline: the layer-graph DP equals brute force over every partition x every injective device
+"""solve_pipeline: the layer-graph DP equals brute force over every partition x every injective device
 assignment, for both objectives and both media, including the top-k list; plus hand-made cases."""
 
 from __future__ import annotations
@@ -9,10 +9,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from edgec.compiler.plan.baselines import plan_single
-from edgec.compiler.plan.pipeline import plan_pipeline, solution_sort_key
+from edgec.compiler.plan.baselines import solve_single
+from edgec.compiler.plan.pipeline import solution_sort_key, solve_pipeline
 from pipeline_reference import brute_force
-from edgec.compiler.plan.problem import InfeasibleError, PipelineProblem, PipelineSolution
+from edgec.compiler.plan.pipeline import PipelineProblem, PipelineSolution
+from edgec.compiler.plan.planner import InfeasibleError
 
 MB = 1_000_000
 OBJECTIVES = ("latency", "throughput")
@@ -91,12 +92,12 @@ def test_dp_equals_brute_force(problem, max_stages):
         ref = brute_force(problem, objective, max_stages)
         if not ref:
             with pytest.raises(InfeasibleError, match="MB"):
-                plan_pipeline(problem, objective, max_stages=max_stages)
+                solve_pipeline(problem, objective, max_stages=max_stages)
             continue
-        best = plan_pipeline(problem, objective, max_stages=max_stages)
+        best = solve_pipeline(problem, objective, max_stages=max_stages)
         assert len(best) == 1
         assert best[0].key(objective) == ref[0].key(objective)
-        top = plan_pipeline(problem, objective, top_k=3, max_stages=max_stages)
+        top = solve_pipeline(problem, objective, top_k=3, max_stages=max_stages)
         assert keys(top, objective) == keys(ref[:3], objective)
         assert top == sorted(top, key=lambda s: solution_sort_key(s, objective))
         assert len({s.stages for s in top}) == len(top)
@@ -111,10 +112,10 @@ def test_dp_equals_brute_force(problem, max_stages):
 def test_never_worse_than_best_single_device(problem):
     for objective in OBJECTIVES:
         try:
-            single = plan_single(problem, objective)[0]
+            single = solve_single(problem, objective)[0]
         except InfeasibleError:
             continue
-        best = plan_pipeline(problem, objective)[0]
+        best = solve_pipeline(problem, objective)[0]
         assert best.key(objective) <= single.key(objective)
 
 
@@ -127,9 +128,9 @@ def test_general_floats_match_brute_force_up_to_rounding(problem):
         ref = brute_force(problem, objective)
         if not ref:
             with pytest.raises(InfeasibleError, match="MB"):
-                plan_pipeline(problem, objective)
+                solve_pipeline(problem, objective)
             continue
-        top = plan_pipeline(problem, objective, top_k=3)
+        top = solve_pipeline(problem, objective, top_k=3)
         assert len(top) == min(3, len(ref))
         for got, want in zip(top, ref):
             assert got.key(objective)[0] == pytest.approx(want.key(objective)[0], rel=1e-9, abs=1e-9)
@@ -140,7 +141,7 @@ def test_top_k_lists_every_placement_when_few_exist():
     problem = make_problem([[1.0, 2.0], [3.0, 1.0]], [MB] * 2, [MB] * 2, [64], [10 * MB] * 2, np.full((2, 2), 64.0))
     for objective in OBJECTIVES:
         ref = brute_force(problem, objective)
-        got = plan_pipeline(problem, objective, top_k=50)
+        got = solve_pipeline(problem, objective, top_k=50)
         assert len(got) == len(ref) == 4  # 2 single-device plans + 1 cut x 2 device orders
         assert keys(got, objective) == keys(ref, objective)
 
@@ -154,7 +155,7 @@ def test_best_plan_uses_devices_out_of_list_order():
     block_ms = [[9.0, 1.0], [9.0, 1.0], [1.0, 9.0], [1.0, 9.0]]
     problem = make_problem(block_ms, [MB] * 4, [MB] * 4, [100] * 3, [100 * MB] * 2, np.full((2, 2), 1e4))
     for objective in OBJECTIVES:
-        (best,) = plan_pipeline(problem, objective)
+        (best,) = solve_pipeline(problem, objective)
         assert [(s.lo, s.hi, s.device) for s in best.stages] == [(0, 2, 1), (2, 4, 0)]
         assert best.latency_ms == pytest.approx(4.0 + 100 / 1e4)
 
@@ -162,7 +163,7 @@ def test_best_plan_uses_devices_out_of_list_order():
 def test_three_devices_in_reverse_order():
     block_ms = [[9.0, 9.0, 1.0], [9.0, 1.0, 9.0], [1.0, 9.0, 9.0]]
     problem = make_problem(block_ms, [MB] * 3, [MB] * 3, [0, 0], [100 * MB] * 3, np.full((3, 3), 1e3))
-    (best,) = plan_pipeline(problem, "latency")
+    (best,) = solve_pipeline(problem, "latency")
     assert [s.device for s in best.stages] == [2, 1, 0]
     assert best.latency_ms == 3.0
 
@@ -173,14 +174,14 @@ def test_memory_limit_forces_a_split():
     params, act = [30 * MB] * 3, [2 * MB] * 3
     problem = make_problem(block_ms, params, act, [1000, 1000], [70 * MB, 70 * MB], np.full((2, 2), 1e3))
     with pytest.raises(InfeasibleError, match="MB"):
-        plan_single(problem, "latency")
-    (best,) = plan_pipeline(problem, "latency")
+        solve_single(problem, "latency")
+    (best,) = solve_pipeline(problem, "latency")
     assert len(best.stages) == 2
     assert [(s.lo, s.hi, s.device) for s in best.stages] == [(0, 2, 0), (2, 3, 1)]
     assert problem.fits(best.stages)
     # with room for everything the fast device wins alone
     roomy = make_problem(block_ms, params, act, [1000, 1000], [200 * MB, 70 * MB], np.full((2, 2), 1e3))
-    assert [(s.lo, s.hi, s.device) for s in plan_pipeline(roomy, "latency")[0].stages] == [(0, 3, 0)]
+    assert [(s.lo, s.hi, s.device) for s in solve_pipeline(roomy, "latency")[0].stages] == [(0, 3, 0)]
 
 
 def test_slow_link_makes_one_device_best():
@@ -188,9 +189,9 @@ def test_slow_link_makes_one_device_best():
     block_ms = [[4.0, 4.0]] * 4
     fast = make_problem(block_ms, [MB] * 4, [MB] * 4, [1000] * 3, [100 * MB] * 2, np.full((2, 2), 1e4))
     slow = make_problem(block_ms, [MB] * 4, [MB] * 4, [1000] * 3, [100 * MB] * 2, np.full((2, 2), 10.0))
-    (split,) = plan_pipeline(fast, "throughput")
+    (split,) = solve_pipeline(fast, "throughput")
     assert len(split.stages) == 2 and split.bottleneck_ms == 8.0
-    (alone,) = plan_pipeline(slow, "throughput")
+    (alone,) = solve_pipeline(slow, "throughput")
     assert len(alone.stages) == 1 and alone.bottleneck_ms == 16.0  # a split would pay 100 ms on the link
 
 
@@ -201,8 +202,8 @@ def test_shared_medium_sums_transfers():
     args = ([MB] * 6, [MB] * 6, [500] * 5, [100 * MB] * 3, np.full((3, 3), 100.0))
     switched = make_problem(block_ms, *args, medium="switched")
     shared = make_problem(block_ms, *args, medium="shared")
-    (a,) = plan_pipeline(switched, "throughput")
-    (b,) = plan_pipeline(shared, "throughput")
+    (a,) = solve_pipeline(switched, "throughput")
+    (b,) = solve_pipeline(shared, "throughput")
     assert (len(a.stages), a.bottleneck_ms) == (3, 5.0)
     assert (len(b.stages), b.bottleneck_ms) == (2, 6.0)
     assert b.key("throughput") == brute_force(shared, "throughput")[0].key("throughput")
@@ -211,7 +212,7 @@ def test_shared_medium_sums_transfers():
 def test_identical_devices_top_k_lists_relabelled_copies():
     problem = make_problem([[1.0] * 3] * 4, [MB] * 4, [MB] * 4, [0] * 3, [100 * MB] * 3, np.full((3, 3), 64.0))
     for objective in OBJECTIVES:
-        got = plan_pipeline(problem, objective, top_k=5)
+        got = solve_pipeline(problem, objective, top_k=5)
         assert keys(got, objective) == keys(brute_force(problem, objective)[:5], objective)
         assert len({s.stages for s in got}) == 5
 
@@ -220,10 +221,10 @@ def test_max_stages_bounds_the_split():
     block_ms = [[2.0] * 4] * 8
     problem = make_problem(block_ms, [MB] * 8, [MB] * 8, [0] * 7, [100 * MB] * 4, np.full((4, 4), 1e3))
     for m in (1, 2, 3):
-        (best,) = plan_pipeline(problem, "throughput", max_stages=m)
+        (best,) = solve_pipeline(problem, "throughput", max_stages=m)
         assert len(best.stages) == m
     with pytest.raises(InfeasibleError, match="MB"):
-        plan_pipeline(make_problem(block_ms, [MB] * 8, [MB] * 8, [0] * 7, [5 * MB] * 4, np.ones((4, 4))), "latency",
+        solve_pipeline(make_problem(block_ms, [MB] * 8, [MB] * 8, [0] * 7, [5 * MB] * 4, np.ones((4, 4))), "latency",
                       max_stages=1)
 
 
@@ -232,17 +233,17 @@ def test_infeasible_messages_name_sizes():
         [[1.0, 1.0]] * 2, [100 * MB, 10 * MB], [5 * MB] * 2, [1], [50 * MB, 60 * MB], np.ones((2, 2))
     )
     with pytest.raises(InfeasibleError, match=r"block 0 .*105\.0 MB.*largest device offers 60\.0 MB"):
-        plan_pipeline(big_block, "latency")
+        solve_pipeline(big_block, "latency")
     too_small = make_problem([[1.0, 1.0]] * 3, [30 * MB] * 3, [2 * MB] * 3, [1, 1], [40 * MB, 40 * MB], np.ones((2, 2)))
     with pytest.raises(InfeasibleError, match=r"needs at least 92\.0 MB .*offer 80\.0 MB in total \(largest 40\.0 MB"):
-        plan_pipeline(too_small, "throughput")
+        solve_pipeline(too_small, "throughput")
 
 
 def test_rejects_bad_arguments():
     problem = make_problem([[1.0]], [MB], [MB], [], [10 * MB], np.ones((1, 1)))
     with pytest.raises(ValueError):
-        plan_pipeline(problem, "speed")
+        solve_pipeline(problem, "speed")
     with pytest.raises(ValueError):
-        plan_pipeline(problem, "latency", top_k=0)
+        solve_pipeline(problem, "latency", top_k=0)
     with pytest.raises(ValueError):
-        plan_pipeline(problem, "latency", max_stages=0)
+        solve_pipeline(problem, "latency", max_stages=0)

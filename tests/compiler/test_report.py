@@ -13,8 +13,10 @@ from edgec.compiler import report
 from edgec.compiler.driver import compile_model
 from edgec.compiler.errors import UserError
 from edgec.compiler.ingest import load_model
-from edgec.compiler.plan.spatial import device_memory_bytes, fits
-from edgec.compiler.simulate import simulate_manifest
+from edgec.compiler.cost.memory import device_memory_bytes
+from edgec.compiler.plan.spatial import fits
+from edgec.compiler.cost import simulate_manifest
+from edgec.compiler.units import MiB
 from edgec.runtime.manifest import load_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,7 +55,7 @@ def test_memory_is_what_the_memory_check_counts(spatial_build):
     plan, graph = result.chosen.plan, result.ingested.graph
     need = device_memory_bytes(plan, graph)
     assert {d["name"]: d["memory_mb"] for d in summary["devices"]} == {
-        d.name: round(need.get(d.name, 0) / report.MB, 3) for d in result.cluster.devices}
+        d.name: round(need.get(d.name, 0) / MiB, 3) for d in result.cluster.devices}
     exact = {d.name: need.get(d.name, 0) for d in result.cluster.devices}
     assert fits(plan, graph, _limits(exact))
     for name in need:  # one byte less on any device that holds something, and the check refuses the plan

@@ -10,15 +10,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import shape_inference
 
-from edgec.compiler.cluster import Cluster, Device, load_profile
+from edgec.compiler.cluster import Cluster, DeviceSpec, load_profile
 from edgec.compiler.cost import build_cost_table
 from edgec.compiler.ingest import load_model
 from edgec.compiler.layers import build_layer_graph
-from edgec.compiler.plan.spatial import plan_hybrid, plan_spatial
+from edgec.compiler.plan.spatial import search_hybrid, search_spatial
 from edgec.compiler.plan.spatial_search import INF, SpatialSearch, windows
-from edgec.compiler.plan.spatial_cost import SegmentCost, predict_stage, tile_ms
-from edgec.compiler.plan.types import Plan
-from edgec.compiler.simulate import simulate
+from edgec.compiler.cost.tiles import SegmentCost, predict_stage, tile_ms
+from edgec.compiler.plan_types import Plan
+from edgec.compiler.cost import evaluate
 from edgec.compiler.spatial import spatial_cuts
 from tests.conftest import conv_chain_model, residual_model
 
@@ -27,7 +27,7 @@ PROFILES = {n: load_profile(n) for n in ("rpi5", "rpi4")}
 
 
 def make_cluster(kinds, mbps=100.0, latency=1.0, medium="switched", links=None) -> Cluster:
-    devs = tuple(Device(f"{k}-{i}", PROFILES[k], PROFILES[k].memory_mb, None) for i, k in enumerate(kinds))
+    devs = tuple(DeviceSpec(f"{k}-{i}", PROFILES[k], PROFILES[k].memory_mb, None) for i, k in enumerate(kinds))
     return Cluster(devs, mbps, latency, medium, links or {}, "test")
 
 
@@ -147,11 +147,11 @@ def _stage_rows(plan: Plan):
 def test_plan_spatial_on_a_chain_is_valid_and_beats_one_device():
     graph = graph_of(conv_chain_model(n=4, channels=64, size=64))
     cost = build_cost_table(graph, make_cluster(("rpi5", "rpi5", "rpi4"), 1000.0, 0.1))
-    plan, stats = plan_spatial(graph, cost)
+    plan, stats = search_spatial(graph, cost)
     plan.ensures(graph)
     assert plan.strategy == "spatial" and plan.stages[0].spatial is not None
     assert stats.nodes_visited > 0 and stats.search_space_log10 > 2
-    pred = simulate(plan, graph, cost)
+    pred = evaluate(plan, graph, cost)
     assert pred.latency_ms < cost.layer_ms.sum(axis=0).min()  # fast network: splitting pays
     # the faster device gets more rows of every segment output
     for tiles in _stage_rows(plan):
@@ -162,9 +162,9 @@ def test_plan_spatial_on_a_chain_is_valid_and_beats_one_device():
 def test_predict_stage_timeline_matches_simulate():
     graph = graph_of(conv_chain_model(n=4, channels=16, size=32))
     cost = build_cost_table(graph, make_cluster(("rpi5", "rpi4", "rpi4"), 100.0))
-    plan, _ = plan_spatial(graph, cost, devices=list(cost.devices))
+    plan, _ = search_spatial(graph, cost, devices=list(cost.devices))
     info = predict_stage(plan.stages[0], graph, cost)
-    pred = simulate(plan, graph, cost)
+    pred = evaluate(plan, graph, cost)
     tail = sum(float(cost.layer_ms[s.lo:s.hi, cost.index(s.device)].sum()) for s in plan.stages[1:])
     assert math.isclose(pred.latency_ms, info["latency_ms"] + tail, rel_tol=1e-9)
     assert pred.bytes_transferred == info["bytes"] > 0
@@ -175,7 +175,7 @@ def test_predict_stage_timeline_matches_simulate():
 def test_uneven_rows_over_three_devices():
     graph = graph_of(conv_chain_model(n=2, channels=4, size=7))
     cost = build_cost_table(graph, make_cluster(("rpi5", "rpi4", "rpi4"), 1000.0, 0.0))
-    plan, _ = plan_spatial(graph, cost, threshold=0.5)
+    plan, _ = search_spatial(graph, cost, threshold=0.5)
     for tiles in _stage_rows(plan):
         assert tiles[0][1] == 0 and tiles[-1][2] == 7
 
@@ -183,7 +183,7 @@ def test_uneven_rows_over_three_devices():
 def test_plans_on_branching_zoo_models_cover_the_graph():
     graph = load_model(LIGHT / "light_inception_v1.onnx").graph
     cost = build_cost_table(graph, make_cluster(("rpi5", "rpi4"), 100.0))
-    for plan, stats in (plan_spatial(graph, cost), plan_hybrid(graph, cost)):
+    for plan, stats in (search_spatial(graph, cost), search_hybrid(graph, cost)):
         plan.ensures(graph)
         assert Plan.from_dict(plan.to_dict()) == plan
         assert stats.seconds < 10
@@ -192,7 +192,7 @@ def test_plans_on_branching_zoo_models_cover_the_graph():
 def test_hybrid_can_follow_tiles_with_pipeline_stages():
     graph = graph_of(conv_chain_model(n=4, channels=32, size=64))
     cost = build_cost_table(graph, make_cluster(("rpi5", "rpi4", "rpi4"), 1000.0, 0.1))
-    plan, _ = plan_hybrid(graph, cost)
+    plan, _ = search_hybrid(graph, cost)
     plan.ensures(graph)
-    spatial_pred = simulate(plan_spatial(graph, cost)[0], graph, cost).latency_ms
-    assert simulate(plan, graph, cost).latency_ms <= spatial_pred * 1.05
+    spatial_pred = evaluate(search_spatial(graph, cost)[0], graph, cost).latency_ms
+    assert evaluate(plan, graph, cost).latency_ms <= spatial_pred * 1.05

@@ -7,15 +7,15 @@ from dataclasses import replace
 import pytest
 from onnx import shape_inference
 
-from edgec.compiler.cluster import Cluster, Device, load_profile
+from edgec.compiler.cluster import Cluster, DeviceSpec, load_profile
 from edgec.compiler.cost import build_cost_table
 from edgec.compiler.layers import build_layer_graph
-from edgec.compiler.plan.problem import InfeasibleError
-from edgec.compiler.plan.registry import SPATIAL_PLANNERS
+from edgec.compiler.plan.planner import InfeasibleError, PlanOptions
+from edgec.compiler.plan.registry import PLANNERS
 from edgec.compiler.plan.spatial import fits
-from edgec.compiler.plan.spatial_baselines import equal_tiles, grid_tiles, plan_bbgrap, plan_deepthings, plan_edgeflow
-from edgec.compiler.plan.types import Plan, PlanError, Tile
-from edgec.compiler.simulate import simulate
+from edgec.compiler.plan.spatial_baselines import bbgrap, deepthings, edgeflow, equal_tiles, grid_tiles
+from edgec.compiler.plan_types import Plan, PlanError, Tile
+from edgec.compiler.cost import evaluate
 from edgec.compiler.spatial import spatial_cuts
 from tests.conftest import conv_chain_model, residual_model
 
@@ -23,7 +23,7 @@ PROFILES = {n: load_profile(n) for n in ("rpi5", "rpi4")}
 
 
 def cluster(kinds, mbps=100.0) -> Cluster:
-    devs = tuple(Device(f"{k}-{i}", PROFILES[k], PROFILES[k].memory_mb, None) for i, k in enumerate(kinds))
+    devs = tuple(DeviceSpec(f"{k}-{i}", PROFILES[k], PROFILES[k].memory_mb, None) for i, k in enumerate(kinds))
     return Cluster(devs, mbps, 1.0, "switched", {}, "test")
 
 
@@ -37,7 +37,7 @@ def _check(plan: Plan, graph, cost) -> None:
     plan.ensures(graph)
     assert Plan.from_dict(plan.to_dict()) == plan
     assert fits(plan, graph, cost)
-    assert simulate(plan, graph, cost).latency_ms > 0
+    assert evaluate(plan, graph, cost).latency_ms > 0
 
 
 def test_equal_tiles_split_uneven_rows():
@@ -47,7 +47,7 @@ def test_equal_tiles_split_uneven_rows():
 
 def test_bbgrap_gathers_after_every_block(chain):
     graph, cost = chain
-    plan = plan_bbgrap(graph, cost)
+    plan = bbgrap(graph, cost)
     _check(plan, graph, cost)
     cuts = spatial_cuts(graph, 2)
     spatial = [s for s in plan.stages if s.spatial]
@@ -55,16 +55,16 @@ def test_bbgrap_gathers_after_every_block(chain):
     for s in spatial:
         sizes = [t.stop - t.start for t in s.spatial.segments[0].tiles]
         assert max(sizes) - min(sizes) <= 1 and len(sizes) == 3  # equal, device-agnostic
-    halo = plan_bbgrap(graph, cost, sync="halo")
+    halo = bbgrap(graph, cost, sync="halo")
     _check(halo, graph, cost)
     assert len(halo.stages[0].spatial.segments) == len(cuts) - 1
     # same tiles, but neighbours exchange halo rows instead of gathering whole tensors
-    assert simulate(halo, graph, cost).bytes_transferred < simulate(plan, graph, cost).bytes_transferred
+    assert evaluate(halo, graph, cost).bytes_transferred < evaluate(plan, graph, cost).bytes_transferred
 
 
 def test_edgeflow_is_a_segment_per_block_split_by_speed(chain):
     graph, cost = chain
-    plan = plan_edgeflow(graph, cost)
+    plan = edgeflow(graph, cost)
     _check(plan, graph, cost)
     cuts = spatial_cuts(graph, 2)
     segs = plan.stages[0].spatial.segments
@@ -76,17 +76,17 @@ def test_edgeflow_is_a_segment_per_block_split_by_speed(chain):
 
 def test_deepthings_fuses_a_fixed_grid(chain):
     graph, cost = chain
-    plan = plan_deepthings(graph, cost, grid=(3, 1), layers=2)
+    plan = deepthings(graph, cost, grid=(3, 1), layers=2)
     _check(plan, graph, cost)
     group = plan.stages[0].spatial
     assert group.axis == 2 and len(group.segments) == 1 and group.segments[0].hi == 2
     assert [t.stop - t.start for t in group.segments[0].tiles] == [10, 10, 10]
-    wide = plan_deepthings(graph, cost, grid=(1, 2))
+    wide = deepthings(graph, cost, grid=(1, 2))
     assert wide.stages[0].spatial.axis == 3 and len(wide.stages[0].spatial.segments[0].tiles) == 2
     with pytest.raises(ValueError, match="more than the 3 devices"):
-        plan_deepthings(graph, cost, grid=(2, 2))
+        deepthings(graph, cost, grid=(2, 2))
     with pytest.raises(ValueError):
-        plan_deepthings(graph, cost, grid=(4, 1))
+        deepthings(graph, cost, grid=(4, 1))
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +106,7 @@ def test_grid_tiles_are_row_major_and_near_equal():
 def test_deepthings_two_dimensional_grid(chain6, grid):
     graph, cost = chain6
     n, m = grid
-    plan = plan_deepthings(graph, cost, grid=grid, layers=3)
+    plan = deepthings(graph, cost, grid=grid, layers=3)
     _check(plan, graph, cost)
     group = plan.stages[0].spatial
     assert group.grid and group.axes == (2, 3) and len(group.segments) == 1 and group.segments[0].hi == 3
@@ -114,7 +114,7 @@ def test_deepthings_two_dimensional_grid(chain6, grid):
     assert len(tiles) == n * m and len(set(t.device for t in tiles)) == n * m
     assert tiles[0].device == plan.stages[0].device  # the gather device computes the top-left tile
     assert len({(t.start, t.stop) for t in tiles}) == n and len({t.cols for t in tiles}) == m
-    pred = simulate(plan, graph, cost)
+    pred = evaluate(plan, graph, cost)
     assert set(pred.busy_ms) >= {t.device for t in tiles} and pred.bytes_transferred > 0
     # a tile's compute is about its share of the plane: no tile is priced like the whole prefix
     whole = float(cost.layer_ms[:3, cost.index(tiles[0].device)].sum())
@@ -125,14 +125,14 @@ def test_deepthings_grid_needs_rows_and_columns(chain6):
     graph, cost = chain6
     small = build_layer_graph(shape_inference.infer_shapes(conv_chain_model(n=2, channels=4, size=1)))
     with pytest.raises(InfeasibleError, match="2 rows and 2 columns"):
-        plan_deepthings(small, build_cost_table(small, cluster(("rpi5", "rpi4", "rpi4", "rpi4"))), grid=(2, 2))
+        deepthings(small, build_cost_table(small, cluster(("rpi5", "rpi4", "rpi4", "rpi4"))), grid=(2, 2))
     with pytest.raises(ValueError, match="7 tiles"):
-        plan_deepthings(graph, cost, grid=(7, 1))
+        deepthings(graph, cost, grid=(7, 1))
 
 
 def test_plan_checks_grids(chain6):
     graph, cost = chain6
-    plan = plan_deepthings(graph, cost, grid=(2, 2), layers=3)
+    plan = deepthings(graph, cost, grid=(2, 2), layers=3)
     stage = plan.stages[0]
     seg = stage.spatial.segments[0]
     a, b, c, d = seg.tiles
@@ -154,15 +154,17 @@ def test_plan_checks_grids(chain6):
 def test_deepthings_refuses_a_grid_finer_than_the_tensor():
     graph = build_layer_graph(shape_inference.infer_shapes(residual_model()))
     cost = build_cost_table(graph, cluster(("rpi5", "rpi4")))
-    assert plan_deepthings(graph, cost).stages[0].spatial is not None
+    assert deepthings(graph, cost).stages[0].spatial is not None
     small = build_layer_graph(shape_inference.infer_shapes(conv_chain_model(n=2, channels=4, size=1)))
     with pytest.raises(InfeasibleError):
-        plan_deepthings(small, build_cost_table(small, cluster(("rpi5", "rpi4"))))
+        deepthings(small, build_cost_table(small, cluster(("rpi5", "rpi4"))))
 
 
-def test_registry_runs_every_spatial_strategy(chain):
+def test_registry_runs_every_strategy(chain):
     graph, cost = chain
-    for name, planner in SPATIAL_PLANNERS.items():
-        plan = planner(graph, cost, "latency")
-        _check(plan, graph, cost)
-        assert plan.strategy == name
+    for name, planner in PLANNERS.items():
+        plans = planner(graph, cost, "latency", PlanOptions())
+        assert plans
+        for plan in plans:
+            _check(plan, graph, cost)
+            assert plan.strategy == name

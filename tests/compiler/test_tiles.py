@@ -13,10 +13,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edgec.compiler.cluster import load_cluster
 from edgec.compiler.cost import build_cost_table
-from edgec.compiler.emit import build_fragments, build_manifest, write_output
+from edgec.compiler.emit import build_fragments, assemble_manifest, write_output
 from edgec.compiler.ingest import load_model
-from edgec.compiler.plan.types import Plan, Segment, SpatialGroup, Stage, Tile
-from edgec.compiler.simulate import simulate, simulate_manifest
+from edgec.compiler.plan_types import Plan, Segment, SpatialGroup, Stage, Tile
+from edgec.compiler.cost import evaluate, simulate_manifest
 from edgec.compiler.spatial import segment_io, spatial_cuts
 from edgec.compiler.spatial.tiles import stage_layout, tile_name
 from edgec.runtime.coordinator import run_manifest
@@ -202,9 +202,9 @@ def emit(model: Path, cluster_path: Path, make_plan, out: Path):
     cl = load_cluster(cluster_path)
     cost = build_cost_table(ing.graph, cl, ing.sha256)
     plan = make_plan(ing.graph)
-    pred = simulate(plan, ing.graph, cost)
+    pred = evaluate(plan, ing.graph, cost)
     frags = build_fragments(ing, plan, pred)
-    manifest = build_manifest(ing, plan, pred, frags, cl.to_dict(), out, {"strategy": "manual"})
+    manifest = assemble_manifest(ing, plan, pred, frags, cl.to_dict(), out, {"strategy": "manual"})
     write_output(out, manifest, frags)
     return ing, plan, pred, frags, manifest
 

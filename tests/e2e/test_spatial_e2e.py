@@ -14,10 +14,10 @@ import pytest
 from edgec import models
 from edgec.compiler.cluster import load_cluster
 from edgec.compiler.cost import build_cost_table
-from edgec.compiler.emit import build_fragments, build_manifest, write_output
+from edgec.compiler.emit import build_fragments, assemble_manifest, write_output
 from edgec.compiler.ingest import load_model
-from edgec.compiler.plan.types import Plan, Segment, SpatialGroup, Stage, Tile
-from edgec.compiler.simulate import simulate, simulate_manifest
+from edgec.compiler.plan_types import Plan, Segment, SpatialGroup, Stage, Tile
+from edgec.compiler.cost import evaluate, simulate_manifest
 from edgec.compiler.spatial import segment_io, spatial_cuts
 
 HERE = Path(__file__).resolve().parent
@@ -67,9 +67,9 @@ def compile_spatial(model: Path, n_devices: int, axis: int, fused: bool, out: Pa
     cl = load_cluster(HERE / "clusters" / ("two.yaml" if n_devices == 2 else "four.yaml"))
     cost = build_cost_table(ing.graph, cl, ing.sha256)
     plan = prefix_plan(ing.graph, [d.name for d in cl.devices][:n_devices], axis, fused)
-    pred = simulate(plan, ing.graph, cost)
+    pred = evaluate(plan, ing.graph, cost)
     frags = build_fragments(ing, plan, pred)
-    manifest = build_manifest(ing, plan, pred, frags, cl.to_dict(), out, {"strategy": "manual"})
+    manifest = assemble_manifest(ing, plan, pred, frags, cl.to_dict(), out, {"strategy": "manual"})
     write_output(out, manifest, frags)
     assert simulate_manifest(manifest)["latency_ms"] == pytest.approx(pred.latency_ms, rel=1e-4)
     return manifest

@@ -1,15 +1,17 @@
-"""Simulate: Plan -> predicted per-device timeline, latency, throughput and traffic under the cost model."""
+"""Evaluate: Plan -> Prediction, the per-device timeline, latency, throughput and traffic under the cost model;
+and the replay of a manifest's static schedule (`simulate_manifest`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .cost import CostTable
-from .graph import LayerGraph
-from .plan.spatial_cost import predict_stage
-from .plan.types import Plan
+from ..graph import LayerGraph
+from ..plan_types import Plan
+from .network import message_ms
+from .table import CostTable
+from .tiles import predict_stage
 
-__all__ = ["Transfer", "Event", "Prediction", "crossing_tensors", "simulate"]
+__all__ = ["Transfer", "Event", "Prediction", "crossing_tensors", "evaluate", "simulate_manifest"]
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,7 @@ def crossing_tensors(plan: Plan, graph: LayerGraph) -> list[tuple[str, int, int]
     return sorted(out, key=lambda x: (x[1], x[2], graph.producer[x[0]], x[0]))
 
 
-def simulate(plan: Plan, graph: LayerGraph, cost: CostTable) -> Prediction:
+def evaluate(plan: Plan, graph: LayerGraph, cost: CostTable) -> Prediction:
     """One input flows through the stages; a stage starts when all its inputs have arrived.
 
     Throughput is set by the busiest resource when inputs stream through: a device's compute, or a link
@@ -226,7 +228,8 @@ class _Replay:
         """Messages of a burst back to back from t (holding the channel on a shared medium)."""
         for b in burst:
             link = self.links.get(frozenset((dev, b["to"])), self.net)
-            ms = self.sizes.get(self._key(dev, b), 0) / (float(link["bandwidth_mbps"]) * 125.0) + float(link["latency_ms"])
+            nbytes = self.sizes.get(self._key(dev, b), 0)
+            ms = message_ms(nbytes, float(link["bandwidth_mbps"]), float(link["latency_ms"]))
             self.events.append({"device": dev, "kind": "transfer", "what": f"{b['tensor']} -> {b['to']}", "start_ms": t, "end_ms": t + ms})
             t += ms
             self.arrived[(b.get("as", b["tensor"]), dev, b["to"])] = t

@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..cost import CostTable
 from ..graph import LayerGraph
+from ..plan_types import Stage
 from ..spatial.regions import SegmentMaps, segment_maps
-from .types import Stage
+from .table import CostTable
 
 __all__ = ["overhead_ms", "tile_ms", "SegmentCost", "Step", "StepModel", "row_bytes", "predict_stage", "group_param_bytes"]
 
@@ -145,15 +145,15 @@ class StepModel:
     """
 
     def __init__(self, cost: CostTable, devs: list[int]):
-        n = len(cost.devices)
-        self.devs, self.shared = devs, cost.cluster.medium == "shared"
+        n, net = len(cost.devices), cost.network
+        self.devs, self.shared = devs, net.shared
         self.bw = [[float("inf")] * n for _ in range(n)]  # bytes per ms
         self.lat = [[0.0] * n for _ in range(n)]
         for a in range(n):
             for b in range(n):
                 if a != b:
-                    link = cost.cluster.link(cost.devices[a], cost.devices[b])
-                    self.bw[a][b], self.lat[a][b] = link.bandwidth_mbps * 125.0, link.latency_ms
+                    self.bw[a][b] = net.bytes_per_ms(cost.devices[a], cost.devices[b])
+                    self.lat[a][b] = net.latency_ms(cost.devices[a], cost.devices[b])
 
     def context(self, sc: SegmentCost, holders: list) -> Step:
         sender = {h[0]: e for e, h in enumerate(holders)}

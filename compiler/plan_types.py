@@ -1,11 +1,16 @@
-"""Plan: the one object handed from planning to emission (frozen, JSON round-trip, self-checking)."""
+"""Plan: the one object handed from planning to emission (frozen, JSON round-trip, self-checking).
+
+It sits beside graph.py, below cost/ (which evaluates plans), plan/ (whose planners produce them) and
+the emitter (which turns them into fragments and a manifest), so that none of those imports another to
+name what a plan is.
+"""
 
 from __future__ import annotations
 
 import itertools
 from dataclasses import asdict, dataclass
 
-from ..graph import LayerGraph
+from .graph import LayerGraph
 
 __all__ = ["Tile", "Segment", "SpatialGroup", "Stage", "Plan", "PlanError"]
 

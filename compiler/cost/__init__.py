@@ -1,0 +1,20 @@
+"""The cost model: what a layer, a tile and a message cost on the cluster, and what a plan costs.
+
+- table.py: `CostTable`, every layer's time on every device (measured tables or the roofline model).
+- network.py: `Network`, the links between devices; the compiler's one Mbps -> bytes/ms conversion.
+- tiles.py: the tile cost model of spatial stages (tile compute, halo, scatter and gather transfers).
+- memory.py: `device_memory_bytes(plan, graph)`, what each device must hold.
+- evaluate.py: `evaluate(plan, graph, cost) -> Prediction`, and the replay of a manifest's schedule.
+
+It names plans through compiler.plan_types and imports nothing from compiler.plan: the planners build
+on the cost model, never the other way round.
+"""
+
+from .memory import device_memory_bytes
+from .evaluate import Event, Prediction, Transfer, crossing_tensors, evaluate, simulate_manifest
+from .network import Network, bytes_per_ms, message_ms
+from .table import CostTable, build_cost_table, layer_ms
+
+__all__ = ["CostTable", "build_cost_table", "layer_ms", "Network", "bytes_per_ms", "message_ms", "Prediction",
+           "Transfer", "Event", "crossing_tensors", "evaluate", "simulate_manifest",
+           "device_memory_bytes"]
