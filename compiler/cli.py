@@ -207,9 +207,11 @@ def profile_cmd(output, model, threads, strict, quick, power_idle, power_busy):
 
 
 def _add_runtime_commands() -> None:
-    from edgec.runtime.cli import run as run_cmd
+    from edgec.runtime.cli import keygen as keygen_cmd, run as run_cmd, worker as worker_cmd
 
     cli.add_command(run_cmd, "run")
+    cli.add_command(worker_cmd, "worker")
+    cli.add_command(keygen_cmd, "keygen")
 
 
 _add_runtime_commands()

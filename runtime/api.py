@@ -13,13 +13,14 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-from .coordinator import RunResult, available_cores, run_manifest
+from .coordinator import RunResult, available_cores, load_keys, run_manifest
 from .errors import InputError
+from .session import MAX_INFLIGHT
 from .inputs import check_inputs, check_memory, load_inputs
 from .manifest import Manifest, load_manifest
 from .verify import VerifyResult, check_model, verify_outputs
 
-__all__ = ["run", "execute", "report", "write_npz", "MAX_THREADS"]
+__all__ = ["run", "execute", "report", "write_npz", "parse_addresses", "MAX_THREADS", "MAX_INFLIGHT"]
 
 logger = logging.getLogger(__name__)
 
@@ -30,27 +31,30 @@ MAX_THREADS = 4 * available_cores()
 def run(manifest: str | os.PathLike, *, inputs: str | os.PathLike | Mapping[str, np.ndarray] | None = None,
         random_inputs: bool = False, seed: int = 0, verify: bool = False, model: str | os.PathLike | None = None,
         tolerance: float = 1e-4, repeat: int = 1, threads: int | None = None, emulate: bool = False,
-        timeout: float = 60.0, output: str | os.PathLike | None = None) -> dict:
+        timeout: float = 60.0, output: str | os.PathLike | None = None, addresses: Mapping[str, str] | None = None,
+        keys: str | os.PathLike | None = None, inflight: int | None = None) -> dict:
     """Run a compiled build (its manifest.json, or the folder holding it); return the `--json` report.
 
     `inputs` is an .npz file or `{input name: array}`; or pass `random_inputs=True`. With `verify`, the
     source model (the manifest's, or `model`) runs whole in onnxruntime and `report["verify"]["passed"]`
-    says whether every output matched. Bad input raises `edgec.runtime.errors.InputError`; a failed run,
-    `RunError`. The other arguments are the command's options.
+    says whether every output matched. `addresses` ({device: "tcp://HOST:PORT"}) overrides the manifest's
+    worker addresses; `keys` is the cluster's keys folder (`edgec keygen`); `inflight` the number of
+    requests kept in flight (default: the plan's pipeline depth; 1 = one request at a time). Bad input
+    raises `edgec.runtime.errors.InputError`; a failed run, `RunError`. The other arguments are the
+    command's options.
 
         >>> import edgec
         >>> report = edgec.run("build/tinychain", random_inputs=True, verify=True)  # doctest: +SKIP
         >>> report["verify"]["passed"]                                              # doctest: +SKIP
         True
     """
+    common = dict(random_inputs=random_inputs, seed=seed, verify=verify, model=model, tolerance=tolerance,
+                  repeat=repeat, threads=threads, emulate=emulate, timeout=timeout, addresses=addresses, keys=keys,
+                  inflight=inflight)
     if isinstance(inputs, Mapping):
-        loaded = execute(manifest, arrays=inputs, random_inputs=random_inputs, seed=seed, verify=verify,
-                         model=model, tolerance=tolerance, repeat=repeat, threads=threads, emulate=emulate,
-                         timeout=timeout)
+        loaded = execute(manifest, arrays=inputs, **common)
     else:
-        loaded = execute(manifest, npz=None if inputs is None else os.fspath(inputs), random_inputs=random_inputs,
-                         seed=seed, verify=verify, model=model, tolerance=tolerance, repeat=repeat, threads=threads,
-                         emulate=emulate, timeout=timeout)
+        loaded = execute(manifest, npz=None if inputs is None else os.fspath(inputs), **common)
     m, result, checked = loaded
     if output is not None:
         write_npz(os.fspath(output), result.outputs)
@@ -60,10 +64,12 @@ def run(manifest: str | os.PathLike, *, inputs: str | os.PathLike | Mapping[str,
 def execute(manifest: str | os.PathLike, *, npz: str | None = None, pairs: Iterable[str] = (),
             arrays: Mapping[str, np.ndarray] | None = None, random_inputs: bool = False, seed: int = 0,
             verify: bool = False, model: str | os.PathLike | None = None, tolerance: float = 1e-4, repeat: int = 1,
-            threads: int | None = None, emulate: bool = False,
-            timeout: float = 60.0) -> tuple[Manifest, RunResult, VerifyResult | None]:
+            threads: int | None = None, emulate: bool = False, timeout: float = 60.0,
+            addresses: Mapping[str, str] | None = None, keys: str | os.PathLike | None = None,
+            inflight: int | None = None) -> tuple[Manifest, RunResult, VerifyResult | None]:
     """Load, check and run a manifest on its inputs; verify when asked. What `edgec run` and `run` share."""
-    _check_options(repeat, threads, timeout, tolerance)
+    _check_options(repeat, threads, timeout, tolerance, inflight)
+    keyring = load_keys(keys)
     path = Path(manifest)
     m = load_manifest(path / "manifest.json" if path.is_dir() else path)
     if model is not None:
@@ -81,7 +87,7 @@ def execute(manifest: str | os.PathLike, *, npz: str | None = None, pairs: Itera
     else:
         given = load_inputs(m, npz=npz, pairs=pairs, random=random_inputs, seed=seed)
     result = run_manifest(m, given, repeat=repeat, threads=threads, emulate=emulate, timeout=timeout,
-                          progress=logger.info)
+                          progress=logger.info, addresses=addresses, keys=keyring, inflight=inflight)
     checked = None
     if verify:
         logger.info("verifying against %s", m.model_path)
@@ -89,7 +95,24 @@ def execute(manifest: str | os.PathLike, *, npz: str | None = None, pairs: Itera
     return m, result, checked
 
 
-def _check_options(repeat: int, threads: int | None, timeout: float, tolerance: float) -> None:
+def parse_addresses(pairs: Iterable[str]) -> dict[str, str]:
+    """`NAME=tcp://HOST:PORT` pairs (the repeatable --addresses) as {device: address}."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, address = pair.partition("=")
+        if not sep or not name or not address:
+            raise InputError(f"--addresses {pair!r}: expected NAME=tcp://HOST:PORT")
+        if name in out:
+            raise InputError(f"--addresses: device {name!r} given twice")
+        out[name] = address
+    return out
+
+
+def _check_options(repeat: int, threads: int | None, timeout: float, tolerance: float,
+                   inflight: int | None = None) -> None:
+    if inflight is not None and (not isinstance(inflight, int) or isinstance(inflight, bool)
+                                 or not 1 <= inflight <= MAX_INFLIGHT):
+        raise InputError(f"inflight {inflight!r}: expected 1 (one request at a time) to {MAX_INFLIGHT}")
     if not isinstance(repeat, int) or repeat < 1:
         raise InputError(f"repeat {repeat!r}: expected a positive integer")
     if threads is not None and (not isinstance(threads, int) or not 0 <= threads <= MAX_THREADS):
@@ -107,10 +130,12 @@ def report(manifest: Manifest, result: RunResult, checked: VerifyResult | None) 
         "manifest": str(manifest.path),
         "latency_ms": result.latency_ms,
         "latencies_ms": result.latencies_ms,
+        "throughput_ips": result.throughput_ips,
+        "inflight": result.inflight,
         "outputs": [{"name": o.name, "shape": list(result.outputs[o.name].shape),
                      "dtype": result.outputs[o.name].dtype.name} for o in manifest.outputs],
         "verify": None if checked is None else _finite(checked.as_json()),
-        "devices": {name: {"fragments_run_ms": statistics.median(ms) if ms else 0.0}
+        "devices": {name: {"fragments_run_ms": statistics.median(ms) if ms else 0.0, **result.devices.get(name, {})}
                     for name, ms in result.device_run_ms.items()},
     }
 

@@ -1,4 +1,5 @@
-"""`edgec run MANIFEST`: replay a compiled manifest on local workers, time it, optionally verify it."""
+"""The runtime's commands: `edgec run MANIFEST` (run a build on the devices' workers, time it, optionally
+verify it), `edgec worker` (the daemon on each device) and `edgec keygen` (the cluster's keys)."""
 
 from __future__ import annotations
 
@@ -13,14 +14,18 @@ import sys
 import click
 import numpy as np
 
-from .api import MAX_THREADS, execute, report, write_npz
+from .api import MAX_INFLIGHT, MAX_THREADS, execute, parse_addresses, report, write_npz
+from .cache import FragmentCache, default_cache_dir
 from .coordinator import RunResult
-from .errors import EdgecRuntimeError, one_line
+from .errors import EdgecRuntimeError, InputError, one_line
 from .interrupts import Interrupted, interrupt_on_signals
+from .keys import COORDINATOR, Keyring, keygen as write_keys, names_from_file
 from .manifest import Manifest
+from .net import parse_endpoint
 from .verify import VerifyResult
+from .worker import Daemon, die_with_parent
 
-__all__ = ["run", "main", "device_main", "OneLineErrors", "quiet_broken_pipe",
+__all__ = ["run", "worker", "keygen", "main", "worker_main", "device_main", "OneLineErrors", "quiet_broken_pipe",
            "EXIT_OK", "EXIT_VERIFY_FAILED", "EXIT_INPUT", "EXIT_RUN", "EXIT_PIPE", "MAX_THREADS"]
 
 logger = logging.getLogger(__name__)
@@ -108,17 +113,28 @@ _EPILOG = ("Exit codes: 0 ok, 1 verification failed, 2 bad input, 3 run failure 
                    f"most 4 x this machine's cores ({MAX_THREADS} here): more only oversubscribe them.")
 @click.option("--emulate", is_flag=True, help="Pad runs to predicted_ms and delay sends by the manifest's network.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
-              help="Seconds allowed for start-up and for each request.")
+              help="Seconds allowed for start-up (reaching every worker included) and for each request.")
+@click.option("--addresses", "address_pairs", multiple=True, metavar="NAME=tcp://HOST:PORT",
+              help="Reach device NAME's `edgec worker` there, instead of the manifest's address (repeatable).")
+@click.option("--keys", "keys_dir", type=click.Path(file_okay=False), metavar="DIR",
+              help="The cluster's keys folder (`edgec keygen`): every connection is encrypted and only workers "
+                   f"holding the cluster's keys are accepted. This machine uses DIR/private/{COORDINATOR}.key_secret.")
+@click.option("--inflight", type=click.IntRange(min=1, max=MAX_INFLIGHT), default=None,
+              show_default="the plan's pipeline depth",
+              help="Requests kept in flight through the stages (outputs still come back in request order); 1 "
+                   "runs one request at a time.")
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object on stdout.")
 @click.pass_context
 def run(ctx: click.Context, manifest: str, inputs_file, input_pairs, random_inputs, seed, verify, model_file,
-        tolerance, repeat, output_file, threads, emulate, timeout, as_json) -> None:
-    """Run MANIFEST (a manifest.json, or the folder holding one) on one local worker per device."""
-    # SIGTERM and SIGINT unwind through the coordinator's cleanup, which stops the workers.
+        tolerance, repeat, output_file, threads, emulate, timeout, address_pairs, keys_dir, inflight,
+        as_json) -> None:
+    """Run MANIFEST (a manifest.json, or the folder holding one) on the devices' workers: at each device's
+    address (or --addresses), or in a worker process started on this machine for a device without one."""
+    # SIGTERM and SIGINT unwind through the coordinator's cleanup, which ends the run on every worker.
     with _progress_to_stderr(), interrupt_on_signals():
         try:
             code = _run(manifest, inputs_file, input_pairs, random_inputs, seed, verify, model_file, tolerance,
-                        repeat, output_file, threads, emulate, timeout, as_json)
+                        repeat, output_file, threads, emulate, timeout, as_json, address_pairs, keys_dir, inflight)
         except EdgecRuntimeError as exc:
             click.echo(f"edgec: {exc}", err=True)
             code = exc.exit_code
@@ -160,10 +176,11 @@ def _progress_to_stderr():
 
 
 def _run(manifest_arg, inputs_file, input_pairs, random_inputs, seed, verify, model_file, tolerance, repeat,
-         output_file, threads, emulate, timeout, as_json) -> int:
+         output_file, threads, emulate, timeout, as_json, address_pairs, keys_dir, inflight) -> int:
     manifest, result, checked = execute(manifest_arg, npz=inputs_file, pairs=input_pairs, random_inputs=random_inputs,
                                         seed=seed, verify=verify, model=model_file, tolerance=tolerance,
-                                        repeat=repeat, threads=threads, emulate=emulate, timeout=timeout)
+                                        repeat=repeat, threads=threads, emulate=emulate, timeout=timeout,
+                                        addresses=parse_addresses(address_pairs), keys=keys_dir, inflight=inflight)
     if output_file:
         write_npz(output_file, result.outputs)
     if as_json:
@@ -188,6 +205,7 @@ def _print_human(manifest: Manifest, result: RunResult, checked: VerifyResult | 
     lat = result.latencies_ms
     click.echo(f"latency: median {result.latency_ms:.2f} ms, min {min(lat):.2f} ms over {len(lat)} request(s) "
                f"(after 1 warm-up)")
+    click.echo(f"throughput: {result.throughput_ips:.2f} requests/s with up to {result.inflight} in flight")
     busy = ", ".join(f"{n} {statistics.median(ms):.2f} ms" for n, ms in result.device_run_ms.items() if ms)
     click.echo(f"fragment run time (median): {busy}")
     if checked is not None:
@@ -198,6 +216,122 @@ def _print_human(manifest: Manifest, result: RunResult, checked: VerifyResult | 
 
 def main() -> None:
     run.main(prog_name="python -m edgec.runtime")
+
+
+_WORKER_EPILOG = ("Exit codes: 0 stopped by SIGTERM or SIGINT (the run in progress, if any, is ended and its "
+                  "coordinator told why; nothing is left behind), 2 bad input (an address it cannot listen on, "
+                  "a non-loopback address without --keys, a bad keys folder). Prints `edgec worker: listening on "
+                  "tcp://HOST:PORT` on stdout once it listens, then logs on stderr.")
+
+
+@click.command("worker", cls=_RunCommand, epilog=_WORKER_EPILOG, context_settings={"show_default": True})
+@click.option("--listen", required=True, metavar="tcp://HOST:PORT",
+              help="Where coordinators connect (port 0: any free port). Anything but a loopback address needs --keys.")
+@click.option("--keys", "keys_dir", type=click.Path(file_okay=False), metavar="DIR",
+              help="The cluster's keys folder: this machine's DIR/private/NAME.key_secret and everyone's "
+                   "DIR/public/*.key. Only peers holding one of those public keys get in.")
+@click.option("--name", "key_name", metavar="NAME", show_default="the only key in DIR/private",
+              help="This machine's key (the device's name in cluster.yaml).")
+@click.option("--cache", "cache_dir", type=click.Path(file_okay=False), metavar="DIR",
+              show_default="$EDGEC_CACHE_DIR, else ~/.cache/edgec/fragments",
+              help="Fragment files received, by sha256: a second run of the same build transfers nothing.")
+@click.option("--cache-max-mb", type=click.IntRange(min=0), default=4096,
+              help="Least recently used fragments are deleted past this size (never those of the last run).")
+@click.option("--threads", type=click.IntRange(min=0, max=MAX_THREADS), default=0,
+              help="onnxruntime intra-op threads, 0 for onnxruntime's default (all cores).")
+@click.option("--data-port", type=click.IntRange(min=0, max=65535), default=0,
+              help="Port for tensors from other devices (on the --listen host), 0 for any free one.")
+@click.option("--max-buffer-mb", type=click.IntRange(min=1), default=1024,
+              help="Tensors held for later steps and requests, at most (a run needing more fails, naming this).")
+@click.option("--max-message-mb", type=click.IntRange(min=1), default=1024,
+              help="Largest tensor accepted; a peer sending a larger message is disconnected.")
+@click.option("--idle-timeout", type=click.FloatRange(min=1), default=30.0,
+              help="Seconds of silence from the coordinator after which its run is abandoned.")
+@click.option("--once", is_flag=True, hidden=True, help="Exit after one run (local workers of `edgec run`).")
+@click.option("--exit-with-parent", is_flag=True, hidden=True, help="Stop when the starting process dies.")
+@click.option("--data-host", hidden=True, help="Bind the data socket on this host instead of the --listen host.")
+@click.option("-v", "--verbose", is_flag=True, help="Log every dropped message and connection detail.")
+@click.pass_context
+def worker(ctx: click.Context, listen, keys_dir, key_name, cache_dir, cache_max_mb, threads, data_port,
+           max_buffer_mb, max_message_mb, idle_timeout, once, exit_with_parent, data_host, verbose) -> None:
+    """Serve runs for one device: fragments arrive from the coordinator of each run (kept in a cache), and
+    the device's steps run for every request. One coordinator at a time; SIGTERM stops it cleanly."""
+    with _worker_logging(verbose), interrupt_on_signals():
+        if exit_with_parent:  # Ctrl-C reaches the whole process group: the coordinator decides when we stop
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            die_with_parent()
+        daemon, code, why = None, EXIT_OK, "stopped"
+        try:
+            if key_name and not keys_dir:
+                raise InputError("--name NAME picks a key in the --keys folder; give --keys DIR too")
+            endpoint = parse_endpoint(listen, "--listen", allow_any_port=True)
+            keys = Keyring.load(keys_dir, key_name) if keys_dir else None
+            cache = FragmentCache(cache_dir or default_cache_dir(), cache_max_mb << 20)
+            daemon = Daemon(endpoint, cache=cache, keys=keys, threads=threads, data_port=data_port,
+                            data_host=data_host, max_buffer_bytes=max_buffer_mb << 20,
+                            max_message_bytes=max_message_mb << 20, idle_timeout=idle_timeout, once=once,
+                            parent=os.getppid() if exit_with_parent else None)
+            daemon.serve()
+        except EdgecRuntimeError as exc:
+            click.echo(f"edgec: {exc}", err=True)
+            code = exc.exit_code
+        except Interrupted as exc:
+            why = str(exc)
+            logging.getLogger("edgec.runtime").info("%s: stopping", why)
+        finally:
+            if daemon is not None:
+                daemon.stop(why)
+    ctx.exit(code)
+
+
+@contextlib.contextmanager
+def _worker_logging(verbose: bool):
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s edgec worker: %(levelname)s %(message)s", "%H:%M:%S"))
+    log = logging.getLogger("edgec.runtime")
+    saved = log.level, log.propagate
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG if verbose else logging.INFO)
+    log.propagate = False
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(saved[0])
+        log.propagate = saved[1]
+
+
+def worker_main(prog_name: str = "edgec worker") -> None:
+    worker.main(prog_name=prog_name)
+
+
+@click.command("keygen", cls=_RunCommand, context_settings={"show_default": True},
+               epilog="Copy DIR/public/ to every machine, and DIR/private/NAME.key_secret to machine NAME only. "
+                      "Run again with more names to add members; existing keys are kept, never overwritten.")
+@click.argument("folder", type=click.Path(file_okay=False))
+@click.option("--name", "names", multiple=True, metavar="NAME", help="A device to make a key pair for (repeatable).")
+@click.option("--devices", "devices_file", type=click.Path(), metavar="CLUSTER.yaml|manifest.json",
+              help="Make a key pair for every device of this cluster file or build (its devices[].name).")
+@click.pass_context
+def keygen(ctx: click.Context, folder, names, devices_file) -> None:
+    """Write CURVE key pairs (with pyzmq's zmq.auth) into FOLDER for the named devices and "coordinator"."""
+    try:
+        wanted = list(names)
+        if devices_file:
+            path = os.path.join(devices_file, "manifest.json") if os.path.isdir(devices_file) else devices_file
+            wanted = names_from_file(path) + wanted
+        if not wanted:
+            raise InputError("keygen: name the devices with --name NAME (repeatable) or --devices cluster.yaml")
+        if COORDINATOR in wanted:
+            wanted.remove(COORDINATOR)
+        for name, created in write_keys(folder, [COORDINATOR, *wanted]):
+            where = os.path.join(folder, "private", f"{name}.key_secret")
+            click.echo(f"{'created' if created else 'kept   '} {name}: {where}")
+        code = EXIT_OK
+    except EdgecRuntimeError as exc:
+        click.echo(f"edgec: {exc}", err=True)
+        code = exc.exit_code
+    ctx.exit(code)
 
 
 class _DeviceGroup(OneLineErrors, click.Group):
@@ -211,6 +345,8 @@ def device_cli() -> None:
 
 
 device_cli.add_command(run)
+device_cli.add_command(worker)
+device_cli.add_command(keygen)
 
 
 def device_main() -> None:

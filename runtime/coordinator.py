@@ -1,28 +1,48 @@
-"""Embedded coordinator: one local worker process per device; feeds inputs, collects outputs, times requests."""
+"""The coordinator: reaches a worker for every device that has steps (at its address, or a worker process
+it starts on this machine), hands out the fragments, streams requests through the stages, and collects
+the outputs in request order. The protocol is in protocol.py."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import re
+import select
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from .errors import InputError, RunError, one_line
-from .manifest import HOST, Manifest
-from .schedule import host_collects, host_feeds
-from .transport import POLL_MS, bind_local, decode_tensor, pack, send_tensor, unpack
+from .keys import COORDINATOR, Keyring
+from .manifest import HOST, Fragment, Manifest, manifest_json
+from .net import Endpoint, outward_host, parse_endpoint
+from .protocol import BLOB_CHUNK, BLOB_WINDOW, PROTOCOL_VERSION, DropLog, parse
+from .schedule import host_collects, host_feeds, pipeline_depth, recv_keys, send_targets, working_devices
+from .transport import POLL_MS, BadMessage, decode_tensor, pack, send_tensor
 
-__all__ = ["RunResult", "LocalCluster", "run_manifest", "default_threads", "available_cores"]
+__all__ = ["RunResult", "Cluster", "LocalCluster", "run_manifest", "default_threads", "available_cores",
+           "resolve_endpoints"]
 
 logger = logging.getLogger(__name__)
+
+PING_S = 1.0  # a worker ends a run whose coordinator stays silent for its --idle-timeout
+HEARTBEAT_MS, HEARTBEAT_TIMEOUT_MS = 1000, 5000  # zmq's own keep-alive on every worker connection
+_HANDSHAKE_FAILED = {zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+                     zmq.EVENT_HANDSHAKE_FAILED_AUTH}
+_FROM_WORKER = frozenset({"welcome", "refused", "opened", "ack", "loaded", "ready", "done", "tensor", "error", "bye"})
+_LISTENING = re.compile(r"edgec worker: listening on (tcp://\S+)")
 
 
 @dataclass
@@ -30,7 +50,10 @@ class RunResult:
     outputs: dict[str, np.ndarray]
     latencies_ms: list[float]
     device_run_ms: dict[str, list[float]] = field(default_factory=dict)  # per device, one entry per request
-    threads: int = 0  # onnxruntime intra-op threads per worker (0 = onnxruntime's default)
+    threads: int = 0  # onnxruntime intra-op threads per local worker (0 = onnxruntime's default)
+    inflight: int = 1
+    throughput_ips: float = 0.0  # timed requests / (last output - first request sent)
+    devices: dict[str, dict] = field(default_factory=dict)  # per worker: address, bytes counted, memory
 
     @property
     def latency_ms(self) -> float:
@@ -44,41 +67,97 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def default_threads(manifest: Manifest) -> int:
-    """Intra-op threads per worker when every device runs on this machine: the cores shared among the
-    devices that run fragments; a single such device gets onnxruntime's default (0), like plain onnxruntime."""
-    busy = sum(1 for d in manifest.device_names if manifest.device_fragments(d))
+def default_threads(manifest: Manifest, local: Iterable[str] | None = None) -> int:
+    """Intra-op threads per local worker: this machine's cores shared among the devices that run fragments
+    here; a single such device gets onnxruntime's default (0), like plain onnxruntime."""
+    here = set(manifest.device_names if local is None else local)
+    busy = sum(1 for d in manifest.device_names if d in here and manifest.device_fragments(d))
     return 0 if busy <= 1 else max(1, available_cores() // busy)
 
 
-class LocalCluster:
-    """Worker processes for every device of a manifest, on this machine; use as a context manager.
+def resolve_endpoints(manifest: Manifest, overrides: Mapping[str, str] | None = None) -> dict[str, Endpoint | None]:
+    """Each working device's worker address (--addresses over the manifest's), None for a local one."""
+    overrides = dict(overrides or {})
+    unknown = sorted(set(overrides) - set(manifest.device_names))
+    if unknown:
+        raise InputError(f"--addresses: no device {unknown[0]!r} in {manifest.path} (devices: "
+                         f"{', '.join(manifest.device_names)})")
+    found: dict[str, Endpoint | None] = {}
+    addresses = {d.name: d.address for d in manifest.devices}
+    for name in working_devices(manifest):
+        if name in overrides:
+            found[name] = parse_endpoint(overrides[name], f"--addresses {name}")
+        elif addresses.get(name):
+            found[name] = parse_endpoint(addresses[name], f"{manifest.path}: device {name}: address")
+        else:
+            found[name] = None
+    return found
 
-    Requests are sequential (`infer`). Workers die with the thread that started them (Linux
-    PR_SET_PDEATHSIG), so start and use a cluster from one long-lived thread.
-    """
 
-    def __init__(self, manifest: Manifest, *, threads: int | None = None, emulate: bool = False, timeout: float = 60.0):
-        self.manifest = manifest
-        self.threads = default_threads(manifest) if threads is None else threads
-        self.emulate = emulate
-        self.timeout = timeout
-        self.names = manifest.device_names
-        self.feeds = host_feeds(manifest)
-        self.collects = host_collects(manifest)
-        self.specs = {o.name: o for o in manifest.outputs}
-        self.procs: dict[str, subprocess.Popen] = {}
-        self.logs: dict[str, object] = {}
-        self.ctx: zmq.Context | None = None
-        self.push: dict[str, zmq.Socket] = {}
-        self.req = -1
-        self.addresses: dict[str, str] = {}
-        self.ready: set[str] = set()
+class _Request:
+    __slots__ = ("req", "t_sent", "outputs", "done", "t_outputs")
+
+    def __init__(self, req: int):
+        self.req, self.t_sent = req, time.perf_counter()
         self.outputs: dict[str, np.ndarray] = {}
         self.done: dict[str, float] = {}
         self.t_outputs: float | None = None
 
-    def __enter__(self) -> "LocalCluster":
+
+class _Worker:
+    """The coordinator's connection to one device's worker."""
+
+    def __init__(self, name: str, endpoint: Endpoint | None):
+        self.name, self.endpoint = name, endpoint
+        self.local = endpoint is None
+        self.proc: subprocess.Popen | None = None
+        self.log = None
+        self.sock: zmq.Socket | None = None
+        self.monitor: zmq.Socket | None = None
+        self.key: bytes | None = None  # the worker's public key (its CURVE server key)
+        self.phase = "connecting"  # -> welcomed -> opened -> loaded -> ready -> ended
+        self.handshake_ok = False
+        self.data_addr: str | None = None
+        self.blobs: Iterator | None = None
+        self.unacked = 0
+        self.fragment_bytes_sent = 0
+        self.stats: dict = {}
+
+    @property
+    def where(self) -> str:
+        return f"device {self.name} ({'local worker' if self.local else 'worker'} at {self.endpoint})"
+
+
+class Cluster:
+    """The workers of a manifest's working devices; use as a context manager.
+
+    `stream(inputs)` keeps up to `inflight` requests in flight and yields results in request order; `infer`
+    runs one request alone. Local workers die with the thread that started them (Linux PR_SET_PDEATHSIG),
+    so start and use a cluster from one long-lived thread.
+    """
+
+    def __init__(self, manifest: Manifest, *, threads: int | None = None, emulate: bool = False,
+                 timeout: float = 60.0, addresses: Mapping[str, str] | None = None, keys: Keyring | None = None,
+                 inflight: int | None = None):
+        self.manifest, self.emulate, self.timeout, self.keys = manifest, emulate, timeout, keys
+        endpoints = resolve_endpoints(manifest, addresses)
+        self.workers = {name: _Worker(name, ep) for name, ep in endpoints.items()}
+        local = [n for n, w in self.workers.items() if w.local]
+        self.threads = default_threads(manifest, local) if threads is None else threads
+        self.inflight = pipeline_depth(manifest) if inflight is None else inflight
+        self.feeds = host_feeds(manifest)
+        self.collects = host_collects(manifest)
+        self.specs = {o.name: o for o in manifest.outputs}
+        self.ctx: zmq.Context | None = None
+        self.poller = zmq.Poller()
+        self.by_socket: dict[zmq.Socket, tuple[_Worker, bool]] = {}
+        self.session = uuid.uuid4().bytes
+        self.next_req = 0
+        self.open: dict[int, _Request] = {}
+        self.last_ping = 0.0
+        self.drops = DropLog("coordinator")
+
+    def __enter__(self) -> "Cluster":
         try:
             self.start()
         except BaseException:
@@ -89,162 +168,425 @@ class LocalCluster:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    # -- start-up ----------------------------------------------------------------------------------
+    # -- start-up ----------------------------------------------------------------------------------------
     def start(self) -> None:
-        remote = [d.name for d in self.manifest.devices if d.address]
-        if remote:
-            logger.warning("device address(es) ignored for %s: the embedded coordinator runs every device locally", remote)
-        control_addr, data_addr = self._bind()
-        for name in self.names:
-            self._spawn(name, control_addr)
-        deadline = time.monotonic() + self.timeout
-        self._pump(deadline, lambda: len(self.addresses) == len(self.names), "during start-up")
-        addrs = {**self.addresses, HOST: data_addr}
-        for name in self.names:
-            self._tell(name, {"t": "peers", "addrs": addrs})
-        self._pump(deadline, lambda: len(self.ready) == len(self.names), "while loading fragments")
-        for name, _ in self.feeds:
-            if name not in self.push:
-                self.push[name] = self.ctx.socket(zmq.PUSH)
-                self.push[name].connect(self.addresses[name])
-
-    def _bind(self) -> tuple[str, str]:
-        """The control ROUTER (workers connect with their device name as identity) and the output PULL."""
         self.ctx = zmq.Context()
-        self.control = self.ctx.socket(zmq.ROUTER)
-        self.control.setsockopt(zmq.ROUTER_MANDATORY, 1)  # fail loudly instead of dropping messages
-        self.data = self.ctx.socket(zmq.PULL)
-        self.poller = zmq.Poller()
-        self.poller.register(self.control, zmq.POLLIN)
-        self.poller.register(self.data, zmq.POLLIN)
-        return bind_local(self.control), bind_local(self.data)
+        deadline = time.monotonic() + self.timeout
+        for w in self.workers.values():
+            if w.local:
+                self._spawn(w)
+        for w in self.workers.values():
+            if w.local:
+                w.endpoint = self._await_listening(w, deadline)
+            self._connect(w)
+        for w in self.workers.values():
+            self._send(w, {"t": "hello", "protocol": PROTOCOL_VERSION, "edgec": _version()})
+        self._pump(deadline, lambda: self._all("welcomed"), "connecting")
+        raw, path = manifest_json(self.manifest), str(self.manifest.path)
+        for w in self.workers.values():
+            self._send(w, {"t": "open", "device": w.name, "manifest": raw, "path": path, "inflight": self.inflight,
+                           "emulate": self.emulate})
+        self._pump(deadline, lambda: self._all("loaded"), "loading fragments")
+        peers = {w.name: {"addr": w.data_addr, "key": None if w.key is None else w.key.decode()}
+                 for w in self.workers.values()}
+        for w in self.workers.values():
+            self._send(w, {"t": "peers", "peers": peers})
+        self._pump(deadline, lambda: self._all("ready"), "connecting the devices")
 
-    def _spawn(self, name: str, control_addr: str) -> None:
-        cmd = [sys.executable, "-m", "edgec.runtime.worker", "--manifest", str(self.manifest.path), "--device", name,
-               "--control", control_addr, "--threads", str(self.threads)] + (["--emulate"] if self.emulate else [])
-        log = self.logs[name] = tempfile.TemporaryFile()
-        self.procs[name] = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log)
-        logger.debug("started worker %s (pid %d)", name, self.procs[name].pid)
+    def _all(self, phase: str) -> bool:
+        order = ["connecting", "welcomed", "opened", "loaded", "ready"]
+        return all(order.index(w.phase) >= order.index(phase) for w in self.workers.values())
 
-    # -- requests ----------------------------------------------------------------------------------
-    def infer(self, inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float, dict[str, float]]:
-        """One request: (outputs, latency in ms until the last output arrived, fragment run ms per device)."""
-        missing = sorted({name for _, name in self.feeds} - set(inputs))
-        if missing:
-            raise InputError(f"{self.manifest.path}: no value for model input(s) {missing}")
-        self.req += 1
-        self.outputs, self.done, self.t_outputs = {}, {}, None
-        start = time.perf_counter()
-        run = pack({"t": "run", "req": self.req})
-        for name in self.names:
-            self._tell(name, run, packed=True)
-        for name, tensor in self.feeds:
-            send_tensor(self.push[name], self.req, HOST, tensor, inputs[tensor])
-        self._pump(time.monotonic() + self.timeout,
-                   lambda: len(self.outputs) == len(self.collects) and len(self.done) == len(self.names),
-                   f"in request {self.req}")
-        latency = ((self.t_outputs or time.perf_counter()) - start) * 1000.0
-        return dict(self.outputs), latency, dict(self.done)
+    def _spawn(self, w: _Worker) -> None:
+        cmd = [sys.executable, "-m", "edgec.runtime.worker", "--listen", "tcp://127.0.0.1:0", "--threads",
+               str(self.threads), "--once", "--exit-with-parent"]
+        if self.keys is not None:
+            own = (self.keys.folder / "private" / f"{w.name}.key_secret").is_file()
+            cmd += ["--keys", str(self.keys.folder), "--name", w.name if own else self.keys.name]
+        data_host = self._local_data_host(w.name)
+        if data_host is not None:
+            cmd += ["--data-host", data_host]
+        w.log = tempfile.TemporaryFile()
+        w.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=w.log)
+        logger.debug("started a local worker for %s (pid %d)", w.name, w.proc.pid)
 
-    def _tell(self, name: str, msg, packed: bool = False) -> None:
+    def _local_data_host(self, name: str) -> str | None:
+        """Where a local worker binds its data socket: loopback, unless a remote device exchanges tensors
+        with it, which must reach it at this machine's address on the route to that device."""
+        m = self.manifest
+        partners = send_targets(m, name) | {src for src, _ in recv_keys(m, name) if src != HOST}
+        partners |= {d for d in m.device_names if name in send_targets(m, d)}
+        for p in sorted(partners):
+            ep = self.workers[p].endpoint if p in self.workers else None
+            if ep is not None and not ep.loopback:
+                return outward_host(ep)
+        return None
+
+    def _await_listening(self, w: _Worker, deadline: float) -> Endpoint:
+        """The address a local worker bound, from the one line it prints on stdout."""
+        out = w.proc.stdout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise RunError(f"timed out after {self.timeout:g} s starting the local worker for {w.name}")
+            ready, _, _ = select.select([out], [], [], min(remaining, POLL_MS / 1000.0))
+            if ready:
+                line = out.readline().decode(errors="replace")
+                m = _LISTENING.search(line)
+                if m:
+                    return parse_endpoint(m.group(1), f"local worker {w.name}")
+                if line:
+                    continue
+            code = w.proc.poll()
+            if code is not None:
+                tail = _tail(w.log)
+                cls = InputError if code == 2 else RunError
+                raise cls(f"the local worker for {w.name} exited with code {code}{': ' + tail if tail else ''}")
+
+    def _connect(self, w: _Worker) -> None:
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTING_ID, self.session)  # the same id on a reconnection: the session survives it
+        sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_MS)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+        sock.setsockopt(zmq.SNDTIMEO, int(self.timeout * 1000))
+        if self.keys is not None:
+            w.key = self._server_key(w)
+            self.keys.connect_to(sock, w.key)
+        monitor_addr = f"inproc://monitor-{uuid.uuid4().hex}"
+        sock.monitor(monitor_addr, zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+                     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                     | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+        w.monitor = self.ctx.socket(zmq.PAIR)
+        w.monitor.connect(monitor_addr)
+        sock.connect(str(w.endpoint))
+        w.sock = sock
+        for s, is_monitor in ((sock, False), (w.monitor, True)):
+            self.poller.register(s, zmq.POLLIN)
+            self.by_socket[s] = (w, is_monitor)
+
+    def _server_key(self, w: _Worker) -> bytes:
+        """A remote worker serves with its device's key; a local one with the key it was started with."""
+        if not w.local:
+            return self.keys.key_of(w.name)
+        own = (self.keys.folder / "private" / f"{w.name}.key_secret").is_file()
+        return self.keys.key_of(w.name) if own else self.keys.public
+
+    # -- messages ----------------------------------------------------------------------------------------
+    def _send(self, w: _Worker, msg: dict, payload=None) -> None:
+        frames = [pack(msg)] if payload is None else [pack(msg), payload]
         try:
-            self.control.send_multipart([name.encode(), msg if packed else pack(msg)])
-        except zmq.ZMQError as exc:
-            raise RunError(f"cannot reach worker {name}: {exc}") from None
+            w.sock.send_multipart(frames, copy=False)
+        except zmq.Again:
+            raise RunError(f"{w.where}: accepted nothing for {self.timeout:g} s") from None
 
     def _pump(self, deadline: float, finished: Callable[[], bool], what: str) -> None:
-        """Handle control and data messages until `finished()`; fail on a worker error, death or timeout."""
+        """Handle worker messages until `finished()`; fail on a worker error, death or the deadline."""
         while not finished():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise RunError(f"timed out after {self.timeout:g} s {what} (no answer from: {', '.join(self._waiting())})")
-            events = dict(self.poller.poll(min(remaining * 1000.0, POLL_MS)))
-            if self.control in events:
-                self._drain(self.control, self._on_control)
-            if self.data in events:
-                self._drain(self.data, self._on_output)
+                self._timed_out(what)
+            for sock, _ in self.poller.poll(min(remaining * 1000.0, POLL_MS)):
+                w, is_monitor = self.by_socket[sock]
+                if is_monitor:
+                    self._on_monitor(w)
+                else:
+                    self._drain(w)
             self._check_alive(what)
+            self._ping()
 
-    def _waiting(self) -> list[str]:
-        if len(self.addresses) < len(self.names):
-            return [n for n in self.names if n not in self.addresses]
-        if len(self.ready) < len(self.names):
-            return [n for n in self.names if n not in self.ready]
-        late = [f"output {o}" for o in self.collects if o not in self.outputs]
-        return late + [n for n in self.names if n not in self.done]
+    def _timed_out(self, what: str):
+        """An unreachable worker is bad input (exit 2, naming device and address); a worker that stops
+        answering later is a run failure (exit 3, naming what is still missing)."""
+        waiting = [w for w in self.workers.values() if w.phase == "connecting"]
+        if waiting:
+            w = waiting[0]
+            hint = "its local worker did not answer" if w.local else "is `edgec worker` running there, and reachable?"
+            raise InputError(f"device {w.name}: no worker answered at {w.endpoint} within {self.timeout:g} s ({hint})")
+        if self.open:
+            oldest = min(self.open.values(), key=lambda r: r.req)
+            late = [f"output {o} of request {oldest.req}" for o in self.collects if o not in oldest.outputs]
+            late += [n for n in self.workers if n not in oldest.done]
+        else:
+            late = [w.name for w in self.workers.values() if w.phase != "ready"]
+        raise RunError(f"timed out after {self.timeout:g} s {what} (no answer from: {', '.join(late) or '?'})")
 
-    @staticmethod
-    def _drain(sock: zmq.Socket, handle: Callable[[list], None]) -> None:
-        while True:
+    def _drain(self, w: _Worker) -> None:
+        for _ in range(256):
             try:
-                frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+                frames = w.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            handle(frames)
+            try:
+                msg, payload = parse(frames, _FROM_WORKER)
+            except BadMessage as exc:
+                self.drops.drop(f"bad message from {w.name}", exc)
+                continue
+            getattr(self, f"_on_{msg['t']}")(w, msg, payload)
 
-    def _on_control(self, frames: list) -> None:
-        name, msg = frames[0].bytes.decode(), unpack(frames[1].buffer)
-        kind = msg.get("t")
-        if kind == "hello":
-            self.addresses[name] = msg["data"]
-        elif kind == "ready":
-            self.ready.add(name)
-        elif kind == "done" and msg.get("req") == self.req:
-            self.done[name] = float(msg["run_ms"])
-        elif kind == "error":
-            cls = InputError if msg.get("kind") == "input" else RunError
-            raise cls(msg.get("message") or f"worker {name} failed")
+    def _on_monitor(self, w: _Worker) -> None:
+        while True:
+            try:
+                event = parse_monitor_message(w.monitor.recv_multipart(flags=zmq.NOBLOCK))["event"]
+            except zmq.Again:
+                return
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                w.handshake_ok = True
+            elif event in _HANDSHAKE_FAILED:
+                raise InputError(f"{w.where}: the secure handshake failed: "
+                                 + ("the worker requires keys; pass --keys DIR" if self.keys is None else
+                                    "the keys do not match (the worker does not hold this cluster's keys, or "
+                                    f"{self.keys.folder}/public/{w.name}.key is not that worker's key)"))
+            elif event == zmq.EVENT_DISCONNECTED and w.phase not in ("connecting", "ended"):
+                raise RunError(f"{w.where}: lost the connection to the worker")
 
-    def _on_output(self, frames: list) -> None:
-        req, src, name, array = decode_tensor(frames)
-        if req != self.req:
-            logger.debug("dropping %s from %s for old request %d", name, src, req)
-            return
-        if self.collects.get(name) != src:
-            raise RunError(f"unexpected output {name!r} from {src}")
-        spec = self.specs[name]
-        if array.shape != spec.shape or array.dtype.name != spec.dtype:
-            raise RunError(f"output {name!r} from {src} has shape {array.shape} {array.dtype.name}, "
+    def _on_welcome(self, w: _Worker, msg: dict, payload) -> None:
+        if w.phase != "connecting":
+            return self.drops.drop(f"duplicate welcome from {w.name}")
+        if msg["protocol"] != PROTOCOL_VERSION:
+            raise InputError(f"{w.where}: the worker speaks protocol {msg['protocol']}, this coordinator "
+                             f"{PROTOCOL_VERSION}: install the same edgec version on both")
+        if self.keys is not None and (msg["key"] or "").encode() != w.key:
+            raise InputError(f"{w.where}: the worker's key is not {w.name}'s")
+        w.phase = "welcomed"
+        logger.debug("%s: edgec %s, pid %d, %d thread(s), %d core(s)", w.where, one_line(msg["edgec"], 40),
+                     msg["pid"], msg["threads"], msg["cores"])
+
+    def _on_refused(self, w: _Worker, msg: dict, payload) -> None:
+        raise InputError(f"{w.where}: refused: {one_line(msg['reason'], 300)}")
+
+    def _on_error(self, w: _Worker, msg: dict, payload) -> None:
+        cls = InputError if msg["kind"] == "input" else RunError
+        raise cls(one_line(msg["message"], 600) or f"{w.where} failed")
+
+    def _on_opened(self, w: _Worker, msg: dict, payload) -> None:
+        if w.phase != "welcomed":
+            return self.drops.drop(f"unexpected 'opened' from {w.name}")
+        port = msg["data_port"]
+        if port is not None:
+            host = w.endpoint.host
+            if w.local and self._local_data_host(w.name):
+                host = self._local_data_host(w.name)
+            w.data_addr = str(Endpoint(host, port))
+        frags = {f.sha256.lower(): f for f in self.manifest.device_fragments(w.name)}
+        need = [frags[s] for s in msg["need"] if isinstance(s, str) and s in frags]
+        if len(need) != len(msg["need"]):
+            raise RunError(f"{w.where}: asked for fragments that are not its own")
+        w.phase = "opened"
+        w.blobs = self._blobs(w, need)
+        self._feed(w)
+
+    def _blobs(self, w: _Worker, frags: list[Fragment]) -> Iterator[tuple[dict, bytes]]:
+        for frag in frags:
+            path = self.manifest.fragment_path(frag)
+            where = f"{self.manifest.path}: fragment {frag.id} ({frag.file})"
+            h, offset = hashlib.sha256(), 0
+            try:
+                size = path.stat().st_size
+                with open(path, "rb") as fh:
+                    while True:
+                        data = fh.read(BLOB_CHUNK)
+                        h.update(data)
+                        yield {"t": "blob", "sha256": frag.sha256.lower(), "offset": offset, "size": size}, data
+                        offset += len(data)
+                        if offset >= size or not data:
+                            break
+            except OSError as exc:
+                raise InputError(f"{where}: cannot read it ({exc.strerror or exc})") from None
+            if offset != size or h.hexdigest() != frag.sha256.lower():
+                raise InputError(f"{where}: the file changed while it was being sent")
+
+    def _feed(self, w: _Worker) -> None:
+        while w.blobs is not None and w.unacked < BLOB_WINDOW:
+            item = next(w.blobs, None)
+            if item is None:
+                w.blobs = None
+                return
+            header, data = item
+            self._send(w, header, data)
+            w.unacked += 1
+            w.fragment_bytes_sent += len(data)
+
+    def _on_ack(self, w: _Worker, msg: dict, payload) -> None:
+        w.unacked = max(0, w.unacked - 1)
+        self._feed(w)
+
+    def _on_loaded(self, w: _Worker, msg: dict, payload) -> None:
+        if w.phase == "opened":
+            w.phase = "loaded"
+
+    def _on_ready(self, w: _Worker, msg: dict, payload) -> None:
+        if w.phase == "loaded":
+            w.phase = "ready"
+
+    def _on_bye(self, w: _Worker, msg: dict, payload) -> None:
+        w.stats = {k: v for k, v in msg["stats"].items() if isinstance(k, str) and isinstance(v, (int, float))}
+        w.phase = "ended"
+
+    def _on_done(self, w: _Worker, msg: dict, payload) -> None:
+        r = self.open.get(msg["req"])
+        if r is None or w.name in r.done:
+            return self.drops.drop(f"'done' from {w.name} for request {msg['req']}, which is not open")
+        r.done[w.name] = float(msg["run_ms"])
+
+    def _on_tensor(self, w: _Worker, msg: dict, payload) -> None:
+        try:
+            t = decode_tensor(msg, payload)
+        except BadMessage as exc:
+            return self.drops.drop(f"bad output from {w.name}", exc)
+        r = self.open.get(t.req)
+        if r is None or t.name in r.outputs:
+            return self.drops.drop(f"output {t.name[:80]!r} from {w.name} for request {t.req}, which is not open")
+        if self.collects.get(t.name) != w.name or t.src != w.name:
+            raise RunError(f"unexpected output {t.name!r} from {w.name}")
+        spec = self.specs[t.name]
+        if t.array.shape != spec.shape or t.array.dtype.name != spec.dtype:
+            raise RunError(f"output {t.name!r} from {w.name} has shape {t.array.shape} {t.array.dtype.name}, "
                            f"the manifest says {spec.shape} {spec.dtype}")
-        self.outputs[name] = array
-        if len(self.outputs) == len(self.collects):
-            self.t_outputs = time.perf_counter()
+        r.outputs[t.name] = t.array
+        if len(r.outputs) == len(self.collects):
+            r.t_outputs = time.perf_counter()
 
     def _check_alive(self, what: str) -> None:
-        for name, proc in self.procs.items():
-            code = proc.poll()
-            if code is not None:
-                raise RunError(f"worker {name} exited with code {code} {what}{self._log_tail(name)}")
+        for w in self.workers.values():
+            code = None if w.proc is None else w.proc.poll()
+            if code is not None and w.phase != "ended":
+                tail = _tail(w.log)
+                raise RunError(f"the local worker for {w.name} exited with code {code} {what}"
+                               f"{': ' + tail if tail else ''}")
 
-    def _log_tail(self, name: str) -> str:
-        log = self.logs.get(name)
+    def _ping(self) -> None:
+        now = time.monotonic()
+        if now - self.last_ping >= PING_S:
+            self.last_ping = now
+            for w in self.workers.values():
+                if w.phase not in ("connecting", "ended"):
+                    self._send(w, {"t": "ping"})
+
+    # -- requests ----------------------------------------------------------------------------------------
+    def stream(self, requests: Iterable[Mapping[str, np.ndarray]], inflight: int | None = None
+               ) -> Iterator[tuple[dict[str, np.ndarray], float, dict[str, float]]]:
+        """(outputs, latency ms, fragment run ms per device) for each request, in request order, keeping up
+        to `inflight` (default: the cluster's) requests in flight."""
+        window = min(self.inflight, inflight or self.inflight)
+        pending: deque[_Request] = deque()
+        source = iter(requests)
+        exhausted = False
+        while pending or not exhausted:
+            while not exhausted and len(pending) < window:
+                inputs = next(source, None)
+                if inputs is None:
+                    exhausted = True
+                else:
+                    pending.append(self._issue(inputs))
+            if not pending:
+                return
+            head = pending[0]
+            self._pump(time.monotonic() + self.timeout, lambda: self._complete(head), f"in request {head.req}")
+            pending.popleft()
+            del self.open[head.req]
+            latency = ((head.t_outputs or time.perf_counter()) - head.t_sent) * 1000.0
+            yield dict(head.outputs), latency, dict(head.done)
+
+    def infer(self, inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float, dict[str, float]]:
+        """One request alone: (outputs, latency in ms until the last output arrived, fragment run ms per device)."""
+        return next(iter(self.stream([inputs], inflight=1)))
+
+    def _complete(self, r: _Request) -> bool:
+        return len(r.outputs) == len(self.collects) and len(r.done) == len(self.workers)
+
+    def _issue(self, inputs: Mapping[str, np.ndarray]) -> _Request:
+        missing = sorted({name for _, name in self.feeds} - set(inputs))
+        if missing:
+            raise InputError(f"{self.manifest.path}: no value for model input(s) {missing}")
+        r = self.open[self.next_req] = _Request(self.next_req)
+        self.next_req += 1
+        run = pack({"t": "run", "req": r.req})
+        for w in self.workers.values():
+            self._send_packed(w, run)
+        for name, tensor in self.feeds:
+            w = self.workers[name]
+            try:
+                send_tensor(w.sock, r.req, HOST, tensor, np.asarray(inputs[tensor]))
+            except zmq.Again:
+                raise RunError(f"{w.where}: accepted nothing for {self.timeout:g} s") from None
+        return r
+
+    def _send_packed(self, w: _Worker, frame: bytes) -> None:
         try:
-            log.seek(0)
-            lines = [ln for ln in log.read()[-4000:].decode(errors="replace").splitlines() if ln.strip()]
-        except (OSError, AttributeError, ValueError):
-            return ""
-        return f": {one_line(lines[-1], 300)}" if lines else ""
+            w.sock.send(frame)
+        except zmq.Again:
+            raise RunError(f"{w.where}: accepted nothing for {self.timeout:g} s") from None
 
-    # -- shutdown ----------------------------------------------------------------------------------
+    # -- shutdown ----------------------------------------------------------------------------------------
+    def device_report(self) -> dict[str, dict]:
+        return {w.name: {"address": None if w.local else str(w.endpoint), "local": w.local,
+                         "fragment_bytes_sent": w.fragment_bytes_sent, **w.stats} for w in self.workers.values()}
+
     def close(self) -> None:
-        """Stop every worker (politely, then terminate, then kill) and release sockets; idempotent."""
-        stop = pack({"t": "stop"})
-        for name, proc in self.procs.items():
-            if proc.poll() is None:  # unknown identities just raise (ROUTER_MANDATORY); ignored
-                try:
-                    self.control.send_multipart([name.encode(), stop], flags=zmq.NOBLOCK)
-                except zmq.ZMQError:
-                    pass
-        deadline = time.monotonic() + 1.0  # idle workers answer in milliseconds; busy ones get terminated
-        for proc in self.procs.values():
-            _reap(proc, deadline)
-        self.procs.clear()
-        for log in self.logs.values():
-            log.close()
-        self.logs.clear()
-        if self.ctx is not None:
-            self.ctx.destroy(linger=0)
-            self.ctx = None
+        """End the run on every worker (collecting their counts), stop local workers; idempotent."""
+        if self.ctx is None:
+            return
+        talking = [w for w in self.workers.values() if w.sock is not None and w.phase not in ("connecting", "ended")]
+        for w in talking:
+            try:
+                w.sock.send(pack({"t": "end"}), flags=zmq.NOBLOCK)
+            except zmq.ZMQError:
+                w.phase = "ended"
+        deadline = time.monotonic() + 2.0  # an idle worker answers in milliseconds
+        try:
+            while any(w.phase != "ended" for w in talking) and time.monotonic() < deadline:
+                for sock, _ in self.poller.poll(100):
+                    w, is_monitor = self.by_socket[sock]
+                    if not is_monitor:
+                        self._drain_quietly(w)
+        except zmq.ZMQError:
+            pass
+        for w in self.workers.values():
+            if w.blobs is not None:
+                w.blobs.close()
+            if w.proc is not None:
+                _reap(w.proc, time.monotonic() + 1.0)
+                if w.proc.stdout is not None:
+                    w.proc.stdout.close()
+            if w.log is not None:
+                w.log.close()
+        self.ctx.destroy(linger=0)
+        self.ctx = None
+
+    def _drain_quietly(self, w: _Worker) -> None:
+        """While closing: only the final counts matter; late outputs and errors are ignored."""
+        while True:
+            try:
+                frames = w.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                msg, _ = parse(frames, _FROM_WORKER)
+            except BadMessage:
+                continue
+            if msg["t"] in ("bye", "error"):
+                if msg["t"] == "bye":
+                    self._on_bye(w, msg, None)
+                w.phase = "ended"
+
+
+LocalCluster = Cluster  # the name before workers could be remote
+
+
+def _version() -> str:
+    from .worker import edgec_version
+
+    return edgec_version()
+
+
+def _tail(log) -> str:
+    try:
+        log.seek(0)
+        lines = [ln for ln in log.read()[-4000:].decode(errors="replace").splitlines() if ln.strip()]
+    except (OSError, AttributeError, ValueError):
+        return ""
+    return one_line(lines[-1], 300) if lines else ""
 
 
 def _reap(proc: subprocess.Popen, deadline: float) -> None:
@@ -254,7 +596,7 @@ def _reap(proc: subprocess.Popen, deadline: float) -> None:
     except subprocess.TimeoutExpired:
         proc.terminate()
     try:
-        proc.wait(timeout=1.0)
+        proc.wait(timeout=2.0)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
@@ -262,20 +604,32 @@ def _reap(proc: subprocess.Popen, deadline: float) -> None:
 
 def run_manifest(manifest: Manifest, inputs: Mapping[str, np.ndarray], *, repeat: int = 1, threads: int | None = None,
                  emulate: bool = False, timeout: float = 60.0, warmup: bool = True,
-                 progress: Callable[[str], None] | None = None) -> RunResult:
-    """Start the workers, run one warm-up request and then `repeat` timed requests, stop the workers."""
+                 progress: Callable[[str], None] | None = None, addresses: Mapping[str, str] | None = None,
+                 keys: Keyring | None = None, inflight: int | None = None) -> RunResult:
+    """Reach the workers, run one warm-up request alone and then `repeat` timed requests with up to
+    `inflight` in flight (default: the plan's pipeline depth), end the run."""
     say = progress or (lambda _msg: None)
-    say(f"starting {len(manifest.devices)} worker(s)")
-    with LocalCluster(manifest, threads=threads, emulate=emulate, timeout=timeout) as cluster:
+    with Cluster(manifest, threads=threads, emulate=emulate, timeout=timeout, addresses=addresses, keys=keys,
+                 inflight=inflight) as cluster:
+        say(f"{len(cluster.workers)} worker(s) ready ({sum(w.local for w in cluster.workers.values())} local), "
+            f"up to {cluster.inflight} request(s) in flight")
         if warmup:
             say("warm-up request")
             cluster.infer(inputs)
-        result = RunResult(outputs={}, latencies_ms=[], device_run_ms={n: [] for n in manifest.device_names},
-                           threads=cluster.threads)
-        for i in range(repeat):
-            result.outputs, latency, run_ms = cluster.infer(inputs)
+        result = RunResult(outputs={}, latencies_ms=[], device_run_ms={n: [] for n in cluster.workers},
+                           threads=cluster.threads, inflight=cluster.inflight)
+        start = time.perf_counter()
+        for i, (outputs, latency, run_ms) in enumerate(cluster.stream(inputs for _ in range(repeat))):
+            result.outputs = outputs
             result.latencies_ms.append(latency)
             for name, ms in run_ms.items():
                 result.device_run_ms[name].append(ms)
             say(f"request {i + 1}/{repeat}: {latency:.2f} ms")
+        result.throughput_ips = repeat / max(time.perf_counter() - start, 1e-9)
+    result.devices = cluster.device_report()
     return result
+
+
+def load_keys(folder: str | os.PathLike | None) -> Keyring | None:
+    """The coordinator's keys (DIR/private/coordinator.key_secret and DIR/public), or None."""
+    return None if folder is None else Keyring.load(Path(folder), COORDINATOR)

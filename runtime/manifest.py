@@ -13,8 +13,9 @@ are ignored):
   outputs     [{"name": str, "shape": [...], "dtype": str, "device": str}]: the model outputs and the
               device that sends each one to the host (the received arrays must match shape and dtype).
   devices     [{"name": str, "profile": str, "memory_mb": number, "address": str or null}]. Names are
-              unique and must not start with "@" ("@host" is the coordinator). `address` is
-              informational for now: the embedded coordinator runs every device locally.
+              unique and must not start with "@" ("@host" is the coordinator). `address`
+              (tcp://HOST:PORT) is where `edgec run` reaches the device's `edgec worker`; a device
+              without one runs in a worker process that `edgec run` starts on this machine.
   network     {"bandwidth_mbps": number > 0, "latency_ms": number >= 0, "medium": "switched" | "shared",
                "links": [{"a": device, "b": device, "bandwidth_mbps": number > 0, "latency_ms": number >= 0}]}
               Megabits per second. A link entry (unordered pair) overrides the default for that pair.
@@ -24,7 +25,9 @@ are ignored):
               bytes * 8 / (bandwidth_mbps * 1e6) s + latency_ms, transfers on one link queue (on a "shared"
               medium, all of one sender's transfers queue); transfers to and from "@host" are not delayed.
   fragments   [{"id": str, "device": str, "file": str, "sha256": hex str, "inputs": [str], "outputs": [str],
-                "predicted_ms": number >= 0}]: one ONNX file each; ids unique. `inputs`/`outputs` are the
+                "predicted_ms": number >= 0}]: one ONNX file each; ids unique. `file` is a relative path
+              inside the build folder (no "..", not absolute; it must not resolve outside the folder through
+              a symbolic link either). `inputs`/`outputs` are the
               fragment's graph input/output names (the tensor-store names it reads and writes); `inputs`
               must equal the graph's inputs and `outputs` be among its outputs (checked when a worker
               loads it). `--emulate` pads each run of the fragment to `predicted_ms`.
@@ -73,6 +76,7 @@ import logging
 from pathlib import Path
 from typing import Any, Iterable
 
+from . import MANIFEST_FORMAT, MANIFEST_VERSION
 from .errors import InputError
 from .manifest_parse import build_manifest
 from .manifest_types import (DTYPES, HOST, Concat, Device, Fragment, Free, Link, Manifest, Network, OutputSpec,
@@ -82,8 +86,8 @@ from .schedule import validate_schedule
 __all__ = [
     "HOST", "DTYPES", "TensorSpec", "OutputSpec", "Device", "Link", "Network", "Fragment", "Region", "Regions",
     "region_ranges", "Transfer", "Run", "Send", "Recv", "Slice", "Concat", "Free", "Step", "Manifest",
-    "load_manifest", "read_manifest_json", "parse_manifest", "check_fragment_files", "file_sha256",
-    "MAX_MANIFEST_BYTES", "MAX_JSON_DEPTH",
+    "load_manifest", "read_manifest_json", "decode_manifest_json", "parse_manifest", "check_fragment_files",
+    "check_fragment_paths", "file_sha256", "manifest_json", "MAX_MANIFEST_BYTES", "MAX_JSON_DEPTH",
 ]
 
 logger = logging.getLogger(__name__)
@@ -124,6 +128,11 @@ def read_manifest_json(path: str | Path) -> Any:
         raise InputError(f"{path}: manifest not found") from None
     except OSError as exc:
         raise InputError(f"{path}: cannot read manifest ({exc.strerror or exc})") from None
+    return decode_manifest_json(raw, path)
+
+
+def decode_manifest_json(raw: bytes, path: str | Path) -> Any:
+    """Decoded JSON of a manifest's bytes (read from `path`, or received by a worker), with the same limits."""
     if len(raw) > MAX_MANIFEST_BYTES:
         raise InputError(f"{path}: manifest is larger than {MAX_MANIFEST_BYTES >> 20} MiB, the limit for a manifest")
     try:
@@ -154,20 +163,87 @@ def _depth_exceeds(value: Any, limit: int) -> bool:
 
 
 def check_fragment_files(manifest: Manifest, devices: Iterable[str] | None = None) -> None:
-    """Raise InputError unless every fragment file (of `devices`, when given) exists with its sha256."""
+    """Raise InputError unless every fragment file (of `devices`, when given) lies inside the build folder,
+    exists and has its sha256. Messages name the file, never a hash of what it holds."""
     wanted = None if devices is None else set(devices)
-    for frag in manifest.fragments.values():
-        if wanted is not None and frag.device not in wanted:
-            continue
+    frags = [f for f in manifest.fragments.values() if wanted is None or f.device in wanted]
+    check_fragment_paths(manifest, frags)
+    for frag in frags:
         file = manifest.fragment_path(frag)
         if not file.is_file():
             raise InputError(f"{manifest.path}: fragment {frag.id}: file {frag.file} not found in {manifest.folder}")
-        digest = file_sha256(file)
-        if digest != frag.sha256.lower():
-            raise InputError(
-                f"{manifest.path}: fragment {frag.id}: {frag.file} sha256 mismatch "
-                f"(manifest {frag.sha256[:12]}..., file {digest[:12]}...); the file was changed after compiling"
-            )
+        if file_sha256(file) != frag.sha256.lower():
+            raise InputError(f"{manifest.path}: fragment {frag.id}: {frag.file} sha256 mismatch (the manifest "
+                             f"expects {frag.sha256[:12]}...); the file was changed after compiling")
+
+
+def check_fragment_paths(manifest: Manifest, frags: Iterable[Fragment]) -> None:
+    """Every fragment file must resolve (symbolic links followed) to a path inside the build folder."""
+    folder = manifest.folder.resolve()
+    for frag in frags:
+        try:
+            inside = manifest.fragment_path(frag).resolve().is_relative_to(folder)
+        except (OSError, RuntimeError):  # a symlink loop
+            inside = False
+        if not inside:
+            raise InputError(f"{manifest.path}: fragment {frag.id}: file {frag.file!r} is outside the build "
+                             f"folder {manifest.folder}")
+
+
+def manifest_json(m: Manifest) -> bytes:
+    """The manifest as JSON bytes that parse back to `m` (what a coordinator sends its workers)."""
+    net = m.network
+    no_network = net.bandwidth_mbps == float("inf")
+    doc = {
+        "format": MANIFEST_FORMAT, "version": MANIFEST_VERSION,
+        "model": {"path": str(m.model_path), "sha256": m.model_sha256},
+        "inputs": [_spec(t) for t in m.inputs],
+        "outputs": [{**_spec(o), "device": o.device} for o in m.outputs],
+        "devices": [{"name": d.name, "profile": d.profile, "memory_mb": d.memory_mb, "address": d.address}
+                    for d in m.devices],
+        "network": {"bandwidth_mbps": None if no_network else net.bandwidth_mbps,
+                    "latency_ms": None if no_network else net.latency_ms, "medium": net.medium,
+                    "links": [{"a": lk.a, "b": lk.b, "bandwidth_mbps": lk.bandwidth_mbps, "latency_ms": lk.latency_ms}
+                              for lk in net.links]},
+        "fragments": [{"id": f.id, "device": f.device, "file": f.file, "sha256": f.sha256, "inputs": list(f.inputs),
+                       "outputs": list(f.outputs), "predicted_ms": f.predicted_ms} for f in m.fragments.values()],
+        "transfers": [{"tensor": t.tensor, "src": t.src, "dst": t.dst, "shape": list(t.shape), "dtype": t.dtype,
+                       "bytes": t.bytes, "region": _region_json(t.region)} for t in m.transfers],
+        "steps": {dev: [_step_json(s) for s in steps] for dev, steps in m.steps.items()},
+        "predicted": m.predicted,
+    }
+    return json.dumps(doc, allow_nan=False).encode()
+
+
+def _spec(t: TensorSpec) -> dict:
+    return {"name": t.name, "shape": list(t.shape), "dtype": t.dtype}
+
+
+def _region_json(region: Regions | None):
+    if region is None:
+        return None
+    ranges = [{"axis": r.axis, "start": r.start, "stop": r.stop} for r in region_ranges(region)]
+    return ranges[0] if isinstance(region, Region) else ranges
+
+
+def _step_json(step: Step) -> dict:
+    if isinstance(step, Run):
+        return {"op": "run", "fragment": step.fragment}
+    if isinstance(step, Recv):
+        return {"op": "recv", "tensor": step.tensor, "from": step.src}
+    if isinstance(step, Send):
+        out = {"op": "send", "tensor": step.tensor, "to": step.to}
+        if step.region is not None:
+            out["region"] = _region_json(step.region)
+        if step.as_name is not None:
+            out["as"] = step.as_name
+        return out
+    if isinstance(step, Slice):
+        return {"op": "slice", "tensor": step.tensor, "axis": step.axis, "start": step.start, "stop": step.stop,
+                "as": step.as_name}
+    if isinstance(step, Concat):
+        return {"op": "concat", "parts": list(step.parts), "axis": step.axis, "as": step.as_name}
+    return {"op": "free", "tensors": list(step.tensors)}
 
 
 def parse_manifest(data: Any, path: str | Path) -> Manifest:

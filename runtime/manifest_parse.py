@@ -6,7 +6,7 @@ import logging
 import math
 import os
 import reprlib
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, Iterable
 
 from . import MANIFEST_FORMAT, MANIFEST_VERSION
@@ -185,8 +185,17 @@ def _fragments(r: Reader, items: list) -> dict[str, Fragment]:
                         r.names(d, "inputs", w), r.names(d, "outputs", w), r.num(d, "predicted_ms", w))
         if frag.id in out:
             r.fail("fragments", f"duplicate fragment id {_show(frag.id)}")
+        _check_inside(r, frag.file, f"{w}.file")
         out[frag.id] = frag
     return out
+
+
+def _check_inside(r: Reader, file: str, where: str) -> None:
+    """A fragment file is named relative to the build folder and stays inside it: a manifest must not make
+    a worker read (or the coordinator send) /etc/shadow or ../../secret.onnx."""
+    p = PurePosixPath(file)
+    if p.is_absolute() or PureWindowsPath(file).is_absolute() or ".." in p.parts or "\\" in file or "\0" in file:
+        r.fail(where, f"{_show(file)} is not a path inside the build folder (relative, without '..')")
 
 
 def _range(r: Reader, d: Any, where: str) -> Region:

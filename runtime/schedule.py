@@ -8,7 +8,8 @@ from typing import Callable, NoReturn
 
 from .manifest_types import HOST, Concat, Free, Manifest, Recv, Run, Send, Slice, Step
 
-__all__ = ["validate_schedule", "host_feeds", "host_collects"]
+__all__ = ["validate_schedule", "host_feeds", "host_collects", "working_devices", "recv_keys", "send_targets",
+           "pipeline_depth"]
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +34,47 @@ def host_feeds(m: Manifest) -> list[tuple[str, str]]:
 def host_collects(m: Manifest) -> dict[str, str]:
     """Output name -> the device that sends it to the host."""
     return {s.name: dev for dev, steps in m.steps.items() for s in steps if isinstance(s, Send) and s.to == HOST}
+
+
+def working_devices(m: Manifest) -> tuple[str, ...]:
+    """The devices with at least one step, in the manifest's order: the only ones that need a worker."""
+    return tuple(d for d in m.device_names if m.steps.get(d))
+
+
+def recv_keys(m: Manifest, device: str) -> set[tuple[str, str]]:
+    """(sender, name) of every tensor `device` receives per request: what its inbox may accept."""
+    return {(s.src, s.tensor) for s in m.steps.get(device, ()) if isinstance(s, Recv)}
+
+
+def send_targets(m: Manifest, device: str) -> set[str]:
+    """The devices `device` sends tensors to (not the host)."""
+    return {s.to for s in m.steps.get(device, ()) if isinstance(s, Send) and s.to != HOST}
+
+
+def pipeline_depth(m: Manifest) -> int:
+    """How many requests can usefully be in flight: the number of hand-offs on the schedule's longest chain
+    of device-to-device transfers, plus one, and at most the number of working devices (each device works
+    on one request at a time). Computed by running the schedule in synchronous rounds, every device
+    advancing until it waits for a tensor sent in the same round: a two-stage pipeline takes 2 rounds; a
+    spatial stage that scatters to two devices and gathers back takes 3, capped at its 2 devices."""
+    pc = dict.fromkeys(m.steps, 0)
+    delivered: set[tuple[str, str, str]] = set()
+    rounds = 0
+    while any(pc[d] < len(steps) for d, steps in m.steps.items()):
+        rounds += 1
+        sent: set[tuple[str, str, str]] = set()
+        for device, steps in m.steps.items():
+            while pc[device] < len(steps):
+                step = steps[pc[device]]
+                if isinstance(step, Recv) and step.src != HOST and (step.src, device, step.tensor) not in delivered:
+                    break
+                if isinstance(step, Send) and step.to != HOST:
+                    sent.add((device, step.to, step.name))
+                pc[device] += 1
+        if not sent and any(pc[d] < len(steps) for d, steps in m.steps.items()):
+            break  # a deadlock, which validation refuses before this is ever asked
+        delivered |= sent
+    return max(1, min(rounds, len(working_devices(m))))
 
 
 def _check_references(m: Manifest, fail: Fail) -> None:

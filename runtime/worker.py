@@ -1,224 +1,312 @@
-"""One device's worker process: `python -m edgec.runtime.worker --manifest M --device NAME --control ADDR`."""
+"""`edgec worker`: the long-running daemon on each device. It serves one coordinator's run (a session) at a
+time, receives the device's fragments into its cache, executes the device's steps for every request and
+frees everything when the run ends. The protocol is in protocol.py; the per-run state in session.py.
+
+`python -m edgec.runtime.worker ...` is the same command (the coordinator starts local workers that way).
+"""
 
 from __future__ import annotations
 
-import argparse
+import ctypes
+import gc
 import logging
 import os
 import signal
 import sys
 import time
 
-import numpy as np
 import zmq
 
-from .emulate import DelayedLinks, pad_run
-from .errors import EdgecRuntimeError, InputError, RunError, one_line
-from .executor import Executor
-from .manifest import HOST, Concat, Free, Manifest, Recv, Run, Send, Slice, load_manifest, region_ranges
-from .transport import POLL_MS, Inbox, bind_local, pack, send_tensor, unpack
+from .cache import FragmentCache
+from .errors import EdgecRuntimeError, InputError, one_line
+from .keys import Keyring
+from .net import Endpoint
+from .protocol import PROTOCOL_VERSION, DropLog, parse
+from .session import Session, SessionEnd, SessionLost
+from .transport import POLL_MS, BadMessage, pack
 
-__all__ = ["Worker", "Stop", "main"]
+__all__ = ["Daemon", "rss_mb", "main"]
 
 logger = logging.getLogger(__name__)
 
-
-class Stop(Exception):
-    """The coordinator said stop, or it went away."""
+DRAIN_LIMIT = 256  # messages handled per socket per poll: a flooding peer cannot starve the other socket
 
 
-class Worker:
-    """Executes one device's steps once per request id, as the coordinator asks.
+def edgec_version() -> str:
+    from importlib import metadata
 
-    Control protocol (msgpack over DEALER -> coordinator's ROUTER, identity = device name):
-      worker -> {"t": "hello", "device", "data": addr, "pid"}; <- {"t": "peers", "addrs": {name: addr}};
-      worker -> {"t": "ready"}; then per request <- {"t": "run", "req": n} -> {"t": "done", "req", "run_ms"};
-      any failure -> {"t": "error", "kind": "input" | "run", "req", "message"}; <- {"t": "stop"} ends it.
-    """
+    for dist in ("edgec", "edgec-runtime"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return "unknown"
 
-    def __init__(self, manifest: Manifest, device: str, ctx: zmq.Context, control: zmq.Socket,
-                 threads: int = 0, emulate: bool = False):
-        if device not in manifest.device_names:
-            raise InputError(f"{manifest.path}: unknown device {device!r}")
-        self.manifest, self.device, self.ctx, self.control = manifest, device, ctx, control
-        self.steps = manifest.steps.get(device, ())
-        self.executor = Executor(manifest, device, threads)
-        self.data = ctx.socket(zmq.PULL)
-        self.address = bind_local(self.data)
-        self.inbox = Inbox(self.data, control)
-        self.peers: dict[str, zmq.Socket] = {}
-        self.emulate = emulate
-        self.links = DelayedLinks(manifest, device) if emulate else None
-        self.parent = os.getppid()
-        self.req = -1
 
-    # -- control channel ---------------------------------------------------------------------------
-    def tell(self, **msg) -> None:
-        self.control.send(pack(msg))
+class Daemon:
+    """The worker: a control ROUTER on `endpoint`, a data PULL per session, the fragment cache."""
 
-    def on_idle(self) -> None:
-        # The coordinator normally stops us; if it died (SIGKILL) we are re-parented: leave, no orphans.
-        if os.getppid() != self.parent:
-            raise Stop()
+    def __init__(self, endpoint: Endpoint, *, cache: FragmentCache, keys: Keyring | None = None, threads: int = 0,
+                 data_port: int = 0, data_host: str | None = None, max_buffer_bytes: int = 1 << 30,
+                 max_message_bytes: int = 1 << 30, idle_timeout: float = 30.0, once: bool = False,
+                 parent: int | None = None):
+        for host in (endpoint, Endpoint(data_host, 1) if data_host else endpoint):
+            if keys is None and not host.loopback:
+                raise InputError(f"--listen {endpoint}: refusing to listen on {host.host}, which other machines can "
+                                 "reach, without --keys (create them with `edgec keygen`)")
+        self.keys, self.cache, self.threads = keys, cache, threads
+        self.data_port, self.data_host = data_port, data_host or endpoint.host
+        self.max_buffer_bytes, self.max_message_bytes = max_buffer_bytes, max_message_bytes
+        self.idle_timeout, self.once, self.parent = idle_timeout, once, parent
+        self.session: Session | None = None
+        self.served = 0
+        self.version = edgec_version()
+        self.drops = DropLog(f"worker {endpoint}")
+        cache.open()
+        self.ctx = zmq.Context()
+        self.auth = keys.authenticator(self.ctx) if keys is not None else None
+        try:
+            self.control = self._socket(zmq.ROUTER)
+            self.control.setsockopt(zmq.LINGER, 2000)  # a final error or "bye" still reaches the coordinator
+            self.control.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply to a vanished peer raises, not vanishes
+            self.control.setsockopt(zmq.ROUTER_HANDOVER, 1)  # the coordinator's reconnection keeps its session
+            self.endpoint = self._bind(self.control, str(endpoint), "--listen")
+        except BaseException:
+            self.close()
+            raise
+        self.poller = zmq.Poller()
+        self.poller.register(self.control, zmq.POLLIN)
 
-    def next_control(self) -> dict:
-        while not self.control.poll(POLL_MS):
-            self.on_idle()
-        msg = unpack(self.control.recv())
-        if msg.get("t") == "stop":
-            raise Stop()
-        return msg
+    def _socket(self, kind: int) -> zmq.Socket:
+        sock = self.ctx.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        # zmq drops the connection of a peer that sends a larger message: a bound on every receive
+        sock.setsockopt(zmq.MAXMSGSIZE, max(self.max_message_bytes, 128 << 20))
+        if self.keys is not None:
+            self.keys.serve(sock)
+        return sock
 
-    def on_control(self) -> None:
-        # A control message during a recv wait can only be "stop" (requests are sequential).
-        msg = self.next_control()
-        raise RunError(f"device {self.device}: unexpected control message {msg.get('t')!r} during request {self.req}")
+    def _bind(self, sock: zmq.Socket, address: str, what: str) -> str:
+        try:
+            sock.bind(address)
+        except zmq.ZMQError as exc:
+            raise InputError(f"{what} {address}: cannot listen there ({exc.strerror})") from None
+        return sock.getsockopt(zmq.LAST_ENDPOINT).decode()
 
-    # -- life cycle --------------------------------------------------------------------------------
-    def start(self) -> None:
-        self.tell(t="hello", device=self.device, data=self.address, pid=os.getpid())
-        self.executor.load()
-        msg = self.next_control()
-        if msg.get("t") != "peers":
-            raise RunError(f"device {self.device}: expected the peer address map, got {msg.get('t')!r}")
-        for step in self.steps:
-            if isinstance(step, Send) and step.to not in self.peers:
-                sock = self.ctx.socket(zmq.PUSH)
-                sock.connect(msg["addrs"][step.to])
-                self.peers[step.to] = sock
-        self.tell(t="ready")
+    # -- sockets a session uses -------------------------------------------------------------------------
+    def bind_data(self) -> zmq.Socket:
+        sock = self._socket(zmq.PULL)
+        # Unread messages wait in zmq per connection up to this many; past it the sender blocks.
+        sock.setsockopt(zmq.RCVHWM, 64)
+        try:
+            self._bind(sock, f"tcp://{self.data_host}:{self.data_port}", "--data-port")
+        except BaseException:
+            sock.close(linger=0)
+            raise
+        self.poller.register(sock, zmq.POLLIN)
+        return sock
+
+    def unbind_data(self, sock: zmq.Socket) -> None:
+        self.poller.unregister(sock)
+        sock.close(linger=0)
+
+    @staticmethod
+    def trim() -> None:
+        gc.collect()
+        _trim_heap()
+
+    def send_to(self, peer: bytes, frames: list) -> None:
+        try:
+            self.control.send_multipart([peer, *frames], copy=False)
+        except zmq.ZMQError as exc:  # EHOSTUNREACH: the peer is gone
+            if self.session is not None and peer == self.session.owner:
+                raise SessionLost(f"the coordinator at {self.session.peer} went away ({exc.strerror})") from None
+            logger.debug("reply to a departed peer dropped: %s", exc)
+
+    # -- the loop ---------------------------------------------------------------------------------------
+    def pump(self, timeout_ms: int = POLL_MS) -> None:
+        """Handle what arrived on the control and data sockets (waiting up to timeout_ms for something)."""
+        events = dict(self.poller.poll(timeout_ms))
+        if self.control in events:
+            self._drain(self.control, self._on_control)
+        session = self.session
+        if session is not None and session.data is not None and session.data in events:
+            self._drain(session.data, session.on_data)
+
+    @staticmethod
+    def _drain(sock: zmq.Socket, handle) -> None:
+        for _ in range(DRAIN_LIMIT):
+            try:
+                frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            handle(frames)
+
+    def _on_control(self, frames: list[zmq.Frame]) -> None:
+        peer, body = frames[0].bytes, frames[1:]
+        if self.session is not None and peer == self.session.owner:
+            self.session.on_control(body)
+            return
+        try:
+            msg, _ = parse(body, {"hello"})
+        except BadMessage as exc:
+            self.drops.drop("not from the coordinator of the current run", exc)
+            return
+        where = _peer_address(body[0])
+        if msg["protocol"] != PROTOCOL_VERSION:
+            logger.warning("refused a coordinator at %s: it speaks protocol %d, this worker %d", where,
+                           msg["protocol"], PROTOCOL_VERSION)
+            self._refuse(peer, "version", f"the worker speaks protocol {PROTOCOL_VERSION} (edgec {self.version}), "
+                                          f"this coordinator {msg['protocol']} (edgec {one_line(msg['edgec'], 40)}): "
+                                          "install the same edgec version on both")
+        elif self.session is not None:
+            since = time.strftime("%H:%M:%S", time.localtime(self.session.started))
+            logger.warning("refused a coordinator at %s: busy with the run of %s", where, self.session.peer)
+            self._refuse(peer, "busy", f"the worker is busy with the run of another coordinator ({self.session.peer},"
+                                       f" since {since}); try again when it has finished")
+        else:
+            self.session = Session(self, peer, where)
+            self.send_to(peer, [pack({"t": "welcome", "protocol": PROTOCOL_VERSION, "edgec": self.version,
+                                      "pid": os.getpid(), "threads": self.threads, "cores": _cores(),
+                                      "key": None if self.keys is None else self.keys.public.decode()})])
+
+    def _refuse(self, peer: bytes, code: str, reason: str) -> None:
+        self.send_to(peer, [pack({"t": "refused", "code": code, "reason": reason, "protocol": PROTOCOL_VERSION})])
 
     def serve(self) -> None:
-        while True:
-            msg = self.next_control()
-            if msg.get("t") != "run":
-                raise RunError(f"device {self.device}: unexpected control message {msg.get('t')!r}")
-            self.req = msg["req"]
-            run_s = self.execute(self.req)
-            self.tell(t="done", req=self.req, run_ms=run_s * 1000.0)
+        """Serve sessions until stopped (SIGTERM raises Interrupted through here), or after one with --once."""
+        print(f"edgec worker: listening on {self.endpoint}", flush=True)
+        logger.info("listening on %s (%s, cache %s)", self.endpoint,
+                    f"keys of {self.keys.name}" if self.keys else "no keys: loopback only", self.cache.folder)
+        while not (self.once and self.served and self.session is None):
+            if self.parent is not None and os.getppid() != self.parent:
+                logger.info("the process that started this worker is gone; stopping")
+                return
+            try:
+                session = self.session
+                if session is not None and session.queue:
+                    session.execute_next()
+                else:
+                    self.pump()
+                if self.session is not None:
+                    self.session.check_idle()
+            except SessionEnd:
+                self.end_session(bye=True)
+            except SessionLost as exc:
+                logger.warning("run abandoned: %s", exc)
+                self.end_session(bye=False)
+            except Exception as exc:  # a failed run must never take the daemon down
+                self.fail_session(exc)
 
-    def close(self) -> None:
-        if self.links is not None:
-            self.links.close()
-        for sock in [self.data, *self.peers.values()]:
-            sock.close(linger=200)
-
-    # -- steps -------------------------------------------------------------------------------------
-    def execute(self, req: int) -> float:
-        """Run this device's steps for one request; returns the total (emulated) fragment run time."""
-        store: dict[str, np.ndarray] = {}
-        run_s = 0.0
-        for step in self.steps:
-            if isinstance(step, Run):
-                elapsed = self.executor.run(step.fragment, store)
-                if self.emulate:
-                    elapsed = pad_run(self.executor.fragments[step.fragment], elapsed)
-                run_s += elapsed
-            elif isinstance(step, Recv):
-                store[step.tensor] = self.inbox.wait((req, step.src, step.tensor), self.on_control, self.on_idle)
-            elif isinstance(step, Send):
-                self.send(req, step, store[step.tensor])
-            elif isinstance(step, Slice):
-                store[step.as_name] = self.cut(store[step.tensor], step.axis, step.start, step.stop, step.tensor)
-            elif isinstance(step, Concat):
-                store[step.as_name] = self.concat(step, store)
-            elif isinstance(step, Free):
-                for name in step.tensors:
-                    del store[name]
-        if self.links is not None:
-            self.links.raise_if_failed()
-        return run_s
-
-    def send(self, req: int, step: Send, array: np.ndarray) -> None:
-        for r in region_ranges(step.region):  # a box: one view per axis, still no copy
-            array = self.cut(array, r.axis, r.start, r.stop, step.tensor)
-        sock = self.peers[step.to]
-        if self.links is None or step.to == HOST:
-            send_tensor(sock, req, self.device, step.name, array)
-        else:
-            self.links.submit(step.to, array.nbytes, lambda: send_tensor(sock, req, self.device, step.name, array))
-
-    def cut(self, array: np.ndarray, axis: int, start: int, stop: int, name: str) -> np.ndarray:
-        """array[start:stop] along axis, as a view (send copies only if the view is not contiguous)."""
-        if not -array.ndim <= axis < array.ndim or stop > array.shape[axis]:
-            raise RunError(f"device {self.device}: slice [{start}:{stop}] along axis {axis} is outside "
-                           f"tensor {name!r} of shape {array.shape}")
-        index = [slice(None)] * array.ndim
-        index[axis] = slice(start, stop)
-        return array[tuple(index)]
-
-    def concat(self, step: Concat, store: dict[str, np.ndarray]) -> np.ndarray:
-        try:
-            return np.concatenate([store[p] for p in step.parts], axis=step.axis)
-        except ValueError as exc:  # numpy's AxisError is a ValueError too
-            raise RunError(f"device {self.device}: concat of {list(step.parts)} into {step.as_name!r} failed: {exc}") from None
-
-
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m edgec.runtime.worker", description=__doc__)
-    p.add_argument("--manifest", required=True)
-    p.add_argument("--device", required=True)
-    p.add_argument("--control", required=True, help="the coordinator's control address (zmq ROUTER)")
-    p.add_argument("--threads", type=int, default=0, help="onnxruntime intra-op threads (0 = its default)")
-    p.add_argument("--emulate", action="store_true")
-    return p.parse_args(argv)
-
-
-def _report(control: zmq.Socket, device: str, exc: BaseException, req: int) -> None:
-    kind = "input" if isinstance(exc, InputError) else "run"
-    message = str(exc) if isinstance(exc, EdgecRuntimeError) else f"device {device}: {type(exc).__name__}: {one_line(exc)}"
-    control.send(pack({"t": "error", "kind": kind, "req": req, "message": message}))
-
-
-def _wait_for_stop(control: zmq.Socket, parent: int, limit_s: float = 30.0) -> None:
-    """After reporting an error, stay until the coordinator says stop (so the report is delivered)."""
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline and os.getppid() == parent:
-        if control.poll(POLL_MS) and unpack(control.recv()).get("t") == "stop":
-            return
-
-
-def _die_with_parent() -> None:
-    """Linux: get SIGTERM when the coordinator dies, even mid-run (the idle loops also check getppid)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: the getppid checks remain
-        pass
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = _parse_args(argv)
-    # Ctrl-C reaches the whole process group; the coordinator decides when workers stop.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _die_with_parent()
-    logging.basicConfig(level=logging.WARNING, format=f"worker {args.device}: %(levelname)s %(message)s")
-    ctx = zmq.Context()
-    control = ctx.socket(zmq.DEALER)
-    control.setsockopt(zmq.IDENTITY, args.device.encode())
-    control.connect(args.control)
-    parent, worker, code = os.getppid(), None, 0
-    try:
-        worker = Worker(load_manifest(args.manifest, check_files=False), args.device, ctx, control,
-                        threads=args.threads, emulate=args.emulate)
-        worker.start()
-        worker.serve()
-    except Stop:
-        pass
-    except Exception as exc:  # report everything: the coordinator must never wait on a silent death
+    def fail_session(self, exc: BaseException) -> None:
+        session = self.session
         if not isinstance(exc, EdgecRuntimeError):
             logger.exception("unexpected failure")
-        _report(control, args.device, exc, worker.req if worker else -1)
-        _wait_for_stop(control, parent)
-        code = 1
-    finally:
-        if worker is not None:
-            worker.close()
-        control.close(linger=500)
-        ctx.term()
-    return code
+        if session is None:
+            return
+        message = str(exc) if isinstance(exc, EdgecRuntimeError) else \
+            f"device {session.device or '?'}: {type(exc).__name__}: {one_line(exc)}"
+        logger.warning("run failed: %s", message)
+        try:
+            session.reply(t="error", kind="input" if isinstance(exc, InputError) else "run",
+                          req=session.queue[0] if session.queue else -1, message=message)
+        except (SessionLost, zmq.ZMQError):
+            pass
+        self.end_session(bye=False)
+
+    def end_session(self, bye: bool) -> None:
+        session, self.session = self.session, None
+        if session is None:
+            return
+        stats = {**session.stats, "dropped": session.drops.total + self.drops.total, "rss_mb": rss_mb()}
+        if bye:
+            try:
+                session.reply(t="bye", stats=stats)
+            except (SessionLost, zmq.ZMQError):
+                pass
+        session.close()
+        kept = set(session.shas)
+        del session
+        self.trim()
+        self.cache.evict(keep=kept)
+        self.served += 1
+        logger.info("run ended: %d request(s); %d fragment bytes, %d tensor bytes received, %d sent; %d message(s) "
+                    "dropped", stats["requests"], stats["fragment_bytes_received"], stats["bytes_received"],
+                    stats["bytes_sent"], stats["dropped"])
+
+    def stop(self, why: str) -> None:
+        """End the current run (its coordinator is told why) and release everything; idempotent."""
+        if self.session is not None:
+            device = self.session.device or "?"
+            self.fail_session(_Stopped(f"device {device}: the worker at {self.endpoint} was stopped ({why})"))
+        self.close()
+
+    def close(self) -> None:
+        if getattr(self, "auth", None) is not None:
+            self.auth.stop()
+            self.auth = None
+        if self.ctx is not None:
+            if getattr(self, "control", None) is not None:
+                self.control.close()  # with its linger: what was sent last is delivered
+            self.ctx.destroy(linger=0)
+            self.ctx = None
+
+
+class _Stopped(EdgecRuntimeError):
+    exit_code = 3
+
+
+def _peer_address(frame: zmq.Frame) -> str:
+    try:
+        return frame.get("Peer-Address") or "?"
+    except zmq.ZMQError:
+        return "?"
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def rss_mb() -> float:
+    """This process's resident memory in MiB (Linux /proc; elsewhere the peak, from getrusage)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1024.0 * 1024.0) if sys.platform == "darwin" else peak / 1024.0
+
+
+def _trim_heap() -> None:
+    """Give freed heap pages back to the OS (glibc keeps them otherwise), so a finished run's memory is
+    visible as free memory again, not only reusable by this process."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def die_with_parent() -> None:
+    """Linux: SIGTERM when the process that started us dies (the serve loop also checks getppid)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def main() -> None:
+    from .cli import worker_main
+
+    worker_main(prog_name="python -m edgec.runtime.worker")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -76,3 +76,15 @@ def residual_path(tmp_path) -> Path:
     p = tmp_path / "res.onnx"
     onnx.save(residual_model(), p)
     return p
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fragment_cache(tmp_path_factory):
+    """Local workers keep fragments in a per-user cache by default: the tests use a folder of their own."""
+    saved = os.environ.get("EDGEC_CACHE_DIR")
+    os.environ["EDGEC_CACHE_DIR"] = str(tmp_path_factory.mktemp("fragment-cache"))
+    yield
+    if saved is None:
+        os.environ.pop("EDGEC_CACHE_DIR", None)
+    else:
+        os.environ["EDGEC_CACHE_DIR"] = saved

@@ -141,15 +141,16 @@ def test_usage_errors_are_one_line(args, needle):
 
 def test_progress_and_warnings_are_printed_once(chain):
     """Through `edgec run`, whose main() also gives the root logger a handler (the compiler's warnings)."""
-    chain.manifest["devices"][0]["address"] = "10.0.0.5:5555"  # the embedded coordinator warns and ignores it
+    # an input that no device receives: the manifest loads with a warning
+    chain.manifest["inputs"].append({"name": "unused", "shape": [1], "dtype": "float32"})
     chain.write()
     proc = subprocess.run([sys.executable, "-m", "edgec.compiler", "run", str(chain.path), "--random-inputs"],
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stderr.splitlines()
     assert len(lines) == len(set(lines)), proc.stderr
-    assert sum("starting 2 worker(s)" in ln for ln in lines) == 1
-    warnings = [ln for ln in lines if "device address(es) ignored" in ln]
+    assert sum("2 worker(s) ready (2 local)" in ln for ln in lines) == 1
+    warnings = [ln for ln in lines if "are never received by any device" in ln]
     assert len(warnings) == 1 and warnings[0].startswith("edgec: warning: "), proc.stderr
     assert not [ln for ln in lines if ln.startswith("edgec: warning: ") and ln not in warnings], proc.stderr
 

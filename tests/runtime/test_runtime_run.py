@@ -23,17 +23,20 @@ def invoke(*args: str):
 
 
 def workers_of(manifest: Path) -> list[int]:
-    """Live (non-zombie) processes whose command line mentions this manifest: leftover workers."""
+    """Live (non-zombie) local workers that `edgec run` started from this process, or that outlived the
+    process that started them (orphans): leftovers. (Local workers carry no manifest on their command
+    line; `manifest` names the run for the reader.)"""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if "runtime.worker" in cmdline and str(manifest) in cmdline and state != "Z":
+        state, ppid = fields[0], int(fields[1])
+        if "edgec.runtime.worker" in cmdline and "--once" in cmdline and state != "Z" and ppid in (os.getpid(), 1):
             pids.append(int(entry.name))
     return pids
 
@@ -52,13 +55,15 @@ def test_chain_random_inputs_verify_json(chain):
     res = invoke(chain.path, "--random-inputs", "--seed", "3", "--verify", "--json", "--repeat", "3")
     assert res.exit_code == 0, res.stderr
     report = json.loads(res.stdout)
-    assert set(report) == {"manifest", "latency_ms", "latencies_ms", "outputs", "verify", "devices"}
+    assert set(report) == {"manifest", "latency_ms", "latencies_ms", "throughput_ips", "inflight", "outputs", "verify",
+                           "devices"}
     assert len(report["latencies_ms"]) == 3 and report["latency_ms"] > 0
+    assert report["throughput_ips"] > 0 and report["inflight"] == 2  # a two-stage pipeline
     assert report["outputs"] == [{"name": "prob", "shape": [1, 10], "dtype": "float32"}]
     assert report["verify"]["passed"] is True and report["verify"]["worst_output"] == "prob"
     assert report["verify"]["tolerance"] == 1e-4
     assert set(report["devices"]) == {"pi5-a", "pi4-a"}
-    assert all(d["fragments_run_ms"] > 0 for d in report["devices"].values())
+    assert all(d["fragments_run_ms"] > 0 and d["local"] and d["requests"] == 4 for d in report["devices"].values())
     assert not workers_of(chain.path)
 
 
@@ -202,4 +207,4 @@ def test_python_dash_m_runtime_help():
 def test_worker_help():
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, "-m", "edgec.runtime.worker", "--help"], capture_output=True, text=True, env=env, timeout=60)
-    assert proc.returncode == 0 and "--control" in proc.stdout
+    assert proc.returncode == 0 and "--listen" in proc.stdout and "--keys" in proc.stdout

@@ -17,7 +17,9 @@ from edgec.runtime.emulate import DelayedLinks, pad_run
 from edgec.runtime.errors import InputError
 from edgec.runtime.inputs import load_inputs, random_inputs
 from edgec.runtime.manifest import Fragment, TensorSpec, load_manifest
-from edgec.runtime.transport import Inbox, bind_local, send_tensor
+from edgec.runtime.inbox import Inbox
+from edgec.runtime.protocol import parse
+from edgec.runtime.transport import bind_local, decode_tensor, send_tensor
 from edgec.runtime.verify import compare_outputs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -76,6 +78,12 @@ def test_inputs_options_errors(chain, tmp_path):
         load_inputs(m, npz=str(tmp_path / "empty.npz"))
 
 
+def _receive(pull: zmq.Socket):
+    assert pull.poll(5000)
+    header, payload = parse(pull.recv_multipart(copy=False), {"tensor"})
+    return decode_tensor(header, payload)
+
+
 def test_inbox_buffers_out_of_order_and_regions_are_contiguous():
     ctx = zmq.Context()
     try:
@@ -84,13 +92,32 @@ def test_inbox_buffers_out_of_order_and_regions_are_contiguous():
         big = np.arange(2 * 3 * 200 * 100, dtype=np.float32).reshape(2, 3, 200, 100)
         send_tensor(push, 1, "b", "late", big[:, :, :, 10:20])  # inner-axis view: copied to contiguous
         send_tensor(push, 0, "a", "first", big)
-        inbox = Inbox(pull)
-        first = inbox.wait((0, "a", "first"), lambda: None, lambda: None)
-        assert np.array_equal(first, big) and (1, "b", "late") in inbox.buffer
-        late = inbox.wait((1, "b", "late"), lambda: None, lambda: None)
-        assert np.array_equal(late, big[:, :, :, 10:20]) and not inbox.buffer
+        inbox = Inbox({("a", "first"), ("b", "late")}, window=2, max_bytes=1 << 30)
+        late, first = _receive(pull), _receive(pull)
+        assert inbox.offer(late) is None and inbox.offer(first) is None
+        assert np.array_equal(inbox.take((0, "a", "first")), big)
+        assert np.array_equal(inbox.take((1, "b", "late")), big[:, :, :, 10:20])
+        assert not inbox.buffer and inbox.bytes == 0
     finally:
         ctx.destroy(linger=0)
+
+
+def test_inbox_keeps_only_expected_tensors_inside_the_window_and_the_byte_cap():
+    from edgec.runtime.inbox import FULL
+    from edgec.runtime.transport import TensorMsg
+
+    def msg(req, src="a", name="t", n=4):
+        return TensorMsg(req, src, name, np.zeros(n, np.float32), 4 * n)
+
+    inbox = Inbox({("a", "t")}, window=2, max_bytes=40)
+    assert "not a tensor" in inbox.offer(msg(0, src="x"))
+    assert "not a tensor" in inbox.offer(msg(0, name="u"))
+    assert "outside the window" in inbox.offer(msg(2))
+    assert inbox.offer(msg(0)) is None and inbox.offer(msg(0)) == "duplicate"
+    assert inbox.offer(msg(1, n=8)) == FULL  # 16 + 32 bytes > 40
+    assert inbox.offer(msg(1, n=6)) is None and inbox.bytes == 40
+    inbox.advance(0)  # request 0 done: the window moves to [1, 3)
+    assert inbox.bytes == 24 and "outside the window" in inbox.offer(msg(0)) and inbox.offer(msg(2)) is None
 
 
 def test_pad_run_and_delayed_links(chain):
@@ -143,6 +170,5 @@ def test_tensor_roundtrip_any_shape_dtype_and_region(zmq_pair, shape, dtype, axi
         start = data.draw(st.integers(0, shape[axis] - 1))
         array = np.take(array, range(start, shape[axis]), axis=axis) if axis == 0 else array.swapaxes(0, axis)[start:].swapaxes(0, axis)
     send_tensor(push, 7, "src", "t", array)
-    inbox = Inbox(pull)
-    got = inbox.wait((7, "src", "t"), lambda: None, lambda: None)
+    got = _receive(pull).array
     assert got.dtype == array.dtype and got.shape == array.shape and np.array_equal(got, array)

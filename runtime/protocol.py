@@ -1,0 +1,122 @@
+"""The coordinator <-> worker protocol: message types, their fields, and the checks every received message
+passes before it is acted on.
+
+Sockets (W = a worker, C = the coordinator):
+  W binds a ROUTER on its --listen address (control). C connects one DEALER per worker; everything between
+  C and that worker (the session set-up, fragment files, per-request commands, model inputs and outputs)
+  travels on that connection, so C binds nothing and needs no open port.
+  For a run, W binds a PULL (data) on the same host (port --data-port, or any free one) when some other
+  device sends it tensors; each W connects a PUSH to every device it sends to. Tensors go device to device.
+  With keys, every one of these sockets is CURVE: W is the server on its ROUTER and its PULL, C and the
+  sending workers are clients, and W accepts only clients whose public key is in its keys folder.
+
+A session (one run), in order:
+  C hello {protocol, edgec}            -> W welcome {protocol, edgec, pid, threads, cores, key}
+                                          or refused {code: "version" | "busy", reason, protocol}
+  C open {device, manifest (its JSON), path (for messages), inflight, emulate}
+                                       -> W opened {data_port, need: [sha256 of fragments not in its cache]}
+  C blob {sha256, offset, size} + bytes (chunks, at most BLOB_WINDOW unacknowledged)
+                                       -> W ack {sha256, offset}; W loaded {} once its fragments are loaded
+  C peers {peers: {device: {addr, key}}} -> W ready {}  (W connected to the devices it sends to)
+  per request: C run {req}, C tensor (model inputs, src "@host") -> W tensor (model outputs), W done {req, run_ms}
+  C ping {} (keeps the session alive while C is idle); C end {} -> W bye {stats}
+  W error {kind: "input" | "run", req, message} at any point ends the session.
+Request ids count from 0 in steps of 1; at most `inflight` requests are open at once, and a worker keeps
+tensors only for the requests inside that window.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import zmq
+
+from .transport import MAX_HEADER_BYTES, BadMessage, unpack
+
+__all__ = ["PROTOCOL_VERSION", "BLOB_CHUNK", "BLOB_WINDOW", "MAX_OPEN_BYTES", "parse", "DropLog"]
+
+logger = logging.getLogger(__name__)
+
+# Bumped whenever a message or its meaning changes; both ends must speak the same version.
+PROTOCOL_VERSION = 1
+BLOB_CHUNK = 4 << 20  # fragment file bytes per blob message
+BLOB_WINDOW = 4  # blob messages in flight per worker: bounds what either side queues
+MAX_OPEN_BYTES = (64 << 20) + (1 << 16)  # the manifest (at most 64 MiB, manifest.py) and the other fields
+
+_INT, _STR, _BIN, _BOOL, _NUM = int, str, bytes, bool, float
+_FIELDS: dict[str, dict[str, tuple]] = {
+    # coordinator -> worker
+    "hello": {"protocol": (_INT,), "edgec": (_STR,)},
+    "open": {"device": (_STR,), "manifest": (_BIN,), "path": (_STR,), "inflight": (_INT,), "emulate": (_BOOL,)},
+    "blob": {"sha256": (_STR,), "offset": (_INT,), "size": (_INT,)},
+    "peers": {"peers": (dict,)},
+    "run": {"req": (_INT,)},
+    "ping": {},
+    "end": {},
+    # worker -> coordinator
+    "welcome": {"protocol": (_INT,), "edgec": (_STR,), "pid": (_INT,), "threads": (_INT,), "cores": (_INT,),
+                "key": (_STR, type(None))},
+    "refused": {"code": (_STR,), "reason": (_STR,), "protocol": (_INT,)},
+    "opened": {"data_port": (_INT, type(None)), "need": (list,)},
+    "ack": {"sha256": (_STR,), "offset": (_INT,)},
+    "loaded": {},
+    "ready": {},
+    "done": {"req": (_INT,), "run_ms": (_NUM, _INT)},
+    "error": {"kind": (_STR,), "req": (_INT,), "message": (_STR,)},
+    "bye": {"stats": (dict,)},
+    # either way (checked in full by transport.decode_tensor)
+    "tensor": {},
+}
+_PAYLOAD = {"blob", "tensor"}  # the types followed by a payload frame
+
+
+def parse(frames: list[zmq.Frame], allowed: frozenset[str] | set[str]) -> tuple[dict, zmq.Frame | None]:
+    """(header, payload frame or None) of a received message whose type is in `allowed`; BadMessage for
+    anything else: wrong frame count, oversized or non-msgpack header, unknown type, missing or mistyped field."""
+    if not 1 <= len(frames) <= 2:
+        raise BadMessage(f"{len(frames)} frames")
+    head = frames[0].buffer
+    limit = MAX_OPEN_BYTES if "open" in allowed else MAX_HEADER_BYTES
+    msg = unpack(head, limit)
+    if not isinstance(msg, dict):
+        raise BadMessage(f"header is a {type(msg).__name__}, not a map")
+    kind = msg.get("t")
+    if not isinstance(kind, str) or kind not in allowed:
+        raise BadMessage(f"unexpected message type {str(kind)[:40]!r}")
+    if kind != "open" and len(head) > MAX_HEADER_BYTES:
+        raise BadMessage(f"{kind}: header of {len(head)} bytes")
+    for key, types in _FIELDS[kind].items():
+        value = msg.get(key, _MISSING)
+        if value is _MISSING or not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            raise BadMessage(f"{kind}: field {key!r} missing or not {'/'.join(t.__name__ for t in types)}")
+    has_payload = len(frames) == 2
+    if has_payload != (kind in _PAYLOAD):
+        raise BadMessage(f"{kind}: {'unexpected' if has_payload else 'missing'} payload frame")
+    return msg, frames[1] if has_payload else None
+
+
+_MISSING = object()
+
+
+class DropLog:
+    """Counts dropped messages by reason; logs the first few of each reason and then every 1000th as
+    warnings (the rest at debug level, shown by `edgec worker --verbose`), so a flood costs a counter
+    increment, not a log line."""
+
+    FIRST = 5
+
+    def __init__(self, who: str):
+        self.who = who
+        self.counts: dict[str, int] = {}
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def drop(self, reason: str, detail: Any = "") -> None:
+        n = self.counts[reason] = self.counts.get(reason, 0) + 1
+        level = logging.WARNING if n <= self.FIRST or n % 1000 == 0 else logging.DEBUG
+        if logger.isEnabledFor(level):
+            logger.log(level, "%s: dropped a message (%s%s)%s", self.who, reason, f": {detail}" if detail else "",
+                       f" [{n} so far]" if n > 1 else "")

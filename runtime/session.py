@@ -1,0 +1,362 @@
+"""One run on a worker (a session): the coordinator's manifest, this device's fragments and peers, and the
+requests it executes, each through the device's steps in order. The protocol is in protocol.py."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from typing import TYPE_CHECKING
+
+import numpy as np
+import zmq
+
+from .cache import Incoming, check_sha256
+from .emulate import DelayedLinks, pad_run
+from .errors import InputError, RunError, one_line
+from .executor import Executor
+from .inbox import FULL, Inbox
+from .manifest import HOST, Concat, Free, Manifest, Recv, Run, Send, Slice, decode_manifest_json, parse_manifest, \
+    region_ranges
+from .net import parse_endpoint
+from .protocol import DropLog, parse
+from .schedule import recv_keys, send_targets
+from .transport import BadMessage, TensorMsg, decode_tensor, pack, send_tensor
+
+if TYPE_CHECKING:
+    from .worker import Daemon
+
+__all__ = ["Session", "SessionEnd", "SessionLost", "MAX_INFLIGHT"]
+
+logger = logging.getLogger(__name__)
+
+MAX_INFLIGHT = 64
+MAX_FRAGMENT_BYTES = 2 << 30  # protobuf cannot serialize a larger ONNX file
+SEND_TIMEOUT_MS = 60_000  # a peer that accepts nothing for this long has failed; the send raises
+
+_ALLOWED = {
+    "hello": frozenset({"open", "ping", "end"}),
+    "loading": frozenset({"blob", "ping", "end"}),
+    "loaded": frozenset({"peers", "ping", "end"}),
+    "ready": frozenset({"run", "tensor", "ping", "end"}),
+}
+
+
+class SessionEnd(Exception):
+    """The coordinator ended the session."""
+
+
+class SessionLost(Exception):
+    """The coordinator went silent: the session is abandoned."""
+
+
+class Session:
+    def __init__(self, daemon: "Daemon", owner: bytes, peer: str):
+        self.d = daemon
+        self.owner, self.peer = owner, peer
+        self.started = time.time()
+        self.heard = time.monotonic()
+        self.state = "hello"
+        self.manifest: Manifest | None = None
+        self.device = ""
+        self.label = "manifest"
+        self.emulate = False
+        self.executor: Executor | None = None
+        self.inbox: Inbox | None = None
+        self.data: zmq.Socket | None = None
+        self.peers: dict[str, zmq.Socket] = {}
+        self.peer_keys: dict[str, str | None] = {}
+        self.links: DelayedLinks | None = None
+        self.need: dict[str, str] = {}  # sha256 -> fragment id, still to arrive
+        self.incoming: Incoming | None = None
+        self.queue: deque[int] = deque()
+        self.next_run = 0
+        self.drops = DropLog(f"worker {daemon.endpoint}")
+        self.stats = {"requests": 0, "fragment_bytes_received": 0, "bytes_received": 0, "bytes_sent": 0}
+        self.shas: set[str] = set()
+        self._sent_lock = threading.Lock()  # emulated links send from their own threads
+
+    # -- control messages from the coordinator --------------------------------------------------------
+    def reply(self, **msg) -> None:
+        self.d.send_to(self.owner, [pack(msg)])
+
+    def on_control(self, frames: list[zmq.Frame]) -> None:
+        try:
+            msg, payload = parse(frames, _ALLOWED[self.state])
+        except BadMessage as exc:
+            self.drops.drop("bad message from the coordinator", exc)
+            return
+        self.heard = time.monotonic()
+        getattr(self, f"_on_{msg['t']}")(msg, payload)
+
+    def _on_ping(self, msg: dict, payload) -> None:
+        pass
+
+    def _on_end(self, msg: dict, payload) -> None:
+        raise SessionEnd()
+
+    def _on_open(self, msg: dict, payload) -> None:
+        self.label = msg["path"][:500]
+        m = parse_manifest(decode_manifest_json(msg["manifest"], self.label), self.label)
+        device, inflight = msg["device"], msg["inflight"]
+        if device not in m.device_names or not m.steps.get(device):
+            raise InputError(f"{self.label}: device {device!r} has no steps in this manifest")
+        if not 1 <= inflight <= MAX_INFLIGHT:
+            raise InputError(f"inflight {inflight}: expected 1 to {MAX_INFLIGHT}")
+        self.manifest, self.device, self.emulate = m, device, msg["emulate"]
+        for frag in m.device_fragments(device):
+            try:
+                sha = check_sha256(frag.sha256)
+            except ValueError as exc:
+                raise InputError(f"{self.label}: fragment {frag.id}: {exc}") from None
+            self.shas.add(sha)
+            if self.d.cache.has(sha):
+                self.d.cache.touch(sha)
+            else:
+                self.need[sha] = frag.id
+        expected = recv_keys(m, device)
+        self.inbox = Inbox(expected, inflight, self.d.max_buffer_bytes)
+        if any(src != HOST for src, _ in expected):
+            self.data = self.d.bind_data()
+        port = None if self.data is None else int(self.data.getsockopt(zmq.LAST_ENDPOINT).decode().rsplit(":", 1)[1])
+        logger.info("session from %s: device %s, %d fragment(s), %d to receive, inflight %d", self.peer, device,
+                    len(self.shas), len(self.need), inflight)
+        self.state = "loading"
+        self.reply(t="opened", data_port=port, need=sorted(self.need))
+        if not self.need:
+            self._load()
+
+    def _on_blob(self, msg: dict, payload: zmq.Frame) -> None:
+        sha, size = msg["sha256"], msg["size"]
+        if sha not in self.need:
+            raise RunError(f"device {self.device}: received a fragment file it did not ask for")
+        if self.incoming is not None and self.incoming.sha256 != sha:
+            raise RunError(f"device {self.device}: fragment {self.need[sha]} started before "
+                           f"{self.need[self.incoming.sha256]} was complete")
+        if self.incoming is None:
+            if not 0 <= size <= MAX_FRAGMENT_BYTES:
+                raise InputError(f"{self.label}: fragment {self.need[sha]}: size {size} is out of range")
+            self.incoming = self.d.cache.begin(sha, size)
+        data = payload.buffer
+        try:
+            complete = self.incoming.write(msg["offset"], data)
+        except ValueError as exc:
+            self.incoming.abort()
+            self.incoming = None
+            raise InputError(f"{self.label}: fragment {self.need[sha]}: {exc}") from None
+        self.stats["fragment_bytes_received"] += len(data)
+        self.reply(t="ack", sha256=sha, offset=msg["offset"])
+        if complete:
+            self.incoming = None
+            del self.need[sha]
+            if not self.need:
+                self._load()
+
+    def _load(self) -> None:
+        self.executor = Executor(self.manifest, self.device, self.d.threads,
+                                 files=lambda frag: self.d.cache.path(frag.sha256))
+        self.executor.load()
+        self.d.trim()
+        self.state = "loaded"
+        self.reply(t="loaded")
+
+    def _on_peers(self, msg: dict, payload) -> None:
+        m, peers = self.manifest, msg["peers"]
+        for name in sorted({src for src, _ in recv_keys(m, self.device) if src != HOST}):
+            self.peer_keys[name] = self._peer_entry(peers, name, need_addr=False)[1]
+        for name in sorted(send_targets(m, self.device)):
+            addr, key = self._peer_entry(peers, name, need_addr=True)
+            sock = self.d.ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.SNDTIMEO, SEND_TIMEOUT_MS)
+            sock.setsockopt(zmq.LINGER, 0)
+            if self.d.keys is not None:
+                self.d.keys.connect_to(sock, key.encode())
+            sock.connect(addr)
+            self.peers[name] = sock
+        if self.emulate:
+            self.links = DelayedLinks(m, self.device)
+        self.state = "ready"
+        self.reply(t="ready")
+
+    def _peer_entry(self, peers: dict, name: str, need_addr: bool) -> tuple[str | None, str | None]:
+        """(data address, public key) of a peer device: the address of one this device sends to, the key of
+        every peer when keys are used (a sender's key is what its tensors must arrive with)."""
+        entry = peers.get(name)
+        addr = entry.get("addr") if isinstance(entry, dict) else None
+        key = entry.get("key") if isinstance(entry, dict) else None
+        if need_addr:
+            if not isinstance(addr, str):
+                raise InputError(f"device {self.device}: the coordinator sent no data address for peer {name}")
+            parse_endpoint(addr, f"peer {name}")
+        if self.d.keys is not None and not (isinstance(key, str) and self.d.keys.is_trusted(key)):
+            raise InputError(f"device {self.device}: peer {name}'s key is not in {self.d.keys.folder}/public")
+        return addr, key
+
+    def _on_run(self, msg: dict, payload) -> None:
+        req = msg["req"]
+        if req != self.next_run or req >= self.inbox.base + self.inbox.window:
+            raise RunError(f"device {self.device}: run request {req} out of order (expected {self.next_run}, "
+                           f"window from {self.inbox.base})")
+        self.queue.append(req)
+        self.next_run += 1
+
+    def _on_tensor(self, msg: dict, payload: zmq.Frame) -> None:
+        try:
+            tensor = decode_tensor(msg, payload, self.d.max_message_bytes)
+        except BadMessage as exc:
+            self.drops.drop("bad input tensor", exc)
+            return
+        if tensor.src != HOST:
+            self.drops.drop("a device's tensor on the control connection", tensor.src)
+            return
+        self._keep(tensor)
+
+    # -- device-to-device tensors ---------------------------------------------------------------------
+    def on_data(self, frames: list[zmq.Frame]) -> None:
+        try:
+            header, payload = parse(frames, {"tensor"})
+            tensor = decode_tensor(header, payload, self.d.max_message_bytes)
+        except BadMessage as exc:
+            self.drops.drop("malformed", exc)
+            return
+        if tensor.src == HOST or tensor.src not in self.peer_keys:
+            self.drops.drop("unknown sender", tensor.src[:80])
+            return
+        if self.d.keys is not None and tensor.sender != self.peer_keys[tensor.src]:
+            self.drops.drop(f"not signed with {tensor.src}'s key", tensor.name[:80])
+            return
+        self._keep(tensor)
+
+    def _keep(self, tensor: TensorMsg) -> None:
+        reason = self.inbox.offer(tensor)
+        if reason == FULL:
+            raise RunError(f"device {self.device}: tensors waiting for later steps exceed this worker's "
+                           f"--max-buffer-mb ({self.d.max_buffer_bytes >> 20} MiB); raise it, or run with a "
+                           "smaller --inflight")
+        if reason is not None:
+            self.drops.drop(reason, f"{tensor.src[:80]}/{tensor.name[:80]} request {tensor.req}")
+            return
+        self.stats["bytes_received"] += tensor.nbytes
+
+    # -- requests -------------------------------------------------------------------------------------
+    def check_idle(self) -> None:
+        silent = time.monotonic() - self.heard
+        if silent > self.d.idle_timeout:
+            raise SessionLost(f"no word from the coordinator at {self.peer} for {silent:.0f} s")
+
+    def execute_next(self) -> None:
+        req = self.queue.popleft()
+        run_s = Steps(self, req).execute()
+        self.inbox.advance(req)
+        self.stats["requests"] += 1
+        self.reply(t="done", req=req, run_ms=run_s * 1000.0)
+
+    def wait_for(self, key: tuple[int, str, str]) -> np.ndarray:
+        while True:
+            array = self.inbox.take(key)
+            if array is not None:
+                return array
+            self.d.pump()
+            self.check_idle()
+
+    def send_output(self, req: int, name: str, array: np.ndarray) -> None:
+        self._count_sent(send_tensor(self.d.control, req, self.device, name, array, prefix=(self.owner,)))
+
+    def _count_sent(self, nbytes: int) -> None:
+        with self._sent_lock:
+            self.stats["bytes_sent"] += nbytes
+
+    def send_peer(self, req: int, to: str, name: str, array: np.ndarray) -> None:
+        sock = self.peers[to]
+
+        def send() -> None:
+            try:
+                self._count_sent(send_tensor(sock, req, self.device, name, array))
+            except zmq.Again:
+                raise RunError(f"device {self.device}: device {to} accepted nothing for "
+                               f"{SEND_TIMEOUT_MS // 1000} s") from None
+
+        if self.links is None:
+            send()
+        else:
+            self.links.submit(to, array.nbytes, send)
+
+    # -- end ------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Free everything the session holds (fragments, buffers, sockets); idempotent."""
+        if self.incoming is not None:
+            self.incoming.abort()
+            self.incoming = None
+        if self.links is not None:
+            self.links.close()
+            self.links = None
+        if self.executor is not None:
+            self.executor.close()
+            self.executor = None
+        if self.inbox is not None:
+            self.inbox.clear()
+        for sock in self.peers.values():
+            sock.close(linger=0)
+        self.peers.clear()
+        if self.data is not None:
+            self.d.unbind_data(self.data)
+            self.data = None
+        self.queue.clear()
+
+
+class Steps:
+    """One request through this device's steps, in order."""
+
+    def __init__(self, session: Session, req: int):
+        self.s, self.req = session, req
+        self.device = session.device
+
+    def execute(self) -> float:
+        """Run the steps; returns the total (emulated) fragment run time in seconds."""
+        s, store, run_s = self.s, {}, 0.0
+        for step in s.manifest.steps[self.device]:
+            if isinstance(step, Run):
+                elapsed = s.executor.run(step.fragment, store)
+                if s.emulate:
+                    elapsed = pad_run(s.executor.fragments[step.fragment], elapsed)
+                run_s += elapsed
+            elif isinstance(step, Recv):
+                store[step.tensor] = s.wait_for((self.req, step.src, step.tensor))
+            elif isinstance(step, Send):
+                self.send(step, store[step.tensor])
+            elif isinstance(step, Slice):
+                store[step.as_name] = self.cut(store[step.tensor], step.axis, step.start, step.stop, step.tensor)
+            elif isinstance(step, Concat):
+                store[step.as_name] = self.concat(step, store)
+            elif isinstance(step, Free):
+                for name in step.tensors:
+                    del store[name]
+        if s.links is not None:
+            s.links.raise_if_failed()
+        return run_s
+
+    def send(self, step: Send, array: np.ndarray) -> None:
+        for r in region_ranges(step.region):  # a box: one view per axis, still no copy
+            array = self.cut(array, r.axis, r.start, r.stop, step.tensor)
+        if step.to == HOST:
+            self.s.send_output(self.req, step.name, array)
+        else:
+            self.s.send_peer(self.req, step.to, step.name, array)
+
+    def cut(self, array: np.ndarray, axis: int, start: int, stop: int, name: str) -> np.ndarray:
+        """array[start:stop] along axis, as a view (send copies only if the view is not contiguous)."""
+        if not -array.ndim <= axis < array.ndim or stop > array.shape[axis]:
+            raise RunError(f"device {self.device}: slice [{start}:{stop}] along axis {axis} is outside "
+                           f"tensor {name!r} of shape {array.shape}")
+        index = [slice(None)] * array.ndim
+        index[axis] = slice(start, stop)
+        return array[tuple(index)]
+
+    def concat(self, step: Concat, store: dict[str, np.ndarray]) -> np.ndarray:
+        try:
+            return np.concatenate([store[p] for p in step.parts], axis=step.axis)
+        except ValueError as exc:  # numpy's AxisError is a ValueError too
+            raise RunError(f"device {self.device}: concat of {list(step.parts)} into {step.as_name!r} failed: "
+                           f"{one_line(exc)}") from None
+
