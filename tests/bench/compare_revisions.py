@@ -129,7 +129,9 @@ class Revision:
         if pkg.exists():
             shutil.rmtree(self.root)
         pkg.mkdir(parents=True)
-        shutil.copy(self.tree / "runtime" / "_root" / "__init__.py", pkg / "__init__.py")
+        # the package root: compiler/_root since the device distribution got its own, runtime/_root before
+        roots = [self.tree / d / "_root" / "__init__.py" for d in ("compiler", "runtime")]
+        shutil.copy(next(r for r in roots if r.is_file()), pkg / "__init__.py")
         for d in PACKAGE_DIRS:
             (pkg / d).symlink_to(self.tree / d, target_is_directory=True)
         self.cache = work / "cache" / f"{self.commit}.json" if self.commit else None

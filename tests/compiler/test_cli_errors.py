@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edgec import models
 from edgec.compiler.cli import cli
-from edgec.compiler.emit import Fragment, write_output
+from edgec.compiler.emit import EmittedFragment, write_output
 from edgec.compiler.errors import UserError
 from edgec.compiler.fragment import EncodedModel
 
@@ -108,7 +108,7 @@ def custom_op_model() -> onnx.ModelProto:
 def test_a_fragment_onnxruntime_cannot_load_is_refused_before_writing(tmp_path):
     """ingest refuses custom domains up front; write_output checks every fragment it is given anyway."""
     data = custom_op_model().SerializeToString()
-    frag = Fragment("f0", "pi5-a", "pi5-a.f0.onnx", ("x",), ("y",),
+    frag = EmittedFragment("f0", "pi5-a", "pi5-a.f0.onnx", ("x",), ("y",),
                     EncodedModel((data,), hashlib.sha256(data).hexdigest()), 1.0)
     with pytest.raises(UserError) as info:
         write_output(tmp_path / "out", {"model": {"path": "../custom.onnx"}, "fragments": []}, [frag])

@@ -7,26 +7,22 @@ The Python API for build scripts, the same as the command line:
     report = edgec.run("build/", random_inputs=True, verify=True)       # what `edgec run --json` prints
     assert report["verify"]["passed"]
 
-This file is the ``edgec`` package itself. pyproject.toml maps it here (``package-dir``), beside the
-runtime that every installation carries, so that the repository's top level holds only its folders:
-compiler/, runtime/, models/ and profiles/ install as ``edgec.compiler``, ``edgec.runtime``,
-``edgec.models`` and ``edgec.profiles``. The device-only distribution (runtime/dist) has ``run`` and no
-``compile``.
+This file is the ``edgec`` package of the full distribution. pyproject.toml maps it here
+(``package-dir``), so that the repository's top level holds only its folders: compiler/, runtime/,
+models/ and profiles/ install as ``edgec.compiler``, ``edgec.runtime``, ``edgec.models`` and
+``edgec.profiles``. The device-only distribution (runtime/dist) has its own root, runtime/dist/root, with
+``run`` and no ``compile``: nothing under runtime/ imports the compiler.
 """
 
 from importlib import metadata as _metadata
 
 __all__ = ["compile", "run", "__version__"]
 
-try:
-    __version__ = _metadata.version("edgec")
-except _metadata.PackageNotFoundError:  # the device-only distribution (runtime/dist)
-    __version__ = _metadata.version("edgec-runtime")
+__version__ = _metadata.version("edgec")
 
 
 def __getattr__(name: str):
-    """`edgec.compile` and `edgec.run`, imported on first use: `import edgec` stays light, and the
-    device-only distribution, which has no compiler, still imports."""
+    """`edgec.compile` and `edgec.run`, imported on first use: `import edgec` stays light."""
     if name == "compile":
         from edgec.compiler.api import compile
 
