@@ -1,0 +1,399 @@
+"""Benchmark (issue 10, item 8): edgec's predictions against `edgec run` on two workers over a shaped network.
+
+Run (as root, with iproute2; see tests/netbed.py):
+
+    python tests/bench/bench_distributed.py [--quick] [--repeat N] [--mbps 100,20] [--cases NAME,...] [--json FILE]
+
+Setup: this machine is measured once with `edgec profile --threads 1` (both devices use that profile), then for
+each bandwidth a tests/netbed.py testbed is built: an unshaped coordinator host and two device hosts whose link
+is shaped to the bandwidth, an `edgec worker --threads 1` on each device host with only its own secret key.
+For each case the model is compiled for that two-device cluster (predictions from `compile --json`) and run
+from the coordinator host twice, with --verify:
+- barrier: `edgec run --inflight 1 --repeat N`: median latency and throughput one request at a time;
+- streaming: `edgec run --repeat N` at the default --inflight (the plan's pipeline depth).
+`pred gain` is what streaming can gain by the plan: predicted throughput x predicted latency (1.0 for a plan
+on one device; up to the number of busy stages, transfers counted, when they take equal time).
+Bytes between the devices per request (the warm-up request included) are reported three ways: predicted
+(compile's bytes_transferred), counted by the workers (their bytes_sent less the model outputs they sent to
+the coordinator) and on the wire (what the device hosts put on their shaped links, both directions: frames
+with TCP/IP/Ethernet headers, acknowledgements included; traffic to the coordinator is not shaped and not
+counted).
+
+The machine is not quiet (other work shares its two cores): the load is printed before and after, the
+profile records the CPU time other processes used while it measured, and ResNet-50 at one thread is timed
+alone and two at once: what two workers computing at the same time get of the machine, which bounds what
+streaming can gain.
+
+Markdown to stdout, progress to stderr; exit 0 when every case ran and verified, 1 otherwise (the targets are
+reported, not enforced: they depend on how busy the machine is).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # run as a script: tests.* are imported from the checkout
+    sys.path.insert(0, str(ROOT))
+
+from edgec import models  # noqa: E402
+from tests import netbed  # noqa: E402
+from tests.e2e.netbed_cluster import (ClusterError, cluster_doc, deal_keys, edgec_argv, keygen, run_json,  # noqa: E402
+                                      shaped_bytes, start_workers, write_yaml)
+from tests.netbed import Testbed  # noqa: E402
+
+DEVICES = ("dev-a", "dev-b")
+PORT = 7000
+THREADS = 1
+LATENCY_TOLERANCE = 0.15  # targets of issue 10
+STREAM_OVER_BARRIER = 1.3
+STREAM_OVER_PREDICTED = 0.85
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    model: str
+    flags: tuple[str, ...]  # for `edgec compile`
+
+
+CASES = [
+    Case("resnet50-pipeline", "resnet50", ("--strategy", "pipeline", "--objective", "throughput")),
+    Case("vgg16-spatial", "vgg16", ("--strategy", "spatial")),
+    Case("mobilenetv2-auto", "mobilenetv2", ()),
+    Case("transformer-auto", "transformer", ()),
+    # auto's default objective is latency, which keeps these two models on one device at these bandwidths;
+    # for throughput it pipelines them across both, which is what streaming is for.
+    Case("mobilenetv2-auto-throughput", "mobilenetv2", ("--objective", "throughput")),
+    Case("transformer-auto-throughput", "transformer", ("--objective", "throughput")),
+]
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def loadavg() -> list[float]:
+    return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+
+
+# -- setup --------------------------------------------------------------------------------------------------
+def measure_profile(path: Path, quick: bool) -> dict:
+    """`edgec profile --threads 1` into `path`; returns the load it recorded (measurement.load)."""
+    argv = edgec_argv("profile", "--threads", str(THREADS), "-o", str(path), *(["--quick"] if quick else []))
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise SystemExit(f"edgec profile exited {done.returncode}: {done.stderr.strip()}")
+    for line in done.stderr.strip().splitlines():
+        log(f"  {line}")
+    profile = yaml.safe_load(path.read_text())
+    return (profile.get("measurement") or {}).get("load") or {}
+
+
+# Times `runs` ResNet-50 inferences at one onnxruntime thread (after 2 warm-ups); prints their median in ms.
+_KERNEL = """
+import sys, time, numpy as np, onnxruntime as ort
+opts = ort.SessionOptions()
+opts.intra_op_num_threads = opts.inter_op_num_threads = 1
+opts.log_severity_level = 3
+sess = ort.InferenceSession(sys.argv[1], opts, providers=["CPUExecutionProvider"])
+inp = sess.get_inputs()[0]
+x = np.random.default_rng(0).random([d if isinstance(d, int) else 1 for d in inp.shape], dtype=np.float32)
+times = []
+for i in range(int(sys.argv[2]) + 2):
+    t0 = time.perf_counter()
+    sess.run(None, {inp.name: x})
+    times.append((time.perf_counter() - t0) * 1000)
+print(sorted(times[2:])[(len(times) - 2) // 2])
+"""
+
+
+def parallel_capacity(runs: int) -> dict:
+    """What two 1-thread workers can expect of this machine: ResNet-50 at one thread alone, then two at
+    once. The profile measures one process alone; a pipeline's stages compute at the same time, and
+    streaming can only gain what the cores give them together."""
+    model = str(models.ensure("resnet50"))
+    argv = [sys.executable, "-c", _KERNEL, model, str(runs)]
+
+    def median_ms(proc: subprocess.Popen) -> float:
+        out, err = proc.communicate(timeout=600)
+        if proc.returncode != 0:
+            raise SystemExit(f"the parallel-capacity probe failed: {err.strip()[-500:]}")
+        return float(out)
+
+    spawn = lambda: subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    alone = median_ms(spawn())
+    pair = [spawn(), spawn()]
+    together = [median_ms(p) for p in pair]
+    result = {"alone_ms": alone, "together_ms": together,
+              "cores_worth": 2 * alone / statistics.mean(together)}
+    log(f"  ResNet-50 at 1 thread: {alone:.1f} ms alone, {together[0]:.1f} and {together[1]:.1f} ms with two at "
+        f"once: two processes get {result['cores_worth']:.2f} cores' worth")
+    return result
+
+
+def plan_summary(summary: dict) -> tuple[str, bool]:
+    """A short description of the compiled plan, and whether it is a two-stage pipeline over both devices."""
+    stages = summary["stages"]
+    spatial = any(s.get("spatial") for s in stages)
+    busy = [d["name"] for d in summary["devices"] if d["fragments"]]
+    text = f"{summary['strategy']}: {len(stages)} stage(s) on {'+'.join(busy) or '-'}"
+    two_stage = summary["strategy"] == "pipeline" and not spatial and len(stages) == 2 \
+        and len({s["device"] for s in stages}) == 2
+    return text, two_stage
+
+
+def output_bytes(report: dict) -> int:
+    return sum(int(np.prod(o["shape"], dtype=np.int64)) * np.dtype(o["dtype"]).itemsize for o in report["outputs"])
+
+
+# -- one case ---------------------------------------------------------------------------------------------
+class Bench:
+    def __init__(self, tb: Testbed, tmp: Path, coord_keys: Path, profile: Path, mbps: float, repeat: int):
+        self.tb, self.tmp, self.coord_keys, self.profile = tb, tmp, coord_keys, profile
+        self.mbps, self.repeat = mbps, repeat
+        self.cluster = write_yaml(tmp / f"cluster-{mbps:g}.yaml",
+                                  cluster_doc(tb, {d: str(profile) for d in DEVICES}, mbps, PORT))
+
+    def compile(self, case: Case, out: Path) -> dict:
+        model = models.ensure(case.model)
+        summary, seconds = run_json(self.tb, "coord", ["compile", str(model), "--devices", str(self.cluster),
+                                                       "-o", str(out), *case.flags], timeout=1800)
+        log(f"  compiled in {seconds:.1f} s: {plan_summary(summary)[0]}, predicted {summary['predicted_latency_ms']:.1f} ms, "
+            f"{summary['predicted_throughput_ips']:.2f}/s, {summary['bytes_transferred']} B between devices")
+        return summary
+
+    def run(self, build: Path, *extra: str) -> tuple[dict, dict[str, int]]:
+        """One `edgec run --verify --json`; its report and the bytes each device host put on its shaped links."""
+        before = {d: shaped_bytes(self.tb, d) for d in DEVICES}
+        report, seconds = run_json(self.tb, "coord", ["run", str(build), "--keys", str(self.coord_keys),
+                                                      "--random-inputs", "--verify", "--repeat", str(self.repeat),
+                                                      *extra], timeout=120 + 60 * self.repeat)
+        wire = {d: shaped_bytes(self.tb, d) - before[d] for d in DEVICES}
+        if not report["verify"]["passed"]:
+            raise ClusterError(f"outputs did not verify: {report['verify']}")
+        log(f"  run {' '.join(extra) or '(default inflight)'}: {seconds:.1f} s, median latency "
+            f"{report['latency_ms']:.1f} ms, {report['throughput_ips']:.2f}/s at inflight {report['inflight']}, verified")
+        return report, wire
+
+    def measure(self, case: Case) -> dict:
+        out = self.tmp / f"{case.name}-{self.mbps:g}"
+        summary = self.compile(case, out)
+        barrier, wire = self.run(out, "--inflight", "1")
+        stream, _ = self.run(out)
+        requests = max(d.get("requests", 0) for d in barrier["devices"].values())
+        worker_sent = sum(d.get("bytes_sent", 0) for d in barrier["devices"].values())
+        plan, two_stage = plan_summary(summary)
+        row = {
+            "case": case.name, "model": case.model, "mbps": self.mbps, "plan": plan, "two_stage_pipeline": two_stage,
+            "predicted_latency_ms": summary["predicted_latency_ms"], "latency_ms": barrier["latency_ms"],
+            "predicted_throughput_ips": summary["predicted_throughput_ips"],
+            "barrier_ips": barrier["throughput_ips"], "stream_ips": stream["throughput_ips"],
+            "stream_inflight": stream["inflight"],
+            "predicted_bytes": summary["bytes_transferred"],
+            "worker_bytes": (worker_sent - requests * output_bytes(barrier)) / requests if requests else None,
+            "wire_bytes": sum(wire.values()) / requests if requests else None,
+            "requests": requests,
+        }
+        row["latency_ratio"] = row["latency_ms"] / row["predicted_latency_ms"]
+        # What streaming can gain by the plan: its throughput over one request at a time (1 / latency).
+        row["predicted_stream_gain"] = row["predicted_throughput_ips"] * row["predicted_latency_ms"] / 1000
+        row["stream_over_barrier"] = row["stream_ips"] / row["barrier_ips"]
+        row["stream_over_predicted"] = row["stream_ips"] / row["predicted_throughput_ips"]
+        return row
+
+
+def bench_bandwidth(mbps: float, cases: list[Case], tmp: Path, profile: Path, repeat: int) -> list[dict]:
+    """Every case at one bandwidth; a testbed whose workers cannot start fails all of them, with the reason."""
+    rows = []
+    with Testbed(["coord", *DEVICES], mbps, unshaped=["coord"]) as tb:
+        try:
+            keygen(tb, "coord", tmp / "keys", DEVICES)
+            dealt = deal_keys(tmp / "keys", tmp / "machines", ["coordinator", *DEVICES])
+            workers = start_workers(tb, {d: dealt[d] for d in DEVICES}, tmp, port=PORT, threads=THREADS)
+        except ClusterError as exc:
+            log(f"{mbps:g} Mbps: FAILED to set up the cluster: {exc}")
+            return [{"case": c.name, "model": c.model, "mbps": mbps, "error": f"cluster setup: {exc}"} for c in cases]
+        try:
+            bench = Bench(tb, tmp, dealt["coordinator"], profile, mbps, repeat)
+            for case in cases:
+                log(f"{case.name} at {mbps:g} Mbps (load average {' '.join(f'{x:.2f}' for x in loadavg())})")
+                start = time.perf_counter()
+                try:
+                    row = bench.measure(case)
+                except ClusterError as exc:
+                    log(f"  FAILED: {exc}")
+                    tails = {n: w.log().strip().splitlines()[-5:] for n, w in workers.items()}
+                    row = {"case": case.name, "model": case.model, "mbps": mbps, "error": str(exc), "worker_logs": tails}
+                row["seconds"] = time.perf_counter() - start
+                rows.append(row)
+        finally:
+            codes = {n: w.stop() for n, w in workers.items()}
+        if any(c != 0 for c in codes.values()):
+            log(f"warning: workers did not stop cleanly on SIGTERM: {codes}")
+    return rows
+
+
+# -- report -----------------------------------------------------------------------------------------------
+def _f(x: float | None, fmt: str) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else format(x, fmt)
+
+
+def table(rows: list[dict]) -> str:
+    head = ["case", "Mbps", "plan", "pred lat ms", "lat ms", "lat ratio", "pred /s", "barrier /s", "stream /s (K)",
+            "pred gain", "stream/barrier", "stream/pred", "pred B/req", "workers B/req", "wire B/req"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        if "error" in r:
+            cells = [r["case"], f"{r['mbps']:g}", "FAILED: " + r["error"].splitlines()[0][:120]] + [""] * (len(head) - 3)
+        else:
+            cells = [r["case"], f"{r['mbps']:g}", r["plan"], _f(r["predicted_latency_ms"], ".1f"), _f(r["latency_ms"], ".1f"),
+                     _f(r["latency_ratio"], ".2f"), _f(r["predicted_throughput_ips"], ".2f"), _f(r["barrier_ips"], ".2f"),
+                     f"{_f(r['stream_ips'], '.2f')} ({r['stream_inflight']})", _f(r["predicted_stream_gain"], ".2f"),
+                     _f(r["stream_over_barrier"], ".2f"),
+                     _f(r["stream_over_predicted"], ".2f"), f"{r['predicted_bytes']:,}", _f(r["worker_bytes"], ",.0f"),
+                     _f(r["wire_bytes"], ",.0f")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def summarize(rows: list[dict]) -> dict:
+    ok = [r for r in rows if "error" not in r]
+    if not ok:
+        return {"cases_ok": 0, "cases_failed": len(rows)}
+    ratios = [r["latency_ratio"] for r in ok]
+    worst = max(ok, key=lambda r: abs(r["latency_ratio"] - 1))
+    pipelines = [r for r in ok if r["two_stage_pipeline"]]
+    slowest = min(ok, key=lambda r: r["stream_over_predicted"])
+    return {
+        "cases_ok": len(ok), "cases_failed": len(rows) - len(ok),
+        "latency_ratio_median": statistics.median(ratios),
+        "latency_abs_error_median": statistics.median(abs(x - 1) for x in ratios),
+        "latency_worst": {"case": worst["case"], "mbps": worst["mbps"], "ratio": worst["latency_ratio"]},
+        "latency_target_met": abs(statistics.median(ratios) - 1) <= LATENCY_TOLERANCE,
+        "two_stage_pipelines": [{"case": r["case"], "mbps": r["mbps"], "stream_over_barrier": r["stream_over_barrier"],
+                                 "predicted_gain": r["predicted_stream_gain"],
+                                 "met": r["stream_over_barrier"] >= STREAM_OVER_BARRIER} for r in pipelines],
+        "stream_over_predicted_median": statistics.median(r["stream_over_predicted"] for r in ok),
+        "stream_over_predicted_worst": {"case": slowest["case"], "mbps": slowest["mbps"],
+                                        "ratio": slowest["stream_over_predicted"]},
+        "stream_over_predicted_met": [f"{r['case']}@{r['mbps']:g}" for r in ok
+                                      if r["stream_over_predicted"] >= STREAM_OVER_PREDICTED],
+        "stream_over_predicted_missed": [f"{r['case']}@{r['mbps']:g}" for r in ok
+                                         if r["stream_over_predicted"] < STREAM_OVER_PREDICTED],
+    }
+
+
+def summary_text(s: dict) -> str:
+    if not s.get("cases_ok"):
+        return f"no case completed ({s['cases_failed']} failed)"
+    yes = lambda met: "met" if met else "NOT met"
+    lines = [
+        f"- latency: measured / predicted median {s['latency_ratio_median']:.3f} (median |error| "
+        f"{s['latency_abs_error_median']:.1%}); target within {LATENCY_TOLERANCE:.0%}: {yes(s['latency_target_met'])}; "
+        f"worst {s['latency_worst']['case']} at {s['latency_worst']['mbps']:g} Mbps: {s['latency_worst']['ratio']:.3f}",
+    ]
+    if s["two_stage_pipelines"]:
+        parts = ", ".join(f"{p['case']}@{p['mbps']:g} {p['stream_over_barrier']:.2f}x ({yes(p['met'])}; the plan "
+                          f"predicts {p['predicted_gain']:.2f}x)"
+                          for p in s["two_stage_pipelines"])
+        lines.append(f"- streaming over barrier on two-stage pipelines (target >= {STREAM_OVER_BARRIER}x): {parts}")
+    else:
+        lines.append("- streaming over barrier: no case was planned as a two-stage pipeline")
+    lines.append(f"- streaming over predicted throughput: median {s['stream_over_predicted_median']:.2f}x, worst "
+                 f"{s['stream_over_predicted_worst']['case']} at {s['stream_over_predicted_worst']['mbps']:g} Mbps "
+                 f"{s['stream_over_predicted_worst']['ratio']:.2f}x; target >= {STREAM_OVER_PREDICTED}x met by "
+                 f"{len(s['stream_over_predicted_met'])} of {s['cases_ok']} case(s)"
+                 + (f", missed by {', '.join(s['stream_over_predicted_missed'])}" if s["stream_over_predicted_missed"] else ""))
+    if s["cases_failed"]:
+        lines.append(f"- {s['cases_failed']} case(s) failed (see the table)")
+    return "\n".join(lines)
+
+
+def load_text(start: list[float], end: list[float], profile_load: dict, capacity: dict) -> str:
+    before, during = profile_load.get("before") or {}, profile_load.get("during") or {}
+    cpus = profile_load.get("cpus", os.cpu_count())
+    return (f"load average (1/5/15 min): {' '.join(f'{x:.2f}' for x in start)} at start, "
+            f"{' '.join(f'{x:.2f}' for x in end)} at the end; while `edgec profile` measured, other processes used "
+            f"{before.get('other_cpus', 'n/a')} (before) and {during.get('other_cpus', 'n/a')} (during) of {cpus} CPUs "
+            f"(verdict: {profile_load.get('verdict', 'n/a')}).\n\n"
+            f"Parallel capacity: ResNet-50 at 1 thread takes {capacity['alone_ms']:.1f} ms alone and "
+            f"{' / '.join(f'{x:.1f}' for x in capacity['together_ms'])} ms with two processes at once: two workers "
+            f"computing together get {capacity['cores_worth']:.2f} cores' worth (2.00 on two free cores).")
+
+
+# -- main -------------------------------------------------------------------------------------------------
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="5 timed requests per run and a quick profile")
+    p.add_argument("--repeat", type=int, help="timed requests per run (default 20, 5 with --quick)")
+    p.add_argument("--mbps", default="100,20", help="bandwidths to shape the device link to (default 100,20)")
+    p.add_argument("--cases", default=",".join(c.name for c in CASES),
+                   help=f"comma-separated subset of: {', '.join(c.name for c in CASES)}")
+    p.add_argument("--json", metavar="FILE", help="also write the rows, load and summary as JSON here")
+    args = p.parse_args(argv)
+    known = {c.name: c for c in CASES}
+    wanted = [n.strip() for n in args.cases.split(",") if n.strip()]
+    unknown = [n for n in wanted if n not in known]
+    if unknown or not wanted:
+        p.error(f"unknown case(s) {unknown}; choose from {sorted(known)}")
+    args.cases = [known[n] for n in wanted]
+    try:
+        args.mbps = [float(x) for x in args.mbps.split(",")]
+    except ValueError:
+        p.error(f"--mbps {args.mbps!r}: expected numbers separated by commas")
+    if args.repeat is None:
+        args.repeat = 5 if args.quick else 20
+    if args.repeat < 1:
+        p.error("--repeat must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    reason = netbed.unavailable_reason()
+    if reason is not None:
+        print(f"bench_distributed: cannot build the network testbed: {reason}", file=sys.stderr)
+        return 2
+    start_load = loadavg()
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="edgec-bench-dist-") as scratch:
+        tmp = Path(scratch)
+        profile = tmp / "profile-1thread.yaml"
+        log(f"measuring this machine: edgec profile --threads {THREADS}{' --quick' if args.quick else ''}")
+        profile_load = measure_profile(profile, args.quick)
+        log("measuring what two 1-thread processes get at once")
+        capacity = parallel_capacity(5 if args.quick else 15)
+        for mbps in args.mbps:
+            folder = tmp / f"{mbps:g}mbps"
+            folder.mkdir()
+            rows += bench_bandwidth(mbps, args.cases, folder, profile, args.repeat)
+    end_load = loadavg()
+    summary = summarize(rows)
+    print(f"## edgec run on 2 workers x {THREADS} thread over a shaped network ({args.repeat} timed requests per run)\n")
+    print(load_text(start_load, end_load, profile_load, capacity) + "\n")
+    print(table(rows) + "\n")
+    print(summary_text(summary))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"repeat": args.repeat, "threads": THREADS, "load": {
+            "loadavg_start": start_load, "loadavg_end": end_load, "profile": profile_load,
+            "parallel_capacity": capacity},
+            "rows": rows, "summary": summary}, indent=1, default=str))
+    return 0 if summary.get("cases_failed", len(rows)) == 0 and rows else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
