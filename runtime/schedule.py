@@ -52,29 +52,44 @@ def send_targets(m: Manifest, device: str) -> set[str]:
 
 
 def pipeline_depth(m: Manifest) -> int:
-    """How many requests can usefully be in flight: the number of hand-offs on the schedule's longest chain
-    of device-to-device transfers, plus one, and at most the number of working devices (each device works
-    on one request at a time). Computed by running the schedule in synchronous rounds, every device
-    advancing until it waits for a tensor sent in the same round: a two-stage pipeline takes 2 rounds; a
-    spatial stage that scatters to two devices and gathers back takes 3, capped at its 2 devices."""
+    """How many requests can usefully be in flight: one per resource on the schedule's longest chain of
+    hand-offs, counting each device-to-device link as a resource of its own (the cost model's throughput
+    is that of its busiest device or link, with transfers overlapping computation), and at most the
+    working devices plus the links they use. The chain is measured by running the schedule in
+    synchronous rounds, every device advancing until it waits for a tensor sent in the same round: a
+    two-stage pipeline takes 2 rounds, so 2 devices and the link between them: 3; a spatial stage that
+    scatters to one other device and gathers back takes 3 rounds (5 resources), capped at 2 devices and
+    their link: 3."""
     pc = dict.fromkeys(m.steps, 0)
     delivered: set[tuple[str, str, str]] = set()
     rounds = 0
     while any(pc[d] < len(steps) for d, steps in m.steps.items()):
         rounds += 1
         sent: set[tuple[str, str, str]] = set()
-        for device, steps in m.steps.items():
-            while pc[device] < len(steps):
-                step = steps[pc[device]]
-                if isinstance(step, Recv) and step.src != HOST and (step.src, device, step.tensor) not in delivered:
-                    break
-                if isinstance(step, Send) and step.to != HOST:
-                    sent.add((device, step.to, step.name))
-                pc[device] += 1
+        _advance(m, pc, delivered, sent)
         if not sent and any(pc[d] < len(steps) for d, steps in m.steps.items()):
             break  # a deadlock, which validation refuses before this is ever asked
         delivered |= sent
-    return max(1, min(rounds, len(working_devices(m))))
+    links = {frozenset((dev, s.to)) for dev, steps in m.steps.items() for s in steps
+             if isinstance(s, Send) and s.to != HOST}
+    return max(1, min(2 * rounds - 1, len(working_devices(m)) + len(links)))
+
+
+def _advance(m: Manifest, pc: dict[str, int], delivered: set, sent: set) -> bool:
+    """Run every device's steps on from pc[device] as far as they go: a recv from another device waits
+    until its (src, dst, tensor) is in `delivered`; a send to another device adds its key to `sent`
+    (pass `delivered` itself to make sends visible at once). True if any step ran."""
+    moved = False
+    for device, steps in m.steps.items():
+        while pc[device] < len(steps):
+            step = steps[pc[device]]
+            if isinstance(step, Recv) and step.src != HOST and (step.src, device, step.tensor) not in delivered:
+                break
+            if isinstance(step, Send) and step.to != HOST:
+                sent.add((device, step.to, step.name))
+            pc[device] += 1
+            moved = True
+    return moved
 
 
 def _check_references(m: Manifest, fail: Fail) -> None:
@@ -196,18 +211,8 @@ def _check_deadlock(m: Manifest, fail: Fail) -> None:
     """Simulate the schedule with non-blocking sends and blocking recvs; all devices must finish."""
     pc = dict.fromkeys(m.steps, 0)
     delivered: set[tuple[str, str, str]] = set()
-    progress = True
-    while progress:
-        progress = False
-        for device, steps in m.steps.items():
-            while pc[device] < len(steps):
-                step = steps[pc[device]]
-                if isinstance(step, Recv) and step.src != HOST and (step.src, device, step.tensor) not in delivered:
-                    break
-                if isinstance(step, Send) and step.to != HOST:
-                    delivered.add((device, step.to, step.name))
-                pc[device] += 1
-                progress = True
+    while _advance(m, pc, delivered, delivered):
+        pass
     stuck = [f"{dev} waits at step {i} for {m.steps[dev][i].tensor!r} from {m.steps[dev][i].src}"
              for dev, i in pc.items() if i < len(m.steps[dev])]
     if stuck:

@@ -481,18 +481,20 @@ def test_streaming_returns_the_same_outputs_in_request_order(pipeline):
 
 
 def test_pipeline_depth_of_a_chain(chain):
-    assert pipeline_depth(load_manifest(chain.path)) == 2
+    # two stages and the link between them
+    assert pipeline_depth(load_manifest(chain.path)) == 3
 
 
 def test_pipeline_depth_of_a_scatter_gather(spatial):
-    # a scatters to b and c, which send back to a: three rounds, over three working devices
-    assert pipeline_depth(load_manifest(spatial.path)) == 3
+    # a scatters to b and c, which send back to a: three rounds, so five resources on the chain (three
+    # devices and two links, which is also the cap)
+    assert pipeline_depth(load_manifest(spatial.path)) == 5
 
 
 
-def test_pipeline_depth_is_capped_by_the_working_devices(spatial_build):
-    # pi5-a scatters rows to pi4-a and gathers them back: three rounds, but two devices
-    assert pipeline_depth(load_manifest(spatial_build / "manifest.json")) == 2
+def test_pipeline_depth_is_capped_by_the_working_devices_and_links(spatial_build):
+    # pi5-a scatters rows to pi4-a and gathers them back: three rounds, but two devices and one link
+    assert pipeline_depth(load_manifest(spatial_build / "manifest.json")) == 3
 
 
 def test_rss_stays_flat_over_1000_streamed_requests(pipeline, start_worker):
