@@ -19,11 +19,13 @@ def compile(model: str | os.PathLike, devices: str | os.PathLike, outdir: str | 
             strategy: str = "auto", objective: str = "latency",
             shapes: Mapping[str, Sequence[int]] | None = None, search_threshold: float = 0.1,
             deepthings_grid: tuple[int, int] | None = None, deepthings_layers: int | None = None,
-            jobs: int | None = None, progress: Progress | None = None) -> dict:
+            jobs: int | None = None, progress: Progress | None = None, fallbacks: bool = False) -> dict:
     """Compile `model` for the cluster in `devices` into `outdir`; return the `--json` summary.
 
     Bad input raises `edgec.compiler.errors.UserError` (one line, naming the file), and nothing is
-    written. The arguments are the command's options, with `shapes` as `{input name: dims}`.
+    written. The arguments are the command's options, with `shapes` as `{input name: dims}`. With
+    `fallbacks`, the cluster is also planned without each device the plan uses (OUTDIR/fallback-<device>/),
+    and `summary["fallbacks"]` lists them; `edgec run` switches to one when its device stops answering.
 
         >>> import edgec
         >>> summary = edgec.compile("models/build/tinychain.onnx", "tests/e2e/clusters/two.yaml",
@@ -34,8 +36,10 @@ def compile(model: str | os.PathLike, devices: str | os.PathLike, outdir: str | 
     options = PlanOptions(_fraction(search_threshold), _grid(deepthings_grid),
                           _positive("deepthings_layers", deepthings_layers), _positive("jobs", jobs))
     t0 = time.perf_counter()
+    if not isinstance(fallbacks, bool):
+        raise UserError(f"fallbacks {fallbacks!r}: expected True or False")
     result = compile_model(model, devices, outdir, strategy, objective, _shapes(shapes), progress or Progress(),
-                           options)
+                           options, fallbacks=fallbacks)
     return compile_summary(result, Path(outdir), time.perf_counter() - t0)
 
 

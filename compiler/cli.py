@@ -81,9 +81,12 @@ def cli() -> None:
               show_default="every block cut tried, the best predicted kept", help="DeepThings fused depth")
 @click.option("--jobs", type=click.IntRange(min=1), default=None, show_default="the cores available, at most 2",
               help="processes for the spatial and hybrid searches; the plan is the same for any value")
+@click.option("--fallbacks", is_flag=True,
+              help="also plan the cluster without each device the plan uses (OUTDIR/fallback-DEVICE/): `edgec run` "
+                   "switches to that plan when the device stops answering")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON summary object on stdout")
 def compile_cmd(model, devices, outdir, strategy, objective, shapes, search_threshold, deepthings_grid,
-                deepthings_layers, jobs, as_json):
+                deepthings_layers, jobs, fallbacks, as_json):
     """Compile MODEL for the devices in CLUSTER.yaml into OUTDIR (fragments + manifest.json)."""
     from .api import compile as compile_api
     from .emit import check_output_dir
@@ -102,7 +105,7 @@ def compile_cmd(model, devices, outdir, strategy, objective, shapes, search_thre
         summary = compile_api(model, devices, outdir, strategy=strategy, objective=objective,
                               shapes=parse_shape_option(shapes), search_threshold=search_threshold,
                               deepthings_grid=grid, deepthings_layers=deepthings_layers, jobs=jobs,
-                              progress=progress)
+                              progress=progress, fallbacks=fallbacks)
     click.echo(json.dumps(summary, indent=1, sort_keys=True) if as_json else format_compile(summary))
 
 

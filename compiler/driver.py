@@ -12,7 +12,7 @@ from edgec.runtime.interrupts import check_interrupted
 
 from . import cluster as cluster_mod
 from .cost import CostTable, Prediction, build_cost_table, evaluate
-from .emit import assemble_manifest, build_fragments, write_output
+from .emit import FallbackBuild, assemble_manifest, build_fragments, fallback_entries, write_output
 from .errors import UserError
 from .graph import LayerGraph
 from .ingest import Ingested, load_model
@@ -46,6 +46,7 @@ class CompileResult:
     candidates: tuple[Candidate, ...]
     manifest: dict
     timings: dict[str, float]
+    fallbacks: tuple[FallbackBuild, ...] = ()  # with --fallbacks: one per device the plan uses
 
 
 def _key(c: Candidate, objective: str) -> tuple:
@@ -112,7 +113,10 @@ def _candidate(name: str, graph: LayerGraph, cost: CostTable, plans: list[Plan] 
 
 def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, strategy: str = "auto",
                   objective: str = "latency", shapes: dict | None = None,
-                  progress: Progress = Progress(), options: PlanOptions = PlanOptions()) -> CompileResult:
+                  progress: Progress = Progress(), options: PlanOptions = PlanOptions(),
+                  fallbacks: bool = False) -> CompileResult:
+    """Compile `model` for the cluster in `devices` into `outdir`. With `fallbacks`, also plan the cluster
+    without each device the plan uses (same strategy and objective) and write those builds beside it."""
     timings: dict[str, float] = {}
     t = time.perf_counter()
 
@@ -143,10 +147,56 @@ def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, st
     frags = build_fragments(ing, chosen.plan, chosen.prediction)
     manifest = assemble_manifest(ing, chosen.plan, chosen.prediction, frags, cluster.to_dict(), Path(outdir),
                                  plan_info(chosen, candidates, ing.graph))
-    step("emit", f"writing {outdir}")
-    write_output(Path(outdir), manifest, frags)
+    builds: list[FallbackBuild] = []
+    if fallbacks:
+        step("emit", "planning the fallbacks")
+        builds = plan_fallbacks(ing, cluster, manifest, Path(outdir), strategy, objective, options, progress)
+        manifest["fallbacks"] = fallback_entries(builds)
+        step("fallbacks", f"writing {outdir}")
+    else:
+        step("emit", f"writing {outdir}")
+    write_output(Path(outdir), manifest, frags, builds)
     step("write")
-    return CompileResult(ing, cluster, cost, chosen, candidates, manifest, timings)
+    return CompileResult(ing, cluster, cost, chosen, candidates, manifest, timings, tuple(builds))
+
+
+def plan_fallbacks(ing: Ingested, cluster: cluster_mod.Cluster, manifest: dict, outdir: Path, strategy: str,
+                   objective: str, options: PlanOptions, progress: Progress) -> list[FallbackBuild]:
+    """For each device with steps in `manifest`, in cluster order: the build planned for the cluster without
+    it, or why there is none (no device left, or none of the rest can hold the model): reported, not fatal."""
+    builds = []
+    for device in [d for d in cluster.device_names if manifest["steps"].get(d)]:
+        check_interrupted()
+        progress.status(f"planning without {device}")
+        rest = _without(cluster, device)
+        if not rest.devices:
+            builds.append(FallbackBuild(device, None, error=f"no device is left without {device}"))
+            progress.note(f"fallback without {device}: none (no device left)")
+            continue
+        cost = build_cost_table(ing.graph, rest, ing.sha256)
+        try:  # the planners' own progress lines would read as the main plan's
+            chosen, candidates = plan_model(ing.graph, cost, strategy, objective, options, Progress())
+        except UserError as exc:
+            error = str(exc).removeprefix(f"{exc.path}: ") if exc.path else str(exc)
+            builds.append(FallbackBuild(device, None, error=error))
+            progress.note(f"fallback without {device}: none ({error})")
+            continue
+        frags = build_fragments(ing, chosen.plan, chosen.prediction)
+        build = FallbackBuild(device, None, tuple(frags))
+        data = assemble_manifest(ing, chosen.plan, chosen.prediction, frags, rest.to_dict(), outdir / build.folder,
+                                 plan_info(chosen, candidates, ing.graph))
+        builds.append(replace(build, manifest=data))
+        used = sum(1 for steps in data["steps"].values() if steps)
+        progress.note(f"fallback without {device}: {chosen.strategy} on {used} device(s), "
+                      f"latency {chosen.prediction.latency_ms:.1f} ms, throughput "
+                      f"{chosen.prediction.throughput_ips:.2f}/s")
+    return builds
+
+
+def _without(cluster: cluster_mod.Cluster, device: str) -> cluster_mod.Cluster:
+    """The cluster minus one device and its links (the network defaults stay)."""
+    return replace(cluster, devices=tuple(d for d in cluster.devices if d.name != device),
+                   links={pair: link for pair, link in cluster.links.items() if device not in pair})
 
 
 def _stage_info(s: Stage, graph: LayerGraph) -> dict:

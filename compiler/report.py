@@ -6,7 +6,7 @@ from pathlib import Path
 
 from edgec.runtime import MANIFEST_FORMAT
 from edgec.runtime.errors import InputError
-from edgec.runtime.manifest import parse_manifest, read_manifest_json
+from edgec.runtime.manifest import Fallback, Manifest, load_fallback, parse_manifest, read_manifest_json
 
 from .errors import UserError
 from .cost.memory import device_memory_bytes
@@ -60,7 +60,19 @@ def compile_summary(result, outdir: Path, seconds: float) -> dict:
         "stages": result.manifest["plan"]["stages"],
         "candidates": result.manifest["plan"]["candidates"],
         "runners_up": result.manifest["plan"]["runners_up"],
+        "fallbacks": [_fallback_summary(b, Path(outdir)) for b in result.fallbacks],
     }
+
+
+def _fallback_summary(build, outdir: Path) -> dict:
+    """One --fallbacks build: where it is and what it predicts, or why there is none."""
+    if build.manifest is None:
+        return {"without": build.without, "manifest": None, "error": build.error}
+    m = build.manifest
+    return {"without": build.without, "manifest": str(outdir / build.folder / "manifest.json"), "error": None,
+            "strategy": m["plan"]["strategy"], "devices": [d for d, steps in m["steps"].items() if steps],
+            "predicted_latency_ms": m["predicted"]["latency_ms"],
+            "predicted_throughput_ips": m["predicted"]["throughput_ips"]}
 
 
 def format_compile(s: dict) -> str:
@@ -78,7 +90,17 @@ def format_compile(s: dict) -> str:
         f"predicted latency {s['predicted_latency_ms']:.3f} ms, throughput {s['predicted_throughput_ips']:.3f}/s, "
         f"{s['bytes_transferred']} bytes transferred per input; compiled in {s['compile_seconds']:.2f} s\n"
         f"wrote {s['manifest']}",
+        *([_fallback_table(s["fallbacks"])] if s.get("fallbacks") else []),
     ])
+
+
+def _fallback_table(fallbacks: list[dict]) -> str:
+    """The fallback plans (compile --fallbacks, inspect of a manifest that has them), one row each."""
+    rows = [[f["without"], f.get("strategy") or "-", ", ".join(f.get("devices") or []) or "-",
+             f.get("predicted_latency_ms"), f.get("predicted_throughput_ips"), f["manifest"] or f"none: {f['error']}"]
+            for f in fallbacks]
+    return "fallback plans (used by `edgec run` when a device stops answering):\n" + table(
+        ["without", "strategy", "devices", "latency ms", "throughput/s", "manifest"], rows)
 
 
 def _tiling(st: dict) -> str:
@@ -171,7 +193,32 @@ def plan_summary(data: dict, path: Path) -> dict:
         totals[e["kind"]] = totals.get(e["kind"], 0) + e["bytes"]
     return {"manifest": str(path), "model": data["model"]["path"], "strategy": data["plan"]["strategy"],
             "stages": data["plan"]["stages"], "tiles": tiles, "exchanges": exchanges, "bytes_by_kind": totals,
-            "predicted": data.get("predicted", {})}
+            "predicted": data.get("predicted", {}),
+            "fallbacks": _listed_fallbacks(data, Path(path))}
+
+
+def _listed_fallbacks(data: dict, path: Path) -> list[dict]:
+    if not data.get("fallbacks"):
+        return []
+    main = parse_manifest(data, path.absolute())
+    return [_listed_fallback(fb, main) for fb in data["fallbacks"]]
+
+
+def _listed_fallback(fb: dict, main: Manifest) -> dict:
+    """A manifest's fallback entry for inspect, with the fallback's plan read from its manifest: its
+    strategy, working devices and predictions; `error` says when that file is missing or not the one
+    recorded (the runtime, which checks the same, would refuse to run the build)."""
+    out = {"without": fb["without"], "manifest": fb["manifest"], "sha256": fb["sha256"], "error": fb.get("error")}
+    if fb["manifest"] is None:
+        return out
+    try:
+        m = load_fallback(main, Fallback(fb["without"], fb["manifest"], fb["sha256"]), check_files=False)
+    except InputError as exc:
+        return out | {"error": str(exc)}
+    return out | {"strategy": (read_manifest_json(m.path).get("plan") or {}).get("strategy"),
+                  "devices": [d for d in m.device_names if m.steps.get(d)],
+                  "predicted_latency_ms": m.predicted.get("latency_ms"),
+                  "predicted_throughput_ips": m.predicted.get("throughput_ips")}
 
 
 def _check_plan(plan, path: Path) -> None:
@@ -238,6 +285,9 @@ def format_plan(s: dict) -> str:
     if ex_rows:
         parts.append(table(["kind", "from", "to", "tensor", "region", "bytes"], ex_rows))
     parts.append("bytes per input: " + (", ".join(f"{k} {v}" for k, v in sorted(s["bytes_by_kind"].items())) or "none"))
+    if s.get("fallbacks"):
+        parts.append(_fallback_table([f | {"manifest": f["manifest"] if f["error"] is None else None}
+                                      for f in s["fallbacks"]]))
     return "\n\n".join(parts)
 
 

@@ -13,33 +13,42 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-from .coordinator import RunResult, available_cores, load_keys, run_manifest
+from .compress import parse_mode
+from .coordinator import HEARTBEAT_MS, RunResult, available_cores, load_keys, run_manifest
 from .errors import InputError
 from .session import MAX_INFLIGHT
 from .inputs import check_inputs, check_memory, load_inputs
 from .manifest import Manifest, load_manifest
 from .verify import VerifyResult, check_model, verify_outputs
 
-__all__ = ["run", "execute", "report", "write_npz", "parse_addresses", "MAX_THREADS", "MAX_INFLIGHT"]
+__all__ = ["run", "execute", "report", "write_npz", "parse_addresses", "MAX_THREADS", "MAX_INFLIGHT",
+           "MIN_HEARTBEAT_MS", "MAX_HEARTBEAT_MS"]
 
 logger = logging.getLogger(__name__)
 
 # More onnxruntime threads than this only oversubscribe the cores; 100000 would stall start-up past --timeout.
 MAX_THREADS = 4 * available_cores()
+# Faster than 10 ms, heartbeats only add traffic; slower than a minute, a hung device stalls the run for long.
+MIN_HEARTBEAT_MS, MAX_HEARTBEAT_MS = 10, 60_000
 
 
 def run(manifest: str | os.PathLike, *, inputs: str | os.PathLike | Mapping[str, np.ndarray] | None = None,
         random_inputs: bool = False, seed: int = 0, verify: bool = False, model: str | os.PathLike | None = None,
         tolerance: float = 1e-4, repeat: int = 1, threads: int | None = None, emulate: bool = False,
         timeout: float = 60.0, output: str | os.PathLike | None = None, addresses: Mapping[str, str] | None = None,
-        keys: str | os.PathLike | None = None, inflight: int | None = None) -> dict:
+        keys: str | os.PathLike | None = None, inflight: int | None = None, compress: str = "none",
+        heartbeat_ms: int = HEARTBEAT_MS) -> dict:
     """Run a compiled build (its manifest.json, or the folder holding it); return the `--json` report.
 
     `inputs` is an .npz file or `{input name: array}`; or pass `random_inputs=True`. With `verify`, the
     source model (the manifest's, or `model`) runs whole in onnxruntime and `report["verify"]["passed"]`
     says whether every output matched. `addresses` ({device: "tcp://HOST:PORT"}) overrides the manifest's
     worker addresses; `keys` is the cluster's keys folder (`edgec keygen`); `inflight` the number of
-    requests kept in flight (default: the plan's pipeline depth; 1 = one request at a time). Bad input
+    requests kept in flight (default: the plan's pipeline depth; 1 = one request at a time); `compress`
+    how devices send tensors to each other: "none", "lz4", "zstd" or "auto" (compress where the link's
+    bandwidth in the manifest makes it pay, judged from this machine's measured codec speeds);
+    `heartbeat_ms` the heartbeat interval on every worker connection (a device silent for 5 of them is
+    lost, and a build compiled with fallbacks finishes on the devices left). Bad input
     raises `edgec.runtime.errors.InputError`; a failed run, `RunError`. The other arguments are the
     command's options.
 
@@ -50,7 +59,7 @@ def run(manifest: str | os.PathLike, *, inputs: str | os.PathLike | Mapping[str,
     """
     common = dict(random_inputs=random_inputs, seed=seed, verify=verify, model=model, tolerance=tolerance,
                   repeat=repeat, threads=threads, emulate=emulate, timeout=timeout, addresses=addresses, keys=keys,
-                  inflight=inflight)
+                  inflight=inflight, compress=compress, heartbeat_ms=heartbeat_ms)
     if isinstance(inputs, Mapping):
         loaded = execute(manifest, arrays=inputs, **common)
     else:
@@ -66,9 +75,11 @@ def execute(manifest: str | os.PathLike, *, npz: str | None = None, pairs: Itera
             verify: bool = False, model: str | os.PathLike | None = None, tolerance: float = 1e-4, repeat: int = 1,
             threads: int | None = None, emulate: bool = False, timeout: float = 60.0,
             addresses: Mapping[str, str] | None = None, keys: str | os.PathLike | None = None,
-            inflight: int | None = None) -> tuple[Manifest, RunResult, VerifyResult | None]:
+            inflight: int | None = None, compress: str = "none",
+            heartbeat_ms: int = HEARTBEAT_MS) -> tuple[Manifest, RunResult, VerifyResult | None]:
     """Load, check and run a manifest on its inputs; verify when asked. What `edgec run` and `run` share."""
-    _check_options(repeat, threads, timeout, tolerance, inflight)
+    _check_options(repeat, threads, timeout, tolerance, inflight, heartbeat_ms)
+    compress = parse_mode(compress)
     keyring = load_keys(keys)
     path = Path(manifest)
     m = load_manifest(path / "manifest.json" if path.is_dir() else path)
@@ -87,7 +98,8 @@ def execute(manifest: str | os.PathLike, *, npz: str | None = None, pairs: Itera
     else:
         given = load_inputs(m, npz=npz, pairs=pairs, random=random_inputs, seed=seed)
     result = run_manifest(m, given, repeat=repeat, threads=threads, emulate=emulate, timeout=timeout,
-                          progress=logger.info, addresses=addresses, keys=keyring, inflight=inflight)
+                          progress=logger.info, addresses=addresses, keys=keyring, inflight=inflight,
+                          compress=compress, heartbeat_ms=heartbeat_ms)
     checked = None
     if verify:
         logger.info("verifying against %s", m.model_path)
@@ -109,7 +121,11 @@ def parse_addresses(pairs: Iterable[str]) -> dict[str, str]:
 
 
 def _check_options(repeat: int, threads: int | None, timeout: float, tolerance: float,
-                   inflight: int | None = None) -> None:
+                   inflight: int | None = None, heartbeat_ms: int = HEARTBEAT_MS) -> None:
+    if not isinstance(heartbeat_ms, int) or isinstance(heartbeat_ms, bool) \
+            or not MIN_HEARTBEAT_MS <= heartbeat_ms <= MAX_HEARTBEAT_MS:
+        raise InputError(f"heartbeat_ms {heartbeat_ms!r}: expected {MIN_HEARTBEAT_MS} to {MAX_HEARTBEAT_MS} "
+                         "milliseconds")
     if inflight is not None and (not isinstance(inflight, int) or isinstance(inflight, bool)
                                  or not 1 <= inflight <= MAX_INFLIGHT):
         raise InputError(f"inflight {inflight!r}: expected 1 (one request at a time) to {MAX_INFLIGHT}")
@@ -132,6 +148,10 @@ def report(manifest: Manifest, result: RunResult, checked: VerifyResult | None) 
         "latencies_ms": result.latencies_ms,
         "throughput_ips": result.throughput_ips,
         "inflight": result.inflight,
+        "completed": result.completed,
+        "lost": result.lost,
+        "failovers": result.failovers,
+        "compress": result.compress,
         "outputs": [{"name": o.name, "shape": list(result.outputs[o.name].shape),
                      "dtype": result.outputs[o.name].dtype.name} for o in manifest.outputs],
         "verify": None if checked is None else _finite(checked.as_json()),

@@ -14,9 +14,11 @@ import sys
 import click
 import numpy as np
 
-from .api import MAX_INFLIGHT, MAX_THREADS, execute, parse_addresses, report, write_npz
+from .api import MAX_HEARTBEAT_MS, MAX_INFLIGHT, MAX_THREADS, MIN_HEARTBEAT_MS, execute, parse_addresses, report, \
+    write_npz
 from .cache import FragmentCache, default_cache_dir
-from .coordinator import RunResult
+from .compress import MODES as COMPRESS_MODES
+from .coordinator import HEARTBEAT_MISSES, HEARTBEAT_MS, RunResult
 from .errors import EdgecRuntimeError, InputError, one_line
 from .interrupts import Interrupted, interrupt_on_signals
 from .keys import COORDINATOR, Keyring, keygen as write_keys, names_from_file
@@ -123,18 +125,29 @@ _EPILOG = ("Exit codes: 0 ok, 1 verification failed, 2 bad input, 3 run failure 
               show_default="the plan's pipeline depth",
               help="Requests kept in flight through the stages (outputs still come back in request order); 1 "
                    "runs one request at a time.")
+@click.option("--compress", type=click.Choice(COMPRESS_MODES, case_sensitive=False), default="none",
+              help="How devices send tensors to each other: lz4 or zstd always (a tensor that does not shrink "
+                   "goes raw), auto where the link's bandwidth in the manifest makes it pay (judged from each "
+                   "worker's measured compress speed), none never. Inputs and outputs always travel raw.")
+@click.option("--heartbeat-ms", type=click.IntRange(min=MIN_HEARTBEAT_MS, max=MAX_HEARTBEAT_MS),
+              default=HEARTBEAT_MS,
+              help=f"Heartbeat interval on every worker connection. A device whose worker exits, whose connection "
+                   f"drops, or that sends nothing for {HEARTBEAT_MISSES} intervals is lost: a build compiled with "
+                   "--fallbacks switches to the plan without it and re-runs the requests not completed; otherwise "
+                   "the run fails (exit 3).")
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object on stdout.")
 @click.pass_context
 def run(ctx: click.Context, manifest: str, inputs_file, input_pairs, random_inputs, seed, verify, model_file,
         tolerance, repeat, output_file, threads, emulate, timeout, address_pairs, keys_dir, inflight,
-        as_json) -> None:
+        compress, heartbeat_ms, as_json) -> None:
     """Run MANIFEST (a manifest.json, or the folder holding one) on the devices' workers: at each device's
     address (or --addresses), or in a worker process started on this machine for a device without one."""
     # SIGTERM and SIGINT unwind through the coordinator's cleanup, which ends the run on every worker.
     with _progress_to_stderr(), interrupt_on_signals():
         try:
             code = _run(manifest, inputs_file, input_pairs, random_inputs, seed, verify, model_file, tolerance,
-                        repeat, output_file, threads, emulate, timeout, as_json, address_pairs, keys_dir, inflight)
+                        repeat, output_file, threads, emulate, timeout, as_json, address_pairs, keys_dir, inflight,
+                        compress=compress, heartbeat_ms=heartbeat_ms)
         except EdgecRuntimeError as exc:
             click.echo(f"edgec: {exc}", err=True)
             code = exc.exit_code
@@ -156,16 +169,16 @@ class _ProgressFormatter(logging.Formatter):
 
 
 @contextlib.contextmanager
-def _progress_to_stderr():
-    """The runtime's progress and warnings on stderr, each once: the "edgec.runtime" logger stops
-    propagating meanwhile, so a root handler (`edgec`'s own, for the compiler's warnings) does not
-    print them a second time. stderr is looked up now, so test runners that swap it capture it."""
+def _runtime_log_to_stderr(formatter: logging.Formatter, level: int):
+    """The runtime's log records on stderr, each once: the "edgec.runtime" logger stops propagating
+    meanwhile, so a root handler (`edgec`'s own, for the compiler's warnings) does not print them a
+    second time. stderr is looked up now, so test runners that swap it capture it."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_ProgressFormatter("%(message)s"))
+    handler.setFormatter(formatter)
     log = logging.getLogger("edgec.runtime")
     saved = log.level, log.propagate
     log.addHandler(handler)
-    log.setLevel(logging.INFO)
+    log.setLevel(level)
     log.propagate = False
     try:
         yield
@@ -175,12 +188,19 @@ def _progress_to_stderr():
         log.propagate = saved[1]
 
 
+def _progress_to_stderr():
+    """`edgec run`'s progress (`edgec: ...`) and warnings (`edgec: warning: ...`)."""
+    return _runtime_log_to_stderr(_ProgressFormatter("%(message)s"), logging.INFO)
+
+
 def _run(manifest_arg, inputs_file, input_pairs, random_inputs, seed, verify, model_file, tolerance, repeat,
-         output_file, threads, emulate, timeout, as_json, address_pairs, keys_dir, inflight) -> int:
+         output_file, threads, emulate, timeout, as_json, address_pairs, keys_dir, inflight, compress="none",
+         heartbeat_ms=HEARTBEAT_MS) -> int:
     manifest, result, checked = execute(manifest_arg, npz=inputs_file, pairs=input_pairs, random_inputs=random_inputs,
                                         seed=seed, verify=verify, model=model_file, tolerance=tolerance,
                                         repeat=repeat, threads=threads, emulate=emulate, timeout=timeout,
-                                        addresses=parse_addresses(address_pairs), keys=keys_dir, inflight=inflight)
+                                        addresses=parse_addresses(address_pairs), keys=keys_dir, inflight=inflight,
+                                        compress=compress, heartbeat_ms=heartbeat_ms)
     if output_file:
         write_npz(output_file, result.outputs)
     if as_json:
@@ -206,6 +226,9 @@ def _print_human(manifest: Manifest, result: RunResult, checked: VerifyResult | 
     click.echo(f"latency: median {result.latency_ms:.2f} ms, min {min(lat):.2f} ms over {len(lat)} request(s) "
                f"(after 1 warm-up)")
     click.echo(f"throughput: {result.throughput_ips:.2f} requests/s with up to {result.inflight} in flight")
+    for f in result.failovers:
+        click.echo(f"failover: device {f['device']} lost after {f['at_request']} request(s); finished on {f['plan']} "
+                   f"({result.completed} completed, {result.lost} lost)")
     busy = ", ".join(f"{n} {statistics.median(ms):.2f} ms" for n, ms in result.device_run_ms.items() if ms)
     click.echo(f"fragment run time (median): {busy}")
     if checked is not None:
@@ -284,21 +307,10 @@ def worker(ctx: click.Context, listen, keys_dir, key_name, cache_dir, cache_max_
     ctx.exit(code)
 
 
-@contextlib.contextmanager
 def _worker_logging(verbose: bool):
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s edgec worker: %(levelname)s %(message)s", "%H:%M:%S"))
-    log = logging.getLogger("edgec.runtime")
-    saved = log.level, log.propagate
-    log.addHandler(handler)
-    log.setLevel(logging.DEBUG if verbose else logging.INFO)
-    log.propagate = False
-    try:
-        yield
-    finally:
-        log.removeHandler(handler)
-        log.setLevel(saved[0])
-        log.propagate = saved[1]
+    """A worker's log, timestamped; every dropped message too with --verbose."""
+    formatter = logging.Formatter("%(asctime)s edgec worker: %(levelname)s %(message)s", "%H:%M:%S")
+    return _runtime_log_to_stderr(formatter, logging.DEBUG if verbose else logging.INFO)
 
 
 def worker_main(prog_name: str = "edgec worker") -> None:

@@ -37,6 +37,7 @@ import numpy as np
 import zstandard
 
 from .errors import EdgecRuntimeError, InputError
+from .manifest_types import bytes_per_s
 
 __all__ = [
     "CODECS", "MODES", "ZSTD_LEVEL", "LZ4_MAX_INPUT", "PayloadError", "parse_mode", "encode", "decode",
@@ -455,7 +456,7 @@ class Chooser:
 
     def predict(self, nbytes: int, codec: str, ratio: float, bandwidth_mbps: float) -> float:
         """Seconds to move `nbytes` with `codec` at `ratio`: compress + wire + decompress."""
-        wire_bps = bandwidth_mbps * 1e6 / 8
+        wire_bps = bytes_per_s(bandwidth_mbps)
         if codec == "none":
             return nbytes / wire_bps
         c_per_byte, _ = self.calibration.costs(codec, ratio)
@@ -468,6 +469,8 @@ class Chooser:
     def choose(self, name: str, dtype: Any, nbytes: int, bandwidth_mbps: float | None = None) -> str:
         """The codec for one transfer of tensor `name` (`nbytes` raw bytes of `dtype`)."""
         if self.mode != "auto":
+            if self.mode == "lz4" and nbytes > LZ4_MAX_INPUT:
+                return "zstd"  # beyond the lz4 block format (2 GB): still compressed, as asked
             return self.mode
         bw = self.bandwidth_mbps if bandwidth_mbps is None else bandwidth_mbps
         if bw is None or not bw > 0:

@@ -1,6 +1,10 @@
 """The coordinator: reaches a worker for every device that has steps (at its address, or a worker process
 it starts on this machine), hands out the fragments, streams requests through the stages, and collects
-the outputs in request order. The protocol is in protocol.py."""
+the outputs in request order. The protocol is in protocol.py.
+
+A device lost mid-run (its worker exits, its connection drops, or it leaves HEARTBEAT_MISSES heartbeats
+unanswered) raises DeviceLost; FailoverCluster, which run_manifest uses, then finishes the run on the build's
+fallback plan without that device (`edgec compile --fallbacks`), re-running the requests not completed."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping
 
@@ -24,25 +29,38 @@ import numpy as np
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from .compress import parse_mode
 from .errors import InputError, RunError, one_line
 from .keys import COORDINATOR, Keyring
-from .manifest import HOST, Fragment, Manifest, manifest_json
+from .manifest import HOST, Fragment, Manifest, check_fragment_files, load_fallback, manifest_json
 from .net import Endpoint, outward_host, parse_endpoint
 from .protocol import BLOB_CHUNK, BLOB_WINDOW, PROTOCOL_VERSION, DropLog, parse
 from .schedule import host_collects, host_feeds, pipeline_depth, recv_keys, send_targets, working_devices
 from .transport import POLL_MS, BadMessage, decode_tensor, pack, send_tensor
 
-__all__ = ["RunResult", "Cluster", "LocalCluster", "run_manifest", "default_threads", "available_cores",
-           "resolve_endpoints"]
+__all__ = ["RunResult", "Cluster", "LocalCluster", "FailoverCluster", "DeviceLost", "run_manifest", "default_threads",
+           "available_cores", "resolve_endpoints", "HEARTBEAT_MS", "HEARTBEAT_MISSES"]
 
 logger = logging.getLogger(__name__)
 
 PING_S = 1.0  # a worker ends a run whose coordinator stays silent for its --idle-timeout
-HEARTBEAT_MS, HEARTBEAT_TIMEOUT_MS = 1000, 5000  # zmq's own keep-alive on every worker connection
+# zmq's own keep-alive on every worker connection (ZMTP PING/PONG, answered by the worker's zmq I/O thread even
+# while onnxruntime computes): a connection that receives nothing at all for HEARTBEAT_MISSES intervals is
+# dropped, and the device is lost. --heartbeat-ms sets the interval.
+HEARTBEAT_MS, HEARTBEAT_MISSES = 1000, 5
 _HANDSHAKE_FAILED = {zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
                      zmq.EVENT_HANDSHAKE_FAILED_AUTH}
 _FROM_WORKER = frozenset({"welcome", "refused", "opened", "ack", "loaded", "ready", "done", "tensor", "error", "bye"})
 _LISTENING = re.compile(r"edgec worker: listening on (tcp://\S+)")
+
+
+class DeviceLost(RunError):
+    """A working device stopped answering mid-run: its worker process exited, its connection dropped, or it
+    left HEARTBEAT_MISSES heartbeats unanswered. FailoverCluster switches to the fallback plan without it."""
+
+    def __init__(self, device: str, message: str):
+        super().__init__(message)
+        self.device = device
 
 
 @dataclass
@@ -54,6 +72,10 @@ class RunResult:
     inflight: int = 1
     throughput_ips: float = 0.0  # timed requests / (last output - first request sent)
     devices: dict[str, dict] = field(default_factory=dict)  # per worker: address, bytes counted, memory
+    compress: str = "none"  # the --compress mode of device-to-device tensors
+    completed: int = 0  # timed requests whose outputs came back (the warm-up is not counted)
+    lost: int = 0  # timed requests asked for and not completed
+    failovers: list[dict] = field(default_factory=list)  # [{device, at_request, plan}] (FailoverCluster)
 
     @property
     def latency_ms(self) -> float:
@@ -138,16 +160,24 @@ class Cluster:
 
     def __init__(self, manifest: Manifest, *, threads: int | None = None, emulate: bool = False,
                  timeout: float = 60.0, addresses: Mapping[str, str] | None = None, keys: Keyring | None = None,
-                 inflight: int | None = None):
+                 inflight: int | None = None, compress: str = "none", heartbeat_ms: int = HEARTBEAT_MS):
         self.manifest, self.emulate, self.timeout, self.keys = manifest, emulate, timeout, keys
+        self.heartbeat_ms = heartbeat_ms
+        self.compress = parse_mode(compress)  # how the workers send tensors to each other (compress.py)
         endpoints = resolve_endpoints(manifest, addresses)
         self.workers = {name: _Worker(name, ep) for name, ep in endpoints.items()}
         local = [n for n, w in self.workers.items() if w.local]
         self.threads = default_threads(manifest, local) if threads is None else threads
+        # Without --threads, a device whose plan was priced at a thread count (cluster.yaml `threads`) runs its
+        # local worker at that count, within what `edgec worker --threads` accepts.
+        self.device_threads = {} if threads is not None else {
+            d.name: min(d.threads, 4 * available_cores()) for d in manifest.devices if d.threads is not None}
         self.inflight = pipeline_depth(manifest) if inflight is None else inflight
         self.feeds = host_feeds(manifest)
         self.collects = host_collects(manifest)
         self.specs = {o.name: o for o in manifest.outputs}
+        # Bounds what decoding a (possibly compressed) output may allocate: nothing larger is expected.
+        self.max_output_bytes = max((_nbytes(o.shape, o.dtype) for o in manifest.outputs), default=0)
         self.ctx: zmq.Context | None = None
         self.poller = zmq.Poller()
         self.by_socket: dict[zmq.Socket, tuple[_Worker, bool]] = {}
@@ -185,7 +215,7 @@ class Cluster:
         raw, path = manifest_json(self.manifest), str(self.manifest.path)
         for w in self.workers.values():
             self._send(w, {"t": "open", "device": w.name, "manifest": raw, "path": path, "inflight": self.inflight,
-                           "emulate": self.emulate})
+                           "emulate": self.emulate, "compress": self.compress})
         self._pump(deadline, lambda: self._all("loaded"), "loading fragments")
         peers = {w.name: {"addr": w.data_addr, "key": None if w.key is None else w.key.decode()}
                  for w in self.workers.values()}
@@ -199,7 +229,7 @@ class Cluster:
 
     def _spawn(self, w: _Worker) -> None:
         cmd = [sys.executable, "-m", "edgec.runtime.worker", "--listen", "tcp://127.0.0.1:0", "--threads",
-               str(self.threads), "--once", "--exit-with-parent"]
+               str(self.device_threads.get(w.name, self.threads)), "--once", "--exit-with-parent"]
         if self.keys is not None:
             own = (self.keys.folder / "private" / f"{w.name}.key_secret").is_file()
             cmd += ["--keys", str(self.keys.folder), "--name", w.name if own else self.keys.name]
@@ -247,8 +277,8 @@ class Cluster:
         sock = self.ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTING_ID, self.session)  # the same id on a reconnection: the session survives it
-        sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_MS)
-        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+        sock.setsockopt(zmq.HEARTBEAT_IVL, self.heartbeat_ms)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, self.heartbeat_ms * HEARTBEAT_MISSES)
         sock.setsockopt(zmq.SNDTIMEO, int(self.timeout * 1000))
         if self.keys is not None:
             w.key = self._server_key(w)
@@ -337,6 +367,9 @@ class Cluster:
                                  + ("the worker requires keys; pass --keys DIR" if self.keys is None else
                                     "the keys do not match (the worker does not hold this cluster's keys, or "
                                     f"{self.keys.folder}/public/{w.name}.key is not that worker's key)"))
+            elif event == zmq.EVENT_DISCONNECTED and w.phase == "ready":
+                self._lost(w, f"{w.where}: lost the connection to the worker (it closed, or answered no "
+                              f"heartbeat for {self.heartbeat_ms * HEARTBEAT_MISSES / 1000:g} s)")
             elif event == zmq.EVENT_DISCONNECTED and w.phase not in ("connecting", "ended"):
                 raise RunError(f"{w.where}: lost the connection to the worker")
 
@@ -431,7 +464,7 @@ class Cluster:
 
     def _on_tensor(self, w: _Worker, msg: dict, payload) -> None:
         try:
-            t = decode_tensor(msg, payload)
+            t = decode_tensor(msg, payload, self.max_output_bytes)
         except BadMessage as exc:
             return self.drops.drop(f"bad output from {w.name}", exc)
         r = self.open.get(t.req)
@@ -452,8 +485,15 @@ class Cluster:
             code = None if w.proc is None else w.proc.poll()
             if code is not None and w.phase != "ended":
                 tail = _tail(w.log)
-                raise RunError(f"the local worker for {w.name} exited with code {code} {what}"
-                               f"{': ' + tail if tail else ''}")
+                message = f"the local worker for {w.name} exited with code {code} {what}{': ' + tail if tail else ''}"
+                if w.phase == "ready":
+                    self._lost(w, message)
+                raise RunError(message)
+
+    def _lost(self, w: _Worker, message: str):
+        """A working device is gone mid-run: it will not answer, so close() waits for nothing from it."""
+        w.phase = "ended"
+        raise DeviceLost(w.name, message)
 
     def _ping(self) -> None:
         now = time.monotonic()
@@ -523,8 +563,9 @@ class Cluster:
         return {w.name: {"address": None if w.local else str(w.endpoint), "local": w.local,
                          "fragment_bytes_sent": w.fragment_bytes_sent, **w.stats} for w in self.workers.values()}
 
-    def close(self) -> None:
-        """End the run on every worker (collecting their counts), stop local workers; idempotent."""
+    def close(self, grace: float = 2.0) -> None:
+        """End the run on every worker (collecting their counts, waiting up to `grace` seconds for them), stop
+        local workers; idempotent."""
         if self.ctx is None:
             return
         talking = [w for w in self.workers.values() if w.sock is not None and w.phase not in ("connecting", "ended")]
@@ -533,7 +574,7 @@ class Cluster:
                 w.sock.send(pack({"t": "end"}), flags=zmq.NOBLOCK)
             except zmq.ZMQError:
                 w.phase = "ended"
-        deadline = time.monotonic() + 2.0  # an idle worker answers in milliseconds
+        deadline = time.monotonic() + grace  # an idle worker answers in milliseconds
         try:
             while any(w.phase != "ended" for w in talking) and time.monotonic() < deadline:
                 for sock, _ in self.poller.poll(100):
@@ -574,10 +615,140 @@ class Cluster:
 LocalCluster = Cluster  # the name before workers could be remote
 
 
+class FailoverCluster:
+    """A Cluster that survives the loss of a working device (DeviceLost) when the manifest has a fallback
+    plan without it (`edgec compile --fallbacks`): it ends the run on the other workers, starts the
+    fallback's (a remote worker serves the new run, a local one is started afresh), and re-runs every request
+    that had not completed, so that outputs still come in request order and none is lost. One switch per
+    run: fallback plans have no fallbacks of their own. Without a fallback the DeviceLost error stands.
+
+    `completed` counts the requests whose outputs were yielded (the caller may reset it, as run_manifest
+    does after the warm-up); `failovers` lists the switches as [{device, at_request, plan}], at_request
+    being `completed` at the time. The fallbacks are checked on construction, so a broken one is bad input
+    before any worker starts. Use as a context manager, like Cluster."""
+
+    def __init__(self, manifest: Manifest, *, addresses: Mapping[str, str] | None = None,
+                 inflight: int | None = None, **options):
+        self.main = manifest
+        self.addresses = dict(addresses or {})
+        self.inflight_option = inflight
+        self.options = options  # the other Cluster arguments, the same for every plan
+        self.fallbacks = {fb.without: load_fallback(manifest, fb, check_files=False)
+                          for fb in manifest.fallbacks if fb.manifest is not None}
+        self.cluster: Cluster | None = None
+        self.completed = 0
+        self.failovers: list[dict] = []
+        self.reports: dict[str, dict] = {}
+
+    def __enter__(self) -> "FailoverCluster":
+        self.cluster = self._open(self.main, self.addresses)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _open(self, manifest: Manifest, addresses: Mapping[str, str]) -> Cluster:
+        cluster = Cluster(manifest, addresses=addresses, inflight=self.inflight_option, **self.options)
+        return cluster.__enter__()
+
+    # what run_manifest reads of the cluster in use
+    @property
+    def workers(self) -> dict[str, _Worker]:
+        return self.cluster.workers
+
+    @property
+    def threads(self) -> int:
+        return self.cluster.threads
+
+    @property
+    def inflight(self) -> int:
+        return self.cluster.inflight
+
+    @property
+    def compress(self) -> str:
+        return self.cluster.compress
+
+    def stream(self, requests: Iterable[Mapping[str, np.ndarray]], inflight: int | None = None
+               ) -> Iterator[tuple[dict[str, np.ndarray], float, dict[str, float]]]:
+        """Cluster.stream, switching to the fallback plan when a device is lost and re-running, first and
+        in order, the requests it had been given and had not completed."""
+        source, retry = iter(requests), []
+        while True:
+            issued: deque = deque()
+            try:
+                for result in self.cluster.stream(_recorded(chain(retry, source), issued), inflight):
+                    issued.popleft()
+                    self.completed += 1
+                    yield result
+                return
+            except DeviceLost as lost:
+                retry = list(issued)
+                self._switch(lost, len(retry))
+
+    def infer(self, inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float, dict[str, float]]:
+        return next(iter(self.stream([inputs], inflight=1)))
+
+    def _switch(self, lost: DeviceLost, pending: int) -> None:
+        old = self.cluster
+        on_main = old.manifest is self.main
+        fallback = self.fallbacks.get(lost.device) if on_main else None
+        if fallback is None:
+            raise DeviceLost(lost.device, f"{lost}{self._why_no_fallback(lost.device, on_main)}") from None
+        self.cluster = None
+        # The survivors end their session before the fallback's opens one (a worker serves one at a time),
+        # so wait for their goodbye as long as a request may take.
+        old.close(grace=old.timeout)
+        self._keep_report(old, lost.device)
+        check_fragment_files(fallback)
+        logger.warning("%s: switching to the fallback plan %s (devices %s) after %d completed request(s); "
+                       "re-running the %d not completed", lost, fallback.path, ", ".join(working_devices(fallback)),
+                       self.completed, pending)
+        self.failovers.append({"device": lost.device, "at_request": self.completed, "plan": str(fallback.path)})
+        addresses = {name: a for name, a in self.addresses.items() if name in fallback.device_names}
+        self.cluster = self._open(fallback, addresses)
+
+    def _why_no_fallback(self, device: str, on_main: bool) -> str:
+        if not on_main:
+            return (f" (the run had already switched to the fallback plan without {self.failovers[-1]['device']}, "
+                    "which has no fallbacks of its own)")
+        if not self.main.fallbacks:
+            return " (the build has no fallback plans: compile with --fallbacks to finish on the devices left)"
+        entry = self.main.fallback_for(device)
+        return f" (no fallback plan without it: {entry.error})" if entry is not None else \
+            f" (the build has no fallback plan without {device})"
+
+    def _keep_report(self, cluster: Cluster, lost: str | None = None) -> None:
+        """Each device's figures from the last run it took part in; a lost device is marked so."""
+        report = cluster.device_report()
+        if lost is not None:
+            report[lost] = {**report.get(lost, {}), "lost": True}
+        self.reports.update(report)
+
+    def device_report(self) -> dict[str, dict]:
+        return {**self.reports, **(self.cluster.device_report() if self.cluster is not None else {})}
+
+    def close(self) -> None:
+        if self.cluster is not None:
+            cluster, self.cluster = self.cluster, None
+            cluster.close()
+            self._keep_report(cluster)
+
+
+def _recorded(source: Iterator, issued: deque) -> Iterator:
+    """The items of `source`, each appended to `issued` as it is handed out."""
+    for item in source:
+        issued.append(item)
+        yield item
+
+
 def _version() -> str:
     from .worker import edgec_version
 
     return edgec_version()
+
+
+def _nbytes(shape: tuple[int, ...], dtype: str) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
 
 def _tail(log) -> str:
@@ -605,27 +776,32 @@ def _reap(proc: subprocess.Popen, deadline: float) -> None:
 def run_manifest(manifest: Manifest, inputs: Mapping[str, np.ndarray], *, repeat: int = 1, threads: int | None = None,
                  emulate: bool = False, timeout: float = 60.0, warmup: bool = True,
                  progress: Callable[[str], None] | None = None, addresses: Mapping[str, str] | None = None,
-                 keys: Keyring | None = None, inflight: int | None = None) -> RunResult:
+                 keys: Keyring | None = None, inflight: int | None = None, compress: str = "none",
+                 heartbeat_ms: int = HEARTBEAT_MS) -> RunResult:
     """Reach the workers, run one warm-up request alone and then `repeat` timed requests with up to
-    `inflight` in flight (default: the plan's pipeline depth), end the run."""
+    `inflight` in flight (default: the plan's pipeline depth), end the run. A device lost on the way is
+    replaced by the manifest's fallback plan without it, when there is one (FailoverCluster)."""
     say = progress or (lambda _msg: None)
-    with Cluster(manifest, threads=threads, emulate=emulate, timeout=timeout, addresses=addresses, keys=keys,
-                 inflight=inflight) as cluster:
+    with FailoverCluster(manifest, threads=threads, emulate=emulate, timeout=timeout, addresses=addresses, keys=keys,
+                         inflight=inflight, compress=compress, heartbeat_ms=heartbeat_ms) as cluster:
         say(f"{len(cluster.workers)} worker(s) ready ({sum(w.local for w in cluster.workers.values())} local), "
             f"up to {cluster.inflight} request(s) in flight")
         if warmup:
             say("warm-up request")
             cluster.infer(inputs)
+        cluster.completed = 0  # completed and at_request count the timed requests
         result = RunResult(outputs={}, latencies_ms=[], device_run_ms={n: [] for n in cluster.workers},
-                           threads=cluster.threads, inflight=cluster.inflight)
+                           threads=cluster.threads, inflight=cluster.inflight, compress=cluster.compress)
         start = time.perf_counter()
         for i, (outputs, latency, run_ms) in enumerate(cluster.stream(inputs for _ in range(repeat))):
             result.outputs = outputs
             result.latencies_ms.append(latency)
             for name, ms in run_ms.items():
-                result.device_run_ms[name].append(ms)
+                result.device_run_ms.setdefault(name, []).append(ms)  # a fallback plan may bring in a device
             say(f"request {i + 1}/{repeat}: {latency:.2f} ms")
         result.throughput_ips = repeat / max(time.perf_counter() - start, 1e-9)
+        result.completed, result.lost = cluster.completed, repeat - cluster.completed
+        result.failovers = list(cluster.failovers)
     result.devices = cluster.device_report()
     return result
 

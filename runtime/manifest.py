@@ -56,6 +56,13 @@ are ignored):
               concat needs at least one part.
   predicted   optional {"latency_ms": number, "throughput_ips": number, "devices": {device: {...}}}.
   plan        optional, free-form; ignored by the runtime.
+  fallbacks   optional (written by `edgec compile --fallbacks`; absent or null: none)
+              [{"without": device, "manifest": str or null, "sha256": hex str or null, "error"?: str}]: for each
+              device the plan uses, the plan of the same model on the cluster without that device. `manifest`
+              is the fallback's manifest.json, a relative path inside the build folder (the compiler writes
+              "fallback-<device>/manifest.json", a complete build of its own), and `sha256` that file's hash.
+              When no plan fits the devices left, `manifest` and `sha256` are null and `error` says why.
+              `edgec run` switches to a device's fallback when the device stops answering (see coordinator.py).
 
 Validation (each failure is an InputError "<manifest path>: <problem>", one line): the file's size
 (at most 64 MiB) and nesting (at most 64 levels); format and version; numbers finite;
@@ -79,14 +86,14 @@ from typing import Any, Iterable
 from . import MANIFEST_FORMAT, MANIFEST_VERSION
 from .errors import InputError
 from .manifest_parse import build_manifest
-from .manifest_types import (DTYPES, HOST, Concat, Device, Fragment, Free, Link, Manifest, Network, OutputSpec,
+from .manifest_types import (DTYPES, HOST, Concat, Device, Fallback, Fragment, Free, Link, Manifest, Network, OutputSpec,
                              Recv, Region, Regions, Run, Send, Slice, Step, TensorSpec, Transfer, region_ranges)
 from .schedule import validate_schedule
 
 __all__ = [
     "HOST", "DTYPES", "TensorSpec", "OutputSpec", "Device", "Link", "Network", "Fragment", "Region", "Regions",
-    "region_ranges", "Transfer", "Run", "Send", "Recv", "Slice", "Concat", "Free", "Step", "Manifest",
-    "load_manifest", "read_manifest_json", "decode_manifest_json", "parse_manifest", "check_fragment_files",
+    "region_ranges", "Transfer", "Run", "Send", "Recv", "Slice", "Concat", "Free", "Step", "Fallback", "Manifest",
+    "load_manifest", "load_fallback", "read_manifest_json", "decode_manifest_json", "parse_manifest", "check_fragment_files",
     "check_fragment_paths", "file_sha256", "manifest_json", "MAX_MANIFEST_BYTES", "MAX_JSON_DEPTH",
 ]
 
@@ -115,6 +122,54 @@ def load_manifest(path: str | Path, *, check_files: bool = True, devices: Iterab
     if check_files:
         check_fragment_files(manifest, devices)
     return manifest
+
+
+def load_fallback(manifest: Manifest, fb: Fallback, *, check_files: bool = True) -> Manifest:
+    """The fallback manifest `fb` of `manifest`, checked against it: the file lies inside the build folder and
+    has the recorded sha256, and the plan runs the same model (inputs and outputs) on devices of `manifest`
+    other than `fb.without`. With check_files, its fragment files are verified
+    (see load_manifest); without, only that they exist, which is cheap enough to do before every run."""
+    where = f"{manifest.path}: fallback without {fb.without}"
+    if fb.manifest is None:
+        raise InputError(f"{where}: none was compiled ({fb.error})")
+    path = manifest.folder / fb.manifest
+    try:
+        inside = path.resolve().is_relative_to(manifest.folder.resolve())
+    except (OSError, RuntimeError):  # a symlink loop
+        inside = False
+    if not inside:
+        raise InputError(f"{where}: {fb.manifest!r} is outside the build folder {manifest.folder}")
+    try:
+        raw = path.read_bytes()[:MAX_MANIFEST_BYTES + 1]
+    except OSError as exc:
+        raise InputError(f"{where}: cannot read {fb.manifest} ({exc.strerror or exc}); compile again with "
+                         "--fallbacks, or run without them") from None
+    if hashlib.sha256(raw).hexdigest() != fb.sha256:
+        raise InputError(f"{where}: {fb.manifest} sha256 mismatch; the file was changed after compiling")
+    fallback = parse_manifest(decode_manifest_json(raw, path), path.absolute())
+    _check_fallback_matches(manifest, fallback, fb, where)
+    if check_files:
+        check_fragment_files(fallback)
+    else:
+        check_fragment_paths(fallback, fallback.fragments.values())
+        for frag in fallback.fragments.values():
+            if not fallback.fragment_path(frag).is_file():
+                raise InputError(f"{fallback.path}: fragment {frag.id}: file {frag.file} not found in {fallback.folder}")
+    return fallback
+
+
+def _check_fallback_matches(main: Manifest, fallback: Manifest, fb: Fallback, where: str) -> None:
+    """A request re-run on the fallback must mean the same thing: same inputs and outputs, same model."""
+    if fallback.model_sha256 != main.model_sha256:
+        raise InputError(f"{where}: plans another model (sha256 {fallback.model_sha256[:12]}...)")
+    if [(t.name, t.shape, t.dtype) for t in fallback.inputs] != [(t.name, t.shape, t.dtype) for t in main.inputs] \
+            or [(t.name, t.shape, t.dtype) for t in fallback.outputs] != [(t.name, t.shape, t.dtype) for t in main.outputs]:
+        raise InputError(f"{where}: its model inputs or outputs differ from this manifest's")
+    known = {d.name: d for d in main.devices}
+    for d in fallback.devices:
+        if d.name == fb.without or d.name not in known:
+            raise InputError(f"{where}: names device {d.name!r}, which it must do without"
+                             if d.name == fb.without else f"{where}: names device {d.name!r}, not in this manifest")
 
 
 def read_manifest_json(path: str | Path) -> Any:

@@ -11,8 +11,8 @@ from typing import Any, Iterable
 
 from . import MANIFEST_FORMAT, MANIFEST_VERSION
 from .errors import InputError
-from .manifest_types import (DTYPES, Concat, Device, Fragment, Free, Link, Manifest, Network, OutputSpec, Recv,
-                             Region, Regions, Run, Send, Slice, Step, TensorSpec, Transfer)
+from .manifest_types import (DTYPES, Concat, Device, Fallback, Fragment, Free, Link, Manifest, Network, OutputSpec,
+                             Recv, Region, Regions, Run, Send, Slice, Step, TensorSpec, Transfer)
 
 __all__ = ["build_manifest", "Reader"]
 
@@ -48,6 +48,7 @@ def build_manifest(data: Any, path: str | Path) -> tuple[Manifest, "Reader"]:
         transfers=tuple(_transfer(r, t, f"transfers[{i}]") for i, t in enumerate(r.list(top, "transfers", "manifest"))),
         steps=_steps(r, r.obj(r.get(top, "steps", "manifest"), "steps")),
         predicted={} if top.get("predicted") is None else r.obj(top["predicted"], "predicted"),
+        fallbacks=_fallbacks(r, top.get("fallbacks"), {d.name for d in devices}),
     )
     for where, names in (("devices", manifest.device_names), ("inputs", [t.name for t in manifest.inputs]),
                          ("outputs", [t.name for t in manifest.outputs])):
@@ -155,7 +156,8 @@ def _device(r: Reader, d: Any, where: str) -> Device:
     address = r.get(d, "address", where)
     if address is not None and not isinstance(address, str):
         r.fail(f"{where}.address", "expected a string or null")
-    return Device(name, r.str(d, "profile", where), r.num(d, "memory_mb", where), address)
+    threads = r.int(d, "threads", where, minimum=1) if d.get("threads") is not None else None
+    return Device(name, r.str(d, "profile", where), r.num(d, "memory_mb", where), address, threads)
 
 
 def _network(r: Reader, d: dict, n_devices: int) -> Network:
@@ -190,9 +192,40 @@ def _fragments(r: Reader, items: list) -> dict[str, Fragment]:
     return out
 
 
+def _fallbacks(r: Reader, items: Any, devices: set[str]) -> tuple[Fallback, ...]:
+    """The optional `fallbacks` list (absent in manifests compiled without --fallbacks): one entry per device
+    the plan uses, each naming the manifest planned without it, or why there is none."""
+    if items is None:
+        return ()
+    if not isinstance(items, list):
+        r.fail("fallbacks", "expected a list")
+    out: dict[str, Fallback] = {}
+    for i, d in enumerate(items):
+        w = f"fallbacks[{i}]"
+        d = r.obj(d, w)
+        without = r.str(d, "without", w)
+        if without not in devices:
+            r.fail(f"{w}.without", f"unknown device {_show(without)}")
+        if without in out:
+            r.fail("fallbacks", f"two entries without device {_show(without)}")
+        if r.get(d, "manifest", w) is None:
+            error = d.get("error")
+            if not isinstance(error, str) or not error or d.get("sha256") is not None:
+                r.fail(w, "without a manifest, expected sha256 null and an error saying why")
+            out[without] = Fallback(without, None, None, error)
+            continue
+        file = r.str(d, "manifest", w)
+        _check_inside(r, file, f"{w}.manifest")
+        sha = r.str(d, "sha256", w)
+        if len(sha) != 64 or any(c not in "0123456789abcdefABCDEF" for c in sha):
+            r.fail(f"{w}.sha256", "expected 64 hexadecimal digits")
+        out[without] = Fallback(without, file, sha.lower())
+    return tuple(out.values())
+
+
 def _check_inside(r: Reader, file: str, where: str) -> None:
-    """A fragment file is named relative to the build folder and stays inside it: a manifest must not make
-    a worker read (or the coordinator send) /etc/shadow or ../../secret.onnx."""
+    """A fragment (or fallback manifest) file is named relative to the build folder and stays inside it: a
+    manifest must not make a worker read (or the coordinator send) /etc/shadow or ../../secret.onnx."""
     p = PurePosixPath(file)
     if p.is_absolute() or PureWindowsPath(file).is_absolute() or ".." in p.parts or "\\" in file or "\0" in file:
         r.fail(where, f"{_show(file)} is not a path inside the build folder (relative, without '..')")

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any, Union
 
 __all__ = [
+    "bytes_per_s",
     "HOST", "DTYPES", "TensorSpec", "OutputSpec", "Device", "Link", "Network", "Fragment", "Region", "Regions",
-    "region_ranges", "Transfer", "Run", "Send", "Recv", "Slice", "Concat", "Free", "Step", "Manifest",
+    "region_ranges", "Transfer", "Run", "Send", "Recv", "Slice", "Concat", "Free", "Step", "Fallback", "Manifest",
 ]
 
 logger = logging.getLogger(__name__)
@@ -39,6 +40,12 @@ class Device:
     profile: str
     memory_mb: float
     address: str | None
+    threads: int | None = None  # the worker's intra-op threads the plan was priced for (cluster.yaml); None: default
+
+
+def bytes_per_s(bandwidth_mbps: float) -> float:
+    """A link's bandwidth in bytes per second (Mbps are 10^6 bit/s): the runtime's one Mbps conversion."""
+    return bandwidth_mbps * 1e6 / 8
 
 
 @dataclass(frozen=True)
@@ -66,7 +73,7 @@ class Network:
     def transfer_s(self, a: str, b: str, nbytes: int) -> float:
         """Seconds to move nbytes from a to b: bytes / bandwidth + latency (the compiler's cost model)."""
         mbps, ms = self.link(a, b)
-        return nbytes * 8.0 / (mbps * 1e6) + ms / 1000.0
+        return nbytes / bytes_per_s(mbps) + ms / 1000.0
 
 
 @dataclass(frozen=True)
@@ -158,6 +165,18 @@ Step = Union[Run, Send, Recv, Slice, Concat, Free]
 
 
 @dataclass(frozen=True)
+class Fallback:
+    """The plan for the same model on the cluster without one device (`edgec compile --fallbacks`): its
+    manifest's path relative to this manifest's folder and that file's sha256; both None, with `error`
+    saying why, when no plan fits the devices left."""
+
+    without: str
+    manifest: str | None
+    sha256: str | None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class Manifest:
     path: Path
     model_path: Path
@@ -170,6 +189,7 @@ class Manifest:
     transfers: tuple[Transfer, ...]
     steps: dict[str, tuple[Step, ...]]
     predicted: dict[str, Any] = field(default_factory=dict)
+    fallbacks: tuple[Fallback, ...] = ()
 
     @property
     def folder(self) -> Path:
@@ -184,3 +204,6 @@ class Manifest:
 
     def device_fragments(self, device: str) -> list[Fragment]:
         return [f for f in self.fragments.values() if f.device == device]
+
+    def fallback_for(self, device: str) -> Fallback | None:
+        return next((fb for fb in self.fallbacks if fb.without == device), None)

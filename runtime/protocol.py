@@ -39,7 +39,7 @@ __all__ = ["PROTOCOL_VERSION", "BLOB_CHUNK", "BLOB_WINDOW", "MAX_OPEN_BYTES", "p
 logger = logging.getLogger(__name__)
 
 # Bumped whenever a message or its meaning changes; both ends must speak the same version.
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: tensors may be compressed (the run's `compress` mode, in `open`)
 BLOB_CHUNK = 4 << 20  # fragment file bytes per blob message
 BLOB_WINDOW = 4  # blob messages in flight per worker: bounds what either side queues
 MAX_OPEN_BYTES = (64 << 20) + (1 << 16)  # the manifest (at most 64 MiB, manifest.py) and the other fields
@@ -48,7 +48,8 @@ _INT, _STR, _BIN, _BOOL, _NUM = int, str, bytes, bool, float
 _FIELDS: dict[str, dict[str, tuple]] = {
     # coordinator -> worker
     "hello": {"protocol": (_INT,), "edgec": (_STR,)},
-    "open": {"device": (_STR,), "manifest": (_BIN,), "path": (_STR,), "inflight": (_INT,), "emulate": (_BOOL,)},
+    "open": {"device": (_STR,), "manifest": (_BIN,), "path": (_STR,), "inflight": (_INT,), "emulate": (_BOOL,),
+             "compress": (_STR,)},
     "blob": {"sha256": (_STR,), "offset": (_INT,), "size": (_INT,)},
     "peers": {"peers": (dict,)},
     "run": {"req": (_INT,)},

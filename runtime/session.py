@@ -1,5 +1,10 @@
 """One run on a worker (a session): the coordinator's manifest, this device's fragments and peers, and the
-requests it executes, each through the device's steps in order. The protocol is in protocol.py."""
+requests it executes, each through the device's steps in order. The protocol is in protocol.py.
+
+Device-to-device tensors are compressed as the run's `compress` mode says (compress.py): one Chooser per
+destination, which in `auto` mode weighs this machine's measured codec speeds against that link's
+bandwidth in the manifest's network. Model inputs and outputs (coordinator <-> worker) always travel raw:
+the planner treats those transfers as free, and the coordinator is usually on the fastest link."""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import numpy as np
 import zmq
 
 from .cache import Incoming, check_sha256
+from .compress import Chooser, calibrate, parse_mode
 from .emulate import DelayedLinks, pad_run
 from .errors import InputError, RunError, one_line
 from .executor import Executor
@@ -22,7 +28,8 @@ from .manifest import HOST, Concat, Free, Manifest, Recv, Run, Send, Slice, deco
 from .net import parse_endpoint
 from .protocol import DropLog, parse
 from .schedule import recv_keys, send_targets
-from .transport import BadMessage, TensorMsg, decode_tensor, pack, send_tensor
+from .transport import BadMessage, TensorHeader, TensorMsg, contiguous, decode_tensor, frame_sender, pack, send_tensor, \
+    tensor_header
 
 if TYPE_CHECKING:
     from .worker import Daemon
@@ -62,6 +69,8 @@ class Session:
         self.device = ""
         self.label = "manifest"
         self.emulate = False
+        self.compress = "none"
+        self.choosers: dict[str, Chooser] = {}  # per destination device: its link's codec choices
         self.executor: Executor | None = None
         self.inbox: Inbox | None = None
         self.data: zmq.Socket | None = None
@@ -73,7 +82,11 @@ class Session:
         self.queue: deque[int] = deque()
         self.next_run = 0
         self.drops = DropLog(f"worker {daemon.endpoint}")
-        self.stats = {"requests": 0, "fragment_bytes_received": 0, "bytes_received": 0, "bytes_sent": 0}
+        # bytes_sent / bytes_received: tensor payloads on the wire (compressed where they were); *_raw: the
+        # same tensors' own sizes. compress_ms / decompress_ms: time spent choosing, compressing, decoding.
+        self.stats = {"requests": 0, "fragment_bytes_received": 0, "bytes_received": 0, "bytes_sent": 0,
+                      "bytes_received_raw": 0, "bytes_sent_raw": 0, "sends_compressed": 0, "compress_ms": 0.0,
+                      "decompress_ms": 0.0}
         self.shas: set[str] = set()
         self._sent_lock = threading.Lock()  # emulated links send from their own threads
 
@@ -105,6 +118,8 @@ class Session:
         if not 1 <= inflight <= MAX_INFLIGHT:
             raise InputError(f"inflight {inflight}: expected 1 to {MAX_INFLIGHT}")
         self.manifest, self.device, self.emulate = m, device, msg["emulate"]
+        # Absent from an older coordinator's "open": it sends and expects raw tensors.
+        self.compress = parse_mode(msg["compress"])
         for frag in m.device_fragments(device):
             try:
                 sha = check_sha256(frag.sha256)
@@ -120,8 +135,8 @@ class Session:
         if any(src != HOST for src, _ in expected):
             self.data = self.d.bind_data()
         port = None if self.data is None else int(self.data.getsockopt(zmq.LAST_ENDPOINT).decode().rsplit(":", 1)[1])
-        logger.info("session from %s: device %s, %d fragment(s), %d to receive, inflight %d", self.peer, device,
-                    len(self.shas), len(self.need), inflight)
+        logger.info("session from %s: device %s, %d fragment(s), %d to receive, inflight %d, compress %s", self.peer,
+                    device, len(self.shas), len(self.need), inflight, self.compress)
         self.state = "loading"
         self.reply(t="opened", data_port=port, need=sorted(self.need))
         if not self.need:
@@ -174,6 +189,9 @@ class Session:
                 self.d.keys.connect_to(sock, key.encode())
             sock.connect(addr)
             self.peers[name] = sock
+            self.choosers[name] = Chooser(self.compress, bandwidth_mbps=m.network.link(self.device, name)[0])
+        if self.compress == "auto" and self.peers:
+            calibrate()  # measured now (about 0.1 s, once per process), not during the first request
         if self.emulate:
             self.links = DelayedLinks(m, self.device)
         self.state = "ready"
@@ -216,17 +234,39 @@ class Session:
     def on_data(self, frames: list[zmq.Frame]) -> None:
         try:
             header, payload = parse(frames, {"tensor"})
-            tensor = decode_tensor(header, payload, self.d.max_message_bytes)
+            head = tensor_header(header, self.d.max_message_bytes)
         except BadMessage as exc:
             self.drops.drop("malformed", exc)
             return
-        if tensor.src == HOST or tensor.src not in self.peer_keys:
-            self.drops.drop("unknown sender", tensor.src[:80])
+        if head.src == HOST or head.src not in self.peer_keys:
+            self.drops.drop("unknown sender", head.src[:80])
             return
-        if self.d.keys is not None and tensor.sender != self.peer_keys[tensor.src]:
-            self.drops.drop(f"not signed with {tensor.src}'s key", tensor.name[:80])
+        if self.d.keys is not None and frame_sender(payload) != self.peer_keys[head.src]:
+            self.drops.drop(f"not signed with {head.src}'s key", head.name[:80])
             return
+        if head.codec != "none":  # decompressing costs time and memory: only for a tensor we would keep
+            unwanted = self._unwanted(head)
+            if unwanted:
+                self.drops.drop(unwanted, f"{head.src[:80]}/{head.name[:80]} request {head.req}")
+                return
+        start = time.perf_counter()
+        try:
+            tensor = decode_tensor(head, payload, self.d.max_message_bytes)
+        except BadMessage as exc:
+            self.drops.drop("malformed", exc)
+            return
+        if head.codec != "none":
+            self.stats["decompress_ms"] += (time.perf_counter() - start) * 1000.0
         self._keep(tensor)
+
+    def _unwanted(self, head: TensorHeader) -> str | None:
+        """Why the inbox would refuse this tensor, judged from its header alone (the inbox checks again)."""
+        inbox = self.inbox
+        if (head.src, head.name) not in inbox.expected:
+            return "not a tensor this device receives"
+        if not inbox.base <= head.req < inbox.base + inbox.window:
+            return f"request {head.req} outside the window [{inbox.base}, {inbox.base + inbox.window})"
+        return None
 
     def _keep(self, tensor: TensorMsg) -> None:
         reason = self.inbox.offer(tensor)
@@ -238,6 +278,7 @@ class Session:
             self.drops.drop(reason, f"{tensor.src[:80]}/{tensor.name[:80]} request {tensor.req}")
             return
         self.stats["bytes_received"] += tensor.nbytes
+        self.stats["bytes_received_raw"] += tensor.array.nbytes
 
     # -- requests -------------------------------------------------------------------------------------
     def check_idle(self) -> None:
@@ -261,26 +302,36 @@ class Session:
             self.check_idle()
 
     def send_output(self, req: int, name: str, array: np.ndarray) -> None:
-        self._count_sent(send_tensor(self.d.control, req, self.device, name, array, prefix=(self.owner,)))
+        wire = send_tensor(self.d.control, req, self.device, name, array, prefix=(self.owner,))
+        self._count_sent(wire, array.nbytes)
 
-    def _count_sent(self, nbytes: int) -> None:
+    def _count_sent(self, wire: int, raw: int) -> None:
         with self._sent_lock:
-            self.stats["bytes_sent"] += nbytes
+            self.stats["bytes_sent"] += wire
+            self.stats["bytes_sent_raw"] += raw
 
     def send_peer(self, req: int, to: str, name: str, array: np.ndarray) -> None:
         sock = self.peers[to]
+        arr = contiguous(array)  # the header's shape and the payload must describe the same bytes
+        start = time.perf_counter()
+        codec, payload = self.choosers[to].encode(name, arr)
+        self.stats["compress_ms"] += (time.perf_counter() - start) * 1000.0
+        wire = len(payload)
+        if codec != "none":
+            self.stats["sends_compressed"] += 1
 
         def send() -> None:
             try:
-                self._count_sent(send_tensor(sock, req, self.device, name, array))
+                send_tensor(sock, req, self.device, name, arr, codec, payload=payload)
             except zmq.Again:
                 raise RunError(f"device {self.device}: device {to} accepted nothing for "
                                f"{SEND_TIMEOUT_MS // 1000} s") from None
+            self._count_sent(wire, arr.nbytes)
 
         if self.links is None:
             send()
         else:
-            self.links.submit(to, array.nbytes, send)
+            self.links.submit(to, wire, send)  # the link carries the bytes actually sent
 
     # -- end ------------------------------------------------------------------------------------------
     def close(self) -> None:
@@ -299,6 +350,7 @@ class Session:
         for sock in self.peers.values():
             sock.close(linger=0)
         self.peers.clear()
+        self.choosers.clear()
         if self.data is not None:
             self.d.unbind_data(self.data)
             self.data = None

@@ -2,9 +2,11 @@
 followed by one raw payload frame (a tensor's bytes, a chunk of a fragment file).
 
 A tensor message's header is {"t": "tensor", "req", "src", "tensor", "dtype", "shape", "codec"}; the
-payload is the C-order bytes of the array, encoded by `codec` ("none" here; a compression codec plugs in
-with `register_codec`). Every received header is decoded with size limits and type-checked before it is
-used (protocol.py), and a tensor's payload must hold exactly shape x dtype bytes once decoded.
+payload is the C-order bytes of the array, encoded by `codec`: "none", or "lz4" / "zstd" (compress.py:
+`edgec run --compress`); another codec plugs in with `register_codec`. Every received header is decoded
+with size limits and type-checked before it is used (protocol.py), and a tensor's payload must hold
+exactly shape x dtype bytes once decoded: a compressed payload is decoded into a buffer of that size and
+no larger, and one that decodes to any other size is a BadMessage (dropped and logged by the receiver).
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ import msgpack
 import numpy as np
 import zmq
 
+from . import compress
 from .manifest_types import DTYPES
 
-__all__ = ["pack", "unpack", "BadMessage", "TensorMsg", "Codec", "register_codec", "codec_names", "tensor_frames",
-           "send_tensor", "decode_tensor", "bind_local", "POLL_MS", "MAX_HEADER_BYTES", "MAX_DIMS"]
+__all__ = ["pack", "unpack", "BadMessage", "TensorMsg", "Codec", "register_codec", "codec_names", "contiguous",
+           "tensor_frames", "send_tensor", "TensorHeader", "tensor_header", "decode_tensor", "frame_sender", "bind_local", "POLL_MS",
+           "MAX_HEADER_BYTES", "MAX_DIMS"]
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +76,20 @@ def _decode_none(payload: memoryview, nbytes: int) -> memoryview:
     return payload
 
 
-_CODECS: dict[str, Codec] = {"none": Codec(encode=lambda data: data, decode=_decode_none)}
+def _compression(name: str) -> Codec:
+    """A compress.py codec, its PayloadError turned into the transport's BadMessage."""
+
+    def decode(payload: memoryview, nbytes: int) -> Any:
+        try:
+            return compress.decode(name, payload, nbytes)
+        except compress.PayloadError as exc:
+            raise BadMessage(str(exc)) from None
+
+    return Codec(encode=lambda data: compress.encode(name, data), decode=decode)
+
+
+_CODECS: dict[str, Codec] = {"none": Codec(encode=lambda data: data, decode=_decode_none),
+                             **{name: _compression(name) for name in compress.CODECS if name != "none"}}
 
 
 def register_codec(name: str, codec: Codec) -> None:
@@ -91,33 +108,55 @@ class TensorMsg:
     src: str
     name: str
     array: np.ndarray
-    nbytes: int  # bytes on the wire (the payload as sent)
+    nbytes: int  # bytes on the wire (the payload as sent; array.nbytes is the decoded size)
     sender: str | None = None  # the CURVE public key (z85) the message arrived with, when keys are used
+    codec: str = "none"
 
 
-def tensor_frames(req: int, src: str, name: str, array: np.ndarray, codec: str = "none") -> list:
-    """[header, payload] for one tensor; the payload is the array's own buffer when no copy is needed."""
-    # Only a non-contiguous view (a region along an inner axis) needs a copy here. (Not
-    # np.ascontiguousarray: it turns a 0-d array into shape (1,).)
-    arr = array if array.flags.c_contiguous else array.copy(order="C")
+def contiguous(array: np.ndarray) -> np.ndarray:
+    """The array itself when it is C-contiguous, else a C-order copy (only a region along an inner axis
+    needs one). Not np.ascontiguousarray: it turns a 0-d array into shape (1,)."""
+    return array if array.flags.c_contiguous else array.copy(order="C")
+
+
+def tensor_frames(req: int, src: str, name: str, array: np.ndarray, codec: str = "none", payload: Any = None) -> list:
+    """[header, payload] for one tensor. The payload is `array` encoded with `codec`, or `payload` when the
+    caller encoded it already (compress.Chooser does, to learn from the result); uncompressed, it is the
+    array's own buffer when no copy is needed."""
+    arr = contiguous(array)
     header = pack({"t": "tensor", "req": req, "src": src, "tensor": name, "dtype": arr.dtype.name,
                    "shape": list(arr.shape), "codec": codec})
-    payload = _CODECS[codec].encode(memoryview(arr).cast("B") if arr.size else b"")
+    if payload is None:
+        payload = _CODECS[codec].encode(memoryview(arr).cast("B") if arr.size else b"")
     return [header, payload]
 
 
 def send_tensor(sock: zmq.Socket, req: int, src: str, name: str, array: np.ndarray, codec: str = "none",
-                prefix: tuple[bytes, ...] = ()) -> int:
-    """Send one tensor (after `prefix` frames: a ROUTER's peer id); returns the payload bytes sent."""
-    frames = tensor_frames(req, src, name, array, codec)
+                prefix: tuple[bytes, ...] = (), payload: Any = None) -> int:
+    """Send one tensor (after `prefix` frames: a ROUTER's peer id); returns the payload bytes sent (the
+    bytes on the wire: compressed, when `codec` compresses)."""
+    frames = tensor_frames(req, src, name, array, codec, payload)
     sock.send_multipart([*prefix, *frames], copy=False)
     return len(frames[1])
 
 
-def decode_tensor(header: dict, payload: zmq.Frame | None, max_bytes: int | None = None) -> TensorMsg:
-    """A tensor message's array (a view of the payload frame when uncompressed); BadMessage when the header's
-    fields are missing or of the wrong type, the dtype or codec is unknown, the sizes disagree, or the
-    array would be larger than `max_bytes`."""
+@dataclass(frozen=True)
+class TensorHeader:
+    """A tensor message's header, checked: `nbytes` is the array's size once decoded (shape x dtype)."""
+
+    req: int
+    src: str
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    codec: str
+    nbytes: int
+
+
+def tensor_header(header: dict, max_bytes: int | None = None) -> TensorHeader:
+    """The checked fields of a tensor header; BadMessage when one is missing or of the wrong type, the dtype
+    or codec is unknown, or the array would be larger than `max_bytes`. Nothing is decoded yet, so a
+    receiver can refuse a tensor it would not keep before paying for its decompression."""
     req, src, name = header.get("req"), header.get("src"), header.get("tensor")
     dtype, shape, codec = header.get("dtype"), header.get("shape"), header.get("codec")
     if not (_is_int(req) and req >= 0 and isinstance(src, str) and isinstance(name, str)):
@@ -128,17 +167,32 @@ def decode_tensor(header: dict, payload: zmq.Frame | None, max_bytes: int | None
         raise BadMessage(f"tensor {name!r}: shape must be a list of at most {MAX_DIMS} integers >= 0")
     if not isinstance(codec, str) or codec not in _CODECS:
         raise BadMessage(f"tensor {name!r}: unknown codec {codec!r}")
-    if payload is None:
-        raise BadMessage(f"tensor {name!r}: no payload frame")
-    itemsize = np.dtype(dtype).itemsize
-    nbytes = math.prod(shape) * itemsize
+    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
     if max_bytes is not None and nbytes > max_bytes:
         raise BadMessage(f"tensor {name!r}: {nbytes} bytes, more than the {max_bytes} allowed")
+    return TensorHeader(req, src, name, dtype, tuple(shape), codec, nbytes)
+
+
+def decode_tensor(header: dict | TensorHeader, payload: zmq.Frame | None, max_bytes: int | None = None) -> TensorMsg:
+    """A tensor message's array (a view of the payload frame when uncompressed); BadMessage when the header
+    is not a valid one (`tensor_header`; pass its result to skip checking again), there is no payload, or
+    the payload does not decode to exactly shape x dtype bytes. A compressed payload is decoded into a
+    buffer of at most that size, so `max_bytes` also bounds what a hostile payload can make us allocate."""
+    head = header if isinstance(header, TensorHeader) else tensor_header(header, max_bytes)
+    if max_bytes is not None and head.nbytes > max_bytes:
+        raise BadMessage(f"tensor {head.name!r}: {head.nbytes} bytes, more than the {max_bytes} allowed")
+    if payload is None:
+        raise BadMessage(f"tensor {head.name!r}: no payload frame")
     wire = payload.buffer
-    data = _CODECS[codec].decode(wire, nbytes)
-    array = np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape) if nbytes else np.zeros(shape, dtype)
-    sender = payload.get("User-Id") if _has_user_id(payload) else None
-    return TensorMsg(req, src, name, array, len(wire), sender or None)
+    data = _CODECS[head.codec].decode(wire, head.nbytes)
+    dtype = np.dtype(head.dtype)
+    array = np.frombuffer(data, dtype=dtype).reshape(head.shape) if head.nbytes else np.zeros(head.shape, dtype)
+    return TensorMsg(head.req, head.src, head.name, array, len(wire), frame_sender(payload), head.codec)
+
+
+def frame_sender(frame: zmq.Frame) -> str | None:
+    """The CURVE public key (z85) a frame arrived with; None on a socket without keys."""
+    return (frame.get("User-Id") or None) if _has_user_id(frame) else None
 
 
 def _is_int(v: Any) -> bool:

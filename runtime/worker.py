@@ -230,9 +230,10 @@ class Daemon:
         self.trim()
         self.cache.evict(keep=kept)
         self.served += 1
-        logger.info("run ended: %d request(s); %d fragment bytes, %d tensor bytes received, %d sent; %d message(s) "
-                    "dropped", stats["requests"], stats["fragment_bytes_received"], stats["bytes_received"],
-                    stats["bytes_sent"], stats["dropped"])
+        logger.info("run ended: %d request(s); %d fragment bytes, %d tensor bytes received (%d decoded), %d sent "
+                    "(%d before compression); %d message(s) dropped", stats["requests"],
+                    stats["fragment_bytes_received"], stats["bytes_received"], stats["bytes_received_raw"],
+                    stats["bytes_sent"], stats["bytes_sent_raw"], stats["dropped"])
 
     def stop(self, why: str) -> None:
         """End the current run (its coordinator is told why) and release everything; idempotent."""

@@ -55,10 +55,11 @@ def test_chain_random_inputs_verify_json(chain):
     res = invoke(chain.path, "--random-inputs", "--seed", "3", "--verify", "--json", "--repeat", "3")
     assert res.exit_code == 0, res.stderr
     report = json.loads(res.stdout)
-    assert set(report) == {"manifest", "latency_ms", "latencies_ms", "throughput_ips", "inflight", "outputs", "verify",
-                           "devices"}
+    assert set(report) == {"manifest", "latency_ms", "latencies_ms", "throughput_ips", "inflight", "compress",
+                           "outputs", "verify", "devices", "completed", "lost", "failovers"}
     assert len(report["latencies_ms"]) == 3 and report["latency_ms"] > 0
-    assert report["throughput_ips"] > 0 and report["inflight"] == 2  # a two-stage pipeline
+    assert report["throughput_ips"] > 0 and report["inflight"] == 3  # a two-stage pipeline and its link
+    assert report["completed"] == 3 and report["lost"] == 0 and report["failovers"] == []
     assert report["outputs"] == [{"name": "prob", "shape": [1, 10], "dtype": "float32"}]
     assert report["verify"]["passed"] is True and report["verify"]["worst_output"] == "prob"
     assert report["verify"]["tolerance"] == 1e-4
