@@ -19,8 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from edgec.runtime import MANIFEST_FORMAT, MANIFEST_VERSION
-from edgec.runtime.errors import one_line
+from edgec.runtime.errors import InputError, one_line
 from edgec.runtime.interrupts import check_interrupted
+from edgec.runtime.manifest import load_manifest
 from edgec.runtime.manifest_types import HOST
 
 from .errors import UserError
@@ -400,6 +401,8 @@ def write_output(outdir: Path, manifest: dict, frags: list[EmittedFragment],
         for folder, final, data, files in builds:
             folder.mkdir(exist_ok=True)
             _write_build(folder, final, data, files)
+        for folder, _, _, _ in builds:
+            _ensure_runtime_accepts(folder / "manifest.json")
         with _signals_held():  # half a swap would leave the old build beside the new one, or neither in place
             _swap_into_place(tmp, outdir, check_output_dir(outdir))  # checked again: files may have appeared
     except OSError as exc:
@@ -407,6 +410,16 @@ def write_output(outdir: Path, manifest: dict, frags: list[EmittedFragment],
     finally:
         if tmp is not None and tmp.exists():  # tmp is gone once swapped into place
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _ensure_runtime_accepts(path: Path) -> None:
+    """The emitter's postcondition, checked before the build is swapped into place: the runtime's own
+    parser (which owns the schema) accepts the manifest as written, schedule included. The fragment
+    hashes are not recomputed: they were taken from the very bytes written."""
+    try:
+        load_manifest(path, check_files=False)
+    except InputError as exc:
+        raise RuntimeError(f"the emitter wrote a manifest the runtime refuses: {exc}") from None
 
 
 def _write_build(folder: Path, final: Path, manifest: dict, frags) -> None:

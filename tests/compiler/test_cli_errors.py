@@ -4,6 +4,7 @@ usage errors, a closed stdout and SIGTERM handled; --help shows every default.""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -116,6 +117,20 @@ def test_a_fragment_onnxruntime_cannot_load_is_refused_before_writing(tmp_path):
     assert message.startswith(str(tmp_path / "custom.onnx")) and "fragment f0" in message
     assert "com.example:Foo" in message and "\n" not in message
     assert os.listdir(tmp_path) == []  # nothing written, no temporary folder
+
+
+def test_a_manifest_the_runtime_refuses_is_never_swapped_in(tmp_path):
+    """The emitter's postcondition: the runtime's parser accepts what was written, before the swap."""
+    from edgec.compiler.driver import compile_model
+    from edgec.compiler.emit import build_fragments
+
+    result = compile_model(models.ensure("tinychain"), TWO, tmp_path / "good", strategy="pipeline")
+    broken = json.loads(json.dumps(result.manifest))
+    broken["steps"][broken["fragments"][0]["device"]].insert(0, {"op": "run", "fragment": "nope"})
+    frags = build_fragments(result.ingested, result.chosen.plan, result.chosen.prediction)
+    with pytest.raises(RuntimeError, match="the runtime refuses"):
+        write_output(tmp_path / "bad", broken, frags)
+    assert sorted(os.listdir(tmp_path)) == ["good"]  # nothing of the refused build, no temporary folder
 
 
 @pytest.mark.parametrize("args, needle", [
