@@ -140,7 +140,7 @@ def inspect_cmd(model, devices, shapes, as_json):
         from .cluster import load_cluster
         from .cost import build_cost_table
 
-        cost = build_cost_table(ing.graph, load_cluster(devices), ing.sha256)
+        cost = build_cost_table(ing.graph, load_cluster(devices), ing.sha256, model=ing.model)
     summary = inspect_summary(ing, cost)
     click.echo(json.dumps(summary, indent=1, sort_keys=True) if as_json else format_inspect(summary))
 

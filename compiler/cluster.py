@@ -7,6 +7,8 @@ cluster.yaml::
         profile: rpi5            # a profile under profiles/ by name, or a path to a profile file
         memory_mb: 4096          # optional: overrides the profile's memory
         address: tcp://192.168.1.20:7000   # optional
+        threads: 1               # optional: the worker's onnxruntime intra-op threads (1..4096); the cost
+                                 # model then uses the profile's figures for that count (Profile.figures)
       - name: pi4-a
         profile: rpi4
     network:                     # required with two or more devices; a one-device cluster may omit it
@@ -15,6 +17,10 @@ cluster.yaml::
       medium: switched           # switched (each pair has its own link) or shared (one channel); default switched
       links:                     # optional per-pair overrides; a missing figure falls back to the default
         - {a: pi5-a, b: pi4-a, bandwidth_mbps: 10, latency_ms: 5}
+
+A device without `threads` runs its worker at the runtime's default, all of the device's cores, which
+the profile's top-level figures describe.  With `threads`, the manifest's device entry records it and a
+local worker that `edgec run` starts (without --threads) runs that many threads.
 
 Device names are 1-64 characters from [A-Za-z0-9._-], starting with a letter or digit (they end up in
 file names and manifests).  A profile reference without a path separator and without a .yaml/.yml
@@ -141,7 +147,7 @@ _PROFILE_REQUIRED = (
 )
 _POWER_KEYS = ("idle", "busy")
 _CLUSTER_KEYS = ("devices", "network")
-_DEVICE_KEYS = ("name", "profile", "memory_mb", "address")
+_DEVICE_KEYS = ("name", "profile", "memory_mb", "address", "threads")
 _NETWORK_KEYS = ("bandwidth_mbps", "latency_ms", "medium", "links")
 _LINK_KEYS = ("a", "b", "bandwidth_mbps", "latency_ms")
 _DEVICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -212,6 +218,12 @@ class DeviceSpec:
     profile: Profile
     memory_mb: float  # the cluster file's override, or the profile's
     address: str | None
+    threads: int | None = None  # the worker's intra-op thread count; None: the runtime's default (all cores)
+
+    @property
+    def figures(self) -> Figures:
+        """What this device's worker does at the thread count it runs (the profile's top level by default)."""
+        return self.profile.figures(self.threads)
 
     @property
     def usable_bytes(self) -> int:
@@ -273,7 +285,8 @@ class Cluster:
         links.sort(key=lambda x: (x["a"], x["b"]))
         return {
             "devices": [
-                {"name": d.name, "profile": d.profile.name, "memory_mb": d.memory_mb, "address": d.address}
+                {"name": d.name, "profile": d.profile.name, "memory_mb": d.memory_mb, "address": d.address,
+                 **({} if d.threads is None else {"threads": d.threads})}
                 for d in self.devices
             ],
             "network": {
@@ -754,7 +767,12 @@ def load_cluster(path: str | Path) -> Cluster:
         address = dv.get("address")
         if address is not None:
             address = _string(address, f"{where}: address", shown)
-        device = DeviceSpec(name=name, profile=prof, memory_mb=memory_mb, address=address)
+        threads = dv.get("threads")
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                    or not 1 <= threads <= _MAX_THREADS):
+            raise UserError(f"{where}: threads must be an integer from 1 to {_MAX_THREADS} (the worker's intra-op "
+                            f"threads), got {_type_name(threads)} {_show(threads)}", path=shown)
+        device = DeviceSpec(name=name, profile=prof, memory_mb=memory_mb, address=address, threads=threads)
         if device.usable_bytes <= 0:
             raise UserError(
                 f"{where}: no usable memory ({memory_mb:g} MB x {prof.usable_memory_fraction:g} "

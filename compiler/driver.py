@@ -140,7 +140,7 @@ def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, st
     step("cluster", "reading and normalising the model")
     ing = load_model(model, shapes)
     step("ingest", "pricing every layer on every device")
-    cost = build_cost_table(ing.graph, cluster, ing.sha256)
+    cost = build_cost_table(ing.graph, cluster, ing.sha256, model=ing.model)
     step("cost", "planning")
     chosen, candidates = plan_model(ing.graph, cost, strategy, objective, options, progress)
     step("plan", "building the fragments")
@@ -173,7 +173,7 @@ def plan_fallbacks(ing: Ingested, cluster: cluster_mod.Cluster, manifest: dict, 
             builds.append(FallbackBuild(device, None, error=f"no device is left without {device}"))
             progress.note(f"fallback without {device}: none (no device left)")
             continue
-        cost = build_cost_table(ing.graph, rest, ing.sha256)
+        cost = build_cost_table(ing.graph, rest, ing.sha256, model=ing.model)
         try:  # the planners' own progress lines would read as the main plan's
             chosen, candidates = plan_model(ing.graph, cost, strategy, objective, options, Progress())
         except UserError as exc:

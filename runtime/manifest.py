@@ -15,7 +15,9 @@ are ignored):
   devices     [{"name": str, "profile": str, "memory_mb": number, "address": str or null}]. Names are
               unique and must not start with "@" ("@host" is the coordinator). `address`
               (tcp://HOST:PORT) is where `edgec run` reaches the device's `edgec worker`; a device
-              without one runs in a worker process that `edgec run` starts on this machine.
+              without one runs in a worker process that `edgec run` starts on this machine. An
+              optional `"threads": int >= 1` is the intra-op thread count the plan priced the device at;
+              a local worker runs that many unless `edgec run --threads` says otherwise.
   network     {"bandwidth_mbps": number > 0, "latency_ms": number >= 0, "medium": "switched" | "shared",
                "links": [{"a": device, "b": device, "bandwidth_mbps": number > 0, "latency_ms": number >= 0}]}
               Megabits per second. A link entry (unordered pair) overrides the default for that pair.
@@ -255,6 +257,7 @@ def manifest_json(m: Manifest) -> bytes:
         "inputs": [_spec(t) for t in m.inputs],
         "outputs": [{**_spec(o), "device": o.device} for o in m.outputs],
         "devices": [{"name": d.name, "profile": d.profile, "memory_mb": d.memory_mb, "address": d.address}
+                    | ({"threads": d.threads} if d.threads is not None else {})
                     for d in m.devices],
         "network": {"bandwidth_mbps": None if no_network else net.bandwidth_mbps,
                     "latency_ms": None if no_network else net.latency_ms, "medium": net.medium,

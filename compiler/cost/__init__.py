@@ -1,8 +1,10 @@
 """The cost model: what a layer, a tile and a message cost on the cluster, and what a plan costs.
 
-- table.py: `CostTable`, every layer's time on every device (measured tables or the roofline model).
+- table.py: `CostTable`, every layer's time on every device (measured tables, or the roofline model with
+  the op table), from the profile's figures for the thread count the device's worker runs.
 - network.py: `Network`, the links between devices; the compiler's one Mbps -> bytes/ms conversion.
-- tiles.py: the tile cost model of spatial stages (tile compute, halo, scatter and gather transfers).
+- tiles.py: the tile cost model of spatial stages (tile compute with the figures' tile efficiency, halo,
+  scatter and gather transfers).
 - memory.py: `device_memory_bytes(plan, graph)`, what each device must hold.
 - evaluate.py: `evaluate(plan, graph, cost) -> Prediction`, and the replay of a manifest's schedule.
 

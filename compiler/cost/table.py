@@ -1,32 +1,73 @@
-"""The cost table: (LayerGraph, Cluster) -> CostTable of per-layer, per-device times, plus transfer times."""
+"""The cost table: (LayerGraph, Cluster) -> CostTable of per-layer, per-device times, plus transfer times.
+
+Each device is priced with the figures of the thread count its worker runs (`DeviceSpec.figures`: the
+profile's `threads:` entry for the cluster file's `threads`, else the profile's top level), in this order:
+
+1. A measured table (`layers`) of those figures that covers every node of the model: the sum of the
+   layer's node times.
+2. Otherwise the roofline model, with the figures' op table (`op_ms_per_melem`) for the operators the
+   roofline misprices.  With oh = op_overhead_us / 1000, n the layer's nodes and E the layer's output
+   elements (every node of a layer shares them: a layer is one operator and the shape-preserving
+   operators that follow it)::
+
+       layer_ms = n * oh + sum over priced nodes of E * price / 1e6 + roofline of the rest
+
+   A node is priced when "<op type>:<mode>" (with the model, for a node with a `mode` attribute such as
+   Resize) or else its op type is in the table.  The roofline of the rest is the layer's
+   max(FLOPs / gflops, bytes / memory_gbps) (bytes only for a memory-bound class), dropped when the
+   layer's leading operator (the one that sets its cost class) is priced and every unpriced operator is
+   pointwise: such a layer is memory-bound, its roofline is the chain's traffic, which the leader's
+   price already holds (the transformer's Softmax and LayerNormalization layers).  Otherwise the prices
+   come on top of the roofline: a priced follower of a Conv (Inception's LRN) adds its price to the
+   Conv's FLOPs (its own FLOPs there are a few per element against the Conv's hundreds); an LRN that
+   outweighs the MaxPool before it keeps the MaxPool's traffic in.
+
+The tile model (tiles.py) reads `overhead_ms`, `priced_ms`, `out_elems` and `curves` to scale a tile's
+share by the figures' tile efficiency.
+"""
 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import numpy as np
+import onnx
+from onnx import helper
 
-from ..cluster import Cluster, DeviceSpec
+from ..cluster import Cluster, DeviceSpec, Figures
 from ..graph import Layer, LayerGraph
+from ..layers import POINTWISE, cost_class
 from .network import Network
 
-__all__ = ["CostTable", "build_cost_table", "layer_ms"]
+__all__ = ["CostTable", "build_cost_table", "layer_ms", "node_keys", "layer_out_elems", "priced_ms"]
 
 logger = logging.getLogger(__name__)
 
 MEMORY_BOUND = {"pool", "elementwise", "norm", "softmax", "data"}
+# The efficiency curve (Figures.efficiency key) that scales a tile of each compute-bound cost class.
+CURVE_OF_CLASS = {"conv": "conv", "depthwise_conv": "conv", "gemm": "gemm"}
 
 
 @dataclass(frozen=True, eq=False)
 class CostTable:
-    """Times in ms. `layer_ms[i, d]` is layer i on device d; `measured[d]` says a measured table was used."""
+    """Times in ms. `layer_ms[i, d]` is layer i on device d; `measured[d]` says a measured table was used.
+
+    For the tile model: `overhead_ms[i, d]` is layer i's per-operator overhead on device d (at most its
+    layer_ms), `priced_ms[i, d]` the op-table share of layer_ms (0 for a measured table), `out_elems[i]`
+    the layer's output elements, and `curves[d]` {cost class: efficiency curve} of device d's figures.
+    """
 
     devices: tuple[str, ...]
     layer_ms: np.ndarray  # [L, D]
     measured: tuple[bool, ...]
     cluster: Cluster
+    overhead_ms: np.ndarray  # [L, D]
+    priced_ms: np.ndarray  # [L, D]
+    out_elems: np.ndarray  # [L]
+    curves: tuple[dict, ...]  # per device: {cost class: ((elements, fraction), ...)}
 
     def index(self, device: str) -> int:
         return self.devices.index(device)
@@ -40,30 +81,96 @@ class CostTable:
         return self.network.transfer_ms(nbytes, src, dst)
 
 
-def layer_ms(layer: Layer, device: DeviceSpec) -> float:
-    """Roofline estimate: per-operator overhead + max(compute time, memory time)."""
-    p = device.profile
+def node_keys(layer: Layer, model: onnx.ModelProto | None = None) -> tuple[tuple[str, ...], ...]:
+    """Per node of the layer, the op-table keys to try in order: "<op type>:<mode>" for a node with a
+    `mode` attribute (known only with the model), then the op type."""
+    out = []
+    for k, op in enumerate(layer.op_types):
+        mode = None
+        if model is not None:
+            node = model.graph.node[layer.nodes[k]]
+            mode = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "mode"), None)
+        if isinstance(mode, bytes):
+            mode = mode.decode("utf-8", "replace")
+        out.append((f"{op}:{mode}", op) if mode else (op,))
+    return tuple(out)
+
+
+def layer_out_elems(graph: LayerGraph, layer: Layer) -> int:
+    """Output elements of the layer's operator chain: the largest of its outputs (a chain's operators are
+    shape-preserving, so its nodes all produce this many)."""
+    return max((math.prod(graph.tensors[t].shape) for t in layer.outputs if t in graph.tensors), default=0)
+
+
+@lru_cache(maxsize=None)
+def _op_class(op: str) -> str:
+    """The cost class a node of this op type leads its layer with (shapes do not matter but for Conv's
+    depthwise test, which an unknown input shape answers "conv")."""
+    return cost_class(helper.make_node(op, ["x"], ["y"]), {})
+
+
+def priced_ms(layer: Layer, figures: Figures, keys: tuple[tuple[str, ...], ...], elems: int) -> tuple[float, bool]:
+    """(The op-table share of the layer's time, whether the prices replace the layer's roofline: its
+    leading operator is priced and every other operator is pointwise)."""
+    total, lead, rest_pointwise = 0.0, False, True
+    for op, cands in zip(layer.op_types, keys):
+        price = next((figures.op_ms_per_melem[k] for k in cands if k in figures.op_ms_per_melem), None)
+        if price is None:
+            rest_pointwise &= op in POINTWISE
+        else:
+            total += elems * price / 1e6
+            lead |= _op_class(op) == layer.cost_class
+    return total, lead and rest_pointwise
+
+
+def layer_ms(layer: Layer, device: DeviceSpec, priced: tuple[float, bool] = (0.0, False)) -> float:
+    """Per-operator overhead + max(compute time, memory time), at the device's thread count, plus the
+    op-table share `priced` = (ms, leader priced) from `priced_ms` (see the module docstring)."""
+    p = device.figures
     overhead = len(layer.op_types) * p.op_overhead_us / 1000.0
+    ms, lead = priced
+    if lead:
+        return overhead + ms
     moved = layer.input_bytes + layer.output_bytes + layer.param_bytes
     mem_ms = moved / (p.memory_gbps * 1e6)  # GB/s = 1e6 bytes/ms
     if layer.cost_class in MEMORY_BOUND:
-        return overhead + mem_ms
-    gflops = p.gflops.get(layer.cost_class, p.gflops["other"])
-    return overhead + max(layer.flops / (gflops * 1e6), mem_ms)
+        roof = mem_ms
+    else:
+        gflops = p.gflops.get(layer.cost_class, p.gflops["other"])
+        roof = max(layer.flops / (gflops * 1e6), mem_ms)
+    return overhead + roof if ms == 0.0 else overhead + ms + roof
 
 
-def build_cost_table(graph: LayerGraph, cluster: Cluster, model_sha256: str | None = None) -> CostTable:
-    cols, measured = [], []
+def build_cost_table(graph: LayerGraph, cluster: Cluster, model_sha256: str | None = None,
+                     model: onnx.ModelProto | None = None) -> CostTable:
+    """The cost table of `graph` on `cluster`.  `model` (the normalised model `graph` was built from)
+    only adds the op-table keys of node modes ("Resize:linear"); without it such nodes take their op
+    type's price."""
+    keys = [node_keys(layer, model) for layer in graph.layers]
+    elems = np.array([layer_out_elems(graph, layer) for layer in graph.layers], dtype=np.float64)
+    cols, measured, priced, overhead = [], [], [], []
     for dev in cluster.devices:
-        table = dev.profile.layers.get(model_sha256 or "", {})
+        fig = dev.figures
+        prices = [priced_ms(layer, fig, k, int(e)) if fig.op_ms_per_melem else (0.0, False)
+                  for layer, k, e in zip(graph.layers, keys, elems)]
+        table = fig.layers.get(model_sha256 or "", {})
         if table and all(n in table for layer in graph.layers for n in layer.node_names):
-            cols.append([sum(table[n] for n in layer.node_names) for layer in graph.layers])
+            col = [sum(table[n] for n in layer.node_names) for layer in graph.layers]
             measured.append(True)
+            priced.append([0.0] * len(col))
         else:
             if table:
                 logger.warning("%s: measured table does not cover this model's nodes; using the roofline model", dev.name)
-            cols.append([layer_ms(layer, dev) for layer in graph.layers])
+            col = [layer_ms(layer, dev, pr) for layer, pr in zip(graph.layers, prices)]
             measured.append(False)
-    arr = np.asarray(cols, dtype=np.float64).T.reshape(len(graph.layers), len(cluster.devices))
-    return CostTable(tuple(d.name for d in cluster.devices), arr, tuple(measured), cluster)
-
+            priced.append([ms for ms, _ in prices])
+        cols.append(col)
+        overhead.append([min(len(layer.op_types) * fig.op_overhead_us / 1000.0, ms) for layer, ms in zip(graph.layers, col)])
+    shape = (len(graph.layers), len(cluster.devices))
+    arr = np.asarray(cols, dtype=np.float64).T.reshape(shape)
+    return CostTable(tuple(d.name for d in cluster.devices), arr, tuple(measured), cluster,
+                     overhead_ms=np.asarray(overhead, dtype=np.float64).T.reshape(shape),
+                     priced_ms=np.asarray(priced, dtype=np.float64).T.reshape(shape),
+                     out_elems=elems,
+                     curves=tuple({c: dev.figures.efficiency[k] for c, k in CURVE_OF_CLASS.items()
+                                   if k in dev.figures.efficiency} for dev in cluster.devices))

@@ -1,4 +1,16 @@
-"""Tile cost model: per-device compute of tiles, halo/scatter/gather transfers, and a spatial stage's timeline."""
+"""Tile cost model: per-device compute of tiles, halo/scatter/gather transfers, and a spatial stage's timeline.
+
+A tile computing `rows` of layer i's `total` output rows (recomputed halo rows included) on device d costs
+
+    tile_ms = oh + (layer_ms - oh) * rows / total                              (no efficiency curve)
+    tile_ms = oh + ((layer_ms - oh - priced) * eff(E) / eff(E * rows / total) + priced) * rows / total
+
+oh: the layer's per-operator overhead (every tile pays it again); priced: the op-table share of layer_ms
+(priced per output element, so linear in a tile's elements); E: the layer's output elements; eff: the
+device figures' efficiency curve for the layer's class (conv for conv and depthwise_conv, gemm for gemm),
+piecewise linear in log(elements) between its points and flat beyond them.  A whole-layer tile costs
+exactly layer_ms.
+"""
 
 from __future__ import annotations
 
@@ -14,24 +26,61 @@ from ..plan_types import Stage
 from ..spatial.regions import SegmentMaps, segment_maps
 from .table import CostTable
 
-__all__ = ["overhead_ms", "tile_ms", "SegmentCost", "Step", "StepModel", "row_bytes", "predict_stage", "group_param_bytes"]
+__all__ = ["overhead_ms", "tile_ms", "efficiency", "SegmentCost", "Step", "StepModel", "row_bytes", "predict_stage",
+           "group_param_bytes"]
 
 logger = logging.getLogger(__name__)
 
 
 def overhead_ms(graph: LayerGraph, cost: CostTable, i: int, d: int) -> float:
     """Per-operator dispatch overhead of layer i on device d: paid by every tile, however small."""
-    prof = cost.cluster.device(cost.devices[d]).profile
-    return min(len(graph.layers[i].op_types) * prof.op_overhead_us / 1000.0, float(cost.layer_ms[i, d]))
+    return float(cost.overhead_ms[i, d])
+
+
+def efficiency(curve: tuple[tuple[float, float], ...], elems) -> np.ndarray:
+    """Fraction of the large benchmark's throughput at `elems` output elements (a number or an array):
+    piecewise linear in log(elements) between the curve's points, its end points' fractions beyond."""
+    x = np.log(np.maximum(np.asarray(elems, dtype=np.float64), 1e-300))
+    return np.interp(x, [math.log(e) for e, _ in curve], [f for _, f in curve])
+
+
+def _curve(graph: LayerGraph, cost: CostTable, i: int, d: int):
+    return cost.curves[d].get(graph.layers[i].cost_class)
+
+
+def _scaled_share(scalable: float, priced: float, elems: float, curve, frac) -> np.ndarray:
+    """What a tile of `frac` of the layer's output adds beyond overhead, with the efficiency curve."""
+    ratio = efficiency(curve, elems) / efficiency(curve, elems * frac)
+    return (scalable * ratio + priced) * frac
 
 
 def tile_ms(graph: LayerGraph, cost: CostTable, i: int, d: int, rows: int, total: int) -> float:
     """Layer i on device d computing `rows` of its `total` output rows (recomputed halo rows included):
-    overhead + (layer_ms - overhead) * rows / total, so a whole-tensor tile costs exactly layer_ms."""
+    see the module docstring; a whole-tensor tile costs exactly layer_ms."""
     if rows <= 0:
         return 0.0
     oh = overhead_ms(graph, cost, i, d)
-    return oh + (float(cost.layer_ms[i, d]) - oh) * rows / total
+    curve = _curve(graph, cost, i, d)
+    if curve is None:
+        return oh + (float(cost.layer_ms[i, d]) - oh) * rows / total
+    full = float(cost.layer_ms[i, d])
+    if rows >= total:
+        return full
+    priced = float(cost.priced_ms[i, d])
+    return oh + float(_scaled_share(full - oh - priced, priced, float(cost.out_elems[i]), curve, rows / total))
+
+
+def _share_by_rows(graph: LayerGraph, cost: CostTable, i: int, d: int, total: int) -> np.ndarray:
+    """share[r]: tile_ms of layer i on device d at r rows (0..total) less its overhead."""
+    oh, full = float(cost.overhead_ms[i, d]), float(cost.layer_ms[i, d])
+    r = np.arange(total + 1, dtype=np.float64)
+    curve = _curve(graph, cost, i, d)
+    if curve is None:
+        return (full - oh) * r / total
+    priced = float(cost.priced_ms[i, d])
+    share = _scaled_share(full - oh - priced, priced, float(cost.out_elems[i]), curve, r / total)
+    share[0], share[total] = 0.0, full - oh
+    return share
 
 
 def row_bytes(graph: LayerGraph, tensor: str, axis: int) -> float:
@@ -51,6 +100,10 @@ class SegmentCost:
     Rows computed by layer i are end_i[b] - first_i[a] (separable, see SegmentMaps), so the segment's
     time on device d is overhead_d + hi_d[b] - lo_d[a] with hi_d = sum_i w_id * end_i and
     lo_d = sum_i w_id * first_i, w_id = (layer_ms - overhead) / total rows of layer i.
+
+    On a device whose figures have an efficiency curve for one of the segment's layers, a layer's time is
+    not linear in its rows: there the segment's time is overhead_d + table_d[a, b], a table of every tile
+    built on first use (`shares[d]`: per layer, its tile time beyond overhead by rows computed).
     """
 
     maps: SegmentMaps
@@ -59,7 +112,8 @@ class SegmentCost:
     lo: np.ndarray  # [D, M+1]
     in_bytes: float  # bytes per row of the segment input
     out_bytes: float  # bytes per row of the segment output
-    _cache: dict = field(default_factory=dict)  # floors (by device weights), need floor, list views
+    _cache: dict = field(default_factory=dict)  # floors (by device weights), need floor, list views, tables
+    shares: tuple = ()  # per device: None (linear), or per layer share[rows] (see _share_by_rows)
 
     @classmethod
     def build(cls, graph: LayerGraph, cost: CostTable, lo: int, hi: int, axis: int) -> "SegmentCost":
@@ -70,15 +124,42 @@ class SegmentCost:
         w = (cost.layer_ms[lo:hi] - oh) / total[:, None]  # [layers, D]
         ends = np.stack([maps.end[maps.out_of[i]] for i in range(lo, hi)])  # [layers, M+1]
         firsts = np.stack([maps.first[maps.out_of[i]] for i in range(lo, hi)])
+        shares = tuple(
+            tuple(_share_by_rows(graph, cost, i, d, maps.size[maps.out_of[i]]) for i in range(lo, hi))
+            if any(_curve(graph, cost, i, d) is not None for i in range(lo, hi)) else None
+            for d in range(n_dev))
         return cls(maps, oh.sum(axis=0), w.T @ ends, w.T @ firsts,
-                   row_bytes(graph, maps.input, axis), row_bytes(graph, maps.output, axis))
+                   row_bytes(graph, maps.input, axis), row_bytes(graph, maps.output, axis), shares=shares)
 
     @property
     def rows(self) -> int:
         return self.maps.rows
 
     def comp(self, d: int, a: int, b: int) -> float:
-        return 0.0 if b <= a else float(self.overhead[d] + self.hi[d, b] - self.lo[d, a])
+        if b <= a:
+            return 0.0
+        table = self.table(d)
+        if table is not None:
+            return float(self.overhead[d] + table[a, b])
+        return float(self.overhead[d] + self.hi[d, b] - self.lo[d, a])
+
+    def table(self, d: int) -> np.ndarray | None:
+        """table[a, b]: tile [a, b) on device d beyond its overhead (b > a), or None where time is linear
+        in rows.  Devices with the same per-layer shares share one table."""
+        if d >= len(self.shares) or self.shares[d] is None:
+            return None
+        mine = ("table of", d)
+        if mine not in self._cache:
+            key = ("table", b"".join(s.tobytes() for s in self.shares[d]))
+            if key not in self._cache:
+                m = self.maps
+                t = np.zeros((m.rows + 1, m.rows + 1))
+                for i, share in zip(range(m.lo, m.hi), self.shares[d]):
+                    rows = m.end[m.out_of[i]][None, :] - m.first[m.out_of[i]][:, None]
+                    t += share[np.maximum(rows, 0)]
+                self._cache[key] = t
+            self._cache[mine] = self._cache[key]
+        return self._cache[mine]
 
     def need(self, a: int, b: int) -> tuple[int, int]:
         """Rows of the segment input tile [a, b) reads."""
@@ -102,14 +183,31 @@ class SegmentCost:
         return self._cache["need"]
 
     def floor(self, d: int) -> list[float]:
-        """floor[r]: least time of any r-row tile on device d (a lower bound for the search)."""
+        """floor[r]: least time of any tile of r rows or more on device d (a lower bound for the search;
+        nondecreasing in r)."""
+        table = self.table(d)
+        if table is not None:
+            return self._table_floor(d, table)
         key = (self.hi[d].tobytes(), self.lo[d].tobytes(), float(self.overhead[d]))
         if key not in self._cache:
             m = self.rows
             f = np.zeros(m + 1)
             for r in range(1, m + 1):
                 f[r] = self.overhead[d] + np.min(self.hi[d, r:] - self.lo[d, : m + 1 - r])
-            self._cache[key] = np.maximum.accumulate(f).tolist()
+            self._cache[key] = np.maximum.accumulate(f).tolist()  # linear time grows with rows
+        return self._cache[key]
+
+    def _table_floor(self, d: int, table: np.ndarray) -> list[float]:
+        """floor from the table: a tile's time need not grow with its rows (a larger tile may run at a
+        better efficiency), so floor[r] is the least over every size from r rows up."""
+        key = ("table floor", id(table), float(self.overhead[d]))
+        if key not in self._cache:
+            m = self.rows
+            f = np.zeros(m + 1)
+            for r in range(1, m + 1):
+                f[r] = self.overhead[d] + np.min(np.diagonal(table, offset=r))
+            f[1:] = np.minimum.accumulate(f[1:][::-1])[::-1]
+            self._cache[key] = f.tolist()
         return self._cache[key]
 
 
@@ -131,6 +229,7 @@ class Step:
     need_first: list
     need_end: list
     terms: dict = field(default_factory=dict)  # (position, a, b) -> (messages, compute ms), see StepModel.term
+    tables: dict = field(default_factory=dict)  # device index -> SegmentCost.table, where time is not linear
 
 
 class StepModel:
@@ -157,7 +256,9 @@ class StepModel:
 
     def context(self, sc: SegmentCost, holders: list) -> Step:
         sender = {h[0]: e for e, h in enumerate(holders)}
-        return Step(sc, holders, [h[1] for h in holders], [sender.get(d, -1) for d in self.devs], *sc.lists)
+        tables = {d: t for d in self.devs if (t := sc.table(d)) is not None}
+        return Step(sc, holders, [h[1] for h in holders], [sender.get(d, -1) for d in self.devs], *sc.lists,
+                    tables=tables)
 
     def term(self, cx: Step, pos: int, a: int, b: int, sent: tuple, chan: float):
         """Device `pos` computing rows [a, b) (b > a): (rows arrived at, compute ms, each holder's
@@ -192,6 +293,9 @@ class StepModel:
             rows = min(s1, n1) - max(s0, n0)
             if rows > 0 and hd != d:
                 msgs.append((e, rows * cx.sc.in_bytes / self.bw[hd][d] + self.lat[hd][d]))
+        table = cx.tables.get(d)
+        if table is not None:
+            return tuple(msgs), cx.overhead[d] + float(table[a, b])
         return tuple(msgs), cx.overhead[d] + cx.hi[d][b] - cx.lo[d][a]
 
     @staticmethod

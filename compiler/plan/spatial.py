@@ -42,7 +42,7 @@ def _classes(cost: CostTable, names) -> dict:
 
     def same(x: str, y: str) -> bool:
         dx, dy = cl.device(x), cl.device(y)
-        return ((dx.profile.name, dx.memory_mb) == (dy.profile.name, dy.memory_mb)
+        return ((dx.profile.name, dx.memory_mb, dx.threads) == (dy.profile.name, dy.memory_mb, dy.threads)
                 and bool((cost.layer_ms[:, cost.index(x)] == cost.layer_ms[:, cost.index(y)]).all())
                 and all(cl.link(x, z) == cl.link(y, z) for z in cl.device_names if z not in (x, y)))
 

@@ -168,34 +168,3 @@ def test_unstable_timings_without_strict_are_one_warning(caplog):
     assert f"for {len(timings)} timings: " in line and "gflops.conv at 1 thr" in line
     assert not any(t["stable"] for t in timings.values())
     assert len(p["measurement"]["warnings"]) == len(timings)
-
-
-# --------------------------------------------------------------------------------------------------
-# Back to back on a quiet machine (issue 11: within 10%)
-
-
-def _figures(p: dict) -> dict[str, float]:
-    out = {f"gflops.{k}": v for k, v in p["gflops"].items()}
-    out["memory_gbps"] = p["memory_gbps"]
-    out.update({f"op_ms_per_melem.{k}": v for k, v in p["op_ms_per_melem"].items()})
-    return out
-
-
-def _stable_timings(p: dict) -> set[str]:
-    return {name for name, t in p["measurement"]["threads"][1].items() if t["stable"]}
-
-
-def test_two_quick_runs_back_to_back_agree_within_10_percent_on_a_quiet_machine():
-    a = measure_host(quick=True, threads=1)
-    if a["measurement"]["load"]["verdict"] != "quiet":
-        pytest.skip(f"machine busy during the first run: {a['measurement']['load']['during']}")
-    b = measure_host(quick=True, threads=1)
-    if b["measurement"]["load"]["verdict"] != "quiet":
-        pytest.skip(f"machine busy during the second run: {b['measurement']['load']['during']}")
-    both = _stable_timings(a) & _stable_timings(b)  # a figure whose spread stayed large is already flagged
-    fa, fb = _figures(a), _figures(b)
-    compared = [k for k in fa if k in both
-                or (k == "gflops.other" and {"gflops.other.ConvTranspose", "gflops.other.LSTM"} <= both)]
-    assert compared, "no figure was stable in both runs on a quiet machine"
-    off = {k: (fa[k], fb[k]) for k in compared if abs(fa[k] - fb[k]) > 0.10 * max(fa[k], fb[k])}
-    assert not off, off

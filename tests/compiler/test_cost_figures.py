@@ -1,0 +1,313 @@
+"""The cost model reads a profile's per-thread figures, op table and tile-efficiency curves (issue 11, item 1).
+
+Small hand-made profiles, so every expected number is worked out here from the formulas of
+compiler/cost/table.py and compiler/cost/tiles.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import onnx
+import pytest
+import yaml
+from onnx import TensorProto, helper, numpy_helper
+
+from edgec.compiler.cluster import load_cluster
+from edgec.compiler.cost import build_cost_table, evaluate
+from edgec.compiler.cost.tiles import SegmentCost, efficiency, tile_ms
+from edgec.compiler.errors import UserError
+from edgec.compiler.ingest import load_model
+from edgec.compiler.plan.spatial_search import SpatialSearch
+from edgec.compiler.spatial import spatial_cuts
+from tests.conftest import conv_chain_model
+
+FAST = {"op_overhead_us": 10.0, "gflops": {"conv": 100.0, "depthwise_conv": 20.0, "gemm": 80.0, "other": 5.0},
+        "memory_gbps": 10.0}
+SLOW = {"op_overhead_us": 40.0, "gflops": {"conv": 20.0, "depthwise_conv": 4.0, "gemm": 16.0, "other": 1.0},
+        "memory_gbps": 2.0}
+
+
+def write_profile(tmp_path, name, **figures):
+    doc = {"name": name, "memory_mb": 4096, "usable_memory_fraction": 0.75, "runtime_overhead_mb": 50, **FAST,
+           **figures}
+    (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(doc))
+    return f"{name}.yaml"
+
+
+def write_cluster(tmp_path, devices, name="c.yaml"):
+    doc = {"devices": devices, "network": {"bandwidth_mbps": 100, "latency_ms": 1}}
+    (tmp_path / name).write_text(yaml.safe_dump(doc))
+    return tmp_path / name
+
+
+def roofline(layer, fig) -> float:
+    """The roofline of compiler/cost/table.py, written out for a compute-bound layer."""
+    moved = layer.input_bytes + layer.output_bytes + layer.param_bytes
+    compute = layer.flops / (fig["gflops"][layer.cost_class] * 1e6)
+    return len(layer.op_types) * fig["op_overhead_us"] / 1000 + max(compute, moved / (fig["memory_gbps"] * 1e6))
+
+
+def save(model: onnx.ModelProto, path) -> str:
+    onnx.save(model, path)
+    return str(path)
+
+
+def priced_model() -> onnx.ModelProto:
+    """Conv -> Relu -> LRN (one layer: LRN follows), Conv 1x1, Softmax, Resize linear 2x."""
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array(rng.standard_normal((4, 4, 3, 3)).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(rng.standard_normal((4, 4, 1, 1)).astype(np.float32), "w2")
+    scales = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], name="conv1"),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("LRN", ["r1"], ["n1"], size=5, name="lrn1"),
+        helper.make_node("Conv", ["n1", "w2"], ["c2"], name="conv2"),
+        helper.make_node("Softmax", ["c2"], ["s"], axis=1, name="softmax"),
+        helper.make_node("Resize", ["s", "", "scales"], ["y"], mode="linear", name="resize"),
+    ]
+    graph = helper.make_graph(nodes, "priced", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 4, 8, 8))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, 4, 16, 16))], [w1, w2, scales])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+# --------------------------------------------------------------------------------------------------
+# 1. figures per thread count
+
+
+def test_device_threads_pick_that_counts_figures(tmp_path):
+    ing = load_model(save(conv_chain_model(n=2), tmp_path / "m.onnx"))
+    prof = write_profile(tmp_path, "host", threads={1: SLOW, 4: FAST})
+    path = write_cluster(tmp_path, [{"name": "one", "profile": prof, "threads": 1},
+                                    {"name": "all", "profile": prof},
+                                    {"name": "three", "profile": prof, "threads": 3}])
+    cost = build_cost_table(ing.graph, load_cluster(path), ing.sha256)
+    conv = ing.graph.layers[0]
+    assert conv.cost_class == "conv"
+    assert cost.layer_ms[0, 0] == pytest.approx(roofline(conv, SLOW), rel=1e-12)
+    assert cost.layer_ms[0, 1] == pytest.approx(roofline(conv, FAST), rel=1e-12)  # no threads: the top level
+    assert (cost.layer_ms[:, 2] == cost.layer_ms[:, 0]).all()  # 3 not measured: the largest count below, 1
+    assert (cost.layer_ms[:, 0] > cost.layer_ms[:, 1]).all()
+    # every tile pays the thread count's per-operator overhead
+    assert cost.overhead_ms[0, 0] == len(conv.op_types) * 40.0 / 1000
+    assert cost.overhead_ms[0, 1] == len(conv.op_types) * 10.0 / 1000
+
+
+def test_a_thread_counts_measured_table_is_used(tmp_path):
+    ing = load_model(save(conv_chain_model(n=2), tmp_path / "m.onnx"))
+    table = {n: 0.5 for layer in ing.graph.layers for n in layer.node_names}
+    prof = write_profile(tmp_path, "host", threads={1: {**SLOW, "layers": {ing.sha256: table}}})
+    path = write_cluster(tmp_path, [{"name": "one", "profile": prof, "threads": 1}, {"name": "all", "profile": prof}])
+    cost = build_cost_table(ing.graph, load_cluster(path), ing.sha256)
+    assert cost.measured == (True, False)
+    assert cost.layer_ms[:, 0].tolist() == [0.5 * len(layer.node_names) for layer in ing.graph.layers]
+
+
+def test_threads_go_to_the_manifest_and_choose_the_local_workers_threads(tmp_path):
+    from edgec.compiler.api import compile as compile_model
+    from edgec.runtime.coordinator import Cluster as RuntimeCluster
+    from edgec.runtime.manifest import load_manifest
+
+    model = save(conv_chain_model(n=2), tmp_path / "m.onnx")
+    prof = write_profile(tmp_path, "host", threads={1: SLOW})
+    path = write_cluster(tmp_path, [{"name": "a", "profile": prof, "threads": 1}, {"name": "b", "profile": prof}])
+    compile_model(model, path, tmp_path / "out", strategy="pipeline")
+    doc = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert [d.get("threads") for d in doc["devices"]] == [1, None]
+    assert "threads" not in doc["devices"][1]  # no key without a cluster.yaml `threads`: manifests as before
+    manifest = load_manifest(tmp_path / "out" / "manifest.json")
+    assert [d.threads for d in manifest.devices] == [1, None]
+    assert RuntimeCluster(manifest).device_threads == {"a": 1}
+    assert RuntimeCluster(manifest, threads=2).device_threads == {}  # --threads wins
+
+
+@pytest.mark.parametrize("threads", [0, -1, 4097, 1.5, "2", True])
+def test_bad_device_threads_is_a_user_error(tmp_path, threads):
+    path = write_cluster(tmp_path, [{"name": "a", "profile": "rpi5", "threads": threads}])
+    with pytest.raises(UserError, match=r"device 'a': threads must be an integer from 1 to 4096") as ei:
+        load_cluster(path)
+    assert ei.value.path == str(path)
+
+
+# --------------------------------------------------------------------------------------------------
+# 2. op prices
+
+
+def test_an_op_price_changes_exactly_the_layers_holding_that_op(tmp_path):
+    ing = load_model(save(priced_model(), tmp_path / "m.onnx"))
+    layers = ing.graph.layers
+    assert [l.op_types for l in layers] == [("Conv", "Relu", "LRN"), ("Conv",), ("Softmax",), ("Resize",)]
+    plain = write_profile(tmp_path, "plain")
+    lrn = write_profile(tmp_path, "lrn", op_ms_per_melem={"LRN": 25.0})
+    path = write_cluster(tmp_path, [{"name": "p", "profile": plain}, {"name": "l", "profile": lrn}])
+    cost = build_cost_table(ing.graph, load_cluster(path), ing.sha256)
+    e = 4 * 8 * 8
+    # the LRN follows a Conv: its price comes on top of the Conv's roofline
+    assert cost.layer_ms[0, 1] - cost.layer_ms[0, 0] == pytest.approx(e * 25.0 / 1e6, rel=1e-9)
+    assert cost.priced_ms[0].tolist() == [0.0, e * 25.0 / 1e6]
+    assert (cost.layer_ms[1:, 1] == cost.layer_ms[1:, 0]).all()
+
+
+def test_a_priced_leader_replaces_the_layers_roofline(tmp_path):
+    ing = load_model(save(priced_model(), tmp_path / "m.onnx"))
+    prof = write_profile(tmp_path, "soft", op_ms_per_melem={"Softmax": 2.0, "Resize": 1.0, "Resize:linear": 3.0})
+    cl = load_cluster(write_cluster(tmp_path, [{"name": "s", "profile": prof}]))
+    oh = 10.0 / 1000
+    with_modes = build_cost_table(ing.graph, cl, ing.sha256, model=ing.model)
+    assert with_modes.layer_ms[2, 0] == oh + 4 * 8 * 8 * 2.0 / 1e6  # Softmax: overhead + price, no roofline
+    assert with_modes.layer_ms[3, 0] == oh + 4 * 16 * 16 * 3.0 / 1e6  # Resize:linear, priced by its mode
+    # without the model a node's mode is unknown: the op type's price
+    assert build_cost_table(ing.graph, cl, ing.sha256).layer_ms[3, 0] == oh + 4 * 16 * 16 * 1.0 / 1e6
+    # an op table without the key leaves the roofline
+    other = load_cluster(write_cluster(tmp_path, [{"name": "s", "profile": write_profile(tmp_path, "erf", op_ms_per_melem={"Erf": 1.0})}], "c_erf.yaml"))
+    plain = load_cluster(write_cluster(tmp_path, [{"name": "s", "profile": write_profile(tmp_path, "plain")}], "c_plain.yaml"))
+    assert (build_cost_table(ing.graph, other).layer_ms == build_cost_table(ing.graph, plain).layer_ms).all()
+
+
+def test_a_priced_leader_after_a_pool_keeps_the_pools_traffic(tmp_path):
+    """Inception's MaxPool -> LRN: the LRN (10 FLOPs per element) leads the layer, but the MaxPool's traffic
+    is no pointwise follower's: the price comes on top of the memory roofline."""
+    nodes = [helper.make_node("MaxPool", ["x"], ["p"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], name="pool"),
+             helper.make_node("LRN", ["p"], ["y"], size=5, name="lrn")]
+    graph = helper.make_graph(nodes, "pool_lrn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 4, 8, 8))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, 4, 8, 8))])
+    ing = load_model(save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), tmp_path / "m.onnx"))
+    (layer,) = ing.graph.layers
+    assert (layer.op_types, layer.cost_class) == (("MaxPool", "LRN"), "norm")
+    prof = write_profile(tmp_path, "lrn", op_ms_per_melem={"LRN": 25.0})
+    cost = build_cost_table(ing.graph, load_cluster(write_cluster(tmp_path, [{"name": "d", "profile": prof}])))
+    mem = (layer.input_bytes + layer.output_bytes) / (FAST["memory_gbps"] * 1e6)
+    assert cost.layer_ms[0, 0] == 2 * 10.0 / 1000 + 256 * 25.0 / 1e6 + mem
+
+
+# --------------------------------------------------------------------------------------------------
+# 3. tile efficiency
+
+
+CONV_E = 4 * 12 * 12  # conv_chain_model(channels=4, size=12): every conv layer's output elements
+CURVE = [[CONV_E / 4, 0.5], [CONV_E, 1.0]]
+
+
+def chain_cost(tmp_path, **figures):
+    ing = load_model(save(conv_chain_model(n=3, channels=4, size=12), tmp_path / "chain.onnx"))
+    plain = write_profile(tmp_path, "plain")
+    curved = write_profile(tmp_path, "curved", **figures)
+    path = write_cluster(tmp_path, [{"name": "p", "profile": plain}, {"name": "c", "profile": curved}])
+    return ing, build_cost_table(ing.graph, load_cluster(path), ing.sha256)
+
+
+def test_efficiency_is_piecewise_linear_in_log_elements_and_clamped():
+    curve = ((100.0, 0.5), (10000.0, 1.0))
+    assert float(efficiency(curve, 1000.0)) == pytest.approx(0.75, rel=1e-12)  # halfway in log
+    assert float(efficiency(curve, 10.0)) == 0.5 and float(efficiency(curve, 1e6)) == 1.0
+    assert efficiency(((5.0, 0.8),), np.array([1.0, 5.0, 50.0])).tolist() == [0.8, 0.8, 0.8]
+
+
+def test_efficiency_curves_raise_small_tiles_cost(tmp_path):
+    ing, cost = chain_cost(tmp_path, efficiency={"conv": CURVE})
+    g = ing.graph
+    L, oh = float(cost.layer_ms[0, 1]), float(cost.overhead_ms[0, 1])
+    assert cost.layer_ms[0, 1] == cost.layer_ms[0, 0]  # the curve leaves whole layers alone
+    assert tile_ms(g, cost, 0, 1, 12, 12) == L  # a whole-layer tile costs exactly layer_ms
+    # half the rows: 288 elements, halfway (in log) between 144 (0.5) and 576 (1.0), so 0.75 of peak
+    assert tile_ms(g, cost, 0, 1, 6, 12) == pytest.approx(oh + (L - oh) * 0.5 / 0.75, rel=1e-12)
+    # 2 rows: 96 elements, below the curve: its first fraction, 0.5, so twice the linear share
+    assert tile_ms(g, cost, 0, 1, 2, 12) == pytest.approx(oh + (L - oh) * (2 / 12) * 2.0, rel=1e-12)
+    # the device without a curve: linear in rows, as before
+    L0, oh0 = float(cost.layer_ms[0, 0]), float(cost.overhead_ms[0, 0])
+    assert tile_ms(g, cost, 0, 0, 6, 12) == oh0 + (L0 - oh0) * 6 / 12
+    # a gemm curve does not touch conv layers
+    (tmp_path / "g").mkdir()
+    ing2, gemm_only = chain_cost(tmp_path / "g", efficiency={"gemm": CURVE})
+    assert tile_ms(ing2.graph, gemm_only, 0, 1, 6, 12) == tile_ms(ing2.graph, gemm_only, 0, 0, 6, 12)
+
+
+def test_a_tiles_priced_share_is_not_scaled(tmp_path):
+    ing = load_model(save(priced_model(), tmp_path / "m.onnx"))
+    curve = [[4 * 8 * 8 / 4, 0.5], [4 * 8 * 8, 1.0]]
+    prof = write_profile(tmp_path, "both", op_ms_per_melem={"LRN": 25.0}, efficiency={"conv": curve})
+    cost = build_cost_table(ing.graph, load_cluster(write_cluster(tmp_path, [{"name": "d", "profile": prof}])), ing.sha256)
+    L, oh, p = float(cost.layer_ms[0, 0]), float(cost.overhead_ms[0, 0]), float(cost.priced_ms[0, 0])
+    assert p == 4 * 8 * 8 * 25.0 / 1e6
+    assert tile_ms(ing.graph, cost, 0, 0, 4, 8) == pytest.approx(oh + ((L - oh - p) / 0.75 + p) * 0.5, rel=1e-12)
+
+
+# A slow conv with little overhead, whose one-row tiles (32 elements) run at 5% of peak and two-row tiles at
+# 60%: a one-row tile costs more than a two-row one.
+STEEP = {"op_overhead_us": 0.1, "gflops": {**FAST["gflops"], "conv": 0.5},
+         "efficiency": {"conv": [[32, 0.05], [64, 0.6], [256, 1.0]]}}
+
+
+def test_segment_cost_follows_the_tile_model_and_its_floor_bounds_every_tile(tmp_path):
+    ing, cost = chain_cost(tmp_path, efficiency={"conv": CURVE})
+    g = ing.graph
+    sc = SegmentCost.build(g, cost, 0, 3, 2)
+    assert sc.table(0) is None and sc.table(1) is not None  # linear where there is no curve
+    for d in range(2):
+        assert math.isclose(sc.comp(d, 0, 12), cost.layer_ms[:3, d].sum(), rel_tol=1e-12)
+        for a, b in [(0, 6), (3, 5), (11, 12)]:
+            want = sum(tile_ms(g, cost, i, d, int(sc.maps.layer_rows(i, a, b)), 12) for i in range(3))
+            assert math.isclose(sc.comp(d, a, b), want, rel_tol=1e-12)
+    assert sc.comp(1, 0, 6) > sc.comp(0, 0, 6)  # the curve prices a half tile above its linear share
+
+
+def test_the_floor_bounds_tiles_whose_time_falls_with_more_rows(tmp_path):
+    ing = load_model(save(conv_chain_model(n=3, channels=4, size=8), tmp_path / "m.onnx"))
+    path = write_cluster(tmp_path, [{"name": "s", "profile": write_profile(tmp_path, "steep", **STEEP)}])
+    cost = build_cost_table(ing.graph, load_cluster(path), ing.sha256)
+    for hi in (1, 3):
+        sc = SegmentCost.build(ing.graph, cost, 0, hi, 2)
+        m = sc.rows
+        if hi == 1:
+            assert sc.comp(0, 0, 1) > sc.comp(0, 0, 2)  # the case a running maximum would get wrong
+        floor = sc.floor(0)
+        assert floor == sorted(floor)  # the search bisects it
+        for r in range(1, m + 1):
+            least = min(sc.comp(0, a, b) for a in range(m + 1) for b in range(a + r, m + 1))
+            assert floor[r] == pytest.approx(least, rel=1e-12)
+
+
+@pytest.mark.parametrize("medium,mbps,threshold", [("switched", 100.0, 0.6), ("shared", 10.0, 0.3), ("switched", 1000.0, 0.6)])
+def test_pruned_search_equals_exhaustive_with_efficiency_curves(tmp_path, medium, mbps, threshold):
+    """The search's bounds stay lower bounds when a tile's time is no longer linear in its rows."""
+    ing = load_model(save(conv_chain_model(n=3, channels=4, size=8), tmp_path / "m.onnx"))
+    steep = write_profile(tmp_path, "steep", **STEEP)
+    plain = write_profile(tmp_path, "plain", op_overhead_us=0.1, gflops={**FAST["gflops"], "conv": 0.5})
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"devices": [{"name": "a", "profile": steep}, {"name": "b", "profile": plain},
+                                                {"name": "c", "profile": steep}],
+                                    "network": {"bandwidth_mbps": mbps, "latency_ms": 0.2, "medium": medium}}))
+    cost = build_cost_table(ing.graph, load_cluster(path), ing.sha256)
+    cuts = spatial_cuts(ing.graph, 2)
+    rest = [float(cost.layer_ms[c:, 0].sum()) for c in cuts]
+
+    def search():
+        return SpatialSearch(ing.graph, cost, 2, list(cost.devices), cuts, rest, threshold, None)
+
+    want, _ = search().exhaustive()
+    got = min(t for t, _ in search().run(beam=None, branch=None).values())
+    assert math.isclose(got, want, rel_tol=1e-9)
+
+
+def test_a_spatial_plans_prediction_uses_the_curve(tmp_path):
+    """Compiled end to end: the plan is predicted with the curve, and the same plan costs more with the
+    curve than without (its tiles are partial)."""
+    from edgec.compiler.driver import compile_model
+
+    model = save(conv_chain_model(n=3, channels=8, size=32), tmp_path / "m.onnx")
+    e = 8 * 32 * 32
+    curved = write_profile(tmp_path, "curved", efficiency={"conv": [[e / 8, 0.25], [e, 1.0]]})
+    plain = write_profile(tmp_path, "plain")
+    devices = lambda prof: [{"name": "a", "profile": prof}, {"name": "b", "profile": prof}]  # noqa: E731
+    res = compile_model(model, write_cluster(tmp_path, devices(curved)), tmp_path / "out", strategy="spatial")
+    plan, graph = res.chosen.plan, res.ingested.graph
+    assert any(s.spatial is not None for s in plan.stages)
+    with_curve = evaluate(plan, graph, res.cost)
+    doc = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert doc["predicted"]["latency_ms"] == round(with_curve.latency_ms, 4)
+    linear = evaluate(plan, graph, build_cost_table(graph, load_cluster(write_cluster(tmp_path, devices(plain), "c_plain.yaml"))))
+    assert with_curve.latency_ms > linear.latency_ms
+    assert all(with_curve.tile_ms[k] > linear.tile_ms[k] for k in with_curve.tile_ms)
