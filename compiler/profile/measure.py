@@ -95,23 +95,14 @@ def _avg(s: LoadSample | None) -> list[float] | None:
     return None if s is None or s.loadavg is None else [round(v, 2) for v in s.loadavg]
 
 
-def _check_load_before(load: _Load, strict: bool, warnings: list[str]) -> None:
-    if not load.busy_before():
+def _check_load(busy: bool, said: str, tense: str, strict: bool, warnings: list[str]) -> None:
+    """A busy machine (before or during the run) refuses with --strict, else becomes a warning."""
+    if not busy:
         return
     if strict:
-        raise UserError(f"the machine is busy: {load.said_before()}; profile on a quiet machine, or without "
+        raise UserError(f"the machine {tense} busy: {said}; profile on a quiet machine, or without "
                         "--strict to write the profile with a warning")
-    warnings.append(f"the machine is busy: {load.said_before()}; the figures may be too slow")
-
-
-def _check_load_during(load: _Load, strict: bool, warnings: list[str]) -> None:
-    load.finish()
-    if not load.busy_during():
-        return
-    if strict:
-        raise UserError(f"the machine was busy: {load.said_during()}; profile on a quiet machine, or without "
-                        "--strict to write the profile with a warning")
-    warnings.append(f"the machine was busy: {load.said_during()}; the figures may be too slow")
+    warnings.append(f"the machine {tense} busy: {said}; the figures may be too slow")
 
 
 def _runtime_rss_mb() -> int:
@@ -204,7 +195,7 @@ def measure_host(
     say(f"profiling {host.host_name()}: onnxruntime {ort.__version__}, threads {', '.join(map(str, counts))}"
         f"{' (quick)' if quick else ''}")
     load = _Load(probe, quick)
-    _check_load_before(load, strict, warnings)
+    _check_load(load.busy_before(), load.said_before(), "is", strict, warnings)
     say(f"  {load.said_before()}")
     runtime_mb = _runtime_rss_mb()
     per_thread: dict[int, dict] = {}
@@ -217,7 +208,8 @@ def measure_host(
         entries[n] = b.entries
         details.extend(b.unstable)
         unstable.extend(b.unstable_names)
-    _check_load_during(load, strict, warnings)
+    load.finish()
+    _check_load(load.busy_during(), load.said_during(), "was", strict, warnings)
     say(f"  {load.said_during()}")
 
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
