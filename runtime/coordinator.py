@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import select
+import shutil
 import statistics
 import subprocess
 import sys
@@ -31,7 +32,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from .compress import parse_mode
 from .errors import InputError, RunError, one_line
-from .keys import COORDINATOR, Keyring
+from .keys import COORDINATOR, Keyring, ephemeral_keyring
 from .manifest import HOST, Fragment, Manifest, check_fragment_files, load_fallback, manifest_json
 from .net import Endpoint, outward_host, parse_endpoint
 from .protocol import BLOB_CHUNK, BLOB_WINDOW, PROTOCOL_VERSION, DropLog, parse
@@ -162,6 +163,7 @@ class Cluster:
                  timeout: float = 60.0, addresses: Mapping[str, str] | None = None, keys: Keyring | None = None,
                  inflight: int | None = None, compress: str = "none", heartbeat_ms: int = HEARTBEAT_MS):
         self.manifest, self.emulate, self.timeout, self.keys = manifest, emulate, timeout, keys
+        self.ephemeral_keys: Path | None = None  # the folder of keys made for this run alone (start, close)
         self.heartbeat_ms = heartbeat_ms
         self.compress = parse_mode(compress)  # how the workers send tensors to each other (compress.py)
         endpoints = resolve_endpoints(manifest, addresses)
@@ -202,6 +204,11 @@ class Cluster:
     def start(self) -> None:
         self.ctx = zmq.Context()
         deadline = time.monotonic() + self.timeout
+        if self.keys is None and self.workers and all(w.local for w in self.workers.values()):
+            # Every worker is ours: keys made for this run make their sockets CURVE too, so another process on
+            # this machine cannot feed them tensors. (A keyless remote worker takes no CURVE: then loopback only.)
+            self.keys = ephemeral_keyring(self.workers)
+            self.ephemeral_keys = self.keys.folder
         for w in self.workers.values():
             if w.local:
                 self._spawn(w)
@@ -389,8 +396,10 @@ class Cluster:
         raise InputError(f"{w.where}: refused: {one_line(msg['reason'], 300)}")
 
     def _on_error(self, w: _Worker, msg: dict, payload) -> None:
-        cls = InputError if msg["kind"] == "input" else RunError
-        raise cls(one_line(msg["message"], 600) or f"{w.where} failed")
+        message = one_line(msg["message"], 600) or f"{w.where} failed"
+        if msg["kind"] == "stopped" and w.phase == "ready":  # going away mid-run (SIGTERM): lost, as if it died
+            self._lost(w, message)
+        raise (InputError if msg["kind"] == "input" else RunError)(message)
 
     def _on_opened(self, w: _Worker, msg: dict, payload) -> None:
         if w.phase != "welcomed":
@@ -594,6 +603,9 @@ class Cluster:
                 w.log.close()
         self.ctx.destroy(linger=0)
         self.ctx = None
+        if self.ephemeral_keys is not None:
+            shutil.rmtree(self.ephemeral_keys, ignore_errors=True)
+            self.keys, self.ephemeral_keys = None, None
 
     def _drain_quietly(self, w: _Worker) -> None:
         """While closing: only the final counts matter; late outputs and errors are ignored."""

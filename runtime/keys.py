@@ -30,7 +30,7 @@ from zmq.auth.thread import ThreadAuthenticator
 
 from .errors import InputError
 
-__all__ = ["COORDINATOR", "Keyring", "keygen", "check_member_name", "names_from_file"]
+__all__ = ["COORDINATOR", "Keyring", "keygen", "ephemeral_keyring", "check_member_name", "names_from_file"]
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +73,20 @@ def keygen(folder: str | os.PathLike, names: Iterable[str]) -> list[tuple[str, b
         _create_pair(root, name)
         results.append((name, True))
     return results
+
+
+def ephemeral_keyring(members: Iterable[str]) -> Keyring:
+    """Fresh key pairs for the coordinator and `members`, in a new private temporary folder (mode 0700), loaded
+    as the coordinator's keyring. For a run whose workers are all processes this one starts: their sockets are
+    then CURVE like any other, so no other process on the machine can feed them tensors. The caller removes
+    `Keyring.folder` when the run ends (the workers read their keys when they start)."""
+    folder = Path(tempfile.mkdtemp(prefix="edgec-run-keys-"))
+    try:
+        keygen(folder, [COORDINATOR, *members])
+        return Keyring.load(folder, COORDINATOR)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
 
 
 def _create_pair(root: Path, name: str) -> None:

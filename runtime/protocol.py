@@ -20,7 +20,8 @@ A session (one run), in order:
   C peers {peers: {device: {addr, key}}} -> W ready {}  (W connected to the devices it sends to)
   per request: C run {req}, C tensor (model inputs, src "@host") -> W tensor (model outputs), W done {req, run_ms}
   C ping {} (keeps the session alive while C is idle); C end {} -> W bye {stats}
-  W error {kind: "input" | "run", req, message} at any point ends the session.
+  W error {kind: "input" | "run" | "stopped", req, message} at any point ends the session ("stopped": the worker
+  is shutting down, e.g. SIGTERM; the coordinator treats its device as lost and fails over).
 Request ids count from 0 in steps of 1; at most `inflight` requests are open at once, and a worker keeps
 tensors only for the requests inside that window.
 """

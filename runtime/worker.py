@@ -208,8 +208,8 @@ class Daemon:
             f"device {session.device or '?'}: {type(exc).__name__}: {one_line(exc)}"
         logger.warning("run failed: %s", message)
         try:
-            session.reply(t="error", kind="input" if isinstance(exc, InputError) else "run",
-                          req=session.queue[0] if session.queue else -1, message=message)
+            session.reply(t="error", kind=_error_kind(exc), req=session.queue[0] if session.queue else -1,
+                          message=message)
         except (SessionLost, zmq.ZMQError):
             pass
         self.end_session(bye=False)
@@ -255,6 +255,14 @@ class Daemon:
 
 class _Stopped(EdgecRuntimeError):
     exit_code = 3
+
+
+def _error_kind(exc: BaseException) -> str:
+    """The `error` message's kind: "input" (the coordinator's request was bad), "stopped" (this worker is going
+    away: its device is lost, as if it had died, so the coordinator fails over) or "run" (the run failed here)."""
+    if isinstance(exc, InputError):
+        return "input"
+    return "stopped" if isinstance(exc, _Stopped) else "run"
 
 
 def _peer_address(frame: zmq.Frame) -> str:

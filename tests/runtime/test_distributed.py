@@ -357,6 +357,53 @@ def test_peers_without_the_right_key_cannot_change_a_result(pipeline, keys, star
         assert not all(np.array_equal(out[k], np.zeros_like(out[k])) for k in out)
 
 
+def test_a_run_without_keys_makes_its_own_so_no_other_process_can_feed_its_workers(pipeline, tmp_path):
+    """No --keys, every worker started by the run: the run makes keys of its own, so pi5-b's data socket takes
+    nothing from a plain socket or from a key outside the run, even well-formed tensors for every request id.
+    Every output equals the reference; the run's keys folder is gone afterwards."""
+    m = load_manifest(pipeline / "manifest.json")
+    recv = next(s for s in m.steps["pi5-b"] if type(s).__name__ == "Recv")
+    shape = next(t.shape for t in m.transfers if t.dst == "pi5-b")
+    keygen(tmp_path / "stranger", ["stranger"])
+    stranger = Keyring.load(tmp_path / "stranger", "stranger")
+    requests = [random_inputs(m.inputs, seed) for seed in range(30)]
+    stop = threading.Event()
+    with cluster(pipeline, None, inflight=2) as c:
+        run_keys = c.keys.folder
+        assert run_keys.is_dir() and (run_keys / "private").stat().st_mode & 0o077 == 0
+        target, b_key = c.workers["pi5-b"].data_addr, c.workers["pi5-b"].key
+        assert b_key is not None  # pi5-b serves CURVE
+        forgeries = [send_frames(req, recv.src, recv.tensor, np.zeros(shape, np.float32)) for req in range(40)]
+
+        def plain():
+            s = c.ctx.socket(zmq.PUSH)
+            s.connect(target)
+            return s
+
+        def stranger_socket():
+            s = c.ctx.socket(zmq.PUSH)
+            stranger.connect_to(s, b_key)
+            s.connect(target)
+            return s
+
+        threads = [threading.Thread(target=_send_forever, args=(stop, maker, forgeries))
+                   for maker in (plain, stranger_socket)]
+        for t in threads:
+            t.start()
+        try:
+            time.sleep(0.3)
+            got = [out for out, _, _ in c.stream(requests)]
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+    assert not run_keys.exists()
+    assert c.device_report()["pi5-b"]["dropped"] == 0  # nothing got as far as the worker's checks
+    for inputs, out in zip(requests, got):
+        want = _expected(pipeline, inputs)
+        assert all(np.allclose(out[k], want[k], atol=1e-5) for k in want)
+
+
 def send_frames(req, src, name, array):
     from edgec.runtime.transport import tensor_frames
 

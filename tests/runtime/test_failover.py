@@ -73,8 +73,9 @@ def _addresses(workers) -> list[str]:
     return [arg for name, w in workers.items() for arg in ("--addresses", f"{name}={w.address}")]
 
 
-def _run_and_kill(build: Path, workers, victim: str, *extra: str) -> tuple[int, str, str]:
-    """`edgec run --repeat 200 --inflight 2`, SIGKILLing the victim's worker once request 100 is reported."""
+def _run_and_kill(build: Path, workers, victim: str, *extra: str, sig: int = signal.SIGKILL) -> tuple[int, str, str]:
+    """`edgec run --repeat 200 --inflight 2`, signalling the victim's worker (SIGKILL: it dies; SIGTERM: it stops
+    cleanly, telling the coordinator) once request 100 is reported."""
     cmd = [sys.executable, "-m", "edgec.runtime", str(build), "--random-inputs", "--repeat", str(REPEAT),
            "--inflight", "2", "--timeout", "30", *_addresses(workers), *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
@@ -82,15 +83,16 @@ def _run_and_kill(build: Path, workers, victim: str, *extra: str) -> tuple[int, 
     for line in proc.stderr:
         stderr.append(line)
         if f"request {KILL_AT}/{REPEAT}:" in line:
-            os.kill(workers[victim].proc.pid, signal.SIGKILL)
+            os.kill(workers[victim].proc.pid, sig)
     stdout = proc.stdout.read()
     proc.wait(timeout=60)
     assert workers[victim].proc.poll() is not None, "the run ended before the worker was killed"
     return proc.returncode, stdout, "".join(stderr)
 
 
-def test_a_worker_killed_at_request_100_of_200_loses_nothing(build, workers):
-    code, stdout, stderr = _run_and_kill(build, workers, "pi5-b", "--verify", "--json")
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["killed", "stopped"])
+def test_a_worker_killed_at_request_100_of_200_loses_nothing(build, workers, sig):
+    code, stdout, stderr = _run_and_kill(build, workers, "pi5-b", "--verify", "--json", sig=sig)
     assert code == 0, stderr
     report = json.loads(stdout)
     assert report["completed"] == REPEAT and report["lost"] == 0 and len(report["latencies_ms"]) == REPEAT
