@@ -2,7 +2,8 @@
 
 Run (as root, with iproute2; see tests/netbed.py):
 
-    python tests/bench/bench_distributed.py [--quick] [--repeat N] [--mbps 100,20] [--cases NAME,...] [--json FILE]
+    python tests/bench/bench_distributed.py [--quick] [--repeat N] [--mbps 100,20] [--cases NAME,...] [--no-failover]
+                                            [--json FILE]
 
 Setup: this machine is measured once with `edgec profile --threads 1` (both devices use that profile), then for
 each bandwidth a tests/netbed.py testbed is built: an unshaped coordinator host and two device hosts whose link
@@ -19,13 +20,27 @@ the coordinator) and on the wire (what the device hosts put on their shaped link
 with TCP/IP/Ethernet headers, acknowledgements included; traffic to the coordinator is not shaped and not
 counted).
 
+Failover (issue 10, item 5; on by default and with --quick, skipped with --no-failover): a testbed of its own
+at the first --mbps, with three device hosts (dev-a, dev-b, dev-c) and a worker on each (its own key, 1 thread,
+the same profile). ResNet-50 is compiled as in the resnet50-pipeline case, with --fallbacks, for the three
+devices; the plan must use at least two of them. The victim is the last of the manifest's working devices that
+has a fallback plan. `edgec run --verify --json --repeat 200` streams from the coordinator host at the default
+--inflight, and the victim's worker is SIGKILLed as soon as the coordinator's progress on stderr (`edgec:
+request N/200: ...`, one line per completed timed request) reaches request 100. The kill must land mid-run
+(the victim alive and the run not ended when it is sent), else the case fails. Reported, under the main table
+and as `failover` in --json: completed, lost, failovers (device, at_request, plan), verified, exit code, the
+run's wall time and the fallback plan's devices. `--verify` checks the last request's outputs, which the
+fallback plan computed after the switch; `edgec run` reports no per-request check of the others.
+
 The machine is not quiet (other work shares its two cores): the load is printed before and after, the
 profile records the CPU time other processes used while it measured, and ResNet-50 at one thread is timed
 alone and two at once: what two workers computing at the same time get of the machine, which bounds what
 streaming can gain.
 
-Markdown to stdout, progress to stderr; exit 0 when every case ran and verified, 1 otherwise (the targets are
-reported, not enforced: they depend on how busy the machine is).
+Markdown to stdout, progress to stderr; exit 0 when every case ran and verified and the failover case (when
+run) lost nothing, verified and exited 0 after a kill mid-run; 1 otherwise. The failover target is enforced as
+it does not depend on load (the kill is seen as a dropped connection, not by timing); the others are reported,
+not enforced: they depend on how busy the machine is.
 """
 
 from __future__ import annotations
@@ -34,10 +49,12 @@ import argparse
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,9 +67,11 @@ if str(ROOT) not in sys.path:  # run as a script: tests.* are imported from the 
     sys.path.insert(0, str(ROOT))
 
 from edgec import models  # noqa: E402
+from edgec.runtime.manifest import load_manifest  # noqa: E402
+from edgec.runtime.schedule import working_devices  # noqa: E402
 from tests import netbed  # noqa: E402
-from tests.e2e.netbed_cluster import (ClusterError, cluster_doc, deal_keys, edgec_argv, keygen, run_json,  # noqa: E402
-                                      shaped_bytes, start_workers, write_yaml)
+from tests.e2e.netbed_cluster import (ClusterError, Worker, cluster_doc, deploy, edgec_argv, run_json,  # noqa: E402
+                                      shaped_bytes, write_yaml)
 from tests.netbed import Testbed  # noqa: E402
 
 DEVICES = ("dev-a", "dev-b")
@@ -221,14 +240,12 @@ def bench_bandwidth(mbps: float, cases: list[Case], tmp: Path, profile: Path, re
     rows = []
     with Testbed(["coord", *DEVICES], mbps, unshaped=["coord"]) as tb:
         try:
-            keygen(tb, "coord", tmp / "keys", DEVICES)
-            dealt = deal_keys(tmp / "keys", tmp / "machines", ["coordinator", *DEVICES])
-            workers = start_workers(tb, {d: dealt[d] for d in DEVICES}, tmp, port=PORT, threads=THREADS)
+            coord_keys, workers = deploy(tb, "coord", DEVICES, tmp, port=PORT, threads=THREADS)
         except ClusterError as exc:
             log(f"{mbps:g} Mbps: FAILED to set up the cluster: {exc}")
             return [{"case": c.name, "model": c.model, "mbps": mbps, "error": f"cluster setup: {exc}"} for c in cases]
         try:
-            bench = Bench(tb, tmp, dealt["coordinator"], profile, mbps, repeat)
+            bench = Bench(tb, tmp, coord_keys, profile, mbps, repeat)
             for case in cases:
                 log(f"{case.name} at {mbps:g} Mbps (load average {' '.join(f'{x:.2f}' for x in loadavg())})")
                 start = time.perf_counter()
@@ -245,6 +262,219 @@ def bench_bandwidth(mbps: float, cases: list[Case], tmp: Path, profile: Path, re
         if any(c != 0 for c in codes.values()):
             log(f"warning: workers did not stop cleanly on SIGTERM: {codes}")
     return rows
+
+
+# -- failover (issue 10, item 5) ----------------------------------------------------------------------------
+FAILOVER_DEVICES = ("dev-a", "dev-b", "dev-c")
+FAILOVER_CASE = CASES[0]  # ResNet-50 pipelined, as in the main table
+FAILOVER_REPEAT, FAILOVER_KILL_AT = 200, 100  # the target: a worker killed at request 100 of 200
+# What the kill watches: the coordinator's progress on stderr, one line per completed timed request
+# (runtime/coordinator.py run_manifest: "request N/REPEAT: LATENCY ms", printed as "edgec: ...").
+_PROGRESS = re.compile(r"^edgec: request (\d+)/(\d+):")
+
+
+class KillWatch:
+    """Reads `edgec run`'s stderr line by line and SIGKILLs the victim's worker as soon as the coordinator
+    reports request `at` completed; records what it saw, to tell whether the kill landed mid-run."""
+
+    def __init__(self, run: subprocess.Popen, victim: Worker, at: int):
+        self.run, self.victim, self.at = run, victim, at
+        self.lines: list[str] = []
+        self.killed_after: int | None = None  # the last completed request the coordinator had reported
+        self.killed_at_s: float | None = None  # since the run started
+        self.victim_alive_at_kill = False
+
+    def __call__(self, started: float) -> None:
+        for line in self.run.stderr:
+            self.lines.append(line)
+            m = _PROGRESS.match(line)
+            if m and self.killed_after is None and int(m.group(1)) >= self.at:
+                self.victim_alive_at_kill = self.victim.proc.poll() is None
+                self.victim.kill()
+                self.killed_after, self.killed_at_s = int(m.group(1)), time.perf_counter() - started
+
+    def landed_mid_run(self, repeat: int) -> str | None:
+        """Why the kill did not land mid-run, or None when it did: the run had requests left to complete (the
+        run's own report then has to show the switch: failover_problems)."""
+        if self.killed_after is None:
+            return f"the run ended before the coordinator reported request {self.at}/{repeat}: no kill was sent"
+        if not self.victim_alive_at_kill:
+            return "the victim's worker had already exited when the kill was due"
+        if self.killed_after >= repeat:
+            return f"the run had no request left when the kill was sent (after request {self.killed_after}/{repeat})"
+        return None
+
+
+def run_and_kill(tb: Testbed, argv: list[str], victim: Worker, *, repeat: int, kill_at: int,
+                 timeout: float) -> dict:
+    """`edgec run` (argv) on the coordinator host, the victim's worker SIGKILLed once request `kill_at` is
+    reported; its exit code, wall time, JSON report (None unless it printed one) and stderr."""
+    started = time.perf_counter()
+    run = tb.popen("coord", argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                   text=True)
+    watch = KillWatch(run, victim, kill_at)
+    stdout: list[str] = []
+    readers = [threading.Thread(target=watch, args=(started,), daemon=True),
+               threading.Thread(target=lambda: stdout.append(run.stdout.read()), daemon=True)]
+    for t in readers:
+        t.start()
+    try:
+        code = run.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        run.kill()
+        run.wait()
+        raise ClusterError(f"edgec run: not done within {timeout:g} s; stderr ends:\n{''.join(watch.lines[-10:])}")
+    seconds = time.perf_counter() - started
+    for t in readers:  # the run has exited: its pipes are at their end (a Ctrl-C above does not wait here)
+        t.join(timeout=10)
+    try:
+        report = json.loads(stdout[0]) if code == 0 and stdout else None
+    except json.JSONDecodeError as exc:
+        raise ClusterError(f"edgec run: stdout is not one JSON object ({exc}): {stdout[0][:500]!r}")
+    return {"exit_code": code, "wall_s": seconds, "report": report, "stderr": watch.lines,
+            "kill_not_mid_run": watch.landed_mid_run(repeat), "killed_after_request": watch.killed_after,
+            "killed_at_s": watch.killed_at_s}
+
+
+def pick_victim(build: Path) -> tuple[list[str], str]:
+    """The plan's working devices (in the manifest's order) and the one to kill: the last of them that has a
+    fallback plan, so that the kill hits a device the plan gives work to."""
+    m = load_manifest(build / "manifest.json")
+    working = list(working_devices(m))
+    if len(working) < 2:
+        raise ClusterError(f"the plan uses {working}: the failover case needs a plan on at least two devices")
+    covered = [d for d in working if (fb := m.fallback_for(d)) is not None and fb.manifest is not None]
+    if not covered:
+        why = {fb.without: fb.error for fb in m.fallbacks}
+        raise ClusterError(f"no working device of {working} has a fallback plan: {why}")
+    return working, covered[-1]
+
+
+def _failover_run(tb: Testbed, tmp: Path, coord_keys: Path, workers: dict[str, Worker], profile: Path,
+                  mbps: float) -> dict:
+    cluster = write_yaml(tmp / "cluster-3.yaml", cluster_doc(tb, {d: str(profile) for d in FAILOVER_DEVICES},
+                                                             mbps, PORT))
+    build = tmp / f"{FAILOVER_CASE.name}-fallbacks"
+    summary, seconds = run_json(tb, "coord", ["compile", str(models.ensure(FAILOVER_CASE.model)), "--devices",
+                                              str(cluster), "-o", str(build), *FAILOVER_CASE.flags, "--fallbacks"],
+                                timeout=3600)
+    working, victim = pick_victim(build)
+    [fallback] = [f for f in summary["fallbacks"] if f["without"] == victim]
+    out = {"plan": plan_summary(summary)[0], "working_devices": working, "victim": victim,
+           "fallback_plan": str(Path(fallback["manifest"]).relative_to(build)),
+           "fallback_devices": fallback["devices"], "fallback_strategy": fallback["strategy"]}
+    log(f"  compiled with --fallbacks in {seconds:.1f} s: {out['plan']}; killing {victim} (fallback: "
+        f"{fallback['strategy']} on {'+'.join(fallback['devices'])})")
+    argv = edgec_argv("run", str(build), "--keys", str(coord_keys), "--random-inputs", "--verify",
+                      "--repeat", str(FAILOVER_REPEAT), "--json")
+    ran = run_and_kill(tb, argv, workers[victim], repeat=FAILOVER_REPEAT, kill_at=FAILOVER_KILL_AT,
+                       timeout=120 + 5 * FAILOVER_REPEAT)
+    report = ran.pop("report")
+    stderr = ran.pop("stderr")
+    out.update(ran)
+    if report is None:
+        out["stderr_tail"] = [ln.rstrip("\n") for ln in stderr[-15:]]
+        return out
+    out.update({"completed": report["completed"], "lost": report["lost"], "inflight": report["inflight"],
+                "throughput_ips": report["throughput_ips"], "verified": bool(report["verify"]["passed"]),
+                "verify": report["verify"],
+                "failovers": [{**f, "plan": _relative(f["plan"], build)} for f in report["failovers"]]})
+    out["switch_notes"] = [ln.rstrip("\n") for ln in stderr if "fallback plan" in ln]
+    return out
+
+
+def _relative(path: str, base: Path) -> str:
+    try:
+        return str(Path(path).relative_to(base))
+    except ValueError:
+        return path
+
+
+def failover_problems(r: dict) -> list[str]:
+    """Why the failover case failed (empty when it passed): the target is 0 lost and verified outputs at
+    exit 0, after a kill that landed mid-run."""
+    if "error" in r:
+        return [r["error"]]
+    problems = [r["kill_not_mid_run"]] if r["kill_not_mid_run"] else []
+    if r["exit_code"] != 0:
+        problems.append(f"edgec run exited {r['exit_code']}: " + " / ".join(r.get("stderr_tail", [])[-3:]))
+        return problems
+    if r["lost"] != 0 or r["completed"] != FAILOVER_REPEAT:
+        problems.append(f"{r['completed']} of {FAILOVER_REPEAT} completed, {r['lost']} lost")
+    if not r["verified"]:
+        problems.append(f"outputs did not verify: {r['verify']}")
+    if [f["device"] for f in r["failovers"]] != [r["victim"]]:
+        problems.append(f"expected one failover, of {r['victim']}; the run reported {r['failovers']}")
+    elif r["killed_after_request"] is not None and r["failovers"][0]["at_request"] < r["killed_after_request"]:
+        problems.append(f"the switch came before the kill: {r['failovers'][0]}, killed after request "
+                        f"{r['killed_after_request']}")
+    return problems
+
+
+def bench_failover(mbps: float, tmp: Path, profile: Path) -> dict:
+    """The failover case on its own testbed of three device hosts; its figures and `problems`."""
+    result: dict = {"case": FAILOVER_CASE.name, "model": FAILOVER_CASE.model, "mbps": mbps,
+                    "devices": list(FAILOVER_DEVICES), "repeat": FAILOVER_REPEAT, "kill_at": FAILOVER_KILL_AT}
+    log(f"failover: {FAILOVER_CASE.name} on {len(FAILOVER_DEVICES)} workers at {mbps:g} Mbps, a worker killed "
+        f"after request {FAILOVER_KILL_AT} of {FAILOVER_REPEAT} (load average {' '.join(f'{x:.2f}' for x in loadavg())})")
+    with Testbed(["coord", *FAILOVER_DEVICES], mbps, unshaped=["coord"]) as tb:
+        try:
+            coord_keys, workers = deploy(tb, "coord", FAILOVER_DEVICES, tmp, port=PORT, threads=THREADS)
+        except ClusterError as exc:
+            result["error"] = f"cluster setup: {exc}"
+        else:
+            try:
+                result.update(_failover_run(tb, tmp, coord_keys, workers, profile, mbps))
+            except ClusterError as exc:
+                result["error"] = str(exc)
+            finally:
+                result["worker_exit"] = {n: w.stop() for n, w in workers.items()}
+                if "error" in result:
+                    result["worker_logs"] = {n: w.log().strip().splitlines()[-5:] for n, w in workers.items()}
+    result["problems"] = failover_problems(result)
+    result["ok"] = not result["problems"]
+    _log_failover(result)
+    return result
+
+
+def _log_failover(r: dict) -> None:
+    if r["ok"]:
+        log(f"  killed {r['victim']} after request {r['killed_after_request']}; {r['completed']} completed, "
+            f"{r['lost']} lost, failovers {r['failovers']}, verified, exit 0, {r['wall_s']:.1f} s")
+    else:
+        log(f"  FAILED: {'; '.join(r['problems'])}")
+    survivors = {n: c for n, c in (r.get("worker_exit") or {}).items() if n != r.get("victim")}
+    if any(c != 0 for c in survivors.values()):
+        log(f"warning: workers did not stop cleanly on SIGTERM: {survivors}")
+
+
+def failover_text(r: dict) -> str:
+    head = (f"### Failover: {r['case']} on {len(r['devices'])} workers ({', '.join(r['devices'])}) at {r['mbps']:g} "
+            f"Mbps, {r['repeat']} requests, a worker SIGKILLed after request {r['kill_at']}\n")
+    if "completed" not in r:  # no report: set-up, compile or the run failed
+        return head + "\n- FAILED: " + "; ".join(_brief(x) for x in r["problems"])
+    switches = ", ".join(f"{f['device']} at request {f['at_request']} -> {f['plan']}" for f in r["failovers"]) or "none"
+    return head + "\n".join([
+        "",
+        f"- plan: {r['plan']}; " + (f"killed: {r['victim']} (after the coordinator reported request "
+                                    f"{r['killed_after_request']}/{r['repeat']}, {r['killed_at_s']:.1f} s into the run)"
+                                    if r["killed_after_request"] is not None else f"{r['victim']} was NOT killed"),
+        f"- fallback without {r['victim']}: {r['fallback_strategy']} on {', '.join(r['fallback_devices'])} "
+        f"({r['fallback_plan']})",
+        f"- completed {r['completed']}, lost {r['lost']}, failovers: {switches}",
+        f"- verified (--verify, the last request's outputs against the source model): "
+        f"{'yes' if r['verified'] else 'NO'}; exit code {r['exit_code']}; wall time {r['wall_s']:.1f} s "
+        f"({r['throughput_ips']:.2f}/s over the timed requests, inflight {r['inflight']})",
+        "- target (0 lost, verified, exit 0, the kill mid-run): "
+        + ("met" if r["ok"] else "NOT met: " + "; ".join(_brief(x) for x in r["problems"])),
+    ])
+
+
+def _brief(problem: str) -> str:
+    """A problem on one markdown line: its first line and, for a quoted error output, the last (where a
+    traceback names the error); --json keeps the whole text."""
+    lines = [ln.strip() for ln in problem.strip().splitlines() if ln.strip()]
+    return lines[0] if len(lines) < 2 else f"{lines[0]} ... {lines[-1]}"
 
 
 # -- report -----------------------------------------------------------------------------------------------
@@ -343,7 +573,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--mbps", default="100,20", help="bandwidths to shape the device link to (default 100,20)")
     p.add_argument("--cases", default=",".join(c.name for c in CASES),
                    help=f"comma-separated subset of: {', '.join(c.name for c in CASES)}")
-    p.add_argument("--json", metavar="FILE", help="also write the rows, load and summary as JSON here")
+    p.add_argument("--no-failover", dest="failover", action="store_false",
+                   help=f"skip the failover case ({len(FAILOVER_DEVICES)} workers at the first --mbps, "
+                        f"{FAILOVER_REPEAT} requests, one worker killed after request {FAILOVER_KILL_AT})")
+    p.add_argument("--json", metavar="FILE", help="also write the rows, load, summary and failover as JSON here")
     args = p.parse_args(argv)
     known = {c.name: c for c in CASES}
     wanted = [n.strip() for n in args.cases.split(",") if n.strip()]
@@ -381,18 +614,26 @@ def main(argv: list[str] | None = None) -> int:
             folder = tmp / f"{mbps:g}mbps"
             folder.mkdir()
             rows += bench_bandwidth(mbps, args.cases, folder, profile, args.repeat)
+        failover = None
+        if args.failover:
+            folder = tmp / "failover"
+            folder.mkdir()
+            failover = bench_failover(args.mbps[0], folder, profile)
     end_load = loadavg()
     summary = summarize(rows)
     print(f"## edgec run on 2 workers x {THREADS} thread over a shaped network ({args.repeat} timed requests per run)\n")
     print(load_text(start_load, end_load, profile_load, capacity) + "\n")
     print(table(rows) + "\n")
     print(summary_text(summary))
+    if failover is not None:
+        print("\n" + failover_text(failover))
     if args.json:
         Path(args.json).write_text(json.dumps({"repeat": args.repeat, "threads": THREADS, "load": {
             "loadavg_start": start_load, "loadavg_end": end_load, "profile": profile_load,
             "parallel_capacity": capacity},
-            "rows": rows, "summary": summary}, indent=1, default=str))
-    return 0 if summary.get("cases_failed", len(rows)) == 0 and rows else 1
+            "rows": rows, "summary": summary, "failover": failover}, indent=1, default=str))
+    cases_ok = summary.get("cases_failed", len(rows)) == 0 and rows
+    return 0 if cases_ok and (failover is None or failover["ok"]) else 1
 
 
 if __name__ == "__main__":

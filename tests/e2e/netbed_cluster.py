@@ -100,6 +100,12 @@ class Worker:
     def log(self) -> str:
         return self.log_file.read_text(errors="replace")
 
+    def kill(self) -> None:
+        """SIGKILL, as a device that loses power: no goodbye, its connections drop. `ip netns exec` execs the
+        worker in place, so the process started is the worker itself."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+
     def stop(self, timeout: float = 15.0) -> int | None:
         """SIGTERM, as an operator stops it; its exit code, or None when it had to be killed."""
         try:
@@ -128,6 +134,17 @@ def start_workers(tb: Testbed, keys: Mapping[str, Path], folder: Path, *, port: 
             w.stop()
         raise
     return started
+
+
+def deploy(tb: Testbed, coordinator_host: str, devices: Sequence[str], folder: Path, *, port: int, threads: int,
+           extra: Sequence[str] = ()) -> tuple[Path, dict[str, Worker]]:
+    """README's first two steps: `edgec keygen` on the coordinator host, the keys dealt out (deal_keys), a worker
+    started on each device host. Returns the coordinator's keys folder and the workers; on failure no worker
+    is left running."""
+    keygen(tb, coordinator_host, folder / "keys", devices)
+    dealt = deal_keys(folder / "keys", folder / "machines", ["coordinator", *devices])
+    workers = start_workers(tb, {d: dealt[d] for d in devices}, folder, port=port, threads=threads, extra=extra)
+    return dealt["coordinator"], workers
 
 
 def run_json(tb: Testbed, host: str, args: Sequence[str], *, timeout: float) -> tuple[dict, float]:
