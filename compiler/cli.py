@@ -193,14 +193,33 @@ def _thread_list(ctx, param, value: str | None) -> list[int] | None:
               help="idle watts, if known")
 @click.option("--power-busy", type=click.FloatRange(min=0), default=None, show_default="unknown",
               help="busy watts, if known")
-def profile_cmd(output, model, threads, strict, quick, power_idle, power_busy):
+@click.option("--refine", "refine", type=click.Path(dir_okay=False, path_type=Path), metavar="REPORT.json",
+              help="measure nothing: fold the measured fragment times of an `edgec run --report` file into the "
+                   "device's profile as a per-node table for the model, written to -o")
+@click.option("--profile", "profile_ref", metavar="NAME|PATH", show_default="the manifest's profile of the device",
+              help="with --refine: the profile to refine")
+@click.option("--device", "device", metavar="NAME", show_default="every device of the report, if they share a profile",
+              help="with --refine: the device whose fragment times to fold in")
+def profile_cmd(output, model, threads, strict, quick, power_idle, power_busy, refine, profile_ref, device):
     """Measure this machine and write a device profile (the format of profiles/*.yaml).
 
     Each figure is measured per thread count and repeated until its spread is small; the load of the
     machine is checked before and during.  A busy machine or a figure that stays noisy is a warning, or
-    with --strict an error."""
-    from .profile import measure_host, write_profile
+    with --strict an error.  With --refine, a run's accuracy report refines an existing profile instead."""
+    from .profile import measure_host, refine_profile, write_profile
 
+    if refine is not None:
+        given = [flag for flag, v in (("--model", model), ("--threads", threads), ("--strict", strict),
+                                      ("--quick", quick), ("--power-idle", power_idle),
+                                      ("--power-busy", power_busy)) if v not in (None, False)]
+        if given:
+            raise UserError(f"{given[0]} measures this machine; --refine measures nothing")
+        click.echo(f"edgec: {refine_profile(refine, output, profile=profile_ref, device=device, note=_progress)}",
+                   err=True)
+        click.echo(str(output))
+        return
+    if profile_ref is not None or device is not None:
+        raise UserError(f"{'--profile' if profile_ref is not None else '--device'} goes with --refine REPORT.json")
     if model is not None and not model.is_file():
         raise UserError("no such ONNX file", str(model))
     prof = measure_host(model_path=str(model) if model else None, threads=threads, progress=_progress,

@@ -13,6 +13,7 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
+from .accuracy import check_report_path, write_report
 from .compress import parse_mode
 from .coordinator import HEARTBEAT_MS, RunResult, available_cores, load_keys, run_manifest
 from .errors import InputError
@@ -37,7 +38,7 @@ def run(manifest: str | os.PathLike, *, inputs: str | os.PathLike | Mapping[str,
         tolerance: float = 1e-4, repeat: int = 1, threads: int | None = None, emulate: bool = False,
         timeout: float = 60.0, output: str | os.PathLike | None = None, addresses: Mapping[str, str] | None = None,
         keys: str | os.PathLike | None = None, inflight: int | None = None, compress: str = "none",
-        heartbeat_ms: int = HEARTBEAT_MS) -> dict:
+        heartbeat_ms: int = HEARTBEAT_MS, report: str | os.PathLike | None = None) -> dict:
     """Run a compiled build (its manifest.json, or the folder holding it); return the `--json` report.
 
     `inputs` is an .npz file or `{input name: array}`; or pass `random_inputs=True`. With `verify`, the
@@ -48,9 +49,11 @@ def run(manifest: str | os.PathLike, *, inputs: str | os.PathLike | Mapping[str,
     how devices send tensors to each other: "none", "lz4", "zstd" or "auto" (compress where the link's
     bandwidth in the manifest makes it pay, judged from this machine's measured codec speeds);
     `heartbeat_ms` the heartbeat interval on every worker connection (a device silent for 5 of them is
-    lost, and a build compiled with fallbacks finishes on the devices left). Bad input
-    raises `edgec.runtime.errors.InputError`; a failed run, `RunError`. The other arguments are the
-    command's options.
+    lost, and a build compiled with fallbacks finishes on the devices left); `report` a JSON file to write
+    the accuracy report into, predicted against measured per fragment and transfer (`--report`, schema
+    in edgec.runtime.accuracy; its folder must exist). Bad input raises
+    `edgec.runtime.errors.InputError`; a failed run, `RunError`. The other arguments are the command's
+    options.
 
         >>> import edgec
         >>> report = edgec.run("build/tinychain", random_inputs=True, verify=True)  # doctest: +SKIP
@@ -59,7 +62,7 @@ def run(manifest: str | os.PathLike, *, inputs: str | os.PathLike | Mapping[str,
     """
     common = dict(random_inputs=random_inputs, seed=seed, verify=verify, model=model, tolerance=tolerance,
                   repeat=repeat, threads=threads, emulate=emulate, timeout=timeout, addresses=addresses, keys=keys,
-                  inflight=inflight, compress=compress, heartbeat_ms=heartbeat_ms)
+                  inflight=inflight, compress=compress, heartbeat_ms=heartbeat_ms, report=report)
     if isinstance(inputs, Mapping):
         loaded = execute(manifest, arrays=inputs, **common)
     else:
@@ -67,7 +70,7 @@ def run(manifest: str | os.PathLike, *, inputs: str | os.PathLike | Mapping[str,
     m, result, checked = loaded
     if output is not None:
         write_npz(os.fspath(output), result.outputs)
-    return report(m, result, checked)
+    return _json_report(m, result, checked)
 
 
 def execute(manifest: str | os.PathLike, *, npz: str | None = None, pairs: Iterable[str] = (),
@@ -75,10 +78,13 @@ def execute(manifest: str | os.PathLike, *, npz: str | None = None, pairs: Itera
             verify: bool = False, model: str | os.PathLike | None = None, tolerance: float = 1e-4, repeat: int = 1,
             threads: int | None = None, emulate: bool = False, timeout: float = 60.0,
             addresses: Mapping[str, str] | None = None, keys: str | os.PathLike | None = None,
-            inflight: int | None = None, compress: str = "none",
-            heartbeat_ms: int = HEARTBEAT_MS) -> tuple[Manifest, RunResult, VerifyResult | None]:
-    """Load, check and run a manifest on its inputs; verify when asked. What `edgec run` and `run` share."""
+            inflight: int | None = None, compress: str = "none", heartbeat_ms: int = HEARTBEAT_MS,
+            report: str | os.PathLike | None = None) -> tuple[Manifest, RunResult, VerifyResult | None]:
+    """Load, check and run a manifest on its inputs; verify when asked; write the accuracy report to
+    `report` (result.accuracy holds it). What `edgec run` and `run` share."""
     _check_options(repeat, threads, timeout, tolerance, inflight, heartbeat_ms)
+    if report is not None:  # before the run: a report that cannot be written fails in a second
+        check_report_path(report)
     compress = parse_mode(compress)
     keyring = load_keys(keys)
     path = Path(manifest)
@@ -99,7 +105,9 @@ def execute(manifest: str | os.PathLike, *, npz: str | None = None, pairs: Itera
         given = load_inputs(m, npz=npz, pairs=pairs, random=random_inputs, seed=seed)
     result = run_manifest(m, given, repeat=repeat, threads=threads, emulate=emulate, timeout=timeout,
                           progress=logger.info, addresses=addresses, keys=keyring, inflight=inflight,
-                          compress=compress, heartbeat_ms=heartbeat_ms)
+                          compress=compress, heartbeat_ms=heartbeat_ms, timings=report is not None)
+    if report is not None:
+        write_report(report, result.accuracy)
     checked = None
     if verify:
         logger.info("verifying against %s", m.model_path)
@@ -158,6 +166,9 @@ def report(manifest: Manifest, result: RunResult, checked: VerifyResult | None) 
         "devices": {name: {"fragments_run_ms": statistics.median(ms) if ms else 0.0, **result.devices.get(name, {})}
                     for name, ms in result.device_run_ms.items()},
     }
+
+
+_json_report = report  # run() has a keyword of that name
 
 
 def _finite(d: dict) -> dict:

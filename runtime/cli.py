@@ -14,6 +14,7 @@ import sys
 import click
 import numpy as np
 
+from .accuracy import summary_lines
 from .api import MAX_HEARTBEAT_MS, MAX_INFLIGHT, MAX_THREADS, MIN_HEARTBEAT_MS, execute, parse_addresses, report, \
     write_npz
 from .cache import FragmentCache, default_cache_dir
@@ -135,11 +136,15 @@ _EPILOG = ("Exit codes: 0 ok, 1 verification failed, 2 bad input, 3 run failure 
                    f"drops, or that sends nothing for {HEARTBEAT_MISSES} intervals is lost: a build compiled with "
                    "--fallbacks switches to the plan without it and re-runs the requests not completed; otherwise "
                    "the run fails (exit 3).")
+@click.option("--report", "report_file", metavar="FILE.json",
+              help="Write an accuracy report (atomically): each fragment's and transfer's predicted against measured "
+                   "time (median over the --repeat requests), latency and throughput errors; the worst "
+                   "offenders go to stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object on stdout.")
 @click.pass_context
 def run(ctx: click.Context, manifest: str, inputs_file, input_pairs, random_inputs, seed, verify, model_file,
         tolerance, repeat, output_file, threads, emulate, timeout, address_pairs, keys_dir, inflight,
-        compress, heartbeat_ms, as_json) -> None:
+        compress, heartbeat_ms, report_file, as_json) -> None:
     """Run MANIFEST (a manifest.json, or the folder holding one) on the devices' workers: at each device's
     address (or --addresses), or in a worker process started on this machine for a device without one."""
     # SIGTERM and SIGINT unwind through the coordinator's cleanup, which ends the run on every worker.
@@ -147,7 +152,7 @@ def run(ctx: click.Context, manifest: str, inputs_file, input_pairs, random_inpu
         try:
             code = _run(manifest, inputs_file, input_pairs, random_inputs, seed, verify, model_file, tolerance,
                         repeat, output_file, threads, emulate, timeout, as_json, address_pairs, keys_dir, inflight,
-                        compress=compress, heartbeat_ms=heartbeat_ms)
+                        compress=compress, heartbeat_ms=heartbeat_ms, report_file=report_file)
         except EdgecRuntimeError as exc:
             click.echo(f"edgec: {exc}", err=True)
             code = exc.exit_code
@@ -195,12 +200,15 @@ def _progress_to_stderr():
 
 def _run(manifest_arg, inputs_file, input_pairs, random_inputs, seed, verify, model_file, tolerance, repeat,
          output_file, threads, emulate, timeout, as_json, address_pairs, keys_dir, inflight, compress="none",
-         heartbeat_ms=HEARTBEAT_MS) -> int:
+         heartbeat_ms=HEARTBEAT_MS, report_file=None) -> int:
     manifest, result, checked = execute(manifest_arg, npz=inputs_file, pairs=input_pairs, random_inputs=random_inputs,
                                         seed=seed, verify=verify, model=model_file, tolerance=tolerance,
                                         repeat=repeat, threads=threads, emulate=emulate, timeout=timeout,
                                         addresses=parse_addresses(address_pairs), keys=keys_dir, inflight=inflight,
-                                        compress=compress, heartbeat_ms=heartbeat_ms)
+                                        compress=compress, heartbeat_ms=heartbeat_ms, report=report_file)
+    if result.accuracy is not None:
+        for line in summary_lines(result.accuracy):
+            click.echo(f"edgec: {line}", err=True)
     if output_file:
         write_npz(output_file, result.outputs)
     if as_json:

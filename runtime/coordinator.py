@@ -30,12 +30,13 @@ import numpy as np
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from .accuracy import SYNC_ROUNDS, ClockOffset, Samples, build_report, estimate_offset
 from .compress import parse_mode
 from .errors import InputError, RunError, one_line
 from .keys import COORDINATOR, Keyring, ephemeral_keyring
 from .manifest import HOST, Fragment, Manifest, check_fragment_files, load_fallback, manifest_json
 from .net import Endpoint, outward_host, parse_endpoint
-from .protocol import BLOB_CHUNK, BLOB_WINDOW, PROTOCOL_VERSION, DropLog, parse
+from .protocol import BLOB_CHUNK, BLOB_WINDOW, MAX_TIMED_STEPS, PROTOCOL_VERSION, DropLog, parse
 from .schedule import host_collects, host_feeds, pipeline_depth, recv_keys, send_targets, working_devices
 from .transport import POLL_MS, BadMessage, decode_tensor, pack, send_tensor
 
@@ -51,7 +52,8 @@ PING_S = 1.0  # a worker ends a run whose coordinator stays silent for its --idl
 HEARTBEAT_MS, HEARTBEAT_MISSES = 1000, 5
 _HANDSHAKE_FAILED = {zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
                      zmq.EVENT_HANDSHAKE_FAILED_AUTH}
-_FROM_WORKER = frozenset({"welcome", "refused", "opened", "ack", "loaded", "ready", "done", "tensor", "error", "bye"})
+_FROM_WORKER = frozenset({"welcome", "refused", "opened", "ack", "loaded", "ready", "synced", "done", "tensor", "error",
+                          "bye"})
 _LISTENING = re.compile(r"edgec worker: listening on (tcp://\S+)")
 
 
@@ -77,6 +79,7 @@ class RunResult:
     completed: int = 0  # timed requests whose outputs came back (the warm-up is not counted)
     lost: int = 0  # timed requests asked for and not completed
     failovers: list[dict] = field(default_factory=list)  # [{device, at_request, plan}] (FailoverCluster)
+    accuracy: dict | None = None  # run_manifest(timings=True): the --report object (accuracy.py)
 
     @property
     def latency_ms(self) -> float:
@@ -118,13 +121,14 @@ def resolve_endpoints(manifest: Manifest, overrides: Mapping[str, str] | None = 
 
 
 class _Request:
-    __slots__ = ("req", "t_sent", "outputs", "done", "t_outputs")
+    __slots__ = ("req", "t_sent", "outputs", "done", "t_outputs", "times")
 
     def __init__(self, req: int):
         self.req, self.t_sent = req, time.perf_counter()
         self.outputs: dict[str, np.ndarray] = {}
         self.done: dict[str, float] = {}
         self.t_outputs: float | None = None
+        self.times: dict[str, tuple[list, list]] = {}  # per device: (frag_ms, clocks) of its `done`
 
 
 class _Worker:
@@ -145,6 +149,8 @@ class _Worker:
         self.unacked = 0
         self.fragment_bytes_sent = 0
         self.stats: dict = {}
+        self.sync: tuple[int, float] | None = None  # the `sync` awaiting its answer: (seq, coordinator clock)
+        self.offset: ClockOffset | None = None  # the best estimate of the worker's clock offset so far
 
     @property
     def where(self) -> str:
@@ -161,8 +167,11 @@ class Cluster:
 
     def __init__(self, manifest: Manifest, *, threads: int | None = None, emulate: bool = False,
                  timeout: float = 60.0, addresses: Mapping[str, str] | None = None, keys: Keyring | None = None,
-                 inflight: int | None = None, compress: str = "none", heartbeat_ms: int = HEARTBEAT_MS):
+                 inflight: int | None = None, compress: str = "none", heartbeat_ms: int = HEARTBEAT_MS,
+                 timings: bool = False):
         self.manifest, self.emulate, self.timeout, self.keys = manifest, emulate, timeout, keys
+        # With timings: every worker's clock offset is estimated at start, every request timed (accuracy.py).
+        self.samples = _samples(manifest) if timings else None
         self.ephemeral_keys: Path | None = None  # the folder of keys made for this run alone (start, close)
         self.heartbeat_ms = heartbeat_ms
         self.compress = parse_mode(compress)  # how the workers send tensors to each other (compress.py)
@@ -192,6 +201,8 @@ class Cluster:
     def __enter__(self) -> "Cluster":
         try:
             self.start()
+            if self.samples is not None:
+                self.sync_clocks()
         except BaseException:
             self.close()
             raise
@@ -469,7 +480,37 @@ class Cluster:
         r = self.open.get(msg["req"])
         if r is None or w.name in r.done:
             return self.drops.drop(f"'done' from {w.name} for request {msg['req']}, which is not open")
+        if self.samples is not None:
+            self.samples.check(w.name, msg["frag_ms"], msg["clocks"])
+            r.times[w.name] = (msg["frag_ms"], msg["clocks"])
         r.done[w.name] = float(msg["run_ms"])
+
+    # -- clocks (for the timings of --report) ------------------------------------------------------------
+    def sync_clocks(self) -> None:
+        """Estimate every worker's clock offset (accuracy.py: Cristian's method, the fastest of SYNC_ROUNDS
+        round trips); the first `sync` also switches the workers' per-request timings on."""
+        deadline = time.monotonic() + self.timeout
+        for seq in range(SYNC_ROUNDS):
+            for w in self.workers.values():
+                w.sync = (seq, time.monotonic())
+                self._send(w, {"t": "sync", "seq": seq})
+            self._pump(deadline, lambda: all(w.sync is None for w in self.workers.values()), "reading the clocks")
+        for w in self.workers.values():
+            logger.debug("%s: clock offset %+.3f ms (+- %.3f ms)", w.where, w.offset.offset_s * 1000.0,
+                         w.offset.bound_s * 1000.0)
+
+    def _on_synced(self, w: _Worker, msg: dict, payload) -> None:
+        received = time.monotonic()
+        if w.sync is None or msg["seq"] != w.sync[0]:
+            return self.drops.drop(f"'synced' from {w.name} that answers no sync")
+        estimate = estimate_offset(w.sync[1], msg["clock"], received)
+        if w.offset is None or estimate.bound_s < w.offset.bound_s:
+            w.offset = estimate
+        w.sync = None
+
+    @property
+    def offsets(self) -> dict[str, ClockOffset]:
+        return {w.name: w.offset for w in self.workers.values() if w.offset is not None}
 
     def _on_tensor(self, w: _Worker, msg: dict, payload) -> None:
         try:
@@ -534,6 +575,8 @@ class Cluster:
             self._pump(time.monotonic() + self.timeout, lambda: self._complete(head), f"in request {head.req}")
             pending.popleft()
             del self.open[head.req]
+            if self.samples is not None:
+                self.samples.add(head.times, self.offsets)
             latency = ((head.t_outputs or time.perf_counter()) - head.t_sent) * 1000.0
             yield dict(head.outputs), latency, dict(head.done)
 
@@ -680,6 +723,19 @@ class FailoverCluster:
     def compress(self) -> str:
         return self.cluster.compress
 
+    @property
+    def manifest(self) -> Manifest:
+        """The plan in use: the main one, or the fallback after a switch."""
+        return self.cluster.manifest
+
+    @property
+    def samples(self) -> Samples | None:
+        return self.cluster.samples
+
+    @property
+    def offsets(self) -> dict[str, ClockOffset]:
+        return self.cluster.offsets
+
     def stream(self, requests: Iterable[Mapping[str, np.ndarray]], inflight: int | None = None
                ) -> Iterator[tuple[dict[str, np.ndarray], float, dict[str, float]]]:
         """Cluster.stream, switching to the fallback plan when a device is lost and re-running, first and
@@ -759,6 +815,17 @@ def _version() -> str:
     return edgec_version()
 
 
+def _samples(manifest: Manifest) -> Samples:
+    """The timings store of a manifest, refusing one whose devices' timings would not fit a `done` message."""
+    samples = Samples(manifest)
+    for device in working_devices(manifest):
+        timed = len(samples.runs[device]) + len(samples.clocks[device])
+        if timed > MAX_TIMED_STEPS:
+            raise InputError(f"{manifest.path}: device {device} has {timed} fragment runs, sends and receives per "
+                             f"request, too many to time (at most {MAX_TIMED_STEPS}); run without --report")
+    return samples
+
+
 def _nbytes(shape: tuple[int, ...], dtype: str) -> int:
     return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
@@ -789,19 +856,22 @@ def run_manifest(manifest: Manifest, inputs: Mapping[str, np.ndarray], *, repeat
                  emulate: bool = False, timeout: float = 60.0, warmup: bool = True,
                  progress: Callable[[str], None] | None = None, addresses: Mapping[str, str] | None = None,
                  keys: Keyring | None = None, inflight: int | None = None, compress: str = "none",
-                 heartbeat_ms: int = HEARTBEAT_MS) -> RunResult:
+                 heartbeat_ms: int = HEARTBEAT_MS, timings: bool = False) -> RunResult:
     """Reach the workers, run one warm-up request alone and then `repeat` timed requests with up to
     `inflight` in flight (default: the plan's pipeline depth), end the run. A device lost on the way is
-    replaced by the manifest's fallback plan without it, when there is one (FailoverCluster)."""
+    replaced by the manifest's fallback plan without it, when there is one (FailoverCluster). With
+    `timings`, `result.accuracy` is the --report object (accuracy.py) of the timed requests."""
     say = progress or (lambda _msg: None)
     with FailoverCluster(manifest, threads=threads, emulate=emulate, timeout=timeout, addresses=addresses, keys=keys,
-                         inflight=inflight, compress=compress, heartbeat_ms=heartbeat_ms) as cluster:
+                         inflight=inflight, compress=compress, heartbeat_ms=heartbeat_ms, timings=timings) as cluster:
         say(f"{len(cluster.workers)} worker(s) ready ({sum(w.local for w in cluster.workers.values())} local), "
             f"up to {cluster.inflight} request(s) in flight")
         if warmup:
             say("warm-up request")
             cluster.infer(inputs)
         cluster.completed = 0  # completed and at_request count the timed requests
+        if cluster.samples is not None:
+            cluster.samples.clear()  # the warm-up is not timed
         result = RunResult(outputs={}, latencies_ms=[], device_run_ms={n: [] for n in cluster.workers},
                            threads=cluster.threads, inflight=cluster.inflight, compress=cluster.compress)
         start = time.perf_counter()
@@ -814,6 +884,10 @@ def run_manifest(manifest: Manifest, inputs: Mapping[str, np.ndarray], *, repeat
         result.throughput_ips = repeat / max(time.perf_counter() - start, 1e-9)
         result.completed, result.lost = cluster.completed, repeat - cluster.completed
         result.failovers = list(cluster.failovers)
+        if timings:
+            result.accuracy = build_report(cluster.manifest, repeat=repeat, latency_ms=result.latency_ms,
+                                           throughput_ips=result.throughput_ips, samples=cluster.samples,
+                                           offsets=cluster.offsets, failovers=result.failovers)
     result.devices = cluster.device_report()
     return result
 

@@ -18,32 +18,49 @@ A session (one run), in order:
   C blob {sha256, offset, size} + bytes (chunks, at most BLOB_WINDOW unacknowledged)
                                        -> W ack {sha256, offset}; W loaded {} once its fragments are loaded
   C peers {peers: {device: {addr, key}}} -> W ready {}  (W connected to the devices it sends to)
-  per request: C run {req}, C tensor (model inputs, src "@host") -> W tensor (model outputs), W done {req, run_ms}
+  C sync {seq}                         -> W synced {seq, clock}  (optional, only once ready, repeatable: the
+                                          worker's time.monotonic() for the coordinator's clock offset estimate;
+                                          a session that received one times every request, see `done`)
+  per request: C run {req}, C tensor (model inputs, src "@host") -> W tensor (model outputs),
+                                          W done {req, run_ms, frag_ms, clocks}
   C ping {} (keeps the session alive while C is idle); C end {} -> W bye {stats}
   W error {kind: "input" | "run" | "stopped", req, message} at any point ends the session ("stopped": the worker
   is shutting down, e.g. SIGTERM; the coordinator treats its device as lost and fails over).
 Request ids count from 0 in steps of 1; at most `inflight` requests are open at once, and a worker keeps
 tensors only for the requests inside that window.
+
+`done` timings (runtime/accuracy.py reads them): empty lists until the session received a `sync`; then
+frag_ms holds one entry per `run` step of the device, in step order (the fragment's run time in ms, padded
+under --emulate), and clocks one per device-to-device `send` and `recv` step, in step order (the worker's
+time.monotonic() in seconds when the send started, before compression; when the whole tensor message was
+taken off the data socket, for a recv). A device with more than MAX_TIMED_STEPS such steps cannot be timed
+(its `done` would outgrow MAX_HEADER_BYTES).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 import zmq
 
 from .transport import MAX_HEADER_BYTES, BadMessage, unpack
 
-__all__ = ["PROTOCOL_VERSION", "BLOB_CHUNK", "BLOB_WINDOW", "MAX_OPEN_BYTES", "parse", "DropLog"]
+__all__ = ["PROTOCOL_VERSION", "BLOB_CHUNK", "BLOB_WINDOW", "MAX_OPEN_BYTES", "MAX_TIMED_STEPS", "parse", "DropLog"]
 
 logger = logging.getLogger(__name__)
 
 # Bumped whenever a message or its meaning changes; both ends must speak the same version.
-PROTOCOL_VERSION = 2  # 2: tensors may be compressed (the run's `compress` mode, in `open`)
+# 2: tensors may be compressed (the run's `compress` mode, in `open`).
+# 3: error kind "stopped" (the worker is shutting down: its device is lost); `sync`/`synced` (the worker's clock)
+#    and the per-request timings in `done` (frag_ms, clocks) for `edgec run --report`.
+PROTOCOL_VERSION = 3
 BLOB_CHUNK = 4 << 20  # fragment file bytes per blob message
 BLOB_WINDOW = 4  # blob messages in flight per worker: bounds what either side queues
 MAX_OPEN_BYTES = (64 << 20) + (1 << 16)  # the manifest (at most 64 MiB, manifest.py) and the other fields
+# msgpack writes a float in 9 bytes: this many timings keep a `done` header well inside MAX_HEADER_BYTES.
+MAX_TIMED_STEPS = (MAX_HEADER_BYTES - 4096) // 9
 
 _INT, _STR, _BIN, _BOOL, _NUM = int, str, bytes, bool, float
 _FIELDS: dict[str, dict[str, tuple]] = {
@@ -54,6 +71,7 @@ _FIELDS: dict[str, dict[str, tuple]] = {
     "blob": {"sha256": (_STR,), "offset": (_INT,), "size": (_INT,)},
     "peers": {"peers": (dict,)},
     "run": {"req": (_INT,)},
+    "sync": {"seq": (_INT,)},
     "ping": {},
     "end": {},
     # worker -> coordinator
@@ -64,7 +82,8 @@ _FIELDS: dict[str, dict[str, tuple]] = {
     "ack": {"sha256": (_STR,), "offset": (_INT,)},
     "loaded": {},
     "ready": {},
-    "done": {"req": (_INT,), "run_ms": (_NUM, _INT)},
+    "synced": {"seq": (_INT,), "clock": (_NUM,)},
+    "done": {"req": (_INT,), "run_ms": (_NUM, _INT), "frag_ms": (list,), "clocks": (list,)},
     "error": {"kind": (_STR,), "req": (_INT,), "message": (_STR,)},
     "bye": {"stats": (dict,)},
     # either way (checked in full by transport.decode_tensor)
@@ -92,6 +111,8 @@ def parse(frames: list[zmq.Frame], allowed: frozenset[str] | set[str]) -> tuple[
         value = msg.get(key, _MISSING)
         if value is _MISSING or not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
             raise BadMessage(f"{kind}: field {key!r} missing or not {'/'.join(t.__name__ for t in types)}")
+    for key in _FINITE.get(kind, ()):
+        _check_numbers(kind, key, msg[key])
     has_payload = len(frames) == 2
     if has_payload != (kind in _PAYLOAD):
         raise BadMessage(f"{kind}: {'unexpected' if has_payload else 'missing'} payload frame")
@@ -99,6 +120,18 @@ def parse(frames: list[zmq.Frame], allowed: frozenset[str] | set[str]) -> tuple[
 
 
 _MISSING = object()
+# Fields that must hold finite numbers (a number, or a list of them): timings are subtracted and compared,
+# and NaN or infinity would reach the report as a figure.
+_FINITE = {"synced": ("clock",), "done": ("frag_ms", "clocks")}
+
+
+def _check_numbers(kind: str, key: str, value: Any) -> None:
+    values = value if isinstance(value, list) else [value]
+    if len(values) > MAX_TIMED_STEPS:
+        raise BadMessage(f"{kind}: field {key!r} has {len(values)} entries (at most {MAX_TIMED_STEPS})")
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise BadMessage(f"{kind}: field {key!r} holds {str(v)[:40]!r}, not a finite number")
 
 
 class DropLog:

@@ -4,7 +4,13 @@ requests it executes, each through the device's steps in order. The protocol is 
 Device-to-device tensors are compressed as the run's `compress` mode says (compress.py): one Chooser per
 destination, which in `auto` mode weighs this machine's measured codec speeds against that link's
 bandwidth in the manifest's network. Model inputs and outputs (coordinator <-> worker) always travel raw:
-the planner treats those transfers as free, and the coordinator is usually on the fastest link."""
+the planner treats those transfers as free, and the coordinator is usually on the fastest link.
+
+Once the coordinator has asked for this worker's clock (`sync`, for `edgec run --report`), every request is
+timed: each fragment run, the moment each device-to-device send starts and the moment each tensor from
+another device is taken off the data socket, sent back in `done` (protocol.py). An arrival is stamped when
+this worker's loop reads the socket: while it runs a fragment it does not read, so a tensor that arrives
+meanwhile is stamped when the run ends (its measured transfer includes that wait)."""
 
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import zmq
 
+from .accuracy import timed_steps
 from .cache import Incoming, check_sha256
 from .compress import Chooser, calibrate, parse_mode
 from .emulate import DelayedLinks, pad_run
@@ -26,7 +33,7 @@ from .inbox import FULL, Inbox
 from .manifest import HOST, Concat, Free, Manifest, Recv, Run, Send, Slice, decode_manifest_json, parse_manifest, \
     region_ranges
 from .net import parse_endpoint
-from .protocol import DropLog, parse
+from .protocol import MAX_TIMED_STEPS, DropLog, parse
 from .schedule import recv_keys, send_targets
 from .transport import BadMessage, TensorHeader, TensorMsg, contiguous, decode_tensor, frame_sender, pack, send_tensor, \
     tensor_header
@@ -46,7 +53,7 @@ _ALLOWED = {
     "hello": frozenset({"open", "ping", "end"}),
     "loading": frozenset({"blob", "ping", "end"}),
     "loaded": frozenset({"peers", "ping", "end"}),
-    "ready": frozenset({"run", "tensor", "ping", "end"}),
+    "ready": frozenset({"run", "tensor", "sync", "ping", "end"}),
 }
 
 
@@ -89,6 +96,10 @@ class Session:
                       "decompress_ms": 0.0}
         self.shas: set[str] = set()
         self._sent_lock = threading.Lock()  # emulated links send from their own threads
+        self.timings = False  # set by the coordinator's first `sync`: `done` then carries the request's timings
+        # (request, sender, name) -> this worker's clock when the tensor arrived, until its recv step takes it;
+        # bounded like the inbox, which holds the same keys.
+        self.arrivals: dict[tuple[int, str, str], float] = {}
 
     # -- control messages from the coordinator --------------------------------------------------------
     def reply(self, **msg) -> None:
@@ -108,6 +119,17 @@ class Session:
 
     def _on_end(self, msg: dict, payload) -> None:
         raise SessionEnd()
+
+    def _on_sync(self, msg: dict, payload) -> None:
+        if not self.timings:
+            if self.next_run:  # tensors already received carry no arrival time
+                raise InputError(f"device {self.device}: the coordinator asked for timings after the first request")
+            timed = sum(1 for _ in timed_steps(self.manifest.steps[self.device]))
+            if timed > MAX_TIMED_STEPS:
+                raise InputError(f"{self.label}: device {self.device} has {timed} fragment runs, sends and "
+                                 f"receives per request, too many to time (at most {MAX_TIMED_STEPS})")
+            self.timings = True
+        self.reply(t="synced", seq=msg["seq"], clock=time.monotonic())
 
     def _on_open(self, msg: dict, payload) -> None:
         self.label = msg["path"][:500]
@@ -232,6 +254,7 @@ class Session:
 
     # -- device-to-device tensors ---------------------------------------------------------------------
     def on_data(self, frames: list[zmq.Frame]) -> None:
+        arrived = time.monotonic()
         try:
             header, payload = parse(frames, {"tensor"})
             head = tensor_header(header, self.d.max_message_bytes)
@@ -257,7 +280,7 @@ class Session:
             return
         if head.codec != "none":
             self.stats["decompress_ms"] += (time.perf_counter() - start) * 1000.0
-        self._keep(tensor)
+        self._keep(tensor, arrived)
 
     def _unwanted(self, head: TensorHeader) -> str | None:
         """Why the inbox would refuse this tensor, judged from its header alone (the inbox checks again)."""
@@ -268,7 +291,7 @@ class Session:
             return f"request {head.req} outside the window [{inbox.base}, {inbox.base + inbox.window})"
         return None
 
-    def _keep(self, tensor: TensorMsg) -> None:
+    def _keep(self, tensor: TensorMsg, arrived: float | None = None) -> None:
         reason = self.inbox.offer(tensor)
         if reason == FULL:
             raise RunError(f"device {self.device}: tensors waiting for later steps exceed this worker's "
@@ -279,6 +302,8 @@ class Session:
             return
         self.stats["bytes_received"] += tensor.nbytes
         self.stats["bytes_received_raw"] += tensor.array.nbytes
+        if self.timings and arrived is not None:
+            self.arrivals[(tensor.req, tensor.src, tensor.name)] = arrived
 
     # -- requests -------------------------------------------------------------------------------------
     def check_idle(self) -> None:
@@ -288,10 +313,11 @@ class Session:
 
     def execute_next(self) -> None:
         req = self.queue.popleft()
-        run_s = Steps(self, req).execute()
+        steps = Steps(self, req)
+        run_s = steps.execute()
         self.inbox.advance(req)
         self.stats["requests"] += 1
-        self.reply(t="done", req=req, run_ms=run_s * 1000.0)
+        self.reply(t="done", req=req, run_ms=run_s * 1000.0, frag_ms=steps.frag_ms, clocks=steps.clocks)
 
     def wait_for(self, key: tuple[int, str, str]) -> np.ndarray:
         while True:
@@ -347,6 +373,7 @@ class Session:
             self.executor = None
         if self.inbox is not None:
             self.inbox.clear()
+        self.arrivals.clear()
         for sock in self.peers.values():
             sock.close(linger=0)
         self.peers.clear()
@@ -363,6 +390,10 @@ class Steps:
     def __init__(self, session: Session, req: int):
         self.s, self.req = session, req
         self.device = session.device
+        # With the session's timings on (see the module docstring): run ms per run step; clock per
+        # device-to-device send and recv step (the order of timed_steps).
+        self.frag_ms: list[float] = []
+        self.clocks: list[float] = []
 
     def execute(self) -> float:
         """Run the steps; returns the total (emulated) fragment run time in seconds."""
@@ -373,8 +404,13 @@ class Steps:
                 if s.emulate:
                     elapsed = pad_run(s.executor.fragments[step.fragment], elapsed)
                 run_s += elapsed
+                if s.timings:
+                    self.frag_ms.append(elapsed * 1000.0)
             elif isinstance(step, Recv):
-                store[step.tensor] = s.wait_for((self.req, step.src, step.tensor))
+                key = (self.req, step.src, step.tensor)
+                store[step.tensor] = s.wait_for(key)
+                if s.timings and step.src != HOST:
+                    self.clocks.append(s.arrivals.pop(key))
             elif isinstance(step, Send):
                 self.send(step, store[step.tensor])
             elif isinstance(step, Slice):
@@ -389,6 +425,8 @@ class Steps:
         return run_s
 
     def send(self, step: Send, array: np.ndarray) -> None:
+        if self.s.timings and step.to != HOST:
+            self.clocks.append(time.monotonic())
         for r in region_ranges(step.region):  # a box: one view per axis, still no copy
             array = self.cut(array, r.axis, r.start, r.stop, step.tensor)
         if step.to == HOST:

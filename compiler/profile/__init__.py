@@ -2,7 +2,8 @@
 
 Modules: host.py (CPU, memory, description), load.py (is the machine busy?), timing.py (repeat until the
 spread is small), bench.py (the micro-benchmarks), nodes.py (per-node tables of a real model),
-measure.py (`measure_host`), output.py (`write_profile`).
+measure.py (`measure_host`), output.py (`write_profile`), refine.py (`--refine`: measured fragment times of
+an `edgec run --report` folded into a profile's per-node table).
 
 Every figure is measured at each requested intra-op thread count (default: 1 and all cores, since workers
 that share a machine run 1 thread each) into `threads: {<count>: {...}}`; the top-level figures are the
@@ -57,5 +58,6 @@ graph.node>".
 from .measure import measure_host
 from .nodes import measure_layers
 from .output import write_profile
+from .refine import refine_profile
 
-__all__ = ["measure_host", "write_profile", "measure_layers"]
+__all__ = ["measure_host", "write_profile", "measure_layers", "refine_profile"]
