@@ -10,7 +10,7 @@ eth0, whose veth peer is a bridge port. Addresses come from a private subnet (10
 and exist only inside these namespaces: nothing is created in, routed to or shaped on the host's own
 network, so a test cannot reach (or disturb) anything outside the testbed.
 
-Shaping follows the planner's two network models (compiler/cluster.py `medium`):
+Shaping follows the planner's two network models (compiler/cluster/ `medium`):
 - switched: each pair of hosts has its own link. Every host's egress is an HTB root that only
   classifies (one class per destination, by destination address, through a u32 filter); each class
   holds a tbf at that pair's rate. HTB's own rate is ten times the tbf's, so tbf alone sets the pace.

@@ -1,0 +1,97 @@
+"""Cluster description: cluster.yaml plus device profiles -> a validated `Cluster`.
+
+cluster.yaml::
+
+    devices:
+      - name: pi5-a
+        profile: rpi5            # a profile under profiles/ by name, or a path to a profile file
+        memory_mb: 4096          # optional: overrides the profile's memory
+        address: tcp://192.168.1.20:7000   # optional
+        threads: 1               # optional: the worker's onnxruntime intra-op threads (1..4096); the cost
+                                 # model then uses the profile's figures for that count (Profile.figures)
+      - name: pi4-a
+        profile: rpi4
+    network:                     # required with two or more devices; a one-device cluster may omit it
+      bandwidth_mbps: 100        # every pair, unless a link says otherwise (megabits per second)
+      latency_ms: 1              # one-way latency per transfer
+      medium: switched           # switched (each pair has its own link) or shared (one channel); default switched
+      links:                     # optional per-pair overrides; a missing figure falls back to the default
+        - {a: pi5-a, b: pi4-a, bandwidth_mbps: 10, latency_ms: 5}
+
+A device without `threads` runs its worker at the runtime's default, all of the device's cores, which
+the profile's top-level figures describe.  With `threads`, the manifest's device entry records it and a
+local worker that `edgec run` starts (without --threads) runs that many threads.
+
+Device names are 1-64 characters from [A-Za-z0-9._-], starting with a letter or digit (they end up in
+file names and manifests).  A profile reference without a path separator and without a .yaml/.yml
+suffix is a name under the profiles folder; anything else is a path, relative to the cluster file's
+folder.
+
+Profile file (profiles/<name>.yaml)::
+
+    name: rpi5
+    description: Raspberry Pi 5, 4x Cortex-A76 @ 2.4 GHz, 8 GB LPDDR4X, onnxruntime CPU EP fp32
+    memory_mb: 8192                # physical memory (> 0)
+    usable_memory_fraction: 0.75   # share of memory the OS and other processes leave to edgec, in (0, 1]
+    runtime_overhead_mb: 80        # onnxruntime + worker resident memory before any weights (>= 0)
+    op_overhead_us: 30             # per-operator dispatch overhead (>= 0)
+    gflops:                        # sustained onnxruntime fp32 throughput in GFLOP/s (FLOPs = 2 x MACs), all > 0
+      conv: 30.0
+      depthwise_conv: 6.0
+      gemm: 25.0
+      other: 3.0                   # any other compute-bound op
+    memory_gbps: 8.0               # sustained GB/s for memory-bound ops (> 0)
+    power_w: {idle: 2.7, busy: 7.0}   # watts; either may be null = unknown (`edgec profile` cannot measure power)
+    sources: ["..."]               # where each figure comes from
+    layers: {}                     # optional measured tables {<model sha256>: {<onnx node name>: ms}}
+    op_ms_per_melem:               # optional: ms per million output elements beyond op_overhead_us (> 0)
+      {LRN: 25.0, Softmax: 0.48, Resize:linear: 1.4}   # key: ONNX op type, or "<op type>:<mode>"
+    efficiency:                    # optional: throughput of small outputs, as a fraction of gflops.conv / .gemm
+      conv: [[7168, 0.62], [401408, 1.0]]   # [output elements, fraction in (0, 4]], elements increasing
+      gemm: [[8192, 0.55], [524288, 1.0]]
+    threads:                       # optional: the figures per onnxruntime intra-op thread count (keys 1..4096)
+      1: {op_overhead_us: 5, gflops: {...}, memory_gbps: 9.0, op_ms_per_melem: {...}, efficiency: {...}, layers: {...}}
+    measurement: {...}             # optional: how `edgec profile` measured (spread per timing, load); informational
+
+Required keys: name, memory_mb, usable_memory_fraction, runtime_overhead_mb, op_overhead_us, gflops,
+memory_gbps.  Optional: description (default ""), power_w (default both null), sources (default none),
+layers, op_ms_per_melem, efficiency, threads, measurement (default empty).  A `layers` table is keyed by
+ONNX node name (not layer name): the cost model sums the node times of each layer.  A `threads:` entry
+holds the top level's figures (op_overhead_us, gflops, memory_gbps required; op_ms_per_melem, efficiency,
+layers optional) with the same names and bounds; `edgec profile` writes the largest count's at the top
+level, so a reader that knows no thread counts reads the all-cores figures.  `Profile.figures(n)` picks
+a worker's.
+
+Numbers must be finite and at most 1e12; positive ones at least 1e-9 (the cost model divides by them
+and sums them, so this keeps every prediction finite).  A cluster file may hold at most 1 MiB, a profile
+16 MiB (its measured tables grow with the models), and neither may nest more than 32 levels deep.
+
+Every problem raises `UserError(message, path=<the file at fault>)`: one line naming the key path.
+
+Layout: yamlio.py reads the files (limits, duplicate keys); schema.py declares the keys, types and bounds
+above as pydantic models; messages.py turns a schema error into one line (quote.py bounds the values it
+quotes); profile.py and cluster.py check what relates values to each other and build the frozen `Profile`
+and `Cluster` the compiler uses; keys.py names the fixed keys both sides read.
+"""
+
+from .cluster import Cluster, DeviceSpec, LinkSpec, load_cluster
+from .profile import (PROFILES_DIR, Figures, Profile, available_profiles, load_profile, profiles_dir,
+                      validate_profile_dict)
+from .keys import EFFICIENCY_KEYS, GFLOPS_KEYS, MEDIUMS
+
+__all__ = [
+    "PROFILES_DIR",
+    "GFLOPS_KEYS",
+    "EFFICIENCY_KEYS",
+    "Figures",
+    "MEDIUMS",
+    "Profile",
+    "DeviceSpec",
+    "LinkSpec",
+    "Cluster",
+    "profiles_dir",
+    "available_profiles",
+    "load_profile",
+    "load_cluster",
+    "validate_profile_dict",
+]

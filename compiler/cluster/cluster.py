@@ -1,0 +1,182 @@
+"""The cluster model: devices, their profiles and the network between them, from a cluster.yaml."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from edgec.compiler.errors import UserError
+from edgec.compiler.units import MiB
+
+from .profile import Figures, Profile, profile_path, read_profile, unknown_profile
+from .quote import show
+from .yamlio import read_yaml
+
+if TYPE_CHECKING:
+    from .schema import DeviceDoc, NetworkDoc
+
+__all__ = ["DeviceSpec", "LinkSpec", "Cluster", "load_cluster"]
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    name: str
+    profile: Profile
+    memory_mb: float  # the cluster file's override, or the profile's
+    address: str | None
+    threads: int | None = None  # the worker's intra-op thread count; None: the runtime's default (all cores)
+
+    @property
+    def figures(self) -> Figures:
+        """What this device's worker does at the thread count it runs (the profile's top level by default)."""
+        return self.profile.figures(self.threads)
+
+    @property
+    def usable_bytes(self) -> int:
+        """Bytes edgec may fill with weights and activations on this device."""
+        return int(self.memory_mb * self.profile.usable_memory_fraction * MiB) - int(
+            self.profile.runtime_overhead_mb * MiB
+        )
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    bandwidth_mbps: float  # megabits per second (10^6 bit/s)
+    latency_ms: float
+
+
+_SAME_DEVICE = LinkSpec(bandwidth_mbps=math.inf, latency_ms=0.0)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    devices: tuple[DeviceSpec, ...]
+    bandwidth_mbps: float  # default for every pair; inf for a one-device cluster without `network`
+    latency_ms: float  # default for every pair
+    medium: str  # "switched" or "shared"
+    links: dict[frozenset[str], LinkSpec] = field(hash=False)  # explicit overrides only
+    path: str
+
+    @property
+    def device_names(self) -> tuple[str, ...]:
+        return tuple(d.name for d in self.devices)
+
+    def device(self, name: str) -> DeviceSpec:
+        for d in self.devices:
+            if d.name == name:
+                return d
+        raise KeyError(f"no device {name!r} in {self.path} (devices: {', '.join(self.device_names)})")
+
+    def link(self, a: str, b: str) -> LinkSpec:
+        """The link between devices a and b (symmetric): the override if the file gives one, else the
+        network default.  a == b is no network hop: infinite bandwidth, zero latency."""
+        self.device(a)
+        self.device(b)
+        if a == b:
+            return _SAME_DEVICE
+        return self.links.get(frozenset((a, b)), LinkSpec(self.bandwidth_mbps, self.latency_ms))
+
+    @property
+    def has_network(self) -> bool:
+        """False for a one-device cluster whose file has no `network` section."""
+        return math.isfinite(self.bandwidth_mbps)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The manifest's "devices" and "network" sections (JSON-able, deterministic); without a network
+        section (one device), bandwidth_mbps and latency_ms are null."""
+        links = []
+        for pair, link in self.links.items():
+            a, b = sorted(pair)
+            links.append({"a": a, "b": b, "bandwidth_mbps": link.bandwidth_mbps, "latency_ms": link.latency_ms})
+        links.sort(key=lambda x: (x["a"], x["b"]))
+        return {
+            "devices": [
+                {"name": d.name, "profile": d.profile.name, "memory_mb": d.memory_mb, "address": d.address,
+                 **({} if d.threads is None else {"threads": d.threads})}
+                for d in self.devices
+            ],
+            "network": {
+                "bandwidth_mbps": self.bandwidth_mbps if self.has_network else None,
+                "latency_ms": self.latency_ms if self.has_network else None,
+                "medium": self.medium,
+                "links": links,
+            },
+        }
+
+
+def load_cluster(path: str | Path) -> Cluster:
+    """The cluster a cluster.yaml describes, its profiles loaded; any problem is one UserError naming the
+    file at fault (the cluster file, or a profile file it names)."""
+    from .messages import parse  # imported here, as in validate_profile_dict: pydantic is slow to import
+    from .schema import ClusterDoc
+
+    p = Path(path)
+    shown = str(p)
+    data = read_yaml(p, "cluster file")
+    if data is None:
+        raise UserError("cluster file is empty (expected keys: devices, network)", path=shown)
+    doc = parse(ClusterDoc, data, shown, root="cluster file")
+    # What relates one entry to another, or to other files, after the schema has checked each entry alone.
+    if not doc.devices:
+        raise UserError("no devices: 'devices' must list at least one device", path=shown)
+    devices = _devices(doc.devices, p.parent, shown)
+    if doc.network is None:
+        if len(devices) > 1:
+            raise UserError(f"missing required key 'network' in cluster file ({len(devices)} devices need one)",
+                            path=shown)
+        # No pair of devices exists: the defaults are those of "no network hop" and never price a transfer.
+        return Cluster(devices=devices, bandwidth_mbps=_SAME_DEVICE.bandwidth_mbps,
+                       latency_ms=_SAME_DEVICE.latency_ms, medium="switched", links={}, path=shown)
+    net = doc.network
+    return Cluster(devices=devices, bandwidth_mbps=net.bandwidth_mbps, latency_ms=net.latency_ms,
+                   medium=net.medium or "switched", links=_links(net, devices, shown), path=shown)
+
+
+def _devices(docs: list[DeviceDoc], base_dir: Path, shown: str) -> tuple[DeviceSpec, ...]:
+    """Unique names, profiles found and read (each file once), memory left after the runtime."""
+    profiles: dict[str, Profile] = {}
+    devices: list[DeviceSpec] = []
+    seen: set[str] = set()
+    for dv in docs:
+        where = f"device {dv.name!r}"
+        if dv.name in seen:
+            raise UserError(f"duplicate device name {dv.name!r}", path=shown)
+        seen.add(dv.name)
+        if dv.profile not in profiles:
+            pp = profile_path(dv.profile, base_dir)
+            if pp is None:
+                raise UserError(f"{where}: {unknown_profile(dv.profile)}", path=shown)
+            if not pp.is_file():
+                raise UserError(f"{where}: profile file {str(pp)!r} not found", path=shown)
+            profiles[dv.profile] = read_profile(pp)
+        prof = profiles[dv.profile]
+        memory_mb = prof.memory_mb if dv.memory_mb is None else dv.memory_mb
+        device = DeviceSpec(name=dv.name, profile=prof, memory_mb=memory_mb, address=dv.address, threads=dv.threads)
+        if device.usable_bytes <= 0:
+            raise UserError(f"{where}: no usable memory ({memory_mb:g} MB x {prof.usable_memory_fraction:g} "
+                            f"- {prof.runtime_overhead_mb:g} MB runtime overhead)", path=shown)
+        devices.append(device)
+    return tuple(devices)
+
+
+def _links(net: NetworkDoc, devices: tuple[DeviceSpec, ...], shown: str) -> dict[frozenset[str], LinkSpec]:
+    """The per-pair overrides: between two known, different devices, one per pair."""
+    names = [d.name for d in devices]
+    links: dict[frozenset[str], LinkSpec] = {}
+    for i, lk in enumerate(net.links or ()):
+        where = f"network.links[{i}]"
+        for end in (lk.a, lk.b):
+            if end not in names:
+                raise UserError(f"{where} names unknown device {show(end)} (devices: {', '.join(names)})", path=shown)
+        if lk.a == lk.b:
+            raise UserError(f"{where} links device {lk.a!r} with itself", path=shown)
+        pair = frozenset((lk.a, lk.b))
+        if pair in links:
+            raise UserError(f"{where}: duplicate link between {lk.a!r} and {lk.b!r}", path=shown)
+        links[pair] = LinkSpec(
+            bandwidth_mbps=net.bandwidth_mbps if lk.bandwidth_mbps is None else lk.bandwidth_mbps,
+            latency_ms=net.latency_ms if lk.latency_ms is None else lk.latency_ms,
+        )
+    return links

@@ -1,0 +1,7 @@
+"""The fixed key names of the file formats that the compiler also reads from the built models."""
+
+__all__ = ["GFLOPS_KEYS", "EFFICIENCY_KEYS", "MEDIUMS"]
+
+GFLOPS_KEYS = ("conv", "depthwise_conv", "gemm", "other")  # a profile's operator classes
+EFFICIENCY_KEYS = ("conv", "gemm")  # the operator classes with a small-output efficiency curve
+MEDIUMS = ("switched", "shared")  # switched: each pair of devices has its own link; shared: one channel

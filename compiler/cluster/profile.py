@@ -1,0 +1,184 @@
+"""Device profiles: the profile files under profiles/ (or anywhere) -> validated `Profile`s."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from edgec.compiler.errors import UserError
+
+from .keys import GFLOPS_KEYS
+from .quote import show
+from .yamlio import read_yaml
+
+if TYPE_CHECKING:
+    from .schema import FiguresDoc, ProfileDoc
+
+__all__ = [
+    "PROFILES_DIR", "Figures", "Profile", "profiles_dir", "available_profiles", "load_profile", "validate_profile_dict",
+    "profile_path", "unknown_profile", "read_profile",
+]
+
+_DEFAULT_PROFILES_DIR = Path(__file__).resolve().parents[2] / "profiles"
+PROFILES_DIR: Path = Path(os.environ["EDGEC_PROFILES"]) if os.environ.get("EDGEC_PROFILES") else _DEFAULT_PROFILES_DIR
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What a device does at one intra-op thread count (a profile's top level, or one `threads:` entry)."""
+
+    op_overhead_us: float
+    gflops: dict[str, float] = field(hash=False)
+    memory_gbps: float
+    op_ms_per_melem: dict[str, float] = field(hash=False)  # {op type or "op type:mode": ms per 1e6 output elements}
+    efficiency: dict[str, tuple[tuple[float, float], ...]] = field(hash=False)  # {conv|gemm: ((out elems, fraction), ...)} ascending
+    layers: dict[str, dict[str, float]] = field(hash=False, repr=False)  # {model sha256: {node name: ms}}
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A device class: memory, per-operator-class throughput and power, from a profile file."""
+
+    name: str
+    description: str
+    memory_mb: float
+    usable_memory_fraction: float
+    runtime_overhead_mb: float
+    op_overhead_us: float
+    gflops: dict[str, float] = field(hash=False)  # keys: conv, depthwise_conv, gemm, other
+    memory_gbps: float
+    power_idle_w: float | None  # None: unknown
+    power_busy_w: float | None  # None: unknown
+    sources: tuple[str, ...]
+    layers: dict[str, dict[str, float]] = field(hash=False, repr=False)  # {model sha256: {node name: ms}}
+    path: str  # the file it was read from
+    op_ms_per_melem: dict[str, float] = field(default_factory=dict, hash=False)  # top level: see Figures
+    efficiency: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict, hash=False)
+    threads: dict[int, Figures] = field(default_factory=dict, hash=False, repr=False)  # per intra-op thread count
+    measurement: dict[str, Any] = field(default_factory=dict, hash=False, repr=False)  # how it was measured (informational)
+
+    def figures(self, threads: int | None = None) -> Figures:
+        """The figures for a worker running `threads` intra-op threads: that count's entry if measured;
+        else the largest measured count below it (fewer threads: a slower, safe estimate); else the
+        smallest measured.  The top level when `threads` is None or the profile has no `threads:`."""
+        top = Figures(self.op_overhead_us, self.gflops, self.memory_gbps, self.op_ms_per_melem, self.efficiency,
+                      self.layers)
+        if threads is None or not self.threads:
+            return top
+        if threads in self.threads:
+            return self.threads[threads]
+        below = [n for n in self.threads if n < threads]
+        return self.threads[max(below)] if below else self.threads[min(self.threads)]
+
+
+def profiles_dir() -> Path:
+    """The profiles folder: $EDGEC_PROFILES if set now, else PROFILES_DIR."""
+    env = os.environ.get("EDGEC_PROFILES")
+    return Path(env) if env else PROFILES_DIR
+
+
+def available_profiles() -> list[str]:
+    d = profiles_dir()
+    if not d.is_dir():
+        return []
+    return sorted({p.stem for p in d.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file()})
+
+
+def _is_profile_name(ref: str) -> bool:
+    return "/" not in ref and os.sep not in ref and not ref.endswith((".yaml", ".yml")) and ref not in (".", "..")
+
+
+def profile_path(ref: str, base_dir: Path | None) -> Path | None:
+    """The file a profile reference points at; None for a name that no profile has."""
+    if _is_profile_name(ref):
+        d = profiles_dir()
+        for suffix in (".yaml", ".yml"):
+            p = d / f"{ref}{suffix}"
+            if p.is_file():
+                return p
+        return None
+    p = Path(ref).expanduser()
+    if not p.is_absolute() and base_dir is not None:
+        p = Path(base_dir) / p
+    return p
+
+
+def unknown_profile(ref: str) -> str:
+    avail = available_profiles()
+    return f"unknown profile {show(ref)} (available: {', '.join(avail) if avail else f'none in {profiles_dir()}'})"
+
+
+def read_profile(path: Path) -> Profile:
+    return validate_profile_dict(read_yaml(path, "profile file"), str(path))
+
+
+def load_profile(ref: str, base_dir: Path | None = None) -> Profile:
+    """A profile by name (a file <name>.yaml under the profiles folder) or by path (relative to
+    base_dir when given, else to the working directory)."""
+    if not isinstance(ref, str) or not ref.strip():
+        raise UserError(f"a profile reference must be a non-empty string, got {show(ref)}")
+    p = profile_path(ref, base_dir)
+    if p is None:
+        raise UserError(unknown_profile(ref))
+    return read_profile(p)
+
+
+def validate_profile_dict(data: Any, path: str) -> Profile:
+    """Check a parsed profile (as read from YAML, or as built by `edgec profile`) and build a Profile.
+
+    Raises UserError(..., path=path) on the first problem."""
+    # Imported here: pydantic doubles this package's import time, and most importers (the cost model,
+    # `edgec inspect` and `simulate` of a manifest) use the dataclasses without reading a file.
+    from .messages import parse
+    from .schema import ProfileDoc
+
+    doc = parse(ProfileDoc, data, path, root="profile")
+    _check_relations(doc, path)
+    top = _figures(doc)
+    power = doc.power_w
+    return Profile(
+        name=doc.name,
+        description=doc.description or "",
+        memory_mb=doc.memory_mb,
+        usable_memory_fraction=doc.usable_memory_fraction,
+        runtime_overhead_mb=doc.runtime_overhead_mb,
+        op_overhead_us=top.op_overhead_us,
+        gflops=top.gflops,
+        memory_gbps=top.memory_gbps,
+        power_idle_w=power.idle if power else None,
+        power_busy_w=power.busy if power else None,
+        sources=tuple(doc.sources or ()),
+        layers=top.layers,
+        path=path,
+        op_ms_per_melem=top.op_ms_per_melem,
+        efficiency=top.efficiency,
+        threads={n: _figures(entry) for n, entry in (doc.threads or {}).items()},
+        # Informational: kept as written (the schema checked its shape), for the tools that read it.
+        measurement=data["measurement"] if doc.measurement is not None else {},
+    )
+
+
+def _check_relations(doc: ProfileDoc, path: str) -> None:
+    """The checks that relate one figure to another (each figure alone is the schema's)."""
+    usable = doc.memory_mb * doc.usable_memory_fraction
+    if doc.runtime_overhead_mb >= usable:
+        raise UserError(f"runtime_overhead_mb ({doc.runtime_overhead_mb:g}) leaves no usable memory "
+                        f"(memory_mb x usable_memory_fraction = {usable:g})", path=path)
+    power = doc.power_w
+    if power is not None and power.idle is not None and power.busy is not None and power.busy < power.idle:
+        raise UserError(f"power_w.busy ({power.busy:g}) is below power_w.idle ({power.idle:g})", path=path)
+
+
+def _figures(doc: ProfileDoc | FiguresDoc) -> Figures:
+    """The figures at the top level of a profile, or in one `threads:` entry."""
+    return Figures(
+        op_overhead_us=doc.op_overhead_us,
+        gflops={k: getattr(doc.gflops, k) for k in GFLOPS_KEYS},
+        memory_gbps=doc.memory_gbps,
+        op_ms_per_melem=dict(doc.op_ms_per_melem or {}),
+        efficiency={k: tuple((p.output_elements, p.fraction) for p in curve)
+                    for k, curve in (doc.efficiency or {}).items()},
+        layers={model: dict(table) for model, table in (doc.layers or {}).items()},
+    )

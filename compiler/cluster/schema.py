@@ -1,0 +1,193 @@
+"""The schema of cluster.yaml and profile files: pydantic models that say which keys exist, their types and bounds.
+
+Only what one value (or one list) can check alone lives here; checks that relate values to each other (unique
+device names, links between known devices, memory left after the runtime, ...) follow the parse, in
+profile.py and cluster.py.  A `description` is what an error message says is expected at that place; a custom
+error (PydanticCustomError) is a statement of its own.  A field typed without `| None` but defaulting to None
+may be left out, yet not written as null.
+"""
+
+import re
+from typing import Annotated, Any, Literal, NamedTuple
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic_core import PydanticCustomError, PydanticKnownError
+
+from .keys import EFFICIENCY_KEYS, MEDIUMS
+
+__all__ = ["DEVICE_NAME", "MAX_FIGURE", "MIN_POSITIVE", "MAX_THREADS", "MAX_EFFICIENCY", "ProfileDoc", "FiguresDoc",
+           "ClusterDoc", "DeviceDoc", "LinkDoc", "NetworkDoc"]
+
+DEVICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # device names end up in file names and manifests
+_OP_KEY = r"^[A-Za-z][A-Za-z0-9_]{0,63}(:[A-Za-z0-9_]{1,32})?$"  # op type, or op type:mode
+# Bounds that keep the cost model's divisions and sums finite (see the package docstring).
+MAX_FIGURE = 1e12
+MIN_POSITIVE = 1e-9
+MAX_THREADS = 4096
+MAX_EFFICIENCY = 4.0  # a tile at most 4x the large benchmark's throughput (edgec profile caps it there)
+
+Positive = Annotated[float, Field(allow_inf_nan=False, ge=MIN_POSITIVE, le=MAX_FIGURE)]
+NonNegative = Annotated[float, Field(allow_inf_nan=False, ge=0, le=MAX_FIGURE)]
+Fraction = Annotated[float, Field(allow_inf_nan=False, gt=0, le=1, description="a number in (0, 1]")]
+Count = Annotated[int, Field(ge=1, description="a positive integer")]
+# python-re: the same regular expressions as the hand-written checks had (`$` before a final newline, and \S
+# is what str.strip() removes).
+NonBlank = Annotated[str, Field(pattern=r"\S", description="a non-empty string")]
+ThreadKey = Annotated[int, Field(ge=1, le=MAX_THREADS, description=f"thread counts, integers 1 to {MAX_THREADS}")]
+OpKey = Annotated[str, Field(pattern=_OP_KEY,
+                             description="operator types (e.g. LRN, or Resize:linear for an operator and its mode)")]
+DeviceName = Annotated[str, Field(pattern=DEVICE_NAME.pattern,
+                                  description="1-64 characters from [A-Za-z0-9._-] starting with a letter or digit")]
+ProfileRef = Annotated[str, Field(pattern=r"\S", description="a profile name or a path")]
+WorkerThreads = Annotated[int, Field(ge=1, le=MAX_THREADS,
+                                     description=f"an integer from 1 to {MAX_THREADS} (the worker's intra-op threads)")]
+Layers = dict[str, dict[str, NonNegative]]  # {model sha256: {onnx node name: ms}}
+
+
+class _Doc(BaseModel):
+    # Strict: a YAML string "3" or a bool is not a number (ints are, and become floats), a set is not a list.
+    model_config = ConfigDict(strict=True, extra="forbid", regex_engine="python-re", frozen=True)
+
+
+class CurvePoint(NamedTuple):
+    output_elements: Positive
+    fraction: Annotated[float, Field(allow_inf_nan=False, ge=MIN_POSITIVE, le=MAX_EFFICIENCY)]
+
+
+def _two_items(v: Any) -> Any:
+    # A YAML pair is a list of two; a NamedTuple alone would also take a mapping.  A pydantic error type, not a
+    # custom one, so that the message says what the place expects (its description).
+    if not isinstance(v, list) or len(v) != 2:
+        raise PydanticKnownError("tuple_type")
+    return tuple(v)
+
+
+def _increasing(points: list[CurvePoint]) -> list[CurvePoint]:
+    for prev, p in zip(points, points[1:]):
+        if p.output_elements <= prev.output_elements:
+            raise PydanticCustomError("not_increasing", "output elements must increase from point to point, got "
+                                      "{got} after {prev}", {"got": f"{p.output_elements:g}",
+                                                             "prev": f"{prev.output_elements:g}"})
+    return points
+
+
+Curve = Annotated[
+    list[Annotated[CurvePoint, BeforeValidator(_two_items),
+                   Field(description="an [output elements, fraction] pair")]],
+    Field(min_length=1, description="a non-empty list of [output elements, fraction] pairs"),
+    AfterValidator(_increasing),
+]
+
+
+class GflopsDoc(_Doc):
+    conv: Positive
+    depthwise_conv: Positive
+    gemm: Positive
+    other: Positive
+
+
+class FiguresDoc(_Doc):
+    """One `threads:` entry: the top level's figures, same names and bounds."""
+
+    op_overhead_us: NonNegative
+    gflops: GflopsDoc
+    memory_gbps: Positive
+    op_ms_per_melem: dict[OpKey, Positive] | None = None
+    efficiency: dict[Literal[EFFICIENCY_KEYS], Curve] | None = None
+    layers: Layers | None = None
+
+
+class PowerDoc(_Doc):
+    idle: Positive | None = None
+    busy: Positive | None = None
+
+
+class LoadWindowDoc(_Doc):
+    seconds: NonNegative | None = None
+    other_cpus: NonNegative | None = None
+    loadavg: Annotated[list[NonNegative],
+                       Field(min_length=3, max_length=3, description="[1 min, 5 min, 15 min]")] | None = None
+
+
+class LoadDoc(_Doc):
+    cpus: NonNegative = None
+    busy_rule: Any = None  # prose for the reader
+    verdict: Literal["quiet", "busy", "unknown"] = None
+    before: LoadWindowDoc | None = None
+    during: LoadWindowDoc | None = None
+
+
+class TimingDoc(_Doc):
+    runs: Count
+    median_ms: NonNegative
+    spread: NonNegative
+    stable: bool
+    loadavg_1m: NonNegative | None = None
+    other_cpus: NonNegative | None = None
+
+
+class MeasurementDoc(_Doc):
+    """How `edgec profile` measured: informational (no prediction reads it), but typed, so that a tool reading
+    it can trust its shape."""
+
+    max_spread: Positive = None
+    window: Count = None
+    max_seconds: Positive = None
+    load: LoadDoc | None = None
+    threads: Annotated[dict[ThreadKey, dict[str, TimingDoc]],
+                       Field(min_length=1, description="a non-empty mapping of thread counts")] | None = None
+    warnings: Annotated[list[str], Field(description="a list of strings")] | None = None
+
+
+class ProfileDoc(_Doc):
+    """A profile file; the keys in the order the messages list them."""
+
+    name: NonBlank
+    description: str | None = ""
+    memory_mb: Positive
+    usable_memory_fraction: Fraction
+    runtime_overhead_mb: NonNegative
+    op_overhead_us: NonNegative
+    gflops: GflopsDoc
+    memory_gbps: Positive
+    power_w: PowerDoc | None = None
+    sources: Annotated[list[NonBlank], Field(description="a list of non-empty strings")] | None = None
+    layers: Layers | None = None
+    op_ms_per_melem: dict[OpKey, Positive] | None = None
+    efficiency: dict[Literal[EFFICIENCY_KEYS], Curve] | None = None
+    threads: Annotated[dict[ThreadKey, FiguresDoc],
+                       Field(min_length=1, description="a non-empty mapping of thread counts")] | None = None
+    measurement: MeasurementDoc | None = None
+
+
+class DeviceDoc(_Doc):
+    name: DeviceName
+    profile: ProfileRef
+    memory_mb: Positive | None = None  # None: the profile's
+    address: NonBlank | None = None
+    threads: WorkerThreads | None = None  # None: the runtime's default
+
+    @staticmethod
+    def message_label(raw: Any) -> str | None:
+        """A device with a valid name is called by it in messages: "device 'pi5-a': memory_mb ..."."""
+        name = raw.get("name") if isinstance(raw, dict) else None
+        return f"device {name!r}" if isinstance(name, str) and DEVICE_NAME.match(name) else None
+
+
+class LinkDoc(_Doc):
+    a: str
+    b: str
+    bandwidth_mbps: Positive | None = None  # None: the network's
+    latency_ms: NonNegative | None = None
+
+
+class NetworkDoc(_Doc):
+    bandwidth_mbps: Positive
+    latency_ms: NonNegative
+    medium: Literal[MEDIUMS] | None = None  # None: switched
+    links: list[LinkDoc] | None = None
+
+
+class ClusterDoc(_Doc):
+    devices: list[DeviceDoc] | None  # required; null or [] is "no devices", said after the parse
+    network: NetworkDoc = None  # absent: a one-device cluster; a null value is an error

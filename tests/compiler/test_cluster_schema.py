@@ -1,0 +1,181 @@
+"""The schema behind cluster.yaml and profile files: strict types, bounds, unknown keys at any depth, and the
+one-line message (file, key path, what is wrong and what was expected) that any schema error becomes."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from edgec import models
+from edgec.compiler.cli import cli
+from edgec.compiler.cluster import EFFICIENCY_KEYS, GFLOPS_KEYS, MEDIUMS, load_cluster, validate_profile_dict
+from edgec.compiler.cluster.schema import GflopsDoc
+from edgec.compiler.errors import UserError
+
+FIGURES = {"op_overhead_us": 5, "gflops": {"conv": 70, "depthwise_conv": 20, "gemm": 60, "other": 30}, "memory_gbps": 12}
+PROFILE = {
+    "name": "me", "memory_mb": 4096, "usable_memory_fraction": 0.8, "runtime_overhead_mb": 90, **copy.deepcopy(FIGURES),
+    "power_w": {"idle": 2.0, "busy": 6.0}, "sources": ["made up for a test"],
+    "efficiency": {"conv": [[1792, 0.6], [401408, 1.0]]},
+    "threads": {1: copy.deepcopy(FIGURES), 2: copy.deepcopy(FIGURES)},
+    "measurement": {"load": {"verdict": "quiet", "before": {"loadavg": [0.1, 0.2, 0.3]}},
+                    "threads": {1: {"gflops.conv": {"runs": 9, "median_ms": 1.5, "spread": 0.01, "stable": True}}}},
+}
+
+
+def _profile(path: str, value):
+    """PROFILE with the value at a '/'-separated path replaced."""
+    doc = copy.deepcopy(PROFILE)
+    *head, last = path.split("/")
+    node = doc
+    for k in head:
+        node = node[int(k) if k.isdigit() else k]
+    node[int(last) if last.isdigit() else last] = value
+    return doc
+
+
+PROFILE_CASES = [
+    (_profile("threads/2/memory_gbps", True), "threads.2.memory_gbps must be a number, got bool True"),
+    (_profile("memory_mb", "3"), "memory_mb must be a number, got str '3'"),
+    (_profile("threads/1/gflops/gemm", float("inf")), "threads.1.gflops.gemm must be finite, got inf"),
+    (_profile("efficiency/conv/1/1", float("nan")), "efficiency.conv[1] fraction must be finite, got nan"),
+    (_profile("threads/1/colour", 3), "unknown key 'colour' in threads.1 (allowed: op_overhead_us, gflops, memory_gbps, "
+                                      "op_ms_per_melem, efficiency, layers)"),
+    (_profile("threads/2/gflops/pool", 1), "unknown key 'pool' in threads.2.gflops (allowed: conv, depthwise_conv, gemm, other)"),
+    (_profile("cores", 4), "unknown key 'cores' in profile (allowed: name, description, memory_mb, usable_memory_fraction, "
+                           "runtime_overhead_mb, op_overhead_us, gflops, memory_gbps, power_w, sources, layers, "
+                           "op_ms_per_melem, efficiency, threads, measurement)"),
+    (_profile("efficiency/lstm", [[1, 1.0]]), "unknown key 'lstm' in efficiency (allowed: conv, gemm)"),
+    (_profile("efficiency/conv/0", {"output_elements": 1, "fraction": 1}),
+     "efficiency.conv[0] must be an [output elements, fraction] pair, got dict {'fraction': 1, 'output_elements': 1}"),
+    (_profile("efficiency/conv/0", [1, 0.5, 7]), "efficiency.conv[0] must be an [output elements, fraction] pair, got list [1, 0.5, 7]"),
+    (_profile("efficiency/conv", [[7168, 0.9], [1792, 0.6]]),
+     "efficiency.conv: output elements must increase from point to point, got 1792 after 7168"),
+    (_profile("op_ms_per_melem", {"Softmax": 1e13}), "op_ms_per_melem['Softmax'] must be at most 1e+12, got 10000000000000.0"),
+    (_profile("layers", {"ab": {"conv1": "x"}}), "layers['ab']['conv1'] must be a number, got str 'x'"),
+    (_profile("threads", {1: FIGURES, 4097: FIGURES}), "threads: keys must be thread counts, integers 1 to 4096, got int 4097"),
+    (_profile("layers", {7: {}}), "layers: keys must be strings, got int 7"),
+    (_profile("sources", ["a", " "]), "sources[1] must be a non-empty string, got str ' '"),
+    (_profile("power_w/idle", -1), "power_w.idle must be positive, got -1"),
+    (_profile("power_w/busy", 1e-10), "power_w.busy must be at least 1e-09, got 1e-10"),
+    (_profile("measurement/window", 2.0), "measurement.window must be a positive integer, got float 2.0"),
+    (_profile("measurement/load/cpus", None), "measurement.load.cpus must be a number, got null"),
+    (_profile("measurement/load/before/loadavg/2", -0.5), "measurement.load.before.loadavg[2] must not be negative, got -0.5"),
+    (_profile("measurement/threads/1/gflops.conv/spread", "low"),
+     "measurement.threads.1['gflops.conv'].spread must be a number, got str 'low'"),
+    (_profile("name", 5), "name must be a non-empty string, got int 5"),
+    (_profile("gflops", None), "gflops must be a mapping, got null"),
+]
+
+
+@pytest.mark.parametrize("doc, message", PROFILE_CASES, ids=[m[:50] for _, m in PROFILE_CASES])
+def test_profile_schema_error_is_one_exact_line(doc, message):
+    with pytest.raises(UserError) as ei:
+        validate_profile_dict(doc, "board.yaml")
+    assert str(ei.value) == f"board.yaml: {message}"
+    assert ei.value.path == "board.yaml"
+
+
+def test_the_good_profile_is_accepted_and_typed():
+    p = validate_profile_dict(copy.deepcopy(PROFILE), "board.yaml")
+    assert p.memory_mb == 4096 and isinstance(p.memory_mb, float)  # ints in the file are floats in the model
+    assert p.efficiency == {"conv": ((1792.0, 0.6), (401408.0, 1.0))} and type(p.efficiency["conv"][0]) is tuple
+    assert list(p.threads) == [1, 2] and p.threads[2].gflops["conv"] == 70.0
+    assert p.measurement is not None and p.measurement["load"]["verdict"] == "quiet"
+
+
+def _cluster(tmp_path, text: str):
+    f = tmp_path / "cluster.yaml"
+    f.write_text(text)
+    return f
+
+
+TWO = "devices:\n  - {name: a, profile: rpi4}\n  - {name: b, profile: rpi5%s}\nnetwork: {bandwidth_mbps: 100, latency_ms: 1%s}\n"
+CLUSTER_CASES = [
+    (TWO % (", memory_mb: true", ""), "device 'b': memory_mb must be a number, got bool True"),
+    (TWO % (", memory_mb: '3'", ""), "device 'b': memory_mb must be a number, got str '3'"),
+    (TWO % (", threads: 1.5", ""), "device 'b': threads must be an integer from 1 to 4096 (the worker's intra-op "
+                                   "threads), got float 1.5"),
+    ("devices: [{name: a, profile: rpi4}]\nnetwork: {bandwidth_mbps: 1, latency_ms: .inf}\n",
+     "network.latency_ms must be finite, got inf"),
+    ("devices: [{name: a, profile: rpi4}]\nnetwork: {bandwidth_mbps: .nan, latency_ms: 1}\n",
+     "network.bandwidth_mbps must be finite, got nan"),
+    (TWO % ("", ", links: [{a: a, b: b, latency_ms: [1]}]"), "network.links[0].latency_ms must be a number, got list [1]"),
+    (TWO % ("", ", links: !!set {a, b}"), "network.links must be a list, got set"),
+    (TWO % (", colour: red", ""), "unknown key 'colour' in devices[1] (allowed: name, profile, memory_mb, address, threads)"),
+    # a misspelt key is reported as unknown, with the allowed keys, rather than as the key it replaces missing
+    ("devices:\n  - {nmae: a, profile: rpi4}\n",
+     "unknown key 'nmae' in devices[0] (allowed: name, profile, memory_mb, address, threads)"),
+    ("devices:\n  - {name: a}\n", "missing required key 'profile' in devices[0]"),
+    ("devices:\n  - {name: a, profile: rpi4, address: \"\\udc00\"}\n",
+     "device 'a': address must be valid Unicode text, got '\\udc00'"),
+    ("devices:\n  - {name: a, profile: rpi4}\n2: x\n", "cluster file: keys must be strings, got int 2"),
+]
+
+
+@pytest.mark.parametrize("text, message", CLUSTER_CASES, ids=[m[:50] for _, m in CLUSTER_CASES])
+def test_cluster_schema_error_is_one_exact_line(tmp_path, text, message):
+    f = _cluster(tmp_path, text)
+    with pytest.raises(UserError) as ei:
+        load_cluster(f)
+    assert str(ei.value) == f"{f}: {message}"
+
+
+def test_schema_error_through_compile_is_one_line_exit_2(tmp_path):
+    f = _cluster(tmp_path, TWO % (", memory_mb: true", ""))
+    res = CliRunner().invoke(cli, ["compile", str(models.ensure("tinychain")), "--devices", str(f), "-o",
+                                   str(tmp_path / "out")], prog_name="edgec")
+    assert res.exit_code == 2, res.output
+    assert res.stderr == f"edgec: {f}: device 'b': memory_mb must be a number, got bool True\n"
+    assert not (tmp_path / "out").exists()
+
+
+ODD = [None, True, 0, -1, 1e-300, 1e300, 10**400, float("nan"), "3", "1e3", "", " ", [], [1, 2, 3], {}, {"k": 1},
+       {1: 2}, "\ud83d", 4097, 2.5]
+
+
+def _mutate(tree, rng: random.Random) -> None:
+    containers, stack = [], [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (dict, list)):
+            containers.append(node)
+            stack.extend(node.values() if isinstance(node, dict) else node)
+    node = rng.choice(containers)
+    keys = list(node) if isinstance(node, dict) else list(range(len(node)))
+    if isinstance(node, dict) and (not keys or rng.random() < 0.2):
+        node[rng.choice(["extra", 7, "conv", "LRN"])] = rng.choice(ODD)
+    elif keys and rng.random() < 0.2:
+        del node[rng.choice(keys)]
+    elif keys:
+        node[rng.choice(keys)] = copy.deepcopy(rng.choice(ODD))
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_every_schema_error_reads_as_one_plain_line(seed):
+    """Whatever pydantic reports, the message is ours: one line, the file, no pydantic wording or URL."""
+    rng = random.Random(seed)
+    doc = copy.deepcopy(PROFILE)
+    for _ in range(rng.randrange(1, 3)):
+        _mutate(doc, rng)
+    try:
+        validate_profile_dict(yaml.safe_load(yaml.safe_dump(doc)) if rng.random() < 0.5 else doc, "board.yaml")
+    except UserError as e:
+        text = str(e)
+        assert text.startswith("board.yaml: ") and "\n" not in text and len(text) < 500, text
+        for pydantic_words in ("Input should", "pydantic", "http", "For further information", "[type="):
+            assert pydantic_words not in text, text
+
+
+def test_schema_names_the_keys_the_compiler_reads(tmp_path):
+    assert tuple(GflopsDoc.model_fields) == GFLOPS_KEYS
+    doc = validate_profile_dict(_profile("efficiency", {k: [[1, 1.0]] for k in EFFICIENCY_KEYS}), "board.yaml")
+    assert tuple(doc.efficiency) == EFFICIENCY_KEYS
+    for medium in MEDIUMS:
+        f = _cluster(tmp_path, f"devices: [{{name: a, profile: rpi4}}]\n"
+                               f"network: {{bandwidth_mbps: 1, latency_ms: 0, medium: {medium}}}\n")
+        assert load_cluster(f).medium == medium
