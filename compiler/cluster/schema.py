@@ -18,8 +18,8 @@ from .keys import EFFICIENCY_KEYS, MEDIUMS
 __all__ = ["DEVICE_NAME", "MAX_FIGURE", "MIN_POSITIVE", "MAX_THREADS", "MAX_EFFICIENCY", "ProfileDoc", "FiguresDoc",
            "ClusterDoc", "DeviceDoc", "LinkDoc", "NetworkDoc"]
 
-DEVICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # device names end up in file names and manifests
-_OP_KEY = r"^[A-Za-z][A-Za-z0-9_]{0,63}(:[A-Za-z0-9_]{1,32})?$"  # op type, or op type:mode
+DEVICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")  # device names end up in file names and manifests
+_OP_KEY = r"^[A-Za-z][A-Za-z0-9_]{0,63}(:[A-Za-z0-9_]{1,32})?\Z"  # op type, or op type:mode
 # Bounds that keep the cost model's divisions and sums finite (see the package docstring).
 MAX_FIGURE = 1e12
 MIN_POSITIVE = 1e-9
@@ -30,8 +30,8 @@ Positive = Annotated[float, Field(allow_inf_nan=False, ge=MIN_POSITIVE, le=MAX_F
 NonNegative = Annotated[float, Field(allow_inf_nan=False, ge=0, le=MAX_FIGURE)]
 Fraction = Annotated[float, Field(allow_inf_nan=False, gt=0, le=1, description="a number in (0, 1]")]
 Count = Annotated[int, Field(ge=1, description="a positive integer")]
-# python-re: the same regular expressions as the hand-written checks had (`$` before a final newline, and \S
-# is what str.strip() removes).
+# python-re: \Z, not $ (which matches before a final newline: "a\n" would pass as a device name); \S is what
+# str.strip() removes.
 NonBlank = Annotated[str, Field(pattern=r"\S", description="a non-empty string")]
 ThreadKey = Annotated[int, Field(ge=1, le=MAX_THREADS, description=f"thread counts, integers 1 to {MAX_THREADS}")]
 OpKey = Annotated[str, Field(pattern=_OP_KEY,

@@ -114,6 +114,9 @@ CLUSTER_CASES = [
     ("devices:\n  - {name: a, profile: rpi4, address: \"\\udc00\"}\n",
      "device 'a': address must be valid Unicode text, got '\\udc00'"),
     ("devices:\n  - {name: a, profile: rpi4}\n2: x\n", "cluster file: keys must be strings, got int 2"),
+    # $ would match before the final newline; a device name ends up in file names
+    ("devices:\n  - {name: \"a\\n\", profile: rpi4}\n",
+     "devices[0].name must be 1-64 characters from [A-Za-z0-9._-] starting with a letter or digit, got str 'a\\n'"),
 ]
 
 
