@@ -17,7 +17,7 @@ largest count's, for readers that know no thread counts.  Per count:
   - memory_gbps            an elementwise Add of two 8M-float tensors: (2 inputs + 1 output) bytes / time
   - op_overhead_us         fixed cost per ONNX node, the larger of
                            (a) the dispatch floor: (200 tiny Relu nodes - 1) / 199, and
-                           (b) small layers: a chain of 50 (3x3 Conv 16 ch on 28x28 -> Relu) pairs against
+                           (b) small layers: a chain of 50 (3x3 Conv 16 ch on 7x7 -> Relu) pairs against
                            one pair, less the Conv FLOPs at the measured conv rate, per original node (98):
                            dispatch + thread-pool sync + small-layer inefficiency
   - op_ms_per_melem        operators the roofline misprices (LRN costs 100x its bytes at memory speed):
@@ -31,10 +31,19 @@ largest count's, for readers that know no thread counts.  Per count:
                            and of MatMuls with 512..8 rows against gflops.gemm; fraction = the FLOPs' time at
                            the large benchmark's rate / (time - op_overhead_us)
 
-Each timing is repeated until its last samples agree (timing.py: (p90 - p10) / median at most 10% over
-7 samples, at most 1.5 s a timing); the machine's load is checked before and during (load.py).  What was
-seen goes to `measurement:` (per timing: runs, median, spread, stable, load average and other processes'
-CPUs), and a busy machine or an unstable timing is a warning, or with strict an error.
+Each timing is taken in 4 rounds, interleaved with the other timings' so that they are seconds apart
+(bench.py), each round in a fresh session whose inputs and outputs are bound to buffers allocated once
+(the kernel's time, without the Python binding's per-run output allocation and copy, whose cost depends
+on the process's allocator state), warmed up for at least 20 ms, then repeated until its last samples
+agree (timing.py: (p90 - p10) / median at most 10% over 7 samples, at most 0.4 s a round, 1.6 s a
+timing).  The figure is the fastest stable round's median: other load only adds time, and a process-wide
+slow moment (another process sharing our core for a whole round, a cold start) spoils a round, not the
+figure.  It counts as stable when another round agrees with it within 10%, since the spread within one
+round understates the difference between two profiles.  The machine's load is checked before and during
+(load.py).  What was seen goes to `measurement:` (per timing: runs over all rounds, median, spread =
+the larger of the round's window spread and the distance to the nearest other round, stable, load
+average and other processes' CPUs over its rounds), and a busy machine or an unstable timing is a
+warning, or with strict an error.
 
 Memory comes from /proc/meminfo (MemTotal; usable_memory_fraction = MemAvailable / MemTotal at
 profiling time, rounded down to 0.05), or os.sysconf where there is no /proc.  runtime_overhead_mb is

@@ -1,12 +1,17 @@
 """Micro-benchmarks at one intra-op thread count: the figures of one `threads:` entry of a profile.
 
-Each timing goes through timing.measure_stable and leaves a measurement entry (runs, median, spread,
-stable, the load meanwhile).  What each figure is: see the package docstring.
+Three steps (`measure_figures`): every benchmark model is added to a Bench (`Bench.add`), the Bench times
+them all (`Bench.run`), then the figures are computed from the times.  Timing them all together lets the
+rounds interleave: round 1 of every model, then round 2 of every model, ..., so that a model's rounds are
+seconds apart, and a burst of load or a slow moment of the process spoils at most one of them
+(timing.combine keeps the fastest stable round).  Each timing leaves a measurement entry (runs, median,
+spread, stable, the load meanwhile).  What each figure is: see the package docstring.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -15,61 +20,115 @@ from onnx import helper, numpy_helper
 
 from edgec.compiler.errors import UserError
 
-from .load import LoadProbe, describe_load, other_cpus
-from .timing import Policy, measure_stable, model, rand, sample_fn, session, sig, vi
+from .load import LoadProbe, LoadSample, describe_load
+from .timing import Figure, Policy, Series, combine, model, rand, sig, time_model, vi
 
-__all__ = ["Bench", "measure_figures", "OP_TABLE_OPS", "CONV_HEIGHTS", "GEMM_ROWS", "MAX_EFFICIENCY"]
+__all__ = ["Bench", "Job", "measure_figures", "OP_TABLE_OPS", "CONV_HEIGHTS", "GEMM_ROWS", "MAX_EFFICIENCY"]
 
 # A tile faster per FLOP than the large benchmark is possible (cache), but not by more than this; a larger
 # ratio means the tile's time was all per-operator overhead, where the cost model's overhead term rules.
 MAX_EFFICIENCY = 4.0
 CONV_HEIGHTS = (56, 28, 14, 7, 4, 2, 1)
 GEMM_ROWS = (512, 256, 128, 64, 32, 16, 8)
-_CHAIN_PAIRS, _CHAIN_CH, _CHAIN_HW = 50, 16, 28
+# 7x7: each Conv's FLOPs take ~2 us, so the per-node overhead is about a third of the chain's extra time and
+# errors of a few % in the conv rate subtracted from it move it by a few %; at 28x28 it was ~5% of it, and
+# a 2% error in the conv rate moved it by ~40% between two profiles.
+_CHAIN_PAIRS, _CHAIN_CH, _CHAIN_HW = 50, 16, 7
+_ALL = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+
+Times = dict[str, float]  # timing name -> seconds per run
+Formula = Callable[[Times], float]  # a figure from the times
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    data: bytes  # the serialized model
+    feeds: dict[str, np.ndarray]
+    opt: ort.GraphOptimizationLevel = _ALL
+
+
+# One round of one model: (model, feeds, threads, policy, optimisation level) -> its Series; tests script it.
+Timer = Callable[[bytes, dict, int, Policy, ort.GraphOptimizationLevel], Series]
 
 
 class Bench:
-    """Times models at one thread count; records each timing under its name in `entries`."""
+    """Collects models (`add`), then times them all in interleaved rounds (`run`), recording each timing
+    under its name in `entries`."""
 
     def __init__(self, threads: int, quick: bool, policy: Policy, probe: LoadProbe, strict: bool,
-                 progress: Callable[[str], None]):
+                 progress: Callable[[str], None], timer: Timer = time_model):
         self.threads, self.quick, self.policy, self.probe, self.strict = threads, quick, policy, probe, strict
         self.say = progress
-        self.rng = np.random.default_rng(0)
+        self.timer = timer
+        self.rng = np.random.default_rng(0)  # fixed: the same inputs and weights in every profile
+        self.jobs: list[Job] = []
         self.entries: dict[str, dict] = {}
         self.unstable: list[str] = []  # one line per timing whose spread stayed large
-        self.unstable_names: list[str] = []  # "<threads> thr <timing> <spread>" for the one-line warning
+        self.unstable_names: list[str] = []  # "<timing> at <threads> thr (<spread>)" for the one-line warning
 
-    def time(self, name: str, data: bytes, feeds: dict, opt=ort.GraphOptimizationLevel.ORT_ENABLE_ALL) -> float:
-        """Seconds per run of the model, timed until stable (timing.py)."""
-        sampler = sample_fn(session(data, self.threads, opt), feeds, self.policy)
-        before = self.probe.sample()
-        s = measure_stable(sampler, self.policy)
-        after = self.probe.sample()
-        others = other_cpus(before, after)
+    def add(self, name: str, data: bytes, feeds: dict, opt=_ALL) -> None:
+        if any(j.name == name for j in self.jobs):
+            raise ValueError(f"benchmark {name!r} added twice")
+        self.jobs.append(Job(name, data, feeds, opt))
+
+    def run(self) -> Times:
+        """Seconds per run of every added model: policy.rounds rounds, each a pass over all models in the
+        order added, combined per model by timing.combine.  An unstable timing is refused with strict (the
+        first in that order), else a warning."""
+        rounds: dict[str, list[Series]] = {j.name: [] for j in self.jobs}
+        spans: dict[str, list[tuple[LoadSample, LoadSample]]] = {j.name: [] for j in self.jobs}
+        for _ in range(self.policy.rounds):
+            for job in self.jobs:
+                before = self.probe.sample()
+                rounds[job.name].append(self.timer(job.data, job.feeds, self.threads, self.policy, job.opt))
+                spans[job.name].append((before, self.probe.sample()))
+        return {job.name: self._record(job.name, combine(rounds[job.name], self.policy.max_spread),
+                                       spans[job.name]) for job in self.jobs}
+
+    def _record(self, name: str, f: Figure, spans: list[tuple[LoadSample, LoadSample]]) -> float:
+        others = other_cpus_over(spans)
+        last = spans[-1][1]
         self.entries[name] = {
-            "runs": s.runs,
-            "median_ms": sig(s.median_s * 1e3, 4),
-            "spread": sig(s.spread, 2) if math.isfinite(s.spread) else 1e9,
-            "stable": s.stable,
-            "loadavg_1m": after.loadavg[0] if after.loadavg else None,
+            "runs": f.runs,
+            "median_ms": sig(f.median_s * 1e3, 4),
+            "spread": sig(f.spread, 2) if math.isfinite(f.spread) else 1e9,
+            "stable": f.stable,
+            "loadavg_1m": last.loadavg[0] if last.loadavg else None,
             "other_cpus": None if others is None else round(others, 2),
         }
-        if not s.stable:
-            cpus = after.cpu.cpus if after.cpu else 0
-            what = (f"{self.threads} thread{'s' if self.threads > 1 else ''}, {name}: spread {s.spread:.0%} "
-                    f"over {s.runs} runs in {s.seconds:.1f} s stayed above {self.policy.max_spread:.0%} "
-                    f"({describe_load(others, cpus, after.loadavg)})")
+        if not f.stable:
+            cpus = last.cpu.cpus if last.cpu else 0
+            what = (f"{self.threads} thread{'s' if self.threads > 1 else ''}, {name}: spread {f.spread:.0%} "
+                    f"over {f.runs} runs in {f.seconds:.1f} s stayed above {self.policy.max_spread:.0%} "
+                    f"(fastest round's window {f.window_spread:.0%}, nearest other of {len(f.round_medians)} rounds "
+                    f"{f.rounds_apart:.0%} away; {describe_load(others, cpus, last.loadavg)})")
             if self.strict:
                 raise UserError(f"{what}; profile on a quiet machine, or without --strict to write the profile "
                                 "with a warning")
             self.unstable.append(what)
-            self.unstable_names.append(f"{name} at {self.threads} thr ({s.spread:.0%})")
-        return s.median_s
+            self.unstable_names.append(f"{name} at {self.threads} thr ({f.spread:.0%})")
+        return f.median_s
+
+
+def other_cpus_over(spans: list[tuple[LoadSample, LoadSample]]) -> float | None:
+    """Average CPUs other processes used over several intervals (a timing's rounds), as load.other_cpus does
+    over one; None when unknown (no /proc, or no jiffy elapsed in them all)."""
+    others = total = 0
+    cpus = 0
+    for a, b in spans:
+        if a.cpu is None or b.cpu is None:
+            return None
+        others += (b.cpu.busy - a.cpu.busy) - (b.cpu.own - a.cpu.own)
+        total += b.cpu.total - a.cpu.total
+        cpus = b.cpu.cpus
+    if total <= 0:
+        return None
+    return max(others, 0) / total * cpus
 
 
 # --------------------------------------------------------------------------------------------------
-# Throughput figures
+# Throughput figures: each adds its model(s) and returns the formula of its figure
 
 
 def _conv_model(c: int, h_out: int, w: int, weights, pad_rows: bool) -> tuple[bytes, dict]:
@@ -85,32 +144,38 @@ def _conv_size(quick: bool) -> tuple[int, int]:
     return (64, 28) if quick else (128, 56)
 
 
-def bench_conv(b: Bench) -> float:
+def _rate(work: float, name: str) -> Formula:
+    """work (FLOPs or bytes) per second of the timing, in billions."""
+    return lambda t: work / t[name] / 1e9
+
+
+def bench_conv(b: Bench) -> Formula:
     c, hw = _conv_size(b.quick)
     w = numpy_helper.from_array(rand(b.rng, c, c, 3, 3) * 0.05, "w")
     data, shapes = _conv_model(c, hw, hw, w, pad_rows=True)
-    t = b.time("gflops.conv", data, {"x": rand(b.rng, *shapes["x"])})
-    return 2 * c * c * 9 * hw * hw / t / 1e9
+    b.add("gflops.conv", data, {"x": rand(b.rng, *shapes["x"])})
+    return _rate(2 * c * c * 9 * hw * hw, "gflops.conv")
 
 
-def bench_depthwise(b: Bench) -> float:
+def bench_depthwise(b: Bench) -> Formula:
     c, hw = (32, 56) if b.quick else (96, 112)
     w = numpy_helper.from_array(rand(b.rng, c, 1, 3, 3) * 0.1, "w")
     data = model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], group=c)],
                  [vi("x", (1, c, hw, hw))], [vi("y", (1, c, hw, hw))], [w])
-    t = b.time("gflops.depthwise_conv", data, {"x": rand(b.rng, 1, c, hw, hw)})
-    return 2 * c * 9 * hw * hw / t / 1e9
+    b.add("gflops.depthwise_conv", data, {"x": rand(b.rng, 1, c, hw, hw)})
+    return _rate(2 * c * 9 * hw * hw, "gflops.depthwise_conv")
 
 
 def _gemm_kn(quick: bool) -> int:
     return 512 if quick else 1024
 
 
-def _gemm_s(b: Bench, name: str, m: int, weights) -> float:
-    """Seconds of an (m x k) by (k x n) MatMul."""
+def _add_gemm(b: Bench, name: str, m: int, weights) -> float:
+    """Adds an (m x k) by (k x n) MatMul; returns its FLOPs."""
     k, n = weights.dims
     data = model([helper.make_node("MatMul", ["a", "b"], ["y"])], [vi("a", (m, k))], [vi("y", (m, n))], [weights])
-    return b.time(name, data, {"a": rand(b.rng, m, k)})
+    b.add(name, data, {"a": rand(b.rng, m, k)})
+    return 2 * m * k * n
 
 
 def _gemm_weights(b: Bench):
@@ -118,33 +183,37 @@ def _gemm_weights(b: Bench):
     return numpy_helper.from_array(rand(b.rng, kn, kn) * 0.05, "b")
 
 
-def bench_gemm(b: Bench) -> float:
-    m, kn = GEMM_ROWS[1 if b.quick else 0], _gemm_kn(b.quick)
-    return 2 * m * kn * kn / _gemm_s(b, "gflops.gemm", m, _gemm_weights(b)) / 1e9
+def bench_gemm(b: Bench) -> Formula:
+    m = GEMM_ROWS[1 if b.quick else 0]
+    return _rate(_add_gemm(b, "gflops.gemm", m, _gemm_weights(b)), "gflops.gemm")
 
 
-def bench_other(b: Bench) -> float:
-    """The slower of a ConvTranspose (2x upsampling) and a batch-1 LSTM: ops without a GEMM-shaped fast path."""
+def bench_other(b: Bench) -> Callable[[Times], tuple[float, float]]:
+    """A ConvTranspose (2x upsampling) and a batch-1 LSTM: ops without a GEMM-shaped fast path.  The figure is
+    the slower; both are returned, for the progress line."""
     ci, co, hw = (32, 32, 28) if b.quick else (128, 64, 56)
     w = numpy_helper.from_array(rand(b.rng, ci, co, 2, 2) * 0.05, "w")
     data = model([helper.make_node("ConvTranspose", ["x", "w"], ["y"], strides=[2, 2])],
                  [vi("x", (1, ci, hw, hw))], [vi("y", (1, co, 2 * hw, 2 * hw))], [w])
-    g_convt = 2 * ci * co * 4 * hw * hw / b.time("gflops.other.ConvTranspose", data, {"x": rand(b.rng, 1, ci, hw, hw)}) / 1e9
+    b.add("gflops.other.ConvTranspose", data, {"x": rand(b.rng, 1, ci, hw, hw)})
+    convt = _rate(2 * ci * co * 4 * hw * hw, "gflops.other.ConvTranspose")
     seq, inp, hid = (16, 128, 128) if b.quick else (32, 256, 256)
     W = numpy_helper.from_array(rand(b.rng, 1, 4 * hid, inp) * 0.05, "W")
     R = numpy_helper.from_array(rand(b.rng, 1, 4 * hid, hid) * 0.05, "R")
     data = model([helper.make_node("LSTM", ["x", "W", "R"], ["y"], hidden_size=hid)],
                  [vi("x", (seq, 1, inp))], [vi("y", (seq, 1, 1, hid))], [W, R])
-    g_lstm = seq * 2 * 4 * hid * (inp + hid) / b.time("gflops.other.LSTM", data, {"x": rand(b.rng, seq, 1, inp)}) / 1e9
-    b.say(f"    other: ConvTranspose {g_convt:.1f} GFLOP/s, LSTM {g_lstm:.1f} GFLOP/s")
-    return min(g_convt, g_lstm)
+    b.add("gflops.other.LSTM", data, {"x": rand(b.rng, seq, 1, inp)})
+    lstm = _rate(seq * 2 * 4 * hid * (inp + hid), "gflops.other.LSTM")
+    return lambda t: (convt(t), lstm(t))
 
 
-def bench_memory(b: Bench) -> float:
+def bench_memory(b: Bench) -> Formula:
+    """Elementwise Add of two tensors far larger than any cache (8M floats: 96 MB move per run), so that
+    DRAM decides it, not what the caches happen to hold."""
     n = (2 if b.quick else 8) * 2**20
     data = model([helper.make_node("Add", ["a", "b"], ["y"])], [vi("a", (n,)), vi("b", (n,))], [vi("y", (n,))])
-    t = b.time("memory_gbps", data, {"a": rand(b.rng, n), "b": rand(b.rng, n)})
-    return 3 * 4 * n / t / 1e9
+    b.add("memory_gbps", data, {"a": rand(b.rng, n), "b": rand(b.rng, n)})
+    return _rate(3 * 4 * n, "memory_gbps")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -157,14 +226,14 @@ def _relu_chain(length: int) -> bytes:
     return model(nodes, [vi("x", (1, 16))], [vi("y", (1, 16))])
 
 
-def dispatch_floor_us(b: Bench) -> float:
+def dispatch_floor_us(b: Bench) -> Formula:
     """Microseconds per node of a 200-node chain of tiny Relu nodes over a 1-node chain: the pure dispatch
     cost, with graph optimisation off so nothing folds the chain."""
     feeds = {"x": rand(b.rng, 1, 16)}
     off = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    t_long = b.time("op_overhead_us.relu_chain_200", _relu_chain(200), feeds, off)
-    t_short = b.time("op_overhead_us.relu_chain_1", _relu_chain(1), feeds, off)
-    return max((t_long - t_short) / 199, 0.0) * 1e6
+    b.add("op_overhead_us.relu_chain_200", _relu_chain(200), feeds, off)
+    b.add("op_overhead_us.relu_chain_1", _relu_chain(1), feeds, off)
+    return lambda t: max((t["op_overhead_us.relu_chain_200"] - t["op_overhead_us.relu_chain_1"]) / 199, 0.0) * 1e6
 
 
 def _conv_relu_chain(pairs: int, w) -> bytes:
@@ -177,25 +246,25 @@ def _conv_relu_chain(pairs: int, w) -> bytes:
     return model(nodes, [vi("x", shape)], [vi("y", shape)], [w])
 
 
-def time_op_chains(b: Bench) -> tuple[float, float]:
-    """Seconds for a chain of 50 (small 3x3 Conv -> Relu) pairs (100 nodes) and for one pair."""
+def small_layer_overhead_us(b: Bench) -> Callable[[Times, float], float]:
+    """Fixed cost per original ONNX node at small layer sizes: the extra time of a chain of 50 (Conv 16->16 on
+    7x7 -> Relu) pairs over one pair, less the 49 extra Convs' FLOPs at the measured (large) conv rate,
+    divided by their 98 nodes.  Layers this small are parallelised, so the figure holds dispatch, intra-op
+    thread-pool synchronisation and small-layer inefficiency: what a layer costs beyond FLOPs / gflops.  The
+    chain runs with the default optimisation level, so Conv+Relu fuse as in the runtime; dividing by the
+    original node count gives the overhead per node the cost model counts.  Formula: (times, gflops.conv)."""
     w = numpy_helper.from_array(rand(b.rng, _CHAIN_CH, _CHAIN_CH, 3, 3) * 0.1, "w")
     feeds = {"x": rand(b.rng, 1, _CHAIN_CH, _CHAIN_HW, _CHAIN_HW)}
-    t_long = b.time(f"op_overhead_us.conv_chain_{_CHAIN_PAIRS}", _conv_relu_chain(_CHAIN_PAIRS, w), feeds)
-    t_short = b.time("op_overhead_us.conv_chain_1", _conv_relu_chain(1, w), feeds)
-    return t_long, t_short
-
-
-def small_layer_overhead_us(t_long: float, t_short: float, conv_gflops: float) -> float:
-    """Fixed cost per original ONNX node at small layer sizes: the extra time of 49 (Conv 16->16 on 28x28
-    -> Relu) pairs, less their Conv FLOPs at the measured (large) conv rate, divided by their 98 nodes.
-    Layers this small are parallelised, so the figure holds dispatch, intra-op thread-pool synchronisation
-    and small-layer inefficiency: what a layer costs beyond FLOPs / gflops.  The chain runs with the default
-    optimisation level, so Conv+Relu fuse as in the runtime; dividing by the original node count gives the
-    overhead per node the cost model counts."""
+    long, short = f"op_overhead_us.conv_chain_{_CHAIN_PAIRS}", "op_overhead_us.conv_chain_1"
+    b.add(long, _conv_relu_chain(_CHAIN_PAIRS, w), feeds)
+    b.add(short, _conv_relu_chain(1, w), feeds)
     extra_pairs = _CHAIN_PAIRS - 1
-    flop_s = extra_pairs * 2 * _CHAIN_CH * _CHAIN_CH * 9 * _CHAIN_HW * _CHAIN_HW / (conv_gflops * 1e9)
-    return max((t_long - t_short - flop_s) / (2 * extra_pairs), 0.0) * 1e6
+    flops = extra_pairs * 2 * _CHAIN_CH * _CHAIN_CH * 9 * _CHAIN_HW * _CHAIN_HW
+
+    def formula(t: Times, conv_gflops: float) -> float:
+        return max((t[long] - t[short] - flops / (conv_gflops * 1e9)) / (2 * extra_pairs), 0.0) * 1e6
+
+    return formula
 
 
 # --------------------------------------------------------------------------------------------------
@@ -229,20 +298,31 @@ def _op_cases(quick: bool) -> dict[str, tuple]:
 OP_TABLE_OPS = tuple(_op_cases(False))
 
 
-def op_table(b: Bench, overhead_us: float) -> dict[str, float]:
+def op_table(b: Bench) -> Callable[[Times, float], dict[str, float]]:
     """ms per million output elements, net of one node's op_overhead_us (which the cost model adds per node
-    anyway), so overhead + elements x price gives back the measured time at the benchmark's size."""
-    table = {}
+    anyway), so overhead + elements x price gives back the measured time at the benchmark's size.  Formula:
+    (times, op_overhead_us)."""
+    elements = {}
     for key, (node, shape_in, shape_out, inits) in _op_cases(b.quick).items():
-        data = model([node], [vi("x", shape_in)], [vi("y", shape_out)], inits)
-        t = b.time(f"op_ms_per_melem.{key}", data, {"x": rand(b.rng, *shape_in)})
-        net = max(t - overhead_us * 1e-6, 0.01 * t)  # an op never costs nothing beyond its dispatch
-        table[key] = sig(net * 1e3 / (math.prod(shape_out) / 1e6))
-    return table
+        b.add(f"op_ms_per_melem.{key}", model([node], [vi("x", shape_in)], [vi("y", shape_out)], inits),
+              {"x": rand(b.rng, *shape_in)})
+        elements[key] = math.prod(shape_out)
+
+    def formula(t: Times, overhead_us: float) -> dict[str, float]:
+        table = {}
+        for key, n in elements.items():
+            s = t[f"op_ms_per_melem.{key}"]
+            net = max(s - overhead_us * 1e-6, 0.01 * s)  # an op never costs nothing beyond its dispatch
+            table[key] = sig(net * 1e3 / (n / 1e6))
+        return table
+
+    return formula
 
 
 # --------------------------------------------------------------------------------------------------
 # Tile efficiency: throughput at smaller outputs as a fraction of the large benchmark's
+
+Curve = Callable[[Times, float, float], list[list]]  # (times, peak gflops, op_overhead_us) -> points
 
 
 def _fraction(flops: float, t: float, peak_gflops: float, overhead_us: float) -> float:
@@ -253,25 +333,30 @@ def _fraction(flops: float, t: float, peak_gflops: float, overhead_us: float) ->
     return sig(MAX_EFFICIENCY if beyond <= ideal / MAX_EFFICIENCY else ideal / beyond)
 
 
-def conv_curve(b: Bench, peak: float, overhead_us: float) -> list[list]:
+def _curve(points: dict[str, tuple[int, float]]) -> Curve:
+    """points: timing name -> (output elements, FLOPs)."""
+    return lambda t, peak, overhead_us: sorted(
+        [elems, _fraction(flops, t[name], peak, overhead_us)] for name, (elems, flops) in points.items())
+
+
+def conv_curve(b: Bench) -> Curve:
     c, width = _conv_size(b.quick)
     w = numpy_helper.from_array(rand(b.rng, c, c, 3, 3) * 0.05, "w")
-    points = []
+    points = {}
     for h in (h for h in CONV_HEIGHTS if h <= width):
         data, shapes = _conv_model(c, h, width, w, pad_rows=False)
-        t = b.time(f"efficiency.conv.rows_{h}", data, {"x": rand(b.rng, *shapes["x"])})
-        points.append([c * h * width, _fraction(2 * c * c * 9 * h * width, t, peak, overhead_us)])
-    return sorted(points)
+        b.add(f"efficiency.conv.rows_{h}", data, {"x": rand(b.rng, *shapes["x"])})
+        points[f"efficiency.conv.rows_{h}"] = (c * h * width, 2 * c * c * 9 * h * width)
+    return _curve(points)
 
 
-def gemm_curve(b: Bench, peak: float, overhead_us: float) -> list[list]:
+def gemm_curve(b: Bench) -> Curve:
     weights = _gemm_weights(b)
     kn = _gemm_kn(b.quick)
-    points = []
+    points = {}
     for m in (m for m in GEMM_ROWS if m <= GEMM_ROWS[1 if b.quick else 0]):
-        t = _gemm_s(b, f"efficiency.gemm.rows_{m}", m, weights)
-        points.append([m * kn, _fraction(2 * m * kn * kn, t, peak, overhead_us)])
-    return sorted(points)
+        points[f"efficiency.gemm.rows_{m}"] = (m * kn, _add_gemm(b, f"efficiency.gemm.rows_{m}", m, weights))
+    return _curve(points)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -279,28 +364,33 @@ def gemm_curve(b: Bench, peak: float, overhead_us: float) -> list[list]:
 
 def measure_figures(b: Bench) -> dict:
     """The figures of one thread count, in the profile's format (a `threads:` entry)."""
+    floor = dispatch_floor_us(b)
+    small = small_layer_overhead_us(b)
+    conv, dw, gemm, other, mem = bench_conv(b), bench_depthwise(b), bench_gemm(b), bench_other(b), bench_memory(b)
+    ops = op_table(b)
+    curves = {"conv": conv_curve(b), "gemm": gemm_curve(b)}
     n = b.threads
-    b.say(f"  {n} thread{'s' if n > 1 else ''}:")
-    floor_us = dispatch_floor_us(b)
-    t_long, t_short = time_op_chains(b)
-    conv = bench_conv(b)
-    small_us = small_layer_overhead_us(t_long, t_short, conv)
+    b.say(f"  {n} thread{'s' if n > 1 else ''}: {len(b.jobs)} timings, {b.policy.rounds} interleaved rounds each")
+    t = b.run()
+
+    g = {"conv": conv(t), "depthwise_conv": dw(t), "gemm": gemm(t)}
+    floor_us, small_us = floor(t), small(t, g["conv"])
     overhead_us = sig(max(floor_us, small_us, 0.1), 2)
     b.say(f"    per-operator overhead {overhead_us:.1f} us (dispatch floor {floor_us:.1f} us, small layers {small_us:.1f} us)")
-    dw = bench_depthwise(b)
-    gemm = bench_gemm(b)
-    b.say(f"    conv {conv:.1f}, depthwise conv {dw:.1f}, gemm {gemm:.1f} GFLOP/s")
-    other = bench_other(b)
-    mem = bench_memory(b)
-    b.say(f"    memory (elementwise) {mem:.1f} GB/s")
-    ops = op_table(b, overhead_us)
-    b.say("    ms per million output elements: " + ", ".join(f"{k} {v:g}" for k, v in ops.items()))
-    eff = {"conv": conv_curve(b, conv, overhead_us), "gemm": gemm_curve(b, gemm, overhead_us)}
+    b.say(f"    conv {g['conv']:.1f}, depthwise conv {g['depthwise_conv']:.1f}, gemm {g['gemm']:.1f} GFLOP/s")
+    g_convt, g_lstm = other(t)
+    b.say(f"    other: ConvTranspose {g_convt:.1f} GFLOP/s, LSTM {g_lstm:.1f} GFLOP/s")
+    memory = mem(t)
+    b.say(f"    memory (elementwise) {memory:.1f} GB/s")
+    table = ops(t, overhead_us)
+    b.say("    ms per million output elements: " + ", ".join(f"{k} {v:g}" for k, v in table.items()))
+    eff = {k: curve(t, g[k], overhead_us) for k, curve in curves.items()}
     b.say("    tile efficiency: " + "; ".join(f"{k} " + " ".join(f"{e}:{f:g}" for e, f in pts) for k, pts in eff.items()))
     return {
         "op_overhead_us": overhead_us,
-        "gflops": {"conv": sig(conv), "depthwise_conv": sig(dw), "gemm": sig(gemm), "other": sig(other)},
-        "memory_gbps": sig(mem),
-        "op_ms_per_melem": ops,
+        "gflops": {"conv": sig(g["conv"]), "depthwise_conv": sig(g["depthwise_conv"]), "gemm": sig(g["gemm"]),
+                   "other": sig(min(g_convt, g_lstm))},
+        "memory_gbps": sig(memory),
+        "op_ms_per_melem": table,
         "efficiency": eff,
     }

@@ -121,9 +121,13 @@ def _sources(stamp: str, counts: list[int], quick: bool, policy: Policy, power_g
         f"edgec profile on {host.host_name()} at {stamp}, onnxruntime {ort.__version__}, intra-op threads "
         f"{', '.join(map(str, counts))}; top-level figures at {top} thread{'s' if top > 1 else ''}, `threads:` per count"
         + (" (quick mode: small benchmarks, noisy)" if quick else ""),
-        f"every timing repeated until (p90 - p10) / median of its last {policy.window} samples is at most "
-        f"{policy.max_spread:g}, or {policy.max_seconds:g} s passed (then the calmest window, marked unstable): "
-        "see `measurement:`",
+        f"every timing in {policy.rounds} rounds, interleaved with the other timings' (seconds apart), each a fresh "
+        "session with inputs and outputs bound to buffers allocated once (kernel time, no per-run output copy), "
+        f"warmed up for at least {policy.warmup_s:g} s, then repeated until (p90 - p10) / median of its last "
+        f"{policy.window} samples is at most {policy.max_spread:g}, or {policy.round_seconds:g} s passed (then "
+        "its calmest window, unstable); the figure is the fastest stable round's median (other load only adds "
+        "time), and `measurement:` spread is the larger of that window's spread and the distance to the nearest "
+        "other round (stable: at most max_spread)",
         "gflops: conv = 3x3 Conv 128->128 ch on 56x56, depthwise_conv = 3x3 depthwise Conv 96 ch on 112x112, "
         "gemm = MatMul 512x1024x1024, other = slower of ConvTranspose 2x2/s2 and batch-1 LSTM; FLOPs = 2 x MACs"
         + (" (quick mode uses smaller shapes)" if quick else ""),
@@ -131,7 +135,7 @@ def _sources(stamp: str, counts: list[int], quick: bool, policy: Policy, power_g
         if not quick else
         "memory_gbps: elementwise Add of two 2M-float tensors (may partly fit in cache), (2 inputs + 1 output) bytes / time",
         "op_overhead_us: the larger of (a) the dispatch floor, (200-node tiny Relu chain - 1 node) / 199, and (b) small "
-        "layers, (chain of 50 x [3x3 Conv 16 ch on 28x28 -> Relu] - one pair - their Conv FLOPs at the measured conv "
+        "layers, (chain of 50 x [3x3 Conv 16 ch on 7x7 -> Relu] - one pair - their Conv FLOPs at the measured conv "
         "rate) / 98 nodes, default optimisation (Conv+Relu fuse as in the runtime)",
         "op_ms_per_melem: ms per million output elements of one node beyond op_overhead_us, at the shapes of the zoo's "
         "models (LRN size 5 on 64x56x56, Softmax 12x128x128, LayerNormalization 128x768, Erf 128x3072, Resize 2x "

@@ -1,14 +1,27 @@
-"""Timing until stable: repeat a micro-benchmark until its spread is small, or give up after a bounded time.
+"""Timing until stable: repeat a micro-benchmark until its spread is small, in several independent rounds,
+and keep the fastest; or give up after a bounded time.
 
 One *sample* is the mean time of one model run over enough back-to-back runs to last `min_sample_s`
-(a tiny model is repeated, so the timer's and the scheduler's granularity do not dominate).  Samples are
-taken until the last `window` of them agree:
+(a tiny model is repeated, so the timer's and the scheduler's granularity do not dominate).  A *round*
+creates a fresh session with its inputs and outputs bound to buffers allocated once (`bound_run`: the
+Python binding would otherwise allocate and copy every output on every run, and that cost depends on the
+process's allocator state: fresh pages or reused ones, which is what made memory_gbps and the depthwise
+conv differ by ~20% between two processes while each process agreed with itself), warms it up for at
+least `warmup` runs and `warmup_s` seconds (first-run allocations, caches), then takes samples until the
+last `window` of them agree:
 
   spread = (p90 - p10) / median   over the last `window` samples
 
-at most `max_spread`.  The figure is then that window's median.  When `max_seconds` pass first, the
-figure comes from the calmest window seen (the least spread; a disturbance only ever adds time, so the
-calmest stretch is the best estimate of the machine's own speed), marked unstable with its spread.
+at most `max_spread`, or the round's share of `max_seconds` passes (then its calmest window, marked
+unstable).  A round's figure is its window's median.
+
+`rounds` rounds per timing, which the caller interleaves with the other timings' rounds so that they are
+seconds apart and each sees another session, memory placement and moment (`combine`): the figure is the
+fastest stable round's (other load only ever adds time, so the fastest stable stretch is the machine's
+own speed, and the first round also absorbs the process's ramp-up: clock frequency, lazily loaded code).
+Its spread is the larger of that round's window spread and how far the nearest other round lies from it:
+two independent rounds must agree for the figure to count as stable, since the spread within one run
+understates the difference between two runs.
 """
 
 from __future__ import annotations
@@ -23,8 +36,8 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-__all__ = ["Policy", "DEFAULT", "QUICK", "Series", "spread", "measure_stable", "session", "model", "vi", "rand",
-           "sample_fn", "sig"]
+__all__ = ["Policy", "DEFAULT", "QUICK", "Series", "Figure", "spread", "measure_stable", "combine", "warm_up",
+           "time_model", "session", "bound_run", "model", "vi", "rand", "sample_fn", "sig"]
 
 _IR_VERSION = 8  # opset 17 needs IR >= 8; old enough for any onnxruntime >= 1.14
 _OPSET = 17
@@ -34,18 +47,25 @@ _OPSET = 17
 class Policy:
     max_spread: float = 0.10  # the issue's target: two runs within 10%
     window: int = 7
-    max_seconds: float = 1.5  # per timed figure
-    max_runs: int = 400  # a guard for a clock that does not advance
+    max_seconds: float = 1.6  # per timed figure, all its rounds together
+    rounds: int = 4  # at least 2: one round cannot show that a second one agrees
+    max_runs: int = 400  # per round: a guard for a clock that does not advance
     min_sample_s: float = 0.004
-    warmup: int = 2
+    warmup: int = 2  # per round, and at least warmup_s seconds
+    warmup_s: float = 0.02
 
     def __post_init__(self):
-        if not (0 < self.max_spread < 10) or self.window < 3 or self.max_seconds <= 0 or self.max_runs < self.window:
+        if (not (0 < self.max_spread < 10) or self.window < 3 or self.max_seconds <= 0 or self.rounds < 2
+                or self.max_runs < self.window or self.warmup < 0 or self.warmup_s < 0):
             raise ValueError(f"invalid timing policy {self}")
+
+    @property
+    def round_seconds(self) -> float:
+        return self.max_seconds / self.rounds
 
 
 DEFAULT = Policy()
-QUICK = Policy(window=5, max_seconds=0.2, min_sample_s=0.001, warmup=1)
+QUICK = Policy(window=5, max_seconds=0.2, rounds=2, min_sample_s=0.001, warmup=1, warmup_s=0.0)
 
 
 @dataclass(frozen=True)
@@ -57,6 +77,20 @@ class Series:
     stable: bool  # spread <= max_spread
 
 
+@dataclass(frozen=True)
+class Figure:
+    """A timing over several rounds (`combine`)."""
+
+    median_s: float  # the fastest stable round's median (the fastest round's, when none is stable)
+    spread: float  # max(window_spread, rounds_apart): what `stable` is judged on
+    window_spread: float  # that round's window spread
+    rounds_apart: float  # |nearest other round's median - median_s| / median_s; inf with one round
+    round_medians: tuple[float, ...]  # every round's, in the order taken
+    runs: int  # samples over all rounds
+    seconds: float  # sampling time over all rounds
+    stable: bool
+
+
 def spread(samples: list[float]) -> float:
     med = statistics.median(samples)
     if med <= 0:
@@ -65,27 +99,46 @@ def spread(samples: list[float]) -> float:
     return float(p90 - p10) / med
 
 
-def measure_stable(sample: Callable[[], float], policy: Policy, clock: Callable[[], float] = time.perf_counter) -> Series:
+def measure_stable(sample: Callable[[], float], policy: Policy, clock: Callable[[], float] = time.perf_counter,
+                   seconds: float | None = None) -> Series:
     """Call `sample` (seconds of one run) until the last `policy.window` samples have a spread of at most
-    `policy.max_spread`, or `policy.max_seconds` have passed (then: the calmest window, unstable)."""
+    `policy.max_spread`, or `seconds` (default `policy.max_seconds`) have passed (then: the calmest window,
+    unstable)."""
     w = policy.window
+    limit = policy.max_seconds if seconds is None else seconds
     samples: list[float] = []
     start = clock()
     while True:
         samples.append(sample())
         elapsed = clock() - start
         if len(samples) < w:
-            if elapsed < policy.max_seconds or len(samples) < 3:
+            if elapsed < limit or len(samples) < 3:
                 continue
             # too slow for a full window within the time: judge what there is
             return Series(statistics.median(samples), spread(samples), len(samples), elapsed, False)
         last = spread(samples[-w:])
         if last <= policy.max_spread:
             return Series(statistics.median(samples[-w:]), last, len(samples), elapsed, True)
-        if elapsed >= policy.max_seconds or len(samples) >= policy.max_runs:
+        if elapsed >= limit or len(samples) >= policy.max_runs:
             best = min(range(len(samples) - w + 1), key=lambda i: spread(samples[i:i + w]))
             win = samples[best:best + w]
             return Series(statistics.median(win), spread(win), len(samples), elapsed, False)
+
+
+def combine(rounds: list[Series], max_spread: float) -> Figure:
+    """The figure of a timing's rounds: the fastest stable round (module docstring), stable when that round
+    is and another round lies within max_spread of it (a lone round cannot show that: never stable)."""
+    if not rounds:
+        raise ValueError("combine needs at least one round")
+    candidates = [r for r in rounds if r.stable] or rounds
+    best = min(candidates, key=lambda r: r.median_s)
+    apart = math.inf
+    if best.median_s > 0:
+        apart = min((abs(r.median_s - best.median_s) / best.median_s for r in rounds if r is not best), default=apart)
+    total = max(best.spread, apart)
+    return Figure(median_s=best.median_s, spread=total, window_spread=best.spread, rounds_apart=apart,
+                  round_medians=tuple(r.median_s for r in rounds), runs=sum(r.runs for r in rounds),
+                  seconds=sum(r.seconds for r in rounds), stable=best.stable and apart <= max_spread)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -116,23 +169,59 @@ def session(data: bytes, threads: int, opt=ort.GraphOptimizationLevel.ORT_ENABLE
     return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
 
 
-def sample_fn(sess: ort.InferenceSession, feeds: dict, policy: Policy) -> Callable[[], float]:
-    """Warm the session up, then return a sampler: seconds per run, averaged over enough runs to last
+_NUMPY_TYPES = {"tensor(float)": np.float32}
+
+
+def bound_run(sess: ort.InferenceSession, feeds: dict[str, np.ndarray]) -> Callable[[], None]:
+    """One inference per call, its inputs and outputs bound to buffers allocated here, once: the timing is
+    then the kernels' alone, as inside a model (whose tensors live in onnxruntime's arena), without the
+    Python binding's per-run output allocation and copy.  The inputs are copied, so every session gets
+    buffers of its own (another placement in memory)."""
+    io = sess.io_binding()
+    for name, array in feeds.items():
+        io.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(np.array(array, copy=True)))
+    for out in sess.get_outputs():
+        if out.type not in _NUMPY_TYPES or not all(isinstance(d, int) for d in out.shape):
+            raise ValueError(f"benchmark output {out.name!r} must be a static float tensor, got {out.type} {out.shape}")
+        buf = np.empty(out.shape, _NUMPY_TYPES[out.type])
+        io.bind_ortvalue_output(out.name, ort.OrtValue.ortvalue_from_numpy(buf))
+    return lambda: sess.run_with_iobinding(io)
+
+
+def warm_up(run: Callable[[], None], policy: Policy, clock: Callable[[], float] = time.perf_counter) -> int:
+    """Run at least policy.warmup times and for at least policy.warmup_s seconds: a count alone is over in
+    microseconds for a tiny model, before caches and branch predictors have settled.  Returns the runs."""
+    start, n = clock(), 0
+    while n < policy.warmup or clock() - start < policy.warmup_s:
+        run()
+        n += 1
+    return n
+
+
+def sample_fn(run: Callable[[], None], policy: Policy) -> Callable[[], float]:
+    """Warm `run` up, then return a sampler: seconds per run, averaged over enough runs to last
     policy.min_sample_s (at least one)."""
-    for _ in range(policy.warmup):
-        sess.run(None, feeds)
+    warm_up(run, policy)
     t0 = time.perf_counter()
-    sess.run(None, feeds)
+    run()
     one = max(time.perf_counter() - t0, 1e-7)
     reps = max(1, min(1000, math.ceil(policy.min_sample_s / one)))
 
     def sample() -> float:
         t = time.perf_counter()
         for _ in range(reps):
-            sess.run(None, feeds)
+            run()
         return (time.perf_counter() - t) / reps
 
     return sample
+
+
+def time_model(data: bytes, feeds: dict[str, np.ndarray], threads: int, policy: Policy,
+               opt=ort.GraphOptimizationLevel.ORT_ENABLE_ALL) -> Series:
+    """One round: a fresh session of the model, bound buffers, warm-up, samples until stable or the round's
+    share of the time bound."""
+    sampler = sample_fn(bound_run(session(data, threads, opt), feeds), policy)
+    return measure_stable(sampler, policy, seconds=policy.round_seconds)
 
 
 def sig(x: float, digits: int = 3) -> float:

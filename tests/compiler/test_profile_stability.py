@@ -151,7 +151,7 @@ def test_quiet_machine_has_no_load_warning(caplog):
 
 def test_strict_refuses_a_timing_whose_spread_stays_large():
     """No machine meets a spread of 1e-9: --strict stops at the first timing, after its time bound."""
-    impossible = Policy(max_spread=1e-9, window=3, max_seconds=0.05, min_sample_s=0.0, warmup=1)
+    impossible = Policy(max_spread=1e-9, window=3, max_seconds=0.05, rounds=2, min_sample_s=0.0, warmup=1)
     with pytest.raises(UserError) as ei:
         measure_host(quick=True, threads=1, strict=True, policy=impossible, probe=ScriptedProbe(0.0))
     msg = str(ei.value)
@@ -160,7 +160,7 @@ def test_strict_refuses_a_timing_whose_spread_stays_large():
 
 
 def test_unstable_timings_without_strict_are_one_warning(caplog):
-    impossible = Policy(max_spread=1e-9, window=3, max_seconds=0.01, min_sample_s=0.0, warmup=1)
+    impossible = Policy(max_spread=1e-9, window=3, max_seconds=0.01, rounds=2, min_sample_s=0.0, warmup=1)
     with caplog.at_level(logging.WARNING, logger="edgec.compiler.profile"):
         p = measure_host(quick=True, threads=1, policy=impossible, probe=ScriptedProbe(0.0))
     (line,) = [r.getMessage() for r in caplog.records if "spread stayed above" in r.getMessage()]

@@ -1,0 +1,185 @@
+"""Timing rounds of `edgec profile`: the fastest stable round of several, interleaved across the timings, a
+time-based warm-up, and runs into bound buffers.  Scripted rounds, clocks and probes, so deterministic."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import helper
+
+from edgec.compiler.errors import UserError
+from edgec.compiler.profile.bench import Bench, other_cpus_over
+from edgec.compiler.profile.load import CpuTimes, LoadSample
+from edgec.compiler.profile.timing import (Policy, Series, bound_run, combine, measure_stable, model, session, vi,
+                                           warm_up)
+
+
+def rnd(median_s: float, spread: float = 0.02, stable: bool = True, runs: int = 7) -> Series:
+    return Series(median_s, spread, runs, 0.1, stable)
+
+
+# --------------------------------------------------------------------------------------------------
+# combine: the figure of a timing's rounds
+
+
+def test_combine_keeps_the_fastest_stable_round_and_says_how_far_the_nearest_other_is():
+    """The 2x round is another process sharing our core for a whole round: steady, so stable, but slow."""
+    f = combine([rnd(2.0), rnd(1.0, spread=0.03), rnd(1.04), rnd(1.5)], max_spread=0.10)
+    assert f.median_s == 1.0 and f.stable
+    assert f.window_spread == 0.03 and f.rounds_apart == pytest.approx(0.04)
+    assert f.spread == pytest.approx(0.04) and f.runs == 28 and f.round_medians == (2.0, 1.0, 1.04, 1.5)
+
+
+def test_combine_a_fast_round_no_other_round_confirms_is_unstable():
+    f = combine([rnd(1.0), rnd(1.3), rnd(1.35)], max_spread=0.10)
+    assert f.median_s == 1.0 and not f.stable and f.spread == pytest.approx(0.3)
+
+
+def test_combine_prefers_a_stable_round_to_a_faster_unstable_one():
+    f = combine([rnd(0.6, spread=0.5, stable=False), rnd(1.0), rnd(1.05)], max_spread=0.10)
+    assert f.median_s == 1.0 and f.stable and f.window_spread == 0.02
+
+
+def test_combine_without_a_stable_round_takes_the_fastest_and_is_unstable():
+    f = combine([rnd(1.2, 0.3, False), rnd(1.0, 0.2, False), rnd(1.01, 0.4, False)], max_spread=0.10)
+    assert f.median_s == 1.0 and not f.stable and f.spread == 0.2
+
+
+def test_combine_one_round_is_never_stable():
+    f = combine([rnd(1.0, spread=0.0)], max_spread=0.10)
+    assert not f.stable and math.isinf(f.rounds_apart)
+    with pytest.raises(ValueError):
+        combine([], max_spread=0.10)
+
+
+def test_policy_needs_two_rounds_to_compare():
+    with pytest.raises(ValueError):
+        Policy(rounds=1)
+    assert Policy(max_seconds=1.6, rounds=4).round_seconds == pytest.approx(0.4)
+
+
+def test_measure_stable_honours_a_round_budget_shorter_than_max_seconds():
+    now = itertools.count()
+    values = iter([1.0, 2.0] * 50)
+    s = measure_stable(lambda: next(values), Policy(window=3, max_seconds=10.0), lambda: next(now) * 0.1, seconds=0.5)
+    assert not s.stable and s.runs == 5
+
+
+# --------------------------------------------------------------------------------------------------
+# Warm-up by time, not only by count
+
+
+def test_warm_up_runs_until_both_the_count_and_the_time_are_reached():
+    t = [0.0]
+    calls = []
+
+    def run():
+        calls.append(t[0])
+        t[0] += 0.004  # a 4 ms model
+
+    assert warm_up(run, Policy(warmup=2, warmup_s=0.02), lambda: t[0]) == 5  # 5 x 4 ms reach 20 ms
+    t[0], calls[:] = 0.0, []
+    assert warm_up(run, Policy(warmup=3, warmup_s=0.0), lambda: t[0]) == 3
+
+
+# --------------------------------------------------------------------------------------------------
+# Runs into bound buffers
+
+
+def _add_model(n) -> bytes:
+    return model([helper.make_node("Add", ["a", "b"], ["y"])], [vi("a", (n,)), vi("b", (n,))], [vi("y", (n,))])
+
+
+def test_bound_run_computes_into_buffers_allocated_once(monkeypatch):
+    made = []
+    real = ort.OrtValue.ortvalue_from_numpy
+
+    def spy(array, *args):
+        made.append(array)
+        return real(array, *args)
+
+    monkeypatch.setattr(ort.OrtValue, "ortvalue_from_numpy", staticmethod(spy))
+    a, b = np.full(3, 2, np.float32), np.full(3, 3, np.float32)
+    run = bound_run(session(_add_model(3), 1), {"a": a, "b": b})
+    a[:] = 100  # the caller's arrays were copied: each session gets buffers of its own
+    assert len(made) == 3  # a, b and y, bound once
+    assert run() is None and run() is None  # no per-run output array
+    assert len(made) == 3
+    np.testing.assert_array_equal(made[-1], np.full(3, 5, np.float32))
+
+
+def test_bound_run_refuses_an_output_of_unknown_shape():
+    with pytest.raises(ValueError, match="static float tensor"):
+        bound_run(session(_add_model("n"), 1),
+                  {"a": np.zeros(3, np.float32), "b": np.zeros(3, np.float32)})
+
+
+# --------------------------------------------------------------------------------------------------
+# Bench: rounds interleaved across timings
+
+
+class QuietProbe:
+    """2 CPUs; other processes use `others` CPUs; 100 jiffies of the machine per reading."""
+
+    def __init__(self, others: float = 0.0):
+        self.others, self.jiffies = others, 0
+
+    def sample(self) -> LoadSample:
+        self.jiffies += 100
+        return LoadSample((0.5, 0.5, 0.5), CpuTimes(int(self.jiffies * self.others / 2), self.jiffies, 0, 2))
+
+
+def scripted_bench(rounds_by_name: dict[str, list[Series]], strict: bool = False):
+    calls: list[str] = []
+    by_data = {name.encode(): name for name in rounds_by_name}
+    left = {name: iter(r) for name, r in rounds_by_name.items()}
+
+    def timer(data, feeds, threads, policy, opt):
+        calls.append(by_data[data])
+        return next(left[by_data[data]])
+
+    b = Bench(1, True, Policy(rounds=3), QuietProbe(0.4), strict, lambda s: None, timer=timer)
+    for name in rounds_by_name:
+        b.add(name, name.encode(), {})
+    return b, calls
+
+
+def test_bench_interleaves_the_rounds_and_keeps_each_timings_fastest_stable_round():
+    b, calls = scripted_bench({"a": [rnd(2.0), rnd(1.0), rnd(1.02)], "b": [rnd(0.5), rnd(0.5), rnd(0.51)]})
+    assert b.run() == {"a": 1.0, "b": 0.5}
+    assert calls == ["a", "b"] * 3  # round 1 of every timing, then round 2, ...
+    assert b.entries["a"] == {"runs": 21, "median_ms": 1000.0, "spread": 0.02, "stable": True, "loadavg_1m": 0.5,
+                              "other_cpus": 0.4}
+    assert not b.unstable
+
+
+def test_bench_warns_of_a_timing_whose_rounds_disagree_and_strict_refuses_it():
+    script = {"a": [rnd(1.0), rnd(1.5), rnd(1.6)], "b": [rnd(0.5), rnd(0.5), rnd(0.5)]}
+    b, _ = scripted_bench(script)
+    b.run()
+    assert not b.entries["a"]["stable"] and b.entries["a"]["spread"] == 0.5 and b.entries["b"]["stable"]
+    (line,) = b.unstable
+    assert line.startswith("1 thread, a: spread 50% over 21 runs") and "nearest other of 3 rounds 50% away" in line
+    b, _ = scripted_bench(script, strict=True)
+    with pytest.raises(UserError, match=r"^1 thread, a: spread 50% .*--strict"):
+        b.run()
+
+
+def test_bench_refuses_a_name_added_twice():
+    b, _ = scripted_bench({"a": [rnd(1.0)] * 3})
+    with pytest.raises(ValueError, match="added twice"):
+        b.add("a", b"x", {})
+
+
+def test_other_cpus_over_sums_the_rounds_intervals():
+    def s(busy, total, own):
+        return LoadSample(None, CpuTimes(busy, total, own, 2))
+
+    # 100 + 50 busy jiffies of others over 200 + 100 jiffies of 2 CPUs: 1.0 CPU on average
+    assert other_cpus_over([(s(0, 0, 0), s(150, 200, 50)), (s(500, 1000, 60), s(560, 1100, 70))]) == pytest.approx(1.0)
+    assert other_cpus_over([(s(0, 0, 0), s(0, 0, 0))]) is None
+    assert other_cpus_over([(LoadSample(None, None), s(1, 2, 0))]) is None
