@@ -126,9 +126,9 @@ def inspect_cmd(model, devices, shapes, as_json):
     if model.suffix == ".json":
         if devices or shapes:
             raise UserError("--devices and --shape apply to a model, not to a manifest", str(model))
-        data = load_manifest_json(model)
+        doc = load_manifest_json(model)
         try:
-            summary = plan_summary(data, model)
+            summary = plan_summary(doc)
         except (KeyError, TypeError, ValueError) as exc:
             raise UserError(f"not a valid edgec manifest ({exc})", str(model)) from None
         click.echo(json.dumps(summary, indent=1, sort_keys=True) if as_json else format_plan(summary))
@@ -153,13 +153,13 @@ def simulate_cmd(manifest, as_json):
     from .report import format_simulation, load_manifest_json
     from .cost import simulate_manifest
 
-    data = load_manifest_json(manifest)
+    doc = load_manifest_json(manifest)
     try:
-        sim = simulate_manifest(data)
+        sim = simulate_manifest(doc.manifest)
     except (KeyError, TypeError, ValueError) as exc:
         raise UserError(f"not a valid edgec manifest ({exc})", str(manifest)) from None
     sim["manifest"] = str(manifest)
-    sim["predicted_throughput_ips"] = data.get("predicted", {}).get("throughput_ips")
+    sim["predicted_throughput_ips"] = doc.manifest.predicted.get("throughput_ips")
     click.echo(json.dumps(sim, indent=1, sort_keys=True) if as_json else format_simulation(sim))
 
 

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from edgec.runtime import MANIFEST_FORMAT
 from edgec.runtime.errors import InputError
-from edgec.runtime.manifest import Fallback, Manifest, load_fallback, parse_manifest, read_manifest_json
+from edgec.runtime.manifest import (Fallback, Manifest, Region, Regions, Transfer, load_fallback, parse_manifest,
+                                    read_manifest_json, region_ranges)
 
 from .errors import UserError
 from .cost.memory import device_memory_bytes
 from .units import MiB
 
 __all__ = ["compile_summary", "format_compile", "inspect_summary", "format_inspect", "format_simulation",
-           "load_manifest_json", "plan_summary", "format_plan", "table"]
+           "ManifestFile", "load_manifest_json", "PlanSection", "read_plan", "plan_summary", "format_plan", "table"]
 
 
 def table(headers: list[str], rows: list[list]) -> str:
@@ -114,15 +117,22 @@ def _tiling(st: dict) -> str:
 
 
 def _span(tile: dict) -> str:
+    return _span_text(tile["rows"], tile.get("cols"))
+
+
+def _span_text(rows, cols) -> str:
     """A tile's rows "a:b", or a grid tile's rows and columns "a:b,c:d"."""
-    (a, b), cols = tile["rows"], tile.get("cols")
+    (a, b) = rows
     return f"{a}:{b}" if cols is None else f"{a}:{b},{cols[0]}:{cols[1]}"
 
 
 def _axis(sp: dict) -> str:
+    return _axis_text(sp["axis"], any(t.get("cols") is not None for g in sp["segments"] for t in g["tiles"]))
+
+
+def _axis_text(axis: str, grid: bool) -> str:
     """A spatial stage's tiled axis; a grid (tiles with columns) cuts height and width."""
-    grid = any(t.get("cols") is not None for g in sp["segments"] for t in g["tiles"])
-    return "height x width" if grid else sp["axis"]
+    return "height x width" if grid else axis
 
 
 def inspect_summary(ing, cost) -> dict:
@@ -159,110 +169,193 @@ def format_inspect(s: dict) -> str:
     return "\n".join(x for x in (head, body, tail) if x)
 
 
-def _exchange_kind(t: dict) -> str:
+@dataclass(frozen=True)
+class ManifestFile:
+    """A manifest read for inspect and simulate: the runtime's parsed Manifest, and what the runtime does not
+    keep as written: the model's path as recorded (Manifest.model_path is resolved) and the `plan` section
+    (free-form to the runtime; read_plan reads it)."""
+
+    manifest: Manifest
+    model_path: str
+    plan: Any
+
+
+@dataclass(frozen=True)
+class PlanTile:
+    device: str
+    rows: tuple[int, int]
+    cols: tuple[int, int] | None  # a grid tile's columns; None: all of them
+
+
+@dataclass(frozen=True)
+class PlanSegment:
+    layers: tuple[int, int]
+    tiles: tuple[PlanTile, ...]
+
+
+@dataclass(frozen=True)
+class PlanSpatial:
+    axis: str
+    devices: tuple[str, ...]
+    segments: tuple[PlanSegment, ...]
+
+    @property
+    def axis_text(self) -> str:
+        return _axis_text(self.axis, any(t.cols is not None for g in self.segments for t in g.tiles))
+
+
+@dataclass(frozen=True)
+class PlanStage:
+    device: str
+    layers: tuple[int, int]
+    first_layer: str
+    last_layer: str
+    spatial: PlanSpatial | None
+
+
+@dataclass(frozen=True)
+class PlanSection:
+    """The manifest's `plan` section (written by driver.plan_info), as far as inspect reads it."""
+
+    strategy: str
+    stages: tuple[PlanStage, ...]
+
+
+class _PlanReader:
+    """Typed access to the plan section's JSON; the first thing that does not fit is a UserError naming the
+    manifest and the JSON location. The runtime ignores this section, so this is its only check."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def need(self, ok: bool, where: str, what: str) -> None:
+        if not ok:
+            raise UserError(f"not a valid edgec manifest: {where}: expected {what}", str(self.path))
+
+    def obj(self, v: Any, where: str, what: str = "an object") -> dict:
+        self.need(isinstance(v, dict), where, what)
+        return v
+
+    def list(self, v: Any, where: str) -> list:
+        self.need(isinstance(v, list), where, "a list")
+        return v
+
+    def string(self, d: dict, key: str, where: str) -> str:
+        self.need(isinstance(d.get(key), str), f"{where}.{key}", "a string")
+        return d[key]
+
+    def span(self, v: Any, where: str) -> tuple[int, int]:
+        self.need(isinstance(v, list) and len(v) == 2 and all(type(x) is int for x in v), where,
+                  "[start, stop] integers")
+        return (v[0], v[1])
+
+
+def read_plan(data: Any, path: Path) -> PlanSection:
+    """The plan section `data` of the manifest at `path`, parsed; UserError at the first thing that does not fit."""
+    r = _PlanReader(path)
+    plan = r.obj(data, "plan")
+    strategy = r.string(plan, "strategy", "plan")
+    stages = r.list(plan.get("stages"), "plan.stages")
+    return PlanSection(strategy, tuple(_plan_stage(r, st, f"plan.stages[{i}]") for i, st in enumerate(stages)))
+
+
+def _plan_stage(r: _PlanReader, st: Any, w: str) -> PlanStage:
+    st = r.obj(st, w)
+    device, first, last = (r.string(st, k, w) for k in ("device", "first_layer", "last_layer"))
+    layers = r.span(st.get("layers"), f"{w}.layers")
+    sp = st.get("spatial")
+    return PlanStage(device, layers, first, last, None if sp is None else _plan_spatial(r, sp, f"{w}.spatial"))
+
+
+def _plan_spatial(r: _PlanReader, sp: Any, w: str) -> PlanSpatial:
+    sp = r.obj(sp, w, "an object or null")
+    axis = r.string(sp, "axis", w)
+    devices = sp.get("devices")
+    r.need(isinstance(devices, list) and all(isinstance(d, str) for d in devices), f"{w}.devices", "a list of strings")
+    segments = r.list(sp.get("segments"), f"{w}.segments")
+    return PlanSpatial(axis, tuple(devices), tuple(_plan_segment(r, g, f"{w}.segments[{j}]") for j, g in enumerate(segments)))
+
+
+def _plan_segment(r: _PlanReader, seg: Any, w: str) -> PlanSegment:
+    seg = r.obj(seg, w)
+    layers = r.span(seg.get("layers"), f"{w}.layers")
+    tiles = r.list(seg.get("tiles"), f"{w}.tiles")
+    return PlanSegment(layers, tuple(_plan_tile(r, t, f"{w}.tiles[{k}]") for k, t in enumerate(tiles)))
+
+
+def _plan_tile(r: _PlanReader, t: Any, w: str) -> PlanTile:
+    t = r.obj(t, w)
+    device = r.string(t, "device", w)
+    rows = r.span(t.get("rows"), f"{w}.rows")
+    return PlanTile(device, rows, None if t.get("cols") is None else r.span(t["cols"], f"{w}.cols"))
+
+
+def _exchange_kind(t: Transfer) -> str:
     """scatter: rows of a whole tensor to a tile; halo: rows of one tile to a neighbour; gather: a whole
     tile to the device that assembles the tensor; transfer: a whole tensor between pipeline stages."""
-    tiled = "@" in t["tensor"]
-    if t.get("region") is not None:
+    tiled = "@" in t.tensor
+    if t.region is not None:
         return "halo" if tiled else "scatter"
     return "gather" if tiled else "transfer"
 
 
-def plan_summary(data: dict, path: Path) -> dict:
+def _region_json(region: Regions | None) -> dict | list | None:
+    """A region as the manifest writes it: one range object, or a list of them (a box)."""
+    if region is None:
+        return None
+    ranges = [{"axis": x.axis, "start": x.start, "stop": x.stop} for x in region_ranges(region)]
+    return ranges[0] if isinstance(region, Region) else ranges
+
+
+def plan_summary(doc: ManifestFile) -> dict:
     """What a manifest's plan does: stages, each spatial segment's tiles (device, rows, fragment) and
     every tensor that crosses a link, classified (scatter, halo, gather, transfer)."""
-    _check_plan(data.get("plan"), path)
-    by_device: dict[str, list[dict]] = {}
-    for f in data["fragments"]:
-        by_device.setdefault(f["device"], []).append(f)
+    m = doc.manifest
+    plan = read_plan(doc.plan, m.path)
+    by_device: dict[str, list] = {}
+    for f in m.fragments.values():
+        by_device.setdefault(f.device, []).append(f)
     tiles = []
-    for si, st in enumerate(data["plan"]["stages"]):
-        sp = st.get("spatial")
-        for gi, seg in enumerate(sp["segments"] if sp else []):
-            for t in seg["tiles"]:
-                suffix = f"@{t['device']}[{_span(t)}]"
-                frag = next((f["id"] for f in by_device.get(t["device"], [])
-                             if any(o.endswith(suffix) for o in f["outputs"]) and f["id"].startswith(f"f{si}s{gi}t")), None)
-                entry = {"stage": si, "segment": gi, "layers": seg["layers"], "axis": _axis(sp),
-                         "device": t["device"], "rows": list(t["rows"]), "fragment": frag}
-                tiles.append(entry | ({"cols": list(t["cols"])} if t.get("cols") is not None else {}))
-    exchanges = [{"kind": _exchange_kind(t), "src": t["src"], "dst": t["dst"], "tensor": t["tensor"],
-                  "region": t.get("region"), "bytes": t["bytes"]} for t in data["transfers"]]
+    for si, st in enumerate(plan.stages):
+        for gi, seg in enumerate(st.spatial.segments if st.spatial else ()):
+            for t in seg.tiles:
+                suffix = f"@{t.device}[{_span_text(t.rows, t.cols)}]"
+                frag = next((f.id for f in by_device.get(t.device, [])
+                             if any(o.endswith(suffix) for o in f.outputs) and f.id.startswith(f"f{si}s{gi}t")), None)
+                entry = {"stage": si, "segment": gi, "layers": list(seg.layers), "axis": st.spatial.axis_text,
+                         "device": t.device, "rows": list(t.rows), "fragment": frag}
+                tiles.append(entry | ({"cols": list(t.cols)} if t.cols is not None else {}))
+    exchanges = [{"kind": _exchange_kind(t), "src": t.src, "dst": t.dst, "tensor": t.tensor,
+                  "region": _region_json(t.region), "bytes": t.bytes} for t in m.transfers]
     totals: dict[str, int] = {}
     for e in exchanges:
         totals[e["kind"]] = totals.get(e["kind"], 0) + e["bytes"]
-    return {"manifest": str(path), "model": data["model"]["path"], "strategy": data["plan"]["strategy"],
-            "stages": data["plan"]["stages"], "tiles": tiles, "exchanges": exchanges, "bytes_by_kind": totals,
-            "predicted": data.get("predicted", {}),
-            "fallbacks": _listed_fallbacks(data, Path(path))}
+    return {"manifest": str(m.path), "model": doc.model_path, "strategy": plan.strategy,
+            "stages": doc.plan["stages"],  # as written: inspect --json echoes the manifest's stages
+            "tiles": tiles, "exchanges": exchanges, "bytes_by_kind": totals, "predicted": m.predicted,
+            "fallbacks": _listed_fallbacks(m)}
 
 
-def _listed_fallbacks(data: dict, path: Path) -> list[dict]:
-    if not data.get("fallbacks"):
-        return []
-    main = parse_manifest(data, path.absolute())
-    return [_listed_fallback(fb, main) for fb in data["fallbacks"]]
+def _listed_fallbacks(m: Manifest) -> list[dict]:
+    main = replace(m, path=m.path.absolute())  # the fallbacks' errors name the manifest by its absolute path
+    return [_listed_fallback(fb, main) for fb in m.fallbacks]
 
 
-def _listed_fallback(fb: dict, main: Manifest) -> dict:
+def _listed_fallback(fb: Fallback, main: Manifest) -> dict:
     """A manifest's fallback entry for inspect, with the fallback's plan read from its manifest: its
     strategy, working devices and predictions; `error` says when that file is missing or not the one
     recorded (the runtime, which checks the same, would refuse to run the build)."""
-    out = {"without": fb["without"], "manifest": fb["manifest"], "sha256": fb["sha256"], "error": fb.get("error")}
-    if fb["manifest"] is None:
+    out = {"without": fb.without, "manifest": fb.manifest, "sha256": fb.sha256, "error": fb.error}
+    if fb.manifest is None:
         return out
     try:
-        m = load_fallback(main, Fallback(fb["without"], fb["manifest"], fb["sha256"]), check_files=False)
+        m = load_fallback(main, fb, check_files=False)
     except InputError as exc:
         return out | {"error": str(exc)}
     return out | {"strategy": (read_manifest_json(m.path).get("plan") or {}).get("strategy"),
                   "devices": [d for d in m.device_names if m.steps.get(d)],
                   "predicted_latency_ms": m.predicted.get("latency_ms"),
                   "predicted_throughput_ips": m.predicted.get("throughput_ips")}
-
-
-def _check_plan(plan, path: Path) -> None:
-    """UserError unless `plan` has the shape plan_summary and format_plan read. The runtime ignores the
-    plan section (load_manifest_json checks the rest), so this is its only check."""
-    def need(ok: bool, where: str, what: str) -> None:
-        if not ok:
-            raise UserError(f"not a valid edgec manifest: {where}: expected {what}", str(path))
-
-    def span(v, where: str) -> None:
-        need(isinstance(v, list) and len(v) == 2 and all(type(x) is int for x in v), where, "[start, stop] integers")
-
-    def strings(d: dict, keys: tuple[str, ...], where: str) -> None:
-        for k in keys:
-            need(isinstance(d.get(k), str), f"{where}.{k}", "a string")
-
-    need(isinstance(plan, dict), "plan", "an object")
-    strings(plan, ("strategy",), "plan")
-    need(isinstance(plan.get("stages"), list), "plan.stages", "a list")
-    for i, st in enumerate(plan["stages"]):
-        w = f"plan.stages[{i}]"
-        need(isinstance(st, dict), w, "an object")
-        strings(st, ("device", "first_layer", "last_layer"), w)
-        span(st.get("layers"), f"{w}.layers")
-        sp = st.get("spatial")
-        if sp is None:
-            continue
-        need(isinstance(sp, dict), f"{w}.spatial", "an object or null")
-        strings(sp, ("axis",), f"{w}.spatial")
-        need(isinstance(sp.get("devices"), list) and all(isinstance(d, str) for d in sp["devices"]),
-             f"{w}.spatial.devices", "a list of strings")
-        need(isinstance(sp.get("segments"), list), f"{w}.spatial.segments", "a list")
-        for j, seg in enumerate(sp["segments"]):
-            ws = f"{w}.spatial.segments[{j}]"
-            need(isinstance(seg, dict), ws, "an object")
-            span(seg.get("layers"), f"{ws}.layers")
-            need(isinstance(seg.get("tiles"), list), f"{ws}.tiles", "a list")
-            for k, t in enumerate(seg["tiles"]):
-                wt = f"{ws}.tiles[{k}]"
-                need(isinstance(t, dict), wt, "an object")
-                strings(t, ("device",), wt)
-                span(t.get("rows"), f"{wt}.rows")
-                if t.get("cols") is not None:
-                    span(t["cols"], f"{wt}.cols")
 
 
 def format_plan(s: dict) -> str:
@@ -309,8 +402,8 @@ def format_simulation(sim: dict) -> str:
     ])
 
 
-def load_manifest_json(path: Path) -> dict:
-    """A manifest's decoded JSON for inspect and simulate, read under the runtime's size and depth limits and
+def load_manifest_json(path: Path) -> ManifestFile:
+    """A manifest for inspect and simulate, read under the runtime's size and depth limits and parsed and
     validated by the runtime (schema and schedule; the fragment files are not read)."""
     if not Path(path).exists():  # the compiler's wording, which `edgec inspect/simulate` users know
         raise UserError("no such manifest", str(path))
@@ -321,7 +414,7 @@ def load_manifest_json(path: Path) -> dict:
     if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
         raise UserError("not an edgec manifest (format is not edgec.manifest)", str(path))
     try:  # the runtime owns the schema: inspect and simulate read only manifests that it would run
-        parse_manifest(data, path)
+        manifest = parse_manifest(data, path)
     except InputError as exc:
         raise UserError(str(exc)) from None
-    return data
+    return ManifestFile(manifest, data["model"]["path"], data.get("plan"))

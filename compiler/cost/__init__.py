@@ -6,7 +6,8 @@
 - tiles.py: the tile cost model of spatial stages (tile compute with the figures' tile efficiency, halo,
   scatter and gather transfers).
 - memory.py: `device_memory_bytes(plan, graph)`, what each device must hold.
-- evaluate.py: `evaluate(plan, graph, cost) -> Prediction`, and the replay of a manifest's schedule.
+- evaluate.py: `evaluate(plan, graph, cost) -> Prediction`, and the replay of a manifest's schedule (the
+  runtime's parsed Manifest).
 
 It names plans through compiler.plan_types and imports nothing from compiler.plan: the planners build
 on the cost model, never the other way round.

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from edgec.runtime.manifest_types import HOST, Manifest, Recv, Run, Send
+
 from ..graph import LayerGraph
 from ..plan_types import Plan
 from .network import message_ms
@@ -130,7 +132,7 @@ def evaluate(plan: Plan, graph: LayerGraph, cost: CostTable) -> Prediction:
     )
 
 
-def simulate_manifest(manifest: dict) -> dict:
+def simulate_manifest(manifest: Manifest) -> dict:
     """Replay a manifest's static schedule with its predicted fragment times and its network.
 
     A discrete-event replay in time order: each device executes its steps in order; a `run` takes the
@@ -139,6 +141,9 @@ def simulate_manifest(manifest: dict) -> dict:
     bandwidth + latency per message; a `recv` waits for the matching send to finish; slice, concat, free
     and host transfers (inputs in, outputs out) are free, as in the planner. A send's bytes are those of
     its `transfers` entry (same tensor, src, dst and region).
+
+    `manifest` is the runtime's parsed Manifest (parse_manifest or load_manifest), so the schedule has
+    been validated: every fragment a run names exists, and no recv waits for a send that never comes.
     """
     replay = _Replay(manifest)
     while (nxt := replay.next_step()) is not None:
@@ -156,38 +161,34 @@ def simulate_manifest(manifest: dict) -> dict:
     }
 
 
-def _region_key(region: dict | list | None) -> tuple | None:
-    """A send's region as a key: None, one range, or (a box) a tuple of ranges."""
-    if region is None:
-        return None
-    if isinstance(region, list):
-        return tuple(_region_key(r) for r in region)
-    return (region["axis"], region["start"], region["stop"])
-
-
 class _Replay:
-    """State of simulate_manifest: per-device program counters and clocks, arrivals, the shared channel."""
+    """State of simulate_manifest: per-device program counters and clocks, arrivals, the shared channel.
 
-    def __init__(self, manifest: dict):
-        self.net = manifest["network"]
-        self.shared = self.net["medium"] == "shared"
-        self.links = {frozenset((l["a"], l["b"])): l for l in self.net.get("links", [])}
-        self.frag_ms = {f["id"]: float(f["predicted_ms"]) for f in manifest["fragments"]}
+    A send and its transfer entry are matched on (tensor, src, dst, region): the parsed regions compare
+    equal exactly when the JSON ranges do."""
+
+    def __init__(self, manifest: Manifest):
+        self.net = manifest.network
+        self.shared = self.net.medium == "shared"
+        # a later entry for the same pair wins, as when the manifest was read as JSON
+        self.links = {frozenset((lk.a, lk.b)): (lk.bandwidth_mbps, lk.latency_ms) for lk in self.net.links}
+        self.frag_ms = {f.id: f.predicted_ms for f in manifest.fragments.values()}
         self.sizes: dict[tuple, int] = {}
         self.rank: dict[tuple, int] = {}
-        for i, t in enumerate(manifest["transfers"]):
-            key = (t["tensor"], t["src"], t["dst"], _region_key(t.get("region")))
-            self.sizes[key] = int(t["bytes"])
+        for i, t in enumerate(manifest.transfers):
+            key = (t.tensor, t.src, t.dst, t.region)
+            self.sizes[key] = t.bytes
             self.rank.setdefault(key, i)
-        self.steps = manifest["steps"]
+        self.steps = manifest.steps
         self.pc = {d: 0 for d in self.steps}
         self.clock = {d: 0.0 for d in self.steps}
         self.arrived: dict[tuple[str, str, str], float] = {}
         self.channel = 0.0
         self.events: list[dict] = []
 
-    def _key(self, dev: str, s: dict) -> tuple:
-        return (s["tensor"], dev, s["to"], _region_key(s.get("region")))
+    @staticmethod
+    def _key(dev: str, s: Send) -> tuple:
+        return (s.tensor, dev, s.to, s.region)
 
     def next_step(self) -> tuple[str, float] | None:
         """The device whose next step can start first (ties: transfer order, then device order)."""
@@ -196,12 +197,12 @@ class _Replay:
             if self.pc[dev] >= len(seq):
                 continue
             s, at, rank = seq[self.pc[dev]], self.clock[dev], len(self.rank)
-            if s["op"] == "recv" and s["from"] != "@host":
-                got = self.arrived.get((s["tensor"], s["from"], dev))
+            if isinstance(s, Recv) and s.src != HOST:
+                got = self.arrived.get((s.tensor, s.src, dev))
                 if got is None:
                     continue
                 at = max(at, got)
-            elif s["op"] == "send":
+            elif isinstance(s, Send):
                 rank = self.rank.get(self._key(dev, s), rank)
             if best is None or (at, rank) < best[0]:
                 best = ((at, rank), dev)
@@ -212,27 +213,26 @@ class _Replay:
         s = seq[self.pc[dev]]
         self.clock[dev] = at
         self.pc[dev] += 1
-        if s["op"] == "run":
-            self.clock[dev] += self.frag_ms[s["fragment"]]
-            self.events.append({"device": dev, "kind": "compute", "what": s["fragment"], "start_ms": at, "end_ms": self.clock[dev]})
-        elif s["op"] == "send":
+        if isinstance(s, Run):
+            self.clock[dev] += self.frag_ms[s.fragment]
+            self.events.append({"device": dev, "kind": "compute", "what": s.fragment, "start_ms": at, "end_ms": self.clock[dev]})
+        elif isinstance(s, Send):
             burst = [s]
-            while self.pc[dev] < len(seq) and seq[self.pc[dev]]["op"] == "send":
+            while self.pc[dev] < len(seq) and isinstance(seq[self.pc[dev]], Send):
                 burst.append(seq[self.pc[dev]])
                 self.pc[dev] += 1
-            burst = [b for b in burst if b["to"] != "@host"]  # host transfers are free
+            burst = [b for b in burst if b.to != HOST]  # host transfers are free
             if burst:
                 self._send(dev, burst, max(at, self.channel) if self.shared else at)
 
-    def _send(self, dev: str, burst: list[dict], t: float) -> None:
+    def _send(self, dev: str, burst: list[Send], t: float) -> None:
         """Messages of a burst back to back from t (holding the channel on a shared medium)."""
         for b in burst:
-            link = self.links.get(frozenset((dev, b["to"])), self.net)
-            nbytes = self.sizes.get(self._key(dev, b), 0)
-            ms = message_ms(nbytes, float(link["bandwidth_mbps"]), float(link["latency_ms"]))
-            self.events.append({"device": dev, "kind": "transfer", "what": f"{b['tensor']} -> {b['to']}", "start_ms": t, "end_ms": t + ms})
+            mbps, latency = self.links.get(frozenset((dev, b.to)), (self.net.bandwidth_mbps, self.net.latency_ms))
+            ms = message_ms(self.sizes.get(self._key(dev, b), 0), mbps, latency)
+            self.events.append({"device": dev, "kind": "transfer", "what": f"{b.tensor} -> {b.to}", "start_ms": t, "end_ms": t + ms})
             t += ms
-            self.arrived[(b.get("as", b["tensor"]), dev, b["to"])] = t
+            self.arrived[(b.name, dev, b.to)] = t
         self.clock[dev] = t
         if self.shared:
             self.channel = t

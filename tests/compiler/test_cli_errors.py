@@ -20,9 +20,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edgec import models
 from edgec.compiler.cli import cli
-from edgec.compiler.emit import EmittedFragment, write_output
+from edgec.compiler.emit import EmittedFragment, EncodedModel, write_output
 from edgec.compiler.errors import UserError
-from edgec.compiler.fragment import EncodedModel
 
 ROOT = Path(__file__).resolve().parents[2]
 TWO = ROOT / "tests/e2e/clusters/two.yaml"

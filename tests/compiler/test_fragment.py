@@ -8,7 +8,7 @@ import onnx
 import pytest
 from onnx import helper
 
-from edgec.compiler.fragment import assemble
+from edgec.compiler.emit.encode import assemble
 from tests.conftest import conv_chain_model
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = {"compiler": "edgec.compiler", "runtime": "edgec.runtime"}
 
@@ -61,6 +63,19 @@ def test_cost_model_imports_no_planner():
 
 def test_planners_import_no_emitter():
     assert _violations("edgec.compiler.plan", "edgec.compiler.emit") == []
+
+
+def test_spatial_builds_no_onnx():
+    """spatial/ is row-range algebra; the tiles' ONNX models are emit/'s."""
+    assert "onnx" in _modules("compiler")["edgec.compiler.emit.tiles"]  # the rule below can be broken
+    assert _violations("edgec.compiler.spatial", "onnx") == []
+
+
+@pytest.mark.parametrize("below", ["edgec.compiler.plan", "edgec.compiler.cost", "edgec.compiler.spatial"])
+def test_nothing_below_the_emitter_imports_it(below):
+    graph = _modules("compiler")
+    assert any(m.startswith(below + ".") for m in graph) and "edgec.compiler.emit.fragments" in graph
+    assert _violations(below, "edgec.compiler.emit") == []
 
 
 def test_runtime_imports_nothing_of_the_compiler():

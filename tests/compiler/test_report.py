@@ -105,6 +105,45 @@ def test_one_device_without_network_compiles_and_loads(tmp_path):
     text = (tmp_path / "o/manifest.json").read_text(encoding="utf-8")
     data = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
     assert data["network"]["bandwidth_mbps"] is None and data["network"]["latency_ms"] is None
-    assert load_manifest(tmp_path / "o/manifest.json").device_names == ("solo",)
-    sim = simulate_manifest(data)
+    manifest = load_manifest(tmp_path / "o/manifest.json")
+    assert manifest.device_names == ("solo",)
+    sim = simulate_manifest(manifest)
     assert sim["bytes_transferred"] == 0 and sim["latency_ms"] == pytest.approx(result.chosen.prediction.latency_ms, abs=1e-3)
+
+
+def result_manifest(spatial_build) -> Path:
+    return Path(spatial_build[1]["manifest"])
+
+
+def test_the_plan_section_reads_as_the_plan_compiled(spatial_build):
+    result, _ = spatial_build
+    doc = report.load_manifest_json(result_manifest(spatial_build))
+    plan = report.read_plan(doc.plan, doc.manifest.path)
+    assert plan.strategy == result.chosen.strategy
+    assert [(s.device, s.layers) for s in plan.stages] == [(s.device, (s.lo, s.hi)) for s in result.chosen.plan.stages]
+    [spatial] = [s.spatial for s in plan.stages if s.spatial is not None]
+    [group] = [s.spatial for s in result.chosen.plan.stages if s.spatial is not None]
+    assert [[(t.device, t.rows) for t in g.tiles] for g in spatial.segments] == \
+        [[(t.device, (t.start, t.stop)) for t in g.tiles] for g in group.segments]
+
+
+@pytest.mark.parametrize("damage, where, what", [
+    (lambda p: p.update(strategy=1), "plan.strategy", "a string"),
+    (lambda p: p.__setitem__("stages", {}), "plan.stages", "a list"),
+    (lambda p: p["stages"][0].__setitem__("layers", [0]), "plan.stages[0].layers", "[start, stop] integers"),
+    (lambda p: p["stages"][0].__setitem__("spatial", 3), "plan.stages[0].spatial", "an object or null"),
+    (lambda p: p["stages"][0]["spatial"].__setitem__("devices", [1]), "plan.stages[0].spatial.devices",
+     "a list of strings"),
+    (lambda p: p["stages"][0]["spatial"]["segments"][0]["tiles"][1].__setitem__("cols", [0, "2"]),
+     "plan.stages[0].spatial.segments[0].tiles[1].cols", "[start, stop] integers"),
+])
+def test_a_damaged_plan_section_is_one_line_naming_where(spatial_build, tmp_path, damage, where, what):
+    """The runtime ignores the plan section, so inspect's reader is its only check."""
+    data = json.loads(result_manifest(spatial_build).read_text(encoding="utf-8"))
+    damage(data["plan"])
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    doc = report.load_manifest_json(path)  # simulate does not read the plan: the rest of the manifest is fine
+    with pytest.raises(UserError) as info:
+        report.plan_summary(doc)
+    assert str(info.value) == f"{path}: not a valid edgec manifest: {where}: expected {what}"

@@ -324,9 +324,9 @@ def test_halo_exchange_moves_exactly_the_missing_rows(tmp_path):
 @pytest.mark.parametrize("medium", ["switched", "shared"])
 def test_simulated_replay_agrees_with_prediction(medium, tmp_path):
     model = blocks_net(tmp_path / "m.onnx")
-    _, _, pred, _, manifest = emit(model, cluster(tmp_path, 4, medium), lambda g: plan_of(
+    _, _, pred, _, _ = emit(model, cluster(tmp_path, 4, medium), lambda g: plan_of(
         g, spatial_stage(g, ["d0", "d1", "d2", "d3"], 2, rng=np.random.default_rng(1))), tmp_path / "o")
-    sim = simulate_manifest(manifest)
+    sim = simulate_manifest(load_manifest(tmp_path / "o/manifest.json"))
     assert sim["latency_ms"] == pytest.approx(pred.latency_ms, rel=1e-4)
     assert sim["bytes_transferred"] == pred.bytes_transferred
     for d, busy in pred.busy_ms.items():
@@ -367,9 +367,9 @@ def test_grid_pads_on_both_axes(tmp_path):
 @pytest.mark.parametrize("medium", ["switched", "shared"])
 def test_grid_replay_agrees_with_prediction(medium, tmp_path):
     model = chain_net(tmp_path / "m.onnx")
-    _, _, pred, _, manifest = emit(model, cluster(tmp_path, 6, medium), lambda g: plan_of(
+    _, _, pred, _, _ = emit(model, cluster(tmp_path, 6, medium), lambda g: plan_of(
         g, grid_stage(g, [f"d{i}" for i in range(6)], 3, 2, rng=np.random.default_rng(2))), tmp_path / "o")
-    sim = simulate_manifest(manifest)
+    sim = simulate_manifest(load_manifest(tmp_path / "o/manifest.json"))
     assert sim["latency_ms"] == pytest.approx(pred.latency_ms, rel=1e-4)
     assert sim["bytes_transferred"] == pred.bytes_transferred
     for d, busy in pred.busy_ms.items():

@@ -19,6 +19,7 @@ from edgec.compiler.ingest import load_model
 from edgec.compiler.plan_types import Plan, Segment, SpatialGroup, Stage, Tile
 from edgec.compiler.cost import evaluate, simulate_manifest
 from edgec.compiler.spatial import segment_io, spatial_cuts
+from edgec.runtime.manifest import load_manifest
 
 HERE = Path(__file__).resolve().parent
 FAST = ["tinyconv", "squeezenet"]
@@ -71,7 +72,7 @@ def compile_spatial(model: Path, n_devices: int, axis: int, fused: bool, out: Pa
     frags = build_fragments(ing, plan, pred)
     manifest = assemble_manifest(ing, plan, pred, frags, cl.to_dict(), out, {"strategy": "manual"})
     write_output(out, manifest, frags)
-    assert simulate_manifest(manifest)["latency_ms"] == pytest.approx(pred.latency_ms, rel=1e-4)
+    assert simulate_manifest(load_manifest(out / "manifest.json"))["latency_ms"] == pytest.approx(pred.latency_ms, rel=1e-4)
     return manifest
 
 

@@ -1,4 +1,4 @@
-"""Fragment assembly: an ONNX model from nodes + weights, checked, encoded without whole-model copies."""
+"""Fragment encoding: an ONNX model from nodes + weights, checked, encoded without whole-model copies."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from .graph import TensorInfo
+from ..graph import TensorInfo
 
 __all__ = ["EncodedModel", "assemble", "value_info"]
 

@@ -1,0 +1,268 @@
+"""Output: the build (fragments and manifest.json, fallback builds in subfolders) written to a temporary
+sibling folder, checked by onnxruntime and by the runtime's own manifest parser, then swapped into place."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import signal
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgec.runtime import MANIFEST_FORMAT
+from edgec.runtime.errors import InputError, one_line
+from edgec.runtime.interrupts import check_interrupted
+from edgec.runtime.manifest import load_manifest
+
+from ..errors import UserError
+from .fragments import EmittedFragment, safe_name
+
+__all__ = ["FallbackBuild", "manifest_text", "fallback_entries", "write_output", "check_output_dir"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FallbackBuild:
+    """The build planned without device `without` (written to OUTDIR/fallback-<without>/, a complete build of
+    its own), or, with `manifest` None, why no plan fits the devices left."""
+
+    without: str
+    manifest: dict | None
+    frags: tuple[EmittedFragment, ...] = ()
+    error: str | None = None
+
+    @property
+    def folder(self) -> str:
+        return f"fallback-{safe_name(self.without)}"
+
+
+def manifest_text(manifest: dict) -> str:
+    """manifest.json's exact text: sorted keys, so that a rebuild of the same plan is byte-identical."""
+    return json.dumps(manifest, indent=1, sort_keys=True) + "\n"
+
+
+def fallback_entries(builds: list[FallbackBuild]) -> list[dict]:
+    """The main manifest's `fallbacks` list: where each fallback manifest is and the sha256 of its text."""
+    out = []
+    for b in builds:
+        if b.manifest is None:
+            out.append({"without": b.without, "manifest": None, "sha256": None, "error": b.error})
+        else:
+            digest = hashlib.sha256(manifest_text(b.manifest).encode("utf-8")).hexdigest()
+            out.append({"without": b.without, "manifest": f"{b.folder}/manifest.json", "sha256": digest})
+    return out
+
+
+def write_output(outdir: Path, manifest: dict, frags: list[EmittedFragment],
+                 fallbacks: list[FallbackBuild] = ()) -> None:
+    """Write into a temporary sibling folder, then swap it into place: a failure (or SIGTERM/SIGINT, when
+    the caller turns them into exceptions) leaves nothing half-written and no temporary folder.
+
+    An existing OUTDIR is replaced only when it is empty or holds exactly an earlier edgec build (see
+    check_output_dir); every fragment must load in onnxruntime before the build is swapped in. Each
+    fallback build goes to its own subfolder, which `manifest["fallbacks"]` must name (fallback_entries).
+    """
+    outdir = Path(outdir).resolve()  # `-o .` has no name to put the temporary sibling beside
+    if fallbacks and manifest.get("fallbacks") != fallback_entries(list(fallbacks)):
+        raise RuntimeError("the manifest's fallbacks do not describe the fallback builds being written")
+    check_output_dir(outdir)
+    tmp: Path | None = None
+    try:
+        with _signals_held():  # the folder exists only once `tmp` names it, for the cleanup below
+            outdir.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{outdir.name}.tmp-", dir=outdir.parent))
+        builds = [(tmp, outdir, manifest, frags)]
+        builds += [(tmp / b.folder, outdir / b.folder, b.manifest, b.frags) for b in fallbacks if b.manifest is not None]
+        for folder, final, data, files in builds:
+            folder.mkdir(exist_ok=True)
+            _write_build(folder, final, data, files)
+        for folder, _, _, _ in builds:
+            _ensure_runtime_accepts(folder / "manifest.json")
+        with _signals_held():  # half a swap would leave the old build beside the new one, or neither in place
+            _swap_into_place(tmp, outdir, check_output_dir(outdir))  # checked again: files may have appeared
+    except OSError as exc:
+        raise UserError(f"cannot write the build: {exc.strerror or exc}", str(outdir)) from None
+    finally:
+        if tmp is not None and tmp.exists():  # tmp is gone once swapped into place
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _ensure_runtime_accepts(path: Path) -> None:
+    """The emitter's postcondition, checked before the build is swapped into place: the runtime's own
+    parser (which owns the schema) accepts the manifest as written, schedule included. The fragment
+    hashes are not recomputed: they were taken from the very bytes written."""
+    try:
+        load_manifest(path, check_files=False)
+    except InputError as exc:
+        raise RuntimeError(f"the emitter wrote a manifest the runtime refuses: {exc}") from None
+
+
+def _write_build(folder: Path, final: Path, manifest: dict, frags) -> None:
+    """One build's fragments and manifest.json into `folder` (which becomes `final` once swapped in)."""
+    for f in frags:
+        check_interrupted()
+        with open(folder / f.file, "wb") as fh:
+            fh.writelines(f.encoded.chunks)
+    # From the written files: onnxruntime reads them itself, where bytes would need each fragment
+    # joined into one more copy (575 MB for VGG-19) first.
+    _check_loadable(folder, frags, final, manifest)
+    (folder / "manifest.json").write_text(manifest_text(manifest), encoding="utf-8")
+
+
+def check_output_dir(outdir: Path) -> tuple[str, ...]:
+    """The files of the earlier build that OUTDIR holds, as paths relative to it (a fallback's files as
+    "fallback-<device>/<file>"); empty if OUTDIR is missing or empty. UserError if OUTDIR is not a folder, or
+    holds anything else: the user's files are never replaced."""
+    outdir = Path(outdir).resolve()
+    if not outdir.name:
+        raise UserError("cannot write a build over the root folder", str(outdir))
+    if not outdir.exists():
+        return ()
+    if not outdir.is_dir():
+        raise UserError("output path exists and is not a folder", str(outdir))
+    try:
+        entries = sorted(outdir.iterdir())
+        build = _build_files(outdir) if entries else set()
+        found, foreign = _walk_build(outdir, entries, build)
+    except OSError as exc:
+        raise UserError(f"cannot read the output folder: {exc.strerror}", str(outdir)) from None
+    if foreign:
+        what = "which is not part of the earlier edgec build there" if build else "and is not an edgec build"
+        raise UserError(f"output folder holds {foreign[0]!r} {what}; refusing to replace it (move that away or "
+                        "choose another output folder)", str(outdir))
+    return tuple(found)
+
+
+def _walk_build(outdir: Path, entries: list[Path], build: set[str]) -> tuple[list[str], list[str]]:
+    """(the build's files found, relative paths; what is not the build's: other files, links, folders)."""
+    found, foreign = [], []
+    folders = {name.split("/")[0] for name in build if "/" in name}
+    for e in entries:
+        if e.is_symlink():
+            foreign.append(e.name)
+        elif e.is_dir() and e.name in folders:
+            for sub in sorted(e.iterdir()):
+                rel = f"{e.name}/{sub.name}"
+                (found if rel in build and sub.is_file() and not sub.is_symlink() else foreign).append(rel)
+            found.append(f"{e.name}/")
+        elif e.is_file() and e.name in build:
+            found.append(e.name)
+        else:
+            foreign.append(e.name)
+    return found, foreign
+
+
+def _build_files(folder: Path) -> set[str]:
+    """manifest.json and the fragment files it names, if folder/manifest.json is an edgec manifest; else
+    empty. A fallback it names (FOLDER/manifest.json, FOLDER one plain name) adds that folder's build
+    files as "FOLDER/<file>"."""
+    data = _read_manifest(folder / "manifest.json")
+    files = _own_files(data)
+    if not files:
+        return set()
+    for fb in data.get("fallbacks") or ():
+        path = fb.get("manifest") if isinstance(fb, dict) else None
+        if path is None:
+            continue
+        sub, _, name = path.partition("/") if isinstance(path, str) else ("", "", "")
+        inner = _own_files(_read_manifest(folder / sub / name)) if name == "manifest.json" and _plain(sub) else set()
+        if not inner:
+            return set()  # a fallback that is not a folder of ours: not a build we wrote
+        files |= {f"{sub}/{f}" for f in inner}
+    return files
+
+
+def _read_manifest(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _own_files(data) -> set[str]:
+    """manifest.json and the fragment files named by `data`, if it is an edgec manifest; else empty."""
+    if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT or not isinstance(data.get("fragments"), list):
+        return set()
+    files = {"manifest.json"}
+    for frag in data["fragments"]:
+        name = frag.get("file") if isinstance(frag, dict) else None
+        if not _plain(name):
+            return set()  # a name reaching outside the folder: not a manifest we wrote
+        files.add(name)
+    return files
+
+
+def _plain(name) -> bool:
+    """A file name of its own, without any folder part."""
+    return isinstance(name, str) and name not in ("", ".", "..") and Path(name).name == name and "\\" not in name
+
+
+def _check_loadable(folder: Path, frags: list[EmittedFragment], outdir: Path, manifest: dict) -> None:
+    """UserError naming the fragment and onnxruntime's reason if a fragment does not load (e.g. an
+    operator of a custom domain): the build would fail on the devices instead. Loading is what is
+    checked, so neither graph optimisation nor weight prepacking (half the load time of VGG-19's 575 MB)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.add_session_config_entry("session.disable_prepacking", "1")
+    opts.intra_op_num_threads = opts.inter_op_num_threads = 1
+    model = os.path.normpath(outdir / manifest["model"]["path"])
+    for f in frags:
+        check_interrupted()  # the sessions freed here may swallow a signal's first raise
+        try:
+            ort.InferenceSession(str(folder / f.file), opts, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime raises several pybind error types
+            raise UserError(f"fragment {f.id} for {f.device} ({f.file}) does not load in onnxruntime, so no "
+                            f"device could run it: {one_line(exc, 300)}", model) from None
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """Hold SIGTERM and SIGINT within (main thread only), then deliver them to the handlers in place before."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, _frame: pending.append(signum)) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
+        for s in dict.fromkeys(pending):
+            signal.raise_signal(s)
+
+
+def _swap_into_place(tmp: Path, outdir: Path, old_files: tuple[str, ...]) -> None:
+    if not outdir.exists():
+        os.replace(tmp, outdir)
+        return
+    old = outdir.with_name(f".{outdir.name}.old-{os.getpid()}")
+    os.replace(outdir, old)
+    try:
+        os.replace(tmp, outdir)
+    except BaseException:
+        os.replace(old, outdir)
+        raise
+    _remove_old_build(old, old_files)
+
+
+def _remove_old_build(old: Path, files: tuple[str, ...]) -> None:
+    """Delete the earlier build's files by name, then its fallback folders ("NAME/" entries) and its
+    folder: a file that appeared in one after the last check keeps it, which is reported, not deleted."""
+    for name in files:
+        if not name.endswith("/"):
+            (old / name).unlink(missing_ok=True)
+    for folder in [old / name for name in files if name.endswith("/")] + [old]:
+        try:
+            folder.rmdir()
+        except OSError:
+            logger.warning("kept %s: files appeared in the earlier build while compiling", folder)
