@@ -17,13 +17,14 @@ from .accuracy import check_report_path, write_report
 from .compress import parse_mode
 from .coordinator import HEARTBEAT_MS, RunResult, available_cores, load_keys, run_manifest
 from .errors import InputError
-from .session import MAX_INFLIGHT
 from .inputs import check_inputs, check_memory, load_inputs
 from .manifest import Manifest, load_manifest
-from .verify import VerifyResult, check_model, verify_outputs
+from .protocol import MAX_DILATE
+from .session import MAX_INFLIGHT
+from .verify import VerifyResult, check_model, compare_outputs, reference_outputs
 
-__all__ = ["run", "execute", "report", "write_npz", "parse_addresses", "MAX_THREADS", "MAX_INFLIGHT",
-           "MIN_HEARTBEAT_MS", "MAX_HEARTBEAT_MS"]
+__all__ = ["run", "execute", "report", "write_npz", "parse_addresses", "RequestsChecked", "MAX_THREADS", "MAX_INFLIGHT",
+           "MIN_HEARTBEAT_MS", "MAX_HEARTBEAT_MS", "MAX_DILATE"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,12 +39,13 @@ def run(manifest: str | os.PathLike, *, inputs: str | os.PathLike | Mapping[str,
         tolerance: float = 1e-4, repeat: int = 1, threads: int | None = None, emulate: bool = False,
         timeout: float = 60.0, output: str | os.PathLike | None = None, addresses: Mapping[str, str] | None = None,
         keys: str | os.PathLike | None = None, inflight: int | None = None, compress: str = "none",
-        heartbeat_ms: int = HEARTBEAT_MS, report: str | os.PathLike | None = None) -> dict:
+        heartbeat_ms: int = HEARTBEAT_MS, report: str | os.PathLike | None = None,
+        dilate: float | None = None) -> dict:
     """Run a compiled build (its manifest.json, or the folder holding it); return the `--json` report.
 
     `inputs` is an .npz file or `{input name: array}`; or pass `random_inputs=True`. With `verify`, the
     source model (the manifest's, or `model`) runs whole in onnxruntime and `report["verify"]["passed"]`
-    says whether every output matched. `addresses` ({device: "tcp://HOST:PORT"}) overrides the manifest's
+    says whether every output of every request (the warm-up's too) matched. `addresses` ({device: "tcp://HOST:PORT"}) overrides the manifest's
     worker addresses; `keys` is the cluster's keys folder (`edgec keygen`); `inflight` the number of
     requests kept in flight (default: the plan's pipeline depth; 1 = one request at a time); `compress`
     how devices send tensors to each other: "none", "lz4", "zstd" or "auto" (compress where the link's
@@ -51,7 +53,10 @@ def run(manifest: str | os.PathLike, *, inputs: str | os.PathLike | Mapping[str,
     `heartbeat_ms` the heartbeat interval on every worker connection (a device silent for 5 of them is
     lost, and a build compiled with fallbacks finishes on the devices left); `report` a JSON file to write
     the accuracy report into, predicted against measured per fragment and transfer (`--report`, schema
-    in edgec.runtime.accuracy; its folder must exist). Bad input raises
+    in edgec.runtime.accuracy; its folder must exist); `dilate` (1 to MAX_DILATE, with `emulate` only)
+    stretches every emulated time by that factor and divides every reported time by it, so that a host
+    slower than the emulated devices keeps their timeline (`report["emulation"]` lists the fragment runs
+    that still took longer than their padding). Bad input raises
     `edgec.runtime.errors.InputError`; a failed run, `RunError`. The other arguments are the command's
     options.
 
@@ -62,7 +67,7 @@ def run(manifest: str | os.PathLike, *, inputs: str | os.PathLike | Mapping[str,
     """
     common = dict(random_inputs=random_inputs, seed=seed, verify=verify, model=model, tolerance=tolerance,
                   repeat=repeat, threads=threads, emulate=emulate, timeout=timeout, addresses=addresses, keys=keys,
-                  inflight=inflight, compress=compress, heartbeat_ms=heartbeat_ms, report=report)
+                  inflight=inflight, compress=compress, heartbeat_ms=heartbeat_ms, report=report, dilate=dilate)
     if isinstance(inputs, Mapping):
         loaded = execute(manifest, arrays=inputs, **common)
     else:
@@ -79,10 +84,12 @@ def execute(manifest: str | os.PathLike, *, npz: str | None = None, pairs: Itera
             threads: int | None = None, emulate: bool = False, timeout: float = 60.0,
             addresses: Mapping[str, str] | None = None, keys: str | os.PathLike | None = None,
             inflight: int | None = None, compress: str = "none", heartbeat_ms: int = HEARTBEAT_MS,
-            report: str | os.PathLike | None = None) -> tuple[Manifest, RunResult, VerifyResult | None]:
-    """Load, check and run a manifest on its inputs; verify when asked; write the accuracy report to
-    `report` (result.accuracy holds it). What `edgec run` and `run` share."""
+            report: str | os.PathLike | None = None, dilate: float | None = None
+            ) -> tuple[Manifest, RunResult, RequestsChecked | None]:
+    """Load, check and run a manifest on its inputs; verify every request's outputs when asked; write the
+    accuracy report to `report` (result.accuracy holds it). What `edgec run` and `run` share."""
     _check_options(repeat, threads, timeout, tolerance, inflight, heartbeat_ms)
+    dilate = _check_dilate(dilate, emulate)
     if report is not None:  # before the run: a report that cannot be written fails in a second
         check_report_path(report)
     compress = parse_mode(compress)
@@ -103,16 +110,50 @@ def execute(manifest: str | os.PathLike, *, npz: str | None = None, pairs: Itera
         check_memory(m)
     else:
         given = load_inputs(m, npz=npz, pairs=pairs, random=random_inputs, seed=seed)
+    checker = None
+    if verify:  # the reference first: every request's outputs are compared with it as they arrive
+        logger.info("verifying against %s", m.model_path)
+        checker = _Checker(reference_outputs(m, given, model_checked=True), tolerance)
     result = run_manifest(m, given, repeat=repeat, threads=threads, emulate=emulate, timeout=timeout,
                           progress=logger.info, addresses=addresses, keys=keyring, inflight=inflight,
-                          compress=compress, heartbeat_ms=heartbeat_ms, timings=report is not None)
+                          compress=compress, heartbeat_ms=heartbeat_ms, timings=report is not None, dilate=dilate,
+                          check=None if checker is None else checker.add)
     if report is not None:
         write_report(report, result.accuracy)
-    checked = None
-    if verify:
-        logger.info("verifying against %s", m.model_path)
-        checked = verify_outputs(m, given, result.outputs, tolerance, model_checked=True)
-    return m, result, checked
+    return m, result, None if checker is None else checker.result()
+
+
+@dataclasses.dataclass
+class RequestsChecked(VerifyResult):
+    """--verify over a whole run: the worst difference of every output over all the requests checked."""
+
+    requests_checked: int = 0
+
+    def as_json(self) -> dict:
+        return {**super().as_json(), "requests_checked": self.requests_checked}
+
+
+class _Checker:
+    """Compares each request's outputs with the reference as they arrive, keeping per output only the
+    outputs that differ most so far (all requests have the same inputs, so one reference serves them all)."""
+
+    def __init__(self, reference: dict[str, np.ndarray], tolerance: float):
+        self.reference, self.tolerance = reference, tolerance
+        self.worst: dict[str, tuple[float, np.ndarray | None]] = {}
+        self.count = 0
+
+    def add(self, outputs: Mapping[str, np.ndarray]) -> None:
+        diffs = compare_outputs(outputs, self.reference, self.tolerance).per_output
+        for name, diff in diffs.items():
+            if name not in self.worst or diff > self.worst[name][0]:
+                self.worst[name] = (diff, outputs.get(name))  # missing: compare_outputs counts it as infinite
+        self.count += 1
+
+    def result(self) -> RequestsChecked:
+        """compare_outputs of the worst outputs: its verdict is that of the worst request of each output."""
+        v = compare_outputs({name: arr for name, (_, arr) in self.worst.items() if arr is not None}, self.reference,
+                            self.tolerance)
+        return RequestsChecked(**dataclasses.asdict(v), requests_checked=self.count)
 
 
 def parse_addresses(pairs: Iterable[str]) -> dict[str, str]:
@@ -126,6 +167,17 @@ def parse_addresses(pairs: Iterable[str]) -> dict[str, str]:
             raise InputError(f"--addresses: device {name!r} given twice")
         out[name] = address
     return out
+
+
+def _check_dilate(dilate: float | None, emulate: bool) -> float:
+    """The dilation to run at: 1 unless given (with emulate only, 1 to MAX_DILATE)."""
+    if dilate is None:
+        return 1.0
+    if not emulate:
+        raise InputError(f"--dilate {dilate!r} stretches emulated time: it needs --emulate")
+    if isinstance(dilate, bool) or not isinstance(dilate, (int, float)) or not 1.0 <= dilate <= MAX_DILATE:
+        raise InputError(f"--dilate {dilate!r}: expected a number from 1 (real time) to {MAX_DILATE:g}")
+    return float(dilate)
 
 
 def _check_options(repeat: int, threads: int | None, timeout: float, tolerance: float,
@@ -163,6 +215,7 @@ def report(manifest: Manifest, result: RunResult, checked: VerifyResult | None) 
         "outputs": [{"name": o.name, "shape": list(result.outputs[o.name].shape),
                      "dtype": result.outputs[o.name].dtype.name} for o in manifest.outputs],
         "verify": None if checked is None else _finite(checked.as_json()),
+        "emulation": result.emulation,
         "devices": {name: {"fragments_run_ms": statistics.median(ms) if ms else 0.0, **result.devices.get(name, {})}
                     for name, ms in result.device_run_ms.items()},
     }

@@ -15,8 +15,8 @@ import click
 import numpy as np
 
 from .accuracy import summary_lines
-from .api import MAX_HEARTBEAT_MS, MAX_INFLIGHT, MAX_THREADS, MIN_HEARTBEAT_MS, execute, parse_addresses, report, \
-    write_npz
+from .api import MAX_DILATE, MAX_HEARTBEAT_MS, MAX_INFLIGHT, MAX_THREADS, MIN_HEARTBEAT_MS, RequestsChecked, execute, \
+    parse_addresses, report, write_npz
 from .cache import FragmentCache, default_cache_dir
 from .compress import MODES as COMPRESS_MODES
 from .coordinator import HEARTBEAT_MISSES, HEARTBEAT_MS, RunResult
@@ -25,7 +25,6 @@ from .interrupts import Interrupted, interrupt_on_signals
 from .keys import COORDINATOR, Keyring, keygen as write_keys, names_from_file
 from .manifest import Manifest
 from .net import parse_endpoint
-from .verify import VerifyResult
 from .worker import Daemon, die_with_parent
 
 __all__ = ["run", "worker", "keygen", "main", "worker_main", "device_main", "OneLineErrors", "quiet_broken_pipe",
@@ -114,7 +113,15 @@ _EPILOG = ("Exit codes: 0 ok, 1 verification failed, 2 bad input, 3 run failure 
               show_default="cores / devices; all cores for one device",
               help="onnxruntime intra-op threads per worker, 0 for onnxruntime's own default (all cores); at "
                    f"most 4 x this machine's cores ({MAX_THREADS} here): more only oversubscribe them.")
-@click.option("--emulate", is_flag=True, help="Pad runs to predicted_ms and delay sends by the manifest's network.")
+@click.option("--emulate", is_flag=True,
+              help="Run as on the plan's devices and network: pad each fragment run to its predicted_ms and hold "
+                   "each device-to-device send for its transfer time (one uplink per device on a switched medium, "
+                   "one channel for all on a shared one).")
+@click.option("--dilate", type=float, default=None, metavar="K", show_default="1",
+              help=f"With --emulate: stretch every predicted time and delay by K (1 to {MAX_DILATE:g}) and divide "
+                   "every reported time by K, so a host slower than the devices still keeps their time (the run "
+                   "takes K times longer: raise --timeout to match). Fragment runs that overrun their padding are "
+                   "named on stderr with a K that would leave room.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
               help="Seconds allowed for start-up (reaching every worker included) and for each request.")
 @click.option("--addresses", "address_pairs", multiple=True, metavar="NAME=tcp://HOST:PORT",
@@ -143,7 +150,7 @@ _EPILOG = ("Exit codes: 0 ok, 1 verification failed, 2 bad input, 3 run failure 
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object on stdout.")
 @click.pass_context
 def run(ctx: click.Context, manifest: str, inputs_file, input_pairs, random_inputs, seed, verify, model_file,
-        tolerance, repeat, output_file, threads, emulate, timeout, address_pairs, keys_dir, inflight,
+        tolerance, repeat, output_file, threads, emulate, dilate, timeout, address_pairs, keys_dir, inflight,
         compress, heartbeat_ms, report_file, as_json) -> None:
     """Run MANIFEST (a manifest.json, or the folder holding one) on the devices' workers: at each device's
     address (or --addresses), or in a worker process started on this machine for a device without one."""
@@ -152,7 +159,7 @@ def run(ctx: click.Context, manifest: str, inputs_file, input_pairs, random_inpu
         try:
             code = _run(manifest, inputs_file, input_pairs, random_inputs, seed, verify, model_file, tolerance,
                         repeat, output_file, threads, emulate, timeout, as_json, address_pairs, keys_dir, inflight,
-                        compress=compress, heartbeat_ms=heartbeat_ms, report_file=report_file)
+                        compress=compress, heartbeat_ms=heartbeat_ms, report_file=report_file, dilate=dilate)
         except EdgecRuntimeError as exc:
             click.echo(f"edgec: {exc}", err=True)
             code = exc.exit_code
@@ -200,12 +207,13 @@ def _progress_to_stderr():
 
 def _run(manifest_arg, inputs_file, input_pairs, random_inputs, seed, verify, model_file, tolerance, repeat,
          output_file, threads, emulate, timeout, as_json, address_pairs, keys_dir, inflight, compress="none",
-         heartbeat_ms=HEARTBEAT_MS, report_file=None) -> int:
+         heartbeat_ms=HEARTBEAT_MS, report_file=None, dilate=None) -> int:
     manifest, result, checked = execute(manifest_arg, npz=inputs_file, pairs=input_pairs, random_inputs=random_inputs,
                                         seed=seed, verify=verify, model=model_file, tolerance=tolerance,
                                         repeat=repeat, threads=threads, emulate=emulate, timeout=timeout,
                                         addresses=parse_addresses(address_pairs), keys=keys_dir, inflight=inflight,
-                                        compress=compress, heartbeat_ms=heartbeat_ms, report=report_file)
+                                        compress=compress, heartbeat_ms=heartbeat_ms, report=report_file,
+                                        dilate=dilate)
     if result.accuracy is not None:
         for line in summary_lines(result.accuracy):
             click.echo(f"edgec: {line}", err=True)
@@ -225,7 +233,7 @@ def _stats(a: np.ndarray) -> str:
     return f"  min {v.min():.4g}  max {v.max():.4g}  mean {v.mean():.4g}"
 
 
-def _print_human(manifest: Manifest, result: RunResult, checked: VerifyResult | None) -> None:
+def _print_human(manifest: Manifest, result: RunResult, checked: RequestsChecked | None) -> None:
     click.echo("outputs:")
     for spec in manifest.outputs:
         a = result.outputs[spec.name]
@@ -239,10 +247,14 @@ def _print_human(manifest: Manifest, result: RunResult, checked: VerifyResult | 
                    f"({result.completed} completed, {result.lost} lost)")
     busy = ", ".join(f"{n} {statistics.median(ms):.2f} ms" for n, ms in result.device_run_ms.items() if ms)
     click.echo(f"fragment run time (median): {busy}")
+    if result.emulation is not None:
+        overran = len(result.emulation["overruns"])
+        click.echo(f"emulation: dilated x{result.emulation['dilate']:g} (times above divided by it); "
+                   f"{overran or 'no'} fragment(s) overran their padding")
     if checked is not None:
         verdict = "PASSED" if checked.passed else "FAILED"
-        click.echo(f"verify: {verdict}  max|diff| {checked.max_abs_diff:.3g} on {checked.worst_output!r} "
-                   f"(tolerance {checked.tolerance:g} x max(1, max|reference|))")
+        click.echo(f"verify: {verdict}  max|diff| {checked.max_abs_diff:.3g} on {checked.worst_output!r} over "
+                   f"{checked.requests_checked} request(s) (tolerance {checked.tolerance:g} x max(1, max|reference|))")
 
 
 def main() -> None:

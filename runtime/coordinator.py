@@ -32,6 +32,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from .accuracy import SYNC_ROUNDS, ClockOffset, Samples, build_report, estimate_offset
 from .compress import parse_mode
+from .emulate import Channel, Overruns, undilated_offsets, undilated_times
 from .errors import InputError, RunError, one_line
 from .keys import COORDINATOR, Keyring, ephemeral_keyring
 from .manifest import HOST, Fragment, Manifest, check_fragment_files, load_fallback, manifest_json
@@ -53,7 +54,7 @@ HEARTBEAT_MS, HEARTBEAT_MISSES = 1000, 5
 _HANDSHAKE_FAILED = {zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
                      zmq.EVENT_HANDSHAKE_FAILED_AUTH}
 _FROM_WORKER = frozenset({"welcome", "refused", "opened", "ack", "loaded", "ready", "synced", "done", "tensor", "error",
-                          "bye"})
+                          "bye", "channel", "overrun"})
 _LISTENING = re.compile(r"edgec worker: listening on (tcp://\S+)")
 
 
@@ -80,6 +81,7 @@ class RunResult:
     lost: int = 0  # timed requests asked for and not completed
     failovers: list[dict] = field(default_factory=list)  # [{device, at_request, plan}] (FailoverCluster)
     accuracy: dict | None = None  # run_manifest(timings=True): the --report object (accuracy.py)
+    emulation: dict | None = None  # run_manifest(emulate=True): {dilate, overruns} (emulate.Overruns.as_json)
 
     @property
     def latency_ms(self) -> float:
@@ -168,8 +170,12 @@ class Cluster:
     def __init__(self, manifest: Manifest, *, threads: int | None = None, emulate: bool = False,
                  timeout: float = 60.0, addresses: Mapping[str, str] | None = None, keys: Keyring | None = None,
                  inflight: int | None = None, compress: str = "none", heartbeat_ms: int = HEARTBEAT_MS,
-                 timings: bool = False):
+                 timings: bool = False, dilate: float = 1.0, overruns: Overruns | None = None):
         self.manifest, self.emulate, self.timeout, self.keys = manifest, emulate, timeout, keys
+        # Emulation (emulate.py): times stretched by `dilate`; the shared medium's one channel is arbitrated
+        # here; fragment runs slower than their padding are collected in `overruns`.
+        self.dilate, self.overruns = float(dilate), overruns
+        self.channel = Channel() if emulate and manifest.network.medium == "shared" else None
         # With timings: every worker's clock offset is estimated at start, every request timed (accuracy.py).
         self.samples = _samples(manifest) if timings else None
         self.ephemeral_keys: Path | None = None  # the folder of keys made for this run alone (start, close)
@@ -233,7 +239,7 @@ class Cluster:
         raw, path = manifest_json(self.manifest), str(self.manifest.path)
         for w in self.workers.values():
             self._send(w, {"t": "open", "device": w.name, "manifest": raw, "path": path, "inflight": self.inflight,
-                           "emulate": self.emulate, "compress": self.compress})
+                           "emulate": self.emulate, "compress": self.compress, "dilate": self.dilate})
         self._pump(deadline, lambda: self._all("loaded"), "loading fragments")
         peers = {w.name: {"addr": w.data_addr, "key": None if w.key is None else w.key.decode()}
                  for w in self.workers.values()}
@@ -485,6 +491,23 @@ class Cluster:
             r.times[w.name] = (msg["frag_ms"], msg["clocks"])
         r.done[w.name] = float(msg["run_ms"])
 
+    # -- emulation -------------------------------------------------------------------------------------------
+    def _on_channel(self, w: _Worker, msg: dict, payload) -> None:
+        if self.channel is None:
+            return self.drops.drop(f"'channel' from {w.name}, but the run emulates no shared medium")
+        wait_s = self.channel.reserve(time.monotonic(), msg["ms"] / 1000.0, msg["since_ms"] / 1000.0)
+        self._send(w, {"t": "grant", "seq": msg["seq"], "wait_ms": wait_s * 1000.0})
+
+    def _on_overrun(self, w: _Worker, msg: dict, payload) -> None:
+        if self.overruns is None:
+            return self.drops.drop(f"'overrun' from {w.name}, but the run is not emulated")
+        predicted = {f.id: f.predicted_ms for f in self.manifest.device_fragments(w.name)}
+        for fid, ms in zip(msg["fragments"], msg["measured_ms"]):
+            if fid not in predicted:
+                self.drops.drop(f"'overrun' from {w.name} of a fragment not its own", fid[:80])
+            else:
+                self.overruns.add(w.name, fid, predicted[fid], float(ms))
+
     # -- clocks (for the timings of --report) ------------------------------------------------------------
     def sync_clocks(self) -> None:
         """Estimate every worker's clock offset (accuracy.py: Cristian's method, the fastest of SYNC_ROUNDS
@@ -575,8 +598,8 @@ class Cluster:
             self._pump(time.monotonic() + self.timeout, lambda: self._complete(head), f"in request {head.req}")
             pending.popleft()
             del self.open[head.req]
-            if self.samples is not None:
-                self.samples.add(head.times, self.offsets)
+            if self.samples is not None:  # on the emulated clock (dilation 1 outside emulation)
+                self.samples.add(undilated_times(head.times, self.dilate), undilated_offsets(self.offsets, self.dilate))
             latency = ((head.t_outputs or time.perf_counter()) - head.t_sent) * 1000.0
             yield dict(head.outputs), latency, dict(head.done)
 
@@ -856,39 +879,56 @@ def run_manifest(manifest: Manifest, inputs: Mapping[str, np.ndarray], *, repeat
                  emulate: bool = False, timeout: float = 60.0, warmup: bool = True,
                  progress: Callable[[str], None] | None = None, addresses: Mapping[str, str] | None = None,
                  keys: Keyring | None = None, inflight: int | None = None, compress: str = "none",
-                 heartbeat_ms: int = HEARTBEAT_MS, timings: bool = False) -> RunResult:
+                 heartbeat_ms: int = HEARTBEAT_MS, timings: bool = False, dilate: float = 1.0,
+                 check: Callable[[dict[str, np.ndarray]], None] | None = None) -> RunResult:
     """Reach the workers, run one warm-up request alone and then `repeat` timed requests with up to
     `inflight` in flight (default: the plan's pipeline depth), end the run. A device lost on the way is
     replaced by the manifest's fallback plan without it, when there is one (FailoverCluster). With
-    `timings`, `result.accuracy` is the --report object (accuracy.py) of the timed requests."""
+    `timings`, `result.accuracy` is the --report object (accuracy.py) of the timed requests. `check` is
+    called with every request's outputs as they arrive (the warm-up's too). With `emulate`, every time is
+    stretched by `dilate` during the run and reported divided by it (emulate.py); fragment runs that
+    overran their padding are logged as warnings and listed in `result.emulation`."""
     say = progress or (lambda _msg: None)
+    overruns = Overruns(dilate) if emulate else None
     with FailoverCluster(manifest, threads=threads, emulate=emulate, timeout=timeout, addresses=addresses, keys=keys,
-                         inflight=inflight, compress=compress, heartbeat_ms=heartbeat_ms, timings=timings) as cluster:
+                         inflight=inflight, compress=compress, heartbeat_ms=heartbeat_ms, timings=timings,
+                         dilate=dilate, overruns=overruns) as cluster:
         say(f"{len(cluster.workers)} worker(s) ready ({sum(w.local for w in cluster.workers.values())} local), "
             f"up to {cluster.inflight} request(s) in flight")
         if warmup:
             say("warm-up request")
-            cluster.infer(inputs)
+            outputs, _, _ = cluster.infer(inputs)
+            if check is not None:
+                check(outputs)
         cluster.completed = 0  # completed and at_request count the timed requests
         if cluster.samples is not None:
             cluster.samples.clear()  # the warm-up is not timed
+        if overruns is not None:
+            overruns.clear()  # nor judged: first runs allocate
         result = RunResult(outputs={}, latencies_ms=[], device_run_ms={n: [] for n in cluster.workers},
                            threads=cluster.threads, inflight=cluster.inflight, compress=cluster.compress)
         start = time.perf_counter()
         for i, (outputs, latency, run_ms) in enumerate(cluster.stream(inputs for _ in range(repeat))):
+            if check is not None:
+                check(outputs)
             result.outputs = outputs
-            result.latencies_ms.append(latency)
+            result.latencies_ms.append(latency / dilate)
             for name, ms in run_ms.items():
-                result.device_run_ms.setdefault(name, []).append(ms)  # a fallback plan may bring in a device
-            say(f"request {i + 1}/{repeat}: {latency:.2f} ms")
-        result.throughput_ips = repeat / max(time.perf_counter() - start, 1e-9)
+                result.device_run_ms.setdefault(name, []).append(ms / dilate)  # a fallback may bring in a device
+            say(f"request {i + 1}/{repeat}: {latency / dilate:.2f} ms")
+        result.throughput_ips = repeat / max(time.perf_counter() - start, 1e-9) * dilate
         result.completed, result.lost = cluster.completed, repeat - cluster.completed
         result.failovers = list(cluster.failovers)
         if timings:
             result.accuracy = build_report(cluster.manifest, repeat=repeat, latency_ms=result.latency_ms,
                                            throughput_ips=result.throughput_ips, samples=cluster.samples,
-                                           offsets=cluster.offsets, failovers=result.failovers)
+                                           offsets=undilated_offsets(cluster.offsets, dilate),
+                                           failovers=result.failovers)
     result.devices = cluster.device_report()
+    if overruns is not None:
+        result.emulation = overruns.as_json()
+        for line in overruns.warnings():
+            logger.warning("%s", line)
     return result
 
 

@@ -23,16 +23,18 @@ are ignored):
               Megabits per second. A link entry (unordered pair) overrides the default for that pair.
               With exactly one device, bandwidth_mbps and latency_ms may both be null: there is no network
               (a cluster file without one); the runtime then treats every hop as free.
-              Used only by `--emulate`: a device-to-device send is delivered after
-              bytes * 8 / (bandwidth_mbps * 1e6) s + latency_ms, transfers on one link queue (on a "shared"
-              medium, all of one sender's transfers queue); transfers to and from "@host" are not delayed.
+              Used only by `--emulate` (emulate.py, the planner's model): a device-to-device message takes
+              bytes * 8 / (bandwidth_mbps * 1e6) s + latency_ms of its pair's link (x --dilate K); a device's
+              consecutive sends leave one after another on its uplink ("switched") or on the one channel all
+              devices share, first come first served ("shared"), and the device's next step waits for them;
+              transfers to and from "@host" are not delayed.
   fragments   [{"id": str, "device": str, "file": str, "sha256": hex str, "inputs": [str], "outputs": [str],
                 "predicted_ms": number >= 0}]: one ONNX file each; ids unique. `file` is a relative path
               inside the build folder (no "..", not absolute; it must not resolve outside the folder through
               a symbolic link either). `inputs`/`outputs` are the
               fragment's graph input/output names (the tensor-store names it reads and writes); `inputs`
               must equal the graph's inputs and `outputs` be among its outputs (checked when a worker
-              loads it). `--emulate` pads each run of the fragment to `predicted_ms`.
+              loads it). `--emulate` pads each run of the fragment to `predicted_ms` (x --dilate K).
   transfers   [{"tensor": str, "src": device, "dst": device, "shape": [...], "dtype": str, "bytes": int >= 0,
                 "region": null | region}]: informational summary of the device-to-device sends (checked
               for well-formedness only).

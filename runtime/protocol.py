@@ -13,7 +13,7 @@ Sockets (W = a worker, C = the coordinator):
 A session (one run), in order:
   C hello {protocol, edgec}            -> W welcome {protocol, edgec, pid, threads, cores, key}
                                           or refused {code: "version" | "busy", reason, protocol}
-  C open {device, manifest (its JSON), path (for messages), inflight, emulate}
+  C open {device, manifest (its JSON), path (for messages), inflight, emulate, compress, dilate}
                                        -> W opened {data_port, need: [sha256 of fragments not in its cache]}
   C blob {sha256, offset, size} + bytes (chunks, at most BLOB_WINDOW unacknowledged)
                                        -> W ack {sha256, offset}; W loaded {} once its fragments are loaded
@@ -23,6 +23,13 @@ A session (one run), in order:
                                           a session that received one times every request, see `done`)
   per request: C run {req}, C tensor (model inputs, src "@host") -> W tensor (model outputs),
                                           W done {req, run_ms, frag_ms, clocks}
+  under emulate (emulate.py):
+    W channel {seq, ms, since_ms}      -> C grant {seq, wait_ms}  (shared medium only: W's next burst of sends
+                                          takes ms and was ready since_ms ago; C reserves the one channel, first
+                                          come first served, from then or when it is free, and W starts the
+                                          burst wait_ms after the grant arrives: negative when it started then)
+    W overrun {req, fragments, measured_ms}  (before that request's `done`, when some of its fragment runs took
+                                          longer than predicted_ms x dilate: the fragments and their run times)
   C ping {} (keeps the session alive while C is idle); C end {} -> W bye {stats}
   W error {kind: "input" | "run" | "stopped", req, message} at any point ends the session ("stopped": the worker
   is shutting down, e.g. SIGTERM; the coordinator treats its device as lost and fails over).
@@ -47,18 +54,21 @@ import zmq
 
 from .transport import MAX_HEADER_BYTES, BadMessage, unpack
 
-__all__ = ["PROTOCOL_VERSION", "BLOB_CHUNK", "BLOB_WINDOW", "MAX_OPEN_BYTES", "MAX_TIMED_STEPS", "parse", "DropLog"]
+__all__ = ["PROTOCOL_VERSION", "BLOB_CHUNK", "BLOB_WINDOW", "MAX_OPEN_BYTES", "MAX_TIMED_STEPS", "MAX_DILATE", "parse",
+           "DropLog"]
 
 logger = logging.getLogger(__name__)
 
 # Bumped whenever a message or its meaning changes; both ends must speak the same version.
 # 2: tensors may be compressed (the run's `compress` mode, in `open`).
 # 3: error kind "stopped" (the worker is shutting down: its device is lost); `sync`/`synced` (the worker's clock)
-#    and the per-request timings in `done` (frag_ms, clocks) for `edgec run --report`.
+#    and the per-request timings in `done` (frag_ms, clocks) for `edgec run --report`; `open`'s `dilate` (--emulate
+#    --dilate K), the shared medium's `channel`/`grant` and emulation `overrun`s.
 PROTOCOL_VERSION = 3
 BLOB_CHUNK = 4 << 20  # fragment file bytes per blob message
 BLOB_WINDOW = 4  # blob messages in flight per worker: bounds what either side queues
 MAX_OPEN_BYTES = (64 << 20) + (1 << 16)  # the manifest (at most 64 MiB, manifest.py) and the other fields
+MAX_DILATE = 1000.0  # --dilate: a 100 ms fragment then pads to 100 s, past any sensible --timeout
 # msgpack writes a float in 9 bytes: this many timings keep a `done` header well inside MAX_HEADER_BYTES.
 MAX_TIMED_STEPS = (MAX_HEADER_BYTES - 4096) // 9
 
@@ -67,11 +77,12 @@ _FIELDS: dict[str, dict[str, tuple]] = {
     # coordinator -> worker
     "hello": {"protocol": (_INT,), "edgec": (_STR,)},
     "open": {"device": (_STR,), "manifest": (_BIN,), "path": (_STR,), "inflight": (_INT,), "emulate": (_BOOL,),
-             "compress": (_STR,)},
+             "compress": (_STR,), "dilate": (_NUM, _INT)},
     "blob": {"sha256": (_STR,), "offset": (_INT,), "size": (_INT,)},
     "peers": {"peers": (dict,)},
     "run": {"req": (_INT,)},
     "sync": {"seq": (_INT,)},
+    "grant": {"seq": (_INT,), "wait_ms": (_NUM, _INT)},
     "ping": {},
     "end": {},
     # worker -> coordinator
@@ -85,6 +96,8 @@ _FIELDS: dict[str, dict[str, tuple]] = {
     "synced": {"seq": (_INT,), "clock": (_NUM,)},
     "done": {"req": (_INT,), "run_ms": (_NUM, _INT), "frag_ms": (list,), "clocks": (list,)},
     "error": {"kind": (_STR,), "req": (_INT,), "message": (_STR,)},
+    "channel": {"seq": (_INT,), "ms": (_NUM, _INT), "since_ms": (_NUM, _INT)},
+    "overrun": {"req": (_INT,), "fragments": (list,), "measured_ms": (list,)},
     "bye": {"stats": (dict,)},
     # either way (checked in full by transport.decode_tensor)
     "tensor": {},
@@ -112,7 +125,9 @@ def parse(frames: list[zmq.Frame], allowed: frozenset[str] | set[str]) -> tuple[
         if value is _MISSING or not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
             raise BadMessage(f"{kind}: field {key!r} missing or not {'/'.join(t.__name__ for t in types)}")
     for key in _FINITE.get(kind, ()):
-        _check_numbers(kind, key, msg[key])
+        _check_numbers(kind, key, msg[key], *_RANGE.get(kind, {}).get(key, (-math.inf, math.inf)))
+    if kind == "overrun":
+        _check_overrun(msg)
     has_payload = len(frames) == 2
     if has_payload != (kind in _PAYLOAD):
         raise BadMessage(f"{kind}: {'unexpected' if has_payload else 'missing'} payload frame")
@@ -122,16 +137,29 @@ def parse(frames: list[zmq.Frame], allowed: frozenset[str] | set[str]) -> tuple[
 _MISSING = object()
 # Fields that must hold finite numbers (a number, or a list of them): timings are subtracted and compared,
 # and NaN or infinity would reach the report as a figure.
-_FINITE = {"synced": ("clock",), "done": ("frag_ms", "clocks")}
+_FINITE = {"synced": ("clock",), "done": ("frag_ms", "clocks"), "open": ("dilate",), "grant": ("wait_ms",),
+           "channel": ("ms", "since_ms"), "overrun": ("measured_ms",)}
+# Numbers that must also lie in a range (a negative duration would run the emulated clock backwards).
+_RANGE = {"open": {"dilate": (1.0, MAX_DILATE)}, "channel": {"ms": (0.0, math.inf), "since_ms": (0.0, math.inf)},
+          "overrun": {"measured_ms": (0.0, math.inf)}}
 
 
-def _check_numbers(kind: str, key: str, value: Any) -> None:
+def _check_numbers(kind: str, key: str, value: Any, lo: float, hi: float) -> None:
     values = value if isinstance(value, list) else [value]
     if len(values) > MAX_TIMED_STEPS:
         raise BadMessage(f"{kind}: field {key!r} has {len(values)} entries (at most {MAX_TIMED_STEPS})")
     for v in values:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise BadMessage(f"{kind}: field {key!r} holds {str(v)[:40]!r}, not a finite number")
+        if not lo <= v <= hi:
+            raise BadMessage(f"{kind}: field {key!r} holds {v!r}, outside [{lo:g}, {hi:g}]")
+
+
+def _check_overrun(msg: dict) -> None:
+    """One fragment id (a string) per measured time."""
+    fragments = msg["fragments"]
+    if len(fragments) != len(msg["measured_ms"]) or not all(isinstance(f, str) for f in fragments):
+        raise BadMessage("overrun: 'fragments' must hold one fragment id per entry of 'measured_ms'")
 
 
 class DropLog:

@@ -10,7 +10,12 @@ Once the coordinator has asked for this worker's clock (`sync`, for `edgec run -
 timed: each fragment run, the moment each device-to-device send starts and the moment each tensor from
 another device is taken off the data socket, sent back in `done` (protocol.py). An arrival is stamped when
 this worker's loop reads the socket: while it runs a fragment it does not read, so a tensor that arrives
-meanwhile is stamped when the run ends (its measured transfer includes that wait)."""
+meanwhile is stamped when the run ends (its measured transfer includes that wait).
+
+Under --emulate (emulate.py) each fragment run is padded to predicted_ms x the run's dilation, and each burst
+of consecutive sends travels on the device's DelayedLinks, its step list waiting for the burst to end; on a
+shared medium the burst first asks the coordinator for the channel. A send's clock is then the emulated start
+of its transfer, and runs slower than their padding are reported (`overrun`)."""
 
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import zmq
@@ -35,8 +40,8 @@ from .manifest import HOST, Concat, Free, Manifest, Recv, Run, Send, Slice, deco
 from .net import parse_endpoint
 from .protocol import MAX_TIMED_STEPS, DropLog, parse
 from .schedule import recv_keys, send_targets
-from .transport import BadMessage, TensorHeader, TensorMsg, contiguous, decode_tensor, frame_sender, pack, send_tensor, \
-    tensor_header
+from .transport import POLL_MS, BadMessage, TensorHeader, TensorMsg, contiguous, decode_tensor, frame_sender, pack, \
+    send_tensor, tensor_header
 
 if TYPE_CHECKING:
     from .worker import Daemon
@@ -53,7 +58,7 @@ _ALLOWED = {
     "hello": frozenset({"open", "ping", "end"}),
     "loading": frozenset({"blob", "ping", "end"}),
     "loaded": frozenset({"peers", "ping", "end"}),
-    "ready": frozenset({"run", "tensor", "sync", "ping", "end"}),
+    "ready": frozenset({"run", "tensor", "sync", "grant", "ping", "end"}),
 }
 
 
@@ -76,6 +81,7 @@ class Session:
         self.device = ""
         self.label = "manifest"
         self.emulate = False
+        self.dilate = 1.0  # --emulate --dilate K: every predicted time and delay x K
         self.compress = "none"
         self.choosers: dict[str, Chooser] = {}  # per destination device: its link's codec choices
         self.executor: Executor | None = None
@@ -100,6 +106,9 @@ class Session:
         # (request, sender, name) -> this worker's clock when the tensor arrived, until its recv step takes it;
         # bounded like the inbox, which holds the same keys.
         self.arrivals: dict[tuple[int, str, str], float] = {}
+        self.channel_seq = 0  # the shared medium's channel requests (`channel`), numbered
+        self.asked: tuple[int, float] | None = None  # the request awaiting its grant: (seq, this worker's clock)
+        self.grants: dict[int, float] = {}  # request seq -> this worker's clock at which its burst starts
 
     # -- control messages from the coordinator --------------------------------------------------------
     def reply(self, **msg) -> None:
@@ -131,6 +140,14 @@ class Session:
             self.timings = True
         self.reply(t="synced", seq=msg["seq"], clock=time.monotonic())
 
+    def _on_grant(self, msg: dict, payload) -> None:
+        if self.asked is None or msg["seq"] != self.asked[0]:
+            return self.drops.drop("a grant of the channel that answers no request", msg["seq"])
+        # The coordinator's clock read when it reserved is mapped to the middle of the round trip (as Cristian's
+        # method does): half the round trip early or late at worst, usually much less.
+        self.grants[msg["seq"]] = (self.asked[1] + time.monotonic()) / 2.0 + msg["wait_ms"] / 1000.0
+        self.asked = None
+
     def _on_open(self, msg: dict, payload) -> None:
         self.label = msg["path"][:500]
         m = parse_manifest(decode_manifest_json(msg["manifest"], self.label), self.label)
@@ -139,7 +156,7 @@ class Session:
             raise InputError(f"{self.label}: device {device!r} has no steps in this manifest")
         if not 1 <= inflight <= MAX_INFLIGHT:
             raise InputError(f"inflight {inflight}: expected 1 to {MAX_INFLIGHT}")
-        self.manifest, self.device, self.emulate = m, device, msg["emulate"]
+        self.manifest, self.device, self.emulate, self.dilate = m, device, msg["emulate"], float(msg["dilate"])
         # Absent from an older coordinator's "open": it sends and expects raw tensors.
         self.compress = parse_mode(msg["compress"])
         for frag in m.device_fragments(device):
@@ -215,7 +232,7 @@ class Session:
         if self.compress == "auto" and self.peers:
             calibrate()  # measured now (about 0.1 s, once per process), not during the first request
         if self.emulate:
-            self.links = DelayedLinks(m, self.device)
+            self.links = DelayedLinks(m, self.device, self.dilate)
         self.state = "ready"
         self.reply(t="ready")
 
@@ -302,7 +319,7 @@ class Session:
             return
         self.stats["bytes_received"] += tensor.nbytes
         self.stats["bytes_received_raw"] += tensor.array.nbytes
-        if self.timings and arrived is not None:
+        if (self.timings or self.emulate) and arrived is not None:
             self.arrivals[(tensor.req, tensor.src, tensor.name)] = arrived
 
     # -- requests -------------------------------------------------------------------------------------
@@ -317,6 +334,9 @@ class Session:
         run_s = steps.execute()
         self.inbox.advance(req)
         self.stats["requests"] += 1
+        if steps.overruns:
+            self.reply(t="overrun", req=req, fragments=[f for f, _ in steps.overruns],
+                       measured_ms=[ms for _, ms in steps.overruns])
         self.reply(t="done", req=req, run_ms=run_s * 1000.0, frag_ms=steps.frag_ms, clocks=steps.clocks)
 
     def wait_for(self, key: tuple[int, str, str]) -> np.ndarray:
@@ -336,7 +356,31 @@ class Session:
             self.stats["bytes_sent"] += wire
             self.stats["bytes_sent_raw"] += raw
 
-    def send_peer(self, req: int, to: str, name: str, array: np.ndarray) -> None:
+    def acquire_channel(self, duration_s: float, ready: float) -> float:
+        """The shared medium's one channel for a burst of duration_s that could have started at `ready` (this
+        worker's clock): asks the coordinator and serves the sockets until it grants it; returns this
+        worker's clock at which the burst starts (before now when the channel was free since `ready`)."""
+        seq = self.channel_seq
+        self.channel_seq += 1
+        self.asked = (seq, time.monotonic())
+        self.reply(t="channel", seq=seq, ms=duration_s * 1000.0, since_ms=max(0.0, self.asked[1] - ready) * 1000.0)
+        while seq not in self.grants:
+            self.d.pump()
+            self.check_idle()
+        return self.grants.pop(seq)
+
+    def hold_until(self, deadline: float) -> None:
+        """Serve the sockets until this worker's clock reaches `deadline` (poll waits whole milliseconds: the
+        last one is slept)."""
+        while (left := deadline - time.monotonic()) > 0:
+            if left > 0.002:
+                self.d.pump(min(POLL_MS, int(left * 1000.0) - 1))
+            else:
+                time.sleep(left)
+
+    def encode_peer(self, req: int, to: str, name: str, array: np.ndarray) -> tuple[int, Callable[[], None]]:
+        """A tensor for a peer device, compressed as the run says: (its bytes on the wire, the call that
+        sends it)."""
         sock = self.peers[to]
         arr = contiguous(array)  # the header's shape and the payload must describe the same bytes
         start = time.perf_counter()
@@ -354,10 +398,7 @@ class Session:
                                f"{SEND_TIMEOUT_MS // 1000} s") from None
             self._count_sent(wire, arr.nbytes)
 
-        if self.links is None:
-            send()
-        else:
-            self.links.submit(to, wire, send)  # the link carries the bytes actually sent
+        return wire, send
 
     # -- end ------------------------------------------------------------------------------------------
     def close(self) -> None:
@@ -394,23 +435,27 @@ class Steps:
         # device-to-device send and recv step (the order of timed_steps).
         self.frag_ms: list[float] = []
         self.clocks: list[float] = []
+        self.burst: list[tuple[str, int, Callable[[], None]]] = []  # emulated sends not yet on the link
+        self.overruns: list[tuple[str, float]] = []  # emulated runs slower than their padding: (fragment, ms)
+        # Emulation: this worker's clock when the device finished its last step in the planner's timeline (a
+        # run, a burst of sends, a tensor's arrival). Steps the planner counts as free (slice, concat, free,
+        # sends to the host, decoding and encoding tensors) take real time on this host; counting the next
+        # run and burst from here absorbs it.
+        self.ready = time.monotonic()
 
     def execute(self) -> float:
         """Run the steps; returns the total (emulated) fragment run time in seconds."""
         s, store, run_s = self.s, {}, 0.0
         for step in s.manifest.steps[self.device]:
+            if not isinstance(step, Send):
+                self.flush()
             if isinstance(step, Run):
-                elapsed = s.executor.run(step.fragment, store)
-                if s.emulate:
-                    elapsed = pad_run(s.executor.fragments[step.fragment], elapsed)
+                elapsed = self.run(step, store)
                 run_s += elapsed
                 if s.timings:
                     self.frag_ms.append(elapsed * 1000.0)
             elif isinstance(step, Recv):
-                key = (self.req, step.src, step.tensor)
-                store[step.tensor] = s.wait_for(key)
-                if s.timings and step.src != HOST:
-                    self.clocks.append(s.arrivals.pop(key))
+                store[step.tensor] = self.recv(step)
             elif isinstance(step, Send):
                 self.send(step, store[step.tensor])
             elif isinstance(step, Slice):
@@ -420,19 +465,70 @@ class Steps:
             elif isinstance(step, Free):
                 for name in step.tensors:
                     del store[name]
-        if s.links is not None:
+        self.flush()
+        if s.links is not None:  # a send delivered after the last hold may have failed
             s.links.raise_if_failed()
         return run_s
 
+    def run(self, step: Run, store: dict[str, np.ndarray]) -> float:
+        """The fragment's run time (s). Emulated: padded to its predicted time x the dilation, counted from
+        when the device was ready for it."""
+        s = self.s
+        elapsed = s.executor.run(step.fragment, store)
+        if not s.emulate:
+            return elapsed
+        frag = s.executor.fragments[step.fragment]
+        taken = time.monotonic() - self.ready
+        emulated = pad_run(frag, taken, s.dilate)
+        if taken > frag.predicted_ms * s.dilate / 1000.0:
+            self.overruns.append((frag.id, taken * 1000.0))
+        self.ready += emulated
+        return emulated
+
+    def recv(self, step: Recv) -> np.ndarray:
+        s = self.s
+        key = (self.req, step.src, step.tensor)
+        array = s.wait_for(key)
+        if step.src == HOST:  # free in the planner's model: the device's timeline does not wait for it
+            return array
+        arrived = s.arrivals.pop(key, None)
+        if s.timings:
+            self.clocks.append(arrived)
+        if s.emulate:
+            self.ready = max(self.ready, arrived)
+        return array
+
     def send(self, step: Send, array: np.ndarray) -> None:
-        if self.s.timings and step.to != HOST:
+        s = self.s
+        if s.timings and step.to != HOST and s.links is None:  # emulated: stamped when its transfer starts
             self.clocks.append(time.monotonic())
         for r in region_ranges(step.region):  # a box: one view per axis, still no copy
             array = self.cut(array, r.axis, r.start, r.stop, step.tensor)
-        if step.to == HOST:
-            self.s.send_output(self.req, step.name, array)
+        if step.to == HOST:  # free in the planner's model: never delayed
+            s.send_output(self.req, step.name, array)
+            return
+        wire, send = s.encode_peer(self.req, step.to, step.name, array)
+        if s.links is None:
+            send()
         else:
-            self.s.send_peer(self.req, step.to, step.name, array)
+            self.burst.append((step.to, wire, send))  # the link carries the bytes actually sent
+
+    def flush(self) -> None:
+        """Emulation: put the burst of consecutive sends on the link (on a shared medium, once the coordinator
+        grants the channel for all of it) and wait for its end, as the planner's sender does."""
+        if not self.burst:
+            return
+        s, burst, self.burst = self.s, self.burst, []
+        links = s.links
+        start = self.ready
+        if links.shared:
+            start = s.acquire_channel(sum(links.duration_s(to, n) for to, n, _ in burst), self.ready)
+        starts = [links.submit(to, n, send, not_before=start) for to, n, send in burst]
+        if s.timings:
+            self.clocks.extend(starts)
+        s.hold_until(links.busy_until)
+        self.ready = links.busy_until
+        links.raise_if_failed()
 
     def cut(self, array: np.ndarray, axis: int, start: int, stop: int, name: str) -> np.ndarray:
         """array[start:stop] along axis, as a view (send copies only if the view is not contiguous)."""

@@ -56,13 +56,14 @@ def test_chain_random_inputs_verify_json(chain):
     assert res.exit_code == 0, res.stderr
     report = json.loads(res.stdout)
     assert set(report) == {"manifest", "latency_ms", "latencies_ms", "throughput_ips", "inflight", "compress",
-                           "outputs", "verify", "devices", "completed", "lost", "failovers"}
+                           "outputs", "verify", "devices", "completed", "lost", "failovers", "emulation"}
     assert len(report["latencies_ms"]) == 3 and report["latency_ms"] > 0
     assert report["throughput_ips"] > 0 and report["inflight"] == 3  # a two-stage pipeline and its link
     assert report["completed"] == 3 and report["lost"] == 0 and report["failovers"] == []
     assert report["outputs"] == [{"name": "prob", "shape": [1, 10], "dtype": "float32"}]
     assert report["verify"]["passed"] is True and report["verify"]["worst_output"] == "prob"
     assert report["verify"]["tolerance"] == 1e-4
+    assert report["verify"]["requests_checked"] == 4 and report["emulation"] is None  # the warm-up too
     assert set(report["devices"]) == {"pi5-a", "pi4-a"}
     assert all(d["fragments_run_ms"] > 0 and d["local"] and d["requests"] == 4 for d in report["devices"].values())
     assert not workers_of(chain.path)
