@@ -598,4 +598,8 @@ def test_a_worker_holding_resnet50_fragments_uses_at_most_their_weights_plus_120
         print(f"{name}: {weights_mb:.1f} MB of fragments, worker RSS {rss:.1f} MB")
         assert rss <= weights_mb + 120, (name, weights_mb, rss)
     for w in workers.values():  # and the memory is given back when the run ends
+        # The worker says bye (with its counts, fragments still loaded) before it frees them: allow it a moment.
+        deadline = time.monotonic() + 10.0
+        while w.rss_mb() >= 100 and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert w.rss_mb() < 100
