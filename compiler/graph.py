@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
-__all__ = ["TensorInfo", "Window", "Layer", "LayerGraph", "COST_CLASSES"]
+__all__ = ["TensorInfo", "Window", "Layer", "LayerGraph", "COST_CLASSES", "SMALL_FRACTION"]
+
+# A tensor live across a cut is small when this many copies of it fit in the cut's largest tensor.
+SMALL_FRACTION = 16
 
 # Operator classes used by the cost model (profiles give a throughput for each compute class).
 COST_CLASSES = ("conv", "depthwise_conv", "gemm", "pool", "elementwise", "norm", "softmax", "data", "other")
@@ -79,40 +82,72 @@ class LayerGraph:
         return {t: tuple(v) for t, v in out.items()}
 
     def live_across(self, cut: int) -> tuple[str, ...]:
-        """Activations produced by layers < cut and consumed by layers >= cut (sorted by producer)."""
-        live = []
-        for t, users in self.consumers.items():
-            p = self.producer.get(t)
-            if p is not None and p < cut and any(u >= cut for u in users):
-                live.append((p, t))
-        return tuple(t for _, t in sorted(live))
+        """Activations produced by layers < cut and consumed by layers >= cut (sorted by producer, then
+        name)."""
+        if 0 <= cut <= len(self.layers):
+            return self._live_sets[cut]
+        return ()
 
     def cut_bytes(self, cut: int) -> int:
         return sum(self.tensors[t].nbytes for t in self.live_across(cut))
+
+    @cached_property
+    def _live_sets(self) -> tuple[tuple[str, ...], ...]:
+        """[c] = live_across(c) for every position 0..L (one sweep instead of L scans)."""
+        n = len(self.layers)
+        live: list[list[tuple[int, str]]] = [[] for _ in range(n + 1)]
+        for t, users in self.consumers.items():
+            p = self.producer.get(t)
+            if p is None:
+                continue
+            for c in range(p + 1, max(users) + 1):
+                live[c].append((p, t))
+        return tuple(tuple(t for _, t in sorted(v)) for v in live)
 
     @cached_property
     def block_cuts(self) -> tuple[int, ...]:
         """Cut positions (1..L-1) across which exactly one activation is live: serial block boundaries.
 
         Between two consecutive block cuts lies a single-entry/single-exit block, so a branching graph
-        (Inception, ResNet, DenseNet, transformer) plans as a chain of blocks.
+        (Inception, ResNet, DenseNet, transformer) plans as a chain of blocks. Spatial regions start and
+        end only here (they tile ONE tensor at a region boundary); pipeline stages use `pipeline_cuts`.
         """
-        n = len(self.layers)
-        count = [0] * (n + 1)
-        for t, users in self.consumers.items():
-            p = self.producer.get(t)
-            if p is None:
-                continue
-            last = max(users)
-            for c in range(p + 1, last + 1):
-                count[c] += 1
-        return tuple(c for c in range(1, n) if count[c] == 1)
+        return tuple(c for c in range(1, len(self.layers)) if len(self._live_sets[c]) == 1)
 
     @cached_property
     def blocks(self) -> tuple[tuple[int, int], ...]:
         """Half-open layer ranges [lo, hi) between consecutive block cuts, covering every layer."""
-        edges = (0, *self.block_cuts, len(self.layers))
-        return tuple((edges[i], edges[i + 1]) for i in range(len(edges) - 1))
+        return _ranges(self.block_cuts, len(self.layers))
+
+    def is_small(self, tensor: str, cut: int) -> bool:
+        """Whether `tensor` (live across `cut`) is small there: SMALL_FRACTION copies of it fit in the
+        largest tensor live across the cut.
+
+        A small tensor rides along a cut: an attention mask (512 bytes beside a 393,216-byte hidden
+        state), position ids, an SE block's channel scales. The bound is relative, not absolute, because
+        what a cut point must exclude is a second tensor of the main activation's order - a residual
+        skip, an Inception branch - and on a tiny model every tensor is a few KiB: an absolute floor
+        would make every position of such a CNN a cut point. 1/16 keeps a cut's extra traffic and its
+        per-message latencies minor next to the main tensor while admitting every mask and id vector
+        (a [1, S] mask against a [1, S, d] state is 1/d or less). Transfers are priced per tensor
+        whatever the rule, so the rule only bounds the search space: it never makes a price wrong.
+        """
+        largest = max(self.tensors[t].nbytes for t in self._live_sets[cut])
+        return self.tensors[tensor].nbytes * SMALL_FRACTION <= largest
+
+    @cached_property
+    def pipeline_cuts(self) -> tuple[int, ...]:
+        """Cut positions (1..L-1) where pipeline stages may meet: at least one activation is live and at
+        most one live activation is not small (`is_small`). Every block cut is one; so is, in a
+        transformer, each encoder boundary and each attention/feed-forward boundary (the hidden state
+        plus the attention mask). Every tensor live across a cut is sent (pipeline.py prices each)."""
+        return tuple(c for c in range(1, len(self.layers)) if self._live_sets[c]
+                     and sum(not self.is_small(t, c) for t in self._live_sets[c]) <= 1)
+
+    @cached_property
+    def pipeline_blocks(self) -> tuple[tuple[int, int], ...]:
+        """Half-open layer ranges [lo, hi) between consecutive pipeline cuts, covering every layer."""
+        return _ranges(self.pipeline_cuts, len(self.layers))
 
     @cached_property
     def footprint_bytes(self) -> tuple[int, ...]:
@@ -138,3 +173,8 @@ class LayerGraph:
     @property
     def total_param_bytes(self) -> int:
         return sum(layer.param_bytes for layer in self.layers)
+
+
+def _ranges(cuts: tuple[int, ...], n: int) -> tuple[tuple[int, int], ...]:
+    edges = (0, *cuts, n)
+    return tuple((edges[i], edges[i + 1]) for i in range(len(edges) - 1))

@@ -8,8 +8,8 @@ from typing import Any
 
 from edgec.runtime import MANIFEST_FORMAT
 from edgec.runtime.errors import InputError
-from edgec.runtime.manifest import (Fallback, Manifest, Region, Regions, Transfer, load_fallback, parse_manifest,
-                                    read_manifest_json, region_ranges)
+from edgec.runtime.manifest import (Fallback, Manifest, Recv, Region, Regions, Send, Transfer, load_fallback,
+                                    parse_manifest, read_manifest_json, region_ranges)
 
 from .errors import UserError
 from .cost.memory import device_memory_bytes
@@ -149,7 +149,7 @@ def inspect_summary(ing, cost) -> dict:
         layers.append(entry)
     out = {"model": str(ing.path), "sha256": ing.sha256, "inputs": list(g.inputs), "outputs": list(g.outputs),
            "total_flops": g.total_flops, "total_param_bytes": g.total_param_bytes, "block_cuts": list(g.block_cuts),
-           "layers": layers}
+           "pipeline_cuts": [{"cut": c, "tensors": list(g.live_across(c))} for c in g.pipeline_cuts], "layers": layers}
     if cost is not None:
         out["devices"] = [{"name": d, "measured": m, "total_ms": round(float(cost.layer_ms[:, j].sum()), 4)}
                           for j, (d, m) in enumerate(zip(cost.devices, cost.measured))]
@@ -164,6 +164,9 @@ def format_inspect(s: dict) -> str:
     body = table(["#", "layer", "ops", "class", "type", "MFLOP", "param MB", "out MB", *[f"{d} ms" for d in devs]], rows)
     cuts = s["block_cuts"]
     head += f"\nblock cuts: {', '.join(map(str, cuts)) or 'none'} ({len(cuts) + 1} serial blocks)"
+    several = [f"{c['cut']} ({' + '.join(c['tensors'])})" for c in s.get("pipeline_cuts", []) if len(c["tensors"]) > 1]
+    if several:
+        head += f"\npipeline cuts carrying several tensors: {', '.join(several)}"
     tail = "\n".join(f"{d['name']}: {d['total_ms']:.3f} ms for the whole model" + (" (measured)" if d["measured"] else "")
                      for d in s.get("devices", []))
     return "\n".join(x for x in (head, body, tail) if x)
@@ -290,13 +293,23 @@ def _plan_tile(r: _PlanReader, t: Any, w: str) -> PlanTile:
     return PlanTile(device, rows, None if t.get("cols") is None else r.span(t["cols"], f"{w}.cols"))
 
 
-def _exchange_kind(t: Transfer) -> str:
+def _exchange_kind(t: Transfer, passed_on: set[tuple[str, str, str]]) -> str:
     """scatter: rows of a whole tensor to a tile; halo: rows of one tile to a neighbour; gather: a whole
-    tile to the device that assembles the tensor; transfer: a whole tensor between pipeline stages."""
+    tile to the device that assembles the tensor; transfer: a whole tensor between pipeline stages;
+    forward: a whole tensor that a pipeline stage received and passes on (`_passed_on`)."""
     tiled = "@" in t.tensor
     if t.region is not None:
         return "halo" if tiled else "scatter"
-    return "gather" if tiled else "transfer"
+    if tiled:
+        return "gather"
+    return "forward" if (t.src, t.dst, t.tensor) in passed_on else "transfer"
+
+
+def _passed_on(m: Manifest) -> set[tuple[str, str, str]]:
+    """(src, dst, tensor) of every send of a tensor its sender received, under the same name."""
+    received = {(dev, s.tensor) for dev, steps in m.steps.items() for s in steps if isinstance(s, Recv)}
+    return {(dev, s.to, s.tensor) for dev, steps in m.steps.items() for s in steps
+            if isinstance(s, Send) and s.name == s.tensor and (dev, s.tensor) in received}
 
 
 def _region_json(region: Regions | None) -> dict | list | None:
@@ -309,7 +322,8 @@ def _region_json(region: Regions | None) -> dict | list | None:
 
 def plan_summary(doc: ManifestFile) -> dict:
     """What a manifest's plan does: stages, each spatial segment's tiles (device, rows, fragment) and
-    every tensor that crosses a link, classified (scatter, halo, gather, transfer)."""
+    every tensor that crosses a link, classified (scatter, halo, gather, transfer, forward): all the
+    tensors of a cut that carries several, one row each."""
     m = doc.manifest
     plan = read_plan(doc.plan, m.path)
     by_device: dict[str, list] = {}
@@ -325,7 +339,8 @@ def plan_summary(doc: ManifestFile) -> dict:
                 entry = {"stage": si, "segment": gi, "layers": list(seg.layers), "axis": st.spatial.axis_text,
                          "device": t.device, "rows": list(t.rows), "fragment": frag}
                 tiles.append(entry | ({"cols": list(t.cols)} if t.cols is not None else {}))
-    exchanges = [{"kind": _exchange_kind(t), "src": t.src, "dst": t.dst, "tensor": t.tensor,
+    passed_on = _passed_on(m)
+    exchanges = [{"kind": _exchange_kind(t, passed_on), "src": t.src, "dst": t.dst, "tensor": t.tensor,
                   "region": _region_json(t.region), "bytes": t.bytes} for t in m.transfers]
     totals: dict[str, int] = {}
     for e in exchanges:

@@ -47,6 +47,8 @@ def _registry() -> dict[str, _Entry]:
                               "cnn", "mobilenetv2"),
         "transformer": _Entry("DistilBERT-size encoder: 6 layers, 768 hidden, seq 128, opset 17",
                               "transformer", "build", ("transformer",)),
+        "yolo_focus": _Entry("YOLOv5-style detector on 1x3x320x320: Focus stem (strided Slices + Concat), CSP "
+                             "backbone with SiLU, nearest Resize neck, two 1x1 heads, opset 13", "detector", "yolo_focus"),
         "tinyconv": _Entry("tiny CNN on 1x3x37x29: strided/dilated/grouped/depthwise convs, pools, "
                            "BN, Add, Concat, softmax 10", "tiny", "tinyconv"),
         "tinychain": _Entry("8 conv+relu layers on 1x3x32x32, then Flatten + Gemm 10", "tiny", "tinychain"),

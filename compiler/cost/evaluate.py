@@ -13,7 +13,9 @@ from .network import message_ms
 from .table import CostTable
 from .tiles import predict_stage
 
-__all__ = ["Transfer", "Event", "Prediction", "crossing_tensors", "evaluate", "simulate_manifest"]
+__all__ = ["Transfer", "Event", "Prediction", "Hop", "crossing_tensors", "tensor_hops", "evaluate", "simulate_manifest"]
+
+Hop = tuple[str, int, int]  # (tensor, sending stage, receiving stage)
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,7 @@ class Prediction:
     transfers: tuple[Transfer, ...]
     timeline: tuple[Event, ...]
     tile_ms: dict = field(default_factory=dict)  # (stage, segment, tile) -> compute ms of that tile
+    hops: tuple[Hop, ...] = ()  # the stage-to-stage messages timed here (tensor_hops); the emitter sends these
 
     @property
     def bytes_transferred(self) -> int:
@@ -72,28 +75,103 @@ def crossing_tensors(plan: Plan, graph: LayerGraph) -> list[tuple[str, int, int]
     return sorted(out, key=lambda x: (x[1], x[2], graph.producer[x[0]], x[0]))
 
 
+def tensor_hops(plan: Plan, graph: LayerGraph, direct: frozenset[str] = frozenset()) -> list[Hop]:
+    """The messages that carry activations between stages, sorted (sender, receiver, producer, name).
+
+    A tensor in `direct` goes from its producer's stage straight to each stage that uses it; any other
+    is forwarded stage to stage up to its last user, each stage in between receiving it and passing it on
+    (how the pipeline planner prices it). A tensor is never forwarded through a spatial stage (whose
+    boundaries carry one tensor each, so none passes through it): it goes direct. A stage whose device
+    already holds the tensor (consecutive stages on one device share its store) takes it from that
+    device's stage that got it first: a hop between stages on one device, free and sent by nobody.
+    """
+    stage_of = plan.stage_of_layer()
+    devs = [s.device for s in plan.stages]
+    out = []
+    for t, users in graph.consumers.items():
+        p = graph.producer.get(t)
+        if p is None:
+            continue
+        src = stage_of[p]
+        dsts = sorted({stage_of[u] for u in users} - {src})
+        if not dsts:
+            continue
+        if t in direct or not _forwardable(plan, src, dsts[-1]):
+            pairs = [(src, b) for b in dsts]
+        else:
+            pairs = [(j, j + 1) for j in range(src, dsts[-1])]
+        first = {devs[src]: src}  # device -> the stage at which it got t
+        for a, b in pairs:
+            out.append((t, first.get(devs[b], a), b))
+            first.setdefault(devs[b], b)
+    return sorted(out, key=lambda x: (x[1], x[2], graph.producer[x[0]], x[0]))
+
+
+def _forwardable(plan: Plan, src: int, last: int) -> bool:
+    return all(plan.stages[j].spatial is None for j in range(src + 1, last))
+
+
 def evaluate(plan: Plan, graph: LayerGraph, cost: CostTable) -> Prediction:
     """One input flows through the stages; a stage starts when all its inputs have arrived.
 
     Throughput is set by the busiest resource when inputs stream through: a device's compute, or a link
     (each pair its own link on a switched network; one channel for all transfers on a shared medium).
+    Each tensor that skips a stage is forwarded or sent direct (`tensor_hops`) as `_route` decides.
     """
     # Spatial stages (tiles across devices) are timed by the tile cost model: scatter .. gather.
     spatial = {k: predict_stage(s, graph, cost) for k, s in enumerate(plan.stages) if s.spatial is not None}
     stage_ms = tuple(spatial[k]["latency_ms"] if k in spatial else float(cost.layer_ms[s.lo:s.hi, cost.index(s.device)].sum())
                      for k, s in enumerate(plan.stages))
+    return _route(plan, graph, cost, spatial, stage_ms)
+
+
+def _route(plan: Plan, graph: LayerGraph, cost: CostTable, spatial: dict, stage_ms: tuple[float, ...]) -> Prediction:
+    """The prediction with the best routes: starting from every tensor forwarded (the pipeline planner's
+    price), each tensor that skips a stage, in (producer, name) order, goes direct when that is no worse
+    under the plan's objective (ties go direct: fewer messages). Never worse than all forwarded."""
+    def key(pred: Prediction) -> tuple[float, float]:
+        main = (pred.latency_ms, pred.bottleneck_ms)
+        return main if plan.objective == "latency" else main[::-1]
+
+    direct: frozenset[str] = frozenset()
+    best = _predict(plan, graph, cost, spatial, stage_ms, tensor_hops(plan, graph, direct))
+    for t in _skipping(plan, graph):
+        trial = _predict(plan, graph, cost, spatial, stage_ms, tensor_hops(plan, graph, direct | {t}))
+        if key(trial) <= key(best):
+            direct, best = direct | {t}, trial
+    return best
+
+
+def _skipping(plan: Plan, graph: LayerGraph) -> list[str]:
+    """Tensors whose last user is beyond the stage after their producer's, in (producer, name) order:
+    the ones that forwarding and direct sending route differently."""
+    stage_of = plan.stage_of_layer()
+    out = []
+    for t, users in graph.consumers.items():
+        p = graph.producer.get(t)
+        if p is None:
+            continue
+        src, last = stage_of[p], max(stage_of[u] for u in users)
+        if last > src + 1 and _forwardable(plan, src, last):
+            out.append((p, t))
+    return [t for _, t in sorted(out)]
+
+
+def _predict(plan: Plan, graph: LayerGraph, cost: CostTable, spatial: dict, stage_ms: tuple[float, ...],
+             hops: list[Hop]) -> Prediction:
+    """The timeline of one input when the stages exchange `hops` (each stage sends after it computes)."""
     transfers = tuple(
         Transfer(t, plan.stages[a].device, plan.stages[b].device,
                  graph.tensors[t].nbytes if plan.stages[a].device != plan.stages[b].device else 0,
                  cost.transfer_ms(graph.tensors[t].nbytes, plan.stages[a].device, plan.stages[b].device))
-        for t, a, b in crossing_tensors(plan, graph)
+        for t, a, b in hops
     )
     ready = [0.0] * len(plan.stages)
     finish = [0.0] * len(plan.stages)
     events: list[Event] = []
     channel_free = 0.0  # shared medium: one transfer at a time
     by_src: dict[int, list[tuple[Transfer, int]]] = {}
-    for tr, (_, a, b) in zip(transfers, crossing_tensors(plan, graph)):
+    for tr, (_, a, b) in zip(transfers, hops):
         by_src.setdefault(a, []).append((tr, b))
     for k, s in enumerate(plan.stages):
         finish[k] = ready[k] + stage_ms[k]
@@ -129,6 +207,7 @@ def evaluate(plan: Plan, graph: LayerGraph, cost: CostTable) -> Prediction:
         transfers=transfers,
         timeline=tuple(events),
         tile_ms={(k, seg, t): ms for k, sp in spatial.items() for (seg, t), ms in sp["tile_ms"].items()},
+        hops=tuple(hops),
     )
 
 

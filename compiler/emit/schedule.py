@@ -55,15 +55,16 @@ class _Schedule:
 
 def assemble_manifest(ing: Ingested, plan: Plan, pred: Prediction, frags: list[EmittedFragment], cluster_dict: dict,
                       outdir: Path, plan_info: dict) -> dict:
-    """The manifest: per stage, its device receives the stage's inputs, runs its fragment (a spatial
-    stage: scatters, runs tiles with halo exchange, gathers; see _spatial_steps) and sends what leaves.
+    """The manifest: per stage, its device receives the stage's inputs and the tensors it passes on, runs
+    its fragment (a spatial stage: scatters, runs tiles with halo exchange, gathers; see _spatial_steps)
+    and sends what leaves; the messages between stages are `pred.hops`, the ones `pred` timed.
 
     A transfer entry describes its send step: `tensor` is the name on the sender (a tile tensor's name
     says which rows of which graph tensor it holds, see tile_name), `region` the send's region of it."""
     graph = ing.graph
     stage_dev = [s.device for s in plan.stages]
-    stage_of = plan.stage_of_layer()
     crossing = crossing_tensors(plan, graph)
+    into = {(t, b): stage_dev[a] for t, a, b in pred.hops}  # (tensor, stage) -> the device it comes from
     by_id = {f.id: f for f in frags}
     sched = _Schedule(graph, [d["name"] for d in cluster_dict["devices"]])
     out_dev = {}
@@ -76,8 +77,9 @@ def assemble_manifest(ing: Ingested, plan: Plan, pred: Prediction, frags: list[E
             y = layout[-1][0].output
             inputs = (layout[0][0].input,)
             outputs = (y,) if y in graph.outputs or any(t == y and a == k for t, a, _ in crossing) else ()
-        for t in inputs:
-            src = HOST if t in graph.inputs else stage_dev[stage_of[graph.producer[t]]]
+        passed_on = [t for t, a, b in pred.hops if b == k and t not in inputs]
+        for t in (*inputs, *passed_on):
+            src = HOST if t in graph.inputs else into[t, k]
             if src != dev:  # consecutive stages on one device share its store
                 sched.steps[dev].append({"op": "recv", "tensor": t, "from": src})
         if layout is None:
@@ -85,12 +87,8 @@ def assemble_manifest(ing: Ingested, plan: Plan, pred: Prediction, frags: list[E
         else:
             later = {t for s in plan.stages[k + 1:] if s.device == dev for i in range(s.lo, s.hi) for t in graph.layers[i].inputs}
             _spatial_steps(sched, stage, layout, keep_input=inputs[0] in later)
-        for t in outputs:
-            for dst in sorted({stage_dev[b] for tt, a, b in crossing if tt == t and a == k} - {dev}, key=stage_dev.index):
-                sched.send(dev, dst, t, t)
-            if t in graph.outputs:
-                sched.send(dev, HOST, t, t)
-                out_dev[t] = dev
+        _stage_sends(sched, dev, outputs, [(t, stage_dev[b]) for t, a, b in pred.hops if a == k and stage_dev[b] != dev])
+        out_dev.update((t, dev) for t in outputs if t in graph.outputs)
     model_path = _relative_or_absolute(ing.path, outdir)
     return {
         "format": MANIFEST_FORMAT,
@@ -107,6 +105,22 @@ def assemble_manifest(ing: Ingested, plan: Plan, pred: Prediction, frags: list[E
         "predicted": pred.to_dict(),
         "plan": plan_info,
     }
+
+
+def _stage_sends(sched: _Schedule, dev: str, outputs, sends: list[tuple[str, str]]) -> None:
+    """A stage's sends after it runs: its messages to other devices (`sends`: (tensor, device), what it
+    produced and what it passes on) as one burst in the order the cost model times them, placed where
+    the first of its outputs that leaves appears; each graph output to the host where it appears."""
+    sent = {t for t, _ in sends}
+    for t in outputs:
+        if t in sent and sends:
+            for tensor, dst in sends:
+                sched.send(dev, dst, tensor, tensor)
+            sends = []
+        if t in sched.graph.outputs:
+            sched.send(dev, HOST, t, t)
+    for tensor, dst in sends:  # the stage only passes tensors on
+        sched.send(dev, dst, tensor, tensor)
 
 
 def _spatial_steps(sched: _Schedule, stage: Stage, layout, keep_input: bool) -> None:

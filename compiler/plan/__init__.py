@@ -1,7 +1,7 @@
 """Planners: each takes the layer graph, the cost table, an objective and options, and returns plans,
 best first (planner.py: `(graph, cost, objective, options) -> list[Plan]`); none touches ONNX.
 
-- pipeline.py: the exact pipeline planner and its problem (the chain of serial blocks priced per
+- pipeline.py: the exact pipeline planner and its problem (the chain of blocks between pipeline cuts priced per
   device); pareto.py: its Pareto DP for the shared medium; baselines.py: single, even, neurosurgeon.
 - spatial.py, spatial_search.py: the ADaPS-style spatial and hybrid searches (lanes.py runs them side
   by side); spatial_baselines.py: BBGraP, EdgeFlow, DeepThings.

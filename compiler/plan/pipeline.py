@@ -1,7 +1,8 @@
 """Exact pipeline planner: a layer-graph dynamic program over (blocks done, devices used, last device).
 
 `plan_pipeline` is the planner (graph, cost, objective, options) -> [Plan]. It sets up its problem
-(`pipeline_problem`: the chain of serial blocks priced on every device, a `PipelineProblem`) and
+(`pipeline_problem`: the chain of blocks between the graph's pipeline cuts, priced on every device, a
+`PipelineProblem`) and
 `solve_pipeline` splits the chain of blocks 0..B-1 into contiguous stages, gives every stage its own
 device (any subset of the devices, in any order) and returns the `top_k` best placements that fit
 memory, under the cost model of `PipelineProblem`. The pipeline baselines (baselines.py) and the
@@ -83,14 +84,21 @@ class PipelineProblem:
       - stage compute  = sum(block_ms[lo:hi, d])
       - stage memory   = sum(block_param_bytes[lo:hi]) + max(block_peak_act_bytes[lo:hi]); must be
                          <= device_mem_bytes[d]
-      - transfer between consecutive stages on devices a -> b across the cut after block c:
-                         cut_bytes[c] / bandwidth_bytes_per_ms[a, b] + link_latency_ms[a, b]
+      - transfer between consecutive stages on devices a -> b across the cut after block c: one
+                         message per tensor crossing the cut, each bytes / bandwidth_bytes_per_ms[a, b]
+                         + link_latency_ms[a, b] (a message of no bytes is free, as in the network
+                         model), summed in cut_tensor_bytes[c] order; when cut_tensor_bytes is None, one
+                         message of cut_bytes[c]
       - latency (one input)  = sum of stage compute + sum of transfers
       - bottleneck (pipelined) = max(max stage compute, link term) where the link term is the largest
                          transfer when medium == "switched" (each pair has its own link) and the sum of all
                          transfers when medium == "shared" (one channel carries every transfer)
       - throughput = 1000 / bottleneck (inputs per second)
     Input delivery to the first stage and output collection from the last are outside the model.
+
+    A tensor used beyond the next stage crosses every cut in between: it is priced as forwarded stage
+    to stage (the emitter sends it so, or straight from its producer when evaluate prices that no
+    higher, so a plan never runs slower than its DP price).
     """
 
     devices: tuple[str, ...]
@@ -102,6 +110,7 @@ class PipelineProblem:
     bandwidth_bytes_per_ms: np.ndarray  # [D, D]
     link_latency_ms: np.ndarray  # [D, D]
     medium: str = "switched"  # or "shared"
+    cut_tensor_bytes: tuple[tuple[int, ...], ...] | None = None  # [B-1]: each crossing tensor's bytes
 
     @property
     def n_blocks(self) -> int:
@@ -112,7 +121,13 @@ class PipelineProblem:
         return int(self.block_ms.shape[1])
 
     def transfer_ms(self, cut: int, src: int, dst: int) -> float:
-        return float(self.cut_bytes[cut] / self.bandwidth_bytes_per_ms[src, dst] + self.link_latency_ms[src, dst])
+        bw, lat = self.bandwidth_bytes_per_ms[src, dst], self.link_latency_ms[src, dst]
+        if self.cut_tensor_bytes is None:
+            return float(self.cut_bytes[cut] / bw + lat)
+        total = 0.0
+        for nbytes in self.cut_tensor_bytes[cut]:
+            total += nbytes / bw + lat if nbytes > 0 else 0.0
+        return float(total)
 
     def stage_memory(self, lo: int, hi: int) -> int:
         return int(self.block_param_bytes[lo:hi].sum() + self.block_peak_act_bytes[lo:hi].max())
@@ -161,8 +176,8 @@ class PipelineSolution:
 
 
 def pipeline_problem(graph: LayerGraph, cost: CostTable) -> PipelineProblem:
-    """Collapse the layer graph into its chain of serial blocks, priced on every device."""
-    blocks = graph.blocks
+    """Collapse the layer graph into the chain of blocks between its pipeline cuts, priced on every device."""
+    blocks = graph.pipeline_blocks
     cluster, net = cost.cluster, cost.network
     n = len(cluster.devices)
     bw = np.ones((n, n))
@@ -182,12 +197,13 @@ def pipeline_problem(graph: LayerGraph, cost: CostTable) -> PipelineProblem:
         bandwidth_bytes_per_ms=bw,
         link_latency_ms=lat,
         medium=cluster.medium,
+        cut_tensor_bytes=tuple(tuple(graph.tensors[t].nbytes for t in graph.live_across(hi)) for _, hi in blocks[:-1]),
     )
 
 
 def to_plan(sol: PipelineSolution, strategy: str, objective: str, graph: LayerGraph, problem: PipelineProblem) -> Plan:
     """A solution's block stages as a Plan of layer stages."""
-    blocks = graph.blocks
+    blocks = graph.pipeline_blocks
     stages = tuple(Stage(problem.devices[s.device], blocks[s.lo][0], blocks[s.hi - 1][1]) for s in sol.stages)
     return Plan(strategy, objective, stages).ensures(graph)
 
@@ -225,6 +241,20 @@ def validate_request(problem: PipelineProblem, objective: str) -> None:
     bw = np.asarray(problem.bandwidth_bytes_per_ms)
     if bw.size and (np.isnan(bw).any() or (bw < 0).any()):
         raise ValueError("bandwidth_bytes_per_ms must be non-negative (0 = no link)")
+    _validate_cut_tensors(problem)
+
+
+def _validate_cut_tensors(problem: PipelineProblem) -> None:
+    per_cut = problem.cut_tensor_bytes
+    if per_cut is None:
+        return
+    if len(per_cut) != problem.n_blocks - 1:
+        raise ValueError(f"cut_tensor_bytes has {len(per_cut)} cuts, expected {problem.n_blocks - 1}")
+    for c, sizes in enumerate(per_cut):
+        if any(b < 0 for b in sizes):
+            raise ValueError(f"cut_tensor_bytes[{c}] must be non-negative, got {sizes}")
+        if sum(sizes) != problem.cut_bytes[c]:
+            raise ValueError(f"cut_tensor_bytes[{c}] sums to {sum(sizes)}, but cut_bytes[{c}] is {problem.cut_bytes[c]}")
 
 
 def solution_sort_key(sol: PipelineSolution, objective: str) -> tuple:
@@ -287,18 +317,7 @@ class _Tables:
             self.mem_ok[lo, lo + L] = ok
             C[lo, lo + L] = np.where(ok, sums.T, np.inf)
         self.C = C
-        if B > 1:
-            cut = np.asarray(problem.cut_bytes)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                T = cut[:, None, None] / np.asarray(problem.bandwidth_bytes_per_ms)[None] + np.asarray(
-                    problem.link_latency_ms
-                )[None]
-            T = np.asarray(T, dtype=np.float64)
-            T[~np.isfinite(T)] = np.inf  # zero bandwidth: no link
-            T[:, np.arange(D), np.arange(D)] = np.inf
-        else:
-            T = np.zeros((0, D, D))
-        self.T = T
+        self.T = _transfer_table(problem) if B > 1 else np.zeros((0, D, D))
         self.cls = _device_classes(problem)
         same = self.cls[:, None] == self.cls[None, :]
         lower = same & (np.arange(D)[None, :] < np.arange(D)[:, None])  # [b, x]: x identical to b, x < b
@@ -322,6 +341,31 @@ class _Tables:
             mc = max(mc, c)
             prev = d
         return lat, mc, mt, st
+
+
+def _transfer_table(problem: PipelineProblem) -> np.ndarray:
+    """T[c, a, b] = problem.transfer_ms(c, a, b), bit for bit (the messages are added in the same order);
+    inf where a == b or the link has no bandwidth."""
+    bw = np.asarray(problem.bandwidth_bytes_per_ms, dtype=np.float64)[None]
+    lat = np.asarray(problem.link_latency_ms, dtype=np.float64)[None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if problem.cut_tensor_bytes is None:
+            T = np.asarray(problem.cut_bytes)[:, None, None] / bw + lat
+        else:
+            per_cut = problem.cut_tensor_bytes
+            sizes = np.zeros((len(per_cut), max(map(len, per_cut), default=0)))
+            for c, row in enumerate(per_cut):
+                sizes[c, :len(row)] = row
+            T = np.zeros((len(per_cut), *bw.shape[1:]))
+            for i in range(sizes.shape[1]):
+                nb = sizes[:, i, None, None]
+                T = T + np.where(nb > 0, nb / bw + lat, 0.0)
+    T = np.asarray(T, dtype=np.float64)
+    T[~np.isfinite(T)] = np.inf
+    T[:, bw[0] == 0] = np.inf  # zero bandwidth: no link
+    D = T.shape[1]
+    T[:, np.arange(D), np.arange(D)] = np.inf
+    return T
 
 
 def _device_classes(problem: PipelineProblem) -> np.ndarray:
@@ -694,7 +738,7 @@ class PipelineTail:
         self._sols: dict = {}
         fastest = self.problem.block_ms.min(axis=1)
         self._least = np.concatenate([np.cumsum(fastest[::-1])[::-1], [0.0]])  # [block]: its suffix, each block on its fastest device
-        self._block = {lo: i for i, (lo, _) in enumerate(graph.blocks)}
+        self._block = {lo: i for i, (lo, _) in enumerate(graph.pipeline_blocks)}
 
     def lower(self, cut: int) -> float:
         """A lower bound of `best(cut, g)` for any g, without solving: no transfers, fastest devices."""
@@ -705,7 +749,8 @@ class PipelineTail:
             bi = self._block[cut]
             p = self.problem
             sub = replace(p, block_ms=p.block_ms[bi:], block_param_bytes=p.block_param_bytes[bi:],
-                          block_peak_act_bytes=p.block_peak_act_bytes[bi:], cut_bytes=p.cut_bytes[bi:])
+                          block_peak_act_bytes=p.block_peak_act_bytes[bi:], cut_bytes=p.cut_bytes[bi:],
+                          cut_tensor_bytes=None if p.cut_tensor_bytes is None else p.cut_tensor_bytes[bi:])
             try:
                 self._sols[cut] = (bi, solve_pipeline(sub, "latency", top_k=3))
             except InfeasibleError:
@@ -719,12 +764,12 @@ class PipelineTail:
         if cut >= n:
             return 0.0, ()
         bi, sols = self._solutions(cut)
-        nbytes = self.graph.cut_bytes(cut)
+        sizes = [self.graph.tensors[t].nbytes for t in self.graph.live_across(cut)]
         best = (math.inf, ())
         for sol in sols:
             first = self.problem.devices[sol.stages[0].device]
-            total = self.cost.transfer_ms(nbytes, g, first) + sol.latency_ms
-            blocks = self.graph.blocks
+            total = sum(self.cost.transfer_ms(nb, g, first) for nb in sizes) + sol.latency_ms
+            blocks = self.graph.pipeline_blocks
             stages = tuple(Stage(self.problem.devices[s.device], blocks[bi + s.lo][0], blocks[bi + s.hi - 1][1]) for s in sol.stages)
             best = min(best, (total, stages), key=lambda x: x[0])
         return best

@@ -27,7 +27,7 @@ from .planner import Dominated, InfeasibleError, PlanOptions
 from .spatial_search import INF, SearchStats, SpatialSearch
 
 __all__ = ["plan_spatial", "plan_hybrid", "plan_jointly", "search_spatial", "search_hybrid", "plan_searches", "fits",
-           "best_plan", "device_classes", "SearchStats"]
+           "best_plan", "best_of_phases", "device_classes", "regions", "SearchStats"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,9 +75,10 @@ def _order(cost: CostTable, g: str, names) -> list[str]:
 
 
 def _search(graph, cost, axis, order, cuts, rest, opts: dict, cache: dict, incumbent,
-            exact_rest=None) -> tuple[SpatialSearch, dict]:
+            exact_rest=None, entries=None) -> tuple[SpatialSearch, dict]:
     """One search for a tuple of tails: {end: (cost before the tail, path)} (SpatialSearch.run_tails)."""
-    s = SpatialSearch(graph, cost, axis, order, cuts, rest, opts["threshold"], opts["budget"], cache, exact_rest=exact_rest)
+    s = SpatialSearch(graph, cost, axis, order, cuts, rest, opts["threshold"], opts["budget"], cache, exact_rest=exact_rest,
+                      entries=entries)
     t0 = time.perf_counter()
     ends = s.run_tails(opts["beam"], opts["branch"], incumbent)
     s.stats.seconds = time.perf_counter() - t0
@@ -93,11 +94,16 @@ def fits(plan: Plan, graph: LayerGraph, cost: CostTable) -> bool:
 def best_plan(cands: list[tuple[float, Plan]], graph: LayerGraph, cost: CostTable, objective: str, top: int = 6,
               incumbent: float = INF) -> Plan:
     """Re-score the best few by the search's total with the event simulation; keep the best that fits."""
+    return _scored_best(cands, graph, cost, objective, top, incumbent)[1]
+
+
+def _scored_best(cands, graph: LayerGraph, cost: CostTable, objective: str, top: int = 6,
+                 incumbent: float = INF) -> tuple[tuple[float, float], Plan]:
     if not cands:
         if _bound(objective, incumbent) < INF:
             raise Dominated(f"no plan predicted within {BOUND_SLACK:.0%} of {incumbent:.4g} ms, the best plan of "
                             "another planner")
-        raise InfeasibleError("no tileable prefix spreads over two or more devices")
+        raise InfeasibleError("no tileable region spreads over two or more devices")
     scored = []
     for total, plan in sorted(cands, key=lambda c: c[0])[:top]:
         plan.ensures(graph)
@@ -106,21 +112,59 @@ def best_plan(cands: list[tuple[float, Plan]], graph: LayerGraph, cost: CostTabl
             scored.append(((p.latency_ms, p.bottleneck_ms) if objective == "latency" else (p.bottleneck_ms, p.latency_ms), plan))
     if not scored:
         raise InfeasibleError("no spatial plan fits the devices' memory")
-    return min(scored, key=lambda s: s[0])[1]
+    return min(scored, key=lambda s: s[0])
+
+
+def best_of_phases(phases: list[list[tuple[float, Plan]]], graph: LayerGraph, cost: CostTable, objective: str,
+                   incumbent: float = INF) -> Plan:
+    """best_plan of each phase's candidates (`_search_family`: regions from the model input, then regions
+    after a stem), the best by the event simulation, an earlier phase on ties: a later phase's candidates
+    never push a plan of an earlier phase out of its re-scored few, so they only ever improve the plan."""
+    found, failed = [], []
+    for cands in phases:
+        if cands:
+            try:
+                found.append(_scored_best(cands, graph, cost, objective, incumbent=incumbent))
+            except InfeasibleError as exc:
+                failed.append(exc)
+    if found:
+        return min(found, key=lambda s: s[0])[1]
+    if failed:
+        raise failed[0]
+    return best_plan([], graph, cost, objective, incumbent=incumbent)
 
 
 def _cuts(graph: LayerGraph, axis: int) -> tuple[int, ...]:
+    """The tileable prefix from the model input (the spatial baselines tile only that)."""
     cuts = spatial_cuts(graph, axis)
     if len(cuts) < 2:
         raise InfeasibleError(f"no layer at the start of the model can be tiled along axis {axis}")
     return cuts
 
 
+def regions(graph: LayerGraph, axis: int) -> tuple[tuple[int, ...] | None, list[tuple[int, ...]]]:
+    """(the tileable prefix from the model input, or None; the later tileable runs), each as its block
+    cuts (`spatial_cuts`). A later run starts at the first block cut after an untileable stretch from which
+    a block is tileable, and a group may enter it at any of its cuts but the last, after a stem."""
+    first = spatial_cuts(graph, axis)
+    prefix = first if len(first) > 1 else None
+    later, pos = [], first[-1]
+    for lo, _ in graph.blocks:
+        if lo < pos or lo == 0:  # inside a run already found (a run may start where one ended)
+            continue
+        run = spatial_cuts(graph, axis, lo)
+        if len(run) > 1:
+            later.append(run)
+            pos = run[-1]
+    return prefix, later
+
+
 def search_spatial(graph: LayerGraph, cost: CostTable, objective: str = "latency", threshold: float = 0.1,
                    devices=None, *, beam: int | None = 6, branch: int | None = 3, budget: int | None = 1000,
                    axis: int | None = None, incumbent: float = INF,
                    workers: int | None = None) -> tuple[Plan, SearchStats]:
-    """Tile the longest tileable prefix across `devices` (all by default); the rest runs on the gather device.
+    """Tile a tileable region across `devices` (all by default): the prefix from the model input, or a
+    run after an untileable stem (which runs as one stage first); the rest runs on the gather device.
 
     >>> plan, stats = search_spatial(graph, cost)                     # doctest: +SKIP
     >>> plan.stages[0].spatial.segments[0].tiles                      # doctest: +SKIP
@@ -129,7 +173,7 @@ def search_spatial(graph: LayerGraph, cost: CostTable, objective: str = "latency
     opts = {"threshold": threshold, "beam": beam, "branch": branch, "budget": budget}
     cands, stats = _search_family(graph, cost, objective, ("spatial",), opts, incumbent, list(devices or cost.devices), axis,
                                   workers)
-    return best_plan(cands["spatial"], graph, cost, objective, incumbent=incumbent), stats
+    return best_of_phases(cands["spatial"], graph, cost, objective, incumbent=incumbent), stats
 
 
 # The search's totals are estimates: the event simulation that finally ranks plans may find a plan up to
@@ -163,11 +207,12 @@ def _subsets(cost: CostTable) -> list[list[str]]:
 def search_hybrid(graph: LayerGraph, cost: CostTable, objective: str = "latency", threshold: float = 0.1, *,
                   beam: int | None = 6, branch: int | None = 3, budget: int | None = 1000,
                   incumbent: float = INF, workers: int | None = None) -> tuple[Plan, SearchStats]:
-    """A spatial group over a prefix, on a subset of the devices chosen by search, gathered on one of
-    them; the remaining layers as pipeline stages over all devices (exact pipeline DP)."""
+    """A spatial group over a tileable region (after a stem stage, if the model input is not tileable), on
+    a subset of the devices chosen by search, gathered on one of them; the remaining layers as pipeline
+    stages over all devices (exact pipeline DP)."""
     opts = {"threshold": threshold, "beam": beam, "branch": branch, "budget": budget}
     cands, stats = _search_family(graph, cost, objective, ("hybrid",), opts, incumbent, workers=workers)
-    return best_plan(cands["hybrid"], graph, cost, objective, incumbent=incumbent), stats
+    return best_of_phases(cands["hybrid"], graph, cost, objective, incumbent=incumbent), stats
 
 
 def plan_searches(graph: LayerGraph, cost: CostTable, objective: str, kinds, threshold: float = 0.1, *,
@@ -186,7 +231,7 @@ def plan_searches(graph: LayerGraph, cost: CostTable, objective: str, kinds, thr
     out: dict = {}
     for kind in kinds:
         try:
-            out[kind] = best_plan(cands[kind], graph, cost, objective, incumbent=incumbent)
+            out[kind] = best_of_phases(cands[kind], graph, cost, objective, incumbent=incumbent)
         except InfeasibleError as exc:
             out[kind] = exc
     return out, stats
@@ -225,37 +270,61 @@ LANES = 2  # the searches split into this many fixed lanes (lanes.py): the plan 
 def _search_family(graph: LayerGraph, cost: CostTable, objective: str, kinds: tuple, opts: dict, incumbent: float,
                    devices: list[str] | None = None, axis: int | None = None,
                    workers: int | None = None) -> tuple[dict, SearchStats]:
-    """Candidates (search total, plan) per kind. `spatial` tiles over `devices` (all by default) and
-    keeps the rest on the gather device; `hybrid` tiles over every group of `_subsets` and runs the rest
-    as pipeline stages (exact pipeline DP) from the gather device.
+    """Candidates per kind, as two phases of (search total, plan) lists: groups over the tileable prefix
+    from the model input, then groups over a later tileable run, entered at any of its cuts after a stem
+    (see `regions`; a second round of searches, bounded by the first's best). `spatial` tiles over
+    `devices` (all by default) and keeps the rest on the gather device; `hybrid` tiles over every group
+    of `_subsets` and runs the rest as pipeline stages (exact pipeline DP) from the gather device.
 
-    One search per (axis, device group, gather device), each bounded by the best plan of another planner
-    and the best plans of the searches before it in its lane. Bounded by another planner (auto, latency)
-    and with at least two searches per lane, the searches split into LANES fixed lanes that run side by
-    side in `workers` processes (default: as many as this machine has cores for); the plans do not depend
-    on `workers`."""
+    One search per (axis, region, device group, gather device), each bounded by the best plan of another
+    planner and the best plans of the searches before it in its lane. Bounded by another planner (auto,
+    latency) and with at least two searches per lane, the searches split into LANES fixed lanes that run
+    side by side in `workers` processes (default: as many as this machine has cores for); the plans do
+    not depend on `workers`."""
     names = list(devices or cost.devices)
     groups = _subsets(cost) if "hybrid" in kinds else [names]
     if "spatial" in kinds and not any(set(gr) == set(names) for gr in groups):
         groups.append(names)
     axes = _axes(graph, axis)
-    cuts = {ax: _cuts(graph, ax) for ax in axes}
-    jobs = [(ax, group, g) for ax in axes for group in groups for g in device_classes(cost, group)]
-    bound = _bound(objective, incumbent)
-    lane = _Lane(graph, cost, objective, kinds, opts, bound, names, cuts)
+    first, later = {}, {}
+    for ax in axes:
+        prefix, runs = regions(graph, ax)
+        if prefix is not None:
+            first[(ax, 0)] = (prefix, (0,))
+        later.update({(ax, k): (run, tuple(range(len(run) - 1))) for k, run in enumerate(runs, start=1)})
+    if not first and not later:
+        raise InfeasibleError(f"no layer of the model can be tiled along axis {' or '.join(map(str, axes))}")
+    bound = {k: _bound(objective, incumbent) for k in kinds}
+    stats = SearchStats(search_space_log10=-INF)
+    phases: dict = {k: [] for k in kinds}
+    for found in (first, later):
+        cands = _run_phase(graph, cost, objective, kinds, opts, bound, names, found, groups, workers, stats)
+        for kind in kinds:
+            phases[kind].append(cands[kind])
+            bound[kind] = min([bound[kind], *(total for total, _ in cands[kind])])
+    return phases, stats
+
+
+def _run_phase(graph, cost, objective, kinds, opts, bound: dict, names, found: dict, groups, workers,
+               stats: SearchStats) -> dict:
+    """The searches of one phase over the regions `found` ({(axis, k): (cuts, entry cut indices)});
+    adds their statistics to `stats`."""
+    jobs = [(key, group, g) for key in found for group in groups for g in device_classes(cost, group)]
+    if not jobs:
+        return {k: [] for k in kinds}
+    lane = _Lane(graph, cost, objective, kinds, opts, bound, names, found)
     # lanes cost the bounds one lane's searches would give another's, and each lane builds its own segment
     # costs: worth it only when another planner's plan bounds every lane from the start, and each lane
     # has at least two searches
-    lanes = LANES if bound < INF and len(jobs) >= 2 * LANES else 1
+    lanes = LANES if max(bound.values()) < INF and len(jobs) >= 2 * LANES else 1
     split = _split([len(group) ** 2 for _, group, _ in jobs], lanes)
     results = run_lanes(lane.run, [[(i, jobs[i]) for i in idx] for idx in split], workers)
     cands: dict = {k: [] for k in kinds}
-    stats = SearchStats(search_space_log10=-INF)
     for _, kind, total, plan in sorted((c for r in results for c in r["cands"]), key=lambda c: c[0]):
         cands[kind].append((total, Plan.from_dict(plan)))
     for r in results:
         stats.add(SearchStats(**r["stats"]))
-    return cands, stats
+    return cands
 
 
 def _split(weights: list[int], n: int) -> list[list[int]]:
@@ -272,20 +341,29 @@ class _Lane:
     """The searches of one lane, run in order, each bounded by the best plan of another planner or of an
     earlier search of the lane. Returns plain data (msgpack): candidates and summed statistics."""
 
-    def __init__(self, graph: LayerGraph, cost: CostTable, objective: str, kinds: tuple, opts: dict, bound: float,
-                 names: list[str], cuts: dict):
+    def __init__(self, graph: LayerGraph, cost: CostTable, objective: str, kinds: tuple, opts: dict, bound: dict,
+                 names: list[str], found: dict):
         self.graph, self.cost, self.objective, self.kinds, self.opts = graph, cost, objective, kinds, opts
-        self.bound, self.names, self.cuts = bound, names, cuts
+        self.bound, self.names, self.found = bound, names, found
         self.rest_plan = PipelineTail(graph, cost) if "hybrid" in kinds else None
-        self.caches: dict = {ax: {} for ax in cuts}  # segment costs and bounds, shared by the lane's searches
+        self.caches: dict = {key: {} for key in found}  # segment costs and bounds, shared by the lane's searches
+
+    def stem(self, cut: int, g: str) -> tuple[float, str]:
+        """(ms, device) of the layers before `cut` as one stage whose output reaches g soonest: the
+        untileable stem before a group (a stem is short, and one device runs it at least as fast as a
+        pipeline would for one input; ties go to g, which then scatters without a transfer first)."""
+        cost, nbytes = self.cost, self.graph.cut_bytes(cut)
+        return min(((float(cost.layer_ms[:cut, cost.index(d)].sum()) + cost.transfer_ms(nbytes, d, g), d)
+                    for d in dict.fromkeys([g, *self.names])), key=lambda x: x[0])
 
     def run(self, jobs: list) -> dict:
-        graph, cost, cuts_by_axis, n = self.graph, self.cost, self.cuts, len(self.graph.layers)
+        graph, cost, n = self.graph, self.cost, len(self.graph.layers)
         stats = SearchStats(search_space_log10=-INF)
-        best = {k: self.bound for k in self.kinds}
+        best = dict(self.bound)
         out = []
-        for index, (ax, group, g) in jobs:
-            cuts, rest_plan = cuts_by_axis[ax], self.rest_plan
+        for index, (key, group, g) in jobs:
+            (cuts, entry_idx), rest_plan = self.found[key], self.rest_plan
+            stems = {j: self.stem(cuts[j], g) if cuts[j] > 0 else (0.0, g) for j in entry_idx}
             tails = {}  # kind -> (lower bound per cut, exact tail of cut index i: (ms, stages))
             if "spatial" in self.kinds and set(group) == set(self.names):
                 stay = [float(cost.layer_ms[c:, cost.index(g)].sum()) for c in cuts]
@@ -297,18 +375,21 @@ class _Lane:
             def exact(i, t, tails=tails, kinds_here=kinds_here):
                 return tails[kinds_here[t]][1](i)[0]
 
-            s, ends = _search(graph, cost, ax, _order(cost, g, group), cuts, tuple(tails[k][0] for k in kinds_here),
-                              self.opts, self.caches[ax], tuple(best[k] for k in kinds_here), exact)
+            s, ends = _search(graph, cost, key[0], _order(cost, g, group), cuts, tuple(tails[k][0] for k in kinds_here),
+                              self.opts, self.caches[key], tuple(best[k] for k in kinds_here), exact,
+                              {j: ms for j, (ms, _) in stems.items()})
             stats.add(s.stats)
             for end, (prefix, path) in ends.items():
                 if not _distributed(path):
                     continue  # every tile on one device: that is the single-device plan, not a spatial one
+                entry = s.entry_of[end]
+                head = (Stage(stems[entry][1], 0, cuts[entry]),) if cuts[entry] > 0 else ()
                 for kind, (lower, tail) in tails.items():
-                    if prefix + lower[end] >= self.bound:
+                    if prefix + lower[end] >= self.bound[kind]:
                         continue  # cannot beat the other planners' plan: not worth its exact tail
                     ms, stages = tail(end)
-                    if ms < INF and prefix + ms < self.bound:
-                        plan = Plan(kind, self.objective, s.to_stages(path, end, g) + stages)
+                    if ms < INF and prefix + ms < self.bound[kind]:
+                        plan = Plan(kind, self.objective, head + s.to_stages(path, end, g, entry) + stages)
                         out.append((index, kind, prefix + ms, plan.to_dict()))
                         best[kind] = min(best[kind], prefix + ms)
         return {"cands": out, "stats": asdict(stats)}

@@ -1,7 +1,8 @@
 """ADaPS-style search for spatial plans: tile boundaries per cut and layer fusion, with pruning and reuse.
 
 Search space: per cut, tile sizes within ADaPS's bounds (Eq. 1-3: a window around the speed-proportional
-share, width threshold * (max size - share)); any subset of block cuts as segment boundaries; any end of
+share, width threshold * (max size - share)); any subset of block cuts as segment boundaries; any start
+among the planner's entry cuts (the model input, or any cut after a stem the planner prices); any end of
 the spatial group. Each choice is scored with the tile cost model's StepModel (compiler.cost.tiles): the
 group starts with its input on the gather device (a scatter), every segment costs its slowest device
 (rows received + tile compute), the group ends with a gather, and the layers after it cost `rest`
@@ -326,8 +327,12 @@ class SpatialSearch:
 
     def __init__(self, graph: LayerGraph, cost: CostTable, axis: int, devices: list[str], cuts: tuple[int, ...],
                  rest: list[float], threshold: float = 0.1, budget: int | None = 1000, seg_cache: dict | None = None,
-                 max_span: int | None = MAX_SPAN, exact_rest=None):
+                 max_span: int | None = MAX_SPAN, exact_rest=None, entries: dict[int, float] | None = None):
         self.graph, self.cost, self.axis, self.cuts, self.rest, self.thr = graph, cost, axis, cuts, rest, threshold
+        # entries[j]: what reaching cut j with its tensor whole on the gather device costs (a stem run
+        # before the group); the group may start at any of them with a scatter. Default: the model input.
+        self.entries = {0: 0.0} if entries is None else dict(entries)
+        self.entry_of: dict[int, int] = {}  # end cut index -> the entry cut index of ends[end]'s path
         # rest[j]: the layers after an end at cut j; exactly, or (with exact_rest(j, tail), called only for
         # the ends the search reaches) a lower bound of it. A tuple of such lists: several tails at once
         # (run_tails), e.g. spatial's (stay on the gather device) and hybrid's (pipeline stages).
@@ -360,8 +365,8 @@ class SpatialSearch:
         return self._win[j]
 
     def holders(self, j: int, part) -> list[tuple[int, int, int]]:
-        if part is None:  # the group input, whole, on the gather device
-            maps = self.seg(0, 1).maps
+        if part is None:  # the tensor at entry cut j, whole, on the gather device
+            maps = self.seg(j, j + 1).maps
             return [(self.g, 0, maps.size[maps.input])]
         return [(d, a, b) for d, a, b in zip(self.devs, part, part[1:]) if b > a]
 
@@ -500,21 +505,25 @@ class SpatialSearch:
         lbs = [self.completion_lb(t) for t in tails]
         inc = list(incumbent) if isinstance(incumbent, (list, tuple)) else [incumbent] * len(self.rests)
         states: list[dict] = [dict() for _ in range(n)]
-        states[0][None] = (0.0, None)
+        for j, base in self.entries.items():
+            states[j][None] = (base, None)
         ends: dict[int, tuple] = {}
         for j in range(n):
-            items = sorted(states[j].items(), key=lambda kv: kv[1][0])
+            items = sorted(((p, vp) for p, vp in states[j].items() if p is not None), key=lambda kv: kv[1][0])
             if beam is not None and len(items) > beam:
                 items, self.stats.exact = items[:beam], False
+            if None in states[j]:  # an entry is never beamed out: it is the only way to start there
+                items.insert(0, (None, states[j][None]))
             for part, (v, _) in items:
                 if all(v + lbs[t][j] >= inc[t] for t in tails):
                     self.stats.pruned += 1
                     continue
                 self.stats.states += 1
-                if j > 0:
+                if part is not None:  # an entry state has tiled nothing yet: it cannot end the group
                     prefix = v + self.gather(j, part)
                     if prefix < ends.get(j, (INF,))[0]:
-                        ends[j] = (prefix, self._path(states, j, part))
+                        self.entry_of[j], path = self._path(states, j, part)
+                        ends[j] = (prefix, path)
                     for t in tails:
                         if prefix + self.rests[t][j] < inc[t]:  # else the exact tail cannot lower it
                             inc[t] = min(inc[t], prefix + self.rest_at(j, t))
@@ -532,26 +541,28 @@ class SpatialSearch:
         return self.rests[tail][j] if self._exact is None else self._exact(j, tail)
 
     @staticmethod
-    def _path(states, j, part) -> list[tuple[int, tuple]]:
+    def _path(states, j, part) -> tuple[int, list[tuple[int, tuple]]]:
+        """(entry cut index, [(cut index, partition)]) of the best way to state (j, part)."""
         path = []
-        while j > 0:
+        while part is not None:
             path.append((j, part))
             j, part = states[j][part][1]
-        return path[::-1]
+        return j, path[::-1]
 
     def exhaustive(self) -> tuple[float, list]:
-        """Reference: every segmentation, end and partition sequence in the search space (tiny cases)."""
+        """Reference: every entry, segmentation, end and partition sequence in the search space (tiny cases)."""
         best = (INF, [])
 
         def go(j, part, v, path):
             nonlocal best
-            if j > 0:
+            if part is not None:
                 best = min(best, (v + self.gather(j, part) + self.rest_at(j), path), key=lambda x: x[0])
             for j2 in self.nexts(j):
                 for p2 in self.partitions(j2):
                     go(j2, p2, v + self.step(j, part, j2, p2), path + [(j2, p2)])
 
-        go(0, None, 0.0, [])
+        for j, base in self.entries.items():
+            go(j, None, base, [])
         return best
 
     def partitions(self, j: int):
@@ -562,7 +573,7 @@ class SpatialSearch:
                 yield (0, *itertools.accumulate(sizes))
 
     def space_log10(self) -> float:
-        """log10 of the number of (end, segmentation, partition per segment) choices searched over."""
+        """log10 of the number of (entry, end, segmentation, partition per segment) choices searched over."""
         logn = [0.0]
         for j in range(1, len(self.cuts)):
             lo, hi, _ = self.window(j)
@@ -572,20 +583,22 @@ class SpatialSearch:
                 c = np.concatenate([[0.0], np.cumsum(ways)])
                 ways = np.array([c[max(0, r - l + 1)] - c[max(0, r - h)] for r in range(len(ways))])
             logn.append(math.log10(ways[-1]) if ways[-1] > 0 else -INF)
-        paths = [0.0] + [-INF] * (len(self.cuts) - 1)
+        start = [0.0 if i in self.entries else -INF for i in range(len(self.cuts))]
+        paths = [-INF] * len(self.cuts)  # log10 of the ways to end a segment at cut j
         for j in range(1, len(self.cuts)):
             for i in range(j):
                 if j in self.nexts(i):
-                    paths[j] = _log10_add(paths[j], paths[i] + logn[j])
+                    paths[j] = _log10_add(paths[j], _log10_add(paths[i], start[i]) + logn[j])
         return _sum_log(paths[1:])
 
-    def to_stages(self, path, end: int, strategy_device: str) -> tuple[Stage, ...]:
-        segs, prev = [], 0
+    def to_stages(self, path, end: int, strategy_device: str, entry: int = 0) -> tuple[Stage, ...]:
+        """The spatial stage of a path from entry cut index `entry` to cut index `end`."""
+        segs, prev = [], entry
         for j, part in path:
             tiles = tuple(Tile(self.cost.devices[d], a, b) for d, a, b in zip(self.devs, part, part[1:]) if b > a)
             segs.append(Segment(self.cuts[prev], self.cuts[j], tiles))
             prev = j
-        return (Stage(strategy_device, self.cuts[0], self.cuts[end], SpatialGroup(self.axis, tuple(segs))),)
+        return (Stage(strategy_device, self.cuts[entry], self.cuts[end], SpatialGroup(self.axis, tuple(segs))),)
 
 
 def _sum_log(xs: list[float]) -> float:

@@ -20,3 +20,40 @@ def brute_force(problem: PipelineProblem, objective: str, max_stages: int | None
                 if problem.fits(stages):
                     out.append(problem.evaluate(stages))
     return sorted(out, key=lambda sol: solution_sort_key(sol, objective))
+
+
+def brute_force_layers(graph, cost, objective: str, cuts: tuple[int, ...]) -> list[tuple[tuple, tuple]]:
+    """Every split of the layers at `cuts` x every injective device assignment that fits, priced from the
+    layer graph and the cost table alone, as (key, ((lo, hi, device name), ...)), best first.
+
+    Independent of the planner's PipelineProblem: each activation is one message per stage boundary it
+    crosses (forwarded stage to stage from its producer's stage to its last consumer's), priced with
+    `cost.transfer_ms`; key = (latency, bottleneck) or (bottleneck, latency) as in `PipelineSolution.key`.
+    """
+    n, names = len(graph.layers), cost.devices
+    spans = [(graph.producer[t], max(users), graph.tensors[t].nbytes)
+             for t, users in graph.consumers.items() if t in graph.producer]
+    out = []
+    for s in range(1, min(len(cuts) + 1, len(names)) + 1):
+        for chosen in itertools.combinations(cuts, s - 1):
+            bounds = (0, *chosen, n)
+            for devs in itertools.permutations(range(len(names)), s):
+                stages = [(bounds[i], bounds[i + 1], devs[i]) for i in range(s)]
+                if all(_stage_memory(graph, lo, hi) <= cost.cluster.devices[d].usable_bytes for lo, hi, d in stages):
+                    out.append((_key(graph, cost, objective, stages, spans), tuple((lo, hi, names[d]) for lo, hi, d in stages)))
+    return sorted(out)
+
+
+def _stage_memory(graph, lo: int, hi: int) -> int:
+    return sum(graph.layers[i].param_bytes for i in range(lo, hi)) + max(graph.footprint_bytes[lo:hi])
+
+
+def _key(graph, cost, objective, stages, spans) -> tuple[float, float]:
+    names = cost.devices
+    compute = [float(cost.layer_ms[lo:hi, d].sum()) for lo, hi, d in stages]
+    transfers = []
+    for (_, c, a), (_, _, b) in zip(stages, stages[1:]):
+        transfers.append(sum(cost.transfer_ms(nb, names[a], names[b]) for p, last, nb in spans if p < c <= last))
+    link = (sum(transfers) if cost.cluster.medium == "shared" else max(transfers)) if transfers else 0.0
+    latency, bottleneck = sum(compute) + sum(transfers), max(max(compute), link)
+    return (latency, bottleneck) if objective == "latency" else (bottleneck, latency)
