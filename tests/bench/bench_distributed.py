@@ -29,8 +29,8 @@ has a fallback plan. `edgec run --verify --json --repeat 200` streams from the c
 request N/200: ...`, one line per completed timed request) reaches request 100. The kill must land mid-run
 (the victim alive and the run not ended when it is sent), else the case fails. Reported, under the main table
 and as `failover` in --json: completed, lost, failovers (device, at_request, plan), verified, exit code, the
-run's wall time and the fallback plan's devices. `--verify` checks the last request's outputs, which the
-fallback plan computed after the switch; `edgec run` reports no per-request check of the others.
+run's wall time and the fallback plan's devices. `--verify` compares every request's outputs (the warm-up's
+too, before and after the switch) with the source model's.
 
 The machine is not quiet (other work shares its two cores): the load is printed before and after, the
 profile records the CPU time other processes used while it measured, and ResNet-50 at one thread is timed
@@ -462,7 +462,7 @@ def failover_text(r: dict) -> str:
         f"- fallback without {r['victim']}: {r['fallback_strategy']} on {', '.join(r['fallback_devices'])} "
         f"({r['fallback_plan']})",
         f"- completed {r['completed']}, lost {r['lost']}, failovers: {switches}",
-        f"- verified (--verify, the last request's outputs against the source model): "
+        f"- verified (--verify, every request's outputs against the source model): "
         f"{'yes' if r['verified'] else 'NO'}; exit code {r['exit_code']}; wall time {r['wall_s']:.1f} s "
         f"({r['throughput_ips']:.2f}/s over the timed requests, inflight {r['inflight']})",
         "- target (0 lost, verified, exit 0, the kill mid-run): "
