@@ -43,13 +43,13 @@ import logging
 import math
 import os
 import statistics
-import tempfile
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping
 
 from .errors import InputError, RunError
+from .files import write_atomically
 from .manifest_types import HOST, Manifest, Recv, Run, Send, Step, region_ranges
 
 __all__ = ["MAX_SAMPLES", "SYNC_ROUNDS", "ClockOffset", "estimate_offset", "timed_steps", "Samples",
@@ -240,17 +240,4 @@ def write_report(path: str | os.PathLike, report: dict) -> None:
     """Write atomically: a temporary file in the same folder, then os.replace (never a half-written report)."""
     target = check_report_path(path)
     text = json.dumps(report, indent=1) + "\n"
-    try:
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    except OSError as exc:
-        raise InputError(f"{path}: cannot write the report here ({exc.strerror})") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, target)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise InputError(f"{path}: cannot write the report ({exc.strerror})") from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomically(target, "the report", lambda fh: fh.write(text.encode("utf-8")))

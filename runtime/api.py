@@ -7,7 +7,6 @@ import logging
 import math
 import os
 import statistics
-import tempfile
 from pathlib import Path
 from typing import Iterable, Mapping
 
@@ -17,6 +16,7 @@ from .accuracy import check_report_path, write_report
 from .compress import parse_mode
 from .coordinator import HEARTBEAT_MS, RunResult, available_cores, load_keys, run_manifest
 from .errors import InputError
+from .files import write_atomically
 from .inputs import check_inputs, check_memory, load_inputs
 from .manifest import Manifest, load_manifest
 from .protocol import MAX_DILATE
@@ -230,19 +230,5 @@ def _finite(d: dict) -> dict:
 
 
 def write_npz(path: str, arrays: dict[str, np.ndarray]) -> None:
-    """Write atomically: a temporary file in the same folder, then os.replace."""
-    target = Path(path)
-    try:
-        fd, tmp = tempfile.mkstemp(dir=target.parent if str(target.parent) else ".", prefix=f".{target.name}.", suffix=".tmp")
-    except OSError as exc:
-        raise InputError(f"{path}: cannot write the outputs here ({exc.strerror})") from None
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **arrays)
-        os.replace(tmp, target)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise InputError(f"{path}: cannot write the outputs ({exc.strerror})") from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write atomically (never a half-written archive)."""
+    write_atomically(path, "the outputs", lambda fh: np.savez(fh, **arrays))
