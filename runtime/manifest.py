@@ -19,8 +19,12 @@ are ignored):
               optional `"threads": int >= 1` is the intra-op thread count the plan priced the device at;
               a local worker runs that many unless `edgec run --threads` says otherwise.
   network     {"bandwidth_mbps": number > 0, "latency_ms": number >= 0, "medium": "switched" | "shared",
-               "links": [{"a": device, "b": device, "bandwidth_mbps": number > 0, "latency_ms": number >= 0}]}
+               "links": [{"a": device, "b": device, "bandwidth_mbps": number > 0, "latency_ms": number >= 0}],
+               optional "costs": {device: {"message_ms", "message_ms_per_mb", "request_ms": number >= 0}}}
               Megabits per second. A link entry (unordered pair) overrides the default for that pair.
+              `costs` are the runtime's own costs each device's profile measured (`edgec profile`): a message
+              between a and b adds the mean of their message_ms plus bytes / 1e6 x the mean of their
+              message_ms_per_mb; a device without an entry costs 0.
               With exactly one device, bandwidth_mbps and latency_ms may both be null: there is no network
               (a cluster file without one); the runtime then treats every hop as free.
               Used only by `--emulate` (emulate.py, the planner's model): a device-to-device message takes
@@ -264,7 +268,8 @@ def manifest_json(m: Manifest) -> bytes:
         "network": {"bandwidth_mbps": None if no_network else net.bandwidth_mbps,
                     "latency_ms": None if no_network else net.latency_ms, "medium": net.medium,
                     "links": [{"a": lk.a, "b": lk.b, "bandwidth_mbps": lk.bandwidth_mbps, "latency_ms": lk.latency_ms}
-                              for lk in net.links]},
+                              for lk in net.links]}
+                   | ({"costs": {d: vars(c) for d, c in net.costs.items()}} if net.costs else {}),
         "fragments": [{"id": f.id, "device": f.device, "file": f.file, "sha256": f.sha256, "inputs": list(f.inputs),
                        "outputs": list(f.outputs), "predicted_ms": f.predicted_ms} for f in m.fragments.values()],
         "transfers": [{"tensor": t.tensor, "src": t.src, "dst": t.dst, "shape": list(t.shape), "dtype": t.dtype,

@@ -12,6 +12,7 @@ from typing import Any, Iterable
 from . import MANIFEST_FORMAT, MANIFEST_VERSION
 from .errors import InputError
 from .manifest_types import (DTYPES, Concat, Device, Fallback, Fragment, Free, Link, Manifest, Network, OutputSpec,
+                             RuntimeCosts,
                              Recv, Region, Regions, Run, Send, Slice, Step, TensorSpec, Transfer)
 
 __all__ = ["build_manifest", "Reader"]
@@ -43,7 +44,7 @@ def build_manifest(data: Any, path: str | Path) -> tuple[Manifest, "Reader"]:
         inputs=tuple(_tensor(r, t, f"inputs[{i}]") for i, t in enumerate(r.list(top, "inputs", "manifest"))),
         outputs=tuple(_output(r, t, f"outputs[{i}]") for i, t in enumerate(r.list(top, "outputs", "manifest"))),
         devices=devices,
-        network=_network(r, r.obj(r.get(top, "network", "manifest"), "network"), len(devices)),
+        network=_network(r, r.obj(r.get(top, "network", "manifest"), "network"), [d.name for d in devices]),
         fragments=_fragments(r, r.list(top, "fragments", "manifest")),
         transfers=tuple(_transfer(r, t, f"transfers[{i}]") for i, t in enumerate(r.list(top, "transfers", "manifest"))),
         steps=_steps(r, r.obj(r.get(top, "steps", "manifest"), "steps")),
@@ -160,7 +161,8 @@ def _device(r: Reader, d: Any, where: str) -> Device:
     return Device(name, r.str(d, "profile", where), r.num(d, "memory_mb", where), address, threads)
 
 
-def _network(r: Reader, d: dict, n_devices: int) -> Network:
+def _network(r: Reader, d: dict, devices: list[str]) -> Network:
+    n_devices = len(devices)
     medium = r.str(d, "medium", "network")
     if medium not in ("switched", "shared"):
         r.fail("network.medium", f"expected 'switched' or 'shared', got {_show(medium)}")
@@ -173,9 +175,30 @@ def _network(r: Reader, d: dict, n_devices: int) -> Network:
     if n_devices == 1 and r.get(d, "bandwidth_mbps", "network") is None and r.get(d, "latency_ms", "network") is None:
         # One device and no network: no device-to-device send can exist (the schedule check refuses a
         # device talking to itself), so "no hop" figures are never used to delay anything.
-        return Network(math.inf, 0.0, medium, tuple(links))
+        return Network(math.inf, 0.0, medium, tuple(links), _costs(r, d.get("costs"), devices))
     return Network(r.num(d, "bandwidth_mbps", "network", positive=True), r.num(d, "latency_ms", "network"),
-                   medium, tuple(links))
+                   medium, tuple(links), _costs(r, d.get("costs"), devices))
+
+
+_COST_KEYS = ("message_ms", "message_ms_per_mb", "request_ms")
+
+
+def _costs(r: Reader, raw: Any, devices: list[str]) -> dict[str, RuntimeCosts]:
+    """network.costs (optional): {device: {message_ms, message_ms_per_mb, request_ms}}, each a number >= 0,
+    every key required, for devices of the manifest."""
+    if raw is None:
+        return {}
+    out = {}
+    for name, entry in r.obj(raw, "network.costs").items():
+        where = f"network.costs.{name}"
+        if name not in devices:
+            r.fail("network.costs", f"{_show(name)} is not a device of the manifest")
+        entry = r.obj(entry, where)
+        unknown = sorted(set(entry) - set(_COST_KEYS))
+        if unknown:
+            r.fail(where, f"unknown key {_show(unknown[0])} (expected {', '.join(_COST_KEYS)})")
+        out[name] = RuntimeCosts(*(r.num(entry, k, where) for k in _COST_KEYS))
+    return out
 
 
 def _fragments(r: Reader, items: list) -> dict[str, Fragment]:

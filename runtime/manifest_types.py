@@ -9,7 +9,7 @@ from typing import Any, Union
 
 __all__ = [
     "bytes_per_s",
-    "HOST", "DTYPES", "TensorSpec", "OutputSpec", "Device", "Link", "Network", "Fragment", "Region", "Regions",
+    "HOST", "DTYPES", "TensorSpec", "OutputSpec", "Device", "Link", "RuntimeCosts", "Network", "Fragment", "Region", "Regions",
     "region_ranges", "Transfer", "Run", "Send", "Recv", "Slice", "Concat", "Free", "Step", "Fallback", "Manifest",
 ]
 
@@ -57,11 +57,34 @@ class Link:
 
 
 @dataclass(frozen=True)
+class RuntimeCosts:
+    """The runtime's own costs on one device, in ms (the profile's `runtime:`, as compiled into
+    network.costs): per message (both ends together), per 10^6 bytes of a message, per request."""
+
+    message_ms: float = 0.0
+    message_ms_per_mb: float = 0.0
+    request_ms: float = 0.0
+
+
+_NO_COSTS = RuntimeCosts()
+
+
+@dataclass(frozen=True)
 class Network:
     bandwidth_mbps: float
     latency_ms: float
     medium: str
     links: tuple[Link, ...]
+    costs: dict[str, RuntimeCosts] = field(default_factory=dict, hash=False)  # per device; one not listed costs 0
+
+    def cost(self, device: str) -> RuntimeCosts:
+        return self.costs.get(device, _NO_COSTS)
+
+    def message_costs(self, a: str, b: str) -> tuple[float, float]:
+        """(fixed ms, ms per byte) the runtime adds to a message from a to b: each end does half the work,
+        so half of each end's figures (the compiler's network model, compiler/cost/network.py)."""
+        ca, cb = self.cost(a), self.cost(b)
+        return (ca.message_ms + cb.message_ms) / 2.0, (ca.message_ms_per_mb + cb.message_ms_per_mb) / 2.0 / 1e6
 
     def link(self, a: str, b: str) -> tuple[float, float]:
         """(bandwidth_mbps, latency_ms) between two devices; a link entry overrides the defaults."""
@@ -71,9 +94,11 @@ class Network:
         return self.bandwidth_mbps, self.latency_ms
 
     def transfer_s(self, a: str, b: str, nbytes: int) -> float:
-        """Seconds to move nbytes from a to b: bytes / bandwidth + latency (the compiler's cost model)."""
+        """Seconds to move nbytes from a to b: bytes / bandwidth + latency, plus the runtime's cost of a
+        message (`message_costs`): the compiler's cost model."""
         mbps, ms = self.link(a, b)
-        return nbytes / bytes_per_s(mbps) + ms / 1000.0
+        fixed_ms, per_byte_ms = self.message_costs(a, b)
+        return nbytes / bytes_per_s(mbps) + (ms + fixed_ms + nbytes * per_byte_ms) / 1000.0
 
 
 @dataclass(frozen=True)

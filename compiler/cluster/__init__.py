@@ -51,16 +51,23 @@ Profile file (profiles/<name>.yaml)::
       gemm: [[8192, 0.55], [524288, 1.0]]
     threads:                       # optional: the figures per onnxruntime intra-op thread count (keys 1..4096)
       1: {op_overhead_us: 5, gflops: {...}, memory_gbps: 9.0, op_ms_per_melem: {...}, efficiency: {...}, layers: {...}}
+    runtime:                       # optional: the runtime's own costs, ms (0 to 10000; absent: 0)
+      message_ms: 0.35             #   per device-to-device message (encode, CURVE, ZeroMQ, decode; both ends)
+      message_ms_per_mb: 0.6       #   per 10^6 bytes of a message (host copies, encryption)
+      request_ms: 1.8              #   per request: a model input in from the coordinator, an output out
     measurement: {...}             # optional: how `edgec profile` measured (spread per timing, load); informational
 
 Required keys: name, memory_mb, usable_memory_fraction, runtime_overhead_mb, op_overhead_us, gflops,
 memory_gbps.  Optional: description (default ""), power_w (default both null), sources (default none),
-layers, op_ms_per_melem, efficiency, threads, measurement (default empty).  A `layers` table is keyed by
+layers, op_ms_per_melem, efficiency, threads, runtime, measurement (default empty).  A `layers` table is keyed by
 ONNX node name (not layer name): the cost model sums the node times of each layer.  A `threads:` entry
 holds the top level's figures (op_overhead_us, gflops, memory_gbps required; op_ms_per_melem, efficiency,
 layers optional) with the same names and bounds; `edgec profile` writes the largest count's at the top
 level, so a reader that knows no thread counts reads the all-cores figures.  `Profile.figures(n)` picks
-a worker's.
+a worker's.  `runtime:` is per device, not per thread count (no onnxruntime kernel runs in it); the cost
+model charges each message the mean of its two ends' message figures and each request half its
+request_ms on every device that takes a model input and half on every device that gives an output
+(compiler/cost/network.py, evaluate.py).
 
 Numbers must be finite and at most 1e12; positive ones at least 1e-9 (the cost model divides by them
 and sums them, so this keeps every prediction finite).  A cluster file may hold at most 1 MiB, a profile
@@ -75,7 +82,7 @@ and `Cluster` the compiler uses; keys.py names the fixed keys both sides read.
 """
 
 from .cluster import Cluster, DeviceSpec, LinkSpec, load_cluster
-from .profile import (PROFILES_DIR, Figures, Profile, available_profiles, load_profile, profiles_dir,
+from .profile import (NO_RUNTIME_COSTS, PROFILES_DIR, Figures, Profile, RuntimeCosts, available_profiles, load_profile, profiles_dir,
                       validate_profile_dict)
 from .keys import EFFICIENCY_KEYS, GFLOPS_KEYS, MEDIUMS
 
@@ -84,6 +91,8 @@ __all__ = [
     "GFLOPS_KEYS",
     "EFFICIENCY_KEYS",
     "Figures",
+    "RuntimeCosts",
+    "NO_RUNTIME_COSTS",
     "MEDIUMS",
     "Profile",
     "DeviceSpec",

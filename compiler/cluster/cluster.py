@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from edgec.compiler.errors import UserError
 from edgec.compiler.units import MiB
 
-from .profile import Figures, Profile, profile_path, read_profile, unknown_profile
+from .profile import Figures, Profile, RuntimeCosts, profile_path, read_profile, unknown_profile
 from .quote import show
 from .yamlio import read_yaml
 
@@ -32,6 +32,11 @@ class DeviceSpec:
     def figures(self) -> Figures:
         """What this device's worker does at the thread count it runs (the profile's top level by default)."""
         return self.profile.figures(self.threads)
+
+    @property
+    def runtime(self) -> RuntimeCosts:
+        """The runtime's own costs on this device (the profile's `runtime:`, zeros where not measured)."""
+        return self.profile.runtime
 
     @property
     def usable_bytes(self) -> int:
@@ -85,12 +90,15 @@ class Cluster:
 
     def to_dict(self) -> dict[str, Any]:
         """The manifest's "devices" and "network" sections (JSON-able, deterministic); without a network
-        section (one device), bandwidth_mbps and latency_ms are null."""
+        section (one device), bandwidth_mbps and latency_ms are null. `network.costs` ({device: the
+        runtime's costs}) lists the devices whose profile measured them, and is left out when none did
+        (so a build for profiles without them is what it was before they existed)."""
         links = []
         for pair, link in self.links.items():
             a, b = sorted(pair)
             links.append({"a": a, "b": b, "bandwidth_mbps": link.bandwidth_mbps, "latency_ms": link.latency_ms})
         links.sort(key=lambda x: (x["a"], x["b"]))
+        costs = {d.name: d.runtime.to_dict() for d in self.devices if d.runtime}
         return {
             "devices": [
                 {"name": d.name, "profile": d.profile.name, "memory_mb": d.memory_mb, "address": d.address,
@@ -102,6 +110,7 @@ class Cluster:
                 "latency_ms": self.latency_ms if self.has_network else None,
                 "medium": self.medium,
                 "links": links,
+                **({"costs": costs} if costs else {}),
             },
         }
 

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from .schema import FiguresDoc, ProfileDoc
 
 __all__ = [
-    "PROFILES_DIR", "Figures", "Profile", "profiles_dir", "available_profiles", "load_profile", "validate_profile_dict",
+    "PROFILES_DIR", "Figures", "RuntimeCosts", "NO_RUNTIME_COSTS", "Profile", "profiles_dir", "available_profiles", "load_profile", "validate_profile_dict",
     "profile_path", "unknown_profile", "read_profile",
 ]
 
@@ -35,6 +35,32 @@ class Figures:
     op_ms_per_melem: dict[str, float] = field(hash=False)  # {op type or "op type:mode": ms per 1e6 output elements}
     efficiency: dict[str, tuple[tuple[float, float], ...]] = field(hash=False)  # {conv|gemm: ((out elems, fraction), ...)} ascending
     layers: dict[str, dict[str, float]] = field(hash=False, repr=False)  # {model sha256: {node name: ms}}
+
+
+@dataclass(frozen=True)
+class RuntimeCosts:
+    """What edgec's runtime itself costs on a device, in ms (the profile's `runtime:`; 0 where unmeasured).
+
+    message_ms: one device-to-device message beyond its bytes on the wire: encoding, CURVE encryption, the
+      ZeroMQ hand-off and decoding, both ends together (measured with both ends on this device).
+    message_ms_per_mb: the same per 10^6 bytes of the message (host copies, encryption).
+    request_ms: one request's model input in from the coordinator and output out to it, beyond the
+      fragment's own run.
+    """
+
+    message_ms: float = 0.0
+    message_ms_per_mb: float = 0.0
+    request_ms: float = 0.0
+
+    def __bool__(self) -> bool:
+        return any((self.message_ms, self.message_ms_per_mb, self.request_ms))
+
+    def to_dict(self) -> dict[str, float]:
+        return {"message_ms": self.message_ms, "message_ms_per_mb": self.message_ms_per_mb,
+                "request_ms": self.request_ms}
+
+
+NO_RUNTIME_COSTS = RuntimeCosts()
 
 
 @dataclass(frozen=True)
@@ -58,6 +84,7 @@ class Profile:
     efficiency: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict, hash=False)
     threads: dict[int, Figures] = field(default_factory=dict, hash=False, repr=False)  # per intra-op thread count
     measurement: dict[str, Any] = field(default_factory=dict, hash=False, repr=False)  # how it was measured (informational)
+    runtime: RuntimeCosts = NO_RUNTIME_COSTS  # the runtime's fixed costs (not per thread count: no onnxruntime in them)
 
     def figures(self, threads: int | None = None) -> Figures:
         """The figures for a worker running `threads` intra-op threads: that count's entry if measured;
@@ -157,6 +184,8 @@ def validate_profile_dict(data: Any, path: str) -> Profile:
         threads={n: _figures(entry) for n, entry in (doc.threads or {}).items()},
         # Informational: kept as written (the schema checked its shape), for the tools that read it.
         measurement=data["measurement"] if doc.measurement is not None else {},
+        runtime=NO_RUNTIME_COSTS if doc.runtime is None else RuntimeCosts(
+            doc.runtime.message_ms, doc.runtime.message_ms_per_mb, doc.runtime.request_ms),
     )
 
 

@@ -15,8 +15,8 @@ from pydantic_core import PydanticCustomError, PydanticKnownError
 
 from .keys import EFFICIENCY_KEYS, MEDIUMS
 
-__all__ = ["DEVICE_NAME", "MAX_FIGURE", "MIN_POSITIVE", "MAX_THREADS", "MAX_EFFICIENCY", "ProfileDoc", "FiguresDoc",
-           "ClusterDoc", "DeviceDoc", "LinkDoc", "NetworkDoc"]
+__all__ = ["DEVICE_NAME", "MAX_FIGURE", "MIN_POSITIVE", "MAX_THREADS", "MAX_EFFICIENCY", "MAX_FIXED_MS", "ProfileDoc",
+           "FiguresDoc", "RuntimeDoc", "ClusterDoc", "DeviceDoc", "LinkDoc", "NetworkDoc"]
 
 DEVICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")  # device names end up in file names and manifests
 _OP_KEY = r"^[A-Za-z][A-Za-z0-9_]{0,63}(:[A-Za-z0-9_]{1,32})?\Z"  # op type, or op type:mode
@@ -25,6 +25,7 @@ MAX_FIGURE = 1e12
 MIN_POSITIVE = 1e-9
 MAX_THREADS = 4096
 MAX_EFFICIENCY = 4.0  # a tile at most 4x the large benchmark's throughput (edgec profile caps it there)
+MAX_FIXED_MS = 10_000.0  # a runtime cost per message, per MB or per request above 10 s is a broken measurement
 
 Positive = Annotated[float, Field(allow_inf_nan=False, ge=MIN_POSITIVE, le=MAX_FIGURE)]
 NonNegative = Annotated[float, Field(allow_inf_nan=False, ge=0, le=MAX_FIGURE)]
@@ -97,6 +98,21 @@ class FiguresDoc(_Doc):
     layers: Layers | None = None
 
 
+FixedMs = Annotated[float, Field(allow_inf_nan=False, ge=0, le=MAX_FIXED_MS,
+                                  description=f"a number of milliseconds from 0 to {MAX_FIXED_MS:g}")]
+
+
+class RuntimeDoc(_Doc):
+    """The runtime's own costs on this device (`edgec profile` measures them; absent: 0), in ms:
+    message_ms per device-to-device message (encode, CURVE, ZeroMQ hand-off and decode, both ends),
+    message_ms_per_mb per 10^6 bytes of it (host copies and encryption), request_ms per request (a model
+    input in from the coordinator and an output out to it)."""
+
+    message_ms: FixedMs = 0.0
+    message_ms_per_mb: FixedMs = 0.0
+    request_ms: FixedMs = 0.0
+
+
 class PowerDoc(_Doc):
     idle: Positive | None = None
     busy: Positive | None = None
@@ -137,6 +153,7 @@ class MeasurementDoc(_Doc):
     threads: Annotated[dict[ThreadKey, dict[str, TimingDoc]],
                        Field(min_length=1, description="a non-empty mapping of thread counts")] | None = None
     warnings: Annotated[list[str], Field(description="a list of strings")] | None = None
+    runtime: dict[Annotated[str, Field(pattern=r"^[a-z_]{1,32}\Z", description="timing names")], TimingDoc] | None = None
 
 
 class ProfileDoc(_Doc):
@@ -157,6 +174,7 @@ class ProfileDoc(_Doc):
     efficiency: dict[Literal[EFFICIENCY_KEYS], Curve] | None = None
     threads: Annotated[dict[ThreadKey, FiguresDoc],
                        Field(min_length=1, description="a non-empty mapping of thread counts")] | None = None
+    runtime: RuntimeDoc | None = None
     measurement: MeasurementDoc | None = None
 
 

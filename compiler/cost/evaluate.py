@@ -47,6 +47,7 @@ class Prediction:
     timeline: tuple[Event, ...]
     tile_ms: dict = field(default_factory=dict)  # (stage, segment, tile) -> compute ms of that tile
     hops: tuple[Hop, ...] = ()  # the stage-to-stage messages timed here (tensor_hops); the emitter sends these
+    period_ms: dict = field(default_factory=dict)  # per device: how long one input holds it (see evaluate)
 
     @property
     def bytes_transferred(self) -> int:
@@ -114,8 +115,21 @@ def _forwardable(plan: Plan, src: int, last: int) -> bool:
 def evaluate(plan: Plan, graph: LayerGraph, cost: CostTable) -> Prediction:
     """One input flows through the stages; a stage starts when all its inputs have arrived.
 
-    Throughput is set by the busiest resource when inputs stream through: a device's compute, or a link
-    (each pair its own link on a switched network; one channel for all transfers on a shared medium).
+    Throughput is set by the resource one input holds longest when inputs stream through (`period_ms`,
+    `bottleneck_ms`), under what the runtime does: each device runs its steps for one input before the
+    next input's, and hands a message to ZeroMQ, which sends it while the device goes on.
+    - A device is held, per stage it works in: a pipeline stage, for its compute; a spatial stage, for
+      its span in the stage's timeline (tiles.py `_spans`: the stage's device from scatter to gather, a
+      tile device from its first tile to the end of its last, with the halo sends and the waits for halo
+      rows between them, which the latency model, the emulator and the runtime all make it wait for);
+      plus the runtime's per-request cost where it takes model inputs or gives outputs.
+    - A link is held for its transfers: each pair its own link on a switched network, one channel for all
+      transfers on a shared medium.
+    A pipeline stage's period is its compute, as in the pipeline planner's DP (plan/pipeline.py), whose
+    bottleneck is the same max(stage compute, transfers).
+    The runtime's per-request cost (the profiles' `runtime.request_ms`; network.py request_in_ms and
+    request_out_ms) delays the first stage of a device that reads a model input (once its other inputs
+    are there) and follows the sends of the first stage of a device that gives a model output.
     Each tensor that skips a stage is forwarded or sent direct (`tensor_hops`) as `_route` decides.
     """
     # Spatial stages (tiles across devices) are timed by the tile cost model: scatter .. gather.
@@ -166,17 +180,20 @@ def _predict(plan: Plan, graph: LayerGraph, cost: CostTable, spatial: dict, stag
                  cost.transfer_ms(graph.tensors[t].nbytes, plan.stages[a].device, plan.stages[b].device))
         for t, a, b in hops
     )
+    req_in, req_out = _request_costs(plan, graph, cost)
     ready = [0.0] * len(plan.stages)
     finish = [0.0] * len(plan.stages)
+    done = [0.0] * len(plan.stages)  # when the stage's device is through with it: its sends, its outputs out
     events: list[Event] = []
     channel_free = 0.0  # shared medium: one transfer at a time
     by_src: dict[int, list[tuple[Transfer, int]]] = {}
     for tr, (_, a, b) in zip(transfers, hops):
         by_src.setdefault(a, []).append((tr, b))
     for k, s in enumerate(plan.stages):
+        ready[k] += req_in.get(k, 0.0)  # the model's inputs come in once the stage's other inputs are there
         finish[k] = ready[k] + stage_ms[k]
         events.append(Event(s.device, "compute", f"stage {k} layers {s.lo}-{s.hi - 1}", ready[k], finish[k]))
-        t0 = finish[k]
+        t0 = done[k] = finish[k]
         for tr, b in by_src.get(k, []):
             start = max(t0, channel_free) if cost.cluster.medium == "shared" else t0
             end = start + tr.ms
@@ -184,12 +201,20 @@ def _predict(plan: Plan, graph: LayerGraph, cost: CostTable, spatial: dict, stag
                 channel_free = end
             else:
                 t0 = end  # one sender sends its tensors one after another
+            done[k] = end
             events.append(Event(s.device, "transfer", f"{tr.tensor} -> {tr.dst}", start, end))
             ready[b] = max(ready[b], end)
+        done[k] = done[k] + req_out[k] if k in req_out else finish[k]
     busy: dict[str, float] = {}
+    period: dict[str, float] = {}
     for k, (s, ms) in enumerate(zip(plan.stages, stage_ms)):
         for dev, dev_ms in (spatial[k]["compute_ms"].items() if k in spatial else [(s.device, ms)]):
             busy[dev] = busy.get(dev, 0.0) + dev_ms
+        for dev, dev_ms in (spatial[k]["span_ms"].items() if k in spatial else [(s.device, ms)]):
+            period[dev] = period.get(dev, 0.0) + dev_ms
+        for extra in (req_in, req_out):
+            if k in extra:
+                period[s.device] = period.get(s.device, 0.0) + extra[k]
     for k, sp in spatial.items():
         events.extend(Event(d, kind, what, ready[k] + t0, ready[k] + t1) for d, kind, what, t0, t1 in sp["events"])
         transfers += tuple(Transfer(*tr) for tr in sp["transfers"])
@@ -197,9 +222,9 @@ def _predict(plan: Plan, graph: LayerGraph, cost: CostTable, spatial: dict, stag
     for tr in transfers:
         key = frozenset(["*"]) if cost.cluster.medium == "shared" else frozenset([tr.src, tr.dst])
         links[key] = links.get(key, 0.0) + tr.ms
-    bottleneck = max([*busy.values(), *links.values()])
+    bottleneck = max([*period.values(), *links.values()])
     return Prediction(
-        latency_ms=max(finish),
+        latency_ms=max(max(finish), max(done)),
         throughput_ips=1000.0 / bottleneck if bottleneck > 0 else float("inf"),
         bottleneck_ms=bottleneck,
         busy_ms=busy,
@@ -208,7 +233,26 @@ def _predict(plan: Plan, graph: LayerGraph, cost: CostTable, spatial: dict, stag
         timeline=tuple(events),
         tile_ms={(k, seg, t): ms for k, sp in spatial.items() for (seg, t), ms in sp["tile_ms"].items()},
         hops=tuple(hops),
+        period_ms=period,
     )
+
+
+def _request_costs(plan: Plan, graph: LayerGraph, cost: CostTable) -> tuple[dict[int, float], dict[int, float]]:
+    """({stage: ms}, {stage: ms}) of the runtime's per-request cost: a device pays its request_in_ms at its
+    first stage that reads a model input, and its request_out_ms at its first stage that gives a model
+    output (after that stage's sends: the manifest sends outputs to the host in the same burst). Empty
+    when no device has the figures."""
+    net = cost.network
+    taken: dict[str, int] = {}
+    given: dict[str, int] = {}
+    for k, s in enumerate(plan.stages):
+        layers = graph.layers[s.lo:s.hi]
+        if any(t in graph.inputs for layer in layers for t in layer.inputs):
+            taken.setdefault(s.device, k)
+        if any(t in graph.outputs for layer in layers for t in layer.outputs):
+            given.setdefault(s.device, k)
+    return ({k: ms for d, k in taken.items() if (ms := net.request_in_ms(d)) > 0},
+            {k: ms for d, k in given.items() if (ms := net.request_out_ms(d)) > 0})
 
 
 def simulate_manifest(manifest: Manifest) -> dict:
@@ -217,9 +261,13 @@ def simulate_manifest(manifest: Manifest) -> dict:
     A discrete-event replay in time order: each device executes its steps in order; a `run` takes the
     fragment's predicted_ms; a burst of consecutive `send`s occupies the sender (and, on a shared medium,
     the one channel, which bursts take first come first served, ties in `transfers` order) for bytes /
-    bandwidth + latency per message; a `recv` waits for the matching send to finish; slice, concat, free
-    and host transfers (inputs in, outputs out) are free, as in the planner. A send's bytes are those of
-    its `transfers` entry (same tensor, src, dst and region).
+    bandwidth + latency per message, plus the runtime's cost of a message (network.costs, as in
+    network.py); a `recv` waits for the matching send to finish; slice, concat and free are free, as in
+    the planner. Host transfers cost the runtime's per-request cost (network.costs' request_ms, half in,
+    half out), once per device and request as `evaluate` charges it: the input half before the device's
+    first run or send after it received from the host, the output half after the burst in which it
+    first sends to the host. A send's bytes are those of its `transfers` entry (same tensor, src, dst and
+    region).
 
     `manifest` is the runtime's parsed Manifest (parse_manifest or load_manifest), so the schedule has
     been validated: every fragment a run names exists, and no recv waits for a send that never comes.
@@ -264,6 +312,12 @@ class _Replay:
         self.arrived: dict[tuple[str, str, str], float] = {}
         self.channel = 0.0
         self.events: list[dict] = []
+        self.owe_in: set[str] = set()  # devices that received from the host and have not paid for it yet
+        self.paid_in: set[str] = set()
+        self.paid_out: set[str] = set()
+
+    def _in_ms(self, dev: str) -> float:
+        return self.net.cost(dev).request_ms / 2.0 if dev in self.owe_in else 0.0
 
     @staticmethod
     def _key(dev: str, s: Send) -> tuple:
@@ -281,7 +335,9 @@ class _Replay:
                 if got is None:
                     continue
                 at = max(at, got)
-            elif isinstance(s, Send):
+            if isinstance(s, (Run, Send)):
+                at += self._in_ms(dev)
+            if isinstance(s, Send):
                 rank = self.rank.get(self._key(dev, s), rank)
             if best is None or (at, rank) < best[0]:
                 best = ((at, rank), dev)
@@ -292,6 +348,11 @@ class _Replay:
         s = seq[self.pc[dev]]
         self.clock[dev] = at
         self.pc[dev] += 1
+        if isinstance(s, (Run, Send)):
+            self.owe_in.discard(dev)  # `at` includes it (next_step)
+        if isinstance(s, Recv) and s.src == HOST and dev not in self.paid_in:
+            self.owe_in.add(dev)
+            self.paid_in.add(dev)
         if isinstance(s, Run):
             self.clock[dev] += self.frag_ms[s.fragment]
             self.events.append({"device": dev, "kind": "compute", "what": s.fragment, "start_ms": at, "end_ms": self.clock[dev]})
@@ -300,15 +361,18 @@ class _Replay:
             while self.pc[dev] < len(seq) and isinstance(seq[self.pc[dev]], Send):
                 burst.append(seq[self.pc[dev]])
                 self.pc[dev] += 1
-            burst = [b for b in burst if b.to != HOST]  # host transfers are free
-            if burst:
-                self._send(dev, burst, max(at, self.channel) if self.shared else at)
+            to_devices = [b for b in burst if b.to != HOST]
+            if to_devices:
+                self._send(dev, to_devices, max(at, self.channel) if self.shared else at)
+            if len(to_devices) < len(burst) and dev not in self.paid_out:  # outputs out, after the messages
+                self.paid_out.add(dev)
+                self.clock[dev] += self.net.cost(dev).request_ms / 2.0
 
     def _send(self, dev: str, burst: list[Send], t: float) -> None:
         """Messages of a burst back to back from t (holding the channel on a shared medium)."""
         for b in burst:
             mbps, latency = self.links.get(frozenset((dev, b.to)), (self.net.bandwidth_mbps, self.net.latency_ms))
-            ms = message_ms(self.sizes.get(self._key(dev, b), 0), mbps, latency)
+            ms = message_ms(self.sizes.get(self._key(dev, b), 0), mbps, latency, *self.net.message_costs(dev, b.to))
             self.events.append({"device": dev, "kind": "transfer", "what": f"{b.tensor} -> {b.to}", "start_ms": t, "end_ms": t + ms})
             t += ms
             self.arrived[(b.name, dev, b.to)] = t

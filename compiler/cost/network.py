@@ -3,13 +3,20 @@
 A link carries bandwidth_mbps (10^6 bit/s) after a fixed latency_ms: `nbytes` cost
 nbytes / bytes_per_ms(bandwidth_mbps) + latency_ms. On a "switched" medium every pair has its own link;
 on a "shared" medium one channel carries every transfer (the planners and `evaluate` queue them).
+
+The runtime's own cost of a message (the profiles' `runtime:` figures: encoding, CURVE, the ZeroMQ hand-off,
+decoding, host copies) is part of every message's time: each end does half the work, so a message from a to
+b pays the mean of a's and b's `message_ms`, and per byte the mean of their `message_ms_per_mb` / 10^6. It is
+folded into the link's figures here (`latency_ms` holds the fixed part, `bytes_per_ms` the per-byte part), so
+every planner, which reads either those or `transfer_ms`, and `evaluate` price a message alike. A device
+without the figures adds 0: the links of profiles without them are exactly the cluster's.
 """
 
 from __future__ import annotations
 
-from ..cluster import Cluster
+from ..cluster import Cluster, RuntimeCosts
 
-__all__ = ["bytes_per_ms", "message_ms", "Network"]
+__all__ = ["bytes_per_ms", "message_ms", "fixed_message_ms", "per_byte_ms", "Network"]
 
 
 def bytes_per_ms(bandwidth_mbps: float) -> float:
@@ -17,27 +24,53 @@ def bytes_per_ms(bandwidth_mbps: float) -> float:
     return bandwidth_mbps * 125.0
 
 
-def message_ms(nbytes: float, bandwidth_mbps: float, latency_ms: float) -> float:
-    """One message of `nbytes` over a link: transmission at the link's bandwidth, then its latency."""
-    return nbytes / bytes_per_ms(bandwidth_mbps) + latency_ms
+def fixed_message_ms(a: RuntimeCosts, b: RuntimeCosts) -> float:
+    """The runtime's fixed cost of one message between devices of these costs: half of each end's figure."""
+    return (a.message_ms + b.message_ms) / 2.0
+
+
+def per_byte_ms(a: RuntimeCosts, b: RuntimeCosts) -> float:
+    """The runtime's cost per byte of one message between devices of these costs: half of each end's."""
+    return (a.message_ms_per_mb + b.message_ms_per_mb) / 2.0 / 1e6
+
+
+def message_ms(nbytes: float, bandwidth_mbps: float, latency_ms: float, fixed_ms: float = 0.0,
+               ms_per_byte: float = 0.0) -> float:
+    """One message of `nbytes` over a link: transmission at the link's bandwidth, then its latency, plus the
+    runtime's fixed and per-byte cost of a message (`fixed_message_ms`, `per_byte_ms`)."""
+    return nbytes / _effective_bytes_per_ms(bytes_per_ms(bandwidth_mbps), ms_per_byte) + latency_ms + fixed_ms
+
+
+def _effective_bytes_per_ms(bw: float, ms_per_byte: float) -> float:
+    """The link's bytes per ms once the runtime's per-byte cost is added to the wire's (bw itself when that
+    cost is 0, so that the figures of profiles without it are the link's, bit for bit)."""
+    return bw if ms_per_byte == 0.0 else 1.0 / (1.0 / bw + ms_per_byte)
 
 
 class Network:
     """The cluster's links between named devices, priced in bytes per ms and ms.
 
-    `bytes_per_ms(a, b)` and `latency_ms(a, b)` describe the link between two distinct devices (a
-    device's link to itself is infinitely fast and free); `transfer_ms` is what a tensor costs to send.
+    `bytes_per_ms(a, b)` and `latency_ms(a, b)` describe a message between two distinct devices, the
+    runtime's cost of a message included (module docstring); a device's link to itself is infinitely fast
+    and free. `transfer_ms` is what a tensor costs to send. `request_in_ms(d)` / `request_out_ms(d)` are the
+    runtime's per-request cost on a device that takes a model input / gives a model output: half of its
+    `request_ms` each (the measurement is one input in and one output out).
     """
 
     def __init__(self, cluster: Cluster):
         self.devices = cluster.device_names
         self.medium = cluster.medium
         self.shared = cluster.medium == "shared"
+        self._costs = {d.name: d.runtime for d in cluster.devices}
         self._links: dict[tuple[str, str], tuple[float, float]] = {}
         for a in self.devices:
             for b in self.devices:
                 link = cluster.link(a, b)
-                self._links[a, b] = (bytes_per_ms(link.bandwidth_mbps), link.latency_ms)
+                bw, lat = bytes_per_ms(link.bandwidth_mbps), link.latency_ms
+                if a != b:
+                    ca, cb = self._costs[a], self._costs[b]
+                    bw, lat = _effective_bytes_per_ms(bw, per_byte_ms(ca, cb)), lat + fixed_message_ms(ca, cb)
+                self._links[a, b] = (bw, lat)
 
     def bytes_per_ms(self, src: str, dst: str) -> float:
         return self._links[src, dst][0]
@@ -51,3 +84,9 @@ class Network:
             return 0.0
         bw, lat = self._links[src, dst]
         return nbytes / bw + lat
+
+    def request_in_ms(self, device: str) -> float:
+        return self._costs[device].request_ms / 2.0
+
+    def request_out_ms(self, device: str) -> float:
+        return self._costs[device].request_ms / 2.0

@@ -395,6 +395,25 @@ def _cell_bytes(graph: LayerGraph, tensor: str) -> float:
     return info.nbytes / (info.shape[2] * info.shape[3])
 
 
+def _spans(events: list, stage_device: str, latency: float) -> dict[str, float]:
+    """How long the stage holds each device per input, which bounds how fast inputs can stream through it.
+
+    A device runs its steps for one input before the next input's, so it is held from its first step to its
+    last one that waits: the stage's device from the scatter to the end of the gather (the whole stage);
+    a tile device from its first tile to the end of its last, its halo sends and its waits for halo rows in
+    between (its sends after its last tile leave while it goes on: ZeroMQ queues them, and their wire
+    time is the link's to bear)."""
+    first: dict[str, float] = {}
+    last: dict[str, float] = {}
+    for device, kind, _, t0, t1 in events:
+        if kind == "compute":
+            first[device] = min(first.get(device, t0), t0)
+            last[device] = max(last.get(device, t1), t1)
+    spans = {d: last[d] - first[d] for d in first}
+    spans[stage_device] = latency
+    return spans
+
+
 def predict_stage(stage: Stage, graph: LayerGraph, cost: CostTable) -> dict:
     """Timeline of a spatial stage, from its input being complete on `stage.device` (which scatters
     input rows to the tiles) to the last segment's output gathered on `stage.device`.
@@ -402,7 +421,8 @@ def predict_stage(stage: Stage, graph: LayerGraph, cost: CostTable) -> dict:
     Each device runs its segments in order; before a segment it waits for the rows it needs (halo rows
     from neighbours, sent by each holder as soon as it has finished the previous segment). Returns
     latency_ms, compute_ms per device, transfers as (tensor, src, dst, bytes, ms), events as (device,
-    kind, what, start_ms, end_ms), tile_ms {(segment, tile): compute ms} and bytes. A grid's tiles are
+    kind, what, start_ms, end_ms), tile_ms {(segment, tile): compute ms}, span_ms per device (how long the
+    stage holds it, `_spans`) and bytes. A grid's tiles are
     boxes of rows and columns; everything else is the same.
     """
     group = stage.spatial
@@ -430,6 +450,7 @@ def predict_stage(stage: Stage, graph: LayerGraph, cost: CostTable) -> dict:
     return {
         "latency_ms": latency,
         "compute_ms": compute,
+        "span_ms": _spans(tl.events, stage.device, latency),
         "tile_ms": per_tile,
         "transfers": tl.transfers,
         "events": tl.events,

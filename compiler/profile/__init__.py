@@ -2,7 +2,8 @@
 
 Modules: host.py (CPU, memory, description), load.py (is the machine busy?), timing.py (repeat until the
 spread is small), bench.py (the micro-benchmarks), nodes.py (per-node tables of a real model),
-measure.py (`measure_host`), output.py (`write_profile`), refine.py (`--refine`: measured fragment times of
+fixed.py (the runtime's own costs per message and per request, through its sockets and coordinator: the
+profile's `runtime:`), measure.py (`measure_host`), output.py (`write_profile`), refine.py (`--refine`: measured fragment times of
 an `edgec run --report` folded into a profile's per-node table).
 
 Every figure is measured at each requested intra-op thread count (default: 1 and all cores, since workers

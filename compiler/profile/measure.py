@@ -15,9 +15,10 @@ from edgec.compiler.errors import UserError
 
 from . import bench, host
 from .bench import Bench, measure_figures
+from .fixed import measure_runtime_costs
 from .load import BUSY_FRACTION, LoadProbe, LoadSample, describe_load, is_busy, other_cpus
 from .nodes import measure_layers
-from .timing import DEFAULT, QUICK, Policy, rand, session
+from .timing import DEFAULT, QUICK, Policy, rand, session, sig
 
 __all__ = ["measure_host", "thread_counts"]
 
@@ -176,6 +177,7 @@ def measure_host(
     name: str | None = None,
     policy: Policy | None = None,
     probe: LoadProbe | None = None,
+    runtime_costs: bool = True,
 ) -> dict[str, Any]:
     """Measure this machine and return a profile dict in the profile file format.
 
@@ -186,6 +188,8 @@ def measure_host(
       max_spread; otherwise those are warnings (logged, and listed under measurement.warnings).
     power_idle_w / power_busy_w: watts from a meter, if the caller has them; None is written as null.
     policy / probe: the timing policy and the load probe (tests inject scripted ones).
+    runtime_costs: also measure the runtime's own costs (fixed.py) into `runtime:`; without, the profile
+      has none and the cost model prices them 0.
     """
     say = progress or (lambda s: None)
     cpu = host.cpuinfo()
@@ -212,6 +216,7 @@ def measure_host(
         entries[n] = b.entries
         details.extend(b.unstable)
         unstable.extend(b.unstable_names)
+    runtime, runtime_entries = _runtime_costs(policy, quick, strict, say, details, unstable) if runtime_costs else ({}, {})
     load.finish()
     _check_load(load.busy_during(), load.said_during(), "was", strict, warnings)
     say(f"  {load.said_during()}")
@@ -251,7 +256,39 @@ def measure_host(
             "load": load.section(),
             "threads": entries,
             "warnings": warnings + details,
+            **({"runtime": runtime_entries} if runtime_entries else {}),
         },
-        "sources": sources,
+        "sources": sources + ([fixed_source(quick)] if runtime else []),
         "layers": layers,
+        **({"runtime": runtime} if runtime else {}),
     }
+
+
+def fixed_source(quick: bool) -> str:
+    return ("runtime: message_ms = half the round trip of a 64-byte tensor between two CURVE ZeroMQ sockets on "
+            f"this host (the runtime's send_tensor, parse, decode_tensor), message_ms_per_mb = the same for a "
+            f"{'256 KiB' if quick else '1 MiB'} tensor, less message_ms, per 10^6 bytes; request_ms = latency "
+            "less run time of one request of a 64-float Relu through the runtime's coordinator and a local "
+            "worker at 1 thread (input in, output out)")
+
+
+def _runtime_costs(policy: Policy, quick: bool, strict: bool, say: Callable[[str], None], details: list[str],
+                   unstable: list[str]) -> tuple[dict, dict]:
+    """The runtime's costs and their `measurement.runtime` entries; an unstable timing is refused with
+    strict, else a warning like any other figure's."""
+    costs, figures = measure_runtime_costs(policy, quick, say)
+    entries = {}
+    for name, f in figures.items():
+        entries[name] = {"runs": f.runs, "median_ms": sig(f.median_s * 1e3, 4),
+                         "spread": sig(f.spread, 2) if math.isfinite(f.spread) else 1e9, "stable": f.stable}
+        if not f.stable:
+            what = (f"runtime {name}: spread {f.spread:.0%} over {f.runs} runs in {f.seconds:.1f} s stayed above "
+                    f"{policy.max_spread:.0%}")
+            if strict:
+                raise UserError(f"{what}; profile on a quiet machine, or without --strict to write the profile "
+                                "with a warning")
+            details.append(what)
+            unstable.append(f"runtime {name} ({f.spread:.0%})")
+    say(f"  runtime: {costs['message_ms']:g} ms per message + {costs['message_ms_per_mb']:g} ms per MB, "
+        f"{costs['request_ms']:g} ms per request")
+    return costs, entries

@@ -48,7 +48,7 @@ PROFILE_CASES = [
     (_profile("threads/2/gflops/pool", 1), "unknown key 'pool' in threads.2.gflops (allowed: conv, depthwise_conv, gemm, other)"),
     (_profile("cores", 4), "unknown key 'cores' in profile (allowed: name, description, memory_mb, usable_memory_fraction, "
                            "runtime_overhead_mb, op_overhead_us, gflops, memory_gbps, power_w, sources, layers, "
-                           "op_ms_per_melem, efficiency, threads, measurement)"),
+                           "op_ms_per_melem, efficiency, threads, runtime, measurement)"),
     (_profile("efficiency/lstm", [[1, 1.0]]), "unknown key 'lstm' in efficiency (allowed: conv, gemm)"),
     (_profile("efficiency/conv/0", {"output_elements": 1, "fraction": 1}),
      "efficiency.conv[0] must be an [output elements, fraction] pair, got dict {'fraction': 1, 'output_elements': 1}"),
@@ -67,6 +67,12 @@ PROFILE_CASES = [
     (_profile("measurement/load/before/loadavg/2", -0.5), "measurement.load.before.loadavg[2] must not be negative, got -0.5"),
     (_profile("measurement/threads/1/gflops.conv/spread", "low"),
      "measurement.threads.1['gflops.conv'].spread must be a number, got str 'low'"),
+    (_profile("runtime", {"message_ms": -0.1}), "runtime.message_ms must be a number of milliseconds from 0 to 10000, got float -0.1"),
+    (_profile("runtime", {"request_ms": 1e5}), "runtime.request_ms must be a number of milliseconds from 0 to 10000, got float 100000.0"),
+    (_profile("runtime", {"message_ms_per_mb": float("nan")}), "runtime.message_ms_per_mb must be a number of milliseconds from 0 to 10000, got float nan"),
+    (_profile("runtime", {"message_ms": "0.3"}), "runtime.message_ms must be a number of milliseconds from 0 to 10000, got str '0.3'"),
+    (_profile("runtime", {"hop_ms": 1}), "unknown key 'hop_ms' in runtime (allowed: message_ms, message_ms_per_mb, "
+                                         "request_ms)"),
     (_profile("name", 5), "name must be a non-empty string, got int 5"),
     (_profile("gflops", None), "gflops must be a mapping, got null"),
 ]

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from onnx import TensorProto, helper, numpy_helper
 
-from edgec.compiler.cluster import EFFICIENCY_KEYS, GFLOPS_KEYS, load_cluster, load_profile
+from edgec.compiler.cluster import EFFICIENCY_KEYS, GFLOPS_KEYS, load_cluster, load_profile, validate_profile_dict
 from edgec.compiler.errors import UserError
 from edgec.compiler.profile import measure_host, measure_layers, write_profile
 
@@ -28,7 +28,7 @@ def test_measure_host_quick(quick_profile):
     assert set(p) == {
         "name", "description", "memory_mb", "usable_memory_fraction", "runtime_overhead_mb",
         "op_overhead_us", "gflops", "memory_gbps", "power_w", "sources", "layers",
-        "op_ms_per_melem", "efficiency", "threads", "measurement",
+        "op_ms_per_melem", "efficiency", "threads", "measurement", "runtime",
     }
     assert p["name"] and p["description"]
     assert p["memory_mb"] > 0 and 0 < p["usable_memory_fraction"] <= 1
@@ -41,6 +41,23 @@ def test_measure_host_quick(quick_profile):
     assert p["sources"][0].startswith("edgec profile on ") and "onnxruntime" in p["sources"][0]
     assert "intra-op threads 1;" in p["sources"][0]
     assert any("GFLOP/s" in s for s in lines) and any("GB/s" in s for s in lines)
+
+
+def test_measure_host_quick_runtime_costs(quick_profile):
+    """The runtime's own costs, measured through its sockets and coordinator, timed like every figure."""
+    p, lines = quick_profile
+    rt = p["runtime"]
+    assert set(rt) == {"message_ms", "message_ms_per_mb", "request_ms"}
+    # a hand-off through CURVE and ZeroMQ takes microseconds at least, and less than a second on any host
+    assert 0.001 < rt["message_ms"] < 1000 and 0.001 < rt["request_ms"] < 1000 and rt["message_ms_per_mb"] >= 0
+    timings = p["measurement"]["runtime"]
+    assert set(timings) == {"message_small", "message_large", "request"}
+    assert all(t["runs"] >= 3 and t["median_ms"] > 0 for t in timings.values())
+    assert any(s.startswith("runtime: message_ms") for s in p["sources"])
+    assert any("ms per request" in s for s in lines)
+    loaded = validate_profile_dict(p, "quick.yaml").runtime
+    assert (loaded.message_ms, loaded.message_ms_per_mb, loaded.request_ms) == (
+        rt["message_ms"], rt["message_ms_per_mb"], rt["request_ms"])
 
 
 def test_measure_host_quick_per_thread_figures(quick_profile):
@@ -75,6 +92,7 @@ def test_measure_host_quick_measurement_section(quick_profile):
         assert t["spread"] <= 0.1 or not t["stable"], name
         assert t["other_cpus"] is None or t["other_cpus"] >= 0  # None: the timing took less than one jiffy
     unstable = [name for name, t in timings.items() if not t["stable"]]
+    unstable += [name for name, t in m["runtime"].items() if not t["stable"]]
     assert len([w for w in m["warnings"] if "stayed above" in w]) == len(unstable)
 
 
