@@ -1,4 +1,5 @@
-"""Files the runtime writes for the user (the --output archive, the --report JSON): all or nothing."""
+"""Files the runtime writes for the user (the --output archive, the --report and --trace JSON): all or nothing,
+with the mode the user's umask gives."""
 
 from __future__ import annotations
 
@@ -9,7 +10,26 @@ from typing import IO, Callable
 
 from .errors import InputError
 
-__all__ = ["write_atomically"]
+__all__ = ["write_atomically", "default_mode"]
+
+
+def default_mode(folder: bool = False) -> int:
+    """The mode a plain open() or mkdir() would give under the process's umask. tempfile makes private
+    files (0600) and folders (0700); what we swap into place for the user must not stay private."""
+    return (0o777 if folder else 0o666) & ~_umask()
+
+
+def _umask() -> int:
+    try:  # Linux reports it without changing it
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # elsewhere the only way to read it is to set it, and put it back at once
+    os.umask(mask)
+    return mask
 
 
 def write_atomically(path: str | os.PathLike, what: str, write: Callable[[IO[bytes]], None]) -> None:
@@ -24,6 +44,7 @@ def write_atomically(path: str | os.PathLike, what: str, write: Callable[[IO[byt
     try:
         with os.fdopen(fd, "wb") as fh:
             write(fh)
+            os.fchmod(fh.fileno(), default_mode())
         os.replace(tmp, target)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from edgec.runtime import MANIFEST_FORMAT
 from edgec.runtime.errors import InputError, one_line
+from edgec.runtime.files import default_mode
 from edgec.runtime.interrupts import check_interrupted
 from edgec.runtime.manifest import load_manifest
 
@@ -78,6 +79,7 @@ def write_output(outdir: Path, manifest: dict, frags: list[EmittedFragment],
         with _signals_held():  # the folder exists only once `tmp` names it, for the cleanup below
             outdir.parent.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix=f".{outdir.name}.tmp-", dir=outdir.parent))
+        tmp.chmod(default_mode(folder=True))  # mkdtemp's 0700 would make the build private to this user
         builds = [(tmp, outdir, manifest, frags)]
         builds += [(tmp / b.folder, outdir / b.folder, b.manifest, b.frags) for b in fallbacks if b.manifest is not None]
         for folder, final, data, files in builds:

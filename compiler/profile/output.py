@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 
 from edgec.compiler.cluster import validate_profile_dict
+from edgec.runtime.files import default_mode
 from edgec.compiler.errors import UserError
 
 __all__ = ["write_profile"]
@@ -50,6 +51,7 @@ def write_profile(profile: dict[str, Any], path: str | Path) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+            os.fchmod(f.fileno(), default_mode())  # mkstemp's 0600 would make the profile private
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, p)
