@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from .graph import Layer, LayerGraph, TensorInfo, Window
+from .spatial.ops import Refused, SliceWindow, Transposed, Upsample
 
 __all__ = ["build_layer_graph", "cost_class", "np_dtype", "spatial_type", "subgraph_inputs"]
 
@@ -75,8 +77,13 @@ def spatial_type(node: onnx.NodeProto) -> int:
     return 3
 
 
-def node_window(node: onnx.NodeProto, shapes: dict[str, tuple[int, ...]]) -> Window | None:
-    """Window geometry of a 2-D Conv/MaxPool/AveragePool on NCHW; None for anything else."""
+def node_window(node: onnx.NodeProto, shapes: dict[str, tuple[int, ...]],
+                inits: dict[str, onnx.TensorProto] | None = None) -> Window | None:
+    """Row geometry of a 2-D operator on NCHW: Conv/MaxPool/AveragePool windows, and (spatial/ops.py) strided
+    Slice, SpaceToDepth, DepthToSpace, Resize/Upsample by integer factors, ConvTranspose; Refused (with the
+    reason) where their attributes admit no exact tiling; None for anything else."""
+    if node.op_type in ROW_OPS:
+        return row_window(node, shapes, inits or {})
     if node.op_type not in ("Conv", "MaxPool", "AveragePool"):
         return None
     if node.op_type == "Conv":
@@ -90,6 +97,184 @@ def node_window(node: onnx.NodeProto, shapes: dict[str, tuple[int, ...]]) -> Win
     return Window(node.op_type, (int(kernel[0]), int(kernel[1])), tuple(_attr(node, "strides", [1, 1])),
                   (pads[0], pads[1], pads[2], pads[3]), tuple(_attr(node, "dilations", [1, 1])),
                   bool(_attr(node, "ceil_mode", 0)), int(_attr(node, "group", 1)))
+
+
+ROW_OPS = ("Slice", "SpaceToDepth", "DepthToSpace", "Resize", "Upsample", "ConvTranspose")
+RESIZE_MODES = ("asymmetric", "half_pixel", "pytorch_half_pixel", "tf_half_pixel_for_nn")
+
+
+class _Refuse(Exception):
+    """An attribute combination with no exact row algebra (the message says which)."""
+
+
+def row_window(node: onnx.NodeProto, shapes: dict[str, tuple[int, ...]], inits: dict[str, onnx.TensorProto]):
+    """The spatial/ops.py geometry of a ROW_OPS node on 4-D tensors (None on other ranks), or Refused."""
+    src, dst = shapes.get(node.input[0], ()), shapes.get(node.output[0], ())
+    if len(src) != 4 or len(dst) != 4:
+        return None
+    build = {"Slice": _slice_window, "SpaceToDepth": _space_to_depth, "DepthToSpace": _depth_to_space,
+             "Resize": _resize_window, "Upsample": _resize_window, "ConvTranspose": _transposed_window}
+    try:
+        return build[node.op_type](node, src, dst, inits)
+    except _Refuse as exc:
+        return Refused(node.op_type, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), why=f"{node.op_type}: {exc}")
+
+
+def _const(node: onnx.NodeProto, pos: int, inits: dict[str, onnx.TensorProto], what: str):
+    """Input `pos` of node as a numpy array: None if absent, _Refuse if computed at run time."""
+    if len(node.input) <= pos or not node.input[pos]:
+        return None
+    name = node.input[pos]
+    if name not in inits:
+        raise _Refuse(f"its {what} are computed at run time")
+    return numpy_helper.to_array(inits[name])
+
+
+def _slice_window(node, src, dst, inits) -> Window:
+    if len(node.input) == 1:  # Slice-1: ranges as attributes
+        starts, ends = _attr(node, "starts", []), _attr(node, "ends", [])
+        axes, steps = _attr(node, "axes", list(range(len(starts)))), [1] * len(starts)
+    else:
+        starts, ends = _const(node, 1, inits, "starts"), _const(node, 2, inits, "ends")
+        axes = _const(node, 3, inits, "axes")
+        steps = _const(node, 4, inits, "steps")
+        axes = list(range(len(starts))) if axes is None else axes
+        steps = [1] * len(starts) if steps is None else steps
+    box = {ax: (0, src[ax], 1) for ax in (2, 3)}
+    for ax, st, en, step in zip(axes, starts, ends, steps):
+        ax = int(ax) % 4
+        if ax in box:
+            box[ax] = _slice_range(int(st), int(en), int(step), src[ax])
+    rows = {ax: -(-(en - st) // step) for ax, (st, en, step) in box.items()}
+    if any(rows[ax] != dst[ax] for ax in rows):
+        raise _Refuse(f"the graph says {dst[2:]} on H/W, the slice takes {(rows[2], rows[3])}")
+    (s2, e2, k2), (s3, e3, k3) = box[2], box[3]
+    return SliceWindow("Slice", (1, 1), (k2, k3), (-s2, -s3, e2 - src[2], e3 - src[3]), (1, 1))
+
+
+def _slice_range(start: int, end: int, step: int, size: int) -> tuple[int, int, int]:
+    """ONNX's clamping of a positive-step slice: [start, end) within [0, size), negatives from the end."""
+    if step <= 0:
+        raise _Refuse(f"step {step} on a spatial axis (only positive steps are tiled)")
+    start, end = (start + size if start < 0 else start), (end + size if end < 0 else end)
+    start, end = min(max(start, 0), size), min(max(end, 0), size)
+    if end <= start:
+        raise _Refuse("an empty slice")
+    return start, end, step
+
+
+def _space_to_depth(node, src, dst, inits) -> Window:
+    k = int(_attr(node, "blocksize", 1))
+    return Window("SpaceToDepth", (k, k), (k, k), (0, 0, 0, 0), (1, 1))
+
+
+def _depth_to_space(node, src, dst, inits) -> Window:
+    k = int(_attr(node, "blocksize", 1))
+    repeat = tuple((0, 1) for _ in range(k))
+    return Upsample("DepthToSpace", (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), factors=(k, k), taps=(repeat, repeat))
+
+
+def _resize_window(node, src, dst, inits) -> Window:
+    """Integer upsampling (nearest, linear, cubic) with a shift-invariant coordinate map, where the tile's
+    floating-point coordinates equal the whole model's (see _resize_taps)."""
+    factors = []
+    for ax in (2, 3):
+        if dst[ax] % src[ax]:
+            raise _Refuse(f"axis {ax} grows from {src[ax]} to {dst[ax]}, not by an integer factor")
+        factors.append(dst[ax] // src[ax])
+    if src[:2] != dst[:2]:
+        raise _Refuse("it resizes the batch or channel axis")
+    _check_resize_inputs(node, src, dst, inits)
+    legacy = node.op_type == "Upsample" or len(node.input) == 2  # Upsample, Resize-10: (X, scales)
+    mode = _text(_attr(node, "mode", "nearest"))
+    transform = "asymmetric" if legacy else _text(_attr(node, "coordinate_transformation_mode", "half_pixel"))
+    rounding = "floor" if legacy else _text(_attr(node, "nearest_mode", "round_prefer_floor"))
+    if mode != "nearest" and _attr(node, "antialias", 0):
+        raise _Refuse("antialias")
+    taps = tuple(_resize_taps(u, mode, transform, rounding) for u in factors)
+    return Upsample(node.op_type, (1, 1), (1, 1), (0, 0, 0, 0), (1, 1), factors=tuple(factors), taps=taps)
+
+
+def _check_resize_inputs(node, src, dst, inits) -> None:
+    """Scales (or sizes) must be constants that say what the graph's shapes say (the tile rewrites sizes)."""
+    if node.op_type == "Upsample" and len(node.input) == 1:
+        scales = _attr(node, "scales", None)
+    else:
+        scales = _const(node, 1 if len(node.input) == 2 or node.op_type == "Upsample" else 2, inits, "scales")
+    sizes = _const(node, 3, inits, "sizes") if node.op_type == "Resize" and len(node.input) > 3 else None
+    axes = [int(a) % 4 for a in _attr(node, "axes", [0, 1, 2, 3])]
+    if sizes is not None and len(sizes):
+        if _text(_attr(node, "keep_aspect_ratio_policy", "stretch")) != "stretch":
+            raise _Refuse("sizes with a keep_aspect_ratio_policy (a tile's aspect ratio differs)")
+        return
+    if scales is None or not len(scales):
+        raise _Refuse("neither scales nor sizes")
+    for ax, sc in zip(axes, scales):
+        if float(sc) != dst[ax] / src[ax]:
+            raise _Refuse(f"scale {float(sc):g} on axis {ax} is not the integer factor {dst[ax]}/{src[ax]}")
+
+
+def _text(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _resize_taps(u: int, mode: str, transform: str, rounding: str) -> tuple[tuple[int, int], ...]:
+    """Input row offsets [lo, hi) from q read by output row q*u + r, r = 0..u-1.
+
+    Every transform here maps o + u to x + 1, so a tile (whose output row 0 is the model's row lo*u)
+    computes the same source coordinates shifted by lo, provided floating point computes them exactly: it
+    does for any x = k / 2^n, so the half-pixel transforms and interpolation weights need u a power of two;
+    nearest with asymmetric (x = o / u, a correctly rounded quotient) only needs an exact tie, r/u = 1/2."""
+    if transform not in RESIZE_MODES:
+        raise _Refuse(f"coordinate_transformation_mode {transform} (the source coordinate depends on the "
+                      "tensor's length or a crop box, so a tile's differs from the whole model's)")
+    if mode not in ("nearest", "linear", "cubic"):
+        raise _Refuse(f"mode {mode}")
+    if (mode != "nearest" or transform != "asymmetric") and u & (u - 1):
+        raise _Refuse(f"{mode} {transform} by {u}: the source coordinates are not exact in floating point, "
+                      "a tile could round them differently from the whole model")
+    if mode != "nearest" and transform == "tf_half_pixel_for_nn":
+        raise _Refuse(f"{mode} with tf_half_pixel_for_nn")
+    taps = []
+    for r in range(u):
+        x = Fraction(r, u) if transform == "asymmetric" else Fraction(2 * r + 1, 2 * u) - Fraction(
+            0 if transform == "tf_half_pixel_for_nn" else 1, 2)
+        if mode == "nearest":
+            src = _round(x, rounding)
+            taps.append((src, src + 1))
+        else:  # linear reads floor(x) and the next row, cubic one more on each side
+            f = math.floor(x)
+            taps.append((f, f + 2) if mode == "linear" else (f - 1, f + 3))
+    return tuple(taps)
+
+
+def _round(x: Fraction, rounding: str) -> int:
+    if rounding == "floor":
+        return math.floor(x)
+    if rounding == "ceil":
+        return math.ceil(x)
+    if rounding not in ("round_prefer_floor", "round_prefer_ceil"):
+        raise _Refuse(f"nearest_mode {rounding}")
+    if x - math.floor(x) == Fraction(1, 2):
+        return math.floor(x) if rounding == "round_prefer_floor" else math.ceil(x)
+    return math.floor(x + Fraction(1, 2))
+
+
+def _transposed_window(node, src, dst, inits) -> Window:
+    w = inits.get(node.input[1])
+    kernel = _attr(node, "kernel_shape", list(w.dims[2:]) if w is not None else [])
+    if len(kernel) != 2:
+        raise _Refuse("no 2-D kernel_shape and no constant weight to read it from")
+    if _text(_attr(node, "auto_pad", "NOTSET")) not in ("NOTSET", "VALID") or _attr(node, "output_shape", None):
+        raise _Refuse("auto_pad or output_shape (pads implied by a target shape)")
+    pads = tuple(int(v) for v in _attr(node, "pads", [0, 0, 0, 0]))
+    strides, dil = tuple(_attr(node, "strides", [1, 1])), tuple(_attr(node, "dilations", [1, 1]))
+    out_pad = tuple(_attr(node, "output_padding", [0, 0]))
+    if min(pads) < 0:
+        raise _Refuse("negative pads")
+    return Transposed("ConvTranspose", (int(kernel[0]), int(kernel[1])), (int(strides[0]), int(strides[1])),
+                     pads, (int(dil[0]), int(dil[1])), group=int(_attr(node, "group", 1)),
+                     output_padding=(int(out_pad[0]), int(out_pad[1])))
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -209,8 +394,9 @@ def _make_layer(index, group, g, inits, tensors, shapes, graph_outputs, users) -
     members = set(group)
     outputs = [o for o in _ordered(produced, nodes) if users.get(o, set()) - members or o in graph_outputs]
     lead = max(nodes, key=lambda n: node_flops(n, shapes))
-    kinds = {spatial_type(n) for n in nodes}
-    windows = [node_window(n, shapes) for n in nodes if spatial_type(n) == 1]
+    found = {k: node_window(g.node[k], shapes, inits) for k in group}
+    kinds = {_kind(n, found[k]) for k, n in zip(group, nodes)}
+    windows = [found[k] for k, n in zip(group, nodes) if _kind(n, found[k]) == 1 or isinstance(found[k], Refused)]
     return Layer(
         index=index,
         name=nodes[0].name,
@@ -227,6 +413,14 @@ def _make_layer(index, group, g, inits, tensors, shapes, graph_outputs, users) -
         output_bytes=sum(tensors[t].nbytes for t in outputs if t in tensors),
         window=windows[0] if len(windows) == 1 else None,
     )
+
+
+def _kind(node: onnx.NodeProto, window: Window | None) -> int:
+    """spatial_type, with the data-movement operators that have a row geometry (a Slice, a Resize, ...)
+    counted as neighbourhood operators; those whose attributes refuse tiling stay Type 3."""
+    if node.op_type in ROW_OPS and node.op_type not in NEIGHBOURHOOD:
+        return 1 if window is not None and not isinstance(window, Refused) else 3
+    return spatial_type(node)
 
 
 def _ordered(names: set[str], nodes) -> list[str]:

@@ -8,8 +8,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from ..graph import LayerGraph
+from ..graph import LayerGraph, Window
 from ..layers import node_inputs
+from ..spatial.ops import SliceWindow, Transposed, Upsample, transposed_attrs
 from ..spatial.regions import tile_pads
 from ..spatial.tiles import Geometry
 from .encode import EncodedModel, assemble, value_info
@@ -87,12 +88,7 @@ class _Builder:
 
 
 def _set_pads(node: onnx.NodeProto, pads: tuple[int, ...]) -> None:
-    for a in node.attribute:
-        if a.name == "pads":
-            del a.ints[:]
-            a.ints.extend(pads)
-            return
-    node.attribute.append(helper.make_attribute("pads", list(pads)))
+    _set_ints(node, "pads", pads)
 
 
 def _tile_nodes(b: _Builder, in_name: str, out_name: str) -> None:
@@ -121,10 +117,103 @@ def _tile_nodes(b: _Builder, in_name: str, out_name: str) -> None:
             outs = [out_name if o == maps.output else o for o in node.output]
             del node.output[:]
             node.output.extend(outs)
-            if pos == 0 and win is not None:
-                _set_pads(node, _pads(win, b.geo, i))
+            crop = _rewrite(b, node, win, i) if pos == 0 and win is not None else ()
             b.nodes.append(node)
+            if crop:
+                _crop_output(b, node, crop)
         held[layer.outputs[0]] = layer.outputs[0] if layer.outputs[0] != maps.output else out_name
+
+
+def _rewrite(b: _Builder, node: onnx.NodeProto, win: Window, i: int) -> tuple[tuple[int, int, int], ...]:
+    """Rewrite layer i's leading operator for the tile's rows; returns the output rows to keep, per tiled axis
+    (axis, start, stop relative to what the operator computes), where it computes more than the tile holds."""
+    if isinstance(win, SliceWindow):
+        _rewrite_slice(b, node, i)
+    elif isinstance(win, Transposed):
+        _rewrite_transposed(b, node, win, i)
+    elif isinstance(win, Upsample):
+        return _rewrite_upsample(b, node, win, i)
+    elif win.op_type in ("Conv", "MaxPool", "AveragePool"):
+        _set_pads(node, _pads(win, b.geo, i))
+    return ()
+
+
+def _rewrite_slice(b: _Builder, node: onnx.NodeProto, i: int) -> None:
+    """The tile feeds exactly the rows the slice reads (start on its first row): slice [0, rows) at the
+    model's step on each tiled axis the node slices."""
+    tiled = {m.axis: reg.reads[i][1] - reg.reads[i][0] for m, reg in b.geo}
+    if len(node.input) == 1:  # Slice-1: attributes
+        axes = list(_attr(node, "axes", range(len(_attr(node, "starts")))))
+        starts, ends = list(_attr(node, "starts")), list(_attr(node, "ends"))
+    else:
+        starts, ends = (numpy_helper.to_array(b.inits[node.input[k]]).tolist() for k in (1, 2))
+        axes = numpy_helper.to_array(b.inits[node.input[3]]).tolist() if len(node.input) > 3 and node.input[3] \
+            else list(range(len(starts)))
+    for j, ax in enumerate(axes):
+        if ax % 4 in tiled:
+            starts[j], ends[j] = 0, tiled[ax % 4]
+    if len(node.input) == 1:
+        _set_ints(node, "starts", starts)
+        _set_ints(node, "ends", ends)
+        return
+    for k, values, what in ((1, starts, "starts"), (2, ends, "ends")):
+        name = b.fresh(f"{node.output[0]}:{what}")
+        b.new_inits[name] = numpy_helper.from_array(np.array(values, dtype=np.int64), name)
+        node.input[k] = name
+
+
+def _rewrite_transposed(b: _Builder, node: onnx.NodeProto, win: Transposed, i: int) -> None:
+    pads, out_pad = list(win.pads), list(win.output_padding)
+    for m, reg in b.geo:
+        (lo, hi), (a, e) = reg.reads[i], reg.rows[m.out_of[i]]
+        pads[m.axis - 2], pads[m.axis], out_pad[m.axis - 2] = transposed_attrs(win, m.axis, lo, hi, a, e)
+    _set_ints(node, "pads", pads)
+    _set_ints(node, "output_padding", out_pad)
+
+
+def _rewrite_upsample(b: _Builder, node: onnx.NodeProto, win: Upsample, i: int) -> tuple[tuple[int, int, int], ...]:
+    """A Resize given sizes gets the tile's (its scales are the model's); the tile keeps the rows it holds
+    of what it computes (all of it inside a segment, [a, b) as the segment output)."""
+    crop = []
+    for m, reg in b.geo:
+        (lo, hi), held = reg.reads[i], reg.rows[m.out_of[i]]
+        a, e = m.computed(b.graph, i, (lo, hi), held)
+        if (a, e) != held:
+            crop.append((m.axis, held[0] - a, held[1] - a))
+    if node.op_type == "Resize" and len(node.input) > 3 and node.input[3]:
+        sizes = numpy_helper.to_array(b.inits[node.input[3]]).tolist()
+        axes = [a % 4 for a in _attr(node, "axes", range(4))]
+        for m, reg in b.geo:
+            lo, hi = reg.reads[i]
+            sizes[axes.index(m.axis)] = (hi - lo) * win.factors[m.axis - 2]
+        name = b.fresh(f"{node.output[0]}:sizes")
+        b.new_inits[name] = numpy_helper.from_array(np.array(sizes, dtype=np.int64), name)
+        node.input[3] = name
+    return tuple(crop)
+
+
+def _crop_output(b: _Builder, node: onnx.NodeProto, crop: tuple[tuple[int, int, int], ...]) -> None:
+    """Route the operator's output through a Slice keeping `crop` (its followers read the kept rows)."""
+    kept = node.output[0]
+    full = b.fresh(f"{kept}@computed")
+    node.output[0] = full
+    b.nodes.append(b._slice_node(full, kept, crop))
+
+
+def _attr(node: onnx.NodeProto, name: str, default=None):
+    for a in node.attribute:
+        if a.name == name:
+            return helper.get_attribute_value(a)
+    return default
+
+
+def _set_ints(node: onnx.NodeProto, name: str, values) -> None:
+    for a in node.attribute:
+        if a.name == name:
+            del a.ints[:]
+            a.ints.extend(int(v) for v in values)
+            return
+    node.attribute.append(helper.make_attribute(name, [int(v) for v in values]))
 
 
 def _pads(win, geo: Geometry, i: int) -> tuple[int, ...]:

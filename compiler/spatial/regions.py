@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..graph import LayerGraph, Window
+from .ops import Refused, Transposed, Upsample, transposed_need, transposed_rows, upsample_need, upsample_rows
 
 __all__ = [
     "AXES", "Need", "TileRegion", "SegmentMaps", "NotTileable", "window_need", "tile_pads", "tileable",
@@ -17,7 +18,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 AXES = (2, 3)  # NCHW height, width
-WINDOW_OPS = ("Conv", "MaxPool", "AveragePool")
+WINDOW_OPS = ("Conv", "MaxPool", "AveragePool", "SpaceToDepth", "Slice", "DepthToSpace", "Resize", "Upsample",
+              "ConvTranspose")
 # Pointwise by ONNX semantics per channel, but statistics over the whole plane: never tiled.
 PLANE_GLOBAL = {"InstanceNormalization", "GroupNormalization", "LayerNormalization", "LpNormalization"}
 
@@ -47,7 +49,11 @@ def _geometry(win: Window, axis: int) -> tuple[int, int, int, int]:
 def _need_lo(win: Window, axis: int, a, in_size: int):
     """First input row (and top padding) for output rows starting at a; works on numpy arrays.
 
-    Output row o reads padded rows [o*s, o*s + eff), i.e. input rows [o*s - pb, o*s - pb + eff)."""
+    Output row o reads padded rows [o*s, o*s + eff), i.e. input rows [o*s - pb, o*s - pb + eff) (a Slice's
+    start is a negative pb). Upsampling and ConvTranspose have their own algebra and no border padding."""
+    if isinstance(win, (Upsample, Transposed)):
+        lo = _other_need(win, axis, a, a, in_size)[0]
+        return lo, np.zeros_like(lo)
     _, s, pb, _ = _geometry(win, axis)
     start = np.asarray(a) * s - pb
     lo = np.clip(start, 0, in_size)
@@ -58,16 +64,29 @@ def _need_hi(win: Window, axis: int, b, in_size: int):
     """End input row (and bottom padding) for output rows ending at b (exclusive).
 
     Past the real rows the tile pads; a ceil_mode window may overhang even the model's pad_end, and
-    the tile keeps ceil_mode with pad_end, which reproduces the model's output count exactly."""
+    the tile keeps ceil_mode with pad_end, which reproduces the model's output count exactly. A Slice's
+    pad after is its end less the size (<= 0): it never pads."""
+    if isinstance(win, (Upsample, Transposed)):
+        hi = _other_need(win, axis, b, b, in_size)[1]
+        return hi, np.zeros_like(hi)
     eff, s, pb, pe = _geometry(win, axis)
     end = (np.asarray(b) - 1) * s - pb + eff
     hi = np.clip(end, 0, in_size)
-    return hi, np.minimum(end - hi, pe)
+    return hi, np.minimum(end - hi, max(pe, 0))
+
+
+def _other_need(win: Window, axis: int, a, b, in_size: int):
+    need = upsample_need if isinstance(win, Upsample) else transposed_need
+    return need(win, axis, a, b, in_size)
 
 
 def window_rows(win: Window, axis: int, in_size: int) -> int:
     """Output rows onnxruntime produces: with ceil_mode, a last window starting in the end padding is
     dropped (ONNX shape inference may still count it; such layers are refused by `tileable`)."""
+    if isinstance(win, Upsample):
+        return in_size * win.factors[axis - 2]
+    if isinstance(win, Transposed):
+        return transposed_rows(win, axis, in_size)
     eff, s, pb, pe = _geometry(win, axis)
     n = in_size + pb + pe - eff
     out = (-(-n // s) if win.ceil_mode else n // s) + 1
@@ -101,6 +120,8 @@ def tile_pads(win: Window, axis: int, pad_lo: int, pad_hi: int) -> tuple[int, in
 def tileable(graph: LayerGraph, i: int, axis: int) -> str | None:
     """None if layer i can be computed on row tiles of its NCHW output along axis, else the reason."""
     layer = graph.layers[i]
+    if isinstance(layer.window, Refused):
+        return f"{layer.name}: {layer.window.why}"
     if layer.spatial_type == 3:
         return f"{layer.name}: Type-3 operator {layer.op_types[0]}"
     if PLANE_GLOBAL & set(layer.op_types):
@@ -117,11 +138,12 @@ def tileable(graph: LayerGraph, i: int, axis: int) -> str | None:
         return None
     win = layer.window
     if win is None or win.op_type not in WINDOW_OPS or layer.op_types[0] != win.op_type:
-        return f"{layer.name}: no 2-D Conv/MaxPool/AveragePool window"
+        return f"{layer.name}: no 2-D window (Conv, pool, strided Slice, SpaceToDepth, DepthToSpace, Resize, ConvTranspose)"
     if len(layer.inputs) != 1:
         return f"{layer.name}: {len(layer.inputs)} activation inputs to a window"
     eff, _, pb, pe = _geometry(win, axis)
-    if pb >= eff or pe >= eff:  # a window entirely in padding would read no real row
+    padded = type(win) is Window and win.op_type != "SpaceToDepth"
+    if padded and (pb >= eff or pe >= eff):  # a window entirely in padding would read no real row
         return f"{layer.name}: padding wider than the window"
     src, dst = graph.tensors[layer.inputs[0]].shape, graph.tensors[layer.outputs[0]].shape
     for ax in AXES:  # both: a wrong shape on the other axis would mislead the emitter as much
@@ -149,6 +171,8 @@ class SegmentMaps:
     `first[t][a]` / `end[t][b]` are the rows [first, end) of tensor t a tile [a, b) holds (its consumers'
     union), `in_first[i][a]` / `in_end[i][b]` the rows of layer i's input it reads, and `pad_lo[i][a]` /
     `pad_hi[i][b]` the border padding of layer i's window. Arrays have length size(output) + 1.
+    An upsampling layer (DepthToSpace, Resize) computes whole input rows' worth of output: inside the
+    segment the tile holds all of it; as the segment output, the tile keeps only [a, b) (`computed`).
     """
 
     lo: int
@@ -174,6 +198,15 @@ class SegmentMaps:
         out = self.out_of[i]
         return self.end[out][b] - self.first[out][a]
 
+    def computed(self, graph: LayerGraph, i: int, reads: tuple[int, int], held: tuple[int, int]) -> tuple[int, int]:
+        """Rows of layer i's output its operator computes from input rows `reads` when the tile holds
+        `held` of that output: more than held only for upsampling as the segment output."""
+        win = graph.layers[i].window
+        if isinstance(win, Upsample):
+            a, b = upsample_rows(win, self.axis, *reads)
+            return int(a), int(b)
+        return held
+
 
 def segment_maps(graph: LayerGraph, lo: int, hi: int, axis: int) -> SegmentMaps:
     """Propagate tile ranges backwards through layers [lo, hi), which may branch and merge inside."""
@@ -198,6 +231,9 @@ def segment_maps(graph: LayerGraph, lo: int, hi: int, axis: int) -> SegmentMaps:
             n = size[layer.inputs[0]]
             f, pad_lo[i] = _need_lo(layer.window, axis, f, n)
             e, pad_hi[i] = _need_hi(layer.window, axis, e, n)
+            if isinstance(layer.window, Upsample) and out != dst:
+                # the tile holds all it computes (whole input rows' worth); its consumers read their part
+                first[out], end[out] = upsample_rows(layer.window, axis, f, e)
         in_first[i], in_end[i] = f, e
         for t in layer.inputs:
             first[t] = np.minimum(first[t], f) if t in first else f

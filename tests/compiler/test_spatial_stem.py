@@ -14,13 +14,16 @@ from edgec.compiler.cost import build_cost_table, evaluate
 from edgec.compiler.cost.tiles import predict_stage
 from edgec.compiler.plan.spatial import regions, search_hybrid, search_spatial
 from edgec.compiler.plan.spatial_search import SpatialSearch
-from edgec.compiler.spatial import spatial_cuts
+from edgec.compiler.spatial import spatial_cuts, tileable
 from tests.compiler.test_spatial import graph_of, make_cluster
 from tests.conftest import conv_chain_model
 
 
-def focus_model(size: int = 16, convs: int = 3, channels: int = 8, seed: int = 0):
-    """YOLOv5's Focus stem (four strided Slice pairs, Concat on channels), then conv+relu x convs, Flatten, Gemm."""
+def focus_model(size: int = 16, convs: int = 3, channels: int = 8, seed: int = 0, flip: bool = False):
+    """YOLOv5's Focus stem (four strided Slice pairs, Concat on channels), then conv+relu x convs, Flatten, Gemm.
+
+    flip: the image is first flipped upside down (a Slice with step -1, which is not tiled): an untileable
+    stem before the tileable Focus."""
     rng = np.random.default_rng(seed)
     inits, nodes, parts = [], [], []
 
@@ -34,8 +37,14 @@ def focus_model(size: int = 16, convs: int = 3, channels: int = 8, seed: int = 0
         const(f"axis{axis}", np.array([axis]))
     for start in (0, 1):
         const(f"start{start}", np.array([start]))
+    image = "x"
+    if flip:
+        back = [const(f"flip.{what}", np.array([v])) for what, v in
+                (("starts", -1), ("ends", np.iinfo(np.int64).min), ("axes", 2), ("steps", -1))]
+        nodes.append(helper.make_node("Slice", ["x", *back], ["flipped"], name="flip"))
+        image = "flipped"
     for k, (r, c) in enumerate([(0, 0), (1, 0), (0, 1), (1, 1)]):
-        nodes.append(helper.make_node("Slice", ["x", f"start{r}", end, "axis2", step], [f"h{k}"], name=f"sh{k}"))
+        nodes.append(helper.make_node("Slice", [image, f"start{r}", end, "axis2", step], [f"h{k}"], name=f"sh{k}"))
         nodes.append(helper.make_node("Slice", [f"h{k}", f"start{c}", end, "axis3", step], [f"p{k}"], name=f"sw{k}"))
         parts.append(f"p{k}")
     nodes.append(helper.make_node("Concat", parts, ["cat"], axis=1, name="cat"))
@@ -56,12 +65,20 @@ def focus_model(size: int = 16, convs: int = 3, channels: int = 8, seed: int = 0
 
 
 def test_regions_find_the_run_after_the_stem():
-    graph = graph_of(focus_model())
-    stem_end = next(i for i, l in enumerate(graph.layers) if l.op_types[0] == "Conv")  # the Concat closes the stem's block
+    graph = graph_of(focus_model(flip=True))
+    assert tileable(graph, 0, 2) == "flip: Slice: step -1 on a spatial axis (only positive steps are tiled)"
     assert len(spatial_cuts(graph, 2)) == 1  # nothing tileable from the model input
     prefix, later = regions(graph, 2)
     assert prefix is None and len(later) == 1
-    assert later[0][0] == stem_end and later[0][-1] == len(graph.layers) - 2  # up to the Flatten
+    assert later[0][0] == 1 and later[0][-1] == len(graph.layers) - 2  # the Focus to the Flatten
+
+
+@pytest.mark.parametrize("axis", [2, 3])
+def test_the_focus_stem_tiles_from_the_model_input(axis):
+    """Issue 12: the strided Slices and their Concat are tileable, so the region starts at the model input."""
+    graph = graph_of(focus_model())
+    prefix, later = regions(graph, axis)
+    assert prefix is not None and prefix[0] == 0 and prefix[-1] == len(graph.layers) - 2 and later == []
 
 
 def test_regions_of_a_model_tileable_from_its_input_keep_that_prefix():
@@ -76,7 +93,7 @@ def test_regions_of_a_model_tileable_from_its_input_keep_that_prefix():
 def test_search_with_entries_equals_exhaustive(size, kinds, mbps, threshold, data):
     """Entered at any cut of a run (each with its own stem cost), the unbounded search finds the exhaustive
     optimum, and the path it reports starts at the entry it came from."""
-    graph = graph_of(focus_model(size=size, convs=3, channels=4))
+    graph = graph_of(focus_model(size=size, convs=3, channels=4, flip=True))
     cost = build_cost_table(graph, make_cluster(kinds, mbps, 0.2))
     cuts = regions(graph, 2)[1][0]
     entries = {j: data.draw(st.floats(0.0, 5.0)) for j in range(len(cuts) - 1)}
@@ -99,7 +116,7 @@ def test_search_with_entries_equals_exhaustive(size, kinds, mbps, threshold, dat
 def test_plans_tile_after_the_stem(search):
     """Before: "no layer at the start of the model can be tiled". Now: stem stage, then the tiled
     region, scattered from the stem's device, then the rest."""
-    graph = graph_of(focus_model(size=32, convs=4, channels=32))
+    graph = graph_of(focus_model(size=32, convs=4, channels=32, flip=True))
     cost = build_cost_table(graph, make_cluster(("rpi5", "rpi5"), 1000.0, 0.2))
     plan, _ = search(graph, cost)
     plan.ensures(graph)

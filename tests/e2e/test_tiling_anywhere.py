@@ -20,12 +20,12 @@ def pi5_cluster(tmp: Path, n: int, mbps: float) -> Path:
 
 
 @pytest.mark.parametrize("strategy", ["spatial", "hybrid"])
-def test_focus_detector_tiles_after_its_stem_and_verifies(strategy, tmp_path):
-    # at 1000 Mbps the region after the stem is worth tiling on two rpi5 (at 100 Mbps the scatter of its
-    # 1.2 MB input costs more than the tiles save: see the issue 12 closing note)
+def test_focus_detector_tiles_on_two_devices_and_verifies(strategy, tmp_path):
+    # at 1000 Mbps the detector is worth tiling on two rpi5 (at 100 Mbps the scatter of its 1.2 MB input
+    # costs more than the tiles save: see README). Its Focus stem tiles too (strided Slices), so the tiled
+    # region may start at the model input; test_spatial_stem covers a region after an untileable stem.
     summary, run = compile_and_verify(models.ensure("yolo_focus"), pi5_cluster(tmp_path, 2, 1000), tmp_path / "out",
                                       "--strategy", strategy)
     stages = summary["stages"]
     k = next(k for k, s in enumerate(stages) if s["spatial"])
-    assert k >= 1 and stages[0]["layers"][0] == 0 and not stages[0]["spatial"]  # the Focus stem runs first
     assert len({t["device"] for seg in stages[k]["spatial"]["segments"] for t in seg["tiles"]}) == 2
