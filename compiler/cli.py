@@ -148,16 +148,38 @@ def inspect_cmd(model, devices, shapes, as_json):
 @cli.command("simulate", epilog=_EPILOG)
 @click.argument("manifest", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--json", "as_json", is_flag=True)
-def simulate_cmd(manifest, as_json):
+@click.option("--plot", "plot_file", type=click.Path(path_type=Path), metavar="FILE.svg|png",
+              help="also draw the schedule as a Gantt chart (needs matplotlib: pip install 'edgec[plot]'): a row "
+                   "per device and per sender's uplink (switched) or the channel (shared), the predicted latency "
+                   "marked")
+@click.option("--trace", "trace_file", type=click.Path(path_type=Path), metavar="RUN.json",
+              help="with --plot: overlay the median request of an `edgec run --trace RUN.json` of this build "
+                   "(run it with --inflight 1 for requests that do not queue behind each other)")
+def simulate_cmd(manifest, as_json, plot_file, trace_file):
     """Replay MANIFEST's schedule under the cost model: per-device timeline and totals."""
     from .report import format_simulation, load_manifest_json
     from .cost import simulate_manifest
 
+    if trace_file is not None and plot_file is None:
+        raise UserError("--trace RUN.json is drawn over the schedule: add --plot FILE.svg|png")
+    if plot_file is not None:  # refused before any work, as a bad manifest is
+        from .plot import check_plot_path, require_matplotlib
+
+        check_plot_path(plot_file)
+        require_matplotlib()
     doc = load_manifest_json(manifest)
     try:
         sim = simulate_manifest(doc.manifest)
     except (KeyError, TypeError, ValueError) as exc:
         raise UserError(f"not a valid edgec manifest ({exc})", str(manifest)) from None
+    if plot_file is not None:
+        from .plot import load_measured, plot_schedule
+
+        medium = doc.manifest.network.medium
+        measured = None if trace_file is None else load_measured(trace_file, sim, medium)
+        plot_schedule(sim, plot_file, medium=medium, measured=measured,
+                      title=f"{manifest}: the predicted schedule of one request ({medium} network)")
+        _progress(f"schedule drawn in {plot_file}")
     sim["manifest"] = str(manifest)
     sim["predicted_throughput_ips"] = doc.manifest.predicted.get("throughput_ips")
     click.echo(json.dumps(sim, indent=1, sort_keys=True) if as_json else format_simulation(sim))

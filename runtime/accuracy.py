@@ -52,8 +52,8 @@ from .errors import InputError, RunError
 from .files import write_atomically
 from .manifest_types import HOST, Manifest, Recv, Run, Send, Step, region_ranges
 
-__all__ = ["MAX_SAMPLES", "SYNC_ROUNDS", "ClockOffset", "estimate_offset", "timed_steps", "Samples",
-           "build_report", "summary_lines", "check_report_path", "write_report"]
+__all__ = ["MAX_SAMPLES", "SYNC_ROUNDS", "ClockOffset", "estimate_offset", "is_timed", "timed_steps", "Samples",
+           "build_report", "summary_lines", "check_output_file", "check_report_path", "write_report"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,15 +78,21 @@ def estimate_offset(sent_s: float, worker_clock_s: float, received_s: float) -> 
     return ClockOffset(worker_clock_s - (sent_s + received_s) / 2.0, (received_s - sent_s) / 2.0)
 
 
+def is_timed(step: Step) -> bool:
+    """Whether a worker times the step: a run, or a send or recv between devices (the host's are not)."""
+    return isinstance(step, Run) or (isinstance(step, Send) and step.to != HOST) or \
+        (isinstance(step, Recv) and step.src != HOST)
+
+
 def timed_steps(steps: Iterable[Step]) -> Iterator[tuple[str, str, str]]:
     """The steps a worker times, in order: ("run", fragment, ""), ("send", to, name as received),
-    ("recv", from, name). Steps to and from the host are not device-to-device transfers."""
-    for step in steps:
+    ("recv", from, name)."""
+    for step in filter(is_timed, steps):
         if isinstance(step, Run):
             yield "run", step.fragment, ""
-        elif isinstance(step, Send) and step.to != HOST:
+        elif isinstance(step, Send):
             yield "send", step.to, step.name
-        elif isinstance(step, Recv) and step.src != HOST:
+        else:
             yield "recv", step.src, step.tensor
 
 
@@ -222,18 +228,22 @@ def summary_lines(report: dict) -> list[str]:
     return lines
 
 
-def check_report_path(path: str | os.PathLike) -> Path:
-    """InputError, before any run starts, for a report path that cannot be written: its folder is
-    missing or not writable, or the path is a folder."""
+def check_output_file(path: str | os.PathLike, option: str, what: str) -> Path:
+    """InputError, before any run starts, for a path given to `option` that cannot be written: its folder
+    is missing or not writable, or the path is a folder. `what` names the file: "the report"."""
     target = Path(path)
     folder = target.parent if str(target.parent) else Path(".")
     if target.is_dir():
-        raise InputError(f"{path}: is a directory; --report takes a file name")
+        raise InputError(f"{path}: is a directory; {option} takes a file name")
     if not folder.is_dir():
-        raise InputError(f"{path}: no folder {folder} to write the report in")
+        raise InputError(f"{path}: no folder {folder} to write {what} in")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise InputError(f"{path}: folder {folder} is not writable")
     return target
+
+
+def check_report_path(path: str | os.PathLike) -> Path:
+    return check_output_file(path, "--report", "the report")
 
 
 def write_report(path: str | os.PathLike, report: dict) -> None:

@@ -21,6 +21,7 @@ from .inputs import check_inputs, check_memory, load_inputs
 from .manifest import Manifest, load_manifest
 from .protocol import MAX_DILATE
 from .session import MAX_INFLIGHT
+from .trace import check_trace_path, write_trace
 from .verify import VerifyResult, check_model, compare_outputs, reference_outputs
 
 __all__ = ["run", "execute", "report", "write_npz", "parse_addresses", "RequestsChecked", "MAX_THREADS", "MAX_INFLIGHT",
@@ -40,7 +41,7 @@ def run(manifest: str | os.PathLike, *, inputs: str | os.PathLike | Mapping[str,
         timeout: float = 60.0, output: str | os.PathLike | None = None, addresses: Mapping[str, str] | None = None,
         keys: str | os.PathLike | None = None, inflight: int | None = None, compress: str = "none",
         heartbeat_ms: int = HEARTBEAT_MS, report: str | os.PathLike | None = None,
-        dilate: float | None = None) -> dict:
+        dilate: float | None = None, trace: str | os.PathLike | None = None) -> dict:
     """Run a compiled build (its manifest.json, or the folder holding it); return the `--json` report.
 
     `inputs` is an .npz file or `{input name: array}`; or pass `random_inputs=True`. With `verify`, the
@@ -53,7 +54,9 @@ def run(manifest: str | os.PathLike, *, inputs: str | os.PathLike | Mapping[str,
     `heartbeat_ms` the heartbeat interval on every worker connection (a device silent for 5 of them is
     lost, and a build compiled with fallbacks finishes on the devices left); `report` a JSON file to write
     the accuracy report into, predicted against measured per fragment and transfer (`--report`, schema
-    in edgec.runtime.accuracy; its folder must exist); `dilate` (1 to MAX_DILATE, with `emulate` only)
+    in edgec.runtime.accuracy; its folder must exist); `trace` a JSON file to write the timed requests'
+    measured timeline into, in Chrome's trace event format (`--trace`, edgec.runtime.trace; it opens in
+    Perfetto); `dilate` (1 to MAX_DILATE, with `emulate` only)
     stretches every emulated time by that factor and divides every reported time by it, so that a host
     slower than the emulated devices keeps their timeline (`report["emulation"]` lists the fragment runs
     that still took longer than their padding). Bad input raises
@@ -67,7 +70,8 @@ def run(manifest: str | os.PathLike, *, inputs: str | os.PathLike | Mapping[str,
     """
     common = dict(random_inputs=random_inputs, seed=seed, verify=verify, model=model, tolerance=tolerance,
                   repeat=repeat, threads=threads, emulate=emulate, timeout=timeout, addresses=addresses, keys=keys,
-                  inflight=inflight, compress=compress, heartbeat_ms=heartbeat_ms, report=report, dilate=dilate)
+                  inflight=inflight, compress=compress, heartbeat_ms=heartbeat_ms, report=report, dilate=dilate,
+                  trace=trace)
     if isinstance(inputs, Mapping):
         loaded = execute(manifest, arrays=inputs, **common)
     else:
@@ -84,14 +88,17 @@ def execute(manifest: str | os.PathLike, *, npz: str | None = None, pairs: Itera
             threads: int | None = None, emulate: bool = False, timeout: float = 60.0,
             addresses: Mapping[str, str] | None = None, keys: str | os.PathLike | None = None,
             inflight: int | None = None, compress: str = "none", heartbeat_ms: int = HEARTBEAT_MS,
-            report: str | os.PathLike | None = None, dilate: float | None = None
-            ) -> tuple[Manifest, RunResult, RequestsChecked | None]:
+            report: str | os.PathLike | None = None, dilate: float | None = None,
+            trace: str | os.PathLike | None = None) -> tuple[Manifest, RunResult, RequestsChecked | None]:
     """Load, check and run a manifest on its inputs; verify every request's outputs when asked; write the
-    accuracy report to `report` (result.accuracy holds it). What `edgec run` and `run` share."""
+    accuracy report to `report` (result.accuracy holds it) and the measured timeline to `trace`
+    (result.trace). What `edgec run` and `run` share."""
     _check_options(repeat, threads, timeout, tolerance, inflight, heartbeat_ms)
     dilate = _check_dilate(dilate, emulate)
     if report is not None:  # before the run: a report that cannot be written fails in a second
         check_report_path(report)
+    if trace is not None:
+        check_trace_path(trace)
     compress = parse_mode(compress)
     keyring = load_keys(keys)
     path = Path(manifest)
@@ -117,9 +124,11 @@ def execute(manifest: str | os.PathLike, *, npz: str | None = None, pairs: Itera
     result = run_manifest(m, given, repeat=repeat, threads=threads, emulate=emulate, timeout=timeout,
                           progress=logger.info, addresses=addresses, keys=keyring, inflight=inflight,
                           compress=compress, heartbeat_ms=heartbeat_ms, timings=report is not None, dilate=dilate,
-                          check=None if checker is None else checker.add)
+                          check=None if checker is None else checker.add, trace=trace is not None)
     if report is not None:
         write_report(report, result.accuracy)
+    if trace is not None:
+        write_trace(trace, result.trace)
     return m, result, None if checker is None else checker.result()
 
 

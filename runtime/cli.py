@@ -147,11 +147,15 @@ _EPILOG = ("Exit codes: 0 ok, 1 verification failed, 2 bad input, 3 run failure 
               help="Write an accuracy report (atomically): each fragment's and transfer's predicted against measured "
                    "time (median over the --repeat requests), latency and throughput errors; the worst "
                    "offenders go to stderr.")
+@click.option("--trace", "trace_file", metavar="FILE.json",
+              help="Write the measured timeline of the --repeat requests (atomically) in Chrome's trace event "
+                   "format, for Perfetto (ui.perfetto.dev) or `edgec simulate --plot --trace`: each fragment run, "
+                   "each transfer between devices and each request, per device.")
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object on stdout.")
 @click.pass_context
 def run(ctx: click.Context, manifest: str, inputs_file, input_pairs, random_inputs, seed, verify, model_file,
         tolerance, repeat, output_file, threads, emulate, dilate, timeout, address_pairs, keys_dir, inflight,
-        compress, heartbeat_ms, report_file, as_json) -> None:
+        compress, heartbeat_ms, report_file, trace_file, as_json) -> None:
     """Run MANIFEST (a manifest.json, or the folder holding one) on the devices' workers: at each device's
     address (or --addresses), or in a worker process started on this machine for a device without one."""
     # SIGTERM and SIGINT unwind through the coordinator's cleanup, which ends the run on every worker.
@@ -159,7 +163,8 @@ def run(ctx: click.Context, manifest: str, inputs_file, input_pairs, random_inpu
         try:
             code = _run(manifest, inputs_file, input_pairs, random_inputs, seed, verify, model_file, tolerance,
                         repeat, output_file, threads, emulate, timeout, as_json, address_pairs, keys_dir, inflight,
-                        compress=compress, heartbeat_ms=heartbeat_ms, report_file=report_file, dilate=dilate)
+                        compress=compress, heartbeat_ms=heartbeat_ms, report_file=report_file, dilate=dilate,
+                        trace_file=trace_file)
         except EdgecRuntimeError as exc:
             click.echo(f"edgec: {exc}", err=True)
             code = exc.exit_code
@@ -207,13 +212,13 @@ def _progress_to_stderr():
 
 def _run(manifest_arg, inputs_file, input_pairs, random_inputs, seed, verify, model_file, tolerance, repeat,
          output_file, threads, emulate, timeout, as_json, address_pairs, keys_dir, inflight, compress="none",
-         heartbeat_ms=HEARTBEAT_MS, report_file=None, dilate=None) -> int:
+         heartbeat_ms=HEARTBEAT_MS, report_file=None, dilate=None, trace_file=None) -> int:
     manifest, result, checked = execute(manifest_arg, npz=inputs_file, pairs=input_pairs, random_inputs=random_inputs,
                                         seed=seed, verify=verify, model=model_file, tolerance=tolerance,
                                         repeat=repeat, threads=threads, emulate=emulate, timeout=timeout,
                                         addresses=parse_addresses(address_pairs), keys=keys_dir, inflight=inflight,
                                         compress=compress, heartbeat_ms=heartbeat_ms, report=report_file,
-                                        dilate=dilate)
+                                        dilate=dilate, trace=trace_file)
     if result.accuracy is not None:
         for line in summary_lines(result.accuracy):
             click.echo(f"edgec: {line}", err=True)

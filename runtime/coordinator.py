@@ -39,6 +39,7 @@ from .manifest import HOST, Fragment, Manifest, check_fragment_files, load_fallb
 from .net import Endpoint, outward_host, parse_endpoint
 from .protocol import BLOB_CHUNK, BLOB_WINDOW, MAX_TIMED_STEPS, PROTOCOL_VERSION, DropLog, parse
 from .schedule import host_collects, host_feeds, pipeline_depth, recv_keys, send_targets, working_devices
+from .trace import Trace
 from .transport import POLL_MS, BadMessage, decode_tensor, pack, send_tensor
 
 __all__ = ["RunResult", "Cluster", "LocalCluster", "FailoverCluster", "DeviceLost", "run_manifest", "default_threads",
@@ -81,6 +82,7 @@ class RunResult:
     lost: int = 0  # timed requests asked for and not completed
     failovers: list[dict] = field(default_factory=list)  # [{device, at_request, plan}] (FailoverCluster)
     accuracy: dict | None = None  # run_manifest(timings=True): the --report object (accuracy.py)
+    trace: dict | None = None  # run_manifest(trace=True): the --trace object (trace.py)
     emulation: dict | None = None  # run_manifest(emulate=True): {dilate, overruns} (emulate.Overruns.as_json)
 
     @property
@@ -123,10 +125,11 @@ def resolve_endpoints(manifest: Manifest, overrides: Mapping[str, str] | None = 
 
 
 class _Request:
-    __slots__ = ("req", "t_sent", "outputs", "done", "t_outputs", "times")
+    __slots__ = ("req", "t_sent", "t_clock", "outputs", "done", "t_outputs", "times")
 
     def __init__(self, req: int):
         self.req, self.t_sent = req, time.perf_counter()
+        self.t_clock = time.monotonic()  # the clock the workers' offsets are estimated against (--trace)
         self.outputs: dict[str, np.ndarray] = {}
         self.done: dict[str, float] = {}
         self.t_outputs: float | None = None
@@ -170,14 +173,17 @@ class Cluster:
     def __init__(self, manifest: Manifest, *, threads: int | None = None, emulate: bool = False,
                  timeout: float = 60.0, addresses: Mapping[str, str] | None = None, keys: Keyring | None = None,
                  inflight: int | None = None, compress: str = "none", heartbeat_ms: int = HEARTBEAT_MS,
-                 timings: bool = False, dilate: float = 1.0, overruns: Overruns | None = None):
+                 timings: bool = False, dilate: float = 1.0, overruns: Overruns | None = None,
+                 trace: Trace | None = None):
         self.manifest, self.emulate, self.timeout, self.keys = manifest, emulate, timeout, keys
         # Emulation (emulate.py): times stretched by `dilate`; the shared medium's one channel is arbitrated
         # here; fragment runs slower than their padding are collected in `overruns`.
         self.dilate, self.overruns = float(dilate), overruns
         self.channel = Channel() if emulate and manifest.network.medium == "shared" else None
-        # With timings: every worker's clock offset is estimated at start, every request timed (accuracy.py).
-        self.samples = _samples(manifest) if timings else None
+        # With timings: every worker's clock offset is estimated at start, every request timed (accuracy.py);
+        # with a trace too, which also records each request's timeline from those timings (trace.py).
+        self.samples = _samples(manifest) if timings or trace is not None else None
+        self.trace = trace
         self.ephemeral_keys: Path | None = None  # the folder of keys made for this run alone (start, close)
         self.heartbeat_ms = heartbeat_ms
         self.compress = parse_mode(compress)  # how the workers send tensors to each other (compress.py)
@@ -598,9 +604,12 @@ class Cluster:
             self._pump(time.monotonic() + self.timeout, lambda: self._complete(head), f"in request {head.req}")
             pending.popleft()
             del self.open[head.req]
-            if self.samples is not None:  # on the emulated clock (dilation 1 outside emulation)
-                self.samples.add(undilated_times(head.times, self.dilate), undilated_offsets(self.offsets, self.dilate))
             latency = ((head.t_outputs or time.perf_counter()) - head.t_sent) * 1000.0
+            if self.samples is not None:  # on the emulated clock (dilation 1 outside emulation)
+                times, offsets = undilated_times(head.times, self.dilate), undilated_offsets(self.offsets, self.dilate)
+                self.samples.add(times, offsets)
+                if self.trace is not None:
+                    self.trace.add(self.manifest, times, offsets, head.t_clock / self.dilate, latency / self.dilate)
             yield dict(head.outputs), latency, dict(head.done)
 
     def infer(self, inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float, dict[str, float]]:
@@ -845,7 +854,8 @@ def _samples(manifest: Manifest) -> Samples:
         timed = len(samples.runs[device]) + len(samples.clocks[device])
         if timed > MAX_TIMED_STEPS:
             raise InputError(f"{manifest.path}: device {device} has {timed} fragment runs, sends and receives per "
-                             f"request, too many to time (at most {MAX_TIMED_STEPS}); run without --report")
+                             f"request, too many to time (at most {MAX_TIMED_STEPS}); run without --report and "
+                             "--trace")
     return samples
 
 
@@ -880,19 +890,21 @@ def run_manifest(manifest: Manifest, inputs: Mapping[str, np.ndarray], *, repeat
                  progress: Callable[[str], None] | None = None, addresses: Mapping[str, str] | None = None,
                  keys: Keyring | None = None, inflight: int | None = None, compress: str = "none",
                  heartbeat_ms: int = HEARTBEAT_MS, timings: bool = False, dilate: float = 1.0,
-                 check: Callable[[dict[str, np.ndarray]], None] | None = None) -> RunResult:
+                 check: Callable[[dict[str, np.ndarray]], None] | None = None, trace: bool = False) -> RunResult:
     """Reach the workers, run one warm-up request alone and then `repeat` timed requests with up to
     `inflight` in flight (default: the plan's pipeline depth), end the run. A device lost on the way is
     replaced by the manifest's fallback plan without it, when there is one (FailoverCluster). With
-    `timings`, `result.accuracy` is the --report object (accuracy.py) of the timed requests. `check` is
+    `timings`, `result.accuracy` is the --report object (accuracy.py) of the timed requests; with `trace`,
+    `result.trace` is the --trace object (trace.py) of the same requests. `check` is
     called with every request's outputs as they arrive (the warm-up's too). With `emulate`, every time is
     stretched by `dilate` during the run and reported divided by it (emulate.py); fragment runs that
     overran their padding are logged as warnings and listed in `result.emulation`."""
     say = progress or (lambda _msg: None)
     overruns = Overruns(dilate) if emulate else None
+    recorder = Trace(emulated=emulate) if trace else None
     with FailoverCluster(manifest, threads=threads, emulate=emulate, timeout=timeout, addresses=addresses, keys=keys,
                          inflight=inflight, compress=compress, heartbeat_ms=heartbeat_ms, timings=timings,
-                         dilate=dilate, overruns=overruns) as cluster:
+                         dilate=dilate, overruns=overruns, trace=recorder) as cluster:
         say(f"{len(cluster.workers)} worker(s) ready ({sum(w.local for w in cluster.workers.values())} local), "
             f"up to {cluster.inflight} request(s) in flight")
         if warmup:
@@ -903,6 +915,8 @@ def run_manifest(manifest: Manifest, inputs: Mapping[str, np.ndarray], *, repeat
         cluster.completed = 0  # completed and at_request count the timed requests
         if cluster.samples is not None:
             cluster.samples.clear()  # the warm-up is not timed
+        if recorder is not None:
+            recorder.clear()
         if overruns is not None:
             overruns.clear()  # nor judged: first runs allocate
         result = RunResult(outputs={}, latencies_ms=[], device_run_ms={n: [] for n in cluster.workers},
@@ -924,6 +938,8 @@ def run_manifest(manifest: Manifest, inputs: Mapping[str, np.ndarray], *, repeat
                                            throughput_ips=result.throughput_ips, samples=cluster.samples,
                                            offsets=undilated_offsets(cluster.offsets, dilate),
                                            failovers=result.failovers)
+        if recorder is not None:
+            result.trace = recorder.as_json()
     result.devices = cluster.device_report()
     if overruns is not None:
         result.emulation = overruns.as_json()

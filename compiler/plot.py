@@ -1,0 +1,280 @@
+"""`edgec simulate MANIFEST --plot FILE.svg|png [--trace RUN.json]`: the simulated schedule of one request as a
+Gantt chart, and over it, from a trace of `edgec run --trace`, what one request of the run measured.
+
+Rows: one per device (its fragment runs, and the tensors it receives), then the network as the cost model
+prices it (compiler/cost/evaluate.py simulate_manifest): on a switched network each sender's uplink, right
+below its device (a device sends its messages one after another, whatever their destinations), and on a shared
+medium one channel for all the sends. A receive bar spans its transfer, on the receiver's row. The predicted
+latency is a dashed line. The overlay is the run's median request (by latency): its runs and transfers as
+thinner bars below the predicted ones, on the same rows, and its latency as a dotted line; all its times count
+from that request's start, as the prediction's count from the request's.
+
+matplotlib is optional (`pip install 'edgec[plot]'`) and imported only here, only when drawing, without pyplot:
+the figure is drawn by the Agg canvas and saved as SVG (its text kept as text) or PNG, as the file's suffix says.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from edgec.runtime.errors import InputError
+from edgec.runtime.files import write_atomically
+
+from .errors import UserError
+
+__all__ = ["FORMATS", "Bar", "Measured", "check_plot_path", "require_matplotlib", "schedule_bars", "load_measured",
+           "latency_label", "plot_schedule"]
+
+FORMATS = {".svg": "svg", ".png": "png"}
+INSTALL = "pip install 'edgec[plot]'"
+
+COLORS = {"compute": "#4C72B0", "send": "#DD8452", "receive": "#55A868"}
+ALPHA = {"receive": 0.55}  # light: a receive bar may lie under a run of its device
+LEGEND = {"compute": "compute (fragment)", "send": "send (tensor)", "receive": "receive (tensor)"}
+FONT_PT = 7  # bar labels
+ROW_IN, WIDTH_IN, DPI = 0.42, 12.0, 150
+
+
+@dataclass(frozen=True)
+class Bar:
+    row: tuple[str, str]  # ("device", name) | ("uplink", sender) | ("channel", "")
+    kind: str  # compute | send | receive
+    start_ms: float
+    end_ms: float
+    label: str
+    short: str  # drawn where the label does not fit
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One request of a run, from its trace: its bars, on the rows the prediction uses."""
+
+    source: str
+    request: int
+    requests: int  # the timed requests in the trace, of which this has the median latency
+    latency_ms: float
+    bars: tuple[Bar, ...]
+
+
+def check_plot_path(path: str | os.PathLike) -> str:
+    """The file format for `path` (its suffix), or UserError for one that cannot be drawn or written."""
+    target = Path(path)
+    fmt = FORMATS.get(target.suffix.lower())
+    if fmt is None:
+        raise UserError(f"cannot draw a {target.suffix or 'suffix-less'} file: --plot writes .svg or .png", str(path))
+    folder = target.parent if str(target.parent) else Path(".")
+    if target.is_dir():
+        raise UserError("is a directory; --plot takes a file name", str(path))
+    if not folder.is_dir():
+        raise UserError(f"no folder {folder} to write the plot in", str(path))
+    return fmt
+
+
+def require_matplotlib() -> None:
+    """UserError, before any work, when matplotlib is not installed."""
+    try:
+        importlib.import_module("matplotlib")
+    except ImportError:
+        raise UserError(f"--plot needs matplotlib, which is not installed: {INSTALL}") from None
+
+
+def _row(kind: str, device: str, medium: str) -> tuple[str, str]:
+    """The row of a bar: a send goes on its sender's uplink (switched) or the one channel (shared)."""
+    if kind != "send":
+        return ("device", device)
+    return ("channel", "") if medium == "shared" else ("uplink", device)
+
+
+def _transfer_bars(src: str, dst: str, tensor: str, start: float, end: float, medium: str) -> list[Bar]:
+    send = f"{src} → {dst}: {tensor}" if medium == "shared" else f"{tensor} → {dst}"
+    return [Bar(_row("send", src, medium), "send", start, end, send, tensor),
+            Bar(("device", dst), "receive", start, end, f"{tensor} ← {src}", tensor)]
+
+
+def _split_transfer(what: str, devices: list[str]) -> tuple[str, str]:
+    """(tensor, destination) of simulate_manifest's transfer event `TENSOR -> DST`."""
+    for dst in sorted(devices, key=len, reverse=True):  # the longest name that ends it
+        if what.endswith(f" -> {dst}"):
+            return what[:-len(f" -> {dst}")], dst
+    raise ValueError(f"transfer event {what!r} names no device of the simulation")
+
+
+def schedule_bars(sim: Mapping, medium: str) -> list[Bar]:
+    """The bars of simulate_manifest's timeline (compute and transfer events)."""
+    devices = list(sim["devices"])
+    bars: list[Bar] = []
+    for e in sim["timeline"]:
+        start, end = float(e["start_ms"]), float(e["end_ms"])
+        if e["kind"] == "compute":
+            bars.append(Bar(("device", e["device"]), "compute", start, end, e["what"], e["what"]))
+        else:
+            tensor, dst = _split_transfer(e["what"], devices)
+            bars += _transfer_bars(e["device"], dst, tensor, start, end, medium)
+    return bars
+
+
+def latency_label(who: str, ms: float) -> str:
+    """The text by a latency line: `predicted 0.568 ms`."""
+    return f"{who} {_ms(ms)} ms"
+
+
+def _ms(v: float) -> str:
+    return f"{v:.3f}" if abs(v) < 10 else f"{v:.2f}" if abs(v) < 1000 else f"{v:.0f}"
+
+
+# -- the trace of `edgec run --trace` -------------------------------------------------------------------------
+def load_measured(path: str | os.PathLike, sim: Mapping, medium: str) -> Measured:
+    """The median request of a trace file (runtime/trace.py), checked against the simulated plan."""
+    try:
+        with open(path, "rb") as fh:
+            doc = json.load(fh)
+    except OSError as exc:
+        raise UserError(f"cannot read the trace ({exc.strerror or exc})", str(path)) from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UserError(f"not a JSON trace ({exc})", str(path)) from None
+    try:
+        return _measured(doc, str(path), sim, medium)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise UserError(f"not a trace of `edgec run --trace` ({type(exc).__name__}: {exc})", str(path)) from None
+
+
+def _measured(doc: dict, source: str, sim: Mapping, medium: str) -> Measured:
+    if doc["otherData"]["producer"] != "edgec run --trace":
+        raise ValueError("otherData.producer is not 'edgec run --trace'")
+    timed = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    requests = sorted((e for e in timed if e["args"]["kind"] == "request"),
+                      key=lambda e: (float(e["dur"]), int(e["args"]["request"])))
+    if not requests:
+        raise UserError("the trace holds no timed request", source)
+    median = requests[(len(requests) - 1) // 2]
+    number, origin = int(median["args"]["request"]), float(median["ts"])
+    planned = {(e["device"], e["what"]) for e in sim["timeline"] if e["kind"] == "compute"}
+    bars: list[Bar] = []
+    for e in timed:
+        a = e["args"]
+        if a["request"] != number or a["kind"] not in ("compute", "transfer"):
+            continue
+        start = (float(e["ts"]) - origin) / 1000.0
+        end = start + float(e["dur"]) / 1000.0
+        if a["kind"] == "compute":
+            if (a["device"], a["fragment"]) not in planned:
+                raise UserError(f"request {number} ran fragment {a['fragment']} on {a['device']}, which the "
+                                f"simulated plan does not: a trace of another build?", source)
+            bars.append(Bar(("device", str(a["device"])), "compute", start, end, "", ""))
+        else:
+            for name in (a["src"], a["dst"]):
+                if name not in sim["devices"]:
+                    raise UserError(f"request {number} sent between devices {a['src']} and {a['dst']}; the "
+                                    f"simulated plan has no device {name}: a trace of another build?", source)
+            bars += [Bar(b.row, b.kind, start, end, "", "")
+                     for b in _transfer_bars(str(a["src"]), str(a["dst"]), str(a["tensor"]), start, end, medium)]
+    return Measured(source, number, len(requests), float(median["dur"]) / 1000.0, tuple(bars))
+
+
+# -- drawing --------------------------------------------------------------------------------------------------
+def _rows(sim: Mapping, bars: list[Bar]) -> list[tuple[tuple[str, str], str]]:
+    """(row, its label) from the top: each device, its uplink below it; the channel last."""
+    used = {b.row for b in bars}
+    rows = []
+    for d in sim["devices"]:
+        busy = ("device", d) in used
+        rows.append((("device", d), d if busy else f"{d} (idle)"))
+        if ("uplink", d) in used:
+            rows.append((("uplink", d), f"{d} uplink"))
+    if ("channel", "") in used:
+        rows.append((("channel", ""), "shared channel"))
+    return rows
+
+
+def plot_schedule(sim: Mapping, path: str | os.PathLike, *, medium: str, title: str,
+                  measured: Measured | None = None) -> None:
+    """Draw the Gantt chart of `sim` (simulate_manifest's dict) into `path` (.svg or .png), atomically."""
+    fmt = check_plot_path(path)
+    require_matplotlib()
+    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    predicted = schedule_bars(sim, medium)
+    rows = _rows(sim, predicted + list(measured.bars if measured else ()))
+    label_in = max(len(text) for _, text in rows) * FONT_PT * 0.6 / 72 + 0.3
+    left_in, right_in, top_in, bottom_in = label_in, 0.25, 0.75 if measured else 0.55, 0.95
+    height_in = ROW_IN * len(rows) + top_in + bottom_in
+    ends = [b.end_ms for b in predicted] + [b.end_ms for b in (measured.bars if measured else ())]
+    xmax = max([float(sim["latency_ms"]), *(ends or [0.0]), measured.latency_ms if measured else 0.0]) * 1.06 or 1.0
+    in_per_ms = (WIDTH_IN - left_in - right_in) / xmax
+
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "edgec", "font.size": 8}):
+        fig = Figure(figsize=(WIDTH_IN, height_in), dpi=DPI)
+        FigureCanvasAgg(fig)
+        ax = fig.add_axes((left_in / WIDTH_IN, bottom_in / height_in, 1 - (left_in + right_in) / WIDTH_IN,
+                           ROW_IN * len(rows) / height_in))
+        y_of = {row: len(rows) - 1 - i for i, (row, _) in enumerate(rows)}
+        band = (0.42, 0.46) if measured else (0.15, 0.7)  # (bottom, height) within a row
+        _bars(ax, predicted, y_of, band, edge="white")
+        _labels(ax, predicted, y_of, band, in_per_ms)
+        if measured:
+            _bars(ax, list(measured.bars), y_of, (0.1, 0.24), edge="black")
+        ax.set_xlim(0, xmax)
+        ax.set_ylim(0, len(rows))
+        ax.set_yticks([y + 0.5 for y in y_of.values()], [text for _, text in rows])
+        ax.tick_params(axis="y", length=0)
+        for y in range(1, len(rows)):
+            ax.axhline(y, color="#dddddd", lw=0.6, zorder=0)
+        ax.set_xlabel("ms since the request started")
+        _latency(ax, float(sim["latency_ms"]), "predicted", "--", "right")
+        handles = [Patch(facecolor=COLORS[k], alpha=ALPHA.get(k, 1.0), label=LEGEND[k]) for k in COLORS]
+        if measured:
+            _latency(ax, measured.latency_ms, "measured", ":", "left")
+            handles.append(Patch(facecolor="#bbbbbb", edgecolor="black", lw=0.5,
+                                 label=f"measured: request {measured.request} (thin, below)"))
+            title += (f"\nmeasured: request {measured.request} of {measured.requests}, the median latency, "
+                      f"from {Path(measured.source).name}")
+        fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False)
+        fig.suptitle(title, y=1 - 0.1 / height_in, va="top", fontsize=9)
+        _save(fig, path, fmt)
+
+
+def _bars(ax, bars: list[Bar], y_of: dict, band: tuple[float, float], edge: str) -> None:
+    """Receive bars under compute bars: a device may get a tensor while it computes."""
+    for kind, z in (("receive", 2), ("send", 3), ("compute", 3)):
+        mine = [b for b in bars if b.kind == kind]
+        if mine:
+            ax.barh([y_of[b.row] + band[0] for b in mine], [b.end_ms - b.start_ms for b in mine],
+                    left=[b.start_ms for b in mine], height=band[1], align="edge", color=COLORS[kind],
+                    alpha=ALPHA.get(kind, 1.0), edgecolor=edge, linewidth=0.4, zorder=z)
+
+
+def _labels(ax, bars: list[Bar], y_of: dict, band: tuple[float, float], in_per_ms: float) -> None:
+    """Each bar's label where it fits inside the bar, else its short label, else none: a plan with a hundred
+    transfers stays readable."""
+    char_in = FONT_PT * 0.6 / 72
+    for b in bars:
+        room = (b.end_ms - b.start_ms) * in_per_ms - 0.06
+        text = next((t for t in (b.label, b.short) if t and len(t) * char_in <= room), None)
+        if text:
+            ax.text((b.start_ms + b.end_ms) / 2, y_of[b.row] + band[0] + band[1] / 2, text, ha="center",
+                    va="center", fontsize=FONT_PT, color="white" if b.kind != "receive" else "black", zorder=4,
+                    clip_on=True)
+
+
+def _latency(ax, ms: float, who: str, style: str, side: str) -> None:
+    """A latency line, its value written along it: the predicted on its left, the measured on its right."""
+    ax.axvline(ms, color="black" if who == "predicted" else "firebrick", ls=style, lw=1.1, zorder=5)
+    ax.text(ms, 0.98, f" {latency_label(who, ms)} ", transform=ax.get_xaxis_transform(), rotation=90,
+            ha=side, va="top", fontsize=8, zorder=6, bbox={"facecolor": "white", "alpha": 0.8, "lw": 0, "pad": 1})
+
+
+def _save(fig, path: str | os.PathLike, fmt: str) -> None:
+    # No date in an SVG: the same schedule draws the same file.
+    metadata = {"Date": None} if fmt == "svg" else {}
+    try:
+        write_atomically(path, "the plot", lambda fh: fig.savefig(fh, format=fmt, metadata=metadata))
+    except InputError as exc:  # names the file already
+        raise UserError(str(exc)) from None
