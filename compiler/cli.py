@@ -250,10 +250,38 @@ def profile_cmd(output, model, threads, strict, quick, power_idle, power_busy, r
     click.echo(str(output))
 
 
+@cli.command("allocate", epilog=_EPILOG)
+@click.argument("services", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--devices", "devices", required=True, type=click.Path(dir_okay=False, path_type=Path), help="cluster.yaml")
+@click.option("-o", "--output", "outdir", required=True, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--fairness", is_flag=True,
+              help="maximise the least normalised utility first (max-min), then the priority-weighted sum")
+@click.option("--best-effort", is_flag=True,
+              help="when not every SLA can be met, drop the lowest-priority services first instead of failing")
+@click.option("--time-limit", type=click.FloatRange(min=0.1), default=10.0, help="seconds CP-SAT may search")
+@click.option("--jobs", type=click.IntRange(min=1), default=None, show_default="the cores available, at most 2",
+              help="processes for the spatial and hybrid searches")
+@click.option("--json", "as_json", is_flag=True, help="print allocation.json's object on stdout")
+def allocate_cmd(services, devices, outdir, fairness, best_effort, time_limit, jobs, as_json):
+    """Share the devices of CLUSTER.yaml among the models of SERVICES.yaml: one build per service in
+    OUTDIR/<service>/ on devices of its own, and OUTDIR/allocation.json."""
+    from .allocate import allocate
+    from .allocate.output import allocation_text
+    from .allocate.report import format_allocation
+    from .driver import PlanOptions
+    from .progress import for_stderr
+
+    with for_stderr(live=not as_json) as progress:
+        allocation = allocate(services, devices, outdir, fairness=fairness, best_effort=best_effort,
+                              time_limit=time_limit, options=PlanOptions(jobs=jobs), progress=progress)
+    click.echo(allocation_text(allocation).rstrip("\n") if as_json else format_allocation(allocation, str(outdir)))
+
+
 def _add_runtime_commands() -> None:
-    from edgec.runtime.cli import keygen as keygen_cmd, run as run_cmd, worker as worker_cmd
+    from edgec.runtime.cli import keygen as keygen_cmd, run as run_cmd, run_all as run_all_cmd, worker as worker_cmd
 
     cli.add_command(run_cmd, "run")
+    cli.add_command(run_all_cmd, "run-all")
     cli.add_command(worker_cmd, "worker")
     cli.add_command(keygen_cmd, "keygen")
 

@@ -27,7 +27,7 @@ from .manifest import Manifest
 from .net import parse_endpoint
 from .worker import Daemon, die_with_parent
 
-__all__ = ["run", "worker", "keygen", "main", "worker_main", "device_main", "OneLineErrors", "quiet_broken_pipe",
+__all__ = ["run", "run_all", "worker", "keygen", "main", "worker_main", "device_main", "OneLineErrors", "quiet_broken_pipe",
            "EXIT_OK", "EXIT_VERIFY_FAILED", "EXIT_INPUT", "EXIT_RUN", "EXIT_PIPE", "MAX_THREADS"]
 
 logger = logging.getLogger(__name__)
@@ -262,6 +262,59 @@ def _print_human(manifest: Manifest, result: RunResult, checked: RequestsChecked
                    f"{checked.requests_checked} request(s) (tolerance {checked.tolerance:g} x max(1, max|reference|))")
 
 
+_RUN_ALL_EPILOG = ("Exit codes: 0 ok (a missed SLA is reported, not an error), 1 verification failed, 2 bad input, "
+                   f"3 run failure of a service, {EXIT_PIPE} stdout closed early, 128+N stopped by signal N.")
+
+
+@click.command("run-all", cls=_RunCommand, epilog=_RUN_ALL_EPILOG, context_settings={"show_default": True})
+@click.argument("outdir", type=click.Path(file_okay=False))
+@click.option("--repeat", type=click.IntRange(min=1), default=1, help="Timed requests per service (after one warm-up).")
+@click.option("--verify", is_flag=True, help="Compare every service's outputs with its source model run whole.")
+@click.option("--tolerance", type=click.FloatRange(min=0), default=1e-4, help="As `edgec run --tolerance`.")
+@click.option("--seed", type=int, default=0, help="Seed of the random inputs.")
+@click.option("--threads", type=click.IntRange(min=0, max=MAX_THREADS), default=None,
+              show_default="cores / all the services' devices", help="onnxruntime intra-op threads per worker.")
+@click.option("--emulate", is_flag=True, help="As `edgec run --emulate`: every service as on its planned devices.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=60.0,
+              help="Seconds allowed for each service's start-up and for each request.")
+@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object on stdout.")
+@click.pass_context
+def run_all(ctx: click.Context, outdir, repeat, verify, tolerance, seed, threads, emulate, timeout, as_json) -> None:
+    """Run every build of an `edgec allocate` OUTDIR at once, each on its own devices (random inputs), and
+    report each service's measured median latency against its SLA."""
+    from .runall import run_all as run_all_api
+
+    with _progress_to_stderr(), interrupt_on_signals():
+        try:
+            result = run_all_api(outdir, repeat=repeat, verify=verify, tolerance=tolerance, threads=threads,
+                                 emulate=emulate, timeout=timeout, seed=seed)
+            click.echo(json.dumps(result) if as_json else _format_run_all(result))
+            code = EXIT_VERIFY_FAILED if result["verify_passed"] is False else EXIT_OK
+        except EdgecRuntimeError as exc:
+            click.echo(f"edgec: {exc}", err=True)
+            code = exc.exit_code
+        except Interrupted as exc:
+            click.echo(f"edgec: {exc}", err=True)
+            code = exc.exit_code
+        except KeyboardInterrupt:
+            click.echo("edgec: interrupted", err=True)
+            code = 128 + signal.SIGINT
+        except BrokenPipeError:
+            code = quiet_broken_pipe()
+    ctx.exit(code)
+
+
+def _format_run_all(result: dict) -> str:
+    lines = []
+    for name, s in result["services"].items():
+        verdict = "met" if s["sla_met"] else "MISSED"
+        check = "" if s["verify"] is None else f", verify {'PASSED' if s['verify']['passed'] else 'FAILED'}"
+        lines.append(f"{name}: median {s['latency_ms']:.2f} ms (predicted {s['predicted_latency_ms']:.2f} ms) on "
+                     f"{', '.join(s['devices'])}: SLA {s['sla_ms']:g} ms {verdict}{check}")
+    lines.append(f"all SLAs met: {'yes' if result['all_sla_met'] else 'no'}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     run.main(prog_name="python -m edgec.runtime")
 
@@ -382,6 +435,7 @@ def device_cli() -> None:
 
 
 device_cli.add_command(run)
+device_cli.add_command(run_all)
 device_cli.add_command(worker)
 device_cli.add_command(keygen)
 

@@ -53,3 +53,13 @@ def test_a_profile_is_not_private(tmp_path, umask):
     target = tmp_path / "p.yaml"
     write_profile(doc, target)
     assert mode(target) == 0o666 & ~umask
+
+
+def test_an_allocation_folder_is_not_private(tmp_path, umask):
+    from edgec.compiler.allocate import allocate
+    from tests.compiler.test_allocate import _two, cluster_file
+
+    out = tmp_path / "alloc"
+    allocate(_two(tmp_path), cluster_file(tmp_path, [("a", "rpi5"), ("b", "rpi4")]), out)
+    assert mode(out) == 0o777 & ~umask
+    assert mode(out / "allocation.json") == 0o666 & ~umask

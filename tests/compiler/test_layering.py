@@ -80,3 +80,19 @@ def test_nothing_below_the_emitter_imports_it(below):
 
 def test_runtime_imports_nothing_of_the_compiler():
     assert _violations("edgec.runtime", "edgec.compiler") == []
+
+
+@pytest.mark.parametrize("dependency", ["ortools", "networkx", "onnx_graphsurgeon"])
+def test_runtime_imports_no_compiler_dependency(dependency):
+    assert _violations("edgec.runtime", dependency) == []
+
+
+def test_only_the_allocator_solves_with_ortools():
+    assert _violations("edgec.compiler", "ortools") == ["edgec.compiler.allocate.solve imports ortools.sat.python",
+                                                        "edgec.compiler.allocate.solve imports ortools.sat.python.cp_model"]
+
+
+@pytest.mark.parametrize("below", ["edgec.compiler.plan", "edgec.compiler.cost", "edgec.compiler.emit",
+                                   "edgec.compiler.driver", "edgec.compiler.cluster"])
+def test_nothing_below_the_allocator_imports_it(below):
+    assert _violations(below, "edgec.compiler.allocate") == []

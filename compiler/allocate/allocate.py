@@ -1,0 +1,230 @@
+"""allocate(): several services on one cluster, as one straight list of steps: read the services and the
+cluster, plan each service on the shares worth a plan, choose one option per service (CP-SAT), hand out the
+devices, emit one build per service and allocation.json."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgec.runtime.interrupts import check_interrupted
+
+from .. import cluster as cluster_mod
+from ..cost import CostTable, build_cost_table, device_memory_bytes, evaluate
+from ..driver import Candidate, PlanOptions, plan_info
+from ..emit import assemble_manifest, build_fragments
+from ..errors import UserError
+from ..ingest import Ingested, load_model
+from ..progress import Progress
+from ..units import MiB
+from .candidates import Option, ServiceOptions, plan_service, used_devices
+from .classes import DeviceClasses, device_classes, rename_plan, restrict, sub_cluster
+from .fit import LatencyFit, capacity, fit_latency
+from .output import ServiceBuild, check_allocation_dir, write_allocation
+from .services import Service, load_services
+from .solve import SCALE, Item, Problem, Solution, solve
+
+__all__ = ["allocate", "Planned", "plan_services", "choose", "build_problem"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A service read, priced and planned: what the solver chooses among."""
+
+    service: Service
+    ingested: Ingested
+    cost: CostTable  # on the whole cluster
+    options: ServiceOptions
+    fit: LatencyFit | None
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The solver's answer for the services kept: the option per service, and those dropped, with why."""
+
+    solution: Solution
+    kept: tuple[Planned, ...]
+    chosen: tuple[Option, ...]
+    dropped: tuple[tuple[Planned, str], ...]
+
+
+def allocate(services: str | Path, devices: str | Path, outdir: str | Path, *, fairness: bool = False,
+             best_effort: bool = False, time_limit: float = 10.0, options: PlanOptions = PlanOptions(),
+             progress: Progress = Progress()) -> dict:
+    """Allocate the cluster in `devices` among the services of `services`; write OUTDIR; return the
+    allocation.json object. When not every SLA can be met: UserError naming the services that cannot be
+    served and the best latency each could get; with `best_effort`, the lowest-priority services are dropped
+    first (listed under "dropped") instead."""
+    t0 = time.perf_counter()
+    check_allocation_dir(Path(outdir))  # refused now, not after the planning
+    listed = load_services(services)
+    cluster = cluster_mod.load_cluster(devices)
+    classes = device_classes(cluster)
+    _check_bounds(listed, cluster, str(services))
+    if cluster.medium == "shared":
+        logger.warning("%s: a shared medium is one channel for every service: each service's plan is priced as "
+                       "if it had the channel alone", cluster.path)
+    planned = plan_services(listed, cluster, classes, options, progress)
+    planning = time.perf_counter() - t0
+    progress.status("choosing one plan per service (CP-SAT)")
+    choice = choose(planned, classes, fairness, time_limit)
+    if choice.dropped and not best_effort:
+        raise UserError(_unservable(choice.dropped, len(cluster.devices)), str(services))
+    if not choice.kept:
+        raise UserError(f"no service can be served: {_reasons(choice.dropped)}", str(services))
+    for p, why in choice.dropped:
+        progress.note(f"allocate: dropped {p.service.name}: {why}")
+    progress.status(f"writing {outdir}")
+    allocation, builds = _emit(choice, classes, cluster, Path(outdir), fairness, planning)
+    write_allocation(Path(outdir), builds, allocation)
+    return allocation
+
+
+def _check_bounds(services: tuple[Service, ...], cluster: cluster_mod.Cluster, path: str) -> None:
+    for s in services:
+        if s.min_devices > len(cluster.devices):
+            raise UserError(f"service {s.name!r}: min_devices {s.min_devices} is more than the {len(cluster.devices)} "
+                            f"device(s) of {cluster.path}", path)
+
+
+def plan_services(services: tuple[Service, ...], cluster: cluster_mod.Cluster, classes: DeviceClasses,
+                  options: PlanOptions = PlanOptions(), progress: Progress = Progress()) -> tuple[Planned, ...]:
+    """Each service's model read and priced on the whole cluster once, then planned on its shares."""
+    out = []
+    for s in services:
+        check_interrupted()
+        progress.status(f"allocate: planning {s.name}")
+        ing = load_model(s.model, s.shapes)
+        cost = build_cost_table(ing.graph, cluster, ing.sha256, model=ing.model)
+        so = plan_service(s, ing.graph, cost, classes, options, progress)
+        runs = [(capacity(cost, used_devices(r.plan)), r.prediction.latency_ms) for r in so.planned if r.plan]
+        out.append(Planned(s, ing, cost, so, fit_latency(runs)))
+        progress.note(f"allocate: {s.name}: {len(so.planned)} plan(s), {len(so.options)} option(s) within the SLA "
+                      f"({so.seconds:.2f}s)")
+    return tuple(out)
+
+
+def choose(planned: tuple[Planned, ...], classes: DeviceClasses, fairness: bool,
+           time_limit: float) -> Choice:
+    """The best option per service; a service with no option, and then (while the rest cannot all be
+    served) the lowest-priority one (the later one of equal priority), is dropped."""
+    dropped = [(p, _why_alone(p)) for p in planned if not p.options.options]
+    kept = [p for p in planned if p.options.options]
+    while True:
+        problem = build_problem(kept, classes, fairness)
+        solution = solve(problem, time_limit)
+        if solution.status == "UNKNOWN":
+            raise UserError(f"CP-SAT found no allocation within --time-limit {time_limit:g} s (it may exist); allow "
+                            "more time")
+        if solution.choice is not None or not kept:
+            break
+        lowest = min(range(len(kept)), key=lambda i: (kept[i].service.priority, -i))
+        p = kept.pop(lowest)
+        dropped.append((p, f"meets its SLA alone (best {_best_ms(p):.1f} ms) but not beside the higher-priority "
+                           "services"))
+    chosen = tuple(p.options.options[j] for p, j in zip(kept, solution.choice or ()))
+    order = {p.service.name: i for i, p in enumerate(planned)}
+    return Choice(solution, tuple(kept), chosen, tuple(sorted(dropped, key=lambda d: order[d[0].service.name])))
+
+
+def build_problem(kept: list[Planned], classes: DeviceClasses, fairness: bool) -> Problem:
+    """The knapsack: per service its options as integer items (solve.py)."""
+    items = []
+    for p in kept:
+        best = p.options.max_utility
+        items.append(tuple(Item(o.counts, round(SCALE * p.service.priority * o.utility),
+                                round(SCALE * o.utility / best) if best > 0 else SCALE)
+                           for o in p.options.options))
+    return Problem(classes.sizes, tuple(items), fairness)
+
+
+def _best_ms(p: Planned) -> float:
+    return p.options.best.prediction.latency_ms
+
+
+def _why_alone(p: Planned) -> str:
+    """Why a service has no option on the whole cluster, with the best it could get."""
+    s, best = p.service, p.options.best
+    if best is None:
+        return "no plan fits the devices' memory"
+    if best.prediction.latency_ms > s.sla_ms:
+        names = ", ".join(used_devices(best.plan))
+        return f"sla {s.sla_ms:g} ms, best {best.prediction.latency_ms:.1f} ms (on {names})"
+    fastest = max((r.prediction.throughput_ips for r in p.options.planned
+                   if r.prediction is not None and r.prediction.latency_ms <= s.sla_ms), default=0.0)
+    return f"rate {s.rate_ips:g}/s within {s.sla_ms:g} ms, best {fastest:.2f}/s"
+
+
+def _reasons(dropped) -> str:
+    return "; ".join(f"{p.service.name!r}: {why}" for p, why in dropped)
+
+
+def _unservable(dropped, devices: int) -> str:
+    return (f"cannot meet every SLA on the {devices} device(s): {_reasons(dropped)} (--best-effort drops the "
+            "lowest-priority services first)")
+
+
+def _emit(choice: Choice, classes: DeviceClasses, cluster: cluster_mod.Cluster, outdir: Path, fairness: bool,
+          planning: float) -> tuple[dict, list[ServiceBuild]]:
+    """Hand out the devices of each class in cluster order, service by service; rename each plan onto them,
+    re-evaluate it (the same prediction: the classes are interchangeable) and emit its build."""
+    pools = [list(m) for m in classes.members]
+    services, builds = {}, []
+    for p, o in zip(choice.kept, choice.chosen):
+        check_interrupted()
+        given = [[pools[k].pop(0) for _ in range(c)] for k, c in enumerate(o.counts)]
+        names = _device_map(o, classes, given)
+        sub = sub_cluster(cluster, [d for g in given for d in g])
+        plan = rename_plan(o.plan, names).ensures(p.ingested.graph)
+        pred = evaluate(plan, p.ingested.graph, restrict(p.cost, sub))
+        if abs(pred.latency_ms - o.prediction.latency_ms) > 1e-6 * max(1.0, o.prediction.latency_ms):
+            raise RuntimeError(f"{p.service.name}: the plan moved onto {sub.device_names} predicts "
+                               f"{pred.latency_ms} ms, not {o.prediction.latency_ms} ms: classes differ")
+        frags = build_fragments(p.ingested, plan, pred)
+        info = plan_info(Candidate(plan.strategy, plan, pred), (Candidate(plan.strategy, plan, pred),),
+                         p.ingested.graph)
+        manifest = assemble_manifest(p.ingested, plan, pred, frags, sub.to_dict(), outdir.resolve() / p.service.name,
+                                     info)
+        builds.append(ServiceBuild(p.service.name, manifest, tuple(frags)))
+        services[p.service.name] = _entry(p, o, plan, pred, sub)
+    sol = choice.solution
+    allocation = {"format": "edgec-allocation/1", "services": services, "status": sol.status,
+                  "gap": None if sol.gap is None else round(sol.gap, 6), "solve_seconds": round(sol.seconds, 4),
+                  "planning_seconds": round(planning, 4), "objective": "fairness" if fairness else "weighted",
+                  "dropped": [{"name": p.service.name, "reason": why} for p, why in choice.dropped],
+                  "cluster": str(cluster.path)}
+    return allocation, builds
+
+
+def _device_map(o: Option, classes: DeviceClasses, given: list[list[str]]) -> dict[str, str]:
+    """The plan's devices onto the ones given, class by class (in cluster order on both sides)."""
+    used = set(used_devices(o.plan))
+    names = {}
+    for k, members in enumerate(classes.members):
+        mine = [d for d in members if d in used]
+        names.update(zip(mine, given[k]))
+    return names
+
+
+def _entry(p: Planned, o: Option, plan, pred, sub) -> dict:
+    best = p.options.max_utility
+    need = device_memory_bytes(plan, p.ingested.graph)
+    memory = {d: round(need.get(d, 0) / MiB, 3) for d in sub.device_names}
+    return {
+        "devices": list(sub.device_names),
+        "manifest": f"{p.service.name}/manifest.json",
+        "sla_ms": p.service.sla_ms,
+        "rate_ips": p.service.rate_ips,
+        "priority": p.service.priority,
+        "strategy": plan.strategy,
+        "predicted_latency_ms": round(pred.latency_ms, 4),
+        "predicted_throughput_ips": round(pred.throughput_ips, 4),
+        "utility": round(o.utility, 6),
+        "normalised_utility": round(o.utility / best, 6) if best > 0 else 1.0,
+        "memory_mb": memory,
+        "latency_fit": None if p.fit is None else p.fit.to_dict(),
+    }

@@ -1,0 +1,197 @@
+"""Candidate plans per service: which shares of the cluster are worth a plan, planned with edgec's own
+planners (auto), and the SLA-feasible options they give.
+
+A share is a count vector over the device classes (classes.py). Planning every share would be 2^N plans;
+instead the shares are visited largest first and two monotonicity rules skip most of them:
+
+- a plan on share v that uses only the devices of u <= v is what every share w with u <= w <= v gets (w
+  offers no more than v and at least u): those w are covered, the option is u;
+- a share whose best latency misses the SLA (or that cannot hold the model) has no subset that meets it.
+
+A one-device share is planned by the pipeline DP alone: on one device every planner places the whole
+model there.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+from edgec.runtime.interrupts import check_interrupted
+
+from ..cost import CostTable, Prediction, device_memory_bytes
+from ..driver import PlanOptions, plan_model
+from ..errors import UserError
+from ..graph import LayerGraph
+from ..plan_types import Plan
+from ..progress import Progress
+from .classes import Counts, DeviceClasses, restrict, sub_cluster
+from .services import Service
+
+__all__ = ["Option", "Planned", "ServiceOptions", "plan_service", "used_devices", "utility"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One planner run: the share it was given, the plan (None: no plan fits) and its prediction."""
+
+    share: Counts
+    plan: Plan | None
+    prediction: Prediction | None
+    used: Counts | None  # the devices the plan uses, per class
+
+
+@dataclass(frozen=True)
+class Option:
+    """An SLA-feasible choice for a service: the devices it takes per class (`counts`: at least those the
+    plan uses, more when min_devices asks), the plan (on the devices it was planned on: any devices of the
+    same classes serve, classes.rename_plan) and its figures."""
+
+    counts: Counts
+    plan: Plan
+    prediction: Prediction
+    utility: float
+    memory_bytes: dict[str, int]
+
+    @property
+    def size(self) -> int:
+        return sum(self.counts)
+
+
+@dataclass(frozen=True)
+class ServiceOptions:
+    service: Service
+    options: tuple[Option, ...]  # SLA-feasible, none dominated by another (fewer devices, more utility)
+    planned: tuple[Planned, ...]  # every planner run, in visiting order
+    best: Planned | None  # the lowest predicted latency of any run (what the service could get at best)
+    seconds: float
+
+    @property
+    def max_utility(self) -> float:
+        return max((o.utility for o in self.options), default=0.0)
+
+
+def used_devices(plan: Plan) -> tuple[str, ...]:
+    """The devices a plan puts work on: stage devices and tile devices."""
+    out: dict[str, None] = {}
+    for s in plan.stages:
+        out[s.device] = None
+        for d in (s.spatial.devices if s.spatial is not None else ()):
+            out[d] = None
+    return tuple(out)
+
+
+def utility(service: Service, pred: Prediction) -> float | None:
+    """The service's utility under `pred`, None if the prediction misses its SLA: with a rate, the
+    throughput headroom over it (throughput / rate_ips - 1); else the latency slack ((sla - latency) / sla)."""
+    if pred.latency_ms > service.sla_ms:
+        return None
+    if service.rate_ips is None:
+        return (service.sla_ms - pred.latency_ms) / service.sla_ms
+    headroom = pred.throughput_ips / service.rate_ips - 1.0
+    return headroom if headroom >= 0 else None
+
+
+def plan_service(service: Service, graph: LayerGraph, cost: CostTable, classes: DeviceClasses,
+                 options: PlanOptions = PlanOptions(), progress: Progress = Progress()) -> ServiceOptions:
+    """Plan `service` on the shares worth a plan (see the module docstring) and keep its options."""
+    t0 = time.perf_counter()
+    limit = min(service.max_devices or math.inf, sum(classes.sizes))
+    planned: list[Planned] = []
+    covered: list[tuple[Counts, Counts]] = []  # [u, v] boxes whose shares need no plan
+    hopeless: list[Counts] = []  # shares whose subsets all miss the SLA
+    for share in _shares(classes.sizes, limit):
+        if any(_within(lo, share, hi) for lo, hi in covered) or any(_within(share, share, h) for h in hopeless):
+            continue
+        check_interrupted()
+        run = _plan_share(service, graph, cost, classes, share, options)
+        planned.append(run)
+        progress.note(_note(service, classes, run))
+        if run.plan is None or run.prediction.latency_ms > service.sla_ms:
+            hopeless.append(share)
+        if run.used is not None:
+            covered.append((run.used, share))
+    best = min((p for p in planned if p.prediction is not None), key=lambda p: (p.prediction.latency_ms, sum(p.used)),
+               default=None)
+    opts = _options(service, graph, classes, planned)
+    return ServiceOptions(service, opts, tuple(planned), best, time.perf_counter() - t0)
+
+
+def _shares(sizes: Counts, limit: float) -> list[Counts]:
+    """Every non-empty share of at most `limit` devices, largest first (then in class order)."""
+    every = [c for c in itertools.product(*(range(s, -1, -1) for s in sizes)) if 0 < sum(c) <= limit]
+    return sorted(every, key=lambda c: -sum(c))
+
+
+def _within(lo: Counts, x: Counts, hi: Counts) -> bool:
+    return all(a <= b <= c for a, b, c in zip(lo, x, hi))
+
+
+def _plan_share(service: Service, graph: LayerGraph, cost: CostTable, classes: DeviceClasses, share: Counts,
+                options: PlanOptions) -> Planned:
+    sub = sub_cluster(cost.cluster, classes.first(share))
+    strategy = "auto" if sum(share) > 1 else "pipeline"
+    sub_cost = restrict(cost, sub)
+    try:
+        chosen, _ = plan_model(graph, sub_cost, strategy, "latency", options)
+        plan, pred = chosen.plan, chosen.prediction
+        if service.rate_ips is not None and pred.latency_ms <= service.sla_ms:
+            plan, pred = _faster_stream(graph, sub_cost, strategy, options, service, plan, pred)
+    except UserError:  # no plan fits these devices' memory
+        return Planned(share, None, None, None)
+    return Planned(share, plan, pred, classes.counts(used_devices(plan)))
+
+
+def _faster_stream(graph, cost, strategy, options, service, plan, pred):
+    """For a service with a rate: the throughput objective's plan, when it still meets the SLA and streams
+    more requests per second than the latency objective's."""
+    chosen, _ = plan_model(graph, cost, strategy, "throughput", options)
+    alt = chosen.prediction
+    if alt.latency_ms <= service.sla_ms and alt.throughput_ips > pred.throughput_ips:
+        return chosen.plan, alt
+    return plan, pred
+
+
+def _note(service: Service, classes: DeviceClasses, run: Planned) -> str:
+    share = ", ".join(f"{c} {label}" for c, label in zip(run.share, classes.labels) if c)
+    if run.plan is None:
+        return f"allocate: {service.name} on {share}: no plan fits"
+    return (f"allocate: {service.name} on {share}: {run.plan.strategy}, {run.prediction.latency_ms:.1f} ms on "
+            f"{sum(run.used)} device(s)")
+
+
+def _options(service: Service, graph: LayerGraph, classes: DeviceClasses, planned: list[Planned]) -> tuple[Option, ...]:
+    """The runs that meet the SLA, as options on the devices they use (padded up to min_devices with every
+    mix of idle devices), without those another option dominates."""
+    found: dict[Counts, Option] = {}
+    for run in planned:
+        if run.plan is None:
+            continue
+        u = utility(service, run.prediction)
+        if u is None:
+            continue
+        memory = device_memory_bytes(run.plan, graph)
+        for counts in _padded(run.used, classes.sizes, service.min_devices):
+            old = found.get(counts)
+            if old is None or u > old.utility:
+                found[counts] = Option(counts, run.plan, run.prediction, u, memory)
+    opts = sorted(found.values(), key=lambda o: (o.size, -o.utility, o.counts))
+    return tuple(o for o in opts if not any(_dominates(p, o) for p in opts if p is not o))
+
+
+def _padded(used: Counts, sizes: Counts, minimum: int) -> list[Counts]:
+    if sum(used) >= minimum:
+        return [used]
+    mixes = itertools.product(*(range(u, s + 1) for u, s in zip(used, sizes)))
+    return [c for c in mixes if sum(c) == minimum]
+
+
+def _dominates(p: Option, o: Option) -> bool:
+    """p takes no more of any class and serves at least as well (strictly better in one of the two)."""
+    fewer = all(a <= b for a, b in zip(p.counts, o.counts))
+    return fewer and p.utility >= o.utility and (p.counts != o.counts or p.utility > o.utility)

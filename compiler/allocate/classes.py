@@ -1,0 +1,99 @@
+"""Device classes: devices that price identically and sit on the same links are interchangeable, so a
+service's share of the cluster is a count per class, not a set of names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import numpy as np
+
+from ..cluster import Cluster
+from ..cost import CostTable
+from ..plan_types import Plan, Stage, Tile
+
+__all__ = ["DeviceClasses", "device_classes", "sub_cluster", "restrict", "rename_plan", "Counts"]
+
+Counts = tuple[int, ...]  # devices per class, in class order
+
+
+@dataclass(frozen=True)
+class DeviceClasses:
+    """`members[k]`: the names of class k's devices, in cluster order; `labels[k]` names the class."""
+
+    members: tuple[tuple[str, ...], ...]
+    labels: tuple[str, ...]
+
+    @property
+    def sizes(self) -> Counts:
+        return tuple(len(m) for m in self.members)
+
+    def counts(self, names) -> Counts:
+        """How many of `names` fall in each class."""
+        wanted = set(names)
+        return tuple(sum(n in wanted for n in m) for m in self.members)
+
+    def first(self, counts: Counts) -> tuple[str, ...]:
+        """The first counts[k] devices of each class: the sub-cluster a count vector is planned on."""
+        return tuple(n for m, c in zip(self.members, counts) for n in m[:c])
+
+
+def device_classes(cluster: Cluster) -> DeviceClasses:
+    """Devices of one profile file, memory and thread count form a class; a device that a per-pair link
+    names is a class of its own (its links differ from its peers')."""
+    linked = {name for pair in cluster.links for name in pair}
+    groups: dict[tuple, list[str]] = {}
+    for d in cluster.devices:
+        key = ("linked", d.name) if d.name in linked else (d.profile.path, d.memory_mb, d.threads)
+        groups.setdefault(key, []).append(d.name)
+    members = tuple(tuple(g) for g in groups.values())
+    labels = tuple(_label(cluster, m) for m in members)
+    return DeviceClasses(members, labels)
+
+
+def _label(cluster: Cluster, members: tuple[str, ...]) -> str:
+    prof = cluster.device(members[0]).profile.name
+    return members[0] if len(members) == 1 else f"{prof} x{len(members)}"
+
+
+def sub_cluster(cluster: Cluster, names) -> Cluster:
+    """The cluster of `names` alone, in cluster order, with the links between them."""
+    keep = set(names)
+    return replace(cluster, devices=tuple(d for d in cluster.devices if d.name in keep),
+                   links={pair: link for pair, link in cluster.links.items() if pair <= keep})
+
+
+# CostTable fields holding one entry per device: a column of an [L, D] array, or an item of a tuple.
+_PER_DEVICE_COLUMNS = ("layer_ms", "overhead_ms", "priced_ms")
+_PER_DEVICE_ITEMS = ("devices", "measured", "curves")
+_SHARED = ("out_elems",)
+
+
+def restrict(cost: CostTable, cluster: Cluster) -> CostTable:
+    """`cost` (priced on a larger cluster) for the devices of `cluster` only: what build_cost_table would
+    price for it, without pricing every layer again. A CostTable field this does not know is an error,
+    so that a new per-device field cannot be carried over unrestricted."""
+    known = {*_PER_DEVICE_COLUMNS, *_PER_DEVICE_ITEMS, *_SHARED, "cluster"}
+    unknown = [f.name for f in fields(CostTable) if f.name not in known]
+    if unknown:
+        raise RuntimeError(f"restrict() does not know CostTable field(s) {unknown}: teach it how to restrict them")
+    idx = [cost.index(n) for n in cluster.device_names]
+    kw = {name: np.ascontiguousarray(getattr(cost, name)[:, idx]) for name in _PER_DEVICE_COLUMNS}
+    kw |= {name: tuple(getattr(cost, name)[i] for i in idx) for name in _PER_DEVICE_ITEMS}
+    kw |= {name: getattr(cost, name) for name in _SHARED}
+    return CostTable(cluster=cluster, **kw)
+
+
+def rename_plan(plan: Plan, names: dict[str, str]) -> Plan:
+    """The same plan on other devices of the same classes: every device `d` becomes `names[d]`."""
+    def stage(s: Stage) -> Stage:
+        sp = s.spatial
+        if sp is not None:
+            sp = replace(sp, segments=tuple(replace(g, tiles=tuple(_tile(t, names) for t in g.tiles))
+                                            for g in sp.segments))
+        return replace(s, device=names[s.device], spatial=sp)
+
+    return replace(plan, stages=tuple(stage(s) for s in plan.stages))
+
+
+def _tile(t: Tile, names: dict[str, str]) -> Tile:
+    return replace(t, device=names[t.device])

@@ -1,0 +1,83 @@
+"""edgec run-all: an allocation's builds run at once on their own (local) devices, verified, each measured
+against its SLA; allocation.json read strictly."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from edgec.compiler.cli import cli
+from edgec.runtime.errors import InputError
+from edgec.runtime.runall import load_allocation, run_all
+
+MODELS = Path(os.environ["EDGEC_MODELS_DIR"])
+
+
+@pytest.fixture(scope="module")
+def allocation(tmp_path_factory) -> Path:
+    """tinychain and tinyconv on a device each (built once: the tests below copy what they change)."""
+    from edgec.compiler.allocate import allocate
+
+    tmp = tmp_path_factory.mktemp("alloc")
+    (tmp / "cluster.yaml").write_text("devices:\n  - {name: a, profile: rpi5}\n  - {name: b, profile: rpi5}\n"
+                                      "network: {bandwidth_mbps: 100, latency_ms: 1}\n")
+    (tmp / "services.yaml").write_text(
+        f"services:\n  - {{name: chain, model: {MODELS / 'tinychain.onnx'}, sla_ms: 1000}}\n"
+        f"  - {{name: conv, model: {MODELS / 'tinyconv.onnx'}, sla_ms: 1000}}\n")
+    allocate(tmp / "services.yaml", tmp / "cluster.yaml", tmp / "out")
+    return tmp / "out"
+
+
+def _edit(src: Path, dst: Path, change) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    data = json.loads((dst / "allocation.json").read_text())
+    change(data)
+    (dst / "allocation.json").write_text(json.dumps(data))
+    return dst
+
+
+def test_services_run_at_once_verified_against_their_sla(allocation, tmp_path):
+    # conv's SLA made unmeetable: its miss is reported, chain's generous one met.
+    out = _edit(allocation, tmp_path / "out", lambda d: d["services"]["conv"].update(sla_ms=1e-6))
+    got = run_all(out, repeat=2, verify=True)
+    assert got["verify_passed"] is True and got["all_sla_met"] is False
+    chain, conv = got["services"]["chain"], got["services"]["conv"]
+    assert chain["sla_met"] is True and conv["sla_met"] is False
+    assert len(chain["latencies_ms"]) == len(conv["latencies_ms"]) == 2
+    assert chain["verify"]["passed"] and conv["verify"]["passed"]
+    assert set(chain["devices"]).isdisjoint(conv["devices"])
+
+
+def test_cli_json(allocation):
+    res = CliRunner().invoke(cli, ["run-all", str(allocation), "--json"], prog_name="edgec")
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.stdout)
+    assert set(got["services"]) == {"chain", "conv"} and got["all_sla_met"] in (True, False)
+
+
+@pytest.mark.parametrize("change, expected", [
+    (lambda d: d.update(extra=1), "unknown key 'extra' in allocation"),
+    (lambda d: d["services"]["conv"].pop("sla_ms"), "missing key 'sla_ms' in services['conv']"),
+    (lambda d: d["services"]["conv"].update(sla_ms=-1), "services['conv'].sla_ms must be a positive number"),
+    (lambda d: d["services"]["conv"].update(devices=d["services"]["chain"]["devices"]), "is given to both"),
+    (lambda d: d["services"]["conv"].update(manifest="../x/manifest.json"), "must stay inside"),
+    (lambda d: d.update(format="other"), "format must be 'edgec-allocation/1'"),
+])
+def test_allocation_errors_are_one_line(allocation, tmp_path, change, expected):
+    out = _edit(allocation, tmp_path / "out", change)
+    with pytest.raises(InputError, match=expected.replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):
+        load_allocation(out)
+    res = CliRunner().invoke(cli, ["run-all", str(out)], prog_name="edgec")
+    assert res.exit_code == 2 and len(res.stderr.splitlines()) == 1 and expected in res.stderr, res.output
+
+
+def test_a_build_on_devices_not_given_is_refused(allocation, tmp_path):
+    out = _edit(allocation, tmp_path / "out", lambda d: d["services"]["conv"].update(devices=["z"]))
+    with pytest.raises(InputError, match="does not give to 'conv'"):
+        run_all(out)
