@@ -177,7 +177,7 @@ def simulate_cmd(manifest, as_json, plot_file, trace_file):
 
         medium = doc.manifest.network.medium
         measured = None if trace_file is None else load_measured(trace_file, sim, medium)
-        plot_schedule(sim, plot_file, medium=medium, measured=measured,
+        plot_schedule(sim, plot_file, measured=measured,
                       title=f"{manifest}: the predicted schedule of one request ({medium} network)")
         _progress(f"schedule drawn in {plot_file}")
     sim["manifest"] = str(manifest)

@@ -2,12 +2,13 @@
 Gantt chart, and over it, from a trace of `edgec run --trace`, what one request of the run measured.
 
 Rows: one per device (its fragment runs, and the tensors it receives), then the network as the cost model
-prices it (compiler/cost/evaluate.py simulate_manifest): on a switched network each sender's uplink, right
-below its device (a device sends its messages one after another, whatever their destinations), and on a shared
-medium one channel for all the sends. A receive bar spans its transfer, on the receiver's row. The predicted
-latency is a dashed line. The overlay is the run's median request (by latency): its runs and transfers as
-thinner bars below the predicted ones, on the same rows, and its latency as a dotted line; all its times count
-from that request's start, as the prediction's count from the request's.
+prices it: each of compiler/cost/evaluate.py simulate_manifest's events names the resource it occupies, and
+its fragment or its tensor, sender and receiver, which the bars are drawn from. On a switched network that is
+each sender's uplink, right below its device (a device sends its messages one after another, whatever their
+destinations), and on a shared medium one channel for all the sends. A receive bar spans its transfer, on the
+receiver's row. The predicted latency is a dashed line. The overlay is the run's median request (by latency):
+its runs and transfers as thinner bars below the predicted ones, on the same rows, and its latency as a dotted
+line; all its times count from that request's start, as the prediction's count from the request's.
 
 matplotlib is optional (`pip install 'edgec[plot]'`) and imported only here, only when drawing, without pyplot:
 the figure is drawn by the Agg canvas and saved as SVG (its text kept as text) or PNG, as the file's suffix says.
@@ -83,38 +84,35 @@ def require_matplotlib() -> None:
         raise UserError(f"--plot needs matplotlib, which is not installed: {INSTALL}") from None
 
 
-def _row(kind: str, device: str, medium: str) -> tuple[str, str]:
-    """The row of a bar: a send goes on its sender's uplink (switched) or the one channel (shared)."""
-    if kind != "send":
-        return ("device", device)
-    return ("channel", "") if medium == "shared" else ("uplink", device)
+def _row(resource: str) -> tuple[str, str]:
+    """The row of what an event occupies, as simulate_manifest names it: "device:D", "uplink:D", "channel"."""
+    kind, _, name = resource.partition(":")
+    if kind not in ("device", "uplink", "channel"):
+        raise ValueError(f"event on {resource!r}: not a device, an uplink or the channel")
+    return kind, name
 
 
-def _transfer_bars(src: str, dst: str, tensor: str, start: float, end: float, medium: str) -> list[Bar]:
-    send = f"{src} → {dst}: {tensor}" if medium == "shared" else f"{tensor} → {dst}"
-    return [Bar(_row("send", src, medium), "send", start, end, send, tensor),
+def _link(src: str, medium: str) -> str:
+    """What a message of `src` occupies, as simulate_manifest says: its uplink, or the one shared channel."""
+    return "channel" if medium == "shared" else f"uplink:{src}"
+
+
+def _transfer_bars(src: str, dst: str, tensor: str, start: float, end: float, link: str) -> list[Bar]:
+    row = _row(link)
+    send = f"{src} → {dst}: {tensor}" if row[0] == "channel" else f"{tensor} → {dst}"
+    return [Bar(row, "send", start, end, send, tensor),
             Bar(("device", dst), "receive", start, end, f"{tensor} ← {src}", tensor)]
 
 
-def _split_transfer(what: str, devices: list[str]) -> tuple[str, str]:
-    """(tensor, destination) of simulate_manifest's transfer event `TENSOR -> DST`."""
-    for dst in sorted(devices, key=len, reverse=True):  # the longest name that ends it
-        if what.endswith(f" -> {dst}"):
-            return what[:-len(f" -> {dst}")], dst
-    raise ValueError(f"transfer event {what!r} names no device of the simulation")
-
-
-def schedule_bars(sim: Mapping, medium: str) -> list[Bar]:
-    """The bars of simulate_manifest's timeline (compute and transfer events)."""
-    devices = list(sim["devices"])
+def schedule_bars(sim: Mapping) -> list[Bar]:
+    """The bars of simulate_manifest's timeline (compute and transfer events), on the rows its events name."""
     bars: list[Bar] = []
     for e in sim["timeline"]:
         start, end = float(e["start_ms"]), float(e["end_ms"])
         if e["kind"] == "compute":
-            bars.append(Bar(("device", e["device"]), "compute", start, end, e["what"], e["what"]))
+            bars.append(Bar(_row(e["resource"]), "compute", start, end, e["fragment"], e["fragment"]))
         else:
-            tensor, dst = _split_transfer(e["what"], devices)
-            bars += _transfer_bars(e["device"], dst, tensor, start, end, medium)
+            bars += _transfer_bars(e["src"], e["dst"], e["tensor"], start, end, e["resource"])
     return bars
 
 
@@ -171,8 +169,9 @@ def _measured(doc: dict, source: str, sim: Mapping, medium: str) -> Measured:
                 if name not in sim["devices"]:
                     raise UserError(f"request {number} sent between devices {a['src']} and {a['dst']}; the "
                                     f"simulated plan has no device {name}: a trace of another build?", source)
+            src = str(a["src"])
             bars += [Bar(b.row, b.kind, start, end, "", "")
-                     for b in _transfer_bars(str(a["src"]), str(a["dst"]), str(a["tensor"]), start, end, medium)]
+                     for b in _transfer_bars(src, str(a["dst"]), str(a["tensor"]), start, end, _link(src, medium))]
     return Measured(source, number, len(requests), float(median["dur"]) / 1000.0, tuple(bars))
 
 
@@ -191,9 +190,9 @@ def _rows(sim: Mapping, bars: list[Bar]) -> list[tuple[tuple[str, str], str]]:
     return rows
 
 
-def plot_schedule(sim: Mapping, path: str | os.PathLike, *, medium: str, title: str,
-                  measured: Measured | None = None) -> None:
-    """Draw the Gantt chart of `sim` (simulate_manifest's dict) into `path` (.svg or .png), atomically."""
+def plot_schedule(sim: Mapping, path: str | os.PathLike, *, title: str, measured: Measured | None = None) -> None:
+    """Draw the Gantt chart of `sim` (simulate_manifest's dict) into `path` (.svg or .png), atomically. The
+    events name their rows (device, uplink or channel)."""
     fmt = check_plot_path(path)
     require_matplotlib()
     import matplotlib
@@ -201,7 +200,7 @@ def plot_schedule(sim: Mapping, path: str | os.PathLike, *, medium: str, title: 
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
-    predicted = schedule_bars(sim, medium)
+    predicted = schedule_bars(sim)
     rows = _rows(sim, predicted + list(measured.bars if measured else ()))
     label_in = max(len(text) for _, text in rows) * FONT_PT * 0.6 / 72 + 0.3
     left_in, right_in, top_in, bottom_in = label_in, 0.25, 0.75 if measured else 0.55, 0.95

@@ -125,7 +125,7 @@ def resolve_endpoints(manifest: Manifest, overrides: Mapping[str, str] | None = 
 
 
 class _Request:
-    __slots__ = ("req", "t_sent", "t_clock", "outputs", "done", "t_outputs", "times")
+    __slots__ = ("req", "t_sent", "t_clock", "outputs", "done", "t_outputs", "times", "starts")
 
     def __init__(self, req: int):
         self.req, self.t_sent = req, time.perf_counter()
@@ -134,6 +134,7 @@ class _Request:
         self.done: dict[str, float] = {}
         self.t_outputs: float | None = None
         self.times: dict[str, tuple[list, list]] = {}  # per device: (frag_ms, clocks) of its `done`
+        self.starts: dict[str, list] = {}  # per device: run_clocks of its `done` (--trace)
 
 
 class _Worker:
@@ -495,6 +496,7 @@ class Cluster:
         if self.samples is not None:
             self.samples.check(w.name, msg["frag_ms"], msg["clocks"])
             r.times[w.name] = (msg["frag_ms"], msg["clocks"])
+            r.starts[w.name] = msg["run_clocks"]  # one per frag_ms entry (protocol.parse)
         r.done[w.name] = float(msg["run_ms"])
 
     # -- emulation -------------------------------------------------------------------------------------------
@@ -608,8 +610,10 @@ class Cluster:
             if self.samples is not None:  # on the emulated clock (dilation 1 outside emulation)
                 times, offsets = undilated_times(head.times, self.dilate), undilated_offsets(self.offsets, self.dilate)
                 self.samples.add(times, offsets)
-                if self.trace is not None:
-                    self.trace.add(self.manifest, times, offsets, head.t_clock / self.dilate, latency / self.dilate)
+                if self.trace is not None:  # run starts are clocks too: undilated as undilated_times does
+                    starts = {d: [c / self.dilate for c in clocks] for d, clocks in head.starts.items()}
+                    self.trace.add(self.manifest, times, starts, offsets, head.t_clock / self.dilate,
+                                   latency / self.dilate)
             yield dict(head.outputs), latency, dict(head.done)
 
     def infer(self, inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float, dict[str, float]]:

@@ -22,7 +22,7 @@ A session (one run), in order:
                                           worker's time.monotonic() for the coordinator's clock offset estimate;
                                           a session that received one times every request, see `done`)
   per request: C run {req}, C tensor (model inputs, src "@host") -> W tensor (model outputs),
-                                          W done {req, run_ms, frag_ms, clocks}
+                                          W done {req, run_ms, frag_ms, run_clocks, clocks}
   under emulate (emulate.py):
     W channel {seq, ms, since_ms}      -> C grant {seq, wait_ms}  (shared medium only: W's next burst of sends
                                           takes ms and was ready since_ms ago; C reserves the one channel, first
@@ -38,7 +38,9 @@ tensors only for the requests inside that window.
 
 `done` timings (runtime/accuracy.py reads them): empty lists until the session received a `sync`; then
 frag_ms holds one entry per `run` step of the device, in step order (the fragment's run time in ms, padded
-under --emulate), and clocks one per device-to-device `send` and `recv` step, in step order (the worker's
+under --emulate), run_clocks one per frag_ms entry (the worker's time.monotonic() in seconds when that run
+started: just before the executor ran it, or under --emulate the start the emulation counts the padded run
+from), and clocks one per device-to-device `send` and `recv` step, in step order (the worker's
 time.monotonic() in seconds when the send started, before compression; when the whole tensor message was
 taken off the data socket, for a recv). A device with more than MAX_TIMED_STEPS such steps cannot be timed
 (its `done` would outgrow MAX_HEADER_BYTES).
@@ -64,13 +66,15 @@ logger = logging.getLogger(__name__)
 # 3: error kind "stopped" (the worker is shutting down: its device is lost); `sync`/`synced` (the worker's clock)
 #    and the per-request timings in `done` (frag_ms, clocks) for `edgec run --report`; `open`'s `dilate` (--emulate
 #    --dilate K), the shared medium's `channel`/`grant` and emulation `overrun`s.
-PROTOCOL_VERSION = 3
+# 4: `done` carries run_clocks, the start of each fragment run (the measured timeline of `edgec run --trace`).
+PROTOCOL_VERSION = 4
 BLOB_CHUNK = 4 << 20  # fragment file bytes per blob message
 BLOB_WINDOW = 4  # blob messages in flight per worker: bounds what either side queues
 MAX_OPEN_BYTES = (64 << 20) + (1 << 16)  # the manifest (at most 64 MiB, manifest.py) and the other fields
 MAX_DILATE = 1000.0  # --dilate: a 100 ms fragment then pads to 100 s, past any sensible --timeout
-# msgpack writes a float in 9 bytes: this many timings keep a `done` header well inside MAX_HEADER_BYTES.
-MAX_TIMED_STEPS = (MAX_HEADER_BYTES - 4096) // 9
+# msgpack writes a float in 9 bytes, and a timed step costs a `done` at most two (a run: its start and its
+# time): this many timed steps keep a `done` header well inside MAX_HEADER_BYTES.
+MAX_TIMED_STEPS = (MAX_HEADER_BYTES - 4096) // (2 * 9)
 
 _INT, _STR, _BIN, _BOOL, _NUM = int, str, bytes, bool, float
 _FIELDS: dict[str, dict[str, tuple]] = {
@@ -94,7 +98,7 @@ _FIELDS: dict[str, dict[str, tuple]] = {
     "loaded": {},
     "ready": {},
     "synced": {"seq": (_INT,), "clock": (_NUM,)},
-    "done": {"req": (_INT,), "run_ms": (_NUM, _INT), "frag_ms": (list,), "clocks": (list,)},
+    "done": {"req": (_INT,), "run_ms": (_NUM, _INT), "frag_ms": (list,), "run_clocks": (list,), "clocks": (list,)},
     "error": {"kind": (_STR,), "req": (_INT,), "message": (_STR,)},
     "channel": {"seq": (_INT,), "ms": (_NUM, _INT), "since_ms": (_NUM, _INT)},
     "overrun": {"req": (_INT,), "fragments": (list,), "measured_ms": (list,)},
@@ -128,6 +132,8 @@ def parse(frames: list[zmq.Frame], allowed: frozenset[str] | set[str]) -> tuple[
         _check_numbers(kind, key, msg[key], *_RANGE.get(kind, {}).get(key, (-math.inf, math.inf)))
     if kind == "overrun":
         _check_overrun(msg)
+    if kind == "done":
+        _check_done(msg)
     has_payload = len(frames) == 2
     if has_payload != (kind in _PAYLOAD):
         raise BadMessage(f"{kind}: {'unexpected' if has_payload else 'missing'} payload frame")
@@ -137,8 +143,8 @@ def parse(frames: list[zmq.Frame], allowed: frozenset[str] | set[str]) -> tuple[
 _MISSING = object()
 # Fields that must hold finite numbers (a number, or a list of them): timings are subtracted and compared,
 # and NaN or infinity would reach the report as a figure.
-_FINITE = {"synced": ("clock",), "done": ("frag_ms", "clocks"), "open": ("dilate",), "grant": ("wait_ms",),
-           "channel": ("ms", "since_ms"), "overrun": ("measured_ms",)}
+_FINITE = {"synced": ("clock",), "done": ("frag_ms", "run_clocks", "clocks"), "open": ("dilate",),
+           "grant": ("wait_ms",), "channel": ("ms", "since_ms"), "overrun": ("measured_ms",)}
 # Numbers that must also lie in a range (a negative duration would run the emulated clock backwards).
 _RANGE = {"open": {"dilate": (1.0, MAX_DILATE)}, "channel": {"ms": (0.0, math.inf), "since_ms": (0.0, math.inf)},
           "overrun": {"measured_ms": (0.0, math.inf)}}
@@ -160,6 +166,12 @@ def _check_overrun(msg: dict) -> None:
     fragments = msg["fragments"]
     if len(fragments) != len(msg["measured_ms"]) or not all(isinstance(f, str) for f in fragments):
         raise BadMessage("overrun: 'fragments' must hold one fragment id per entry of 'measured_ms'")
+
+
+def _check_done(msg: dict) -> None:
+    """One run start per run time."""
+    if len(msg["run_clocks"]) != len(msg["frag_ms"]):
+        raise BadMessage("done: 'run_clocks' must hold one start per entry of 'frag_ms'")
 
 
 class DropLog:

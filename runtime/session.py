@@ -7,15 +7,16 @@ bandwidth in the manifest's network. Model inputs and outputs (coordinator <-> w
 the planner treats those transfers as free, and the coordinator is usually on the fastest link.
 
 Once the coordinator has asked for this worker's clock (`sync`, for `edgec run --report`), every request is
-timed: each fragment run, the moment each device-to-device send starts and the moment each tensor from
-another device is taken off the data socket, sent back in `done` (protocol.py). An arrival is stamped when
-this worker's loop reads the socket: while it runs a fragment it does not read, so a tensor that arrives
-meanwhile is stamped when the run ends (its measured transfer includes that wait).
+timed: each fragment run and the moment it starts, the moment each device-to-device send starts and the
+moment each tensor from another device is taken off the data socket, sent back in `done` (protocol.py). An
+arrival is stamped when this worker's loop reads the socket: while it runs a fragment it does not read, so a
+tensor that arrives meanwhile is stamped when the run ends (its measured transfer includes that wait).
 
 Under --emulate (emulate.py) each fragment run is padded to predicted_ms x the run's dilation, and each burst
 of consecutive sends travels on the device's DelayedLinks, its step list waiting for the burst to end; on a
 shared medium the burst first asks the coordinator for the channel. A send's clock is then the emulated start
-of its transfer, and runs slower than their padding are reported (`overrun`)."""
+of its transfer, a run's the moment its padding is counted from (when the device was ready for it), and runs
+slower than their padding are reported (`overrun`)."""
 
 from __future__ import annotations
 
@@ -337,7 +338,8 @@ class Session:
         if steps.overruns:
             self.reply(t="overrun", req=req, fragments=[f for f, _ in steps.overruns],
                        measured_ms=[ms for _, ms in steps.overruns])
-        self.reply(t="done", req=req, run_ms=run_s * 1000.0, frag_ms=steps.frag_ms, clocks=steps.clocks)
+        self.reply(t="done", req=req, run_ms=run_s * 1000.0, frag_ms=steps.frag_ms, run_clocks=steps.run_clocks,
+                   clocks=steps.clocks)
 
     def wait_for(self, key: tuple[int, str, str]) -> np.ndarray:
         while True:
@@ -431,9 +433,10 @@ class Steps:
     def __init__(self, session: Session, req: int):
         self.s, self.req = session, req
         self.device = session.device
-        # With the session's timings on (see the module docstring): run ms per run step; clock per
-        # device-to-device send and recv step (the order of timed_steps).
+        # With the session's timings on (see the module docstring): run ms and start clock per run step; clock
+        # per device-to-device send and recv step (the order of timed_steps).
         self.frag_ms: list[float] = []
+        self.run_clocks: list[float] = []
         self.clocks: list[float] = []
         self.burst: list[tuple[str, int, Callable[[], None]]] = []  # emulated sends not yet on the link
         self.overruns: list[tuple[str, float]] = []  # emulated runs slower than their padding: (fragment, ms)
@@ -450,9 +453,10 @@ class Steps:
             if not isinstance(step, Send):
                 self.flush()
             if isinstance(step, Run):
-                elapsed = self.run(step, store)
+                started, elapsed = self.run(step, store)
                 run_s += elapsed
                 if s.timings:
+                    self.run_clocks.append(started)
                     self.frag_ms.append(elapsed * 1000.0)
             elif isinstance(step, Recv):
                 store[step.tensor] = self.recv(step)
@@ -470,20 +474,22 @@ class Steps:
             s.links.raise_if_failed()
         return run_s
 
-    def run(self, step: Run, store: dict[str, np.ndarray]) -> float:
-        """The fragment's run time (s). Emulated: padded to its predicted time x the dilation, counted from
-        when the device was ready for it."""
+    def run(self, step: Run, store: dict[str, np.ndarray]) -> tuple[float, float]:
+        """The fragment run's start (this worker's clock) and run time (s). Emulated: padded to its predicted
+        time x the dilation, counted from when the device was ready for it, which is then its start."""
         s = self.s
+        started = time.monotonic()
         elapsed = s.executor.run(step.fragment, store)
         if not s.emulate:
-            return elapsed
+            return started, elapsed
         frag = s.executor.fragments[step.fragment]
-        taken = time.monotonic() - self.ready
+        started = self.ready
+        taken = time.monotonic() - started
         emulated = pad_run(frag, taken, s.dilate)
         if taken > frag.predicted_ms * s.dilate / 1000.0:
             self.overruns.append((frag.id, taken * 1000.0))
         self.ready += emulated
-        return emulated
+        return started, emulated
 
     def recv(self, step: Recv) -> np.ndarray:
         s = self.s

@@ -9,14 +9,16 @@ The file is one JSON object::
                    "clock_bound_ms": {device: float}}}
 
 Every event has `ts` (its start) and, for a complete event ("ph": "X"), `dur`, in microseconds from the
-earliest event in the file (the first request's start), all on the coordinator's clock. Process 0 is the coordinator, then one
-process per device; their names come as metadata events ("ph": "M"). The timed events, each with `args` that
-name it fully (`args.kind` and `args.request`, the timed request's number from 0, in completion order):
+earliest event in the file (the first request's start, unless a clock offset's error puts a worker's stamp
+before it), all on the coordinator's clock. Process 0 is the coordinator, then one process per device; their
+names come as metadata events ("ph": "M"). The timed events, each with `args` that name it fully (`args.kind`
+and `args.request`, the timed request's number from 0, in completion order):
 
 - "request N" on the coordinator: from the request's inputs being sent to its last output arriving, the
   latency `edgec run` reports; args {kind: "request", request, latency_ms, plan (its manifest)}.
-- a fragment id on thread "compute" of its device: one per run step; args {kind: "compute", request,
-  device, fragment}; `dur` is the worker's measured run time (padded under --emulate).
+- a fragment id on thread "compute" of its device: one per run step, from its worker starting it; args
+  {kind: "compute", request, device, fragment}; `dur` is the worker's measured run time (padded under
+  --emulate).
 - "TENSOR -> DST" on thread "send" of the sender: one per device-to-device send, from the sender starting it to
   the receiver taking the whole message off its socket; args {kind: "transfer", request, src, dst, tensor (the
   sender's name), name (the receiver's), ms (the measured time; below 0 when shorter than the clock offsets'
@@ -28,22 +30,16 @@ offsets and, under --emulate, undilation), so a trace and a report of one run ag
 would overlap (requests in flight, a sender's messages under way together), the later ones go to threads
 "compute 2", "send 2", ..., because the trace viewers draw only nested slices on one thread.
 
-A worker stamps the start of each send and the arrival of each message, but not the start of a fragment run,
-so a run is placed at the earliest moment that agrees with the stamps. A worker takes requests one at a time
-and its steps in order: a run starts after the device's previous run (this request's or the previous one's),
-and never before its request started. Outside --emulate, sends do not hold the device up: a run starts after
-its device's previous send started and its previous receive's message arrived; a run that a send follows
-directly ends where that send starts (the steps in between are slices and frees, which take no measurable
-time); and as the thread that runs the fragments also reads the messages, a run spans no moment at which its
-device read or started a message (it starts after any that would fall inside). Under --emulate, the runtime
-counts each padded run from when the device was ready, which the placement follows: after its previous run,
-the arrival of its previous receive, and the delivery of its previous sends (a sender waits for its burst).
-Only the last MAX_REQUESTS timed requests are kept.
+A device's events are where its worker stamped them (protocol.py, `done`), brought onto the coordinator's clock
+by that worker's clock offset (accuracy.py): a run starts when the worker stamped it just before onnxruntime ran
+it (under --emulate, the moment its padded run is counted from: when its device was ready for it), a send when
+the sender started it, a receive when the receiver took the message. So each is placed where it happened, wrong
+by at most its device's otherData.clock_bound_ms; a request's start and latency are the coordinator's own
+readings. Only the last MAX_REQUESTS timed requests are kept.
 """
 
 from __future__ import annotations
 
-import bisect
 import json
 import os
 from collections import deque
@@ -51,6 +47,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from .accuracy import MAX_SAMPLES, ClockOffset, check_output_file, is_timed
+from .errors import RunError
 from .files import write_atomically
 from .manifest_types import Manifest, Recv, Run, Send
 
@@ -66,11 +63,12 @@ _ROUNDING_US = 0.002
 @dataclass(frozen=True)
 class _Timed:
     """One completed request as the coordinator got it: worker timings {device: (frag_ms, clocks)} and clock
-    offsets as accuracy.Samples.add takes them, the request's start on the coordinator's clock (s) and its
-    latency (ms)."""
+    offsets as accuracy.Samples.add takes them, each run's start {device: [worker clock (s) per run step]}, the
+    request's start on the coordinator's clock (s) and its latency (ms)."""
 
     manifest: Manifest
     times: Mapping[str, tuple[list, list]]
+    starts: Mapping[str, list]
     offsets: Mapping[str, ClockOffset]
     issued_s: float
     latency_ms: float
@@ -85,11 +83,15 @@ class Trace:
         self.count = 0
         self.first: Manifest | None = None
 
-    def add(self, manifest: Manifest, times: Mapping[str, tuple[list, list]], offsets: Mapping[str, ClockOffset],
-            issued_s: float, latency_ms: float) -> None:
-        """One completed request, its timings as checked by Samples.check."""
+    def add(self, manifest: Manifest, times: Mapping[str, tuple[list, list]], starts: Mapping[str, list],
+            offsets: Mapping[str, ClockOffset], issued_s: float, latency_ms: float) -> None:
+        """One completed request, its timings as checked by Samples.check, with one start per run time."""
+        for device, (frag_ms, _) in times.items():
+            if len(starts.get(device, ())) != len(frag_ms):
+                raise RunError(f"device {device}: its worker stamped {len(starts.get(device, ()))} run start(s) "
+                               f"for {len(frag_ms)} run(s)")
         self.first = self.first or manifest
-        self.timed.append(_Timed(manifest, dict(times), dict(offsets), issued_s, latency_ms))
+        self.timed.append(_Timed(manifest, dict(times), dict(starts), dict(offsets), issued_s, latency_ms))
         self.count += 1
 
     def clear(self) -> None:
@@ -98,9 +100,8 @@ class Trace:
 
     def as_json(self) -> dict:
         """The trace object (see the module docstring)."""
-        requests = list(enumerate(self.timed, self.count - len(self.timed)))
-        runs = _place_runs(requests, self.emulated)
-        events = [e for number, t in requests for e in _request_events(number, t, runs)]
+        requests = enumerate(self.timed, self.count - len(self.timed))
+        events = [e for number, t in requests for e in _request_events(number, t)]
         origin = min((e["ts"] for e in events), default=0.0)
         pids = _device_pids(self.timed)
         for e in events:
@@ -129,10 +130,7 @@ def _us(seconds: float) -> float:
     return round(seconds * 1e6, 3)
 
 
-Placed = dict[tuple[int, str], list[tuple[str, float, float]]]  # (request, device) -> [(fragment, start s, ms)]
-
-
-def _request_events(number: int, t: _Timed, runs: Placed) -> list[dict]:
+def _request_events(number: int, t: _Timed) -> list[dict]:
     """The request's events, `ts` in seconds on the coordinator's clock, `dur` in microseconds, `device`
     naming the process (None: the coordinator's)."""
     events = [{"name": f"request {number}", "ph": "X", "cat": "request", "device": None, "tid": "requests",
@@ -142,10 +140,13 @@ def _request_events(number: int, t: _Timed, runs: Placed) -> list[dict]:
     sent: dict[tuple[str, str, str], tuple[float, Send]] = {}
     arrived: dict[tuple[str, str, str], float] = {}
     for device in t.times:
-        for fragment, start, ms in runs[(number, device)]:
-            events.append({"name": fragment, "ph": "X", "cat": "compute", "device": device, "tid": "compute",
-                           "ts": start, "dur": round(ms * 1000.0, 3),
-                           "args": {"kind": "compute", "request": number, "device": device, "fragment": fragment}})
+        offset = t.offsets[device].offset_s
+        runs = [s for s in t.manifest.steps[device] if isinstance(s, Run)]
+        for step, start, ms in zip(runs, t.starts[device], t.times[device][0]):
+            events.append({"name": step.fragment, "ph": "X", "cat": "compute", "device": device, "tid": "compute",
+                           "ts": start - offset, "dur": round(ms * 1000.0, 3),
+                           "args": {"kind": "compute", "request": number, "device": device,
+                                    "fragment": step.fragment}})
         for step, clock in _stamped(t, device):
             if isinstance(step, Send):
                 sent[(device, step.to, step.name)] = (clock, step)
@@ -173,87 +174,6 @@ def _stamped(t: _Timed, device: str) -> list[tuple[Send | Recv, float]]:
     offset = t.offsets[device].offset_s
     steps = [s for s in t.manifest.steps[device] if is_timed(s) and not isinstance(s, Run)]
     return [(s, clock - offset) for s, clock in zip(steps, t.times[device][1])]
-
-
-def _place_runs(requests: list[tuple[int, _Timed]], emulated: bool) -> Placed:
-    """Every run step's start, as the module docstring says: per device, its requests in order (a worker
-    takes them one at a time), each run after whatever the device did before it."""
-    placed: Placed = {}
-    for device in {d for _, t in requests for d in t.times}:
-        mine = [(number, t) for number, t in requests if device in t.times]
-        # A worker reads messages and runs fragments on one thread: no real run spans a message it read or
-        # sent. An emulated run is padded while the worker serves its sockets, so it may span them.
-        busy = [] if emulated else sorted(clock for _, t in mine for _, clock in _stamped(t, device))
-        cursor = float("-inf")
-        for number, t in mine:
-            start = max(cursor, t.issued_s)
-            if emulated:
-                placed[(number, device)], cursor = _replay_emulated(t, device, start)
-            else:
-                placed[(number, device)], cursor = _place_request(t, device, start, busy)
-    return placed
-
-
-def _arrivals(t: _Timed) -> dict[tuple[str, str, str], float]:
-    """(src, dst, name as received) -> when the receiver took the message, on the coordinator's clock."""
-    return {(step.src, device, step.tensor): clock for device in t.times for step, clock in _stamped(t, device)
-            if isinstance(step, Recv)}
-
-
-def _replay_emulated(t: _Timed, device: str, cursor: float) -> tuple[list[tuple[str, float, float]], float]:
-    """The request's runs on the device under --emulate, which counts each padded run from when the device
-    was ready: after its previous run, the arrival of what it received, the delivery of what it sent (a
-    sender waits for its burst to be delivered)."""
-    placed: list[tuple[str, float, float]] = []
-    durations, stamps, arrived = iter(t.times[device][0]), iter(_stamped(t, device)), _arrivals(t)
-    for step in filter(is_timed, t.manifest.steps[device]):
-        if isinstance(step, Run):
-            ms = next(durations)
-            placed.append((step.fragment, cursor, ms))
-            cursor += ms / 1000.0
-            continue
-        stamp = next(stamps)[1]
-        done = arrived.get((device, step.to, step.name), stamp) if isinstance(step, Send) else stamp
-        cursor = max(cursor, stamp, done)
-    return placed, cursor
-
-
-def _place_request(t: _Timed, device: str, cursor: float, busy: list[float]
-                   ) -> tuple[list[tuple[str, float, float]], float]:
-    """The request's runs on the device, from `cursor` (the end of what the device did before), and the end
-    of the device's last timed step of the request."""
-    placed: list[tuple[str, float, float]] = []
-    pending: list[tuple[str, float]] = []  # runs since the last stamped step
-    durations, stamps = iter(t.times[device][0]), iter(_stamped(t, device))
-
-    def flush(start: float, anchored: bool) -> float:
-        for fragment, ms in pending:
-            start = start if anchored else _after_busy(start, ms, busy)
-            placed.append((fragment, start, ms))
-            start += ms / 1000.0
-        pending.clear()
-        return start
-
-    for step in filter(is_timed, t.manifest.steps[device]):
-        if isinstance(step, Run):
-            pending.append((step.fragment, next(durations)))
-            continue
-        stamp = next(stamps)[1]
-        if isinstance(step, Send) and pending:  # the runs end where the send starts
-            cursor = flush(max(cursor, stamp - sum(ms for _, ms in pending) / 1000.0), anchored=True)
-        else:
-            cursor = flush(cursor, anchored=False)
-        cursor = max(cursor, stamp)
-    return placed, flush(cursor, anchored=False)
-
-
-def _after_busy(start: float, ms: float, busy: list[float]) -> float:
-    """The earliest start from `start` at which a run of `ms` spans none of the moments in `busy` (sorted)."""
-    i = bisect.bisect_right(busy, start)
-    while i < len(busy) and busy[i] < start + ms / 1000.0:
-        start = busy[i]
-        i = bisect.bisect_right(busy, start)
-    return start
 
 
 def _device_pids(timed) -> dict[str, int]:

@@ -267,7 +267,9 @@ def simulate_manifest(manifest: Manifest) -> dict:
     half out), once per device and request as `evaluate` charges it: the input half before the device's
     first run or send after it received from the host, the output half after the burst in which it
     first sends to the host. A send's bytes are those of its `transfers` entry (same tensor, src, dst and
-    region).
+    region). Each timeline event has device, kind ("compute" | "transfer"), what, start_ms, end_ms and the
+    resource it occupies ("device:DEV"; a message "uplink:SENDER", or on a shared medium "channel"); a
+    compute event names its fragment, a transfer its tensor (the sender's name), src and dst.
 
     `manifest` is the runtime's parsed Manifest (parse_manifest or load_manifest), so the schedule has
     been validated: every fragment a run names exists, and no recv waits for a send that never comes.
@@ -355,7 +357,8 @@ class _Replay:
             self.paid_in.add(dev)
         if isinstance(s, Run):
             self.clock[dev] += self.frag_ms[s.fragment]
-            self.events.append({"device": dev, "kind": "compute", "what": s.fragment, "start_ms": at, "end_ms": self.clock[dev]})
+            self.events.append({"device": dev, "kind": "compute", "what": s.fragment, "start_ms": at,
+                                "end_ms": self.clock[dev], "fragment": s.fragment, "resource": f"device:{dev}"})
         elif isinstance(s, Send):
             burst = [s]
             while self.pc[dev] < len(seq) and isinstance(seq[self.pc[dev]], Send):
@@ -373,7 +376,10 @@ class _Replay:
         for b in burst:
             mbps, latency = self.links.get(frozenset((dev, b.to)), (self.net.bandwidth_mbps, self.net.latency_ms))
             ms = message_ms(self.sizes.get(self._key(dev, b), 0), mbps, latency, *self.net.message_costs(dev, b.to))
-            self.events.append({"device": dev, "kind": "transfer", "what": f"{b.tensor} -> {b.to}", "start_ms": t, "end_ms": t + ms})
+            # `resource`: what the message occupies, which a picture of the schedule draws it on.
+            self.events.append({"device": dev, "kind": "transfer", "what": f"{b.tensor} -> {b.to}", "start_ms": t,
+                                "end_ms": t + ms, "tensor": b.tensor, "src": dev, "dst": b.to,
+                                "resource": "channel" if self.shared else f"uplink:{dev}"})
             t += ms
             self.arrived[(b.name, dev, b.to)] = t
         self.clock[dev] = t

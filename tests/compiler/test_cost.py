@@ -81,3 +81,30 @@ def test_measured_table_is_used_for_unnamed_nodes(tmp_path):
     assert cost.measured == (True,)
     table = prof["layers"][ing.sha256]
     assert cost.layer_ms[0, 0] == pytest.approx(sum(table[n] for n in ing.graph.layers[0].node_names))
+
+
+@pytest.mark.parametrize("medium", ["switched", "shared"])
+def test_simulated_events_name_what_they_occupy(tmp_path, medium):
+    """Every timeline event names its resource, and a compute event its fragment, a transfer its tensor (the
+    sender's name), src and dst, beside the keys it always had."""
+    from edgec.compiler.cost import simulate_manifest
+    from edgec.runtime.manifest import HOST, Send, load_manifest
+    from tests.runtime.conftest import build_spatial
+
+    case = build_spatial(tmp_path)
+    case.manifest["network"]["medium"] = medium
+    m = load_manifest(case.write())
+    timeline = simulate_manifest(m)["timeline"]
+    computes = [e for e in timeline if e["kind"] == "compute"]
+    transfers = [e for e in timeline if e["kind"] == "transfer"]
+    assert sorted(e["fragment"] for e in computes) == ["fb", "fc", "head"]
+    for e in computes:
+        assert e["what"] == e["fragment"] and e["resource"] == f"device:{e['device']}"
+    sends = [(d, s.tensor, s.to) for d, steps in m.steps.items() for s in steps if isinstance(s, Send) and s.to != HOST]
+    assert sorted((e["src"], e["tensor"], e["dst"]) for e in transfers) == sorted(sends)
+    assert ("a", "x", "c") in sends  # sent as x_bot: the event names the sender's tensor
+    for e in transfers:
+        assert e["device"] == e["src"] and e["what"] == f"{e['tensor']} -> {e['dst']}"
+        assert e["resource"] == ("channel" if medium == "shared" else f"uplink:{e['src']}")
+    for e in timeline:
+        assert {"device", "kind", "what", "start_ms", "end_ms", "resource"} <= set(e)

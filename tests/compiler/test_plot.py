@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 import edgec
 from edgec.compiler.cli import cli
-from edgec.compiler.plot import latency_label, plot_schedule
+from edgec.compiler.plot import Bar, latency_label, plot_schedule, schedule_bars
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = Path(os.environ["EDGEC_MODELS_DIR"])
@@ -104,15 +104,54 @@ def _svg_without_overlay(builds, tmp_path) -> Path:
     return target
 
 
+def _compute(device: str, fragment: str, start: float, end: float) -> dict:
+    return {"device": device, "kind": "compute", "what": fragment, "start_ms": start, "end_ms": end,
+            "fragment": fragment, "resource": f"device:{device}"}
+
+
+def _transfer(src: str, dst: str, tensor: str, start: float, end: float, resource: str | None = None) -> dict:
+    return {"device": src, "kind": "transfer", "what": f"{tensor} -> {dst}", "start_ms": start, "end_ms": end,
+            "tensor": tensor, "src": src, "dst": dst, "resource": resource or f"uplink:{src}"}
+
+
+def test_simulated_events_carry_what_the_bars_need(builds):
+    """`simulate --json`: the keys it always had, and those the picture reads."""
+    for build in ("pipeline", "shared"):
+        sim = _sim(builds[build])
+        for e in sim["timeline"]:
+            assert {"device", "kind", "what", "start_ms", "end_ms", "resource"} <= set(e)
+            assert {"fragment"} <= set(e) if e["kind"] == "compute" else {"tensor", "src", "dst"} <= set(e)
+        links = [e["resource"] for e in sim["timeline"] if e["kind"] == "transfer"]
+        assert links and all((r == "channel") == (build == "shared") for r in links)
+
+
+@pytest.mark.parametrize("resource, row, label", [("uplink:a", ("uplink", "a"), "t -> gpu → b"),
+                                                  ("channel", ("channel", ""), "a → b: t -> gpu")])
+def test_bars_come_from_the_events_fields_not_their_text(resource, row, label):
+    """Tensor `t -> gpu` sent from a to b, beside a device named `gpu -> b`: the event's text `t -> gpu -> b`
+    reads both ways; the fields say which."""
+    sim = {"latency_ms": 3.0, "devices": {"a": {}, "b": {}, "gpu -> b": {}},
+           "timeline": [_compute("a", "fa", 0.0, 1.0), _transfer("a", "b", "t -> gpu", 1.0, 2.5, resource)]}
+    assert schedule_bars(sim) == [Bar(("device", "a"), "compute", 0.0, 1.0, "fa", "fa"),
+                                  Bar(row, "send", 1.0, 2.5, label, "t -> gpu"),
+                                  Bar(("device", "b"), "receive", 1.0, 2.5, "t -> gpu ← a", "t -> gpu")]
+
+
+def test_an_event_on_an_unknown_resource_is_refused():
+    event = {**_compute("a", "fa", 0.0, 1.0), "resource": "disk:a"}
+    sim = {"latency_ms": 1.0, "devices": {"a": {}}, "timeline": [event]}
+    with pytest.raises(ValueError, match="'disk:a': not a device, an uplink or the channel"):
+        schedule_bars(sim)
+
+
 def test_dense_plans_label_only_wide_bars(tmp_path):
     """90 transfers of 0.2 ms in a 100 ms schedule: the fragments are labelled, no transfer is."""
-    timeline = [{"device": "a", "kind": "compute", "what": "fa", "start_ms": 0.0, "end_ms": 50.0}]
-    timeline += [{"device": "a", "kind": "transfer", "what": f"act{i} -> b", "start_ms": 50 + 0.2 * i,
-                  "end_ms": 50 + 0.2 * (i + 1)} for i in range(90)]
-    timeline.append({"device": "b", "kind": "compute", "what": "fb", "start_ms": 68.0, "end_ms": 100.0})
+    timeline = [_compute("a", "fa", 0.0, 50.0)]
+    timeline += [_transfer("a", "b", f"act{i}", 50 + 0.2 * i, 50 + 0.2 * (i + 1)) for i in range(90)]
+    timeline.append(_compute("b", "fb", 68.0, 100.0))
     sim = {"latency_ms": 100.0, "devices": {"a": {}, "b": {}}, "timeline": timeline}
     target = tmp_path / "dense.svg"
-    plot_schedule(sim, target, medium="switched", title="dense")
+    plot_schedule(sim, target, title="dense")
     texts = _svg_text(target)
     assert "fa" in texts and "fb" in texts
     assert not [t for t in texts if "act" in t]

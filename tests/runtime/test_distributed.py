@@ -258,17 +258,19 @@ def test_an_unreachable_worker_exits_2_naming_device_and_address(pipeline):
 
 
 def test_a_worker_of_another_protocol_version(pipeline, start_worker):
-    """A real worker refuses a coordinator speaking another version; the coordinator refuses a worker that
-    answers with another version (a stand-in worker here): exit 2, one line, both ways."""
+    """A real worker refuses a coordinator speaking an older or a newer version; the coordinator refuses a
+    worker that answers with the previous version (a stand-in worker here): exit 2, one line, both ways."""
     w = start_worker("plain")
     ctx = zmq.Context()
     try:
         dealer = ctx.socket(zmq.DEALER)
         dealer.connect(w.address)
-        dealer.send(pack({"t": "hello", "protocol": PROTOCOL_VERSION + 1, "edgec": "9.9"}))
-        assert dealer.poll(10_000)
-        answer = msgpack.unpackb(dealer.recv())
-        assert answer["t"] == "refused" and answer["code"] == "version" and answer["protocol"] == PROTOCOL_VERSION
+        for version in (PROTOCOL_VERSION - 1, PROTOCOL_VERSION + 1):
+            dealer.send(pack({"t": "hello", "protocol": version, "edgec": "9.9"}))
+            assert dealer.poll(10_000)
+            answer = msgpack.unpackb(dealer.recv())
+            assert answer["t"] == "refused" and answer["code"] == "version" and answer["protocol"] == PROTOCOL_VERSION
+            assert f"this coordinator {version} " in answer["reason"]
 
         fake = ctx.socket(zmq.ROUTER)
         port = fake.bind_to_random_port("tcp://127.0.0.1")
@@ -276,8 +278,8 @@ def test_a_worker_of_another_protocol_version(pipeline, start_worker):
         def old_worker():
             if fake.poll(30_000):
                 peer, _ = fake.recv_multipart()
-                fake.send_multipart([peer, pack({"t": "welcome", "protocol": 0, "edgec": "0.1", "pid": 1, "threads": 0,
-                                                 "cores": 1, "key": None})])
+                fake.send_multipart([peer, pack({"t": "welcome", "protocol": PROTOCOL_VERSION - 1, "edgec": "0.1",
+                                                 "pid": 1, "threads": 0, "cores": 1, "key": None})])
 
         thread = threading.Thread(target=old_worker)
         thread.start()
@@ -285,7 +287,8 @@ def test_a_worker_of_another_protocol_version(pipeline, start_worker):
                          f"pi5-b=tcp://127.0.0.1:{port}")
         thread.join()
         line = one_line_error(proc)
-        assert "pi5-b" in line and "speaks protocol 0" in line
+        assert "pi5-b" in line
+        assert f"speaks protocol {PROTOCOL_VERSION - 1}, this coordinator {PROTOCOL_VERSION}" in line
     finally:
         ctx.destroy(linger=0)
 

@@ -1,5 +1,6 @@
-"""`edgec run --trace FILE.json`: Chrome trace events of a real run that agree with its --report, the placement
-of fragment runs from the worker timings (synthetic timings, exact figures), and bad trace paths."""
+"""`edgec run --trace FILE.json`: Chrome trace events of a real run that agree with its --report and with the
+order in which its workers did things, every event where its worker stamped it (synthetic timings, exact
+figures), and bad trace paths."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from click.testing import CliRunner
 import edgec
 from edgec.runtime.accuracy import ClockOffset, Samples
 from edgec.runtime.cli import run as run_cmd
+from edgec.runtime.errors import RunError
 from edgec.runtime.manifest import HOST, Recv, Run, Send, load_manifest
 from edgec.runtime.trace import Trace
 
@@ -59,7 +61,9 @@ def test_trace_is_chrome_trace_json(traced, pipeline):
             assert (e["pid"], e["tid"]) in threads and e["ts"] >= 0
         if e["ph"] == "X":
             assert e["dur"] >= 0
-    assert min(e["ts"] for e in _timed(trace, "request")) == 0
+    # From the earliest event: the first request's start, unless a clock offset's error puts a stamp before it.
+    assert min(e["ts"] for e in trace["traceEvents"] if e["ph"] != "M") == 0
+    assert min(e["ts"] for e in _timed(trace, "request")) <= max(other["clock_bound_ms"].values()) * 1000
 
 
 def test_one_event_per_fragment_run_and_transfer_per_request(traced, pipeline):
@@ -103,16 +107,39 @@ def test_a_workers_runs_never_overlap(traced):
     assert {threads[(e["pid"], e["tid"])] for e in _timed(trace, "compute")} == {"compute"}
 
 
-# -- placement, from synthetic worker timings -------------------------------------------------------------------
-def _synthetic(pipeline, emulated: bool) -> dict:
+def test_events_follow_each_workers_order(traced):
+    """Each device's events on its own clock, in the order its worker did things: a run ends before the send
+    of its output starts, and starts after its input arrived; every run lies within its request."""
+    trace, _ = traced
+    slack = 0.01  # microseconds: rounding
+    bound = max(trace["otherData"]["clock_bound_ms"].values()) * 1000.0  # between two clocks, in microseconds
+    for req in range(REPEAT):
+        mine = {(e["args"]["kind"], e["name"]): e for e in trace["traceEvents"]
+                if e["ph"] != "M" and e["args"]["request"] == req}
+        request = mine[("request", f"request {req}")]
+        f0, f1 = mine[("compute", "f0")], mine[("compute", "f1")]
+        sent = next(e for (kind, _), e in mine.items() if kind == "transfer")
+        arrived = next(e for (kind, _), e in mine.items() if kind == "recv")
+        assert f0["ts"] + f0["dur"] <= sent["ts"] + slack and arrived["ts"] <= f1["ts"] + slack
+        for run in (f0, f1):
+            assert request["ts"] - 2 * bound <= run["ts"]
+            assert run["ts"] + run["dur"] <= request["ts"] + request["dur"] + 2 * bound
+
+
+# -- synthetic worker timings: every event at its stamp ----------------------------------------------------------
+def _synthetic(pipeline, emulated: bool = False) -> dict:
     """pi5-a runs f0 (2 ms) and sends relu_5 to pi5-b, which runs f1 (3 ms). pi5-a's clock is 100 s ahead.
-    Request 0 starts at 1.000 s; pi5-a starts its send at 1.010; pi5-b takes it at 1.012 and request 1's
-    (sent at 1.013) at 1.014. Request 1 starts at 1.001."""
+    Request 0 starts at 1.000 s: pi5-a starts f0 at 1.004 (busy before: later than the earliest moment the
+    other stamps allow) and its send at 1.0065; pi5-b takes the tensor at 1.008, starts f1 at 1.009.
+    Request 1 starts at 1.001: pi5-a starts f0 at 1.007, its send at 1.0095; pi5-b, running f1 until 1.012,
+    takes the tensor at 1.012 and starts f1 at 1.0125."""
     m = load_manifest(pipeline / "manifest.json")
     offsets = {"pi5-a": ClockOffset(100.0, 1e-4), "pi5-b": ClockOffset(0.0, 1e-4)}
     trace = Trace(emulated=emulated)
-    trace.add(m, {"pi5-a": ([2.0], [101.010]), "pi5-b": ([3.0], [1.012])}, offsets, 1.000, 20.0)
-    trace.add(m, {"pi5-a": ([2.0], [101.013]), "pi5-b": ([3.0], [1.014])}, offsets, 1.001, 25.0)
+    trace.add(m, {"pi5-a": ([2.0], [101.0065]), "pi5-b": ([3.0], [1.008])},
+              {"pi5-a": [101.004], "pi5-b": [1.009]}, offsets, 1.000, 20.0)
+    trace.add(m, {"pi5-a": ([2.0], [101.0095]), "pi5-b": ([3.0], [1.012])},
+              {"pi5-a": [101.007], "pi5-b": [1.0125]}, offsets, 1.001, 25.0)
     return trace.as_json()
 
 
@@ -120,30 +147,41 @@ def _compute(trace: dict) -> dict[tuple[str, int], tuple[float, float]]:
     return {(e["name"], e["args"]["request"]): (e["ts"], e["dur"]) for e in _timed(trace, "compute")}
 
 
-def test_runs_are_placed_from_the_stamps(pipeline):
-    trace = _synthetic(pipeline, emulated=False)
+@pytest.mark.parametrize("emulated", [False, True])
+def test_runs_are_where_their_workers_stamped_them(pipeline, emulated):
+    """Worker clocks mapped through the offsets: an emulated run's stamp is its emulated start already."""
+    trace = _synthetic(pipeline, emulated)
     assert _compute(trace) == {
-        ("f0", 0): (8000.0, 2000.0),  # ends where its send starts (1.010, on the coordinator's clock)
-        ("f0", 1): (11000.0, 2000.0),
-        # starts after the arrival (1.012) but pi5-b read request 1's message at 1.014: a real run spans no read
-        ("f1", 0): (14000.0, 3000.0),
-        ("f1", 1): (17000.0, 3000.0),  # after the run before it: one request at a time
+        ("f0", 0): (4000.0, 2000.0),  # not where it would end as its send starts (4500)
+        ("f0", 1): (7000.0, 2000.0),
+        ("f1", 0): (9000.0, 3000.0),  # not at its tensor's arrival (8000)
+        ("f1", 1): (12500.0, 3000.0),
     }
     transfers = {e["args"]["request"]: (e["ts"], e["dur"]) for e in _timed(trace, "transfer")}
-    assert transfers == {0: (10000.0, 2000.0), 1: (13000.0, 1000.0)}  # clock offsets taken out
+    assert transfers == {0: (6500.0, 1500.0), 1: (9500.0, 2500.0)}  # clock offsets taken out
     assert {e["args"]["request"]: e["dur"] for e in _timed(trace, "request")} == {0: 20000.0, 1: 25000.0}
+    assert trace["otherData"]["emulated"] is emulated
 
 
-def test_emulated_runs_follow_the_emulated_clock(pipeline):
-    """An emulated run is counted from when its device was ready, and padded while its worker serves the
-    sockets: f1 starts at its tensor's arrival, though pi5-b reads another meanwhile; a sender waits for the
-    delivery of its burst, so pi5-a's next run starts when request 0's tensor arrived."""
-    assert _compute(_synthetic(pipeline, emulated=True)) == {
-        ("f0", 0): (0.0, 2000.0),  # from the request's start
-        ("f0", 1): (12000.0, 2000.0),  # after the delivery of request 0's relu_5 (1.012)
-        ("f1", 0): (12000.0, 3000.0),
-        ("f1", 1): (15000.0, 3000.0),
-    }
+def test_a_run_before_the_request_by_clock_error_moves_the_origin(pipeline):
+    """A stamp that an offset's error puts before its request's start is kept where it falls: every `ts`
+    counts from the earliest event, so none is negative."""
+    m = load_manifest(pipeline / "manifest.json")
+    offsets = {"pi5-a": ClockOffset(0.0, 1e-4), "pi5-b": ClockOffset(0.0, 1e-4)}
+    trace = Trace()
+    trace.add(m, {"pi5-a": ([1.0], [2.0011]), "pi5-b": ([1.0], [2.0012])}, {"pi5-a": [1.99995], "pi5-b": [2.0013]},
+              offsets, 2.0, 3.0)
+    doc = trace.as_json()
+    assert _compute(doc)[("f0", 0)] == (0.0, 1000.0) and _timed(doc, "request")[0]["ts"] == 50.0
+
+
+def test_a_start_per_run_or_an_error(pipeline):
+    m = load_manifest(pipeline / "manifest.json")
+    offsets = {"pi5-a": ClockOffset(0.0, 0.0), "pi5-b": ClockOffset(0.0, 0.0)}
+    times = {"pi5-a": ([1.0], [0.5]), "pi5-b": ([1.0], [0.6])}
+    for starts in ({"pi5-a": [0.1]}, {"pi5-a": [0.1], "pi5-b": []}, {"pi5-a": [0.1], "pi5-b": [0.2, 0.3]}):
+        with pytest.raises(RunError, match="device pi5-b: its worker stamped [0-9] run start"):
+            Trace().add(m, times, starts, offsets, 0.0, 1.0)
 
 
 def test_trace_and_samples_take_the_same_figures(pipeline):
@@ -153,7 +191,7 @@ def test_trace_and_samples_take_the_same_figures(pipeline):
     times = {"pi5-a": ([2.5], [101.010]), "pi5-b": ([3.25], [1.0127])}
     samples.add(times, offsets)
     trace = Trace()
-    trace.add(m, times, offsets, 1.0, 20.0)
+    trace.add(m, times, {"pi5-a": [101.0070], "pi5-b": [1.013]}, offsets, 1.0, 20.0)
     doc = trace.as_json()
     [transfer] = _timed(doc, "transfer")
     assert transfer["args"]["ms"] == pytest.approx(samples.transfer_ms[("pi5-a", "pi5-b", "relu_5")][0])
@@ -165,9 +203,11 @@ def test_cleared_trace_forgets_the_warm_up(pipeline):
     m = load_manifest(pipeline / "manifest.json")
     offsets = {"pi5-a": ClockOffset(0.0, 0.0), "pi5-b": ClockOffset(0.0, 0.0)}
     trace = Trace()
-    trace.add(m, {"pi5-a": ([1.0], [0.5]), "pi5-b": ([1.0], [0.6])}, offsets, 0.0, 9.0)
+    trace.add(m, {"pi5-a": ([1.0], [0.5]), "pi5-b": ([1.0], [0.6])}, {"pi5-a": [0.2], "pi5-b": [0.7]}, offsets,
+              0.0, 9.0)
     trace.clear()
-    trace.add(m, {"pi5-a": ([1.0], [1.5]), "pi5-b": ([1.0], [1.6])}, offsets, 1.0, 7.0)
+    trace.add(m, {"pi5-a": ([1.0], [1.5]), "pi5-b": ([1.0], [1.6])}, {"pi5-a": [1.2], "pi5-b": [1.7]}, offsets,
+              1.0, 7.0)
     doc = trace.as_json()
     assert [e["args"]["latency_ms"] for e in _timed(doc, "request")] == [7.0] and doc["otherData"]["requests"] == 1
 
