@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from pathlib import Path
@@ -9,6 +10,7 @@ from typing import Mapping, Sequence
 
 from .driver import PlanOptions, compile_model
 from .errors import UserError
+from .plan.planner import DEFAULT_LAMBDA, EnergyGoal
 from .progress import Progress
 from .report import compile_summary
 
@@ -19,13 +21,16 @@ def compile(model: str | os.PathLike, devices: str | os.PathLike, outdir: str | 
             strategy: str = "auto", objective: str = "latency",
             shapes: Mapping[str, Sequence[int]] | None = None, search_threshold: float = 0.1,
             deepthings_grid: tuple[int, int] | None = None, deepthings_layers: int | None = None,
-            jobs: int | None = None, progress: Progress | None = None, fallbacks: bool = False) -> dict:
+            jobs: int | None = None, progress: Progress | None = None, fallbacks: bool = False,
+            sla_ms: float | None = None, sla_soft: bool = False, lam: float | None = None) -> dict:
     """Compile `model` for the cluster in `devices` into `outdir`; return the `--json` summary.
 
     Bad input raises `edgec.compiler.errors.UserError` (one line, naming the file), and nothing is
     written. The arguments are the command's options, with `shapes` as `{input name: dims}`. With
     `fallbacks`, the cluster is also planned without each device the plan uses (OUTDIR/fallback-<device>/),
     and `summary["fallbacks"]` lists them; `edgec run` switches to one when its device stops answering.
+    `objective="energy"` needs `sla_ms` (the plan of least energy per request predicted within it); with
+    `sla_soft`, the least energy + lam x (ms over the SLA) (lam in mJ per ms, default DEFAULT_LAMBDA).
 
         >>> import edgec
         >>> summary = edgec.compile("models/build/tinychain.onnx", "tests/e2e/clusters/two.yaml",
@@ -34,13 +39,32 @@ def compile(model: str | os.PathLike, devices: str | os.PathLike, outdir: str | 
         ('pipeline', 'build/tinychain/manifest.json')
     """
     options = PlanOptions(_fraction(search_threshold), _grid(deepthings_grid),
-                          _positive("deepthings_layers", deepthings_layers), _positive("jobs", jobs))
+                          _positive("deepthings_layers", deepthings_layers), _positive("jobs", jobs),
+                          energy=_energy_goal(sla_ms, sla_soft, lam))
     t0 = time.perf_counter()
     if not isinstance(fallbacks, bool):
         raise UserError(f"fallbacks {fallbacks!r}: expected True or False")
     result = compile_model(model, devices, outdir, strategy, objective, _shapes(shapes), progress or Progress(),
                            options, fallbacks=fallbacks)
     return compile_summary(result, Path(outdir), time.perf_counter() - t0)
+
+
+def _energy_goal(sla_ms: float | None, soft: bool, lam: float | None) -> EnergyGoal | None:
+    """The energy objective's goal from the SLA options (None without --sla-ms; compile_model checks that it
+    comes with --objective energy)."""
+    if sla_ms is None:
+        if soft or lam is not None:
+            raise UserError("--sla-soft and --lambda need --sla-ms")
+        return None
+    if isinstance(sla_ms, bool) or not isinstance(sla_ms, (int, float)) or not 0 < sla_ms < math.inf:
+        raise UserError(f"--sla-ms {sla_ms!r}: expected a positive number of milliseconds")
+    if not isinstance(soft, bool):
+        raise UserError(f"sla_soft {soft!r}: expected True or False")
+    if lam is not None and (isinstance(lam, bool) or not isinstance(lam, (int, float)) or not 0 <= lam < math.inf):
+        raise UserError(f"--lambda {lam!r}: expected a number of mJ per ms >= 0")
+    if lam is not None and not soft:
+        raise UserError("--lambda prices a missed SLA: it needs --sla-soft")
+    return EnergyGoal(float(sla_ms), soft, DEFAULT_LAMBDA if lam is None else float(lam))
 
 
 def _shapes(shapes: Mapping[str, Sequence[int]] | None) -> dict[str, tuple[int, ...]]:

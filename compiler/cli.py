@@ -71,7 +71,13 @@ def cli() -> None:
 @click.option("--strategy", default="auto",
               type=click.Choice(["auto", "pipeline", "single", "even", "neurosurgeon", "spatial", "hybrid", "bbgrap",
                                  "edgeflow", "deepthings"]))
-@click.option("--objective", default="latency", type=click.Choice(["latency", "throughput"]))
+@click.option("--objective", default="latency", type=click.Choice(["latency", "throughput", "energy"]),
+              help="energy: the least energy per request predicted within --sla-ms")
+@click.option("--sla-ms", type=float, default=None, help="with --objective energy: the latency SLA in ms")
+@click.option("--sla-soft", is_flag=True,
+              help="with --sla-ms: minimise energy + lambda x (ms over the SLA) instead of requiring it (Dora's QoE)")
+@click.option("--lambda", "lam", type=float, default=None, show_default="10 mJ per ms",
+              help="with --sla-soft: the energy a millisecond over the SLA weighs, in mJ")
 @click.option("--shape", "shapes", multiple=True, metavar="NAME=D0,D1,...", help="pin an input's dynamic dimensions")
 @click.option("--search-threshold", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.1,
               show_default=True, help="ADaPS partition search threshold (fraction of rows around speed shares)")
@@ -85,8 +91,8 @@ def cli() -> None:
               help="also plan the cluster without each device the plan uses (OUTDIR/fallback-DEVICE/): `edgec run` "
                    "switches to that plan when the device stops answering")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON summary object on stdout")
-def compile_cmd(model, devices, outdir, strategy, objective, shapes, search_threshold, deepthings_grid,
-                deepthings_layers, jobs, fallbacks, as_json):
+def compile_cmd(model, devices, outdir, strategy, objective, sla_ms, sla_soft, lam, shapes, search_threshold,
+                deepthings_grid, deepthings_layers, jobs, fallbacks, as_json):
     """Compile MODEL for the devices in CLUSTER.yaml into OUTDIR (fragments + manifest.json)."""
     from .api import compile as compile_api
     from .emit import check_output_dir
@@ -105,7 +111,7 @@ def compile_cmd(model, devices, outdir, strategy, objective, shapes, search_thre
         summary = compile_api(model, devices, outdir, strategy=strategy, objective=objective,
                               shapes=parse_shape_option(shapes), search_threshold=search_threshold,
                               deepthings_grid=grid, deepthings_layers=deepthings_layers, jobs=jobs,
-                              progress=progress, fallbacks=fallbacks)
+                              progress=progress, fallbacks=fallbacks, sla_ms=sla_ms, sla_soft=sla_soft, lam=lam)
     click.echo(json.dumps(summary, indent=1, sort_keys=True) if as_json else format_compile(summary))
 
 
@@ -258,13 +264,18 @@ def profile_cmd(output, model, threads, strict, quick, power_idle, power_busy, r
               help="maximise the least normalised utility first (max-min), then the priority-weighted sum")
 @click.option("--best-effort", is_flag=True,
               help="when not every SLA can be met, drop the lowest-priority services first instead of failing")
+@click.option("--share", is_flag=True,
+              help="let a device serve several services when the memory their plans hold there fits it and their "
+                   "loads (rate, or 1000/sla_ms without one, x the ms a request holds the device) add up to at most "
+                   "1000 ms per s")
 @click.option("--time-limit", type=click.FloatRange(min=0.1), default=10.0, help="seconds CP-SAT may search")
-@click.option("--jobs", type=click.IntRange(min=1), default=None, show_default="the cores available, at most 2",
-              help="processes for the spatial and hybrid searches")
+@click.option("--jobs", type=click.IntRange(min=1), default=None, show_default="the cores available",
+              help="processes planning services side by side (and for each spatial and hybrid search)")
 @click.option("--json", "as_json", is_flag=True, help="print allocation.json's object on stdout")
-def allocate_cmd(services, devices, outdir, fairness, best_effort, time_limit, jobs, as_json):
+def allocate_cmd(services, devices, outdir, fairness, best_effort, share, time_limit, jobs, as_json):
     """Share the devices of CLUSTER.yaml among the models of SERVICES.yaml: one build per service in
-    OUTDIR/<service>/ on devices of its own, and OUTDIR/allocation.json."""
+    OUTDIR/<service>/ on devices of its own (or, with --share, devices it may share), and
+    OUTDIR/allocation.json."""
     from .allocate import allocate
     from .allocate.output import allocation_text
     from .allocate.report import format_allocation
@@ -272,7 +283,7 @@ def allocate_cmd(services, devices, outdir, fairness, best_effort, time_limit, j
     from .progress import for_stderr
 
     with for_stderr(live=not as_json) as progress:
-        allocation = allocate(services, devices, outdir, fairness=fairness, best_effort=best_effort,
+        allocation = allocate(services, devices, outdir, fairness=fairness, best_effort=best_effort, share=share,
                               time_limit=time_limit, options=PlanOptions(jobs=jobs), progress=progress)
     click.echo(allocation_text(allocation).rstrip("\n") if as_json else format_allocation(allocation, str(outdir)))
 

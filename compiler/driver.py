@@ -16,15 +16,16 @@ from .emit import FallbackBuild, assemble_manifest, build_fragments, fallback_en
 from .errors import UserError
 from .graph import LayerGraph
 from .ingest import Ingested, load_model
-from .plan.planner import Dominated, InfeasibleError, PlanOptions
+from .plan.planner import Dominated, EnergyGoal, InfeasibleError, PlanOptions
 from .plan.registry import SEARCHES, STRATEGIES, run_group, schedule
+from .plan.stats import UNITS, recording
 from .plan_types import Plan, Stage
 from .progress import Progress
 
 __all__ = ["CompileResult", "Candidate", "PlanOptions", "compile_model", "plan_model", "OBJECTIVES"]
 
 logger = logging.getLogger(__name__)
-OBJECTIVES = ("latency", "throughput")
+OBJECTIVES = ("latency", "throughput", "energy")  # energy: under PlanOptions.energy (an SLA)
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,10 @@ class Candidate:
     error: str | None = None
     runners_up: tuple[tuple[Plan, Prediction], ...] = ()  # the planner's next-best plans (top-K)
     pruned: bool = False  # auto stopped its search: it could not beat another planner's plan
+    # what its search did (plan/stats.py): {"seconds", "group", "work": {unit: n}, "detail": {...}}; the
+    # planners of one group (spatial and hybrid in auto) share their searches, so they share the figures
+    stats: dict | None = None
+    cost: CostTable | None = None  # what the plan is priced on when it runs devices in power modes; None: the cluster's
 
 
 @dataclass(frozen=True)
@@ -49,10 +54,33 @@ class CompileResult:
     fallbacks: tuple[FallbackBuild, ...] = ()  # with --fallbacks: one per device the plan uses
 
 
-def _key(c: Candidate, objective: str) -> tuple:
+def _key(c: Candidate, objective: str, goal: EnergyGoal | None = None) -> tuple:
     p = c.prediction
-    main = (p.latency_ms, p.bottleneck_ms) if objective == "latency" else (p.bottleneck_ms, p.latency_ms)
+    if objective == "energy":
+        # the energy goal's score (energy, + the soft SLA's penalty), then the faster plan
+        main = (goal.score(p.latency_ms, p.energy_mj) if goal else math.inf, p.latency_ms)
+    else:
+        main = (p.latency_ms, p.bottleneck_ms) if objective == "latency" else (p.bottleneck_ms, p.latency_ms)
     return (*main, STRATEGIES.index(c.strategy))
+
+
+def _choose(feasible: list[Candidate], objective: str, goal: EnergyGoal | None, path: str | None) -> Candidate | None:
+    """The best candidate under the objective; None when none meets a hard SLA."""
+    best = min(feasible, key=lambda c: _key(c, objective, goal))
+    if objective == "energy" and not math.isfinite(_key(best, objective, goal)[0]):
+        if best.prediction.energy_mj is None:
+            raise UserError(f"--objective energy: {', '.join(best.prediction.energy.unknown)}: no power_w in "
+                            "the profile, so the energy of a plan is unknown", path)
+        return None
+    return best
+
+
+def _sla_missed(graph: LayerGraph, cost: CostTable, strategy: str, options: PlanOptions) -> UserError:
+    """The error of a hard SLA that no plan meets, with the least latency the planners reach: planned again
+    for latency, since under the SLA's bound the searches gave up on what they could not bring under it."""
+    fastest, _ = plan_model(graph, cost, strategy, "latency", replace(options, energy=None), Progress())
+    return UserError(f"no plan meets --sla-ms {options.energy.sla_ms:g}: the fastest plan ({fastest.strategy}) "
+                     f"takes {fastest.prediction.latency_ms:.3f} ms", cost.cluster.path)
 
 
 def plan_model(graph: LayerGraph, cost: CostTable, strategy: str, objective: str,
@@ -70,27 +98,39 @@ def plan_model(graph: LayerGraph, cost: CostTable, strategy: str, objective: str
         progress.status(f"planning: {what}{_best_so_far(done.values(), objective)}")
         t0 = time.perf_counter()
         preds = [c.prediction.latency_ms for c in done.values() if c.prediction is not None]
-        bounded = replace(options, incumbent=min(preds, default=math.inf))
+        bounded = replace(options, incumbent=min([options.incumbent, *preds]))  # a caller's bound (allocate: the SLA) holds too
+        if options.energy is not None:  # the energy objective's bound (plan/registry.py _energy_group)
+            bounded = replace(bounded, incumbent_score=min(
+                (_key(c, objective, options.energy)[0] for c in done.values() if c.prediction is not None),
+                default=math.inf))
         try:
-            results = run_group(group, graph, cost, objective, bounded)
+            with recording() as work:
+                results = run_group(group, graph, cost, objective, bounded)
         except ValueError as exc:  # an option the planner cannot honour (e.g. a grid larger than the cluster)
             raise UserError(f"--strategy {' '.join(group)}: {exc}") from None
+        seconds = time.perf_counter() - t0
+        stats = {"seconds": seconds, "group": list(group), "work": work.get("work", {}), "detail": work.get("detail", {})}
         for n in group:
-            done[n] = _candidate(n, graph, cost, results[n])
-            progress.note(_planned(done[n], time.perf_counter() - t0))
+            done[n] = replace(_candidate(n, graph, cost, results[n]), stats=stats)
+            progress.note(_planned(done[n], seconds))
     candidates = [done[n] for n in names]
     feasible = [c for c in candidates if c.plan is not None]
     if not feasible:
         raise UserError(candidates[0].error, cost.cluster.path)
-    return min(feasible, key=lambda c: _key(c, objective)), tuple(candidates)
+    chosen = _choose(feasible, objective, options.energy, cost.cluster.path)
+    if chosen is None:
+        raise _sla_missed(graph, cost, strategy, options)
+    return chosen, tuple(candidates)
 
 
 def _planned(c: Candidate, seconds: float) -> str:
-    """One progress line for a planner that finished."""
+    """One progress line for a planner that finished: its plan, its time and its work (plan/stats.py)."""
+    work = (c.stats or {}).get("work", {})
+    spent = ", ".join([f"{seconds:.2f}s", *(f"{work[u]:,} {u if work[u] != 1 else u[:-1]}" for u in UNITS if u in work)])
     if c.prediction is None:
-        return f"plan: {c.strategy}: {'pruned' if c.pruned else 'no plan'} ({seconds:.2f}s)"
+        return f"plan: {c.strategy}: {'pruned' if c.pruned else 'no plan'} ({spent})"
     return (f"plan: {c.strategy}: latency {c.prediction.latency_ms:.1f} ms, "
-            f"throughput {c.prediction.throughput_ips:.2f}/s ({seconds:.2f}s)")
+            f"throughput {c.prediction.throughput_ips:.2f}/s ({spent})")
 
 
 def _best_so_far(done, objective: str) -> str:
@@ -98,8 +138,8 @@ def _best_so_far(done, objective: str) -> str:
     if not feasible:
         return ""
     best = min(feasible, key=lambda c: _key(c, objective))
-    figure = (f"{best.prediction.latency_ms:.1f} ms" if objective == "latency"
-              else f"{best.prediction.throughput_ips:.2f}/s")
+    figure = (f"{best.prediction.throughput_ips:.2f}/s" if objective == "throughput"
+              else f"{best.prediction.latency_ms:.1f} ms")
     return f" (best so far: {best.strategy}, {figure})"
 
 
@@ -107,8 +147,16 @@ def _candidate(name: str, graph: LayerGraph, cost: CostTable, plans: list[Plan] 
     """A planner's outcome: its best plan and the runners-up, each with its prediction; or why it has none."""
     if isinstance(plans, InfeasibleError):
         return Candidate(name, None, None, str(plans), pruned=isinstance(plans, Dominated))
-    preds = [evaluate(p.ensures(graph), graph, cost) for p in plans]
-    return Candidate(name, plans[0], preds[0], runners_up=tuple(zip(plans[1:], preds[1:])))
+    costs = [_priced_on(p, cost) for p in plans]
+    preds = [evaluate(p.ensures(graph), graph, c) for p, c in zip(plans, costs)]
+    return Candidate(name, plans[0], preds[0], runners_up=tuple(zip(plans[1:], preds[1:])),
+                     cost=costs[0] if costs[0] is not cost else None)
+
+
+def _priced_on(plan: Plan, cost: CostTable) -> CostTable:
+    """The cost table a plan runs on: the cluster's, or with devices in the power modes it needs."""
+    modes = dict(getattr(plan, "modes", ()))  # plan/pipeline_energy.py ModedPlan
+    return cost.with_modes(modes) if modes else cost
 
 
 def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, strategy: str = "auto",
@@ -135,6 +183,9 @@ def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, st
         raise UserError(f"unknown strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
     if objective not in OBJECTIVES:
         raise UserError(f"unknown objective {objective!r} (choose from {', '.join(OBJECTIVES)})")
+    if (objective == "energy") != (options.energy is not None):
+        raise UserError("--objective energy needs --sla-ms" if objective == "energy"
+                        else f"--sla-ms, --sla-soft and --lambda apply to --objective energy, not {objective}")
     progress.status("reading the cluster")
     cluster = cluster_mod.load_cluster(devices)
     step("cluster", "reading and normalising the model")
@@ -145,7 +196,7 @@ def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, st
     chosen, candidates = plan_model(ing.graph, cost, strategy, objective, options, progress)
     step("plan", "building the fragments")
     frags = build_fragments(ing, chosen.plan, chosen.prediction)
-    manifest = assemble_manifest(ing, chosen.plan, chosen.prediction, frags, cluster.to_dict(), Path(outdir),
+    manifest = assemble_manifest(ing, chosen.plan, chosen.prediction, frags, _run_on(chosen, cluster).to_dict(), Path(outdir),
                                  plan_info(chosen, candidates, ing.graph))
     builds: list[FallbackBuild] = []
     if fallbacks:
@@ -183,7 +234,7 @@ def plan_fallbacks(ing: Ingested, cluster: cluster_mod.Cluster, manifest: dict, 
             continue
         frags = build_fragments(ing, chosen.plan, chosen.prediction)
         build = FallbackBuild(device, None, tuple(frags))
-        data = assemble_manifest(ing, chosen.plan, chosen.prediction, frags, rest.to_dict(), outdir / build.folder,
+        data = assemble_manifest(ing, chosen.plan, chosen.prediction, frags, _run_on(chosen, rest).to_dict(), outdir / build.folder,
                                  plan_info(chosen, candidates, ing.graph))
         builds.append(replace(build, manifest=data))
         used = sum(1 for steps in data["steps"].values() if steps)
@@ -191,6 +242,11 @@ def plan_fallbacks(ing: Ingested, cluster: cluster_mod.Cluster, manifest: dict, 
                       f"latency {chosen.prediction.latency_ms:.1f} ms, throughput "
                       f"{chosen.prediction.throughput_ips:.2f}/s")
     return builds
+
+
+def _run_on(chosen: Candidate, cluster: cluster_mod.Cluster) -> cluster_mod.Cluster:
+    """The cluster as the chosen plan runs it: its devices in the power modes the plan needs."""
+    return cluster if chosen.cost is None else chosen.cost.cluster
 
 
 def _without(cluster: cluster_mod.Cluster, device: str) -> cluster_mod.Cluster:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -42,11 +43,14 @@ def compile_summary(result, outdir: Path, seconds: float) -> dict:
         frags[f["device"]].append(f["file"])
     devices = []
     need = device_memory_bytes(plan, graph)
-    for dev in result.cluster.devices:
+    run_on = result.cluster if result.chosen.cost is None else result.chosen.cost.cluster  # its power modes
+    for dev in run_on.devices:
         devices.append({"name": dev.name, "profile": dev.profile.name, "fragments": frags.get(dev.name, []),
                         "memory_mb": round(need.get(dev.name, 0) / MiB, 3),
                         "memory_available_mb": round(dev.usable_bytes / MiB, 3),
-                        "predicted_busy_ms": round(pred.busy_ms.get(dev.name, 0.0), 4)})
+                        "predicted_busy_ms": round(pred.busy_ms.get(dev.name, 0.0), 4),
+                        "predicted_energy_mj": _device_energy(pred, dev.name),
+                        "mode": dev.run_mode})
     return {
         "manifest": str(Path(outdir) / "manifest.json"),
         "model": str(result.ingested.path),
@@ -54,6 +58,8 @@ def compile_summary(result, outdir: Path, seconds: float) -> dict:
         "objective": plan.objective,
         "predicted_latency_ms": round(pred.latency_ms, 4),
         "predicted_throughput_ips": round(pred.throughput_ips, 4),
+        "predicted_energy_mj": _rounded(pred.energy_mj),
+        "energy": None if pred.energy is None else pred.energy.to_dict(),
         "bytes_transferred": pred.bytes_transferred,
         "compile_seconds": round(seconds, 3),
         "timings": {k: round(v, 4) for k, v in result.timings.items()},
@@ -64,7 +70,30 @@ def compile_summary(result, outdir: Path, seconds: float) -> dict:
         "candidates": result.manifest["plan"]["candidates"],
         "runners_up": result.manifest["plan"]["runners_up"],
         "fallbacks": [_fallback_summary(b, Path(outdir)) for b in result.fallbacks],
+        "planning": [_planning(c) for c in result.candidates],
     }
+
+
+def _rounded(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
+
+
+def _device_energy(pred, device: str) -> float | None:
+    """A device's energy per request: None when the plan leaves it out or its power is unknown."""
+    e = None if pred.energy is None else pred.energy.devices.get(device)
+    return None if e is None else round(e.total_mj, 4)
+
+
+def _energy_text(mj: float | None) -> str:
+    return "energy unknown (a device has no power_w)" if mj is None else f"{mj:.3f} mJ"
+
+
+def _planning(c) -> dict:
+    """One planner's search figures (compiler/plan/stats.py UNITS names the units of `work`). `group`: the
+    planners that ran together and share these figures (auto's spatial and hybrid share their searches)."""
+    stats = c.stats or {"seconds": 0.0, "group": [c.strategy], "work": {}, "detail": {}}
+    return {"strategy": c.strategy, "seconds": round(stats["seconds"], 4), "group": list(stats["group"]),
+            "work": dict(stats["work"]), "detail": dict(stats["detail"])}
 
 
 def _fallback_summary(build, outdir: Path) -> dict:
@@ -82,15 +111,16 @@ def format_compile(s: dict) -> str:
     rows = [[c["strategy"], c["latency_ms"], c["throughput_ips"], "chosen" if c["strategy"] == s["strategy"] else
              ("" if c["feasible"] else "pruned" if c.get("pruned") else "infeasible")] for c in s["candidates"]]
     dev_rows = [[d["name"], d["profile"], ", ".join(d["fragments"]) or "-", d["memory_mb"], d["memory_available_mb"],
-                 d["predicted_busy_ms"]] for d in s["devices"]]
+                 d["predicted_busy_ms"], d.get("predicted_energy_mj"), d.get("mode")] for d in s["devices"]]
     stage_rows = [[i, st["device"], f"{st['layers'][0]}-{st['layers'][1] - 1}", st["first_layer"], st["last_layer"],
                    _tiling(st)] for i, st in enumerate(s["stages"])]
     return "\n\n".join([
         f"{s['model']}: {s['layers']} layers in {s['blocks']} serial blocks; objective {s['objective']}",
         table(["strategy", "latency ms", "throughput/s", ""], rows),
         table(["stage", "device", "layers", "first", "last", "tiles"], stage_rows),
-        table(["device", "profile", "fragments", "memory MB", "available MB", "busy ms"], dev_rows),
+        table(["device", "profile", "fragments", "memory MB", "available MB", "busy ms", "energy mJ", "mode"], dev_rows),
         f"predicted latency {s['predicted_latency_ms']:.3f} ms, throughput {s['predicted_throughput_ips']:.3f}/s, "
+        f"{_energy_text(s.get('predicted_energy_mj'))} per input, "
         f"{s['bytes_transferred']} bytes transferred per input; compiled in {s['compile_seconds']:.2f} s\n"
         f"wrote {s['manifest']}",
         *([_fallback_table(s["fallbacks"])] if s.get("fallbacks") else []),
@@ -262,6 +292,24 @@ def read_plan(data: Any, path: Path) -> PlanSection:
     return PlanSection(strategy, tuple(_plan_stage(r, st, f"plan.stages[{i}]") for i, st in enumerate(stages)))
 
 
+def read_predicted_energy(predicted: dict, path: Path) -> dict[str | None, float | None]:
+    """The manifest's predicted energy per request (key None) and per device (by name), each a number >= 0 or
+    None (unknown); UserError at the first value that is not. The runtime does not read these figures."""
+    r = _PlanReader(path)
+
+    def mj(d: dict, where: str) -> float | None:
+        v = d.get("energy_mj")
+        r.need(v is None or (type(v) in (int, float) and math.isfinite(v) and v >= 0), f"{where}.energy_mj",
+               "a number >= 0 or null")
+        return v
+
+    out: dict[str | None, float | None] = {None: mj(predicted, "predicted")}
+    devices = r.obj(predicted.get("devices", {}), "predicted.devices")
+    for name, entry in devices.items():
+        out[name] = mj(r.obj(entry, f"predicted.devices.{name}"), f"predicted.devices.{name}")
+    return out
+
+
 def _plan_stage(r: _PlanReader, st: Any, w: str) -> PlanStage:
     st = r.obj(st, w)
     device, first, last = (r.string(st, k, w) for k in ("device", "first_layer", "last_layer"))
@@ -339,6 +387,7 @@ def plan_summary(doc: ManifestFile) -> dict:
                 entry = {"stage": si, "segment": gi, "layers": list(seg.layers), "axis": st.spatial.axis_text,
                          "device": t.device, "rows": list(t.rows), "fragment": frag}
                 tiles.append(entry | ({"cols": list(t.cols)} if t.cols is not None else {}))
+    energy = read_predicted_energy(m.predicted, m.path)
     passed_on = _passed_on(m)
     exchanges = [{"kind": _exchange_kind(t, passed_on), "src": t.src, "dst": t.dst, "tensor": t.tensor,
                   "region": _region_json(t.region), "bytes": t.bytes} for t in m.transfers]
@@ -348,6 +397,9 @@ def plan_summary(doc: ManifestFile) -> dict:
     return {"manifest": str(m.path), "model": doc.model_path, "strategy": plan.strategy,
             "stages": doc.plan["stages"],  # as written: inspect --json echoes the manifest's stages
             "tiles": tiles, "exchanges": exchanges, "bytes_by_kind": totals, "predicted": m.predicted,
+            "predicted_energy_mj": energy.get(None),
+            "devices": [{"name": d.name, "profile": d.profile, "mode": d.mode, "predicted_energy_mj": energy.get(d.name)}
+                        for d in m.devices],
             "fallbacks": _listed_fallbacks(m)}
 
 
@@ -393,6 +445,10 @@ def format_plan(s: dict) -> str:
     if ex_rows:
         parts.append(table(["kind", "from", "to", "tensor", "region", "bytes"], ex_rows))
     parts.append("bytes per input: " + (", ".join(f"{k} {v}" for k, v in sorted(s["bytes_by_kind"].items())) or "none"))
+    if any(d["mode"] or d["predicted_energy_mj"] is not None for d in s.get("devices", [])):
+        parts.append(table(["device", "profile", "mode", "energy mJ"],
+                           [[d["name"], d["profile"], d["mode"] or "-", d["predicted_energy_mj"]] for d in s["devices"]]))
+        parts.append(f"predicted energy per input: {_energy_text(s.get('predicted_energy_mj'))}")
     if s.get("fallbacks"):
         parts.append(_fallback_table([f | {"manifest": f["manifest"] if f["error"] is None else None}
                                       for f in s["fallbacks"]]))
@@ -409,11 +465,12 @@ def _region_text(region: dict | list | None) -> str:
 
 def format_simulation(sim: dict) -> str:
     rows = [[e["device"], e["kind"], e["what"], e["start_ms"], e["end_ms"]] for e in sim["timeline"]]
-    devs = [[d, v["busy_ms"], v["finish_ms"]] for d, v in sim["devices"].items()]
+    devs = [[d, v["busy_ms"], v["finish_ms"], v.get("predicted_energy_mj")] for d, v in sim["devices"].items()]
     return "\n\n".join([
         table(["device", "kind", "what", "start ms", "end ms"], rows),
-        table(["device", "busy ms", "finish ms"], devs),
-        f"predicted latency {sim['latency_ms']:.3f} ms; {sim['bytes_transferred']} bytes between devices per input",
+        table(["device", "busy ms", "finish ms", "energy mJ"], devs),
+        f"predicted latency {sim['latency_ms']:.3f} ms, {_energy_text(sim.get('predicted_energy_mj'))} per input; "
+        f"{sim['bytes_transferred']} bytes between devices per input",
     ])
 
 

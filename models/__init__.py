@@ -49,6 +49,9 @@ def _registry() -> dict[str, _Entry]:
                               "transformer", "build", ("transformer",)),
         "yolo_focus": _Entry("YOLOv5-style detector on 1x3x320x320: Focus stem (strided Slices + Concat), CSP "
                              "backbone with SiLU, nearest Resize neck, two 1x1 heads, opset 13", "detector", "yolo_focus"),
+        "ocr_rec": _Entry("PP-OCRv3-style text recogniser on 1x3x48x320: depthwise backbone with BN, HardSwish and "
+                          "SE, (2, 1) strides, 4-block SVTR attention neck, CTC MatMul head (40 steps x 97), opset 17",
+                          "ocr", "ocr_rec"),
         "tinyconv": _Entry("tiny CNN on 1x3x37x29: strided/dilated/grouped/depthwise convs, pools, "
                            "BN, Add, Concat, softmax 10", "tiny", "tinyconv"),
         "tinychain": _Entry("8 conv+relu layers on 1x3x32x32, then Flatten + Gemm 10", "tiny", "tinychain"),

@@ -18,6 +18,10 @@ are ignored):
               without one runs in a worker process that `edgec run` starts on this machine. An
               optional `"threads": int >= 1` is the intra-op thread count the plan priced the device at;
               a local worker runs that many unless `edgec run --threads` says otherwise.
+              Optional, informational (the runtime does not act on them; `edgec simulate` prices energy
+              with them): "power_w": {"idle", "busy": W >= 0 or null}, "radio_nj_per_byte": {"tx", "rx":
+              nJ per byte >= 0 or null}, and "mode": str, the profile's power mode the device must run in
+              for the predicted figures to hold (absent: the profile has one).
   network     {"bandwidth_mbps": number > 0, "latency_ms": number >= 0, "medium": "switched" | "shared",
                "links": [{"a": device, "b": device, "bandwidth_mbps": number > 0, "latency_ms": number >= 0}],
                optional "costs": {device: {"message_ms", "message_ms_per_mb", "request_ms": number >= 0}}}
@@ -62,7 +66,9 @@ are ignored):
                 {"op": "free", "tensors": [names]}   drop tensors from the store.
               Region ranges and slices need 0 <= start < stop (stop past the axis end is a run failure);
               concat needs at least one part.
-  predicted   optional {"latency_ms": number, "throughput_ips": number, "devices": {device: {...}}}.
+  predicted   optional {"latency_ms": number, "throughput_ips": number, "devices": {device: {...}}};
+              optional "energy_mj" (per request, null when a device has no power figures), and per
+              device "energy_mj".
   plan        optional, free-form; ignored by the runtime.
   fallbacks   optional (written by `edgec compile --fallbacks`; absent or null: none)
               [{"without": device, "manifest": str or null, "sha256": hex str or null, "error"?: str}]: for each

@@ -158,7 +158,19 @@ def _device(r: Reader, d: Any, where: str) -> Device:
     if address is not None and not isinstance(address, str):
         r.fail(f"{where}.address", "expected a string or null")
     threads = r.int(d, "threads", where, minimum=1) if d.get("threads") is not None else None
-    return Device(name, r.str(d, "profile", where), r.num(d, "memory_mb", where), address, threads)
+    power = _pair(r, d, "power_w", ("idle", "busy"), where)
+    radio = _pair(r, d, "radio_nj_per_byte", ("tx", "rx"), where)
+    mode = r.str(d, "mode", where) if d.get("mode") is not None else None
+    return Device(name, r.str(d, "profile", where), r.num(d, "memory_mb", where), address, threads,
+                  *power, *radio, mode)
+
+
+def _pair(r: Reader, d: dict, key: str, names: tuple[str, str], where: str) -> tuple[float | None, float | None]:
+    """An optional {name: number >= 0 or null} object of two figures (a device's power or radio energy)."""
+    if d.get(key) is None:
+        return None, None
+    obj = r.obj(d[key], f"{where}.{key}")
+    return tuple(None if obj.get(n) is None else r.num(obj, n, f"{where}.{key}") for n in names)
 
 
 def _network(r: Reader, d: dict, devices: list[str]) -> Network:

@@ -41,6 +41,13 @@ class Device:
     memory_mb: float
     address: str | None
     threads: int | None = None  # the worker's intra-op threads the plan was priced for (cluster.yaml); None: default
+    # Energy figures the plan was priced with (W; nJ per byte sent / received); None: unknown. Informational:
+    # `edgec simulate` prices a replay's energy with them, the runtime itself does not read them.
+    idle_w: float | None = None
+    busy_w: float | None = None
+    tx_nj_per_byte: float | None = None
+    rx_nj_per_byte: float | None = None
+    mode: str | None = None  # the power mode the plan needs the device to run in; None: its only one
 
 
 def bytes_per_s(bandwidth_mbps: float) -> float:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +15,8 @@ from .quote import show
 from .yamlio import read_yaml
 
 if TYPE_CHECKING:
+    from edgec.compiler.cost.energy import DevicePower
+
     from .schema import DeviceDoc, NetworkDoc
 
 __all__ = ["DeviceSpec", "LinkSpec", "Cluster", "load_cluster"]
@@ -27,16 +29,32 @@ class DeviceSpec:
     memory_mb: float  # the cluster file's override, or the profile's
     address: str | None
     threads: int | None = None  # the worker's intra-op thread count; None: the runtime's default (all cores)
+    mode: str | None = None  # the power mode a plan runs it in (a profile's `modes:` entry); None: the top level's
 
     @property
     def figures(self) -> Figures:
-        """What this device's worker does at the thread count it runs (the profile's top level by default)."""
-        return self.profile.figures(self.threads)
+        """What this device's worker does at the thread count it runs (the profile's top level by default),
+        in its power mode."""
+        return self.profile.figures(self.threads) if self.mode is None else self.profile.mode_figures(self.mode, self.threads)
 
     @property
     def runtime(self) -> RuntimeCosts:
         """The runtime's own costs on this device (the profile's `runtime:`, zeros where not measured)."""
         return self.profile.runtime
+
+    @property
+    def run_mode(self) -> str | None:
+        """The power mode it must run in: its mode, or its profile's top level's when the profile has modes
+        (None: the profile has one operating point)."""
+        return self.mode or (self.profile.top_mode if self.profile.modes else None)
+
+    @property
+    def power(self) -> "DevicePower":
+        """Its power figures (the profile's `power_w` and `radio_nj_per_byte`), for the energy model."""
+        from edgec.compiler.cost.energy import DevicePower  # the cost model builds on the cluster, not back
+        p = self.profile
+        idle, busy = (p.power_idle_w, p.power_busy_w) if self.mode is None else p.mode_power(self.mode)
+        return DevicePower(idle, busy, p.radio_tx_nj_per_byte, p.radio_rx_nj_per_byte)
 
     @property
     def usable_bytes(self) -> int:
@@ -83,6 +101,17 @@ class Cluster:
             return _SAME_DEVICE
         return self.links.get(frozenset((a, b)), LinkSpec(self.bandwidth_mbps, self.latency_ms))
 
+    def with_modes(self, modes: dict[str, str]) -> "Cluster":
+        """The cluster with devices run in the given power modes ({device: mode}; a mode that is the
+        profile's top level's is no mode: the device stays as it is)."""
+        devices = []
+        for d in self.devices:
+            mode = modes.get(d.name)
+            if mode is not None and mode not in d.profile.mode_names:
+                raise ValueError(f"{d.name}: profile {d.profile.name} has no mode {mode!r}")
+            devices.append(replace(d, mode=None if mode in (None, d.profile.top_mode) else mode))
+        return replace(self, devices=tuple(devices))
+
     @property
     def has_network(self) -> bool:
         """False for a one-device cluster whose file has no `network` section."""
@@ -102,7 +131,8 @@ class Cluster:
         return {
             "devices": [
                 {"name": d.name, "profile": d.profile.name, "memory_mb": d.memory_mb, "address": d.address,
-                 **({} if d.threads is None else {"threads": d.threads})}
+                 **({} if d.threads is None else {"threads": d.threads}), **d.power.to_dict(),
+                 **({} if d.run_mode is None else {"mode": d.run_mode})}
                 for d in self.devices
             ],
             "network": {

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from .schema import FiguresDoc, ProfileDoc
 
 __all__ = [
-    "PROFILES_DIR", "Figures", "RuntimeCosts", "NO_RUNTIME_COSTS", "Profile", "profiles_dir", "available_profiles", "load_profile", "validate_profile_dict",
+    "PROFILES_DIR", "Figures", "Mode", "DEFAULT_MODE", "RuntimeCosts", "NO_RUNTIME_COSTS", "Profile", "profiles_dir", "available_profiles", "load_profile", "validate_profile_dict",
     "profile_path", "unknown_profile", "read_profile",
 ]
 
@@ -61,6 +61,18 @@ class RuntimeCosts:
 
 
 NO_RUNTIME_COSTS = RuntimeCosts()
+DEFAULT_MODE = "default"  # the top level's operating point, when the profile does not name it (`mode:`)
+
+
+@dataclass(frozen=True)
+class Mode:
+    """A power mode (the profile's `modes:` entry): the figures the device computes with in it (measured
+    tables do not carry over: they were taken at the top level's operating point) and its power."""
+
+    figures: Figures
+    idle_w: float
+    busy_w: float
+    sources: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -85,6 +97,25 @@ class Profile:
     threads: dict[int, Figures] = field(default_factory=dict, hash=False, repr=False)  # per intra-op thread count
     measurement: dict[str, Any] = field(default_factory=dict, hash=False, repr=False)  # how it was measured (informational)
     runtime: RuntimeCosts = NO_RUNTIME_COSTS  # the runtime's fixed costs (not per thread count: no onnxruntime in them)
+    radio_tx_nj_per_byte: float | None = None  # the network interface's energy per byte sent; None: unknown
+    radio_rx_nj_per_byte: float | None = None  # ... per byte received
+    modes: dict[str, Mode] = field(default_factory=dict, hash=False, repr=False)  # power modes besides the top level's
+    top_mode: str = DEFAULT_MODE  # the name of the top level's operating point
+
+    @property
+    def mode_names(self) -> tuple[str, ...]:
+        """Every operating point: the top level's first, then `modes:` in file order."""
+        return (self.top_mode, *self.modes)
+
+    def mode_figures(self, mode: str, threads: int | None = None) -> Figures:
+        """The figures of a worker in `mode` (the top level's: `figures(threads)`)."""
+        return self.figures(threads) if mode == self.top_mode else self.modes[mode].figures
+
+    def mode_power(self, mode: str) -> tuple[float | None, float | None]:
+        """(idle W, busy W) in `mode`."""
+        if mode == self.top_mode:
+            return self.power_idle_w, self.power_busy_w
+        return self.modes[mode].idle_w, self.modes[mode].busy_w
 
     def figures(self, threads: int | None = None) -> Figures:
         """The figures for a worker running `threads` intra-op threads: that count's entry if measured;
@@ -186,7 +217,30 @@ def validate_profile_dict(data: Any, path: str) -> Profile:
         measurement=data["measurement"] if doc.measurement is not None else {},
         runtime=NO_RUNTIME_COSTS if doc.runtime is None else RuntimeCosts(
             doc.runtime.message_ms, doc.runtime.message_ms_per_mb, doc.runtime.request_ms),
+        radio_tx_nj_per_byte=doc.radio_nj_per_byte.tx if doc.radio_nj_per_byte else None,
+        radio_rx_nj_per_byte=doc.radio_nj_per_byte.rx if doc.radio_nj_per_byte else None,
+        modes={name: _mode(m, top) for name, m in (doc.modes or {}).items()},
+        top_mode=doc.mode or DEFAULT_MODE,
     )
+
+
+def _mode(doc, top: Figures) -> Mode:
+    """A `modes:` entry over the top level's figures. Its op table, when it gives none, is the top level's
+    scaled by the ratio of `gflops.other` (the operators it prices run on the same units, at the mode's
+    clocks)."""
+    gflops = top.gflops if doc.gflops is None else {k: getattr(doc.gflops, k) for k in GFLOPS_KEYS}
+    scale = top.gflops["other"] / gflops["other"]
+    ops = ({k: v * scale for k, v in top.op_ms_per_melem.items()} if doc.op_ms_per_melem is None
+           else dict(doc.op_ms_per_melem))
+    figures = Figures(
+        op_overhead_us=top.op_overhead_us if doc.op_overhead_us is None else doc.op_overhead_us,
+        gflops=gflops,
+        memory_gbps=top.memory_gbps if doc.memory_gbps is None else doc.memory_gbps,
+        op_ms_per_melem=ops,
+        efficiency=top.efficiency,
+        layers={},
+    )
+    return Mode(figures, doc.power_w.idle, doc.power_w.busy, tuple(doc.sources))
 
 
 def _check_relations(doc: ProfileDoc, path: str) -> None:
@@ -198,6 +252,18 @@ def _check_relations(doc: ProfileDoc, path: str) -> None:
     power = doc.power_w
     if power is not None and power.idle is not None and power.busy is not None and power.busy < power.idle:
         raise UserError(f"power_w.busy ({power.busy:g}) is below power_w.idle ({power.idle:g})", path=path)
+    if doc.mode is not None and not doc.modes:
+        raise UserError(f"mode {doc.mode!r} names the top level's operating point, but there are no modes", path=path)
+    top = doc.mode or DEFAULT_MODE
+    for name, m in (doc.modes or {}).items():
+        if name == top:
+            raise UserError(f"modes.{name}: the top level's operating point is already called {top!r}", path=path)
+        if m.power_w.busy < m.power_w.idle:
+            raise UserError(f"modes.{name}.power_w.busy ({m.power_w.busy:g}) is below its idle "
+                            f"({m.power_w.idle:g})", path=path)
+    if doc.modes and (power is None or power.idle is None or power.busy is None):
+        raise UserError("modes need power_w (idle and busy) at the top level too: the planner weighs them "
+                        "against it", path=path)
 
 
 def _figures(doc: ProfileDoc | FiguresDoc) -> Figures:

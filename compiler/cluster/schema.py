@@ -118,6 +118,35 @@ class PowerDoc(_Doc):
     busy: Positive | None = None
 
 
+class RadioDoc(_Doc):
+    """Energy of the device's network interface per byte it sends (tx) and receives (rx), in nJ, on top of
+    its idle and busy power (cost/energy.py)."""
+
+    tx: NonNegative
+    rx: NonNegative
+
+
+ModeName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,31}\Z",
+                                description="1-32 characters from [A-Za-z0-9._-] starting with a letter or digit")]
+
+
+class ModePowerDoc(_Doc):
+    idle: Positive
+    busy: Positive
+
+
+class ModeDoc(_Doc):
+    """A power mode: an operating point of the device (e.g. a Jetson nvpmodel, a lower arm_freq), with its
+    own power and the compute figures that differ from the top level's (the rest are the top level's)."""
+
+    power_w: ModePowerDoc
+    sources: Annotated[list[NonBlank], Field(min_length=1, description="a non-empty list of non-empty strings")]
+    op_overhead_us: NonNegative | None = None
+    gflops: GflopsDoc | None = None
+    memory_gbps: Positive | None = None
+    op_ms_per_melem: dict[OpKey, Positive] | None = None
+
+
 class LoadWindowDoc(_Doc):
     seconds: NonNegative | None = None
     other_cpus: NonNegative | None = None
@@ -168,6 +197,10 @@ class ProfileDoc(_Doc):
     gflops: GflopsDoc
     memory_gbps: Positive
     power_w: PowerDoc | None = None
+    radio_nj_per_byte: RadioDoc | None = None
+    mode: ModeName | None = None  # the name of the top-level operating point, with `modes`
+    modes: Annotated[dict[ModeName, ModeDoc],
+                     Field(min_length=1, description="a non-empty mapping of mode names")] | None = None
     sources: Annotated[list[NonBlank], Field(description="a list of non-empty strings")] | None = None
     layers: Layers | None = None
     op_ms_per_melem: dict[OpKey, Positive] | None = None

@@ -6,6 +6,8 @@
 - tiles.py: the tile cost model of spatial stages (tile compute with the figures' tile efficiency, halo,
   scatter and gather transfers).
 - memory.py: `device_memory_bytes(plan, graph)`, what each device must hold.
+- energy.py: `request_energy`, one request's energy (busy and idle power over the span, radio per byte);
+  evaluate attaches it to every Prediction (`Prediction.energy`, `energy_mj`), simulate to every replay.
 - evaluate.py: `evaluate(plan, graph, cost) -> Prediction`, and the replay of a manifest's schedule (the
   runtime's parsed Manifest).
 

@@ -3,12 +3,13 @@ and the replay of a manifest's static schedule (`simulate_manifest`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from edgec.runtime.manifest_types import HOST, Manifest, Recv, Run, Send
 
 from ..graph import LayerGraph
 from ..plan_types import Plan
+from .energy import DevicePower, Energy, request_energy
 from .network import message_ms
 from .table import CostTable
 from .tiles import predict_stage
@@ -48,6 +49,12 @@ class Prediction:
     tile_ms: dict = field(default_factory=dict)  # (stage, segment, tile) -> compute ms of that tile
     hops: tuple[Hop, ...] = ()  # the stage-to-stage messages timed here (tensor_hops); the emitter sends these
     period_ms: dict = field(default_factory=dict)  # per device: how long one input holds it (see evaluate)
+    energy: Energy | None = None  # one request's energy (energy.py), over the span latency_ms
+
+    @property
+    def energy_mj(self) -> float | None:
+        """Energy per request in mJ; None when a device the plan uses has no power figures."""
+        return None if self.energy is None else self.energy.total_mj
 
     @property
     def bytes_transferred(self) -> int:
@@ -59,8 +66,39 @@ class Prediction:
             "throughput_ips": round(self.throughput_ips, 4),
             "bottleneck_ms": round(self.bottleneck_ms, 4),
             "bytes_transferred": self.bytes_transferred,
-            "devices": {d: {"busy_ms": round(v, 4)} for d, v in sorted(self.busy_ms.items())},
+            "devices": {d: {"busy_ms": round(v, 4), **self._device_energy(d)} for d, v in sorted(self.busy_ms.items())},
+            **({} if self.energy is None else {"energy_mj": _round(self.energy.total_mj)}),
         }
+
+    def _device_energy(self, device: str) -> dict:
+        e = None if self.energy is None else self.energy.devices.get(device)
+        return {} if e is None else {"energy_mj": round(e.total_mj, 4)}
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
+
+
+def cluster_power(cost: CostTable) -> dict[str, DevicePower]:
+    """{device: its power figures} of the cost table's cluster."""
+    return {d.name: d.power for d in cost.cluster.devices}
+
+
+def transfer_bytes(transfers) -> tuple[dict[str, float], dict[str, float]]:
+    """({device: bytes it sends}, {device: bytes it receives}) of one request's transfers."""
+    sent: dict[str, float] = {}
+    received: dict[str, float] = {}
+    for t in transfers:
+        if t.nbytes:
+            sent[t.src] = sent.get(t.src, 0.0) + t.nbytes
+            received[t.dst] = received.get(t.dst, 0.0) + t.nbytes
+    return sent, received
+
+
+def with_energy(pred: Prediction, cost: CostTable) -> Prediction:
+    """The prediction with its energy per request (energy.py: the span is its latency)."""
+    sent, received = transfer_bytes(pred.transfers)
+    return replace(pred, energy=request_energy(pred.latency_ms, pred.busy_ms, sent, received, cluster_power(cost)))
 
 
 def crossing_tensors(plan: Plan, graph: LayerGraph) -> list[tuple[str, int, int]]:
@@ -136,7 +174,7 @@ def evaluate(plan: Plan, graph: LayerGraph, cost: CostTable) -> Prediction:
     spatial = {k: predict_stage(s, graph, cost) for k, s in enumerate(plan.stages) if s.spatial is not None}
     stage_ms = tuple(spatial[k]["latency_ms"] if k in spatial else float(cost.layer_ms[s.lo:s.hi, cost.index(s.device)].sum())
                      for k, s in enumerate(plan.stages))
-    return _route(plan, graph, cost, spatial, stage_ms)
+    return with_energy(_route(plan, graph, cost, spatial, stage_ms), cost)
 
 
 def _route(plan: Plan, graph: LayerGraph, cost: CostTable, spatial: dict, stage_ms: tuple[float, ...]) -> Prediction:
@@ -145,7 +183,7 @@ def _route(plan: Plan, graph: LayerGraph, cost: CostTable, spatial: dict, stage_
     under the plan's objective (ties go direct: fewer messages). Never worse than all forwarded."""
     def key(pred: Prediction) -> tuple[float, float]:
         main = (pred.latency_ms, pred.bottleneck_ms)
-        return main if plan.objective == "latency" else main[::-1]
+        return main[::-1] if plan.objective == "throughput" else main  # energy: its idle share falls with latency
 
     direct: frozenset[str] = frozenset()
     best = _predict(plan, graph, cost, spatial, stage_ms, tensor_hops(plan, graph, direct))
@@ -282,12 +320,26 @@ def simulate_manifest(manifest: Manifest) -> dict:
         raise ValueError(f"schedule deadlocks: {', '.join(stuck)} wait for tensors that are never sent")
     events, clock = replay.events, replay.clock
     busy = {d: sum(e["end_ms"] - e["start_ms"] for e in events if e["device"] == d and e["kind"] == "compute") for d in clock}
+    latency = max(clock.values(), default=0.0)
+    energy = request_energy(latency, busy, replay.sent, replay.received, manifest_power(manifest))
     return {
-        "latency_ms": max(clock.values(), default=0.0),
-        "devices": {d: {"busy_ms": busy[d], "finish_ms": clock[d]} for d in clock},
+        "latency_ms": latency,
+        "devices": {d: {"busy_ms": busy[d], "finish_ms": clock[d], **_energy_of(energy, d)} for d in clock},
         "bytes_transferred": sum(replay.sizes.values()),
+        "predicted_energy_mj": energy.total_mj,
+        "energy": energy.to_dict(),
         "timeline": sorted(events, key=lambda e: (e["start_ms"], e["device"])),
     }
+
+
+def manifest_power(manifest: Manifest) -> dict[str, DevicePower]:
+    """{device: the power figures the manifest was compiled with}."""
+    return {d.name: DevicePower(d.idle_w, d.busy_w, d.tx_nj_per_byte, d.rx_nj_per_byte) for d in manifest.devices}
+
+
+def _energy_of(energy: Energy, device: str) -> dict:
+    e = energy.devices.get(device)
+    return {"predicted_energy_mj": None if e is None else e.total_mj}
 
 
 class _Replay:
@@ -317,6 +369,8 @@ class _Replay:
         self.owe_in: set[str] = set()  # devices that received from the host and have not paid for it yet
         self.paid_in: set[str] = set()
         self.paid_out: set[str] = set()
+        self.sent: dict[str, float] = {}  # bytes each device sends to other devices (radio energy)
+        self.received: dict[str, float] = {}
 
     def _in_ms(self, dev: str) -> float:
         return self.net.cost(dev).request_ms / 2.0 if dev in self.owe_in else 0.0
@@ -375,7 +429,10 @@ class _Replay:
         """Messages of a burst back to back from t (holding the channel on a shared medium)."""
         for b in burst:
             mbps, latency = self.links.get(frozenset((dev, b.to)), (self.net.bandwidth_mbps, self.net.latency_ms))
-            ms = message_ms(self.sizes.get(self._key(dev, b), 0), mbps, latency, *self.net.message_costs(dev, b.to))
+            nbytes = self.sizes.get(self._key(dev, b), 0)
+            ms = message_ms(nbytes, mbps, latency, *self.net.message_costs(dev, b.to))
+            self.sent[dev] = self.sent.get(dev, 0.0) + nbytes
+            self.received[b.to] = self.received.get(b.to, 0.0) + nbytes
             # `resource`: what the message occupies, which a picture of the schedule draws it on.
             self.events.append({"device": dev, "kind": "transfer", "what": f"{b.tensor} -> {b.to}", "start_ms": t,
                                 "end_ms": t + ms, "tensor": b.tensor, "src": dev, "dst": b.to,

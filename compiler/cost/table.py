@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 
 import numpy as np
@@ -68,9 +68,22 @@ class CostTable:
     priced_ms: np.ndarray  # [L, D]
     out_elems: np.ndarray  # [L]
     curves: tuple[dict, ...]  # per device: {cost class: ((elements, fraction), ...)}
+    source: tuple | None = field(default=None, repr=False)  # (graph, model sha256, model): to price it again
 
     def index(self, device: str) -> int:
         return self.devices.index(device)
+
+    @property
+    def modes(self) -> dict[str, str]:
+        """{device: the power mode it is priced in}, for the devices not at their top level's."""
+        return {d.name: d.mode for d in self.cluster.devices if d.mode is not None}
+
+    def with_modes(self, modes: dict[str, str]) -> "CostTable":
+        """The same model priced on the cluster with devices in the given power modes (Cluster.with_modes)."""
+        if self.source is None:
+            raise ValueError("this cost table was not built by build_cost_table: it cannot be priced again")
+        graph, sha, model = self.source
+        return build_cost_table(graph, self.cluster.with_modes(modes), sha, model)
 
     @cached_property
     def network(self) -> Network:
@@ -173,4 +186,5 @@ def build_cost_table(graph: LayerGraph, cluster: Cluster, model_sha256: str | No
                      priced_ms=np.asarray(priced, dtype=np.float64).T.reshape(shape),
                      out_elems=elems,
                      curves=tuple({c: dev.figures.efficiency[k] for c, k in CURVE_OF_CLASS.items()
-                                   if k in dev.figures.efficiency} for dev in cluster.devices))
+                                   if k in dev.figures.efficiency} for dev in cluster.devices),
+                     source=(graph, model_sha256, model))

@@ -6,4 +6,5 @@ best first (planner.py: `(graph, cost, objective, options) -> list[Plan]`); none
 - spatial.py, spatial_search.py: the ADaPS-style spatial and hybrid searches (lanes.py runs them side
   by side); spatial_baselines.py: BBGraP, EdgeFlow, DeepThings.
 - registry.py: strategy name -> planner, and the order auto runs them in.
+- stats.py: what each planner's search did (its units of work), for `edgec compile --json`.
 """

@@ -24,6 +24,7 @@ from .pipeline import (
     to_plan, validate_request,
 )
 from .planner import InfeasibleError, PlanOptions
+from .stats import count as count_work
 
 __all__ = ["plan_single", "plan_even", "plan_neurosurgeon", "solve_single", "solve_even", "solve_neurosurgeon",
            "even_boundaries"]
@@ -102,6 +103,7 @@ def solve_single(
             f" ({problem.devices[largest]}) offers {_mb(float(problem.device_mem_bytes[largest]))}"
         )
     sols = [_solve(problem, [(0, B, d)]) for d in fits]
+    count_work("plans", len(sols))
     return [min(sols, key=lambda s: solution_sort_key(s, objective))]
 
 
@@ -149,6 +151,7 @@ def solve_even(
                 f"even split over {n} devices needs the link {problem.devices[a]} -> {problem.devices[b]},"
                 " which has zero bandwidth"
             )
+    count_work("plans", 1)
     return [_solve(problem, stages)]
 
 
@@ -163,6 +166,7 @@ def solve_neurosurgeon(
         raise InfeasibleError(
             f"no single device or two-device split fits: {infeasible_message(problem, min(2, max_stages or 2))}"
         )
+    count_work("plans", len(cands))
     _, stages = min(cands)
     sol = _solve(problem, list(stages))
     return [sol]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .stats import count as count_work
+
 __all__ = ["pareto_dp", "REL_SLACK"]
 
 REL_SLACK = 1e-9  # slack on latency bounds (latency sums are rounded in a different order than evaluate's)
@@ -24,6 +26,7 @@ def _kpareto(lat: np.ndarray, mc: np.ndarray, st: np.ndarray, k: int, latency_fi
     Dominance: all of (lat, mc, st) <= ; with latency_first, also any strictly smaller latency.
     """
     n = lat.size
+    count_work("labels", n)
     if n <= k:
         return np.arange(n)
     order = np.lexsort((st, mc, lat))

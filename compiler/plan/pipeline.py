@@ -62,6 +62,7 @@ from ..plan_types import Plan, Stage
 from ..units import MB
 from .pareto import pareto_dp
 from .planner import InfeasibleError, PlanOptions
+from .stats import count as count_work
 
 __all__ = ["OBJECTIVES", "PipelineProblem", "StageChoice", "PipelineSolution", "pipeline_problem", "to_plan",
            "plan_pipeline", "solve_pipeline", "PipelineTail", "infeasible_message", "solution_sort_key",
@@ -94,7 +95,10 @@ class PipelineProblem:
                          transfer when medium == "switched" (each pair has its own link) and the sum of all
                          transfers when medium == "shared" (one channel carries every transfer)
       - throughput = 1000 / bottleneck (inputs per second)
-    Input delivery to the first stage and output collection from the last are outside the model.
+    The runtime's per-request cost (network.py request_in_ms / request_out_ms, 0 without the profiles'
+    figures) is part of the first stage (its device takes the model input) and of the last (it gives the
+    output), in its latency and its period, as `evaluate` charges it: `request_in_ms[d]` /
+    `request_out_ms[d]`, None for none. The bytes of the input and the output are outside the model.
 
     A tensor used beyond the next stage crosses every cut in between: it is priced as forwarded stage
     to stage (the emitter sends it so, or straight from its producer when evaluate prices that no
@@ -111,6 +115,18 @@ class PipelineProblem:
     link_latency_ms: np.ndarray  # [D, D]
     medium: str = "switched"  # or "shared"
     cut_tensor_bytes: tuple[tuple[int, ...], ...] | None = None  # [B-1]: each crossing tensor's bytes
+    request_in_ms: np.ndarray | None = None  # [D]: added to a stage that starts at block 0
+    request_out_ms: np.ndarray | None = None  # [D]: added to a stage that ends at block B
+
+    def stage_ms(self, lo: int, hi: int, device: int) -> float:
+        """A stage's compute, plus the per-request costs of the first and the last stage (in the order
+        `evaluate` and the DP tables add them)."""
+        ms = float(self.block_ms[lo:hi, device].sum())
+        if lo == 0 and self.request_in_ms is not None:
+            ms += float(self.request_in_ms[device])
+        if hi == self.n_blocks and self.request_out_ms is not None:
+            ms += float(self.request_out_ms[device])
+        return ms
 
     @property
     def n_blocks(self) -> int:
@@ -134,7 +150,7 @@ class PipelineProblem:
 
     def evaluate(self, stages: tuple["StageChoice", ...]) -> "PipelineSolution":
         """Score a placement under the cost model (no feasibility check; see `fits`)."""
-        compute = [float(self.block_ms[s.lo:s.hi, s.device].sum()) for s in stages]
+        compute = [self.stage_ms(s.lo, s.hi, s.device) for s in stages]
         transfers = [self.transfer_ms(a.hi - 1, a.device, b.device) for a, b in zip(stages, stages[1:])]
         link = (sum(transfers) if self.medium == "shared" else max(transfers)) if transfers else 0.0
         return PipelineSolution(
@@ -147,6 +163,13 @@ class PipelineProblem:
 
     def fits(self, stages: tuple["StageChoice", ...]) -> bool:
         return all(self.stage_memory(s.lo, s.hi) <= self.device_mem_bytes[s.device] for s in stages)
+
+    def suffix(self, first: int) -> "PipelineProblem":
+        """The chain from block `first` on (its blocks renumbered from 0)."""
+        return replace(self, block_ms=self.block_ms[first:], block_param_bytes=self.block_param_bytes[first:],
+                       block_peak_act_bytes=self.block_peak_act_bytes[first:], cut_bytes=self.cut_bytes[first:],
+                       cut_tensor_bytes=None if self.cut_tensor_bytes is None else self.cut_tensor_bytes[first:],
+                       request_in_ms=self.request_in_ms if first == 0 else None)  # only block 0 takes the input
 
 
 @dataclass(frozen=True)
@@ -198,7 +221,17 @@ def pipeline_problem(graph: LayerGraph, cost: CostTable) -> PipelineProblem:
         link_latency_ms=lat,
         medium=cluster.medium,
         cut_tensor_bytes=tuple(tuple(graph.tensors[t].nbytes for t in graph.live_across(hi)) for _, hi in blocks[:-1]),
+        **_request_costs(cost),
     )
+
+
+def _request_costs(cost: CostTable) -> dict:
+    """The problem's request_in_ms / request_out_ms: the runtime's per-request cost of each device, or
+    nothing when no profile measured it (the tables are then what they were before the figures existed)."""
+    net = cost.network
+    r_in = np.array([net.request_in_ms(d) for d in cost.devices], dtype=np.float64)
+    r_out = np.array([net.request_out_ms(d) for d in cost.devices], dtype=np.float64)
+    return {"request_in_ms": r_in, "request_out_ms": r_out} if r_in.any() or r_out.any() else {}
 
 
 def to_plan(sol: PipelineSolution, strategy: str, objective: str, graph: LayerGraph, problem: PipelineProblem) -> Plan:
@@ -297,7 +330,12 @@ def infeasible_message(problem: PipelineProblem, max_stages: int | None = None) 
 class _Tables:
     """Stage compute C[lo, hi, d] (inf when the stage does not fit d's memory) and transfers T[c, a, b]."""
 
-    def __init__(self, problem: PipelineProblem):
+    def __init__(self, problem: PipelineProblem, full: "_Tables | None" = None, first: int = 0):
+        """The tables of `problem`; with `full`, those of the problem it is the suffix of (from block
+        `first` on), sliced from `full` instead of summed again (the sums are the same numbers)."""
+        if full is not None:
+            self._slice(problem, full, first)
+            return
         B, D = problem.n_blocks, problem.n_devices
         self.B, self.D = B, D
         bm = np.asarray(problem.block_ms, dtype=np.float64)
@@ -316,15 +354,32 @@ class _Tables:
             ok = stage_mem[:, None] <= dev_mem[None, :]  # [B-L+1, D]
             self.mem_ok[lo, lo + L] = ok
             C[lo, lo + L] = np.where(ok, sums.T, np.inf)
+        for first, extra in ((True, problem.request_in_ms), (False, problem.request_out_ms)):
+            if extra is not None and np.any(np.asarray(extra) != 0):
+                rows = C[0, :] if first else C[:, B]  # [hi or lo, D]: stages that start at 0 / end at B
+                rows += np.asarray(extra, dtype=np.float64)[None, :]
         self.C = C
         self.T = _transfer_table(problem) if B > 1 else np.zeros((0, D, D))
+        rowmin = bm.min(axis=1)
+        self.lat_rest = np.concatenate([np.cumsum(rowmin[::-1])[::-1], [0.0]])  # lower bound, blocks j..B-1
+        self.max_rest = np.concatenate([np.maximum.accumulate(rowmin[::-1])[::-1], [0.0]])
+        self._symmetry(problem)
+
+    def _slice(self, problem: PipelineProblem, full: "_Tables", first: int) -> None:
+        # A window sum of blocks does not depend on where the window starts, and the suffix sums run
+        # from the end: every slice is bit-identical to building the suffix's tables (test_plan_tail.py).
+        self.B, self.D = full.B - first, full.D
+        self.C, self.mem_ok = full.C[first:, first:], full.mem_ok[first:, first:]
+        self.T = full.T[first:] if self.B > 1 else np.zeros((0, self.D, self.D))
+        self.lat_rest, self.max_rest = full.lat_rest[first:], full.max_rest[first:]
+        self._symmetry(problem)  # devices may be interchangeable on a suffix and not on the whole chain
+
+    def _symmetry(self, problem: PipelineProblem) -> None:
+        D = self.D
         self.cls = _device_classes(problem)
         same = self.cls[:, None] == self.cls[None, :]
         lower = same & (np.arange(D)[None, :] < np.arange(D)[:, None])  # [b, x]: x identical to b, x < b
         self.lower_same = (lower * (1 << np.arange(D))[None, :]).sum(axis=1).astype(np.int64)
-        rowmin = bm.min(axis=1)
-        self.lat_rest = np.concatenate([np.cumsum(rowmin[::-1])[::-1], [0.0]])  # lower bound, blocks j..B-1
-        self.max_rest = np.concatenate([np.maximum.accumulate(rowmin[::-1])[::-1], [0.0]])
 
     def replay(self, stages: list[Span]) -> tuple[float, float, float, float]:
         """(latency, max compute, max transfer, transfer sum) accumulated exactly as the DPs do."""
@@ -369,8 +424,8 @@ def _transfer_table(problem: PipelineProblem) -> np.ndarray:
 
 
 def _device_classes(problem: PipelineProblem) -> np.ndarray:
-    """cls[d] = lowest index of the devices interchangeable with d (same block_ms column, memory and
-    links to and from every other device, bit for bit), so swapping them maps plans to equal-cost plans."""
+    """cls[d] = lowest index of the devices interchangeable with d (same block_ms column, memory, per-request
+    costs and links to and from every other device, bit for bit), so swapping them maps plans to equal-cost plans."""
     D = problem.n_devices
     bm = np.asarray(problem.block_ms)
     mem = np.asarray(problem.device_mem_bytes)
@@ -380,6 +435,8 @@ def _device_classes(problem: PipelineProblem) -> np.ndarray:
     for d in range(D):
         for r in range(d):
             if cls[r] != r or mem[r] != mem[d] or not np.array_equal(bm[:, r], bm[:, d]):
+                continue
+            if any(x is not None and x[r] != x[d] for x in (problem.request_in_ms, problem.request_out_ms)):
                 continue
             perm = np.arange(D)
             perm[[r, d]] = [d, r]
@@ -447,20 +504,16 @@ def _select_k(p: np.ndarray, s: np.ndarray, K: int) -> tuple[np.ndarray, np.ndar
             out_p = np.concatenate([out_p, np.full(pad, np.inf)], -1)
             out_s = np.concatenate([out_s, np.full(pad, np.inf)], -1)
         return idx, out_p, out_s
-    p = p.copy()
-    s = s.copy()
-    idxs, ps, ss = [], [], []
-    for _ in range(K):
-        pm = p.min(axis=-1, keepdims=True)
-        idx = np.where(p == pm, s, np.inf).argmin(axis=-1)[..., None]
-        vp = np.take_along_axis(p, idx, -1)
-        vs = np.where(np.isfinite(vp), np.take_along_axis(s, idx, -1), np.inf)
-        idxs.append(idx)
-        ps.append(vp)
-        ss.append(vs)
-        np.put_along_axis(p, idx, np.inf, -1)
-        np.put_along_axis(s, idx, np.inf, -1)
-    return np.concatenate(idxs, -1), np.concatenate(ps, -1), np.concatenate(ss, -1)
+    # one stable sort by (p, s) instead of K rounds of min and mask: the same picks, index ties included
+    idx = np.lexsort((s, p), axis=-1)[..., :K]
+    out_p = np.take_along_axis(p, idx, -1)
+    out_s = np.where(np.isfinite(out_p), np.take_along_axis(s, idx, -1), np.inf)
+    if n < K:  # fewer candidates than slots: the rest are exhausted
+        pad = p.shape[:-1] + (K - n,)
+        idx = np.concatenate([idx, np.zeros(pad, dtype=idx.dtype)], -1)
+        out_p = np.concatenate([out_p, np.full(pad, np.inf)], -1)
+        out_s = np.concatenate([out_s, np.full(pad, np.inf)], -1)
+    return idx, out_p, out_s
 
 
 def _lex_dp(
@@ -504,12 +557,14 @@ def _lex_dp(
     # stages [j, h) allowed on some device: j >= jlo[h] (shrinking a stage keeps it allowed)
     allowed = np.isfinite(Cp).any(axis=2)  # [lo, hi]
     jlo = np.where(allowed.any(axis=0), allowed.argmax(axis=0), np.arange(B + 1))
+    labels = 0
     for h in range(1, B + 1):
         j0 = int(jlo[h])
         n = h - j0
         if n == 0:
             continue
         cand_p = op_p(Wp[psrc, pb, j0:h, :], CpT[pb, h, j0:h, None]).reshape(P, n * K)
+        labels += cand_p.size
         cand_s = op_s(Ws[psrc, pb, j0:h, :], CsT[pb, h, j0:h, None]).reshape(P, n * K)
         idx, vp, vs = _select_k(cand_p, cand_s, K)
         Vp[pm, pb, h] = vp
@@ -525,9 +580,11 @@ def _lex_dp(
         cand_p = cand_p.transpose(0, 2, 1, 3).reshape(nM, D, D * K)
         cand_s = cand_s.transpose(0, 2, 1, 3).reshape(nM, D, D * K)
         cand_p = np.where(w_forbid, np.inf, cand_p)
+        labels += cand_p.size
         idx, wp_, ws_ = _select_k(cand_p, cand_s, K)
         Wp[:, :, h], Ws[:, :, h] = wp_, ws_
         Wa[:, :, h], Wr[:, :, h] = idx // K, idx % K
+    count_work("labels", labels)
     # best final labels over all (m, b)
     fp = Vp[pm, pb, B].reshape(P * K)
     fs = Vs[pm, pb, B].reshape(P * K)
@@ -690,7 +747,11 @@ def _relabelings(tab: _Tables, plan: list[Span], limit: int) -> list[list[Span]]
 
 
 def plan_pipeline(graph: LayerGraph, cost: CostTable, objective: str, options: PlanOptions) -> list[Plan]:
-    """The planner: the `options.top_k` best pipeline plans, best first (`solve_pipeline`)."""
+    """The planner: the `options.top_k` best pipeline plans, best first (`solve_pipeline`); for the energy
+    objective, the plan of least energy under `options.energy` (pipeline_energy.py)."""
+    if objective == "energy":
+        from .pipeline_energy import plan_pipeline_energy  # it builds on this module
+        return plan_pipeline_energy(graph, cost, options)
     problem = pipeline_problem(graph, cost)
     return [to_plan(sol, "pipeline", objective, graph, problem)
             for sol in solve_pipeline(problem, objective, top_k=options.top_k)]
@@ -713,7 +774,12 @@ def solve_pipeline(
         raise ValueError(f"top_k must be >= 1, got {top_k}")
     if max_stages is not None and max_stages < 1:
         raise ValueError(f"max_stages must be >= 1, got {max_stages}")
-    tab = _Tables(problem)
+    return _solve(problem, _Tables(problem), objective, top_k, max_stages)
+
+
+def _solve(problem: PipelineProblem, tab: _Tables, objective: str, top_k: int,
+           max_stages: int | None) -> list[PipelineSolution]:
+    """solve_pipeline on the problem's tables, built or sliced (PipelineTail)."""
     S = min(tab.D, tab.B, max_stages or tab.D)
     shared = problem.medium == "shared" and tab.B > 1 and S > 1
     if objective == "latency":
@@ -736,6 +802,7 @@ class PipelineTail:
     def __init__(self, graph: LayerGraph, cost: CostTable):
         self.graph, self.cost, self.problem = graph, cost, pipeline_problem(graph, cost)
         self._sols: dict = {}
+        self._tables: _Tables | None = None  # the whole chain's, sliced for every suffix
         fastest = self.problem.block_ms.min(axis=1)
         self._least = np.concatenate([np.cumsum(fastest[::-1])[::-1], [0.0]])  # [block]: its suffix, each block on its fastest device
         self._block = {lo: i for i, (lo, _) in enumerate(graph.pipeline_blocks)}
@@ -747,12 +814,12 @@ class PipelineTail:
     def _solutions(self, cut: int):
         if cut not in self._sols:
             bi = self._block[cut]
-            p = self.problem
-            sub = replace(p, block_ms=p.block_ms[bi:], block_param_bytes=p.block_param_bytes[bi:],
-                          block_peak_act_bytes=p.block_peak_act_bytes[bi:], cut_bytes=p.cut_bytes[bi:],
-                          cut_tensor_bytes=None if p.cut_tensor_bytes is None else p.cut_tensor_bytes[bi:])
+            sub = self.problem.suffix(bi)
             try:
-                self._sols[cut] = (bi, solve_pipeline(sub, "latency", top_k=3))
+                validate_request(sub, "latency")
+                if self._tables is None:
+                    self._tables = _Tables(self.problem)
+                self._sols[cut] = (bi, _solve(sub, _Tables(sub, self._tables, bi), "latency", 3, None))
             except InfeasibleError:
                 self._sols[cut] = (bi, [])
         return self._sols[cut]

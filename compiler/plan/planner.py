@@ -14,9 +14,12 @@ from ..cost import CostTable
 from ..graph import LayerGraph
 from ..plan_types import Plan
 
-__all__ = ["Planner", "PlanOptions", "InfeasibleError", "Dominated", "TOP_K"]
+__all__ = ["Planner", "PlanOptions", "InfeasibleError", "Dominated", "TOP_K", "EnergyGoal", "DEFAULT_LAMBDA"]
 
 TOP_K = 3  # the pipeline planners keep this many plans; the runners-up are reported in the manifest
+# --sla-soft's price of a late millisecond, in mJ: about what a busy edge device (a Jetson at 10 W, a
+# laptop at 15 W) burns in one, so one ms over the SLA weighs as much as running one such device for it.
+DEFAULT_LAMBDA = 10.0
 
 
 class InfeasibleError(Exception):
@@ -25,6 +28,36 @@ class InfeasibleError(Exception):
 
 class Dominated(InfeasibleError):
     """The search found no plan predicted faster than the incumbent (the best plan of another planner)."""
+
+
+@dataclass(frozen=True)
+class EnergyGoal:
+    """`--objective energy`: the least energy per request whose predicted latency is at most `sla_ms`; with
+    `soft`, the least energy + lam x max(0, latency - sla_ms) (lam in mJ per ms; Dora's QoE)."""
+
+    sla_ms: float
+    soft: bool = False
+    lam: float = DEFAULT_LAMBDA
+
+    def score(self, latency_ms: float, energy_mj: float | None) -> float:
+        """The objective of a plan (inf: it misses a hard SLA or its energy is unknown)."""
+        if energy_mj is None:
+            return float("inf")
+        if self.soft:
+            return energy_mj + self.lam * max(0.0, latency_ms - self.sla_ms)
+        return energy_mj if latency_ms <= self.sla_ms else float("inf")
+
+    def latency_bound(self, score: float, min_idle_w: float) -> float:
+        """A latency that no plan scoring below `score` reaches, when every device draws at least
+        `min_idle_w` W: a plan of latency L uses a device over its whole span, so its energy is at least
+        min_idle_w x L (busy power is at least idle), its score at least that plus the soft penalty. The
+        hard SLA bounds it too. inf: no bound."""
+        bound = float("inf") if self.soft else self.sla_ms
+        if min_idle_w <= 0 or score == float("inf"):
+            return bound
+        if not self.soft or score <= min_idle_w * self.sla_ms:
+            return min(bound, score / min_idle_w)
+        return self.sla_ms + (score - min_idle_w * self.sla_ms) / (min_idle_w + self.lam)
 
 
 @dataclass(frozen=True)
@@ -40,6 +73,8 @@ class PlanOptions:
     jobs: int | None = None
     top_k: int = TOP_K
     incumbent: float = float("inf")
+    energy: EnergyGoal | None = None  # with objective "energy": the SLA it is planned under
+    incumbent_score: float = float("inf")  # with it: the best EnergyGoal.score of a plan found so far
 
 
 Planner = Callable[[LayerGraph, CostTable, str, PlanOptions], "list[Plan]"]

@@ -8,6 +8,9 @@ they share their searches (`plan_jointly`), bounded by the best plan found befor
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+
 from ..cost import CostTable
 from ..graph import LayerGraph
 from .baselines import plan_even, plan_neurosurgeon, plan_single
@@ -43,7 +46,16 @@ def schedule(names) -> list[tuple[str, ...]]:
 def run_group(group: tuple[str, ...], graph: LayerGraph, cost: CostTable, objective: str,
               options: PlanOptions) -> dict:
     """{name: its plans, best first, or the InfeasibleError it ended with} for one group of `schedule`.
-    ValueError (an option a planner cannot honour) propagates."""
+    ValueError (an option a planner cannot honour) propagates.
+
+    With the energy objective, the pipeline planner minimises energy itself (pipeline_energy.py); the
+    others plan for latency and the driver ranks every plan by its predicted energy. Their searches are
+    bounded by the latency beyond which no plan can be chosen (EnergyGoal.latency_bound): the hard SLA,
+    and the latency at which even the idle power of the least hungry device spends more than the best
+    plan found so far (options.incumbent_score). An incumbent's latency bounds nothing here: a slower
+    plan may spend less."""
+    if objective == "energy":
+        return _energy_group(group, graph, cost, options)
     if group and all(n in SEARCHES for n in group):
         return plan_jointly(graph, cost, objective, options, group)
     out: dict = {}
@@ -52,4 +64,28 @@ def run_group(group: tuple[str, ...], graph: LayerGraph, cost: CostTable, object
             out[name] = PLANNERS[name](graph, cost, objective, options)
         except InfeasibleError as exc:
             out[name] = exc
+    return out
+
+
+def _least_idle_w(cost: CostTable) -> float:
+    """The least idle power of any device in any of its power modes (0 when one is unknown)."""
+    idle = [d.profile.mode_power(m)[0] for d in cost.cluster.devices for m in d.profile.mode_names]
+    return 0.0 if any(w is None for w in idle) else min(idle, default=0.0)
+
+
+def _energy_group(group: tuple[str, ...], graph: LayerGraph, cost: CostTable, options: PlanOptions) -> dict:
+    goal = options.energy
+    if goal is None:
+        raise ValueError("the energy objective needs an SLA (--sla-ms)")
+    out: dict = {}
+    if "pipeline" in group:
+        try:
+            out["pipeline"] = PLANNERS["pipeline"](graph, cost, "energy", options)
+        except InfeasibleError as exc:
+            out["pipeline"] = exc
+    rest = tuple(n for n in group if n != "pipeline")
+    if rest:
+        bound = replace(options, incumbent=goal.latency_bound(options.incumbent_score, _least_idle_w(cost)))
+        for name, plans in run_group(rest, graph, cost, "latency", bound).items():
+            out[name] = plans if isinstance(plans, InfeasibleError) else [replace(p, objective="energy") for p in plans]
     return out

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import time
 from dataclasses import asdict
 
@@ -24,7 +25,8 @@ from ..spatial.regions import spatial_cuts
 from .lanes import run_lanes
 from .pipeline import PipelineTail
 from .planner import Dominated, InfeasibleError, PlanOptions
-from .spatial_search import INF, SearchStats, SpatialSearch
+from .spatial_search import INF, SearchStats, SpatialSearch, build_segments
+from .stats import count as count_work, detail, suspended
 
 __all__ = ["plan_spatial", "plan_hybrid", "plan_jointly", "search_spatial", "search_hybrid", "plan_searches", "fits",
            "best_plan", "best_of_phases", "device_classes", "regions", "SearchStats"]
@@ -75,14 +77,15 @@ def _order(cost: CostTable, g: str, names) -> list[str]:
 
 
 def _search(graph, cost, axis, order, cuts, rest, opts: dict, cache: dict, incumbent,
-            exact_rest=None, entries=None) -> tuple[SpatialSearch, dict]:
+            exact_rest=None, entries=None, slack: float | None = None) -> tuple[SpatialSearch, dict]:
     """One search for a tuple of tails: {end: (cost before the tail, path)} (SpatialSearch.run_tails)."""
     s = SpatialSearch(graph, cost, axis, order, cuts, rest, opts["threshold"], opts["budget"], cache, exact_rest=exact_rest,
                       entries=entries)
     t0 = time.perf_counter()
-    ends = s.run_tails(opts["beam"], opts["branch"], incumbent)
+    ends = s.run_tails(opts["beam"], opts["branch"], incumbent, slack)
     s.stats.seconds = time.perf_counter() - t0
     s.stats.search_space_log10 = s.space_log10()
+    s.stats.searches = 1
     return s, ends
 
 
@@ -108,6 +111,7 @@ def _scored_best(cands, graph: LayerGraph, cost: CostTable, objective: str, top:
     for total, plan in sorted(cands, key=lambda c: c[0])[:top]:
         plan.ensures(graph)
         if fits(plan, graph, cost):
+            count_work("plans", 1)
             p = evaluate(plan, graph, cost)
             scored.append(((p.latency_ms, p.bottleneck_ms) if objective == "latency" else (p.bottleneck_ms, p.latency_ms), plan))
     if not scored:
@@ -187,6 +191,15 @@ def _bound(objective: str, incumbent: float) -> float:
     return incumbent * (1.0 + BOUND_SLACK) if objective == "latency" else INF
 
 
+def _shared(best: dict, objective: str) -> dict:
+    """Each kind's bound when the kinds compete (auto runs them together and keeps the best plan): its
+    own best total, or another kind's best total with BOUND_SLACK, whichever is lower. Under the
+    throughput objective the search's totals (latencies) bound nothing."""
+    if objective != "latency" or len(best) < 2:
+        return dict(best)
+    return {k: min([v, *(w * (1.0 + BOUND_SLACK) for o, w in best.items() if o != k)]) for k, v in best.items()}
+
+
 def _distributed(path) -> bool:
     return any(sum(b > a for a, b in zip(part, part[1:])) > 1 for _, part in path)
 
@@ -222,7 +235,8 @@ def plan_searches(graph: LayerGraph, cost: CostTable, objective: str, kinds, thr
     ends with}. Both tile a prefix and differ only after the gather (the rest on the gather device, or
     pipeline stages), so one search per (axis, device group, gather device) serves both: each kind keeps
     its own bound, a state is dropped only when neither can use it, and each kind adds its own tail to
-    the best prefix of every end."""
+    the best prefix of every end. Under the latency objective the kinds compete (`_shared`): a kind left
+    without candidates by the other's plans ends Dominated."""
     opts = {"threshold": threshold, "beam": beam, "branch": branch, "budget": budget}
     try:
         cands, stats = _search_family(graph, cost, objective, tuple(kinds), opts, incumbent, workers=workers)
@@ -233,8 +247,21 @@ def plan_searches(graph: LayerGraph, cost: CostTable, objective: str, kinds, thr
         try:
             out[kind] = best_of_phases(cands[kind], graph, cost, objective, incumbent=incumbent)
         except InfeasibleError as exc:
-            out[kind] = exc
+            out[kind] = _outcompeted(kind, cands, objective, incumbent) or exc
     return out, stats
+
+
+def _outcompeted(kind: str, cands: dict, objective: str, incumbent: float) -> Dominated | None:
+    """Why `kind` has no candidates when another kind's plan bounded its searches tighter than the
+    incumbent did (`_shared`); None when that is not so (the usual message says why)."""
+    if objective != "latency" or any(cands[kind]):
+        return None
+    found = [(total, other) for other, phases in cands.items() if other != kind for c in phases for total, _ in c]
+    if not found or min(found)[0] * (1.0 + BOUND_SLACK) >= _bound(objective, incumbent):
+        return None
+    total, other = min(found)
+    return Dominated(f"no plan predicted within {BOUND_SLACK:.0%} of {total:.4g} ms, the best plan of another planner "
+                     f"({other})")
 
 
 def plan_jointly(graph: LayerGraph, cost: CostTable, objective: str, options: PlanOptions,
@@ -242,10 +269,21 @@ def plan_jointly(graph: LayerGraph, cost: CostTable, objective: str, options: Pl
     """The planners of `kinds` (spatial, hybrid or both) from shared searches (`plan_searches`), bounded by
     `options.incumbent`: {kind: [Plan], or the InfeasibleError (Dominated) it ends with, its message
     naming the planner}."""
-    found, _ = plan_searches(graph, cost, objective, kinds, options.search_threshold, incumbent=options.incumbent,
-                             workers=options.jobs)
+    found, stats = plan_searches(graph, cost, objective, kinds, options.search_threshold, incumbent=options.incumbent,
+                                 workers=options.jobs)
+    _report(stats)
     return {kind: type(got)(f"{kind}: {got}") if isinstance(got, InfeasibleError) else [got]
             for kind, got in found.items()}
+
+
+def _report(stats: SearchStats) -> None:
+    """The searches' figures, summed over every search (stats.py)."""
+    count_work("nodes", stats.nodes_visited)
+    count_work("states", stats.states)
+    log10 = stats.search_space_log10
+    detail(searches=stats.searches, pruned=stats.pruned, memo_hits=stats.memo_hits, exact=stats.exact,
+           search_seconds=round(stats.seconds, 4),
+           search_space_log10=round(log10, 3) if math.isfinite(log10) else None)
 
 
 def plan_spatial(graph: LayerGraph, cost: CostTable, objective: str, options: PlanOptions) -> list[Plan]:
@@ -297,8 +335,9 @@ def _search_family(graph: LayerGraph, cost: CostTable, objective: str, kinds: tu
     bound = {k: _bound(objective, incumbent) for k in kinds}
     stats = SearchStats(search_space_log10=-INF)
     phases: dict = {k: [] for k in kinds}
+    tail = PipelineTail(graph, cost) if "hybrid" in kinds else None  # both phases reuse its pipeline DPs
     for found in (first, later):
-        cands = _run_phase(graph, cost, objective, kinds, opts, bound, names, found, groups, workers, stats)
+        cands = _run_phase(graph, cost, objective, kinds, opts, bound, names, found, groups, workers, stats, tail)
         for kind in kinds:
             phases[kind].append(cands[kind])
             bound[kind] = min([bound[kind], *(total for total, _ in cands[kind])])
@@ -306,18 +345,20 @@ def _search_family(graph: LayerGraph, cost: CostTable, objective: str, kinds: tu
 
 
 def _run_phase(graph, cost, objective, kinds, opts, bound: dict, names, found: dict, groups, workers,
-               stats: SearchStats) -> dict:
-    """The searches of one phase over the regions `found` ({(axis, k): (cuts, entry cut indices)});
-    adds their statistics to `stats`."""
+               stats: SearchStats, tail: PipelineTail | None) -> dict:
+    """The searches of one phase over the regions `found` ({(axis, k): (cuts, entry cut indices)}), with
+    `tail` pricing hybrid's pipeline stages; adds their statistics to `stats`."""
     jobs = [(key, group, g) for key in found for group in groups for g in device_classes(cost, group)]
     if not jobs:
         return {k: [] for k in kinds}
-    lane = _Lane(graph, cost, objective, kinds, opts, bound, names, found)
-    # lanes cost the bounds one lane's searches would give another's, and each lane builds its own segment
-    # costs: worth it only when another planner's plan bounds every lane from the start, and each lane
-    # has at least two searches
+    lane = _Lane(graph, cost, objective, kinds, opts, bound, names, found, tail)
+    # lanes cost the bounds one lane's searches would give another's: worth it only when another planner's
+    # plan bounds every lane from the start, and each lane has at least two searches
     lanes = LANES if max(bound.values()) < INF and len(jobs) >= 2 * LANES else 1
     split = _split([len(group) ** 2 for _, group, _ in jobs], lanes)
+    if len(split) > 1:  # every search prices every segment of its region: build them once, before forking
+        for key, (cuts, _) in found.items():
+            build_segments(graph, cost, key[0], cuts, lane.caches[key])
     results = run_lanes(lane.run, [[(i, jobs[i]) for i in idx] for idx in split], workers)
     cands: dict = {k: [] for k in kinds}
     for _, kind, total, plan in sorted((c for r in results for c in r["cands"]), key=lambda c: c[0]):
@@ -339,13 +380,16 @@ def _split(weights: list[int], n: int) -> list[list[int]]:
 
 class _Lane:
     """The searches of one lane, run in order, each bounded by the best plan of another planner or of an
-    earlier search of the lane. Returns plain data (msgpack): candidates and summed statistics."""
+    earlier search of the lane (of either kind, when they compete: `_shared`). Returns plain data
+    (msgpack): candidates and summed statistics."""
 
     def __init__(self, graph: LayerGraph, cost: CostTable, objective: str, kinds: tuple, opts: dict, bound: dict,
-                 names: list[str], found: dict):
+                 names: list[str], found: dict, rest_plan: PipelineTail | None):
         self.graph, self.cost, self.objective, self.kinds, self.opts = graph, cost, objective, kinds, opts
         self.bound, self.names, self.found = bound, names, found
-        self.rest_plan = PipelineTail(graph, cost) if "hybrid" in kinds else None
+        self.rest_plan = rest_plan
+        # the kinds compete in auto (latency): one kind's plans bound the others' (`_shared`)
+        self.slack = BOUND_SLACK if objective == "latency" and len(kinds) > 1 else None
         self.caches: dict = {key: {} for key in found}  # segment costs and bounds, shared by the lane's searches
 
     def stem(self, cut: int, g: str) -> tuple[float, str]:
@@ -357,6 +401,10 @@ class _Lane:
                     for d in dict.fromkeys([g, *self.names])), key=lambda x: x[0])
 
     def run(self, jobs: list) -> dict:
+        with suspended():  # a lane reports its figures in its result, wherever it runs (lanes.py)
+            return self._run(jobs)
+
+    def _run(self, jobs: list) -> dict:
         graph, cost, n = self.graph, self.cost, len(self.graph.layers)
         stats = SearchStats(search_space_log10=-INF)
         best = dict(self.bound)
@@ -376,8 +424,8 @@ class _Lane:
                 return tails[kinds_here[t]][1](i)[0]
 
             s, ends = _search(graph, cost, key[0], _order(cost, g, group), cuts, tuple(tails[k][0] for k in kinds_here),
-                              self.opts, self.caches[key], tuple(best[k] for k in kinds_here), exact,
-                              {j: ms for j, (ms, _) in stems.items()})
+                              self.opts, self.caches[key], tuple(_shared(best, self.objective)[k] for k in kinds_here), exact,
+                              {j: ms for j, (ms, _) in stems.items()}, self.slack)
             stats.add(s.stats)
             for end, (prefix, path) in ends.items():
                 if not _distributed(path):

@@ -25,6 +25,7 @@ from ..plan_types import Plan, Segment, SpatialGroup, Stage, Tile
 from .planner import InfeasibleError, PlanOptions
 from .spatial import _cuts, _order, best_plan, fits
 from .spatial_search import INF, SpatialSearch
+from .stats import count as count_work
 
 __all__ = ["plan_bbgrap", "plan_edgeflow", "plan_deepthings", "bbgrap", "edgeflow", "deepthings", "equal_tiles",
            "grid_tiles"]
@@ -69,6 +70,7 @@ def bbgrap(graph: LayerGraph, cost: CostTable, objective: str = "latency", devic
         stages = (Stage(g, cuts[0], cuts[-1], SpatialGroup(axis, tuple(segs))),)
     else:
         raise ValueError(f"sync must be 'gather' or 'halo', got {sync!r}")
+    count_work("plans", 1)
     return Plan("bbgrap", objective, stages + _tail(graph, g, cuts[-1])).ensures(graph)
 
 
@@ -85,6 +87,7 @@ def edgeflow(graph: LayerGraph, cost: CostTable, objective: str = "latency", dev
             raise InfeasibleError("edgeflow: no partition within the bounds")
         part = found[0][1]
         path.append((j, part))
+    count_work("nodes", s.stats.nodes_visited)
     return Plan("edgeflow", objective, s.to_stages(path, len(cuts) - 1, g) + _tail(graph, g, cuts[-1])).ensures(graph)
 
 

@@ -36,7 +36,7 @@ from ..cost.tiles import SegmentCost, Step, StepModel
 from ..graph import LayerGraph
 from ..plan_types import Segment, SpatialGroup, Stage, Tile
 
-__all__ = ["SearchStats", "SpatialSearch", "windows", "INF"]
+__all__ = ["SearchStats", "SpatialSearch", "windows", "build_segments", "INF"]
 
 logger = logging.getLogger(__name__)
 INF = float("inf")
@@ -52,10 +52,11 @@ class SearchStats:
     pruned: int = 0
     seconds: float = 0.0
     exact: bool = True  # False when a beam/branch limit dropped candidates
+    searches: int = 0  # SpatialSearch runs summed here (one per axis, region, device group, gather device)
 
     def add(self, other: "SearchStats") -> None:
         self.search_space_log10 = _log10_add(self.search_space_log10, other.search_space_log10)
-        for f in ("nodes_visited", "states", "memo_hits", "pruned", "seconds"):
+        for f in ("nodes_visited", "states", "memo_hits", "pruned", "seconds", "searches"):
             setattr(self, f, getattr(self, f) + getattr(other, f))
         self.exact &= other.exact
 
@@ -467,9 +468,8 @@ class SpatialSearch:
     # -- search ----------------------------------------------------------------------------------
 
     def nexts(self, j: int) -> range:
-        """Cuts a segment starting at cut j may end at: at most `max_span` block cuts on (a deep fused
-        segment recomputes a halo that grows with every window; DenseNet has 67 cuts, n^2 transitions)."""
-        return range(j + 1, len(self.cuts) if self.max_span is None else min(len(self.cuts), j + 1 + self.max_span))
+        """Cuts a segment starting at cut j may end at (`_nexts`)."""
+        return _nexts(j, len(self.cuts), self.max_span)
 
     def transition(self, j: int, part, j2: int, bound: float, k: int | None) -> list[tuple[float, tuple]]:
         """The k cheapest partitions of cut j2 after state (j, part) with step < bound (memoised)."""
@@ -496,11 +496,13 @@ class SpatialSearch:
         """Forward DP over cuts. Returns {end cut index: (total, path)}; path = [(cut index, partition)]."""
         return {j: (prefix + self.rest_at(j), path) for j, (prefix, path) in self.run_tails(beam, branch, incumbent).items()}
 
-    def run_tails(self, beam: int | None = 6, branch: int | None = 3, incumbent=INF) -> dict[int, tuple]:
+    def run_tails(self, beam: int | None = 6, branch: int | None = 3, incumbent=INF,
+                  slack: float | None = None) -> dict[int, tuple]:
         """run() for every tail at once: {end cut index: (cost before the tail, path)}, the best path to
         each end (the same for every tail). `incumbent`: one bound, or one per tail. A state is pruned
         only when no tail can beat its own incumbent through it, so each tail finds what a search with
-        it alone would."""
+        it alone would. With `slack`, the tails compete (only the best plan of any tail matters): a
+        total found for one tail also bounds the others, at (1 + slack) times it."""
         n, tails = len(self.cuts), range(len(self.rests))
         lbs = [self.completion_lb(t) for t in tails]
         inc = list(incumbent) if isinstance(incumbent, (list, tuple)) else [incumbent] * len(self.rests)
@@ -527,6 +529,8 @@ class SpatialSearch:
                     for t in tails:
                         if prefix + self.rests[t][j] < inc[t]:  # else the exact tail cannot lower it
                             inc[t] = min(inc[t], prefix + self.rest_at(j, t))
+                            if slack is not None:
+                                inc = [min(x, inc[t] * (1.0 + slack)) for x in inc]
                 for j2 in self.nexts(j):
                     found = self.transition(j, part, j2, max(inc[t] - v - lbs[t][j2] for t in tails), branch)
                     if branch is not None and len(found) >= branch:
@@ -573,7 +577,15 @@ class SpatialSearch:
                 yield (0, *itertools.accumulate(sizes))
 
     def space_log10(self) -> float:
-        """log10 of the number of (entry, end, segmentation, partition per segment) choices searched over."""
+        """log10 of the number of (entry, end, segmentation, partition per segment) choices searched over.
+        A count of tile sizes within windows that do not depend on the device order: shared by the searches
+        over the same devices (seg_cache)."""
+        key = ("space", frozenset(self.devs), tuple(sorted(self.entries)), self.thr, self.max_span)
+        if key not in self._seg:
+            self._seg[key] = self._space_log10()
+        return self._seg[key]
+
+    def _space_log10(self) -> float:
         logn = [0.0]
         for j in range(1, len(self.cuts)):
             lo, hi, _ = self.window(j)
@@ -599,6 +611,25 @@ class SpatialSearch:
             segs.append(Segment(self.cuts[prev], self.cuts[j], tiles))
             prev = j
         return (Stage(strategy_device, self.cuts[entry], self.cuts[end], SpatialGroup(self.axis, tuple(segs))),)
+
+
+def _nexts(j: int, n: int, max_span: int | None) -> range:
+    """Of n cuts, those a segment starting at cut j may end at: at most `max_span` block cuts on (a deep
+    fused segment recomputes a halo that grows with every window; DenseNet has 67 cuts, n^2 transitions)."""
+    return range(j + 1, n if max_span is None else min(n, j + 1 + max_span))
+
+
+def build_segments(graph: LayerGraph, cost: CostTable, axis: int, cuts: tuple[int, ...], cache: dict,
+                   max_span: int | None = MAX_SPAN) -> None:
+    """Put into `cache` (a `seg_cache` of SpatialSearch) the cost of every segment a search over `cuts`
+    may fuse, with each device's floor: its completion bound prices them all. Built once before the
+    searches fork (lanes.py), each process inherits them instead of building its own."""
+    for j in range(len(cuts) - 1):
+        for j2 in _nexts(j, len(cuts), max_span):
+            if (j, j2) not in cache:
+                cache[j, j2] = SegmentCost.build(graph, cost, cuts[j], cuts[j2], axis)
+                for d in range(len(cost.devices)):
+                    cache[j, j2].floor(d)
 
 
 def _sum_log(xs: list[float]) -> float:

@@ -51,9 +51,41 @@ def _stage_memory(graph, lo: int, hi: int) -> int:
 def _key(graph, cost, objective, stages, spans) -> tuple[float, float]:
     names = cost.devices
     compute = [float(cost.layer_ms[lo:hi, d].sum()) for lo, hi, d in stages]
+    # the runtime's per-request cost: the first stage's device takes the input, the last's gives the output
+    compute[0] += cost.cluster.devices[stages[0][2]].runtime.request_ms / 2.0
+    compute[-1] += cost.cluster.devices[stages[-1][2]].runtime.request_ms / 2.0
     transfers = []
     for (_, c, a), (_, _, b) in zip(stages, stages[1:]):
         transfers.append(sum(cost.transfer_ms(nb, names[a], names[b]) for p, last, nb in spans if p < c <= last))
     link = (sum(transfers) if cost.cluster.medium == "shared" else max(transfers)) if transfers else 0.0
     latency, bottleneck = sum(compute) + sum(transfers), max(max(compute), link)
     return (latency, bottleneck) if objective == "latency" else (bottleneck, latency)
+
+
+def brute_force_energy(problem: PipelineProblem, cols, goal) -> list[tuple[float, float, float, tuple]]:
+    """Every split into contiguous stages x every assignment of columns (device, mode) with at most one
+    column per device, that fits memory, as (objective, latency, energy, stages), best first; priced
+    independently of the DP: per used device busy power over its compute and idle power over the rest of
+    the span (the latency, with the per-request costs), per cut its bytes x (sender tx + receiver rx)."""
+    B, K = problem.n_blocks, problem.n_devices
+    out = []
+    for s in range(1, min(B, K) + 1):
+        for cuts in itertools.combinations(range(1, B), s - 1):
+            bounds = (0, *cuts, B)
+            for cols_ in itertools.permutations(range(K), s):
+                if len({int(cols.device[k]) for k in cols_}) < s:
+                    continue
+                stages = tuple(StageChoice(bounds[i], bounds[i + 1], cols_[i]) for i in range(s))
+                if not problem.fits(stages) or not all(
+                        problem.bandwidth_bytes_per_ms[a.device, b.device] > 0 for a, b in zip(stages, stages[1:])):
+                    continue
+                compute = [float(problem.block_ms[st.lo:st.hi, st.device].sum()) for st in stages]
+                transfers = [problem.transfer_ms(a.hi - 1, a.device, b.device) for a, b in zip(stages, stages[1:])]
+                span = (cols.request_in_ms[stages[0].device] + sum(compute) + sum(transfers)
+                        + cols.request_out_ms[stages[-1].device])
+                energy = sum(cols.busy_w[st.device] * c + cols.idle_w[st.device] * (span - c)
+                             for st, c in zip(stages, compute))
+                energy += sum(problem.cut_bytes[a.hi - 1] * (cols.tx_nj[a.device] + cols.rx_nj[b.device]) / 1e6
+                              for a, b in zip(stages, stages[1:]))
+                out.append((goal.score(span, energy), span, energy, stages))
+    return sorted(out, key=lambda x: x[:3])

@@ -200,7 +200,9 @@ def test_to_dict_is_json_and_deterministic(tmp_path):
     c = load_cluster(_write(tmp_path, VALID))
     d = c.to_dict()
     assert json.loads(json.dumps(d)) == d
-    assert d["devices"][0] == {"name": "pi5-a", "profile": "rpi5", "memory_mb": 4096, "address": "tcp://192.168.1.20:7000"}
+    assert d["devices"][0] == {"name": "pi5-a", "profile": "rpi5", "memory_mb": 4096, "address": "tcp://192.168.1.20:7000",
+                               "mode": "2400MHz", "power_w": {"idle": 3.1, "busy": 7.2},
+                               "radio_nj_per_byte": {"tx": 4.0, "rx": 4.0}}
     assert d["devices"][1]["address"] is None
     assert d["network"] == {
         "bandwidth_mbps": 100,

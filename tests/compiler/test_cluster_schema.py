@@ -47,7 +47,7 @@ PROFILE_CASES = [
                                       "op_ms_per_melem, efficiency, layers)"),
     (_profile("threads/2/gflops/pool", 1), "unknown key 'pool' in threads.2.gflops (allowed: conv, depthwise_conv, gemm, other)"),
     (_profile("cores", 4), "unknown key 'cores' in profile (allowed: name, description, memory_mb, usable_memory_fraction, "
-                           "runtime_overhead_mb, op_overhead_us, gflops, memory_gbps, power_w, sources, layers, "
+                           "runtime_overhead_mb, op_overhead_us, gflops, memory_gbps, power_w, radio_nj_per_byte, mode, modes, sources, layers, "
                            "op_ms_per_melem, efficiency, threads, runtime, measurement)"),
     (_profile("efficiency/lstm", [[1, 1.0]]), "unknown key 'lstm' in efficiency (allowed: conv, gemm)"),
     (_profile("efficiency/conv/0", {"output_elements": 1, "fraction": 1}),

@@ -3,6 +3,7 @@ assignment, for both objectives and both media, including the top-k list; plus h
 
 from __future__ import annotations
 
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -105,6 +106,53 @@ def test_dp_equals_brute_force(problem, max_stages):
         for sol in top:
             check_solution(problem, sol)
             assert max_stages is None or len(sol.stages) <= max_stages
+
+
+@st.composite
+def problems_with_requests(draw):
+    """`problems` whose devices pay the runtime's per-request cost (dyadic: sums stay exact)."""
+    problem = draw(problems())
+    D = problem.n_devices
+    r_in = np.array(draw(st.lists(st.integers(0, 8), min_size=D, max_size=D))) / 8.0
+    r_out = np.array(draw(st.lists(st.integers(0, 8), min_size=D, max_size=D))) / 8.0
+    return replace(problem, request_in_ms=r_in, request_out_ms=r_out)
+
+
+def _priced_directly(problem: PipelineProblem, stages) -> tuple[float, float]:
+    """(latency, period of the first and last stage's device), with the per-request costs added by hand."""
+    compute = [float(problem.block_ms[s.lo:s.hi, s.device].sum()) for s in stages]
+    compute[0] += problem.request_in_ms[stages[0].device]
+    compute[-1] += problem.request_out_ms[stages[-1].device]
+    transfers = [problem.transfer_ms(a.hi - 1, a.device, b.device) for a, b in zip(stages, stages[1:])]
+    return sum(compute) + sum(transfers), max(compute)
+
+
+@SETTINGS
+@given(problems_with_requests())
+def test_dp_with_request_costs_equals_brute_force(problem):
+    """The runtime's per-request costs enter the first stage's and the last stage's time (latency and
+    period) in the DP exactly as in brute force."""
+    for objective in OBJECTIVES:
+        ref = brute_force(problem, objective)
+        if not ref:
+            continue
+        top = solve_pipeline(problem, objective, top_k=3)
+        assert keys(top, objective) == keys(ref[:3], objective)
+        for sol in top:
+            check_solution(problem, sol)
+            latency, period = _priced_directly(problem, sol.stages)
+            assert sol.latency_ms == latency
+            assert sol.bottleneck_ms >= period
+
+
+def test_request_costs_move_the_first_stage_off_a_slow_host():
+    """Device 0 computes faster but takes 10 ms to take a request: the DP starts on device 1."""
+    problem = make_problem([[1.0, 2.0], [1.0, 2.0]], [0, 0], [0, 0], [0], [10**9, 10**9], [[1.0, 1.0], [1.0, 1.0]])
+    plain = solve_pipeline(problem, "latency")[0]
+    assert [s.device for s in plain.stages] == [0]
+    costly = replace(problem, request_in_ms=np.array([10.0, 0.0]), request_out_ms=np.zeros(2))
+    best = solve_pipeline(costly, "latency")[0]
+    assert best.stages[0].device == 1 and best.latency_ms == pytest.approx(4.0 if len(best.stages) == 1 else 3.0)
 
 
 @SETTINGS

@@ -115,6 +115,23 @@ def test_tinytransformer_masks_padding(tiny_dir):
     assert np.abs(other[0, mask == 0] - base[0, mask == 0]).max() > 1e-2
 
 
+# ---- ocr_rec: a 200-layer recogniser for the planning benchmark (issue 12) ---------------------
+
+def test_ocr_rec_is_a_lively_text_recogniser_of_about_200_layers(tmp_path):
+    from edgec.compiler.ingest import load_model
+
+    path = models.build("ocr_rec", tmp_path)
+    model = onnx.load(path)
+    onnx.checker.check_model(model)
+    ops = {n.op_type for n in model.graph.node}
+    assert {"BatchNormalization", "HardSwish", "HardSigmoid", "GlobalAveragePool", "LayerNormalization",
+            "Softmax", "MatMul"} <= ops  # a depthwise backbone with SE, an attention neck, a CTC head
+    out = session(path).run(None, models.example_inputs(path, seed=3))[0]
+    assert out.shape == (1, 40, 97)  # 40 steps x 97 classes
+    assert_lively(path)
+    assert 200 <= len(load_model(path, None).graph.layers) <= 300  # the layers the planners see
+
+
 # ---- resnet50: the zoo rewrite -------------------------------------------------------------
 
 @pytest.fixture(scope="module")
