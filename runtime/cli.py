@@ -281,7 +281,8 @@ _RUN_ALL_EPILOG = ("Exit codes: 0 ok (a missed SLA is reported, not an error), 1
 @click.pass_context
 def run_all(ctx: click.Context, outdir, repeat, verify, tolerance, seed, threads, emulate, timeout, as_json) -> None:
     """Run every build of an `edgec allocate` OUTDIR at once, each on its own devices (random inputs), and
-    report each service's measured median latency against its SLA."""
+    report each service's measured median latency against its SLA. A device shared by several services
+    (allocate --share) gets a local worker per service. Progress lines on stderr name their service."""
     from .runall import run_all as run_all_api
 
     with _progress_to_stderr(), interrupt_on_signals():

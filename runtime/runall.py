@@ -9,17 +9,29 @@ allocation.json::
                          "predicted_throughput_ips": 8.8, "utility": 0.62, "normalised_utility": 1.0,
                          "memory_mb": {DEVICE: MB}, "latency_fit": {...} or null}},
      "status": "OPTIMAL", "gap": 0.0, "solve_seconds": 0.01, "planning_seconds": 3.2,
-     "objective": "weighted" or "fairness", "dropped": [{"name": ..., "reason": ...}], "cluster": "cluster.yaml"}
+     "objective": "weighted" or "fairness", "dropped": [{"name": ..., "reason": ...}], "cluster": "cluster.yaml",
+     "share": null or {"devices": {DEVICE: {"services": [NAME, ...], "memory_mb", "usable_mb",
+                                            "held_ms_per_s", "budget_ms_per_s"}}}}
 
-Each service runs as `edgec run` runs one build (api.execute), in a thread of its own driving its own
-coordinator and workers; no device is in two services, so the runs share no worker.
+"share" (`edgec allocate --share`) and each service's "held_ms_per_s" ({DEVICE: ms per s}) may be missing
+(allocations written before --share existed): no device is shared then. Only with "share" may a device
+be given to more than one service.
+
+Each service runs as `edgec run` runs one build, in a thread of its own driving its own coordinator and
+workers. A device shared by two services (--share) gets a worker per service: locally two worker
+processes under one device name; on real hardware two `edgec worker` daemons on that host, at different
+ports (the addresses in each service's manifest). Progress lines on stderr name their service. SIGINT or
+SIGTERM stops every service at its next step (a request, or the end of its start-up): each closes its own
+coordinator and workers before run_all raises Interrupted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
+import signal
 import threading
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -27,6 +39,7 @@ from typing import Any, Callable
 
 from .coordinator import available_cores
 from .errors import EdgecRuntimeError, InputError
+from .interrupts import Interrupted, check_interrupted
 from .manifest import load_manifest
 
 __all__ = ["ALLOCATION_FORMAT", "Allocation", "ServiceEntry", "load_allocation", "parse_allocation", "run_all"]
@@ -52,6 +65,7 @@ class Allocation:
     path: Path
     services: tuple[ServiceEntry, ...]
     status: str
+    shared: bool = False  # devices may serve more than one service
 
 
 def _number(v: Any) -> bool:
@@ -87,6 +101,8 @@ _TOP = {
                                                       and all(_str(x) for x in d.values()) for d in v),
                 "a list of {name, reason} strings"),
     "cluster": (_str, "a non-empty string"),
+    "share": (lambda v: v is None or (isinstance(v, dict) and set(v) == {"devices"} and isinstance(v["devices"], dict)),
+              "null or {\"devices\": {...}}"),
 }
 _SERVICE = {
     "devices": (lambda v: isinstance(v, list) and bool(v) and all(_str(d) for d in v) and len(set(v)) == len(v),
@@ -103,7 +119,10 @@ _SERVICE = {
     "memory_mb": (lambda v: isinstance(v, dict) and all(_nonneg(x) for x in v.values()),
                   "a mapping of device names to megabytes"),
     "latency_fit": (lambda v: v is None or isinstance(v, dict), "a mapping or null"),
+    "held_ms_per_s": (lambda v: isinstance(v, dict) and all(_nonneg(x) for x in v.values()),
+                      "a mapping of device names to ms per s"),
 }
+_OPTIONAL = {"share", "held_ms_per_s"}  # absent from allocations written before --share
 
 
 def load_allocation(path: str | Path) -> Allocation:
@@ -132,6 +151,7 @@ def parse_allocation(data: Any, path: Path) -> Allocation:
         raise InputError(f"{path}: an allocation must be a JSON object")
     _keys(data, _TOP, "allocation", path)
     services, owner = [], {}
+    shared = data.get("share") is not None
     for name, entry in data["services"].items():
         where = f"services[{name!r}]"
         if not isinstance(entry, dict):
@@ -141,13 +161,14 @@ def parse_allocation(data: Any, path: Path) -> Allocation:
         if rel.is_absolute() or ".." in rel.parts or "\\" in entry["manifest"]:
             raise InputError(f"{path}: {where}.manifest {entry['manifest']!r} must stay inside the allocation's folder")
         for d in entry["devices"]:
-            if d in owner:
-                raise InputError(f"{path}: device {d!r} is given to both {owner[d]!r} and {name!r}")
+            if d in owner and not shared:
+                raise InputError(f"{path}: device {d!r} is given to both {owner[d]!r} and {name!r} (only an "
+                                 "allocation with \"share\" shares devices)")
             owner[d] = name
         services.append(ServiceEntry(name, tuple(entry["devices"]), path.parent / rel, float(entry["sla_ms"]),
                                      None if entry["rate_ips"] is None else float(entry["rate_ips"]),
                                      float(entry["predicted_latency_ms"])))
-    return Allocation(path, tuple(services), data["status"])
+    return Allocation(path, tuple(services), data["status"], shared)
 
 
 def _keys(obj: dict, spec: dict, where: str, path: Path) -> None:
@@ -155,6 +176,8 @@ def _keys(obj: dict, spec: dict, where: str, path: Path) -> None:
         if key not in spec:
             raise InputError(f"{path}: unknown key {key!r} in {where} (allowed: {', '.join(spec)})")
     for key, (check, what) in spec.items():
+        if key not in obj and key in _OPTIONAL:
+            continue
         if key not in obj:
             raise InputError(f"{path}: missing key {key!r} in {where}")
         if not check(obj[key]):
@@ -182,36 +205,125 @@ def run_all(outdir: str | Path, *, repeat: int = 1, verify: bool = False, tolera
     """Run every service of OUTDIR's allocation at once (random inputs), each `repeat` timed requests after
     a warm-up; return the `edgec run-all --json` object: per service, its measured median latency against
     its SLA (and --verify's verdict). A service whose run fails raises its error, prefixed by its name,
-    once every run has ended."""
-    from .api import execute, report  # api imports the coordinator's whole stack: only when running
+    once every run has ended. Interrupted (SIGINT, SIGTERM under interrupt_on_signals) reaches every
+    service's thread at its next step; each closes its coordinator and workers, and then it is raised."""
+    from .api import _check_options  # api imports the coordinator's whole stack: only when running
 
+    _check_options(repeat, threads, timeout, tolerance)
     allocation = load_allocation(outdir)
     check_builds(allocation)
     threads = default_threads(allocation) if threads is None else threads
     results: dict[str, Any] = {}
+    stop = threading.Event()
+
+    done = {s.name: threading.Event() for s in allocation.services}
 
     def one(s: ServiceEntry) -> None:
         try:
-            results[s.name] = execute(s.manifest, random_inputs=True, seed=seed, verify=verify, tolerance=tolerance,
-                                      repeat=repeat, threads=threads, emulate=emulate, timeout=timeout)
+            results[s.name] = _run_service(s, stop, repeat=repeat, verify=verify, tolerance=tolerance,
+                                           threads=threads, emulate=emulate, timeout=timeout, seed=seed)
         except BaseException as exc:  # reported by the main thread, which owns the exit code
             results[s.name] = exc
+        finally:
+            done[s.name].set()
 
-    # Daemon threads: a signal ends the main thread's wait, and the process (with its local workers) then.
+    # Daemon threads only so that a second signal, during the wait for the services to close, ends the
+    # process at once; the first one is waited for: each service closes its own workers.
     runs = [threading.Thread(target=one, args=(s,), name=f"run-all {s.name}", daemon=True)
             for s in allocation.services]
-    for t in runs:
-        t.start()
-    for t in runs:
-        while t.is_alive():
-            t.join(0.2)
+    with _named_records(logging.getLogger("edgec.runtime")):
+        started = []
+        try:
+            for t in runs:
+                t.start()
+                started.append(t.name[len("run-all "):])
+            _wait(done.values())
+        finally:  # an interrupt (or any error) here: every service stops and closes its workers first
+            stop.set()
+            _wait(done[name] for name in started)
     for s in allocation.services:
         if isinstance(results[s.name], BaseException):
             exc = results[s.name]
             if isinstance(exc, EdgecRuntimeError):
                 raise type(exc)(f"service {s.name!r}: {exc}") from None
             raise exc
-    return _report(allocation, {s.name: report(*results[s.name]) for s in allocation.services}, threads)
+    return _report(allocation, results, threads)
+
+
+def _wait(events) -> None:
+    """Until every event is set. Not Thread.join: a signal handler's exception inside join() (Python 3.11)
+    marks the thread joined although it still runs, and the wait after the interrupt would not wait."""
+    for e in events:
+        while not e.wait(0.2):
+            pass
+
+
+def _run_service(s: ServiceEntry, stop: threading.Event, *, repeat: int, verify: bool, tolerance: float,
+                 threads: int, emulate: bool, timeout: float, seed: int) -> dict:
+    """What api.execute does for one build on random inputs, with its progress logged under its name
+    and a stop check at every step: `stop` set (the main thread was interrupted) raises Interrupted here,
+    which unwinds run_manifest's cluster (its workers closed)."""
+    from .api import _Checker, report
+    from .coordinator import run_manifest
+    from .inputs import load_inputs
+    from .verify import check_model, reference_outputs
+
+    def step() -> None:
+        if stop.is_set():
+            check_interrupted()  # with the signal that stopped the run, when one did
+            raise Interrupted(signal.SIGTERM)
+
+    def say(msg: str) -> None:
+        step()
+        logger.info("%s", msg)
+
+    m = load_manifest(s.manifest)
+    if verify:
+        check_model(m)
+    given = load_inputs(m, random=True, seed=seed)
+    checker = _Checker(reference_outputs(m, given, model_checked=True), tolerance) if verify else None
+
+    def check(outputs) -> None:
+        step()
+        if checker is not None:
+            checker.add(outputs)
+
+    step()
+    try:
+        result = run_manifest(m, given, repeat=repeat, threads=threads, emulate=emulate, timeout=timeout,
+                              progress=say, check=check)
+    except Interrupted:
+        logger.info("stopped (its workers closed)")  # run_manifest's cluster has unwound
+        raise
+    return report(m, result, None if checker is None else checker.result())
+
+
+class _ServiceName(logging.Filter):
+    """Prefixes a record logged in a service's thread ("run-all NAME") with "NAME: "."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        name = threading.current_thread().name
+        if name.startswith("run-all ") and not getattr(record, "_service_named", False):
+            record.msg, record.args = f"{name[len('run-all '):]}: {record.getMessage()}", None
+            record._service_named = True
+        return True
+
+
+@contextlib.contextmanager
+def _named_records(log: logging.Logger):
+    """Within: the records that `log`'s handlers (and its parents', while it propagates) print from a
+    service's thread name that service."""
+    named, handlers, current = _ServiceName(), [], log
+    while current is not None:
+        handlers += current.handlers
+        current = current.parent if current.propagate else None
+    for h in handlers:
+        h.addFilter(named)
+    try:
+        yield
+    finally:
+        for h in handlers:
+            h.removeFilter(named)
 
 
 def _report(allocation: Allocation, runs: dict[str, dict], threads: int) -> dict:

@@ -10,6 +10,18 @@ instead the shares are visited largest first and two monotonicity rules skip mos
 
 A one-device share is planned by the pipeline DP alone: on one device every planner places the whole
 model there.
+
+Each share is planned by auto bounded by the SLA (PlanOptions.incumbent: compiler/driver.py plan_model
+bounds its searches by the lower of it and the cheap planners' best latency). This drops no option, as
+an option is a plan within the SLA:
+- when the cheap planners' best meets the SLA, it is the bound, as it is without the SLA: the same runs;
+- otherwise a search plan can only be an option if it meets the SLA, and the bounded searches keep
+  every state whose lower bound ends within (1 + BOUND_SLACK) x SLA, which holds every plan whose
+  simulated latency meets the SLA (the slack auto itself relies on when the pipeline plan bounds the
+  searches; exact when the searches are, beam=None). What the bound changes is which plan auto returns
+  when none meets the SLA: no option either way, and the share is hopeless either way.
+When no share meets the SLA, the shares planned are planned again unbounded, so that the error names
+the best latency the service could get.
 """
 
 from __future__ import annotations
@@ -18,7 +30,7 @@ import itertools
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from edgec.runtime.interrupts import check_interrupted
 
@@ -31,7 +43,8 @@ from ..progress import Progress
 from .classes import Counts, DeviceClasses, restrict, sub_cluster
 from .services import Service
 
-__all__ = ["Option", "Planned", "ServiceOptions", "plan_service", "used_devices", "utility"]
+__all__ = ["Option", "Planned", "ServiceOptions", "plan_service", "plan_shares", "service_options", "used_devices",
+           "utility"]
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +114,13 @@ def plan_service(service: Service, graph: LayerGraph, cost: CostTable, classes: 
                  options: PlanOptions = PlanOptions(), progress: Progress = Progress()) -> ServiceOptions:
     """Plan `service` on the shares worth a plan (see the module docstring) and keep its options."""
     t0 = time.perf_counter()
+    planned = plan_shares(service, graph, cost, classes, options, progress)
+    return service_options(service, graph, classes, planned, time.perf_counter() - t0)
+
+
+def plan_shares(service: Service, graph: LayerGraph, cost: CostTable, classes: DeviceClasses,
+                options: PlanOptions = PlanOptions(), progress: Progress = Progress()) -> list[Planned]:
+    """The planner runs on the shares worth a plan, in visiting order (the module docstring)."""
     limit = min(service.max_devices or math.inf, sum(classes.sizes))
     planned: list[Planned] = []
     covered: list[tuple[Counts, Counts]] = []  # [u, v] boxes whose shares need no plan
@@ -112,14 +132,27 @@ def plan_service(service: Service, graph: LayerGraph, cost: CostTable, classes: 
         run = _plan_share(service, graph, cost, classes, share, options)
         planned.append(run)
         progress.note(_note(service, classes, run))
-        if run.plan is None or run.prediction.latency_ms > service.sla_ms:
+        if not _meets(service, run):
             hopeless.append(share)
         if run.used is not None:
             covered.append((run.used, share))
+    if not any(_meets(service, r) for r in planned):  # the error names the best latency: plan it unbounded
+        planned = [_plan_share(service, graph, cost, classes, r.share, options, bounded=False) if sum(r.share) > 1
+                   else r for r in planned]
+    return planned
+
+
+def service_options(service: Service, graph: LayerGraph, classes: DeviceClasses, planned: list[Planned],
+                    seconds: float) -> ServiceOptions:
+    """The service's options from its planner runs (`plan_shares`)."""
     best = min((p for p in planned if p.prediction is not None), key=lambda p: (p.prediction.latency_ms, sum(p.used)),
                default=None)
     opts = _options(service, graph, classes, planned)
-    return ServiceOptions(service, opts, tuple(planned), best, time.perf_counter() - t0)
+    return ServiceOptions(service, opts, tuple(planned), best, seconds)
+
+
+def _meets(service: Service, run: Planned) -> bool:
+    return run.plan is not None and run.prediction.latency_ms <= service.sla_ms
 
 
 def _shares(sizes: Counts, limit: float) -> list[Counts]:
@@ -133,12 +166,13 @@ def _within(lo: Counts, x: Counts, hi: Counts) -> bool:
 
 
 def _plan_share(service: Service, graph: LayerGraph, cost: CostTable, classes: DeviceClasses, share: Counts,
-                options: PlanOptions) -> Planned:
+                options: PlanOptions, bounded: bool = True) -> Planned:
     sub = sub_cluster(cost.cluster, classes.first(share))
     strategy = "auto" if sum(share) > 1 else "pipeline"
     sub_cost = restrict(cost, sub)
+    latency = replace(options, incumbent=min(options.incumbent, service.sla_ms)) if bounded else options
     try:
-        chosen, _ = plan_model(graph, sub_cost, strategy, "latency", options)
+        chosen, _ = plan_model(graph, sub_cost, strategy, "latency", latency)
         plan, pred = chosen.plan, chosen.prediction
         if service.rate_ips is not None and pred.latency_ms <= service.sla_ms:
             plan, pred = _faster_stream(graph, sub_cost, strategy, options, service, plan, pred)

@@ -32,6 +32,9 @@ class DeviceClasses:
         wanted = set(names)
         return tuple(sum(n in wanted for n in m) for m in self.members)
 
+    def class_of(self, name: str) -> int:
+        return next(k for k, m in enumerate(self.members) if name in m)
+
     def first(self, counts: Counts) -> tuple[str, ...]:
         """The first counts[k] devices of each class: the sub-cluster a count vector is planned on."""
         return tuple(n for m, c in zip(self.members, counts) for n in m[:c])
@@ -62,24 +65,29 @@ def sub_cluster(cluster: Cluster, names) -> Cluster:
                    links={pair: link for pair, link in cluster.links.items() if pair <= keep})
 
 
-# CostTable fields holding one entry per device: a column of an [L, D] array, or an item of a tuple.
+# CostTable fields holding one entry per device: a column of an [L, D] array, or an item of a tuple; and
+# fields that hold for any devices (source: the graph and model, to price the table again).
 _PER_DEVICE_COLUMNS = ("layer_ms", "overhead_ms", "priced_ms")
 _PER_DEVICE_ITEMS = ("devices", "measured", "curves")
-_SHARED = ("out_elems",)
+_SHARED = ("out_elems", "source")
 
 
 def restrict(cost: CostTable, cluster: Cluster) -> CostTable:
     """`cost` (priced on a larger cluster) for the devices of `cluster` only: what build_cost_table would
     price for it, without pricing every layer again. A CostTable field this does not know is an error,
     so that a new per-device field cannot be carried over unrestricted."""
-    known = {*_PER_DEVICE_COLUMNS, *_PER_DEVICE_ITEMS, *_SHARED, "cluster"}
-    unknown = [f.name for f in fields(CostTable) if f.name not in known]
-    if unknown:
-        raise RuntimeError(f"restrict() does not know CostTable field(s) {unknown}: teach it how to restrict them")
     idx = [cost.index(n) for n in cluster.device_names]
-    kw = {name: np.ascontiguousarray(getattr(cost, name)[:, idx]) for name in _PER_DEVICE_COLUMNS}
-    kw |= {name: tuple(getattr(cost, name)[i] for i in idx) for name in _PER_DEVICE_ITEMS}
-    kw |= {name: getattr(cost, name) for name in _SHARED}
+    kw = {}
+    for f in fields(CostTable):
+        value = getattr(cost, f.name)
+        if f.name in _PER_DEVICE_COLUMNS:
+            kw[f.name] = np.ascontiguousarray(value[:, idx])
+        elif f.name in _PER_DEVICE_ITEMS:
+            kw[f.name] = tuple(value[i] for i in idx)
+        elif f.name in _SHARED:
+            kw[f.name] = value
+        elif f.name != "cluster":
+            raise RuntimeError(f"restrict() does not know CostTable field {f.name!r}: teach it how to restrict it")
     return CostTable(cluster=cluster, **kw)
 
 

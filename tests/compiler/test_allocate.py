@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import threading
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +22,7 @@ from edgec.compiler.allocate.services import Service, load_services
 from edgec.compiler.allocate.solve import SCALE, Item, Problem, brute_force, solve
 from edgec.compiler.cli import cli
 from edgec.compiler.cluster import load_cluster
-from edgec.compiler.cost import build_cost_table
+from edgec.compiler.cost import CostTable, build_cost_table
 from edgec.compiler.errors import UserError
 from edgec.compiler.ingest import load_model
 from edgec.runtime.runall import load_allocation
@@ -113,6 +115,9 @@ def test_restrict_prices_as_the_sub_cluster(tmp_path):
     for name in ("layer_ms", "overhead_ms", "priced_ms", "out_elems"):
         np.testing.assert_array_equal(getattr(got, name), getattr(want, name))
     assert got.measured == want.measured and got.curves == want.curves and got.cluster is sub
+    for f in fields(CostTable):  # every other field as the sub-cluster's own table has it
+        if f.name not in ("layer_ms", "overhead_ms", "priced_ms", "out_elems", "cluster"):
+            assert getattr(got, f.name) == getattr(want, f.name), f.name
 
 
 # -- candidates -------------------------------------------------------------------------------------------
@@ -288,3 +293,82 @@ def test_an_earlier_allocation_is_replaced_and_foreign_files_are_not(tmp_path):
         allocate(_two(tmp_path), devices, out)
     assert (out / "mine.txt").read_text() == "keep" and (out / "allocation.json").is_file()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]
+
+
+# -- planning time: the SLA bound, alike services, side by side ---------------------------------------------
+
+def _alexnet_cluster(tmp_path):
+    # alexnet on two rpi4 and an rpi5 at 1 Gbps: a spatial plan beats the pipeline plan by a few ms
+    path = tmp_path / "fast.yaml"
+    path.write_text("devices:\n  - {name: a, profile: rpi4}\n  - {name: b, profile: rpi4}\n  - {name: c, profile: rpi5}\n"
+                    "network: {bandwidth_mbps: 1000, latency_ms: 0.1}\n")
+    cluster = load_cluster(path)
+    ing = load_model(MODELS / "alexnet.onnx")
+    return cluster, ing, build_cost_table(ing.graph, cluster, ing.sha256, model=ing.model)
+
+
+def test_the_sla_bound_keeps_every_option_of_unbounded_auto(tmp_path, monkeypatch):
+    from edgec.compiler.allocate import candidates
+    from edgec.compiler.driver import plan_model
+
+    cluster, ing, cost = _alexnet_cluster(tmp_path)
+    classes = device_classes(cluster)
+    reference = {}  # every share planned by plain auto, no bound
+    for share in _shares(classes.sizes, 3):
+        sub = restrict(cost, sub_cluster(cluster, classes.first(share)))
+        chosen, cands = plan_model(ing.graph, sub, "auto" if sum(share) > 1 else "pipeline", "latency")
+        reference[share] = chosen.prediction.latency_ms, {c.strategy: c.prediction.latency_ms for c in cands
+                                                          if c.prediction is not None}
+    full = reference[classes.sizes]
+    assert full[1]["pipeline"] > full[0]  # a search beats the pipeline: an SLA between them binds the searches
+    seen = []
+    monkeypatch.setattr(candidates, "plan_model", lambda *a, **k: seen.append(a[4].incumbent) or plan_model(*a, **k))
+    for sla in (full[0] * 1.001, (full[0] + full[1]["pipeline"]) / 2, 1e4):
+        got = plan_service(_service(sla, max_devices=None), ing.graph, cost, classes)
+        assert seen and all(b == sla for b in seen)
+        seen.clear()
+        for share, (ms, _) in reference.items():
+            if ms <= sla:  # an option of the reference: an option at least as good on no more devices
+                u = (sla - ms) / sla
+                assert any(o.utility >= u - 1e-12 and all(a <= b for a, b in zip(o.counts, share))
+                           for o in got.options), (sla, share)
+        assert all(o.prediction.latency_ms <= sla for o in got.options)
+
+
+def test_a_service_no_share_serves_reports_its_unbounded_best(tmp_path):
+    cluster, ing, cost = _alexnet_cluster(tmp_path)
+    from edgec.compiler.driver import plan_model
+
+    best = plan_model(ing.graph, cost, "auto", "latency")[0].prediction.latency_ms
+    got = plan_service(_service(best * 0.5), ing.graph, cost, device_classes(cluster))
+    assert got.options == () and got.best.prediction.latency_ms == pytest.approx(best)
+
+
+def test_alike_services_plan_once_and_processes_do_not_change_the_options(tmp_path, monkeypatch):
+    from edgec.compiler.allocate import candidates, planning
+    from edgec.compiler.driver import PlanOptions
+
+    cluster = load_cluster(cluster_file(tmp_path, [("a", "rpi5"), ("b", "rpi4"), ("c", "phone")]))
+    classes = device_classes(cluster)
+    chain, conv = MODELS / "tinychain.onnx", MODELS / "tinyconv.onnx"
+    services = (Service("x", chain, {}, 1e4, None, 1.0, 1, None), Service("y", conv, {}, 1e4, None, 1.0, 1, None),
+                Service("z", chain, {}, 1e4, None, 3.0, 2, None),  # x's runs, its own options (min_devices)
+                Service("w", chain, {}, 50.0, None, 1.0, 1, None))  # another SLA: planned on its own
+    calls = []
+    real = candidates.plan_shares
+    monkeypatch.setattr(planning, "plan_shares", lambda s, *a, **k: calls.append(s.name) or real(s, *a, **k))
+    one = planning.plan_all(services, cluster, classes, PlanOptions(jobs=1))
+    assert sorted(calls) == ["w", "x", "y"]
+    assert one[0][0].cost is one[2][0].cost  # one model file, read once
+    assert all(o.size >= 2 for o in one[2][1].options) and not all(o.size >= 2 for o in one[0][1].options)
+    lanes, run_lanes = [], planning.run_lanes
+    monkeypatch.setattr(planning, "run_lanes", lambda fn, ls, w: lanes.append(w) or run_lanes(fn, ls, w))
+    alone = threading.active_count() == 1  # earlier tests may leave a thread behind: then forking is unsafe
+    two = planning.plan_all(services, cluster, classes, PlanOptions(jobs=2))
+    assert lanes == ([2] if alone else [])
+
+    def key(got):
+        return [(x.service.name, [(o.counts, o.plan, o.prediction.latency_ms, o.utility) for o in so.options])
+                for x, so in got]
+
+    assert key(two) == key(one) and [x.service.name for x, _ in two] == ["x", "y", "z", "w"]

@@ -81,3 +81,72 @@ def test_a_build_on_devices_not_given_is_refused(allocation, tmp_path):
     out = _edit(allocation, tmp_path / "out", lambda d: d["services"]["conv"].update(devices=["z"]))
     with pytest.raises(InputError, match="does not give to 'conv'"):
         run_all(out)
+
+
+def test_services_share_a_device_with_a_worker_each(tmp_path):
+    from edgec.compiler.allocate import allocate
+
+    (tmp_path / "cluster.yaml").write_text("devices:\n  - {name: a, profile: rpi5}\n"
+                                           "network: {bandwidth_mbps: 100, latency_ms: 1}\n")
+    (tmp_path / "services.yaml").write_text(
+        f"services:\n  - {{name: chain, model: {MODELS / 'tinychain.onnx'}, sla_ms: 1000}}\n"
+        f"  - {{name: conv, model: {MODELS / 'tinyconv.onnx'}, sla_ms: 1000}}\n")
+    allocate(tmp_path / "services.yaml", tmp_path / "cluster.yaml", tmp_path / "out", share=True)
+    got = run_all(tmp_path / "out", repeat=2, verify=True)
+    assert got["verify_passed"] is True
+    assert got["services"]["chain"]["devices"] == got["services"]["conv"]["devices"] == ["a"]
+
+
+def _children(pid: int) -> set[int]:
+    """The processes whose parent is `pid` (Linux /proc)."""
+    out = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            out.add(int(stat.parent.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_sigterm_closes_every_service_and_leaves_no_worker(allocation):
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "edgec.compiler", "run-all", str(allocation), "--repeat", "100000000"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)  # never a full pipe
+    reader.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not all(any(ln.startswith(f"edgec: {n}: request ") for ln in list(lines)) for n in ("chain", "conv")):
+            assert proc.poll() is None and time.monotonic() < deadline, lines[-5:]
+            time.sleep(0.05)
+        workers = _children(proc.pid)
+        assert len(workers) == 2  # a local worker per device
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+        # gone when run-all ends: each service closed its own workers, none left to a parent-death signal
+        assert not [w for w in workers if _alive(w)]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    reader.join(10)
+    # each service unwound its own run (no thread still printing) before the process reported the signal
+    assert lines[-1].strip() == "edgec: interrupted by SIGTERM", lines[-5:]
+    stopped = [ln.strip() for ln in lines if ln.endswith("stopped (its workers closed)\n")]
+    assert sorted(stopped) == ["edgec: chain: stopped (its workers closed)", "edgec: conv: stopped (its workers closed)"]
