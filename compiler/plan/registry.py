@@ -8,7 +8,6 @@ they share their searches (`plan_jointly`), bounded by the best plan found befor
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 from ..cost import CostTable
