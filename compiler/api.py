@@ -22,7 +22,8 @@ def compile(model: str | os.PathLike, devices: str | os.PathLike, outdir: str | 
             shapes: Mapping[str, Sequence[int]] | None = None, search_threshold: float = 0.1,
             deepthings_grid: tuple[int, int] | None = None, deepthings_layers: int | None = None,
             jobs: int | None = None, progress: Progress | None = None, fallbacks: bool = False,
-            sla_ms: float | None = None, sla_soft: bool = False, lam: float | None = None) -> dict:
+            sla_ms: float | None = None, sla_soft: bool = False, lam: float | None = None,
+            pareto: bool = False) -> dict:
     """Compile `model` for the cluster in `devices` into `outdir`; return the `--json` summary.
 
     Bad input raises `edgec.compiler.errors.UserError` (one line, naming the file), and nothing is
@@ -31,6 +32,8 @@ def compile(model: str | os.PathLike, devices: str | os.PathLike, outdir: str | 
     and `summary["fallbacks"]` lists them; `edgec run` switches to one when its device stops answering.
     `objective="energy"` needs `sla_ms` (the plan of least energy per request predicted within it); with
     `sla_soft`, the least energy + lam x (ms over the SLA) (lam in mJ per ms, default DEFAULT_LAMBDA).
+    With `pareto`, `summary["pareto"]` lists the non-dominated plans of every planner run (latency,
+    throughput and, when every plan's is known, energy; `summary["pareto_axes"]` says which).
 
         >>> import edgec
         >>> summary = edgec.compile("models/build/tinychain.onnx", "tests/e2e/clusters/two.yaml",
@@ -44,8 +47,10 @@ def compile(model: str | os.PathLike, devices: str | os.PathLike, outdir: str | 
     t0 = time.perf_counter()
     if not isinstance(fallbacks, bool):
         raise UserError(f"fallbacks {fallbacks!r}: expected True or False")
+    if not isinstance(pareto, bool):
+        raise UserError(f"pareto {pareto!r}: expected True or False")
     result = compile_model(model, devices, outdir, strategy, objective, _shapes(shapes), progress or Progress(),
-                           options, fallbacks=fallbacks)
+                           options, fallbacks=fallbacks, pareto=pareto)
     return compile_summary(result, Path(outdir), time.perf_counter() - t0)
 
 

@@ -90,9 +90,11 @@ def cli() -> None:
 @click.option("--fallbacks", is_flag=True,
               help="also plan the cluster without each device the plan uses (OUTDIR/fallback-DEVICE/): `edgec run` "
                    "switches to that plan when the device stops answering")
+@click.option("--pareto", is_flag=True,
+              help="also list the non-dominated plans (latency, throughput, energy) of every planner run")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON summary object on stdout")
 def compile_cmd(model, devices, outdir, strategy, objective, sla_ms, sla_soft, lam, shapes, search_threshold,
-                deepthings_grid, deepthings_layers, jobs, fallbacks, as_json):
+                deepthings_grid, deepthings_layers, jobs, fallbacks, pareto, as_json):
     """Compile MODEL for the devices in CLUSTER.yaml into OUTDIR (fragments + manifest.json)."""
     from .api import compile as compile_api
     from .emit import check_output_dir
@@ -111,7 +113,8 @@ def compile_cmd(model, devices, outdir, strategy, objective, sla_ms, sla_soft, l
         summary = compile_api(model, devices, outdir, strategy=strategy, objective=objective,
                               shapes=parse_shape_option(shapes), search_threshold=search_threshold,
                               deepthings_grid=grid, deepthings_layers=deepthings_layers, jobs=jobs,
-                              progress=progress, fallbacks=fallbacks, sla_ms=sla_ms, sla_soft=sla_soft, lam=lam)
+                              progress=progress, fallbacks=fallbacks, sla_ms=sla_ms, sla_soft=sla_soft, lam=lam,
+                              pareto=pareto)
     click.echo(json.dumps(summary, indent=1, sort_keys=True) if as_json else format_compile(summary))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -16,13 +17,15 @@ from .emit import FallbackBuild, assemble_manifest, build_fragments, fallback_en
 from .errors import UserError
 from .graph import LayerGraph
 from .ingest import Ingested, load_model
+from .plan.frontier import Point, energy_frontier, pareto_front
 from .plan.planner import Dominated, EnergyGoal, InfeasibleError, PlanOptions
-from .plan.registry import SEARCHES, STRATEGIES, run_group, schedule
+from .plan.registry import PLANNERS, SEARCHES, STRATEGIES, run_group, schedule
 from .plan.stats import UNITS, recording
 from .plan_types import Plan, Stage
 from .progress import Progress
 
-__all__ = ["CompileResult", "Candidate", "PlanOptions", "compile_model", "plan_model", "OBJECTIVES"]
+__all__ = ["CompileResult", "Candidate", "PlanOptions", "compile_model", "plan_model", "pareto_points", "pareto_info",
+           "OBJECTIVES"]
 
 logger = logging.getLogger(__name__)
 OBJECTIVES = ("latency", "throughput", "energy")  # energy: under PlanOptions.energy (an SLA)
@@ -52,6 +55,8 @@ class CompileResult:
     manifest: dict
     timings: dict[str, float]
     fallbacks: tuple[FallbackBuild, ...] = ()  # with --fallbacks: one per device the plan uses
+    pareto: tuple[Point, ...] | None = None  # with --pareto: the non-dominated plans found (plan/frontier.py)
+    pareto_energy: bool = False  # whether energy is one of the frontier's axes (every plan's energy known)
 
 
 def _key(c: Candidate, objective: str, goal: EnergyGoal | None = None) -> tuple:
@@ -162,9 +167,10 @@ def _priced_on(plan: Plan, cost: CostTable) -> CostTable:
 def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, strategy: str = "auto",
                   objective: str = "latency", shapes: dict | None = None,
                   progress: Progress = Progress(), options: PlanOptions = PlanOptions(),
-                  fallbacks: bool = False) -> CompileResult:
+                  fallbacks: bool = False, pareto: bool = False) -> CompileResult:
     """Compile `model` for the cluster in `devices` into `outdir`. With `fallbacks`, also plan the cluster
-    without each device the plan uses (same strategy and objective) and write those builds beside it."""
+    without each device the plan uses (same strategy and objective) and write those builds beside it. With
+    `pareto`, also collect the non-dominated plans of every planner run (`pareto_points`)."""
     timings: dict[str, float] = {}
     t = time.perf_counter()
 
@@ -194,7 +200,16 @@ def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, st
     cost = build_cost_table(ing.graph, cluster, ing.sha256, model=ing.model)
     step("cost", "planning")
     chosen, candidates = plan_model(ing.graph, cost, strategy, objective, options, progress)
-    step("plan", "building the fragments")
+    front: tuple[Point, ...] | None = None
+    with_energy = False
+    if pareto:
+        step("plan", "collecting the Pareto frontier")
+        points, with_energy = pareto_front(pareto_points(ing.graph, cost, chosen, candidates, objective, options))
+        front = tuple(points)
+        progress.note(f"pareto: {len(front)} non-dominated plan(s)")
+        step("pareto", "building the fragments")
+    else:
+        step("plan", "building the fragments")
     frags = build_fragments(ing, chosen.plan, chosen.prediction)
     manifest = assemble_manifest(ing, chosen.plan, chosen.prediction, frags, _run_on(chosen, cluster).to_dict(), Path(outdir),
                                  plan_info(chosen, candidates, ing.graph))
@@ -208,7 +223,34 @@ def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, st
         step("emit", f"writing {outdir}")
     write_output(Path(outdir), manifest, frags, builds)
     step("write")
-    return CompileResult(ing, cluster, cost, chosen, candidates, manifest, timings, tuple(builds))
+    return CompileResult(ing, cluster, cost, chosen, candidates, manifest, timings, tuple(builds), front, with_energy)
+
+
+def pareto_points(graph: LayerGraph, cost: CostTable, chosen: Candidate, candidates, objective: str,
+                  options: PlanOptions) -> list[Point]:
+    """Every plan the planners found, the chosen one first: each candidate's plan and its runners-up and,
+    when the pipeline planner ran, its optimum for each objective the run did not plan for (the pipeline DP
+    is exact and cheap, so the frontier holds the latency- and the throughput-optimal pipeline plans
+    whatever the objective) and, under the energy objective, the energy DP's own frontier."""
+    points = [Point(chosen.strategy, chosen.plan, chosen.prediction)]
+    for c in candidates:
+        if c.plan is not None:
+            points += [Point(c.strategy, c.plan, c.prediction)] + [Point(c.strategy, p, pr) for p, pr in c.runners_up]
+    if not any(c.strategy == "pipeline" for c in candidates):
+        return points
+    timing = replace(options, energy=None, incumbent=math.inf, incumbent_score=math.inf, top_k=1)
+    extra: list[Plan] = []
+    for other in ("latency", "throughput"):
+        if other != objective:
+            with contextlib.suppress(InfeasibleError):  # the candidates already say why no pipeline plan fits
+                extra += PLANNERS["pipeline"](graph, cost, other, timing)
+    if options.energy is not None:
+        with contextlib.suppress(InfeasibleError):  # a device without power figures: the candidates say so
+            extra += energy_frontier(graph, cost, options.energy)
+    for plan in extra:
+        priced = _priced_on(plan, cost)
+        points.append(Point("pipeline", plan, evaluate(plan, graph, priced)))
+    return points
 
 
 def plan_fallbacks(ing: Ingested, cluster: cluster_mod.Cluster, manifest: dict, outdir: Path, strategy: str,
@@ -291,3 +333,16 @@ def plan_info(chosen: Candidate, candidates, graph: LayerGraph) -> dict:
             for p, pr in chosen.runners_up
         ],
     }
+
+
+def pareto_info(front, with_energy: bool, graph: LayerGraph) -> dict:
+    """compile --pareto's `--json` keys: the frontier, sorted by latency, each plan's stages as in `stages`
+    (and the power modes it runs devices in), and the axes it is taken over: energy only when every plan's
+    energy is known, which `pareto_energy_unknown` says."""
+    points = [{"strategy": p.strategy, "stages": [_stage_info(s, graph) for s in p.plan.stages],
+               "modes": dict(getattr(p.plan, "modes", ())),
+               "predicted_latency_ms": round(p.latency_ms, 4),
+               "predicted_throughput_ips": round(p.throughput_ips, 4),
+               "predicted_energy_mj": None if p.energy_mj is None else round(p.energy_mj, 4)} for p in front]
+    axes = ["latency_ms", "throughput_ips"] + (["energy_mj"] if with_energy else [])
+    return {"pareto": points, "pareto_axes": axes, "pareto_energy_unknown": not with_energy}

@@ -71,7 +71,15 @@ def compile_summary(result, outdir: Path, seconds: float) -> dict:
         "runners_up": result.manifest["plan"]["runners_up"],
         "fallbacks": [_fallback_summary(b, Path(outdir)) for b in result.fallbacks],
         "planning": [_planning(c) for c in result.candidates],
+        **(_pareto_summary(result) if result.pareto is not None else {}),
     }
+
+
+def _pareto_summary(result) -> dict:
+    """compile --pareto's keys (driver.pareto_info)."""
+    from .driver import pareto_info  # the planner's side: only a --pareto summary needs it
+
+    return pareto_info(result.pareto, result.pareto_energy, result.ingested.graph)
 
 
 def _rounded(x: float | None) -> float | None:
@@ -124,7 +132,17 @@ def format_compile(s: dict) -> str:
         f"{s['bytes_transferred']} bytes transferred per input; compiled in {s['compile_seconds']:.2f} s\n"
         f"wrote {s['manifest']}",
         *([_fallback_table(s["fallbacks"])] if s.get("fallbacks") else []),
+        *([_pareto_table(s)] if "pareto" in s else []),
     ])
+
+
+def _pareto_table(s: dict) -> str:
+    """compile --pareto's frontier, one row per plan: its strategy, devices in stage order and figures."""
+    rows = [[p["strategy"], " > ".join(st["device"] for st in p["stages"]), p["predicted_latency_ms"],
+             p["predicted_throughput_ips"], p["predicted_energy_mj"]] for p in s["pareto"]]
+    note = " (energy left out: a device has no power_w)" if s["pareto_energy_unknown"] else ""
+    return f"Pareto frontier over {', '.join(s['pareto_axes'])}{note}:\n" + table(
+        ["strategy", "stages", "latency ms", "throughput/s", "energy mJ"], rows)
 
 
 def _fallback_table(fallbacks: list[dict]) -> str:
