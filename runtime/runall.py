@@ -6,15 +6,16 @@ allocation.json::
     {"format": "edgec-allocation/1",
      "services": {NAME: {"devices": [...], "manifest": "NAME/manifest.json", "sla_ms": 300, "rate_ips": null,
                          "priority": 1, "strategy": "pipeline", "predicted_latency_ms": 113.1,
-                         "predicted_throughput_ips": 8.8, "utility": 0.62, "normalised_utility": 1.0,
+                         "predicted_throughput_ips": 8.8, "predicted_energy_mj": 820.5 or null,
+                         "utility": 0.62, "normalised_utility": 1.0,
                          "memory_mb": {DEVICE: MB}, "latency_fit": {...} or null}},
      "status": "OPTIMAL", "gap": 0.0, "solve_seconds": 0.01, "planning_seconds": 3.2,
      "objective": "weighted" or "fairness", "dropped": [{"name": ..., "reason": ...}], "cluster": "cluster.yaml",
      "share": null or {"devices": {DEVICE: {"services": [NAME, ...], "memory_mb", "usable_mb",
                                             "held_ms_per_s", "budget_ms_per_s"}}}}
 
-"share" (`edgec allocate --share`) and each service's "held_ms_per_s" ({DEVICE: ms per s}) may be missing
-(allocations written before --share existed): no device is shared then. Only with "share" may a device
+"share" (`edgec allocate --share`), each service's "held_ms_per_s" ({DEVICE: ms per s}) and
+"predicted_energy_mj" may be missing (allocations written before they existed): no device is shared then. Only with "share" may a device
 be given to more than one service.
 
 Each service runs as `edgec run` runs one build, in a thread of its own driving its own coordinator and
@@ -114,6 +115,7 @@ _SERVICE = {
     "strategy": (_str, "a non-empty string"),
     "predicted_latency_ms": (_nonneg, "a non-negative number"),
     "predicted_throughput_ips": (_nonneg, "a non-negative number"),
+    "predicted_energy_mj": (_opt(_nonneg), "a non-negative number or null"),
     "utility": (_number, "a number"),
     "normalised_utility": (_number, "a number"),
     "memory_mb": (lambda v: isinstance(v, dict) and all(_nonneg(x) for x in v.values()),
@@ -122,7 +124,7 @@ _SERVICE = {
     "held_ms_per_s": (lambda v: isinstance(v, dict) and all(_nonneg(x) for x in v.values()),
                       "a mapping of device names to ms per s"),
 }
-_OPTIONAL = {"share", "held_ms_per_s"}  # absent from allocations written before --share
+_OPTIONAL = {"share", "held_ms_per_s", "predicted_energy_mj"}  # absent from allocations written before them
 
 
 def load_allocation(path: str | Path) -> Allocation:

@@ -285,6 +285,8 @@ def _entry(p: Planned, o: Option, plan, pred, sub) -> dict:
         "strategy": plan.strategy,
         "predicted_latency_ms": round(pred.latency_ms, 4),
         "predicted_throughput_ips": round(pred.throughput_ips, 4),
+        # energy per request on its devices (compiler/cost/energy.py); null when a device's power is unknown
+        "predicted_energy_mj": None if pred.energy_mj is None else round(pred.energy_mj, 4),
         "utility": round(o.utility, 6),
         "normalised_utility": round(o.utility / best, 6) if best > 0 else 1.0,
         "memory_mb": memory,

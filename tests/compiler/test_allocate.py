@@ -259,6 +259,9 @@ def test_allocation_json_and_json_output(tmp_path):
         manifest = json.loads((out / name / "manifest.json").read_text())
         assert [d["name"] for d in manifest["devices"]] == s["devices"]
         assert manifest["predicted"]["latency_ms"] == pytest.approx(s["predicted_latency_ms"], abs=1e-3)
+        # the shipped profiles have power figures: each service's energy per request on its devices
+        assert s["predicted_energy_mj"] == pytest.approx(manifest["predicted"]["energy_mj"], abs=1e-3)
+        assert s["predicted_energy_mj"] > 0 and set(s["memory_mb"]) == set(s["devices"])
     assert load_allocation(out).services[0].name == "chain"
 
 
