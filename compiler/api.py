@@ -23,7 +23,7 @@ def compile(model: str | os.PathLike, devices: str | os.PathLike, outdir: str | 
             deepthings_grid: tuple[int, int] | None = None, deepthings_layers: int | None = None,
             jobs: int | None = None, progress: Progress | None = None, fallbacks: bool = False,
             sla_ms: float | None = None, sla_soft: bool = False, lam: float | None = None,
-            pareto: bool = False) -> dict:
+            pareto: bool = False, keep: int | None = None) -> dict:
     """Compile `model` for the cluster in `devices` into `outdir`; return the `--json` summary.
 
     Bad input raises `edgec.compiler.errors.UserError` (one line, naming the file), and nothing is
@@ -33,7 +33,10 @@ def compile(model: str | os.PathLike, devices: str | os.PathLike, outdir: str | 
     `objective="energy"` needs `sla_ms` (the plan of least energy per request predicted within it); with
     `sla_soft`, the least energy + lam x (ms over the SLA) (lam in mJ per ms, default DEFAULT_LAMBDA).
     With `pareto`, `summary["pareto"]` lists the non-dominated plans of every planner run (latency,
-    throughput and, when every plan's is known, energy; `summary["pareto_axes"]` says which).
+    throughput and, when every plan's is known, energy; `summary["pareto_axes"]` says which). With `keep`
+    N, the best N other plans of that frontier (by the objective) are also written as builds of their own
+    (OUTDIR/alt-1/ ...), named by the manifest's `alternatives` and listed by `summary["alternatives"]`;
+    `summary["alternatives_missing"]` says how many fewer than N the frontier had.
 
         >>> import edgec
         >>> summary = edgec.compile("models/build/tinychain.onnx", "tests/e2e/clusters/two.yaml",
@@ -50,7 +53,7 @@ def compile(model: str | os.PathLike, devices: str | os.PathLike, outdir: str | 
     if not isinstance(pareto, bool):
         raise UserError(f"pareto {pareto!r}: expected True or False")
     result = compile_model(model, devices, outdir, strategy, objective, _shapes(shapes), progress or Progress(),
-                           options, fallbacks=fallbacks, pareto=pareto)
+                           options, fallbacks=fallbacks, pareto=pareto, keep=_positive("keep", keep))
     return compile_summary(result, Path(outdir), time.perf_counter() - t0)
 
 

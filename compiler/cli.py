@@ -92,9 +92,12 @@ def cli() -> None:
                    "switches to that plan when the device stops answering")
 @click.option("--pareto", is_flag=True,
               help="also list the non-dominated plans (latency, throughput, energy) of every planner run")
+@click.option("--keep", type=click.IntRange(min=1), default=None, metavar="N",
+              help="also write the best N other plans of that frontier as builds of their own (OUTDIR/alt-1/ ...), "
+                   "for the runtime to switch between")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON summary object on stdout")
 def compile_cmd(model, devices, outdir, strategy, objective, sla_ms, sla_soft, lam, shapes, search_threshold,
-                deepthings_grid, deepthings_layers, jobs, fallbacks, pareto, as_json):
+                deepthings_grid, deepthings_layers, jobs, fallbacks, pareto, keep, as_json):
     """Compile MODEL for the devices in CLUSTER.yaml into OUTDIR (fragments + manifest.json)."""
     from .api import compile as compile_api
     from .emit import check_output_dir
@@ -114,7 +117,7 @@ def compile_cmd(model, devices, outdir, strategy, objective, sla_ms, sla_soft, l
                               shapes=parse_shape_option(shapes), search_threshold=search_threshold,
                               deepthings_grid=grid, deepthings_layers=deepthings_layers, jobs=jobs,
                               progress=progress, fallbacks=fallbacks, sla_ms=sla_ms, sla_soft=sla_soft, lam=lam,
-                              pareto=pareto)
+                              pareto=pareto, keep=keep)
     click.echo(json.dumps(summary, indent=1, sort_keys=True) if as_json else format_compile(summary))
 
 

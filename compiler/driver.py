@@ -13,11 +13,12 @@ from edgec.runtime.interrupts import check_interrupted
 
 from . import cluster as cluster_mod
 from .cost import CostTable, Prediction, build_cost_table, evaluate
-from .emit import FallbackBuild, assemble_manifest, build_fragments, fallback_entries, write_output
+from .emit import (ExtraBuild, alternative_build, alternative_folder, assemble_manifest, build_fragments, extra_entries,
+                   fallback_build, write_output)
 from .errors import UserError
 from .graph import LayerGraph
 from .ingest import Ingested, load_model
-from .plan.frontier import Point, energy_frontier, pareto_front
+from .plan.frontier import Point, energy_frontier, pareto_front, plan_key
 from .plan.planner import Dominated, EnergyGoal, InfeasibleError, PlanOptions
 from .plan.registry import PLANNERS, SEARCHES, STRATEGIES, run_group, schedule
 from .plan.stats import UNITS, recording
@@ -25,7 +26,7 @@ from .plan_types import Plan, Stage
 from .progress import Progress
 
 __all__ = ["CompileResult", "Candidate", "PlanOptions", "compile_model", "plan_model", "pareto_points", "pareto_info",
-           "OBJECTIVES"]
+           "build_alternatives", "OBJECTIVES"]
 
 logger = logging.getLogger(__name__)
 OBJECTIVES = ("latency", "throughput", "energy")  # energy: under PlanOptions.energy (an SLA)
@@ -54,12 +55,14 @@ class CompileResult:
     candidates: tuple[Candidate, ...]
     manifest: dict
     timings: dict[str, float]
-    fallbacks: tuple[FallbackBuild, ...] = ()  # with --fallbacks: one per device the plan uses
+    fallbacks: tuple[ExtraBuild, ...] = ()  # with --fallbacks: one per device the plan uses
     pareto: tuple[Point, ...] | None = None  # with --pareto: the non-dominated plans found (plan/frontier.py)
     pareto_energy: bool = False  # whether energy is one of the frontier's axes (every plan's energy known)
+    alternatives: tuple[ExtraBuild, ...] = ()  # with --keep N: the best N other plans of the frontier, best first
+    alternatives_missing: int = 0  # N minus the alternatives found
 
 
-def _key(c: Candidate, objective: str, goal: EnergyGoal | None = None) -> tuple:
+def _key(c: Candidate | Point, objective: str, goal: EnergyGoal | None = None) -> tuple:
     p = c.prediction
     if objective == "energy":
         # the energy goal's score (energy, + the soft SLA's penalty), then the faster plan
@@ -167,10 +170,11 @@ def _priced_on(plan: Plan, cost: CostTable) -> CostTable:
 def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, strategy: str = "auto",
                   objective: str = "latency", shapes: dict | None = None,
                   progress: Progress = Progress(), options: PlanOptions = PlanOptions(),
-                  fallbacks: bool = False, pareto: bool = False) -> CompileResult:
+                  fallbacks: bool = False, pareto: bool = False, keep: int | None = None) -> CompileResult:
     """Compile `model` for the cluster in `devices` into `outdir`. With `fallbacks`, also plan the cluster
     without each device the plan uses (same strategy and objective) and write those builds beside it. With
-    `pareto`, also collect the non-dominated plans of every planner run (`pareto_points`)."""
+    `pareto`, also collect the non-dominated plans of every planner run (`pareto_points`). With `keep` N,
+    also write the best N other plans of that frontier as alternative builds (`build_alternatives`)."""
     timings: dict[str, float] = {}
     t = time.perf_counter()
 
@@ -200,9 +204,9 @@ def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, st
     cost = build_cost_table(ing.graph, cluster, ing.sha256, model=ing.model)
     step("cost", "planning")
     chosen, candidates = plan_model(ing.graph, cost, strategy, objective, options, progress)
-    front: tuple[Point, ...] | None = None
+    front: tuple[Point, ...] = ()
     with_energy = False
-    if pareto:
+    if pareto or keep:
         step("plan", "collecting the Pareto frontier")
         points, with_energy = pareto_front(pareto_points(ing.graph, cost, chosen, candidates, objective, options))
         front = tuple(points)
@@ -213,17 +217,54 @@ def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, st
     frags = build_fragments(ing, chosen.plan, chosen.prediction)
     manifest = assemble_manifest(ing, chosen.plan, chosen.prediction, frags, _run_on(chosen, cluster).to_dict(), Path(outdir),
                                  plan_info(chosen, candidates, ing.graph))
-    builds: list[FallbackBuild] = []
+    done = "emit"  # the step that ends next
+    alts: list[ExtraBuild] = []
+    if keep:
+        step(done, "building the alternatives")
+        alts = build_alternatives(ing, cluster, cost, chosen, candidates, front, keep, objective, options, Path(outdir))
+        manifest["alternatives"] = extra_entries(alts)
+        _note_alternatives(progress, alts, keep)
+        done = "alternatives"
+    builds: list[ExtraBuild] = []
     if fallbacks:
-        step("emit", "planning the fallbacks")
+        step(done, "planning the fallbacks")
         builds = plan_fallbacks(ing, cluster, manifest, Path(outdir), strategy, objective, options, progress)
-        manifest["fallbacks"] = fallback_entries(builds)
-        step("fallbacks", f"writing {outdir}")
-    else:
-        step("emit", f"writing {outdir}")
-    write_output(Path(outdir), manifest, frags, builds)
+        manifest["fallbacks"] = extra_entries(builds)
+        done = "fallbacks"
+    step(done, f"writing {outdir}")
+    write_output(Path(outdir), manifest, frags, alts + builds)
     step("write")
-    return CompileResult(ing, cluster, cost, chosen, candidates, manifest, timings, tuple(builds), front, with_energy)
+    return CompileResult(ing, cluster, cost, chosen, candidates, manifest, timings, tuple(builds),
+                         front if pareto else None, with_energy, tuple(alts), keep - len(alts) if keep else 0)
+
+
+def build_alternatives(ing: Ingested, cluster: cluster_mod.Cluster, cost: CostTable, chosen: Candidate, candidates,
+                       front, keep: int, objective: str, options: PlanOptions, outdir: Path) -> list[ExtraBuild]:
+    """The first `keep` plans of the frontier other than the chosen one, best first by the objective's own
+    order (_key), each a complete build for OUTDIR/alt-<k>/ (its devices in the power modes it needs).
+    Under a hard SLA only plans within it qualify: the SLA is the operator's, whichever plan runs."""
+    goal = options.energy
+    ranked = sorted((p for p in front if plan_key(p.plan) != plan_key(chosen.plan)),
+                    key=lambda p: _key(p, objective, goal))
+    builds = []
+    for k, point in enumerate([p for p in ranked if math.isfinite(_key(p, objective, goal)[0])][:keep], 1):
+        check_interrupted()
+        priced = _priced_on(point.plan, cost)
+        alt = Candidate(point.strategy, point.plan, point.prediction, cost=priced if priced is not cost else None)
+        frags = build_fragments(ing, alt.plan, alt.prediction)
+        data = assemble_manifest(ing, alt.plan, alt.prediction, frags, _run_on(alt, cluster).to_dict(),
+                                 outdir / alternative_folder(k), plan_info(alt, candidates, ing.graph))
+        builds.append(alternative_build(k, data, frags))
+    return builds
+
+
+def _note_alternatives(progress: Progress, alts: list[ExtraBuild], keep: int) -> None:
+    for b in alts:
+        pred = b.info["predicted"]
+        progress.note(f"alternative {b.folder}: {b.info['strategy']}, latency {pred['latency_ms']:.1f} ms, "
+                      f"throughput {pred['throughput_ips']:.2f}/s")
+    if len(alts) < keep:
+        progress.note(f"--keep {keep}: only {len(alts)} other plan(s) of the frontier qualify (within any hard SLA); wrote those")
 
 
 def pareto_points(graph: LayerGraph, cost: CostTable, chosen: Candidate, candidates, objective: str,
@@ -254,7 +295,7 @@ def pareto_points(graph: LayerGraph, cost: CostTable, chosen: Candidate, candida
 
 
 def plan_fallbacks(ing: Ingested, cluster: cluster_mod.Cluster, manifest: dict, outdir: Path, strategy: str,
-                   objective: str, options: PlanOptions, progress: Progress) -> list[FallbackBuild]:
+                   objective: str, options: PlanOptions, progress: Progress) -> list[ExtraBuild]:
     """For each device with steps in `manifest`, in cluster order: the build planned for the cluster without
     it, or why there is none (no device left, or none of the rest can hold the model): reported, not fatal."""
     builds = []
@@ -263,7 +304,7 @@ def plan_fallbacks(ing: Ingested, cluster: cluster_mod.Cluster, manifest: dict, 
         progress.status(f"planning without {device}")
         rest = _without(cluster, device)
         if not rest.devices:
-            builds.append(FallbackBuild(device, None, error=f"no device is left without {device}"))
+            builds.append(fallback_build(device, error=f"no device is left without {device}"))
             progress.note(f"fallback without {device}: none (no device left)")
             continue
         cost = build_cost_table(ing.graph, rest, ing.sha256, model=ing.model)
@@ -271,14 +312,14 @@ def plan_fallbacks(ing: Ingested, cluster: cluster_mod.Cluster, manifest: dict, 
             chosen, candidates = plan_model(ing.graph, cost, strategy, objective, options, Progress())
         except UserError as exc:
             error = str(exc).removeprefix(f"{exc.path}: ") if exc.path else str(exc)
-            builds.append(FallbackBuild(device, None, error=error))
+            builds.append(fallback_build(device, error=error))
             progress.note(f"fallback without {device}: none ({error})")
             continue
         frags = build_fragments(ing, chosen.plan, chosen.prediction)
-        build = FallbackBuild(device, None, tuple(frags))
-        data = assemble_manifest(ing, chosen.plan, chosen.prediction, frags, _run_on(chosen, rest).to_dict(), outdir / build.folder,
+        folder = fallback_build(device).folder
+        data = assemble_manifest(ing, chosen.plan, chosen.prediction, frags, _run_on(chosen, rest).to_dict(), outdir / folder,
                                  plan_info(chosen, candidates, ing.graph))
-        builds.append(replace(build, manifest=data))
+        builds.append(fallback_build(device, data, frags))
         used = sum(1 for steps in data["steps"].values() if steps)
         progress.note(f"fallback without {device}: {chosen.strategy} on {used} device(s), "
                       f"latency {chosen.prediction.latency_ms:.1f} ms, throughput "

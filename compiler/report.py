@@ -9,8 +9,9 @@ from typing import Any
 
 from edgec.runtime import MANIFEST_FORMAT
 from edgec.runtime.errors import InputError
-from edgec.runtime.manifest import (Fallback, Manifest, Recv, Region, Regions, Send, Transfer, load_fallback,
-                                    parse_manifest, read_manifest_json, region_ranges)
+from edgec.runtime.manifest import (Fallback, Manifest, Recv, Region, Regions, Send, Transfer, file_sha256,
+                                    load_fallback, load_manifest, parse_manifest, read_manifest_json, region_ranges)
+from edgec.runtime.manifest_types import Alternative
 
 from .errors import UserError
 from .cost.memory import device_memory_bytes
@@ -70,6 +71,8 @@ def compile_summary(result, outdir: Path, seconds: float) -> dict:
         "candidates": result.manifest["plan"]["candidates"],
         "runners_up": result.manifest["plan"]["runners_up"],
         "fallbacks": [_fallback_summary(b, Path(outdir)) for b in result.fallbacks],
+        "alternatives": [_alternative_summary(b, Path(outdir)) for b in result.alternatives],
+        "alternatives_missing": result.alternatives_missing,
         "planning": [_planning(c) for c in result.candidates],
         **(_pareto_summary(result) if result.pareto is not None else {}),
     }
@@ -106,11 +109,22 @@ def _planning(c) -> dict:
 
 def _fallback_summary(build, outdir: Path) -> dict:
     """One --fallbacks build: where it is and what it predicts, or why there is none."""
+    without = build.info["without"]
     if build.manifest is None:
-        return {"without": build.without, "manifest": None, "error": build.error}
-    m = build.manifest
-    return {"without": build.without, "manifest": str(outdir / build.folder / "manifest.json"), "error": None,
-            "strategy": m["plan"]["strategy"], "devices": [d for d, steps in m["steps"].items() if steps],
+        return {"without": without, "manifest": None, "error": build.error}
+    return {"without": without, "manifest": str(outdir / build.folder / "manifest.json"), "error": None,
+            **_build_plan(build.manifest)}
+
+
+def _alternative_summary(build, outdir: Path) -> dict:
+    """One --keep alternative build: where it is and what it predicts."""
+    return {"manifest": str(outdir / build.folder / "manifest.json"), **_build_plan(build.manifest),
+            "predicted_energy_mj": build.manifest["predicted"].get("energy_mj")}
+
+
+def _build_plan(m: dict) -> dict:
+    """An extra build's strategy, working devices and predictions, from its manifest."""
+    return {"strategy": m["plan"]["strategy"], "devices": [d for d, steps in m["steps"].items() if steps],
             "predicted_latency_ms": m["predicted"]["latency_ms"],
             "predicted_throughput_ips": m["predicted"]["throughput_ips"]}
 
@@ -132,8 +146,20 @@ def format_compile(s: dict) -> str:
         f"{s['bytes_transferred']} bytes transferred per input; compiled in {s['compile_seconds']:.2f} s\n"
         f"wrote {s['manifest']}",
         *([_fallback_table(s["fallbacks"])] if s.get("fallbacks") else []),
+        *([_alternative_table(s["alternatives"])] if s.get("alternatives") else []),
+        *([f"--keep: {s['alternatives_missing']} fewer alternative(s) than asked: no more plans of the frontier qualify"]
+          if s.get("alternatives_missing") else []),
         *([_pareto_table(s)] if "pareto" in s else []),
     ])
+
+
+def _alternative_table(alternatives: list[dict]) -> str:
+    """The alternative plans (compile --keep, inspect of a manifest that has them), best first."""
+    rows = [[a.get("strategy") or "-", ", ".join(a.get("devices") or []) or "-", a.get("predicted_latency_ms"),
+             a.get("predicted_throughput_ips"), a.get("predicted_energy_mj"),
+             a["manifest"] if not a.get("error") else f"broken: {a['error']}"] for a in alternatives]
+    return "alternative plans (compile --keep; each folder is a build `edgec run` runs):\n" + table(
+        ["strategy", "devices", "latency ms", "throughput/s", "energy mJ", "manifest"], rows)
 
 
 def _pareto_table(s: dict) -> str:
@@ -418,7 +444,8 @@ def plan_summary(doc: ManifestFile) -> dict:
             "predicted_energy_mj": energy.get(None),
             "devices": [{"name": d.name, "profile": d.profile, "mode": d.mode, "predicted_energy_mj": energy.get(d.name)}
                         for d in m.devices],
-            "fallbacks": _listed_fallbacks(m)}
+            "fallbacks": _listed_fallbacks(m),
+            "alternatives": [_listed_alternative(a, replace(m, path=m.path.absolute())) for a in m.alternatives]}
 
 
 def _listed_fallbacks(m: Manifest) -> list[dict]:
@@ -441,6 +468,28 @@ def _listed_fallback(fb: Fallback, main: Manifest) -> dict:
                   "devices": [d for d in m.device_names if m.steps.get(d)],
                   "predicted_latency_ms": m.predicted.get("latency_ms"),
                   "predicted_throughput_ips": m.predicted.get("throughput_ips")}
+
+
+def _listed_alternative(alt: Alternative, main: Manifest) -> dict:
+    """A manifest's alternative entry for inspect, with the working devices read from its manifest; `error`
+    says when that file is outside the build folder, missing, not the one recorded or not a manifest the
+    runtime reads (the entry's strategy and predictions are then what the main manifest recorded)."""
+    out = {"manifest": alt.manifest, "sha256": alt.sha256, "strategy": alt.strategy,
+           "predicted_latency_ms": alt.predicted["latency_ms"], "predicted_throughput_ips": alt.predicted["throughput_ips"],
+           "predicted_energy_mj": alt.predicted["energy_mj"], "error": None}
+    path = main.folder / alt.manifest
+    where = f"{main.path}: alternative {alt.manifest}"
+    try:
+        if not path.resolve().is_relative_to(main.folder.resolve()):
+            return out | {"error": f"{where}: outside the build folder {main.folder}"}
+        if file_sha256(path) != alt.sha256:
+            return out | {"error": f"{where}: sha256 mismatch; the file was changed after compiling"}
+        m = load_manifest(path, check_files=False)
+    except OSError as exc:
+        return out | {"error": f"{where}: cannot read it ({exc.strerror or exc})"}
+    except (InputError, RuntimeError) as exc:  # RuntimeError: a symlink loop
+        return out | {"error": str(exc)}
+    return out | {"devices": [d for d in m.device_names if m.steps.get(d)]}
 
 
 def format_plan(s: dict) -> str:
@@ -470,6 +519,8 @@ def format_plan(s: dict) -> str:
     if s.get("fallbacks"):
         parts.append(_fallback_table([f | {"manifest": f["manifest"] if f["error"] is None else None}
                                       for f in s["fallbacks"]]))
+    if s.get("alternatives"):
+        parts.append(_alternative_table(s["alternatives"]))
     return "\n\n".join(parts)
 
 

@@ -77,6 +77,14 @@ are ignored):
               "fallback-<device>/manifest.json", a complete build of its own), and `sha256` that file's hash.
               When no plan fits the devices left, `manifest` and `sha256` are null and `error` says why.
               `edgec run` switches to a device's fallback when the device stops answering (see coordinator.py).
+  alternatives optional (written by `edgec compile --keep N`; absent or null: none)
+              [{"manifest": str, "sha256": hex str, "strategy": str,
+                "predicted": {"latency_ms": number, "throughput_ips": number, "energy_mj": number or null}}]:
+              other plans of the same model on the same cluster (the best N of the Pareto frontier after the
+              chosen plan, best first by the compile's objective). `manifest` is a relative path inside the
+              build folder (the compiler writes "alt-<k>/manifest.json", a complete build of its own that
+              `edgec run` runs like any other), `sha256` that file's hash; `strategy` and `predicted` repeat
+              what that manifest records. The runtime does not switch between them yet.
 
 Validation (each failure is an InputError "<manifest path>: <problem>", one line): the file's size
 (at most 64 MiB) and nesting (at most 64 levels); format and version; numbers finite;

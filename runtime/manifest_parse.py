@@ -11,7 +11,7 @@ from typing import Any, Iterable
 
 from . import MANIFEST_FORMAT, MANIFEST_VERSION
 from .errors import InputError
-from .manifest_types import (DTYPES, Concat, Device, Fallback, Fragment, Free, Link, Manifest, Network, OutputSpec,
+from .manifest_types import (DTYPES, Alternative, Concat, Device, Fallback, Fragment, Free, Link, Manifest, Network, OutputSpec,
                              RuntimeCosts,
                              Recv, Region, Regions, Run, Send, Slice, Step, TensorSpec, Transfer)
 
@@ -50,6 +50,7 @@ def build_manifest(data: Any, path: str | Path) -> tuple[Manifest, "Reader"]:
         steps=_steps(r, r.obj(r.get(top, "steps", "manifest"), "steps")),
         predicted={} if top.get("predicted") is None else r.obj(top["predicted"], "predicted"),
         fallbacks=_fallbacks(r, top.get("fallbacks"), {d.name for d in devices}),
+        alternatives=_alternatives(r, top.get("alternatives")),
     )
     for where, names in (("devices", manifest.device_names), ("inputs", [t.name for t in manifest.inputs]),
                          ("outputs", [t.name for t in manifest.outputs])):
@@ -249,17 +250,45 @@ def _fallbacks(r: Reader, items: Any, devices: set[str]) -> tuple[Fallback, ...]
                 r.fail(w, "without a manifest, expected sha256 null and an error saying why")
             out[without] = Fallback(without, None, None, error)
             continue
-        file = r.str(d, "manifest", w)
-        _check_inside(r, file, f"{w}.manifest")
-        sha = r.str(d, "sha256", w)
-        if len(sha) != 64 or any(c not in "0123456789abcdefABCDEF" for c in sha):
-            r.fail(f"{w}.sha256", "expected 64 hexadecimal digits")
-        out[without] = Fallback(without, file, sha.lower())
+        out[without] = Fallback(without, *_build_file(r, d, w))
     return tuple(out.values())
 
 
+def _alternatives(r: Reader, items: Any) -> tuple[Alternative, ...]:
+    """The optional `alternatives` list (absent in manifests compiled without --keep): the other plans kept,
+    best first, each naming its manifest and repeating its strategy and predicted figures."""
+    if items is None:
+        return ()
+    if not isinstance(items, list):
+        r.fail("alternatives", "expected a list")
+    out: dict[str, Alternative] = {}
+    for i, d in enumerate(items):
+        w = f"alternatives[{i}]"
+        d = r.obj(d, w)
+        file, sha = _build_file(r, d, w)
+        if file in out:
+            r.fail("alternatives", f"two entries name {_show(file)}")
+        pred = r.obj(r.get(d, "predicted", w), f"{w}.predicted")
+        energy = r.get(pred, "energy_mj", f"{w}.predicted")
+        out[file] = Alternative(file, sha, r.str(d, "strategy", w), {
+            "latency_ms": r.num(pred, "latency_ms", f"{w}.predicted"),
+            "throughput_ips": r.num(pred, "throughput_ips", f"{w}.predicted"),
+            "energy_mj": None if energy is None else r.num(pred, "energy_mj", f"{w}.predicted")})
+    return tuple(out.values())
+
+
+def _build_file(r: Reader, d: dict, w: str) -> tuple[str, str]:
+    """An extra build's (fallback's or alternative's) manifest path, inside the build folder, and its sha256."""
+    file = r.str(d, "manifest", w)
+    _check_inside(r, file, f"{w}.manifest")
+    sha = r.str(d, "sha256", w)
+    if len(sha) != 64 or any(c not in "0123456789abcdefABCDEF" for c in sha):
+        r.fail(f"{w}.sha256", "expected 64 hexadecimal digits")
+    return file, sha.lower()
+
+
 def _check_inside(r: Reader, file: str, where: str) -> None:
-    """A fragment (or fallback manifest) file is named relative to the build folder and stays inside it: a
+    """A fragment (or fallback or alternative manifest) file is named relative to the build folder and stays inside it: a
     manifest must not make a worker read (or the coordinator send) /etc/shadow or ../../secret.onnx."""
     p = PurePosixPath(file)
     if p.is_absolute() or PureWindowsPath(file).is_absolute() or ".." in p.parts or "\\" in file or "\0" in file:

@@ -10,7 +10,7 @@ from typing import Any, Union
 __all__ = [
     "bytes_per_s",
     "HOST", "DTYPES", "TensorSpec", "OutputSpec", "Device", "Link", "RuntimeCosts", "Network", "Fragment", "Region", "Regions",
-    "region_ranges", "Transfer", "Run", "Send", "Recv", "Slice", "Concat", "Free", "Step", "Fallback", "Manifest",
+    "region_ranges", "Transfer", "Run", "Send", "Recv", "Slice", "Concat", "Free", "Step", "Fallback", "Alternative", "Manifest",
 ]
 
 logger = logging.getLogger(__name__)
@@ -209,6 +209,18 @@ class Fallback:
 
 
 @dataclass(frozen=True)
+class Alternative:
+    """Another plan of the same model on the same cluster (`edgec compile --keep N`, best first): its
+    manifest's path relative to this manifest's folder and that file's sha256, with the strategy and the
+    predicted figures ({"latency_ms", "throughput_ips", "energy_mj" or None}) its manifest records."""
+
+    manifest: str
+    sha256: str
+    strategy: str
+    predicted: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class Manifest:
     path: Path
     model_path: Path
@@ -222,6 +234,7 @@ class Manifest:
     steps: dict[str, tuple[Step, ...]]
     predicted: dict[str, Any] = field(default_factory=dict)
     fallbacks: tuple[Fallback, ...] = ()
+    alternatives: tuple[Alternative, ...] = ()
 
     @property
     def folder(self) -> Path:

@@ -14,9 +14,11 @@ With ingest.py, the only code that handles ONNX protobufs; the planners never im
 
 from .encode import EncodedModel
 from .fragments import EmittedFragment, build_fragments
-from .output import FallbackBuild, check_output_dir, fallback_entries, manifest_text, write_output
+from .output import (EXTRA_KEYS, ExtraBuild, alternative_build, alternative_folder, check_output_dir, extra_entries, fallback_build,
+                     manifest_text, write_output)
 from .schedule import assemble_manifest
 from .tiles import build_tile_model
 
-__all__ = ["EmittedFragment", "EncodedModel", "FallbackBuild", "build_fragments", "build_tile_model",
-           "assemble_manifest", "write_output", "check_output_dir", "manifest_text", "fallback_entries"]
+__all__ = ["EmittedFragment", "EncodedModel", "ExtraBuild", "EXTRA_KEYS", "build_fragments", "build_tile_model",
+           "assemble_manifest", "write_output", "check_output_dir", "manifest_text", "extra_entries", "fallback_build",
+           "alternative_build", "alternative_folder"]

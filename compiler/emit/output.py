@@ -1,5 +1,5 @@
-"""Output: the build (fragments and manifest.json, fallback builds in subfolders) written to a temporary
-sibling folder, checked by onnxruntime and by the runtime's own manifest parser, then swapped into place."""
+"""Output: the build (fragments and manifest.json, fallback and alternative builds in subfolders) written
+to a temporary sibling folder, checked by onnxruntime and by the runtime's own manifest parser, then swapped into place."""
 
 from __future__ import annotations
 
@@ -24,24 +24,55 @@ from edgec.runtime.manifest import load_manifest
 from ..errors import UserError
 from .fragments import EmittedFragment, safe_name
 
-__all__ = ["FallbackBuild", "manifest_text", "fallback_entries", "write_output", "check_output_dir"]
+__all__ = ["ExtraBuild", "EXTRA_KEYS", "fallback_build", "alternative_build", "alternative_folder",
+           "manifest_text", "extra_entries",
+           "write_output", "check_output_dir"]
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class FallbackBuild:
-    """The build planned without device `without` (written to OUTDIR/fallback-<without>/, a complete build of
-    its own), or, with `manifest` None, why no plan fits the devices left."""
+class ExtraBuild:
+    """A complete build of its own beside the main one, in OUTDIR/<folder>/, that the main manifest's list
+    `key` names: a fallback ("fallbacks", folder fallback-<device>, `info` {"without": device}) or an
+    alternative plan ("alternatives", folder alt-<k>, `info` its strategy and predicted figures). With
+    `manifest` None (fallbacks only), `error` says why there is no such build."""
 
-    without: str
+    key: str
+    folder: str
+    info: dict
     manifest: dict | None
     frags: tuple[EmittedFragment, ...] = ()
     error: str | None = None
 
-    @property
-    def folder(self) -> str:
-        return f"fallback-{safe_name(self.without)}"
+    def entry(self) -> dict:
+        """The build's entry in the main manifest's list: where its manifest is and the sha256 of its text."""
+        if self.manifest is None:
+            return self.info | {"manifest": None, "sha256": None, "error": self.error}
+        digest = hashlib.sha256(manifest_text(self.manifest).encode("utf-8")).hexdigest()
+        return self.info | {"manifest": f"{self.folder}/manifest.json", "sha256": digest}
+
+
+EXTRA_KEYS = ("fallbacks", "alternatives")  # the main manifest's lists of builds in subfolders
+
+
+def fallback_build(without: str, manifest: dict | None = None, frags=(), error: str | None = None) -> ExtraBuild:
+    """The build planned without device `without`, or why no plan fits the devices left."""
+    return ExtraBuild("fallbacks", f"fallback-{safe_name(without)}", {"without": without}, manifest, tuple(frags), error)
+
+
+def alternative_folder(k: int) -> str:
+    """The folder of the k-th alternative plan (k from 1, best first)."""
+    return f"alt-{k}"
+
+
+def alternative_build(k: int, manifest: dict, frags) -> ExtraBuild:
+    """The k-th alternative plan: its entry repeats the strategy and predictions of its manifest."""
+    pred = manifest["predicted"]
+    info = {"strategy": manifest["plan"]["strategy"],
+            "predicted": {"latency_ms": pred["latency_ms"], "throughput_ips": pred["throughput_ips"],
+                          "energy_mj": pred.get("energy_mj")}}
+    return ExtraBuild("alternatives", alternative_folder(k), info, manifest, tuple(frags))
 
 
 def manifest_text(manifest: dict) -> str:
@@ -49,30 +80,23 @@ def manifest_text(manifest: dict) -> str:
     return json.dumps(manifest, indent=1, sort_keys=True) + "\n"
 
 
-def fallback_entries(builds: list[FallbackBuild]) -> list[dict]:
-    """The main manifest's `fallbacks` list: where each fallback manifest is and the sha256 of its text."""
-    out = []
-    for b in builds:
-        if b.manifest is None:
-            out.append({"without": b.without, "manifest": None, "sha256": None, "error": b.error})
-        else:
-            digest = hashlib.sha256(manifest_text(b.manifest).encode("utf-8")).hexdigest()
-            out.append({"without": b.without, "manifest": f"{b.folder}/manifest.json", "sha256": digest})
-    return out
+def extra_entries(builds) -> list[dict]:
+    """The main manifest's list (`fallbacks` or `alternatives`) naming `builds`, in their order."""
+    return [b.entry() for b in builds]
 
 
 def write_output(outdir: Path, manifest: dict, frags: list[EmittedFragment],
-                 fallbacks: list[FallbackBuild] = ()) -> None:
+                 extras: list[ExtraBuild] = ()) -> None:
     """Write into a temporary sibling folder, then swap it into place: a failure (or SIGTERM/SIGINT, when
     the caller turns them into exceptions) leaves nothing half-written and no temporary folder.
 
     An existing OUTDIR is replaced only when it is empty or holds exactly an earlier edgec build (see
-    check_output_dir); every fragment must load in onnxruntime before the build is swapped in. Each
-    fallback build goes to its own subfolder, which `manifest["fallbacks"]` must name (fallback_entries).
+    check_output_dir); every fragment must load in onnxruntime before the build is swapped in. Each extra
+    build (a fallback or an alternative) goes to its own subfolder, which the manifest's list of its kind
+    must name (extra_entries): all of them are written, or none.
     """
     outdir = Path(outdir).resolve()  # `-o .` has no name to put the temporary sibling beside
-    if fallbacks and manifest.get("fallbacks") != fallback_entries(list(fallbacks)):
-        raise RuntimeError("the manifest's fallbacks do not describe the fallback builds being written")
+    _check_extras_named(manifest, list(extras))
     check_output_dir(outdir)
     tmp: Path | None = None
     try:
@@ -81,7 +105,7 @@ def write_output(outdir: Path, manifest: dict, frags: list[EmittedFragment],
             tmp = Path(tempfile.mkdtemp(prefix=f".{outdir.name}.tmp-", dir=outdir.parent))
         tmp.chmod(default_mode(folder=True))  # mkdtemp's 0700 would make the build private to this user
         builds = [(tmp, outdir, manifest, frags)]
-        builds += [(tmp / b.folder, outdir / b.folder, b.manifest, b.frags) for b in fallbacks if b.manifest is not None]
+        builds += [(tmp / b.folder, outdir / b.folder, b.manifest, b.frags) for b in extras if b.manifest is not None]
         for folder, final, data, files in builds:
             folder.mkdir(exist_ok=True)
             _write_build(folder, final, data, files)
@@ -94,6 +118,16 @@ def write_output(outdir: Path, manifest: dict, frags: list[EmittedFragment],
     finally:
         if tmp is not None and tmp.exists():  # tmp is gone once swapped into place
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _check_extras_named(manifest: dict, extras: list[ExtraBuild]) -> None:
+    """The manifest names exactly the extra builds being written, each in its own folder."""
+    folders = [b.folder for b in extras]
+    if len(set(folders)) != len(folders):
+        raise RuntimeError(f"two extra builds share a folder: {folders}")
+    for key in {b.key for b in extras}:
+        if manifest.get(key) != extra_entries([b for b in extras if b.key == key]):
+            raise RuntimeError(f"the manifest's {key} do not describe the builds being written")
 
 
 def _ensure_runtime_accepts(path: Path) -> None:
@@ -119,8 +153,8 @@ def _write_build(folder: Path, final: Path, manifest: dict, frags) -> None:
 
 
 def check_output_dir(outdir: Path) -> tuple[str, ...]:
-    """The files of the earlier build that OUTDIR holds, as paths relative to it (a fallback's files as
-    "fallback-<device>/<file>"); empty if OUTDIR is missing or empty. UserError if OUTDIR is not a folder, or
+    """The files of the earlier build that OUTDIR holds, as paths relative to it (a fallback's or an
+    alternative's files as "<folder>/<file>"); empty if OUTDIR is missing or empty. UserError if OUTDIR is not a folder, or
     holds anything else: the user's files are never replaced."""
     outdir = Path(outdir).resolve()
     if not outdir.name:
@@ -163,20 +197,20 @@ def _walk_build(outdir: Path, entries: list[Path], build: set[str]) -> tuple[lis
 
 def _build_files(folder: Path) -> set[str]:
     """manifest.json and the fragment files it names, if folder/manifest.json is an edgec manifest; else
-    empty. A fallback it names (FOLDER/manifest.json, FOLDER one plain name) adds that folder's build
-    files as "FOLDER/<file>"."""
+    empty. Each extra build it names (a fallback or an alternative: FOLDER/manifest.json, FOLDER one plain
+    name) adds that folder's build files as "FOLDER/<file>"."""
     data = _read_manifest(folder / "manifest.json")
     files = _own_files(data)
     if not files:
         return set()
-    for fb in data.get("fallbacks") or ():
-        path = fb.get("manifest") if isinstance(fb, dict) else None
+    for entry in [e for key in EXTRA_KEYS if isinstance(data.get(key), list) for e in data[key]]:
+        path = entry.get("manifest") if isinstance(entry, dict) else None
         if path is None:
             continue
         sub, _, name = path.partition("/") if isinstance(path, str) else ("", "", "")
         inner = _own_files(_read_manifest(folder / sub / name)) if name == "manifest.json" and _plain(sub) else set()
         if not inner:
-            return set()  # a fallback that is not a folder of ours: not a build we wrote
+            return set()  # an extra build that is not a folder of ours: not a build we wrote
         files |= {f"{sub}/{f}" for f in inner}
     return files
 
@@ -258,7 +292,7 @@ def _swap_into_place(tmp: Path, outdir: Path, old_files: tuple[str, ...]) -> Non
 
 
 def _remove_old_build(old: Path, files: tuple[str, ...]) -> None:
-    """Delete the earlier build's files by name, then its fallback folders ("NAME/" entries) and its
+    """Delete the earlier build's files by name, then its extra builds' folders ("NAME/" entries) and its
     folder: a file that appeared in one after the last check keeps it, which is reported, not deleted."""
     for name in files:
         if not name.endswith("/"):
