@@ -5,6 +5,8 @@
 - network.py: `Network`, the links between devices; the compiler's one Mbps -> bytes/ms conversion.
 - tiles.py: the tile cost model of spatial stages (tile compute with the figures' tile efficiency, halo,
   scatter and gather transfers).
+- order.py: the send order of each spatial exchange that gives the shortest predicted stage (never worse
+  than tile order); evaluate records it in the Prediction and the emitter writes the steps in it.
 - memory.py: `device_memory_bytes(plan, graph)`, what each device must hold.
 - energy.py: `request_energy`, one request's energy (busy and idle power over the span, radio per byte);
   evaluate attaches it to every Prediction (`Prediction.energy`, `energy_mj`), simulate to every replay.

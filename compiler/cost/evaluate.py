@@ -11,6 +11,7 @@ from ..graph import LayerGraph
 from ..plan_types import Plan
 from .energy import DevicePower, Energy, request_energy
 from .network import message_ms
+from .order import order_stage
 from .table import CostTable
 from .tiles import predict_stage
 
@@ -50,6 +51,9 @@ class Prediction:
     hops: tuple[Hop, ...] = ()  # the stage-to-stage messages timed here (tensor_hops); the emitter sends these
     period_ms: dict = field(default_factory=dict)  # per device: how long one input holds it (see evaluate)
     energy: Energy | None = None  # one request's energy (energy.py), over the span latency_ms
+    # per spatial stage whose contention-aware send order beats need order: per exchange, None (need order)
+    # or per holder the needs' indices in send order (order.py); the emitter sends in this order
+    send_order: dict = field(default_factory=dict)
 
     @property
     def energy_mj(self) -> float | None:
@@ -150,7 +154,7 @@ def _forwardable(plan: Plan, src: int, last: int) -> bool:
     return all(plan.stages[j].spatial is None for j in range(src + 1, last))
 
 
-def evaluate(plan: Plan, graph: LayerGraph, cost: CostTable) -> Prediction:
+def evaluate(plan: Plan, graph: LayerGraph, cost: CostTable, contention_order: bool = True) -> Prediction:
     """One input flows through the stages; a stage starts when all its inputs have arrived.
 
     Throughput is set by the resource one input holds longest when inputs stream through (`period_ms`,
@@ -169,9 +173,20 @@ def evaluate(plan: Plan, graph: LayerGraph, cost: CostTable) -> Prediction:
     request_out_ms) delays the first stage of a device that reads a model input (once its other inputs
     are there) and follows the sends of the first stage of a device that gives a model output.
     Each tensor that skips a stage is forwarded or sent direct (`tensor_hops`) as `_route` decides.
+    A spatial stage's exchanges send in the contention-aware order where it is better (order.py;
+    `send_order`), unless `contention_order` is False: tile order throughout (what the emitter did
+    before; the benchmark's and the tests' reference).
     """
-    # Spatial stages (tiles across devices) are timed by the tile cost model: scatter .. gather.
-    spatial = {k: predict_stage(s, graph, cost) for k, s in enumerate(plan.stages) if s.spatial is not None}
+    # Spatial stages (tiles across devices) are timed by the tile cost model: scatter .. gather, each
+    # exchange's sends in the contention-aware order when it is better than tile order (order.py).
+    spatial = {}
+    for k, s in enumerate(plan.stages):
+        if s.spatial is not None and not contention_order:
+            spatial[k] = predict_stage(s, graph, cost)
+        elif s.spatial is not None:
+            spatial[k], order = order_stage(s, graph, cost)
+            if order is not None:
+                spatial[k]["order"] = order
     stage_ms = tuple(spatial[k]["latency_ms"] if k in spatial else float(cost.layer_ms[s.lo:s.hi, cost.index(s.device)].sum())
                      for k, s in enumerate(plan.stages))
     return with_energy(_route(plan, graph, cost, spatial, stage_ms), cost)
@@ -272,6 +287,7 @@ def _predict(plan: Plan, graph: LayerGraph, cost: CostTable, spatial: dict, stag
         tile_ms={(k, seg, t): ms for k, sp in spatial.items() for (seg, t), ms in sp["tile_ms"].items()},
         hops=tuple(hops),
         period_ms=period,
+        send_order={k: sp["order"] for k, sp in spatial.items() if "order" in sp},
     )
 
 

@@ -27,7 +27,7 @@ from ..spatial.regions import SegmentMaps, segment_maps
 from .table import CostTable
 
 __all__ = ["overhead_ms", "tile_ms", "efficiency", "SegmentCost", "Step", "StepModel", "row_bytes", "predict_stage",
-           "group_param_bytes"]
+           "group_param_bytes", "StageWork", "run_stage"]
 
 logger = logging.getLogger(__name__)
 
@@ -333,15 +333,19 @@ class _Timeline:
     transfers: list = field(default_factory=list)
     events: list = field(default_factory=list)
 
-    def exchange(self, tensor: str, per_cell: float, holders, needs) -> dict[str, float]:
+    def exchange(self, tensor: str, per_cell: float, holders, needs, order=None) -> dict[str, float]:
         """Every holder (device, box) sends each receiver (device, box) the part of its box that receiver
         needs, one message after another, starting when the holder has finished computing; on a shared
-        medium all messages queue for one channel. `per_cell` is the bytes of one row (one row and
-        column of a 2-D box). Returns when each receiver has all its pieces."""
+        medium all messages queue for one channel, the holders' bursts in the order they are ready.
+        `per_cell` is the bytes of one row (one row and column of a 2-D box). `order`: per holder (in
+        `holders` order) the needs' indices in the order it sends to them (order.py); None: need order.
+        Returns when each receiver has all its pieces."""
         shared = self.cost.cluster.medium == "shared"
         ready: dict[str, float] = {}
-        for src, have in sorted(holders, key=lambda h: (self.clock[h[0]], h[1])):
-            for dst, need in needs:
+        ranked = sorted(enumerate(holders), key=lambda eh: (self.clock[eh[1][0]], eh[1][1]))
+        for e, (src, have) in ranked:
+            for n in (range(len(needs)) if order is None else order[e]):
+                dst, need = needs[n]
                 part = [(max(s0, n0), min(s1, n1)) for (s0, s1), (n0, n1) in zip(have, need)]
                 if dst == src or any(b <= a for a, b in part):
                     continue
@@ -354,6 +358,10 @@ class _Timeline:
                 self.transfers.append((tensor, src, dst, nbytes, ms))
                 self.events.append((src, "transfer", f"{tensor}[{_label(part)}] -> {dst}", start, self.clock[src]))
         return ready
+
+    def copy(self) -> "_Timeline":
+        """A timeline to try an exchange on: its own clocks and channel, no transfers or events."""
+        return _Timeline(self.cost, dict(self.clock), self.channel)
 
     def run(self, device: str, what: str, ready: float, ms: float) -> None:
         start = max(self.clock[device], ready)
@@ -414,38 +422,64 @@ def _spans(events: list, stage_device: str, latency: float) -> dict[str, float]:
     return spans
 
 
-def predict_stage(stage: Stage, graph: LayerGraph, cost: CostTable) -> dict:
+@dataclass(frozen=True)
+class StageWork:
+    """What a spatial stage's timeline is made of, whatever the send order: per segment its input tensor,
+    bytes per input cell and tiles (device, input box, output box, compute ms); the last segment's output
+    tensor and bytes per output cell (the gather)."""
+
+    segments: tuple[tuple[str, float, tuple], ...]
+    output: str
+    out_bytes: float
+
+    @classmethod
+    def build(cls, stage: Stage, graph: LayerGraph, cost: CostTable) -> "StageWork":
+        segs = []
+        for seg in stage.spatial.segments:
+            maps, in_bytes, out_bytes, tiles = _segment_tiles(graph, cost, stage.spatial, seg)
+            segs.append((maps.input, in_bytes, tuple(tiles)))
+        return cls(tuple(segs), maps.output, out_bytes)
+
+
+def predict_stage(stage: Stage, graph: LayerGraph, cost: CostTable, order=None) -> dict:
     """Timeline of a spatial stage, from its input being complete on `stage.device` (which scatters
     input rows to the tiles) to the last segment's output gathered on `stage.device`.
 
     Each device runs its segments in order; before a segment it waits for the rows it needs (halo rows
-    from neighbours, sent by each holder as soon as it has finished the previous segment). Returns
-    latency_ms, compute_ms per device, transfers as (tensor, src, dst, bytes, ms), events as (device,
-    kind, what, start_ms, end_ms), tile_ms {(segment, tile): compute ms}, span_ms per device (how long the
-    stage holds it, `_spans`) and bytes. A grid's tiles are
+    from neighbours, sent by each holder as soon as it has finished the previous segment). `order`: per
+    exchange (before each segment, then the gather) the holders' send orders (`_Timeline.exchange`; chosen
+    by order.py), or None for need order. Returns latency_ms, compute_ms per device, transfers as (tensor,
+    src, dst, bytes, ms), events as (device, kind, what, start_ms, end_ms), tile_ms {(segment, tile):
+    compute ms}, span_ms per device (how long the stage holds it, `_spans`) and bytes. A grid's tiles are
     boxes of rows and columns; everything else is the same.
     """
-    group = stage.spatial
-    devices = {stage.device, *group.devices}
+    work = StageWork.build(stage, graph, cost)
+    return run_stage(stage, graph, cost, work, (lambda j, tl, holders, needs: None if order is None else order[j]))
+
+
+def run_stage(stage: Stage, graph: LayerGraph, cost: CostTable, work: StageWork, choose) -> dict:
+    """predict_stage's timeline of `work`, where `choose(j, timeline, holders, needs)` gives exchange j's
+    send order (see _Timeline.exchange) when the timeline has reached it."""
+    devices = {stage.device, *stage.spatial.devices}
     tl = _Timeline(cost, {d: 0.0 for d in devices})
     compute = {d: 0.0 for d in devices}
     per_tile = {}
-    first = segment_maps(graph, group.segments[0].lo, group.segments[0].hi, group.axis)
 
     def whole(tensor: str) -> Box:
-        return tuple((0, graph.tensors[tensor].shape[ax]) for ax in group.axes)
+        return tuple((0, graph.tensors[tensor].shape[ax]) for ax in stage.spatial.axes)
 
-    holders = [(stage.device, whole(first.input))]
-    for k, seg in enumerate(group.segments):
-        maps, in_bytes, out_bytes, tiles = _segment_tiles(graph, cost, group, seg)
-        ready = tl.exchange(maps.input, in_bytes, holders, [(d, need) for d, need, _, _ in tiles])
+    holders = [(stage.device, whole(work.segments[0][0]))]
+    for k, (seg, (tensor, in_bytes, tiles)) in enumerate(zip(stage.spatial.segments, work.segments)):
+        needs = [(d, need) for d, need, _, _ in tiles]
+        ready = tl.exchange(tensor, in_bytes, holders, needs, choose(k, tl, holders, needs))
         for n, (d, _, box, ms) in enumerate(tiles):
             per_tile[k, n] = ms
             compute[d] += ms
             what = f"rows {box[0][0]}:{box[0][1]}" + (f" cols {box[1][0]}:{box[1][1]}" if len(box) > 1 else "")
             tl.run(d, f"layers {seg.lo}-{seg.hi - 1} {what}", ready.get(d, 0.0), ms)
         holders = [(d, box) for d, _, box, _ in tiles]
-    ready = tl.exchange(maps.output, out_bytes, holders, [(stage.device, whole(maps.output))])
+    needs = [(stage.device, whole(work.output))]
+    ready = tl.exchange(work.output, work.out_bytes, holders, needs, choose(len(work.segments), tl, holders, needs))
     latency = max(tl.clock[stage.device], ready.get(stage.device, 0.0))
     return {
         "latency_ms": latency,

@@ -86,7 +86,7 @@ def assemble_manifest(ing: Ingested, plan: Plan, pred: Prediction, frags: list[E
             sched.steps[dev].append({"op": "run", "fragment": f"f{k}"})
         else:
             later = {t for s in plan.stages[k + 1:] if s.device == dev for i in range(s.lo, s.hi) for t in graph.layers[i].inputs}
-            _spatial_steps(sched, stage, layout, keep_input=inputs[0] in later)
+            _spatial_steps(sched, stage, layout, keep_input=inputs[0] in later, order=pred.send_order.get(k))
         _stage_sends(sched, dev, outputs, [(t, stage_dev[b]) for t, a, b in pred.hops if a == k and stage_dev[b] != dev])
         out_dev.update((t, dev) for t in outputs if t in graph.outputs)
     model_path = _relative_or_absolute(ing.path, outdir)
@@ -123,11 +123,13 @@ def _stage_sends(sched: _Schedule, dev: str, outputs, sends: list[tuple[str, str
         sched.send(dev, dst, tensor, tensor)
 
 
-def _spatial_steps(sched: _Schedule, stage: Stage, layout, keep_input: bool) -> None:
+def _spatial_steps(sched: _Schedule, stage: Stage, layout, keep_input: bool, order=None) -> None:
     """Scatter the stage input's rows from the stage's device to the first segment's tiles (then drop the
     whole input unless a later stage there reads it), run the segments with halo exchange between them,
     and gather the last segment's output whole on the stage's device under its graph name (so later
-    stages and outputs use it as after a pipeline stage). A grid's tiles are boxes of rows and columns."""
+    stages and outputs use it as after a pipeline stage). A grid's tiles are boxes of rows and columns.
+    `order`: the send order of each exchange that the prediction timed (Prediction.send_order), or None
+    for tile order."""
     axes = stage.spatial.axes
     x, y = layout[0][0].input, layout[-1][0].output
 
@@ -137,11 +139,12 @@ def _spatial_steps(sched: _Schedule, stage: Stage, layout, keep_input: bool) -> 
     holders = [(stage.device, whole(x), x)]
     for j, (maps, tiles) in enumerate(layout):
         drop = {x} if j == 0 and not keep_input else set()
-        _exchange(sched, maps.input, axes, holders, [(t.device, t.in_box, t.in_name) for t, _ in tiles], drop)
+        _exchange(sched, maps.input, axes, holders, [(t.device, t.in_box, t.in_name) for t, _ in tiles], drop,
+                  None if order is None else order[j])
         for t, _ in tiles:
             sched.steps[t.device] += [{"op": "run", "fragment": t.fid}, {"op": "free", "tensors": [t.in_name]}]
         holders = [(t.device, t.out_box, t.out_name) for t, _ in tiles]
-    _exchange(sched, y, axes, holders, [(stage.device, whole(y), y)])
+    _exchange(sched, y, axes, holders, [(stage.device, whole(y), y)], order=None if order is None else order[-1])
 
 
 Box = tuple[tuple[int, int], ...]  # [start, stop) on each tiled axis: rows, or rows and columns
@@ -162,6 +165,7 @@ class _Move:
     have: Box
     part: Box
     piece: str
+    rank: tuple[int, int] = (0, 0)  # (holder index, need index) in the exchange's lists
 
     def cut(self, axes: tuple[int, ...]) -> tuple[tuple[int, int, int], ...]:
         """(axis, start, stop) of the part within the graph tensor, on every tiled axis."""
@@ -181,25 +185,28 @@ class _Move:
 def _moves(tensor: str, holders, needs) -> list[_Move]:
     """Every holder's part of every need, named so that a piece that is a whole need is that need."""
     out = []
-    for h, have, held in holders:
-        for r, need, target in needs:
+    for e, (h, have, held) in enumerate(holders):
+        for n, (r, need, target) in enumerate(needs):
             part = tuple((max(s, n0), min(e, n1)) for (s, e), (n0, n1) in zip(have, need))
             if any(b <= a for a, b in part):
                 continue
             piece = target if part == need else _box_name(tensor, r, part)
             if h == r and part == have and piece != target:
                 piece = held  # all of its own rows, one part among several: no copy
-            out.append(_Move(h, r, held, have, part, piece))
+            out.append(_Move(h, r, held, have, part, piece, (e, n)))
     return out
 
 
-def _exchange(sched: _Schedule, tensor: str, axes: tuple[int, ...], holders, needs, drop: set[str] = frozenset()) -> None:
+def _exchange(sched: _Schedule, tensor: str, axes: tuple[int, ...], holders, needs, drop: set[str] = frozenset(),
+              order=None) -> None:
     """Move boxes of `tensor` from holders (device, box, stored name) to needs (device, box, name to
     store): each holder sends every other device the part it has of that device's need (device to
-    device, in need order) before it receives, and slices its own; each receiver concatenates its
-    pieces in order (see _assemble). Each device then frees what only this exchange used (graph-named
-    tensors stay, except those in `drop`)."""
+    device, in need order, or per holder in `order`'s: the needs' indices, see order.py) before it
+    receives, and slices its own; each receiver concatenates its pieces in order (see _assemble). Each
+    device then frees what only this exchange used (graph-named tensors stay, except those in `drop`)."""
     moves = _moves(tensor, holders, needs)
+    if order is not None:
+        moves.sort(key=lambda m: (m.rank[0], order[m.rank[0]].index(m.rank[1])))
     targets = {n[2] for n in needs}
     for dev in dict.fromkeys([h[0] for h in holders] + [n[0] for n in needs]):
         for m in moves:

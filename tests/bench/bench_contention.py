@@ -1,0 +1,147 @@
+"""Benchmark (issue 15, item 4): contention-aware send order against tile order, on shared Wi-Fi.
+
+    python tests/bench/bench_contention.py [--quick] [--json FILE]
+
+For every conv model, cluster and spatial strategy (the spatial and hybrid searches, and the spatial
+baselines BBGrap, EdgeFlow and DeepThings, whose plans spread over every device), the same plan's predicted
+latency (compiler.cost.evaluate) with each exchange's sends in tile order and in the contention-aware
+order (compiler/cost/order.py). Predicted figures under the profiles' cost model, not measurements.
+The median and best gain are over the plans where a spatial stage exists; a plan predicted worse than
+tile order is a failure (exit 1). Tables go to stdout as markdown, progress to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from edgec import models
+from edgec.compiler.cluster import load_cluster
+from edgec.compiler.cost import build_cost_table, evaluate
+from edgec.compiler.driver import plan_model
+from edgec.compiler.errors import UserError
+from edgec.compiler.ingest import load_model
+from edgec.compiler.plan.planner import InfeasibleError
+
+MODELS = ["vgg16", "resnet50", "yolo_focus", "inception_v1", "mobilenetv2"]
+QUICK_MODELS = ["vgg16", "yolo_focus"]
+STRATEGIES = ["spatial", "hybrid", "bbgrap", "edgeflow", "deepthings"]
+WIFI = {"bandwidth_mbps": 200, "latency_ms": 2, "medium": "shared"}
+CLUSTERS = {
+    "laptop+2xphone wifi200": {"devices": [{"name": "laptop", "profile": "laptop"},
+                                           {"name": "phone-a", "profile": "phone"},
+                                           {"name": "phone-b", "profile": "phone"}], "network": WIFI},
+    "8 devices wifi200": {"devices": [{"name": "laptop", "profile": "laptop"},
+                                      *({"name": f"phone-{i}", "profile": "phone"} for i in "abc"),
+                                      *({"name": f"pi5-{i}", "profile": "rpi5"} for i in "ab"),
+                                      *({"name": f"pi4-{i}", "profile": "rpi4"} for i in "ab")], "network": WIFI},
+}
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def cost_table(ing, name: str, doc: dict, tmp: Path):
+    path = tmp / (name.replace(" ", "_").replace("+", "_") + ".yaml")
+    path.write_text(yaml.safe_dump(doc))
+    return build_cost_table(ing.graph, load_cluster(path), ing.sha256)
+
+
+def measure(model: str, cluster: str, cost, ing, strategy: str) -> dict:
+    """One plan's latency in tile order and in contention-aware order."""
+    row = {"model": model, "cluster": cluster, "strategy": strategy}
+    try:
+        cand, _ = plan_model(ing.graph, cost, strategy, "latency")
+    except (InfeasibleError, UserError) as exc:
+        return row | {"skipped": str(exc).splitlines()[0]}
+    plan = cand.plan
+    t0 = time.perf_counter()
+    ordered = evaluate(plan, ing.graph, cost)
+    seconds = time.perf_counter() - t0
+    fixed = evaluate(plan, ing.graph, cost, contention_order=False)
+    spatial = sum(1 for s in plan.stages if s.spatial is not None)
+    return row | {"spatial_stages": spatial, "reordered_stages": len(ordered.send_order),
+                  "devices": len({d for s in plan.stages for d in ([s.device, *s.spatial.devices] if s.spatial else [s.device])}),
+                  "fixed_ms": fixed.latency_ms, "ordered_ms": ordered.latency_ms,
+                  "gain_pct": 100.0 * (fixed.latency_ms - ordered.latency_ms) / fixed.latency_ms,
+                  "fixed_bottleneck_ms": fixed.bottleneck_ms, "ordered_bottleneck_ms": ordered.bottleneck_ms,
+                  "evaluate_s": seconds}
+
+
+def table(rows: list[dict]) -> str:
+    head = ["model", "cluster", "strategy", "devices", "spatial stages (reordered)", "tile order ms",
+            "contention-aware ms", "gain"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        if "skipped" in r:
+            out.append(f"| {r['model']} | {r['cluster']} | {r['strategy']} | n/a | n/a | n/a | n/a | {r['skipped']} |")
+            continue
+        out.append(f"| {r['model']} | {r['cluster']} | {r['strategy']} | {r['devices']} | {r['spatial_stages']} "
+                   f"({r['reordered_stages']}) | {r['fixed_ms']:.2f} | {r['ordered_ms']:.2f} | {r['gain_pct']:.2f}% |")
+    return "\n".join(out)
+
+
+def summary(rows: list[dict]) -> dict:
+    """Median and best gain per cluster and overall, over the plans with a spatial stage."""
+    out = {}
+    for name in [*CLUSTERS, "all"]:
+        gains = [r["gain_pct"] for r in rows if r.get("spatial_stages") and name in ("all", r["cluster"])]
+        worse = [r for r in rows if r.get("spatial_stages") and name in ("all", r["cluster"])
+                 and (r["ordered_ms"] > r["fixed_ms"] or r["ordered_bottleneck_ms"] > r["fixed_bottleneck_ms"])]
+        out[name] = {"plans": len(gains), "improved": sum(1 for g in gains if g > 0),
+                     "median_gain_pct": statistics.median(gains) if gains else None,
+                     "best_gain_pct": max(gains, default=None), "worse": len(worse),
+                     "median_gain_improved_pct": statistics.median([g for g in gains if g > 0]) if any(g > 0 for g in gains) else None}
+    return out
+
+
+def fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}%"
+
+
+def summary_table(summ: dict) -> str:
+    out = ["| cluster | spatial plans | improved | median gain | median gain where improved | best gain | worse than tile order |",
+           "|---|---|---|---|---|---|---|"]
+    for name, s in summ.items():
+        out.append(f"| {name} | {s['plans']} | {s['improved']} | {fmt(s['median_gain_pct'])} "
+                   f"| {fmt(s['median_gain_improved_pct'])} | {fmt(s['best_gain_pct'])} "
+                   f"| {s['worse']} |")
+    return "\n".join(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK_MODELS)}")
+    ap.add_argument("--json", type=Path, help="also write the rows and the summary as JSON here")
+    args = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in QUICK_MODELS if args.quick else MODELS:
+            ing = load_model(models.ensure(model))
+            for cname, doc in CLUSTERS.items():
+                cost = cost_table(ing, cname, doc, Path(tmp))
+                for strategy in STRATEGIES:
+                    rows.append(measure(model, cname, cost, ing, strategy))
+                    r = rows[-1]
+                    log(f"{model} | {cname} | {strategy} | " + (r.get("skipped") or
+                        f"{r['fixed_ms']:.2f} -> {r['ordered_ms']:.2f} ms ({r['gain_pct']:.2f}%), evaluate {r['evaluate_s']:.2f} s"))
+    summ = summary(rows)
+    print("## Contention-aware send order: predicted latency, same plan\n")
+    print(table(rows))
+    print("\n## Gain over tile order\n")
+    print(summary_table(summ))
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows, "summary": summ}, indent=2))
+    return 1 if summ["all"]["worse"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
