@@ -4,8 +4,6 @@ written beside OUTDIR and swapped into place: a failure leaves nothing half-writ
 from __future__ import annotations
 
 import json
-import logging
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -17,11 +15,10 @@ from edgec.runtime.interrupts import check_interrupted
 from edgec.runtime.runall import load_allocation
 
 from ..emit import EmittedFragment, check_output_dir, write_output
+from ..emit.output import signals_held, swap_into_place
 from ..errors import UserError
 
 __all__ = ["ServiceBuild", "allocation_text", "check_allocation_dir", "write_allocation"]
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -84,30 +81,10 @@ def write_allocation(outdir: Path, builds: list[ServiceBuild], allocation: dict)
             load_allocation(tmp / "allocation.json")
         except InputError as exc:
             raise RuntimeError(f"allocate wrote an allocation the runtime refuses: {exc}") from None
-        _swap(tmp, outdir, check_allocation_dir(outdir))  # checked again: files may have appeared meanwhile
+        with signals_held():  # half a swap would leave the old allocation beside the new one, or neither
+            swap_into_place(tmp, outdir, check_allocation_dir(outdir))  # checked again: files may have appeared
     except OSError as exc:
         raise UserError(f"cannot write the allocation: {exc.strerror or exc}", str(outdir)) from None
     finally:
         if tmp is not None and tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _swap(tmp: Path, outdir: Path, old_files: tuple[str, ...]) -> None:
-    if not outdir.exists():
-        os.replace(tmp, outdir)
-        return
-    old = outdir.with_name(f".{outdir.name}.old-{os.getpid()}")
-    os.replace(outdir, old)
-    try:
-        os.replace(tmp, outdir)
-    except BaseException:
-        os.replace(old, outdir)
-        raise
-    for name in old_files:  # by name: a file that appeared meanwhile is kept and reported
-        if not name.endswith("/"):
-            (old / name).unlink(missing_ok=True)
-    for folder in sorted({old / n for n in old_files if n.endswith("/")}, reverse=True) + [old]:
-        try:
-            folder.rmdir()
-        except OSError:
-            logger.warning("kept %s: files appeared in the earlier allocation while allocating", folder)

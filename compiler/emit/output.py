@@ -100,7 +100,7 @@ def write_output(outdir: Path, manifest: dict, frags: list[EmittedFragment],
     check_output_dir(outdir)
     tmp: Path | None = None
     try:
-        with _signals_held():  # the folder exists only once `tmp` names it, for the cleanup below
+        with signals_held():  # the folder exists only once `tmp` names it, for the cleanup below
             outdir.parent.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix=f".{outdir.name}.tmp-", dir=outdir.parent))
         tmp.chmod(default_mode(folder=True))  # mkdtemp's 0700 would make the build private to this user
@@ -111,8 +111,8 @@ def write_output(outdir: Path, manifest: dict, frags: list[EmittedFragment],
             _write_build(folder, final, data, files)
         for folder, _, _, _ in builds:
             _ensure_runtime_accepts(folder / "manifest.json")
-        with _signals_held():  # half a swap would leave the old build beside the new one, or neither in place
-            _swap_into_place(tmp, outdir, check_output_dir(outdir))  # checked again: files may have appeared
+        with signals_held():  # half a swap would leave the old build beside the new one, or neither in place
+            swap_into_place(tmp, outdir, check_output_dir(outdir))  # checked again: files may have appeared
     except OSError as exc:
         raise UserError(f"cannot write the build: {exc.strerror or exc}", str(outdir)) from None
     finally:
@@ -261,7 +261,7 @@ def _check_loadable(folder: Path, frags: list[EmittedFragment], outdir: Path, ma
 
 
 @contextlib.contextmanager
-def _signals_held():
+def signals_held():
     """Hold SIGTERM and SIGINT within (main thread only), then deliver them to the handlers in place before."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -277,7 +277,10 @@ def _signals_held():
             signal.raise_signal(s)
 
 
-def _swap_into_place(tmp: Path, outdir: Path, old_files: tuple[str, ...]) -> None:
+def swap_into_place(tmp: Path, outdir: Path, old_files: tuple[str, ...]) -> None:
+    """Put the finished folder `tmp` where `outdir` is, in one rename; an earlier output there (whose files
+    and folders `old_files` names, relative, folders ending in "/") is moved aside first and removed after.
+    Shared by compile's builds and allocate's allocations."""
     if not outdir.exists():
         os.replace(tmp, outdir)
         return
@@ -297,8 +300,8 @@ def _remove_old_build(old: Path, files: tuple[str, ...]) -> None:
     for name in files:
         if not name.endswith("/"):
             (old / name).unlink(missing_ok=True)
-    for folder in [old / name for name in files if name.endswith("/")] + [old]:
+    for folder in sorted({old / name for name in files if name.endswith("/")}, reverse=True) + [old]:  # deepest first
         try:
             folder.rmdir()
         except OSError:
-            logger.warning("kept %s: files appeared in the earlier build while compiling", folder)
+            logger.warning("kept %s: files appeared in the earlier output while the new one was written", folder)
