@@ -10,6 +10,7 @@ import os
 import signal
 import statistics
 import sys
+from typing import Callable
 
 import click
 import numpy as np
@@ -158,25 +159,26 @@ def run(ctx: click.Context, manifest: str, inputs_file, input_pairs, random_inpu
         compress, heartbeat_ms, report_file, trace_file, as_json) -> None:
     """Run MANIFEST (a manifest.json, or the folder holding one) on the devices' workers: at each device's
     address (or --addresses), or in a worker process started on this machine for a device without one."""
-    # SIGTERM and SIGINT unwind through the coordinator's cleanup, which ends the run on every worker.
+    ctx.exit(_exit_code(lambda: _run(
+        manifest, inputs_file, input_pairs, random_inputs, seed, verify, model_file, tolerance, repeat, output_file,
+        threads, emulate, timeout, as_json, address_pairs, keys_dir, inflight, compress=compress,
+        heartbeat_ms=heartbeat_ms, report_file=report_file, dilate=dilate, trace_file=trace_file)))
+
+
+def _exit_code(body: Callable[[], int]) -> int:
+    """Run a command's body with progress on stderr and SIGTERM/SIGINT unwinding through the coordinator's
+    cleanup (which ends the run on every worker); its exit code, or the one its failure maps to (one line)."""
     with _progress_to_stderr(), interrupt_on_signals():
         try:
-            code = _run(manifest, inputs_file, input_pairs, random_inputs, seed, verify, model_file, tolerance,
-                        repeat, output_file, threads, emulate, timeout, as_json, address_pairs, keys_dir, inflight,
-                        compress=compress, heartbeat_ms=heartbeat_ms, report_file=report_file, dilate=dilate,
-                        trace_file=trace_file)
-        except EdgecRuntimeError as exc:
+            return body()
+        except (EdgecRuntimeError, Interrupted) as exc:
             click.echo(f"edgec: {exc}", err=True)
-            code = exc.exit_code
-        except Interrupted as exc:
-            click.echo(f"edgec: {exc}", err=True)
-            code = exc.exit_code
+            return exc.exit_code
         except KeyboardInterrupt:  # SIGINT while another handler (an embedding application's) is in charge
             click.echo("edgec: interrupted", err=True)
-            code = 128 + signal.SIGINT
+            return 128 + signal.SIGINT
         except BrokenPipeError:  # handled here: click's own handling would exit 1
-            code = quiet_broken_pipe()
-    ctx.exit(code)
+            return quiet_broken_pipe()
 
 
 class _ProgressFormatter(logging.Formatter):
@@ -285,24 +287,13 @@ def run_all(ctx: click.Context, outdir, repeat, verify, tolerance, seed, threads
     (allocate --share) gets a local worker per service. Progress lines on stderr name their service."""
     from .runall import run_all as run_all_api
 
-    with _progress_to_stderr(), interrupt_on_signals():
-        try:
-            result = run_all_api(outdir, repeat=repeat, verify=verify, tolerance=tolerance, threads=threads,
-                                 emulate=emulate, timeout=timeout, seed=seed)
-            click.echo(json.dumps(result) if as_json else _format_run_all(result))
-            code = EXIT_VERIFY_FAILED if result["verify_passed"] is False else EXIT_OK
-        except EdgecRuntimeError as exc:
-            click.echo(f"edgec: {exc}", err=True)
-            code = exc.exit_code
-        except Interrupted as exc:
-            click.echo(f"edgec: {exc}", err=True)
-            code = exc.exit_code
-        except KeyboardInterrupt:
-            click.echo("edgec: interrupted", err=True)
-            code = 128 + signal.SIGINT
-        except BrokenPipeError:
-            code = quiet_broken_pipe()
-    ctx.exit(code)
+    def body() -> int:
+        result = run_all_api(outdir, repeat=repeat, verify=verify, tolerance=tolerance, threads=threads,
+                             emulate=emulate, timeout=timeout, seed=seed)
+        click.echo(json.dumps(result) if as_json else _format_run_all(result))
+        return EXIT_VERIFY_FAILED if result["verify_passed"] is False else EXIT_OK
+
+    ctx.exit(_exit_code(body))
 
 
 def _format_run_all(result: dict) -> str:
