@@ -212,16 +212,11 @@ def _route(plan: Plan, graph: LayerGraph, cost: CostTable, spatial: dict, stage_
 def _skipping(plan: Plan, graph: LayerGraph) -> list[str]:
     """Tensors whose last user is beyond the stage after their producer's, in (producer, name) order:
     the ones that forwarding and direct sending route differently."""
-    stage_of = plan.stage_of_layer()
-    out = []
-    for t, users in graph.consumers.items():
-        p = graph.producer.get(t)
-        if p is None:
-            continue
-        src, last = stage_of[p], max(stage_of[u] for u in users)
-        if last > src + 1 and _forwardable(plan, src, last):
-            out.append((p, t))
-    return [t for _, t in sorted(out)]
+    last: dict[str, tuple[int, int]] = {}  # tensor -> (producing stage, last consuming stage)
+    for t, src, k in crossing_tensors(plan, graph):
+        last[t] = (src, max(k, last.get(t, (src, k))[1]))
+    return [t for t in sorted(last, key=lambda t: (graph.producer[t], t))
+            if last[t][1] > last[t][0] + 1 and _forwardable(plan, *last[t])]
 
 
 def _predict(plan: Plan, graph: LayerGraph, cost: CostTable, spatial: dict, stage_ms: tuple[float, ...],
