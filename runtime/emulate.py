@@ -4,7 +4,7 @@ Time stretches by K (K >= 1): each fragment run is padded to K x its predicted_m
 message takes K x (bytes / bandwidth + latency) of its link; the coordinator divides every time it reports
 by K, so a host slower than the emulated devices still reproduces their timeline exactly, given room.
 
-The network is the planner's (compiler/cost/evaluate.py simulate_manifest, tiles.py predict_stage):
+The network is the planner's (runtime/replay.py, which the compiler's simulate uses, tiles.py predict_stage):
 - a device's consecutive `send` steps form a burst; its messages leave one after another, in step order,
   on the sender's uplink (switched medium) or on the one channel every device shares (shared medium, first
   come first served: the coordinator's Channel arbitrates, and a burst holds the channel to its end);

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from edgec.runtime.manifest_types import HOST, Manifest, Recv, Run, Send
+from edgec.runtime.manifest_types import Manifest
+from edgec.runtime.replay import replay
 
 from ..graph import LayerGraph
 from ..plan_types import Plan
 from .energy import DevicePower, Energy, request_energy
-from .network import message_ms
 from .order import order_stage
 from .table import CostTable
 from .tiles import predict_stage
@@ -305,41 +305,23 @@ def _request_costs(plan: Plan, graph: LayerGraph, cost: CostTable) -> tuple[dict
 
 
 def simulate_manifest(manifest: Manifest) -> dict:
-    """Replay a manifest's static schedule with its predicted fragment times and its network.
-
-    A discrete-event replay in time order: each device executes its steps in order; a `run` takes the
-    fragment's predicted_ms; a burst of consecutive `send`s occupies the sender (and, on a shared medium,
-    the one channel, which bursts take first come first served, ties in `transfers` order) for bytes /
-    bandwidth + latency per message, plus the runtime's cost of a message (network.costs, as in
-    network.py); a `recv` waits for the matching send to finish; slice, concat and free are free, as in
-    the planner. Host transfers cost the runtime's per-request cost (network.costs' request_ms, half in,
-    half out), once per device and request as `evaluate` charges it: the input half before the device's
-    first run or send after it received from the host, the output half after the burst in which it
-    first sends to the host. A send's bytes are those of its `transfers` entry (same tensor, src, dst and
-    region). Each timeline event has device, kind ("compute" | "transfer"), what, start_ms, end_ms and the
-    resource it occupies ("device:DEV"; a message "uplink:SENDER", or on a shared medium "channel"); a
-    compute event names its fragment, a transfer its tensor (the sender's name), src and dst.
+    """Replay a manifest's static schedule with its predicted fragment times and its network: the runtime's
+    replay (runtime/replay.py, the planner's timeline), with the energy of the request.
 
     `manifest` is the runtime's parsed Manifest (parse_manifest or load_manifest), so the schedule has
     been validated: every fragment a run names exists, and no recv waits for a send that never comes.
     """
-    replay = _Replay(manifest)
-    while (nxt := replay.next_step()) is not None:
-        replay.execute(*nxt)
-    stuck = [d for d, seq in replay.steps.items() if replay.pc[d] < len(seq)]
-    if stuck:
-        raise ValueError(f"schedule deadlocks: {', '.join(stuck)} wait for tensors that are never sent")
-    events, clock = replay.events, replay.clock
-    busy = {d: sum(e["end_ms"] - e["start_ms"] for e in events if e["device"] == d and e["kind"] == "compute") for d in clock}
-    latency = max(clock.values(), default=0.0)
-    energy = request_energy(latency, busy, replay.sent, replay.received, manifest_power(manifest))
+    t = replay(manifest)
+    busy = {d: t.busy_ms(d) for d in t.finish_ms}
+    latency = t.latency_ms
+    energy = request_energy(latency, busy, t.sent, t.received, manifest_power(manifest))
     return {
         "latency_ms": latency,
-        "devices": {d: {"busy_ms": busy[d], "finish_ms": clock[d], **_energy_of(energy, d)} for d in clock},
-        "bytes_transferred": sum(replay.sizes.values()),
+        "devices": {d: {"busy_ms": busy[d], "finish_ms": t.finish_ms[d], **_energy_of(energy, d)} for d in t.finish_ms},
+        "bytes_transferred": t.bytes_transferred,
         "predicted_energy_mj": energy.total_mj,
         "energy": energy.to_dict(),
-        "timeline": sorted(events, key=lambda e: (e["start_ms"], e["device"])),
+        "timeline": t.events,
     }
 
 
@@ -351,105 +333,3 @@ def manifest_power(manifest: Manifest) -> dict[str, DevicePower]:
 def _energy_of(energy: Energy, device: str) -> dict:
     e = energy.devices.get(device)
     return {"predicted_energy_mj": None if e is None else e.total_mj}
-
-
-class _Replay:
-    """State of simulate_manifest: per-device program counters and clocks, arrivals, the shared channel.
-
-    A send and its transfer entry are matched on (tensor, src, dst, region): the parsed regions compare
-    equal exactly when the JSON ranges do."""
-
-    def __init__(self, manifest: Manifest):
-        self.net = manifest.network
-        self.shared = self.net.medium == "shared"
-        # a later entry for the same pair wins, as when the manifest was read as JSON
-        self.links = {frozenset((lk.a, lk.b)): (lk.bandwidth_mbps, lk.latency_ms) for lk in self.net.links}
-        self.frag_ms = {f.id: f.predicted_ms for f in manifest.fragments.values()}
-        self.sizes: dict[tuple, int] = {}
-        self.rank: dict[tuple, int] = {}
-        for i, t in enumerate(manifest.transfers):
-            key = (t.tensor, t.src, t.dst, t.region)
-            self.sizes[key] = t.bytes
-            self.rank.setdefault(key, i)
-        self.steps = manifest.steps
-        self.pc = {d: 0 for d in self.steps}
-        self.clock = {d: 0.0 for d in self.steps}
-        self.arrived: dict[tuple[str, str, str], float] = {}
-        self.channel = 0.0
-        self.events: list[dict] = []
-        self.owe_in: set[str] = set()  # devices that received from the host and have not paid for it yet
-        self.paid_in: set[str] = set()
-        self.paid_out: set[str] = set()
-        self.sent: dict[str, float] = {}  # bytes each device sends to other devices (radio energy)
-        self.received: dict[str, float] = {}
-
-    def _in_ms(self, dev: str) -> float:
-        return self.net.cost(dev).request_ms / 2.0 if dev in self.owe_in else 0.0
-
-    @staticmethod
-    def _key(dev: str, s: Send) -> tuple:
-        return (s.tensor, dev, s.to, s.region)
-
-    def next_step(self) -> tuple[str, float] | None:
-        """The device whose next step can start first (ties: transfer order, then device order)."""
-        best = None
-        for dev, seq in self.steps.items():
-            if self.pc[dev] >= len(seq):
-                continue
-            s, at, rank = seq[self.pc[dev]], self.clock[dev], len(self.rank)
-            if isinstance(s, Recv) and s.src != HOST:
-                got = self.arrived.get((s.tensor, s.src, dev))
-                if got is None:
-                    continue
-                at = max(at, got)
-            if isinstance(s, (Run, Send)):
-                at += self._in_ms(dev)
-            if isinstance(s, Send):
-                rank = self.rank.get(self._key(dev, s), rank)
-            if best is None or (at, rank) < best[0]:
-                best = ((at, rank), dev)
-        return None if best is None else (best[1], best[0][0])
-
-    def execute(self, dev: str, at: float) -> None:
-        seq = self.steps[dev]
-        s = seq[self.pc[dev]]
-        self.clock[dev] = at
-        self.pc[dev] += 1
-        if isinstance(s, (Run, Send)):
-            self.owe_in.discard(dev)  # `at` includes it (next_step)
-        if isinstance(s, Recv) and s.src == HOST and dev not in self.paid_in:
-            self.owe_in.add(dev)
-            self.paid_in.add(dev)
-        if isinstance(s, Run):
-            self.clock[dev] += self.frag_ms[s.fragment]
-            self.events.append({"device": dev, "kind": "compute", "what": s.fragment, "start_ms": at,
-                                "end_ms": self.clock[dev], "fragment": s.fragment, "resource": f"device:{dev}"})
-        elif isinstance(s, Send):
-            burst = [s]
-            while self.pc[dev] < len(seq) and isinstance(seq[self.pc[dev]], Send):
-                burst.append(seq[self.pc[dev]])
-                self.pc[dev] += 1
-            to_devices = [b for b in burst if b.to != HOST]
-            if to_devices:
-                self._send(dev, to_devices, max(at, self.channel) if self.shared else at)
-            if len(to_devices) < len(burst) and dev not in self.paid_out:  # outputs out, after the messages
-                self.paid_out.add(dev)
-                self.clock[dev] += self.net.cost(dev).request_ms / 2.0
-
-    def _send(self, dev: str, burst: list[Send], t: float) -> None:
-        """Messages of a burst back to back from t (holding the channel on a shared medium)."""
-        for b in burst:
-            mbps, latency = self.links.get(frozenset((dev, b.to)), (self.net.bandwidth_mbps, self.net.latency_ms))
-            nbytes = self.sizes.get(self._key(dev, b), 0)
-            ms = message_ms(nbytes, mbps, latency, *self.net.message_costs(dev, b.to))
-            self.sent[dev] = self.sent.get(dev, 0.0) + nbytes
-            self.received[b.to] = self.received.get(b.to, 0.0) + nbytes
-            # `resource`: what the message occupies, which a picture of the schedule draws it on.
-            self.events.append({"device": dev, "kind": "transfer", "what": f"{b.tensor} -> {b.to}", "start_ms": t,
-                                "end_ms": t + ms, "tensor": b.tensor, "src": dev, "dst": b.to,
-                                "resource": "channel" if self.shared else f"uplink:{dev}"})
-            t += ms
-            self.arrived[(b.name, dev, b.to)] = t
-        self.clock[dev] = t
-        if self.shared:
-            self.channel = t
