@@ -23,7 +23,7 @@ def compile(model: str | os.PathLike, devices: str | os.PathLike, outdir: str | 
             deepthings_grid: tuple[int, int] | None = None, deepthings_layers: int | None = None,
             jobs: int | None = None, progress: Progress | None = None, fallbacks: bool = False,
             sla_ms: float | None = None, sla_soft: bool = False, lam: float | None = None,
-            pareto: bool = False, keep: int | None = None) -> dict:
+            pareto: bool = False, keep: int | None = None, shifts: bool = False) -> dict:
     """Compile `model` for the cluster in `devices` into `outdir`; return the `--json` summary.
 
     Bad input raises `edgec.compiler.errors.UserError` (one line, naming the file), and nothing is
@@ -36,7 +36,10 @@ def compile(model: str | os.PathLike, devices: str | os.PathLike, outdir: str | 
     throughput and, when every plan's is known, energy; `summary["pareto_axes"]` says which). With `keep`
     N, the best N other plans of that frontier (by the objective) are also written as builds of their own
     (OUTDIR/alt-1/ ...), named by the manifest's `alternatives` and listed by `summary["alternatives"]`;
-    `summary["alternatives_missing"]` says how many fewer than N the frontier had.
+    `summary["alternatives_missing"]` says how many fewer than N the frontier had. With `shifts`, every
+    variant of the chosen plan that moves one boundary between neighbouring pipeline stages by one layer
+    (DGPAS's adjacent scheduling; spatial stages' boundaries stay) is written too, as the alternatives after
+    --keep's, each with its `variant` saying what it moves (None for a --keep plan).
 
         >>> import edgec
         >>> summary = edgec.compile("models/build/tinychain.onnx", "tests/e2e/clusters/two.yaml",
@@ -48,12 +51,11 @@ def compile(model: str | os.PathLike, devices: str | os.PathLike, outdir: str | 
                           _positive("deepthings_layers", deepthings_layers), _positive("jobs", jobs),
                           energy=_energy_goal(sla_ms, sla_soft, lam))
     t0 = time.perf_counter()
-    if not isinstance(fallbacks, bool):
-        raise UserError(f"fallbacks {fallbacks!r}: expected True or False")
-    if not isinstance(pareto, bool):
-        raise UserError(f"pareto {pareto!r}: expected True or False")
+    for name, flag in (("fallbacks", fallbacks), ("pareto", pareto), ("shifts", shifts)):
+        if not isinstance(flag, bool):
+            raise UserError(f"{name} {flag!r}: expected True or False")
     result = compile_model(model, devices, outdir, strategy, objective, _shapes(shapes), progress or Progress(),
-                           options, fallbacks=fallbacks, pareto=pareto, keep=_positive("keep", keep))
+                           options, fallbacks=fallbacks, pareto=pareto, keep=_positive("keep", keep), shifts=shifts)
     return compile_summary(result, Path(outdir), time.perf_counter() - t0)
 
 

@@ -95,9 +95,13 @@ def cli() -> None:
 @click.option("--keep", type=click.IntRange(min=1), default=None, metavar="N",
               help="also write the best N other plans of that frontier as builds of their own (OUTDIR/alt-1/ ...), "
                    "for the runtime to switch between")
+@click.option("--shifts", is_flag=True,
+              help="also write, as further alternative builds (OUTDIR/alt-K/, after --keep's), every variant of the "
+                   "chosen plan that moves one boundary between neighbouring pipeline stages by one layer (DGPAS "
+                   "adjacent scheduling), for the runtime to rebalance with")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON summary object on stdout")
 def compile_cmd(model, devices, outdir, strategy, objective, sla_ms, sla_soft, lam, shapes, search_threshold,
-                deepthings_grid, deepthings_layers, jobs, fallbacks, pareto, keep, as_json):
+                deepthings_grid, deepthings_layers, jobs, fallbacks, pareto, keep, shifts, as_json):
     """Compile MODEL for the devices in CLUSTER.yaml into OUTDIR (fragments + manifest.json)."""
     from .api import compile as compile_api
     from .emit import check_output_dir
@@ -117,7 +121,7 @@ def compile_cmd(model, devices, outdir, strategy, objective, sla_ms, sla_soft, l
                               shapes=parse_shape_option(shapes), search_threshold=search_threshold,
                               deepthings_grid=grid, deepthings_layers=deepthings_layers, jobs=jobs,
                               progress=progress, fallbacks=fallbacks, sla_ms=sla_ms, sla_soft=sla_soft, lam=lam,
-                              pareto=pareto, keep=keep)
+                              pareto=pareto, keep=keep, shifts=shifts)
     click.echo(json.dumps(summary, indent=1, sort_keys=True) if as_json else format_compile(summary))
 
 

@@ -21,12 +21,13 @@ from .ingest import Ingested, load_model
 from .plan.frontier import Point, energy_frontier, pareto_front, plan_key
 from .plan.planner import Dominated, EnergyGoal, InfeasibleError, PlanOptions
 from .plan.registry import PLANNERS, SEARCHES, STRATEGIES, run_group, schedule
+from .plan.shifts import boundary_shifts
 from .plan.stats import UNITS, recording
 from .plan_types import Plan, Stage
 from .progress import Progress
 
 __all__ = ["CompileResult", "Candidate", "PlanOptions", "compile_model", "plan_model", "pareto_points", "pareto_info",
-           "build_alternatives", "OBJECTIVES"]
+           "build_alternatives", "kept_points", "shift_candidates", "OBJECTIVES"]
 
 logger = logging.getLogger(__name__)
 OBJECTIVES = ("latency", "throughput", "energy")  # energy: under PlanOptions.energy (an SLA)
@@ -58,8 +59,9 @@ class CompileResult:
     fallbacks: tuple[ExtraBuild, ...] = ()  # with --fallbacks: one per device the plan uses
     pareto: tuple[Point, ...] | None = None  # with --pareto: the non-dominated plans found (plan/frontier.py)
     pareto_energy: bool = False  # whether energy is one of the frontier's axes (every plan's energy known)
-    alternatives: tuple[ExtraBuild, ...] = ()  # with --keep N: the best N other plans of the frontier, best first
-    alternatives_missing: int = 0  # N minus the alternatives found
+    # with --keep N: the best N other plans of the frontier, best first; then with --shifts the boundary shifts
+    alternatives: tuple[ExtraBuild, ...] = ()
+    alternatives_missing: int = 0  # N minus the --keep plans found
 
 
 def _key(c: Candidate | Point, objective: str, goal: EnergyGoal | None = None) -> tuple:
@@ -170,11 +172,13 @@ def _priced_on(plan: Plan, cost: CostTable) -> CostTable:
 def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, strategy: str = "auto",
                   objective: str = "latency", shapes: dict | None = None,
                   progress: Progress = Progress(), options: PlanOptions = PlanOptions(),
-                  fallbacks: bool = False, pareto: bool = False, keep: int | None = None) -> CompileResult:
+                  fallbacks: bool = False, pareto: bool = False, keep: int | None = None,
+                  shifts: bool = False) -> CompileResult:
     """Compile `model` for the cluster in `devices` into `outdir`. With `fallbacks`, also plan the cluster
     without each device the plan uses (same strategy and objective) and write those builds beside it. With
     `pareto`, also collect the non-dominated plans of every planner run (`pareto_points`). With `keep` N,
-    also write the best N other plans of that frontier as alternative builds (`build_alternatives`)."""
+    also write the best N other plans of that frontier as alternative builds (`build_alternatives`); with
+    `shifts`, also the chosen plan's one-layer boundary shifts (plan/shifts.py), numbered after them."""
     timings: dict[str, float] = {}
     t = time.perf_counter()
 
@@ -219,11 +223,12 @@ def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, st
                                  plan_info(chosen, candidates, ing.graph))
     done = "emit"  # the step that ends next
     alts: list[ExtraBuild] = []
-    if keep:
+    if keep or shifts:
         step(done, "building the alternatives")
-        alts = build_alternatives(ing, cluster, cost, chosen, candidates, front, keep, objective, options, Path(outdir))
+        alts = build_alternatives(ing, cluster, cost, chosen, candidates, front, keep, objective, options, Path(outdir),
+                                  shifts)
         manifest["alternatives"] = extra_entries(alts)
-        _note_alternatives(progress, alts, keep)
+        _note_alternatives(progress, alts, keep, shifts)
         done = "alternatives"
     builds: list[ExtraBuild] = []
     if fallbacks:
@@ -235,36 +240,76 @@ def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, st
     write_output(Path(outdir), manifest, frags, alts + builds)
     step("write")
     return CompileResult(ing, cluster, cost, chosen, candidates, manifest, timings, tuple(builds),
-                         front if pareto else None, with_energy, tuple(alts), keep - len(alts) if keep else 0)
+                         front if pareto else None, with_energy, tuple(alts), keep - _kept_count(alts) if keep else 0)
 
 
 def build_alternatives(ing: Ingested, cluster: cluster_mod.Cluster, cost: CostTable, chosen: Candidate, candidates,
-                       front, keep: int, objective: str, options: PlanOptions, outdir: Path) -> list[ExtraBuild]:
-    """The first `keep` plans of the frontier other than the chosen one, best first by the objective's own
-    order (_key), each a complete build for OUTDIR/alt-<k>/ (its devices in the power modes it needs).
-    Under a hard SLA only plans within it qualify: the SLA is the operator's, whichever plan runs."""
-    goal = options.energy
-    ranked = sorted((p for p in front if plan_key(p.plan) != plan_key(chosen.plan)),
-                    key=lambda p: _key(p, objective, goal))
+                       front, keep: int | None, objective: str, options: PlanOptions, outdir: Path,
+                       shifts: bool = False) -> list[ExtraBuild]:
+    """The alternative builds, OUTDIR/alt-1/ on: first the `keep` best plans of the frontier other than the
+    chosen one (`kept_points`), then, with `shifts`, the chosen plan's boundary shifts (`shift_candidates`)
+    that are none of those. Each is a complete build, its devices in the power modes it needs."""
+    kept = [_alternative(p.strategy, p.plan, p.prediction, _priced_on(p.plan, cost), cost)
+            for p in kept_points(chosen, front, keep or 0, objective, options)]
+    alts: list[tuple[Candidate, str | None]] = [(c, None) for c in kept]
+    if shifts:
+        alts += shift_candidates(ing.graph, cost, chosen, [c.plan for c in kept])
     builds = []
-    for k, point in enumerate([p for p in ranked if math.isfinite(_key(p, objective, goal)[0])][:keep], 1):
+    for k, (alt, variant) in enumerate(alts, 1):
         check_interrupted()
-        priced = _priced_on(point.plan, cost)
-        alt = Candidate(point.strategy, point.plan, point.prediction, cost=priced if priced is not cost else None)
         frags = build_fragments(ing, alt.plan, alt.prediction)
         data = assemble_manifest(ing, alt.plan, alt.prediction, frags, _run_on(alt, cluster).to_dict(),
                                  outdir / alternative_folder(k), plan_info(alt, candidates, ing.graph))
-        builds.append(alternative_build(k, data, frags))
+        builds.append(alternative_build(k, data, frags, variant))
     return builds
 
 
-def _note_alternatives(progress: Progress, alts: list[ExtraBuild], keep: int) -> None:
+def kept_points(chosen: Candidate, front, keep: int, objective: str, options: PlanOptions) -> list[Point]:
+    """The first `keep` plans of the frontier other than the chosen one, best first by the objective's own
+    order (_key). Under a hard SLA only plans within it qualify: the SLA is the operator's, whichever plan runs."""
+    goal = options.energy
+    ranked = sorted((p for p in front if plan_key(p.plan) != plan_key(chosen.plan)),
+                    key=lambda p: _key(p, objective, goal))
+    return [p for p in ranked if math.isfinite(_key(p, objective, goal)[0])][:keep]
+
+
+def _alternative(strategy: str, plan: Plan, prediction: Prediction, priced: CostTable, cost: CostTable) -> Candidate:
+    """A plan to build as an alternative, priced on `priced`: the cluster's table `cost`, or one with the
+    devices in the power modes the plan needs (which its build records)."""
+    return Candidate(strategy, plan, prediction, cost=priced if priced is not cost else None)
+
+
+def shift_candidates(graph: LayerGraph, cost: CostTable, chosen: Candidate,
+                     kept: list[Plan]) -> list[tuple[Candidate, str]]:
+    """The chosen plan's boundary shifts (plan/shifts.py) that are none of the `kept` plans, each priced on
+    the chosen plan's table (a shift keeps its power modes), with its description. Unlike --keep's plans,
+    a shift predicted beyond a hard SLA stays: it is meant for when the predicted figures no longer hold."""
+    priced = _priced_on(chosen.plan, cost)
+    out = []
+    for shift in boundary_shifts(chosen.plan, graph, priced, kept):
+        check_interrupted()
+        out.append((_alternative(chosen.strategy, shift.plan, evaluate(shift.plan, graph, priced), priced, cost),
+                    shift.description))
+    return out
+
+
+def _note_alternatives(progress: Progress, alts: list[ExtraBuild], keep: int | None, shifts: bool) -> None:
     for b in alts:
         pred = b.info["predicted"]
-        progress.note(f"alternative {b.folder}: {b.info['strategy']}, latency {pred['latency_ms']:.1f} ms, "
+        what = b.info.get("variant") or b.info["strategy"]
+        progress.note(f"alternative {b.folder}: {what}, latency {pred['latency_ms']:.1f} ms, "
                       f"throughput {pred['throughput_ips']:.2f}/s")
-    if len(alts) < keep:
-        progress.note(f"--keep {keep}: only {len(alts)} other plan(s) of the frontier qualify (within any hard SLA); wrote those")
+    kept = _kept_count(alts)
+    if keep and kept < keep:
+        progress.note(f"--keep {keep}: only {kept} other plan(s) of the frontier qualify (within any hard SLA); wrote those")
+    if shifts and kept == len(alts):
+        progress.note("--shifts: no boundary shift qualifies (the chosen plan needs two neighbouring stages that "
+                      "are not spatial, and a shifted plan must fit memory and differ from the plans kept)")
+
+
+def _kept_count(alts: list[ExtraBuild]) -> int:
+    """How many of the alternative builds are --keep's plans (the rest are --shifts' variants)."""
+    return sum(1 for b in alts if "variant" not in b.info)
 
 
 def pareto_points(graph: LayerGraph, cost: CostTable, chosen: Candidate, candidates, objective: str,

@@ -9,9 +9,8 @@ from typing import Any
 
 from edgec.runtime import MANIFEST_FORMAT
 from edgec.runtime.errors import InputError
-from edgec.runtime.manifest import (Fallback, Manifest, Recv, Region, Regions, Send, Transfer, file_sha256,
-                                    load_fallback, load_manifest, parse_manifest, read_manifest_json, region_ranges)
-from edgec.runtime.manifest_types import Alternative
+from edgec.runtime.manifest import (Alternative, Fallback, Manifest, Recv, Region, Regions, Send, Transfer,
+                                    load_alternative, load_fallback, parse_manifest, read_manifest_json, region_ranges)
 
 from .errors import UserError
 from .cost.memory import device_memory_bytes
@@ -117,9 +116,10 @@ def _fallback_summary(build, outdir: Path) -> dict:
 
 
 def _alternative_summary(build, outdir: Path) -> dict:
-    """One --keep alternative build: where it is and what it predicts."""
+    """One alternative build (--keep or --shifts): where it is, what it predicts and, for a boundary shift of
+    the chosen plan, what it changes (`variant`; None for a --keep plan)."""
     return {"manifest": str(outdir / build.folder / "manifest.json"), **_build_plan(build.manifest),
-            "predicted_energy_mj": build.manifest["predicted"].get("energy_mj")}
+            "predicted_energy_mj": build.manifest["predicted"].get("energy_mj"), "variant": build.info.get("variant")}
 
 
 def _build_plan(m: dict) -> dict:
@@ -154,12 +154,12 @@ def format_compile(s: dict) -> str:
 
 
 def _alternative_table(alternatives: list[dict]) -> str:
-    """The alternative plans (compile --keep, inspect of a manifest that has them), best first."""
-    rows = [[a.get("strategy") or "-", ", ".join(a.get("devices") or []) or "-", a.get("predicted_latency_ms"),
-             a.get("predicted_throughput_ips"), a.get("predicted_energy_mj"),
+    """The alternative plans (compile --keep and --shifts, inspect of a manifest that has them), in order."""
+    rows = [[a.get("strategy") or "-", a.get("variant"), ", ".join(a.get("devices") or []) or "-",
+             a.get("predicted_latency_ms"), a.get("predicted_throughput_ips"), a.get("predicted_energy_mj"),
              a["manifest"] if not a.get("error") else f"broken: {a['error']}"] for a in alternatives]
-    return "alternative plans (compile --keep; each folder is a build `edgec run` runs):\n" + table(
-        ["strategy", "devices", "latency ms", "throughput/s", "energy mJ", "manifest"], rows)
+    return "alternative plans (compile --keep and --shifts; each folder is a build `edgec run` runs):\n" + table(
+        ["strategy", "variant", "devices", "latency ms", "throughput/s", "energy mJ", "manifest"], rows)
 
 
 def _pareto_table(s: dict) -> str:
@@ -472,22 +472,15 @@ def _listed_fallback(fb: Fallback, main: Manifest) -> dict:
 
 def _listed_alternative(alt: Alternative, main: Manifest) -> dict:
     """A manifest's alternative entry for inspect, with the working devices read from its manifest; `error`
-    says when that file is outside the build folder, missing, not the one recorded or not a manifest the
-    runtime reads (the entry's strategy and predictions are then what the main manifest recorded)."""
-    out = {"manifest": alt.manifest, "sha256": alt.sha256, "strategy": alt.strategy,
+    says why the runtime would refuse it (load_alternative: outside the build folder, missing, not the one
+    recorded, not a manifest it reads, or another model or devices); the entry's strategy and predictions
+    are what the main manifest recorded."""
+    out = {"manifest": alt.manifest, "sha256": alt.sha256, "strategy": alt.strategy, "variant": alt.variant,
            "predicted_latency_ms": alt.predicted["latency_ms"], "predicted_throughput_ips": alt.predicted["throughput_ips"],
            "predicted_energy_mj": alt.predicted["energy_mj"], "error": None}
-    path = main.folder / alt.manifest
-    where = f"{main.path}: alternative {alt.manifest}"
     try:
-        if not path.resolve().is_relative_to(main.folder.resolve()):
-            return out | {"error": f"{where}: outside the build folder {main.folder}"}
-        if file_sha256(path) != alt.sha256:
-            return out | {"error": f"{where}: sha256 mismatch; the file was changed after compiling"}
-        m = load_manifest(path, check_files=False)
-    except OSError as exc:
-        return out | {"error": f"{where}: cannot read it ({exc.strerror or exc})"}
-    except (InputError, RuntimeError) as exc:  # RuntimeError: a symlink loop
+        m = load_alternative(main, alt)
+    except InputError as exc:
         return out | {"error": str(exc)}
     return out | {"devices": [d for d in m.device_names if m.steps.get(d)]}
 

@@ -77,14 +77,21 @@ are ignored):
               "fallback-<device>/manifest.json", a complete build of its own), and `sha256` that file's hash.
               When no plan fits the devices left, `manifest` and `sha256` are null and `error` says why.
               `edgec run` switches to a device's fallback when the device stops answering (see coordinator.py).
-  alternatives optional (written by `edgec compile --keep N`; absent or null: none)
+  alternatives optional (written by `edgec compile --keep N` and `--shifts`; absent or null: none)
               [{"manifest": str, "sha256": hex str, "strategy": str,
-                "predicted": {"latency_ms": number, "throughput_ips": number, "energy_mj": number or null}}]:
-              other plans of the same model on the same cluster (the best N of the Pareto frontier after the
-              chosen plan, best first by the compile's objective). `manifest` is a relative path inside the
+                "predicted": {"latency_ms": number, "throughput_ips": number, "energy_mj": number or null},
+                "variant"?: str or null}]:
+              other plans of the same model on the same cluster: first the best N of the Pareto frontier
+              after the chosen plan (--keep, best first by the compile's objective), then the chosen plan's
+              boundary shifts (--shifts: one layer moved across one boundary between neighbouring pipeline
+              stages, DGPAS's adjacent scheduling). `manifest` is a relative path inside the
               build folder (the compiler writes "alt-<k>/manifest.json", a complete build of its own that
               `edgec run` runs like any other), `sha256` that file's hash; `strategy` and `predicted` repeat
-              what that manifest records. The runtime does not switch between them yet.
+              what that manifest records. `variant` (optional; absent or null for a --keep plan) says in one
+              human-readable line what a variant of the chosen plan changes, e.g. "shift stage 0|1 boundary
+              +1 layer (layer 7 'conv3' to pi-a)": stages numbered from 0 as in `plan.stages`, +1 when stage
+              k takes stage k+1's first layer, -1 when stage k+1 takes stage k's last. `load_alternative`
+              loads one, checked against this manifest. The runtime does not switch between them yet.
 
 Validation (each failure is an InputError "<manifest path>: <problem>", one line): the file's size
 (at most 64 MiB) and nesting (at most 64 levels); format and version; numbers finite;
@@ -108,15 +115,17 @@ from typing import Any, Iterable
 from . import MANIFEST_FORMAT, MANIFEST_VERSION
 from .errors import InputError
 from .manifest_parse import build_manifest
-from .manifest_types import (DTYPES, HOST, Concat, Device, Fallback, Fragment, Free, Link, Manifest, Network, OutputSpec,
-                             Recv, Region, Regions, Run, Send, Slice, Step, TensorSpec, Transfer, region_ranges)
+from .manifest_types import (DTYPES, HOST, Alternative, Concat, Device, Fallback, Fragment, Free, Link, Manifest,
+                             Network, OutputSpec, Recv, Region, Regions, Run, Send, Slice, Step, TensorSpec, Transfer,
+                             region_ranges)
 from .schedule import validate_schedule
 
 __all__ = [
     "HOST", "DTYPES", "TensorSpec", "OutputSpec", "Device", "Link", "Network", "Fragment", "Region", "Regions",
-    "region_ranges", "Transfer", "Run", "Send", "Recv", "Slice", "Concat", "Free", "Step", "Fallback", "Manifest",
-    "load_manifest", "load_fallback", "read_manifest_json", "decode_manifest_json", "parse_manifest", "check_fragment_files",
-    "check_fragment_paths", "file_sha256", "manifest_json", "MAX_MANIFEST_BYTES", "MAX_JSON_DEPTH",
+    "region_ranges", "Transfer", "Run", "Send", "Recv", "Slice", "Concat", "Free", "Step", "Fallback", "Alternative",
+    "Manifest", "load_manifest", "load_fallback", "load_alternative", "read_manifest_json", "decode_manifest_json",
+    "parse_manifest", "check_fragment_files", "check_fragment_paths", "file_sha256", "manifest_json",
+    "MAX_MANIFEST_BYTES", "MAX_JSON_DEPTH",
 ]
 
 logger = logging.getLogger(__name__)
@@ -154,44 +163,68 @@ def load_fallback(manifest: Manifest, fb: Fallback, *, check_files: bool = True)
     where = f"{manifest.path}: fallback without {fb.without}"
     if fb.manifest is None:
         raise InputError(f"{where}: none was compiled ({fb.error})")
-    path = manifest.folder / fb.manifest
+    return _load_extra_build(manifest, fb.manifest, fb.sha256, where, "--fallbacks", fb.without, check_files)
+
+
+def load_alternative(manifest: Manifest, alt: Alternative, *, check_files: bool = False) -> Manifest:
+    """The alternative plan `alt` of `manifest` (compile --keep or --shifts), checked against it as
+    load_fallback checks a fallback: inside the build folder, the recorded sha256, the same model (inputs
+    and outputs), and only devices of `manifest`. With check_files, its fragment files are verified (see
+    load_manifest); without (the default: cheap enough to list every alternative, as inspect does), only
+    that they exist."""
+    where = f"{manifest.path}: alternative {alt.manifest}"
+    return _load_extra_build(manifest, alt.manifest, alt.sha256, where, "--keep or --shifts", None, check_files)
+
+
+def _load_extra_build(main: Manifest, file: str, sha256: str, where: str, option: str, without: str | None,
+                      check_files: bool) -> Manifest:
+    """The build `file` (relative to `main`'s folder) that `main` lists as a fallback or an alternative: read
+    from inside the build folder, with the recorded sha256, parsed, and planning the same model as `main` on
+    its devices (but `without`). `where` names the entry in every error; `option` is the compile option that
+    writes such builds."""
+    path = main.folder / file
     try:
-        inside = path.resolve().is_relative_to(manifest.folder.resolve())
+        inside = path.resolve().is_relative_to(main.folder.resolve())
     except (OSError, RuntimeError):  # a symlink loop
         inside = False
     if not inside:
-        raise InputError(f"{where}: {fb.manifest!r} is outside the build folder {manifest.folder}")
+        raise InputError(f"{where}: {file!r} is outside the build folder {main.folder}")
     try:
         raw = path.read_bytes()[:MAX_MANIFEST_BYTES + 1]
     except OSError as exc:
-        raise InputError(f"{where}: cannot read {fb.manifest} ({exc.strerror or exc}); compile again with "
-                         "--fallbacks, or run without them") from None
-    if hashlib.sha256(raw).hexdigest() != fb.sha256:
-        raise InputError(f"{where}: {fb.manifest} sha256 mismatch; the file was changed after compiling")
-    fallback = parse_manifest(decode_manifest_json(raw, path), path.absolute())
-    _check_fallback_matches(manifest, fallback, fb, where)
+        raise InputError(f"{where}: cannot read {file} ({exc.strerror or exc}); compile again with "
+                         f"{option}, or run without them") from None
+    if hashlib.sha256(raw).hexdigest() != sha256:
+        raise InputError(f"{where}: {file} sha256 mismatch; the file was changed after compiling")
+    extra = parse_manifest(decode_manifest_json(raw, path), path.absolute())
+    _check_same_model(main, extra, without, where)
     if check_files:
-        check_fragment_files(fallback)
+        check_fragment_files(extra)
     else:
-        check_fragment_paths(fallback, fallback.fragments.values())
-        for frag in fallback.fragments.values():
-            if not fallback.fragment_path(frag).is_file():
-                raise InputError(f"{fallback.path}: fragment {frag.id}: file {frag.file} not found in {fallback.folder}")
-    return fallback
+        check_fragment_paths(extra, extra.fragments.values())
+        for frag in extra.fragments.values():
+            if not extra.fragment_path(frag).is_file():
+                raise InputError(f"{extra.path}: fragment {frag.id}: file {frag.file} not found in {extra.folder}")
+    return extra
 
 
-def _check_fallback_matches(main: Manifest, fallback: Manifest, fb: Fallback, where: str) -> None:
-    """A request re-run on the fallback must mean the same thing: same inputs and outputs, same model."""
-    if fallback.model_sha256 != main.model_sha256:
-        raise InputError(f"{where}: plans another model (sha256 {fallback.model_sha256[:12]}...)")
-    if [(t.name, t.shape, t.dtype) for t in fallback.inputs] != [(t.name, t.shape, t.dtype) for t in main.inputs] \
-            or [(t.name, t.shape, t.dtype) for t in fallback.outputs] != [(t.name, t.shape, t.dtype) for t in main.outputs]:
+def _check_same_model(main: Manifest, extra: Manifest, without: str | None, where: str) -> None:
+    """A request re-run on a fallback or an alternative must mean the same thing: same inputs and outputs,
+    same model, on devices of `main` (but `without`)."""
+    if extra.model_sha256 != main.model_sha256:
+        raise InputError(f"{where}: plans another model (sha256 {extra.model_sha256[:12]}...)")
+    if _specs(extra.inputs) != _specs(main.inputs) or _specs(extra.outputs) != _specs(main.outputs):
         raise InputError(f"{where}: its model inputs or outputs differ from this manifest's")
-    known = {d.name: d for d in main.devices}
-    for d in fallback.devices:
-        if d.name == fb.without or d.name not in known:
-            raise InputError(f"{where}: names device {d.name!r}, which it must do without"
-                             if d.name == fb.without else f"{where}: names device {d.name!r}, not in this manifest")
+    known = {d.name for d in main.devices}
+    for d in extra.devices:
+        if d.name == without:
+            raise InputError(f"{where}: names device {d.name!r}, which it must do without")
+        if d.name not in known:
+            raise InputError(f"{where}: names device {d.name!r}, not in this manifest")
+
+
+def _specs(tensors: Iterable[TensorSpec]) -> list[tuple]:
+    return [(t.name, t.shape, t.dtype) for t in tensors]
 
 
 def read_manifest_json(path: str | Path) -> Any:

@@ -255,8 +255,9 @@ def _fallbacks(r: Reader, items: Any, devices: set[str]) -> tuple[Fallback, ...]
 
 
 def _alternatives(r: Reader, items: Any) -> tuple[Alternative, ...]:
-    """The optional `alternatives` list (absent in manifests compiled without --keep): the other plans kept,
-    best first, each naming its manifest and repeating its strategy and predicted figures."""
+    """The optional `alternatives` list (absent in manifests compiled without --keep or --shifts): the other
+    plans kept, best first, then the chosen plan's boundary shifts, each naming its manifest and repeating its
+    strategy and predicted figures; a shift's optional `variant` says what it changes."""
     if items is None:
         return ()
     if not isinstance(items, list):
@@ -273,7 +274,8 @@ def _alternatives(r: Reader, items: Any) -> tuple[Alternative, ...]:
         out[file] = Alternative(file, sha, r.str(d, "strategy", w), {
             "latency_ms": r.num(pred, "latency_ms", f"{w}.predicted"),
             "throughput_ips": r.num(pred, "throughput_ips", f"{w}.predicted"),
-            "energy_mj": None if energy is None else r.num(pred, "energy_mj", f"{w}.predicted")})
+            "energy_mj": None if energy is None else r.num(pred, "energy_mj", f"{w}.predicted")},
+            None if d.get("variant") is None else r.str(d, "variant", w))
     return tuple(out.values())
 
 

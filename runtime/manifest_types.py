@@ -210,14 +210,17 @@ class Fallback:
 
 @dataclass(frozen=True)
 class Alternative:
-    """Another plan of the same model on the same cluster (`edgec compile --keep N`, best first): its
-    manifest's path relative to this manifest's folder and that file's sha256, with the strategy and the
-    predicted figures ({"latency_ms", "throughput_ips", "energy_mj" or None}) its manifest records."""
+    """Another plan of the same model on the same cluster (`edgec compile --keep N`, best first, then the
+    boundary shifts of `--shifts`): its manifest's path relative to this manifest's folder and that file's
+    sha256, with the strategy and the predicted figures ({"latency_ms", "throughput_ips", "energy_mj" or
+    None}) its manifest records; `variant` says what a variant of the chosen plan changes (None: a plan of
+    its own, from --keep)."""
 
     manifest: str
     sha256: str
     strategy: str
     predicted: dict[str, Any]
+    variant: str | None = None
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,8 @@ logger = logging.getLogger(__name__)
 class ExtraBuild:
     """A complete build of its own beside the main one, in OUTDIR/<folder>/, that the main manifest's list
     `key` names: a fallback ("fallbacks", folder fallback-<device>, `info` {"without": device}) or an
-    alternative plan ("alternatives", folder alt-<k>, `info` its strategy and predicted figures). With
+    alternative plan ("alternatives", folder alt-<k>, `info` its strategy and predicted figures, and for a
+    variant of the chosen plan what it changes). With
     `manifest` None (fallbacks only), `error` says why there is no such build."""
 
     key: str
@@ -66,12 +67,16 @@ def alternative_folder(k: int) -> str:
     return f"alt-{k}"
 
 
-def alternative_build(k: int, manifest: dict, frags) -> ExtraBuild:
-    """The k-th alternative plan: its entry repeats the strategy and predictions of its manifest."""
+def alternative_build(k: int, manifest: dict, frags, variant: str | None = None) -> ExtraBuild:
+    """The k-th alternative plan: its entry repeats the strategy and predictions of its manifest, and a
+    variant of the chosen plan (a --shifts boundary shift) says what it changes. A --keep plan's entry has
+    no `variant` key, so that builds without --shifts are what they were before it existed."""
     pred = manifest["predicted"]
     info = {"strategy": manifest["plan"]["strategy"],
             "predicted": {"latency_ms": pred["latency_ms"], "throughput_ips": pred["throughput_ips"],
                           "energy_mj": pred.get("energy_mj")}}
+    if variant is not None:
+        info["variant"] = variant
     return ExtraBuild("alternatives", alternative_folder(k), info, manifest, tuple(frags))
 
 
