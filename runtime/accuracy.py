@@ -53,7 +53,7 @@ from .files import write_atomically
 from .manifest_types import HOST, Manifest, Recv, Run, Send, Step, region_ranges
 
 __all__ = ["MAX_SAMPLES", "SYNC_ROUNDS", "ClockOffset", "estimate_offset", "is_timed", "timed_steps", "Samples",
-           "build_report", "summary_lines", "check_output_file", "check_report_path", "write_report"]
+           "transfer_keys", "build_report", "summary_lines", "check_output_file", "check_report_path", "write_report"]
 
 logger = logging.getLogger(__name__)
 
@@ -117,22 +117,25 @@ class Samples:
             raise RunError(f"device {device}: its worker timed {len(frag_ms)} run(s) and {len(clocks)} send(s) and "
                            f"receive(s), its steps hold {want[0]} and {want[1]}")
 
-    def add(self, times: Mapping[str, tuple[list, list]], offsets: Mapping[str, ClockOffset]) -> None:
-        """One completed request: {device: (frag_ms, clocks)} as checked by `check`."""
+    def add(self, times: Mapping[str, tuple[list, list]], offsets: Mapping[str, ClockOffset]
+            ) -> tuple[dict[str, float], dict[TransferKey, float]]:
+        """One completed request: {device: (frag_ms, clocks)} as checked by `check`. Returns its measured
+        times: ms per fragment (a fragment run twice: the request's total) and per transfer."""
+        per_fragment: dict[str, float] = {}
         sent: dict[TransferKey, float] = {}
         arrived: dict[TransferKey, float] = {}
         for device, (frag_ms, clocks) in times.items():
-            per_fragment: dict[str, float] = {}
             for fid, ms in zip(self.runs[device], frag_ms):
-                per_fragment[fid] = per_fragment.get(fid, 0.0) + ms  # a fragment run twice: its request's total
-            for fid, ms in per_fragment.items():
-                self._keep(self.fragment_ms, fid, ms)
+                per_fragment[fid] = per_fragment.get(fid, 0.0) + ms
             offset = offsets[device].offset_s
             for (kind, key), clock in zip(self.clocks[device], clocks):
                 (sent if kind == "send" else arrived)[key] = clock - offset
-        for key, start in sent.items():
-            if key in arrived:
-                self._keep(self.transfer_ms, key, (arrived[key] - start) * 1000.0)
+        per_transfer = {key: (arrived[key] - start) * 1000.0 for key, start in sent.items() if key in arrived}
+        for fid, ms in per_fragment.items():
+            self._keep(self.fragment_ms, fid, ms)
+        for key, ms in per_transfer.items():
+            self._keep(self.transfer_ms, key, ms)
+        return per_fragment, per_transfer
 
     @staticmethod
     def _keep(table: dict, key, ms: float) -> None:
@@ -167,7 +170,7 @@ def _predicted(manifest: Manifest, key: str) -> float | None:
     return float(v) if ok else None
 
 
-def _transfer_keys(manifest: Manifest) -> list[TransferKey | None]:
+def transfer_keys(manifest: Manifest) -> list[TransferKey | None]:
     """Each transfer entry's send step, as the key its timings are kept under (None: no step matches).
     An entry names the sender's tensor and region; identical entries match identical sends in order."""
     pool: dict[tuple, list[TransferKey]] = {}
@@ -191,7 +194,7 @@ def build_report(manifest: Manifest, *, repeat: int, latency_ms: float, throughp
         fragments.append({"id": f.id, "device": f.device, "predicted_ms": _ms(f.predicted_ms),
                           "measured_ms": _ms(measured), "error": _error(measured, f.predicted_ms)})
     transfers = []
-    for t, key in zip(manifest.transfers, _transfer_keys(manifest)):
+    for t, key in zip(manifest.transfers, transfer_keys(manifest)):
         predicted = manifest.network.transfer_s(t.src, t.dst, t.bytes) * 1000.0
         measured = None if key is None else _median(samples.transfer_ms.get(key))
         bound = sum(offsets[d].bound_s for d in (t.src, t.dst) if d in offsets) * 1000.0

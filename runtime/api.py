@@ -13,18 +13,19 @@ from typing import Iterable, Mapping
 import numpy as np
 
 from .accuracy import check_report_path, write_report
+from .adapt import THRESHOLD, Adapter, Option
 from .compress import parse_mode
 from .coordinator import HEARTBEAT_MS, RunResult, available_cores, load_keys, run_manifest
 from .errors import InputError
 from .files import write_atomically
 from .inputs import check_inputs, check_memory, load_inputs
-from .manifest import Manifest, load_manifest
+from .manifest import Manifest, load_alternative, load_manifest
 from .protocol import MAX_DILATE
 from .session import MAX_INFLIGHT
 from .trace import check_trace_path, write_trace
 from .verify import VerifyResult, check_model, compare_outputs, reference_outputs
 
-__all__ = ["run", "execute", "report", "write_npz", "parse_addresses", "RequestsChecked", "MAX_THREADS", "MAX_INFLIGHT",
+__all__ = ["run", "execute", "report", "write_npz", "parse_addresses", "parse_slow", "RequestsChecked", "MAX_THREADS", "MAX_INFLIGHT",
            "MIN_HEARTBEAT_MS", "MAX_HEARTBEAT_MS", "MAX_DILATE"]
 
 logger = logging.getLogger(__name__)
@@ -41,7 +42,9 @@ def run(manifest: str | os.PathLike, *, inputs: str | os.PathLike | Mapping[str,
         timeout: float = 60.0, output: str | os.PathLike | None = None, addresses: Mapping[str, str] | None = None,
         keys: str | os.PathLike | None = None, inflight: int | None = None, compress: str = "none",
         heartbeat_ms: int = HEARTBEAT_MS, report: str | os.PathLike | None = None,
-        dilate: float | None = None, trace: str | os.PathLike | None = None) -> dict:
+        dilate: float | None = None, trace: str | os.PathLike | None = None, adapt: bool = False,
+        adapt_threshold: float = THRESHOLD, adapt_for: str | None = None,
+        slow: Mapping[str, tuple[int, float]] | None = None) -> dict:
     """Run a compiled build (its manifest.json, or the folder holding it); return the `--json` report.
 
     `inputs` is an .npz file or `{input name: array}`; or pass `random_inputs=True`. With `verify`, the
@@ -59,7 +62,13 @@ def run(manifest: str | os.PathLike, *, inputs: str | os.PathLike | Mapping[str,
     Perfetto); `dilate` (1 to MAX_DILATE, with `emulate` only)
     stretches every emulated time by that factor and divides every reported time by it, so that a host
     slower than the emulated devices keeps their timeline (`report["emulation"]` lists the fragment runs
-    that still took longer than their padding). Bad input raises
+    that still took longer than their padding). With `adapt`, the run switches between the plans the build
+    kept (`compile --keep N` / `--shifts`) when the plan in use, re-costed with the measured figures, moves
+    more than `adapt_threshold` (relative) from what it was chosen under, to the best when re-costed so, by
+    `adapt_for` ("latency" or "throughput"; default the build's objective) (edgec.runtime.adapt;
+    `report["adaptations"]` lists each decision). `slow`
+    ({device: (request, factor)}, with `emulate` only) emulates a device slowing down: from the timed
+    request of that index (from 0) on, its fragment runs take factor x their predicted time. Bad input raises
     `edgec.runtime.errors.InputError`; a failed run, `RunError`. The other arguments are the command's
     options.
 
@@ -71,7 +80,7 @@ def run(manifest: str | os.PathLike, *, inputs: str | os.PathLike | Mapping[str,
     common = dict(random_inputs=random_inputs, seed=seed, verify=verify, model=model, tolerance=tolerance,
                   repeat=repeat, threads=threads, emulate=emulate, timeout=timeout, addresses=addresses, keys=keys,
                   inflight=inflight, compress=compress, heartbeat_ms=heartbeat_ms, report=report, dilate=dilate,
-                  trace=trace)
+                  trace=trace, adapt=adapt, adapt_threshold=adapt_threshold, adapt_for=adapt_for, slow=slow)
     if isinstance(inputs, Mapping):
         loaded = execute(manifest, arrays=inputs, **common)
     else:
@@ -89,7 +98,9 @@ def execute(manifest: str | os.PathLike, *, npz: str | None = None, pairs: Itera
             addresses: Mapping[str, str] | None = None, keys: str | os.PathLike | None = None,
             inflight: int | None = None, compress: str = "none", heartbeat_ms: int = HEARTBEAT_MS,
             report: str | os.PathLike | None = None, dilate: float | None = None,
-            trace: str | os.PathLike | None = None) -> tuple[Manifest, RunResult, RequestsChecked | None]:
+            trace: str | os.PathLike | None = None, adapt: bool = False, adapt_threshold: float = THRESHOLD,
+            adapt_for: str | None = None, slow: Mapping[str, tuple[int, float]] | None = None
+            ) -> tuple[Manifest, RunResult, RequestsChecked | None]:
     """Load, check and run a manifest on its inputs; verify every request's outputs when asked; write the
     accuracy report to `report` (result.accuracy holds it) and the measured timeline to `trace`
     (result.trace). What `edgec run` and `run` share."""
@@ -109,6 +120,8 @@ def execute(manifest: str | os.PathLike, *, npz: str | None = None, pairs: Itera
         m = dataclasses.replace(m, model_path=Path(model))
     if verify:  # before the run: a moved or changed model fails in a second, not after the whole run
         check_model(m)
+    slow = _check_slow(slow, m, emulate)
+    adapter = _adapter(m, adapt_threshold, adapt_for) if adapt else None
     if arrays is not None:
         if random_inputs:
             raise InputError("random inputs cannot be combined with given inputs")
@@ -124,7 +137,8 @@ def execute(manifest: str | os.PathLike, *, npz: str | None = None, pairs: Itera
     result = run_manifest(m, given, repeat=repeat, threads=threads, emulate=emulate, timeout=timeout,
                           progress=logger.info, addresses=addresses, keys=keyring, inflight=inflight,
                           compress=compress, heartbeat_ms=heartbeat_ms, timings=report is not None, dilate=dilate,
-                          check=None if checker is None else checker.add, trace=trace is not None)
+                          check=None if checker is None else checker.add, trace=trace is not None,
+                          adapter=adapter, slow=slow)
     if report is not None:
         write_report(report, result.accuracy)
     if trace is not None:
@@ -178,6 +192,63 @@ def parse_addresses(pairs: Iterable[str]) -> dict[str, str]:
     return out
 
 
+def parse_slow(specs: Iterable[str]) -> dict[str, tuple[int, float]]:
+    """`NAME=FACTOR[@REQUEST]` (the repeatable --slow) as {device: (request, factor)}; request 0 if not given."""
+    out: dict[str, tuple[int, float]] = {}
+    for spec in specs:
+        name, sep, rest = spec.partition("=")
+        factor, at, request = rest.partition("@")
+        try:
+            parsed = (int(request) if at else 0, float(factor))
+        except ValueError:
+            parsed = None
+        if not sep or not name or parsed is None:
+            raise InputError(f"--slow {spec!r}: expected NAME=FACTOR or NAME=FACTOR@REQUEST (e.g. pi-a=3@50)")
+        if name in out:
+            raise InputError(f"--slow: device {name!r} given twice")
+        out[name] = parsed
+    return out
+
+
+def _check_slow(slow: Mapping[str, tuple[int, float]] | None, m: Manifest, emulate: bool
+                ) -> dict[str, tuple[int, float]]:
+    """The emulated slow-downs, checked: emulation only, devices of the manifest, a factor the padding can
+    take, a request index from 0."""
+    if not slow:
+        return {}
+    if not emulate:
+        raise InputError("--slow emulates a device slowing down: it needs --emulate")
+    for name, (request, factor) in slow.items():
+        if name not in m.device_names:
+            raise InputError(f"--slow {name}: {m.path} has no device {name!r} (devices: {', '.join(m.device_names)})")
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) \
+                or not 1.0 / MAX_DILATE <= factor <= MAX_DILATE:
+            raise InputError(f"--slow {name}: factor {factor!r}, expected {1 / MAX_DILATE:g} to {MAX_DILATE:g}")
+        if isinstance(request, bool) or not isinstance(request, int) or request < 0:
+            raise InputError(f"--slow {name}: request {request!r}, expected a timed request's index, from 0")
+    return {name: (int(r), float(f)) for name, (r, f) in slow.items()}
+
+
+def _adapter(m: Manifest, threshold: float, objective: str | None) -> Adapter:
+    """The adapter over every plan the build kept, the main one first, re-costing by `objective` or the
+    build's own; bad input without any kept plan, or for a build compiled for energy without `objective`."""
+    if objective is None:
+        objective = m.objective or "latency"
+        if objective == "energy":
+            raise InputError(f"{m.path}: the build was compiled for energy, which --adapt does not re-cost; choose "
+                             "what to adapt for with --adapt-for latency or --adapt-for throughput")
+    if objective not in ("latency", "throughput"):
+        raise InputError(f"--adapt-for {objective!r}: expected latency or throughput")
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold < 10:
+        raise InputError(f"--adapt-threshold {threshold!r}: expected a relative change above 0 (0.25: 25%) and below 10")
+    if not m.alternatives:
+        raise InputError(f"{m.path}: --adapt switches between the plans a build kept, and this one kept none; compile "
+                         "with --keep N and/or --shifts")
+    options = [Option(m, m.path.name)]
+    options += [Option(load_alternative(m, alt), alt.manifest) for alt in m.alternatives]
+    return Adapter(options, objective=objective, threshold=float(threshold))
+
+
 def _check_dilate(dilate: float | None, emulate: bool) -> float:
     """The dilation to run at: 1 unless given (with emulate only, 1 to MAX_DILATE)."""
     if dilate is None:
@@ -220,6 +291,7 @@ def report(manifest: Manifest, result: RunResult, checked: VerifyResult | None) 
         "completed": result.completed,
         "lost": result.lost,
         "failovers": result.failovers,
+        "adaptations": result.adaptations,
         "compress": result.compress,
         "outputs": [{"name": o.name, "shape": list(result.outputs[o.name].shape),
                      "dtype": result.outputs[o.name].dtype.name} for o in manifest.outputs],

@@ -16,8 +16,9 @@ import click
 import numpy as np
 
 from .accuracy import summary_lines
+from .adapt import THRESHOLD
 from .api import MAX_DILATE, MAX_HEARTBEAT_MS, MAX_INFLIGHT, MAX_THREADS, MIN_HEARTBEAT_MS, RequestsChecked, execute, \
-    parse_addresses, report, write_npz
+    parse_addresses, parse_slow, report, write_npz
 from .cache import FragmentCache, default_cache_dir
 from .compress import MODES as COMPRESS_MODES
 from .coordinator import HEARTBEAT_MISSES, HEARTBEAT_MS, RunResult
@@ -152,17 +153,32 @@ _EPILOG = ("Exit codes: 0 ok, 1 verification failed, 2 bad input, 3 run failure 
               help="Write the measured timeline of the --repeat requests (atomically) in Chrome's trace event "
                    "format, for Perfetto (ui.perfetto.dev) or `edgec simulate --plot --trace`: each fragment run, "
                    "each transfer between devices and each request, per device.")
+@click.option("--adapt", is_flag=True,
+              help="Switch, between requests and losing none, among the plans the build kept (compile --keep N, "
+                   "--shifts) when a device's compute or a link's measured speed drifts from what the plan in use "
+                   "assumed: every kept plan is re-costed with the measured figures and the fastest taken.")
+@click.option("--adapt-threshold", type=float, default=THRESHOLD, show_default=True, metavar="FRACTION",
+              help="With --adapt: the relative change of the plan in use, re-costed with the measured figures, "
+                   "that counts as drift.")
+@click.option("--adapt-for", type=click.Choice(["latency", "throughput"]), default=None,
+              show_default="the build's objective",
+              help="With --adapt: re-cost plans by the latency of one request or by the period of streamed ones.")
+@click.option("--slow", "slow_specs", multiple=True, metavar="NAME=FACTOR[@REQUEST]",
+              help="With --emulate: from the REQUEST-th timed request (from 0; default 0) on, device NAME's fragment "
+                   "runs take FACTOR x their predicted time, as if it slowed down (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object on stdout.")
 @click.pass_context
 def run(ctx: click.Context, manifest: str, inputs_file, input_pairs, random_inputs, seed, verify, model_file,
         tolerance, repeat, output_file, threads, emulate, dilate, timeout, address_pairs, keys_dir, inflight,
-        compress, heartbeat_ms, report_file, trace_file, as_json) -> None:
+        compress, heartbeat_ms, report_file, trace_file, adapt, adapt_threshold, adapt_for, slow_specs,
+        as_json) -> None:
     """Run MANIFEST (a manifest.json, or the folder holding one) on the devices' workers: at each device's
     address (or --addresses), or in a worker process started on this machine for a device without one."""
     ctx.exit(_exit_code(lambda: _run(
         manifest, inputs_file, input_pairs, random_inputs, seed, verify, model_file, tolerance, repeat, output_file,
         threads, emulate, timeout, as_json, address_pairs, keys_dir, inflight, compress=compress,
-        heartbeat_ms=heartbeat_ms, report_file=report_file, dilate=dilate, trace_file=trace_file)))
+        heartbeat_ms=heartbeat_ms, report_file=report_file, dilate=dilate, trace_file=trace_file, adapt=adapt,
+        adapt_threshold=adapt_threshold, adapt_for=adapt_for, slow_specs=slow_specs)))
 
 
 def _exit_code(body: Callable[[], int]) -> int:
@@ -214,13 +230,16 @@ def _progress_to_stderr():
 
 def _run(manifest_arg, inputs_file, input_pairs, random_inputs, seed, verify, model_file, tolerance, repeat,
          output_file, threads, emulate, timeout, as_json, address_pairs, keys_dir, inflight, compress="none",
-         heartbeat_ms=HEARTBEAT_MS, report_file=None, dilate=None, trace_file=None) -> int:
+         heartbeat_ms=HEARTBEAT_MS, report_file=None, dilate=None, trace_file=None, adapt=False,
+         adapt_threshold=THRESHOLD, adapt_for=None, slow_specs=()) -> int:
     manifest, result, checked = execute(manifest_arg, npz=inputs_file, pairs=input_pairs, random_inputs=random_inputs,
                                         seed=seed, verify=verify, model=model_file, tolerance=tolerance,
                                         repeat=repeat, threads=threads, emulate=emulate, timeout=timeout,
                                         addresses=parse_addresses(address_pairs), keys=keys_dir, inflight=inflight,
                                         compress=compress, heartbeat_ms=heartbeat_ms, report=report_file,
-                                        dilate=dilate, trace=trace_file)
+                                        dilate=dilate, trace=trace_file, adapt=adapt,
+                                        adapt_threshold=adapt_threshold, adapt_for=adapt_for,
+                                        slow=parse_slow(slow_specs))
     if result.accuracy is not None:
         for line in summary_lines(result.accuracy):
             click.echo(f"edgec: {line}", err=True)
@@ -252,6 +271,12 @@ def _print_human(manifest: Manifest, result: RunResult, checked: RequestsChecked
     for f in result.failovers:
         click.echo(f"failover: device {f['device']} lost after {f['at_request']} request(s); finished on {f['plan']} "
                    f"({result.completed} completed, {result.lost} lost)")
+    for a in result.adaptations:
+        took = f"kept {a['from']}" if a["to"] == a["from"] else \
+            f"switched to {a['to']} after {a['switched_at']} request(s)" if a["switched_at"] is not None else \
+            f"chose {a['to']}, but the run ended first"
+        click.echo(f"adapt: after {a['at_request']} request(s), {a['reason']}: {took} (re-costed "
+                   f"{a['recosted_ms'][a['to']]:.2f} ms)")
     busy = ", ".join(f"{n} {statistics.median(ms):.2f} ms" for n, ms in result.device_run_ms.items() if ms)
     click.echo(f"fragment run time (median): {busy}")
     if result.emulation is not None:

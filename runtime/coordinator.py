@@ -30,6 +30,7 @@ import numpy as np
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from .adapt import Adapter, Option
 from .accuracy import SYNC_ROUNDS, ClockOffset, Samples, build_report, estimate_offset
 from .compress import parse_mode
 from .emulate import Channel, Overruns, undilated_offsets, undilated_times
@@ -84,6 +85,7 @@ class RunResult:
     accuracy: dict | None = None  # run_manifest(timings=True): the --report object (accuracy.py)
     trace: dict | None = None  # run_manifest(trace=True): the --trace object (trace.py)
     emulation: dict | None = None  # run_manifest(emulate=True): {dilate, overruns} (emulate.Overruns.as_json)
+    adaptations: list[dict] = field(default_factory=list)  # run_manifest(adapt=...): adapt.Adapter.as_json
 
     @property
     def latency_ms(self) -> float:
@@ -208,6 +210,10 @@ class Cluster:
         self.session = uuid.uuid4().bytes
         self.next_req = 0
         self.open: dict[int, _Request] = {}
+        # Emulated drift (emulate.py): {device: factor} its fragment runs are padded by, for the requests issued
+        # from now on (FailoverCluster sets it per request).
+        self.slowdown: dict[str, float] = {}
+        self.last_timed: tuple[dict, dict] | None = None  # the last completed request's measured times
         self.last_ping = 0.0
         self.drops = DropLog("coordinator")
 
@@ -609,7 +615,7 @@ class Cluster:
             latency = ((head.t_outputs or time.perf_counter()) - head.t_sent) * 1000.0
             if self.samples is not None:  # on the emulated clock (dilation 1 outside emulation)
                 times, offsets = undilated_times(head.times, self.dilate), undilated_offsets(self.offsets, self.dilate)
-                self.samples.add(times, offsets)
+                self.last_timed = self.samples.add(times, offsets)
                 if self.trace is not None:  # run starts are clocks too: undilated as undilated_times does
                     starts = {d: [c / self.dilate for c in clocks] for d, clocks in head.starts.items()}
                     self.trace.add(self.manifest, times, starts, offsets, head.t_clock / self.dilate,
@@ -629,9 +635,10 @@ class Cluster:
             raise InputError(f"{self.manifest.path}: no value for model input(s) {missing}")
         r = self.open[self.next_req] = _Request(self.next_req)
         self.next_req += 1
-        run = pack({"t": "run", "req": r.req})
+        run = pack({"t": "run", "req": r.req, "slow": 1.0})
         for w in self.workers.values():
-            self._send_packed(w, run)
+            slow = self.slowdown.get(w.name, 1.0)
+            self._send_packed(w, run if slow == 1.0 else pack({"t": "run", "req": r.req, "slow": slow}))
         for name, tensor in self.feeds:
             w = self.workers[name]
             try:
@@ -713,21 +720,32 @@ class FailoverCluster:
     that had not completed, so that outputs still come in request order and none is lost. One switch per
     run: fallback plans have no fallbacks of their own. Without a fallback the DeviceLost error stands.
 
-    `completed` counts the requests whose outputs were yielded (the caller may reset it, as run_manifest
-    does after the warm-up); `failovers` lists the switches as [{device, at_request, plan}], at_request
-    being `completed` at the time. The fallbacks are checked on construction, so a broken one is bad input
-    before any worker starts. Use as a context manager, like Cluster."""
+    `completed` counts the requests whose outputs were yielded and `handed` those handed to a plan, re-runs
+    not counted again (the caller may reset both, as run_manifest does after the warm-up); `failovers` lists
+    the switches as [{device, at_request, plan}], at_request being `completed` at the time. The fallbacks are
+    checked on construction, so a broken one is bad input before any worker starts. Use as a context
+    manager, like Cluster.
+
+    With an `adapter` (adapt.py: `edgec run --adapt`; the cluster must time requests, `timings`), every
+    completed request's measured times go to it, and when it decides on another kept plan the cluster stops
+    issuing requests, lets those in flight complete, and runs the next ones on that plan. With `slow`
+    ({device: (request, factor)}, emulation only), the device's fragment runs of the requests handed from that
+    index on are padded to factor x their emulated time: a device that slows down mid-run."""
 
     def __init__(self, manifest: Manifest, *, addresses: Mapping[str, str] | None = None,
-                 inflight: int | None = None, **options):
+                 inflight: int | None = None, adapter: Adapter | None = None,
+                 slow: Mapping[str, tuple[int, float]] | None = None, **options):
         self.main = manifest
         self.addresses = dict(addresses or {})
         self.inflight_option = inflight
         self.options = options  # the other Cluster arguments, the same for every plan
         self.fallbacks = {fb.without: load_fallback(manifest, fb, check_files=False)
                           for fb in manifest.fallbacks if fb.manifest is not None}
+        self.adapter = adapter
+        self.slow = dict(slow or {})
         self.cluster: Cluster | None = None
         self.completed = 0
+        self.handed = 0
         self.failovers: list[dict] = []
         self.reports: dict[str, dict] = {}
 
@@ -776,18 +794,52 @@ class FailoverCluster:
                ) -> Iterator[tuple[dict[str, np.ndarray], float, dict[str, float]]]:
         """Cluster.stream, switching to the fallback plan when a device is lost and re-running, first and
         in order, the requests it had been given and had not completed."""
-        source, retry = iter(requests), []
+        source = ((None, item) for item in requests)  # (index handed at, inputs); None: not handed yet
+        retry: list = []
         while True:
             issued: deque = deque()
+            switch_to: list[Option] = []
             try:
-                for result in self.cluster.stream(_recorded(chain(retry, source), issued), inflight):
+                for result in self.cluster.stream(self._hand(chain(retry, source), issued, switch_to), inflight):
                     issued.popleft()
                     self.completed += 1
+                    if self.adapter is not None:
+                        self._observe(switch_to)
                     yield result
-                return
             except DeviceLost as lost:
                 retry = list(issued)
                 self._switch(lost, len(retry))
+                continue
+            if not switch_to:
+                return
+            retry = []
+            self._adapt(switch_to[0])
+
+    def _hand(self, source: Iterator, issued: deque, switch_to: list) -> Iterator:
+        """The inputs of `source` for the plan in use, each noted in `issued` (to re-run after a failover)
+        with its index; none once the adapter chose another plan (the rest stay in `source`). Under emulated
+        drift (`slow`), the devices slowed from each request's index on are set on the cluster as it goes."""
+        while not switch_to:
+            entry = next(source, None)
+            if entry is None:
+                return
+            index, inputs = entry
+            if index is None:
+                index, self.handed = self.handed, self.handed + 1
+            issued.append((index, inputs))
+            if self.slow:
+                self.cluster.slowdown = {d: f for d, (at, f) in self.slow.items() if index >= at}
+            yield inputs
+
+    def _observe(self, switch_to: list) -> None:
+        """Give the adapter the request's measured times; note its pick, which ends handing to this plan."""
+        timed = self.cluster.last_timed
+        if timed is None:
+            return
+        self.adapter.observe(self.cluster.manifest, *timed)
+        chosen = None if switch_to else self.adapter.decide(self.completed)
+        if chosen is not None:
+            switch_to.append(chosen)
 
     def infer(self, inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float, dict[str, float]]:
         return next(iter(self.stream([inputs], inflight=1)))
@@ -808,8 +860,25 @@ class FailoverCluster:
                        "re-running the %d not completed", lost, fallback.path, ", ".join(working_devices(fallback)),
                        self.completed, pending)
         self.failovers.append({"device": lost.device, "at_request": self.completed, "plan": str(fallback.path)})
+        if self.adapter is not None:  # the fallback is none of the kept plans the adapter chooses among
+            logger.warning("no more adaptation: the fallback plan runs to the end")
+            self.adapter = None
         addresses = {name: a for name, a in self.addresses.items() if name in fallback.device_names}
         self.cluster = self._open(fallback, addresses)
+
+    def _adapt(self, option: Option) -> None:
+        """Switch to a kept plan: every request handed to the old one has completed."""
+        old, self.cluster = self.cluster, None
+        old.close(grace=old.timeout)
+        self._keep_report(old)
+        check_fragment_files(option.manifest)
+        decision = self.adapter.decisions[-1]
+        logger.warning("adapting after %d completed request(s): %s; switching to %s (re-costed %.2f ms, the plan "
+                       "in use %.2f ms)", self.completed, decision.reason, option.label,
+                       decision.recosted_ms[option.label], decision.recosted_ms[decision.current])
+        decision.switched_at = self.completed
+        addresses = {name: a for name, a in self.addresses.items() if name in option.manifest.device_names}
+        self.cluster = self._open(option.manifest, addresses)
 
     def _why_no_fallback(self, device: str, on_main: bool) -> str:
         if not on_main:
@@ -836,13 +905,6 @@ class FailoverCluster:
             cluster, self.cluster = self.cluster, None
             cluster.close()
             self._keep_report(cluster)
-
-
-def _recorded(source: Iterator, issued: deque) -> Iterator:
-    """The items of `source`, each appended to `issued` as it is handed out."""
-    for item in source:
-        issued.append(item)
-        yield item
 
 
 def _version() -> str:
@@ -894,7 +956,8 @@ def run_manifest(manifest: Manifest, inputs: Mapping[str, np.ndarray], *, repeat
                  progress: Callable[[str], None] | None = None, addresses: Mapping[str, str] | None = None,
                  keys: Keyring | None = None, inflight: int | None = None, compress: str = "none",
                  heartbeat_ms: int = HEARTBEAT_MS, timings: bool = False, dilate: float = 1.0,
-                 check: Callable[[dict[str, np.ndarray]], None] | None = None, trace: bool = False) -> RunResult:
+                 check: Callable[[dict[str, np.ndarray]], None] | None = None, trace: bool = False,
+                 adapter: Adapter | None = None, slow: Mapping[str, tuple[int, float]] | None = None) -> RunResult:
     """Reach the workers, run one warm-up request alone and then `repeat` timed requests with up to
     `inflight` in flight (default: the plan's pipeline depth), end the run. A device lost on the way is
     replaced by the manifest's fallback plan without it, when there is one (FailoverCluster). With
@@ -902,13 +965,17 @@ def run_manifest(manifest: Manifest, inputs: Mapping[str, np.ndarray], *, repeat
     `result.trace` is the --trace object (trace.py) of the same requests. `check` is
     called with every request's outputs as they arrive (the warm-up's too). With `emulate`, every time is
     stretched by `dilate` during the run and reported divided by it (emulate.py); fragment runs that
-    overran their padding are logged as warnings and listed in `result.emulation`."""
+    overran their padding are logged as warnings and listed in `result.emulation`. With an `adapter`, the
+    run switches between the build's kept plans as the measured figures drift (adapt.py), and
+    `result.adaptations` lists its decisions; `slow` ({device: (timed request index, factor)}, with
+    `emulate`) slows a device down from that request on."""
     say = progress or (lambda _msg: None)
     overruns = Overruns(dilate) if emulate else None
     recorder = Trace(emulated=emulate) if trace else None
     with FailoverCluster(manifest, threads=threads, emulate=emulate, timeout=timeout, addresses=addresses, keys=keys,
-                         inflight=inflight, compress=compress, heartbeat_ms=heartbeat_ms, timings=timings,
-                         dilate=dilate, overruns=overruns, trace=recorder) as cluster:
+                         inflight=inflight, compress=compress, heartbeat_ms=heartbeat_ms,
+                         timings=timings or adapter is not None, dilate=dilate, overruns=overruns, trace=recorder,
+                         adapter=adapter, slow=slow) as cluster:
         say(f"{len(cluster.workers)} worker(s) ready ({sum(w.local for w in cluster.workers.values())} local), "
             f"up to {cluster.inflight} request(s) in flight")
         if warmup:
@@ -916,7 +983,9 @@ def run_manifest(manifest: Manifest, inputs: Mapping[str, np.ndarray], *, repeat
             outputs, _, _ = cluster.infer(inputs)
             if check is not None:
                 check(outputs)
-        cluster.completed = 0  # completed and at_request count the timed requests
+        cluster.completed = cluster.handed = 0  # completed, handed and at_request count the timed requests
+        if adapter is not None:
+            adapter.forget()
         if cluster.samples is not None:
             cluster.samples.clear()  # the warm-up is not timed
         if recorder is not None:
@@ -937,6 +1006,7 @@ def run_manifest(manifest: Manifest, inputs: Mapping[str, np.ndarray], *, repeat
         result.throughput_ips = repeat / max(time.perf_counter() - start, 1e-9) * dilate
         result.completed, result.lost = cluster.completed, repeat - cluster.completed
         result.failovers = list(cluster.failovers)
+        result.adaptations = [] if adapter is None else adapter.as_json()
         if timings:
             result.accuracy = build_report(cluster.manifest, repeat=repeat, latency_ms=result.latency_ms,
                                            throughput_ips=result.throughput_ips, samples=cluster.samples,

@@ -69,7 +69,8 @@ are ignored):
   predicted   optional {"latency_ms": number, "throughput_ips": number, "devices": {device: {...}}};
               optional "energy_mj" (per request, null when a device has no power figures), and per
               device "energy_mj".
-  plan        optional, free-form; ignored by the runtime.
+  plan        optional, free-form; the runtime reads only `plan.objective` when it is "latency", "throughput" or
+              "energy" (what the plan was compiled for: `edgec run --adapt` re-costs kept plans by it).
   fallbacks   optional (written by `edgec compile --fallbacks`; absent or null: none)
               [{"without": device, "manifest": str or null, "sha256": hex str or null, "error"?: str}]: for each
               device the plan uses, the plan of the same model on the cluster without that device. `manifest`
@@ -91,7 +92,7 @@ are ignored):
               human-readable line what a variant of the chosen plan changes, e.g. "shift stage 0|1 boundary
               +1 layer (layer 7 'conv3' to pi-a)": stages numbered from 0 as in `plan.stages`, +1 when stage
               k takes stage k+1's first layer, -1 when stage k+1 takes stage k's last. `load_alternative`
-              loads one, checked against this manifest. The runtime does not switch between them yet.
+              loads one, checked against this manifest. `edgec run --adapt` switches between them (adapt.py).
 
 Validation (each failure is an InputError "<manifest path>: <problem>", one line): the file's size
 (at most 64 MiB) and nesting (at most 64 levels); format and version; numbers finite;

@@ -11,7 +11,7 @@ from typing import Any, Iterable
 
 from . import MANIFEST_FORMAT, MANIFEST_VERSION
 from .errors import InputError
-from .manifest_types import (DTYPES, Alternative, Concat, Device, Fallback, Fragment, Free, Link, Manifest, Network, OutputSpec,
+from .manifest_types import (DTYPES, OBJECTIVES, Alternative, Concat, Device, Fallback, Fragment, Free, Link, Manifest, Network, OutputSpec,
                              RuntimeCosts,
                              Recv, Region, Regions, Run, Send, Slice, Step, TensorSpec, Transfer)
 
@@ -51,6 +51,7 @@ def build_manifest(data: Any, path: str | Path) -> tuple[Manifest, "Reader"]:
         predicted={} if top.get("predicted") is None else r.obj(top["predicted"], "predicted"),
         fallbacks=_fallbacks(r, top.get("fallbacks"), {d.name for d in devices}),
         alternatives=_alternatives(r, top.get("alternatives")),
+        objective=_objective(top.get("plan")),
     )
     for where, names in (("devices", manifest.device_names), ("inputs", [t.name for t in manifest.inputs]),
                          ("outputs", [t.name for t in manifest.outputs])):
@@ -252,6 +253,12 @@ def _fallbacks(r: Reader, items: Any, devices: set[str]) -> tuple[Fallback, ...]
             continue
         out[without] = Fallback(without, *_build_file(r, d, w))
     return tuple(out.values())
+
+
+def _objective(plan: Any) -> str | None:
+    """What the plan was compiled for, from the free-form `plan` section when it says (run --adapt's default)."""
+    objective = plan.get("objective") if isinstance(plan, dict) else None
+    return objective if objective in OBJECTIVES else None
 
 
 def _alternatives(r: Reader, items: Any) -> tuple[Alternative, ...]:

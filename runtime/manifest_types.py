@@ -208,6 +208,9 @@ class Fallback:
     error: str | None = None
 
 
+OBJECTIVES = ("latency", "throughput", "energy")  # what a plan can be compiled for (`edgec compile --objective`)
+
+
 @dataclass(frozen=True)
 class Alternative:
     """Another plan of the same model on the same cluster (`edgec compile --keep N`, best first, then the
@@ -238,6 +241,7 @@ class Manifest:
     predicted: dict[str, Any] = field(default_factory=dict)
     fallbacks: tuple[Fallback, ...] = ()
     alternatives: tuple[Alternative, ...] = ()
+    objective: str | None = None  # what the plan was compiled for (`plan.objective`), when the manifest says
 
     @property
     def folder(self) -> Path:

@@ -21,13 +21,15 @@ A session (one run), in order:
   C sync {seq}                         -> W synced {seq, clock}  (optional, only once ready, repeatable: the
                                           worker's time.monotonic() for the coordinator's clock offset estimate;
                                           a session that received one times every request, see `done`)
-  per request: C run {req}, C tensor (model inputs, src "@host") -> W tensor (model outputs),
+  per request: C run {req, slow}, C tensor (model inputs, src "@host") -> W tensor (model outputs),
                                           W done {req, run_ms, frag_ms, run_clocks, clocks}
   under emulate (emulate.py):
     W channel {seq, ms, since_ms}      -> C grant {seq, wait_ms}  (shared medium only: W's next burst of sends
                                           takes ms and was ready since_ms ago; C reserves the one channel, first
                                           come first served, from then or when it is free, and W starts the
                                           burst wait_ms after the grant arrives: negative when it started then)
+    `run`'s slow (1 outside emulation, where a worker refuses anything else) pads this request's fragment
+    runs to slow x predicted_ms x dilate: a device that slows down mid-run (`edgec run --emulate --slow`)
     W overrun {req, fragments, measured_ms}  (before that request's `done`, when some of its fragment runs took
                                           longer than predicted_ms x dilate: the fragments and their run times)
   C ping {} (keeps the session alive while C is idle); C end {} -> W bye {stats}
@@ -67,7 +69,8 @@ logger = logging.getLogger(__name__)
 #    and the per-request timings in `done` (frag_ms, clocks) for `edgec run --report`; `open`'s `dilate` (--emulate
 #    --dilate K), the shared medium's `channel`/`grant` and emulation `overrun`s.
 # 4: `done` carries run_clocks, the start of each fragment run (the measured timeline of `edgec run --trace`).
-PROTOCOL_VERSION = 4
+# 5: `run` carries slow, the emulated slow-down of the request's fragment runs (`edgec run --emulate --slow`).
+PROTOCOL_VERSION = 5
 BLOB_CHUNK = 4 << 20  # fragment file bytes per blob message
 BLOB_WINDOW = 4  # blob messages in flight per worker: bounds what either side queues
 MAX_OPEN_BYTES = (64 << 20) + (1 << 16)  # the manifest (at most 64 MiB, manifest.py) and the other fields
@@ -84,7 +87,7 @@ _FIELDS: dict[str, dict[str, tuple]] = {
              "compress": (_STR,), "dilate": (_NUM, _INT)},
     "blob": {"sha256": (_STR,), "offset": (_INT,), "size": (_INT,)},
     "peers": {"peers": (dict,)},
-    "run": {"req": (_INT,)},
+    "run": {"req": (_INT,), "slow": (_NUM, _INT)},
     "sync": {"seq": (_INT,)},
     "grant": {"seq": (_INT,), "wait_ms": (_NUM, _INT)},
     "ping": {},
@@ -143,10 +146,10 @@ def parse(frames: list[zmq.Frame], allowed: frozenset[str] | set[str]) -> tuple[
 _MISSING = object()
 # Fields that must hold finite numbers (a number, or a list of them): timings are subtracted and compared,
 # and NaN or infinity would reach the report as a figure.
-_FINITE = {"synced": ("clock",), "done": ("frag_ms", "run_clocks", "clocks"), "open": ("dilate",),
+_FINITE = {"run": ("slow",), "synced": ("clock",), "done": ("frag_ms", "run_clocks", "clocks"), "open": ("dilate",),
            "grant": ("wait_ms",), "channel": ("ms", "since_ms"), "overrun": ("measured_ms",)}
 # Numbers that must also lie in a range (a negative duration would run the emulated clock backwards).
-_RANGE = {"open": {"dilate": (1.0, MAX_DILATE)}, "channel": {"ms": (0.0, math.inf), "since_ms": (0.0, math.inf)},
+_RANGE = {"run": {"slow": (1.0 / MAX_DILATE, MAX_DILATE)}, "open": {"dilate": (1.0, MAX_DILATE)}, "channel": {"ms": (0.0, math.inf), "since_ms": (0.0, math.inf)},
           "overrun": {"measured_ms": (0.0, math.inf)}}
 
 

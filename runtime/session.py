@@ -94,6 +94,7 @@ class Session:
         self.need: dict[str, str] = {}  # sha256 -> fragment id, still to arrive
         self.incoming: Incoming | None = None
         self.queue: deque[int] = deque()
+        self.slow: dict[int, float] = {}  # emulated slow-down of a queued request's runs, when not 1 (protocol.py)
         self.next_run = 0
         self.drops = DropLog(f"worker {daemon.endpoint}")
         # bytes_sent / bytes_received: tensor payloads on the wire (compressed where they were); *_raw: the
@@ -256,6 +257,11 @@ class Session:
         if req != self.next_run or req >= self.inbox.base + self.inbox.window:
             raise RunError(f"device {self.device}: run request {req} out of order (expected {self.next_run}, "
                            f"window from {self.inbox.base})")
+        if msg["slow"] != 1 and not self.emulate:
+            raise InputError(f"device {self.device}: run request {req} asks for an emulated slow-down, but the run "
+                             "is not emulated")
+        if msg["slow"] != 1:
+            self.slow[req] = float(msg["slow"])
         self.queue.append(req)
         self.next_run += 1
 
@@ -331,7 +337,7 @@ class Session:
 
     def execute_next(self) -> None:
         req = self.queue.popleft()
-        steps = Steps(self, req)
+        steps = Steps(self, req, self.slow.pop(req, 1.0))
         run_s = steps.execute()
         self.inbox.advance(req)
         self.stats["requests"] += 1
@@ -425,13 +431,15 @@ class Session:
             self.d.unbind_data(self.data)
             self.data = None
         self.queue.clear()
+        self.slow.clear()
 
 
 class Steps:
     """One request through this device's steps, in order."""
 
-    def __init__(self, session: Session, req: int):
+    def __init__(self, session: Session, req: int, slow: float = 1.0):
         self.s, self.req = session, req
+        self.pad = session.dilate * slow  # an emulated run takes pad x its predicted time
         self.device = session.device
         # With the session's timings on (see the module docstring): run ms and start clock per run step; clock
         # per device-to-device send and recv step (the order of timed_steps).
@@ -485,8 +493,8 @@ class Steps:
         frag = s.executor.fragments[step.fragment]
         started = self.ready
         taken = time.monotonic() - started
-        emulated = pad_run(frag, taken, s.dilate)
-        if taken > frag.predicted_ms * s.dilate / 1000.0:
+        emulated = pad_run(frag, taken, self.pad)
+        if taken > frag.predicted_ms * self.pad / 1000.0:
             self.overruns.append((frag.id, taken * 1000.0))
         self.ready += emulated
         return started, emulated

@@ -31,8 +31,8 @@ DONE = {"t": "done", "req": 0, "run_ms": 1.5, "frag_ms": [0.5, 1.0], "run_clocks
         "clocks": [12.25, 12.5]}
 
 
-def test_version_4():
-    assert PROTOCOL_VERSION == 4
+def test_version_5():
+    assert PROTOCOL_VERSION == 5
 
 
 def test_valid_timing_messages_parse():
@@ -206,6 +206,20 @@ def test_sync_switches_timings_on_and_answers_with_the_clock(chain):
 
 def test_sync_after_the_first_request_is_refused(chain):
     s, _ = _ready_session(chain)
-    s.on_control(_frames({"t": "run", "req": 0}))
+    s.on_control(_frames({"t": "run", "req": 0, "slow": 1.0}))
     with pytest.raises(InputError, match="asked for timings after the first request"):
         s.on_control(_frames({"t": "sync", "seq": 0}))
+
+
+def test_an_emulated_slow_down_outside_emulation_is_refused(chain):
+    s, _ = _ready_session(chain)
+    with pytest.raises(InputError, match="asks for an emulated slow-down, but the run is not emulated"):
+        s.on_control(_frames({"t": "run", "req": 0, "slow": 3.0}))
+
+
+def test_an_emulated_slow_down_pads_that_request_only(chain):
+    s, _ = _ready_session(chain)
+    s.emulate, s.inbox = True, SimpleNamespace(base=0, window=2)
+    s.on_control(_frames({"t": "run", "req": 0, "slow": 3.0}))
+    s.on_control(_frames({"t": "run", "req": 1, "slow": 1.0}))
+    assert s.slow == {0: 3.0}

@@ -56,7 +56,7 @@ def test_chain_random_inputs_verify_json(chain):
     assert res.exit_code == 0, res.stderr
     report = json.loads(res.stdout)
     assert set(report) == {"manifest", "latency_ms", "latencies_ms", "throughput_ips", "inflight", "compress",
-                           "outputs", "verify", "devices", "completed", "lost", "failovers", "emulation"}
+                           "outputs", "verify", "devices", "completed", "lost", "failovers", "adaptations", "emulation"}
     assert len(report["latencies_ms"]) == 3 and report["latency_ms"] > 0
     assert report["throughput_ips"] > 0 and report["inflight"] == 3  # a two-stage pipeline and its link
     assert report["completed"] == 3 and report["lost"] == 0 and report["failovers"] == []
