@@ -3,6 +3,7 @@ and the replay of a manifest's static schedule (`simulate_manifest`)."""
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field, replace
 
 from edgec.runtime.manifest_types import Manifest
@@ -11,7 +12,7 @@ from edgec.runtime.replay import replay
 from ..graph import LayerGraph
 from ..plan_types import Plan
 from .energy import DevicePower, Energy, request_energy
-from .order import order_stage
+from .order import Message, better, order_bursts, order_stage
 from .table import CostTable
 from .tiles import predict_stage
 
@@ -54,6 +55,9 @@ class Prediction:
     # per spatial stage whose contention-aware send order beats need order: per exchange, None (need order)
     # or per holder the needs' indices in send order (order.py); the emitter sends in this order
     send_order: dict = field(default_factory=dict)
+    # per stage whose burst of messages to later stages is better in another order than `hops` order: the
+    # indices of its messages (the hops it sends, in `hops` order) in send order (order.py order_bursts)
+    burst_order: dict = field(default_factory=dict)
 
     @property
     def energy_mj(self) -> float | None:
@@ -166,7 +170,7 @@ def evaluate(plan: Plan, graph: LayerGraph, cost: CostTable, contention_order: b
       rows between them, which the latency model, the emulator and the runtime all make it wait for);
       plus the runtime's per-request cost where it takes model inputs or gives outputs.
     - A link is held for its transfers: each pair its own link on a switched network, one channel for all
-      transfers on a shared medium.
+      transfers on a shared medium, which the stages' bursts take first come first served (`_Flow`).
     A pipeline stage's period is its compute, as in the pipeline planner's DP (plan/pipeline.py), whose
     bottleneck is the same max(stage compute, transfers).
     The runtime's per-request cost (the profiles' `runtime.request_ms`; network.py request_in_ms and
@@ -174,8 +178,9 @@ def evaluate(plan: Plan, graph: LayerGraph, cost: CostTable, contention_order: b
     are there) and follows the sends of the first stage of a device that gives a model output.
     Each tensor that skips a stage is forwarded or sent direct (`tensor_hops`) as `_route` decides.
     A spatial stage's exchanges send in the contention-aware order where it is better (order.py;
-    `send_order`), unless `contention_order` is False: tile order throughout (what the emitter did
-    before; the benchmark's and the tests' reference).
+    `send_order`), and so does a stage's burst of messages to several later stages (`burst_order`), once
+    the routes are chosen; unless `contention_order` is False: tile order and `hops` order throughout
+    (what the emitter did before; the benchmark's and the tests' reference).
     """
     # Spatial stages (tiles across devices) are timed by the tile cost model: scatter .. gather, each
     # exchange's sends in the contention-aware order when it is better than tile order (order.py).
@@ -189,7 +194,24 @@ def evaluate(plan: Plan, graph: LayerGraph, cost: CostTable, contention_order: b
                 spatial[k]["order"] = order
     stage_ms = tuple(spatial[k]["latency_ms"] if k in spatial else float(cost.layer_ms[s.lo:s.hi, cost.index(s.device)].sum())
                      for k, s in enumerate(plan.stages))
-    return with_energy(_route(plan, graph, cost, spatial, stage_ms), cost)
+    pred = _route(plan, graph, cost, spatial, stage_ms)
+    if contention_order:
+        pred = _ordered_bursts(plan, graph, cost, spatial, stage_ms, pred)
+    return with_energy(pred, cost)
+
+
+def _ordered_bursts(plan: Plan, graph: LayerGraph, cost: CostTable, spatial: dict, stage_ms: tuple[float, ...],
+                    fixed: Prediction) -> Prediction:
+    """`fixed` (each burst in `hops` order) with the stages' bursts in the contention-aware order
+    (order.py order_bursts) when that predicts a better plan: a lower latency and no device or link
+    held longer (`better`); else `fixed` itself."""
+    hops = list(fixed.hops)
+    flow = _Flow(plan, graph, cost, stage_ms, hops)
+    orders = order_bursts(flow.bursts(), stage_ms, flow.key)
+    if not orders:
+        return fixed
+    trial = _predict(plan, graph, cost, spatial, stage_ms, hops, orders)
+    return trial if better(trial.latency_ms, trial.bottleneck_ms, fixed.latency_ms, fixed.bottleneck_ms) else fixed
 
 
 def _route(plan: Plan, graph: LayerGraph, cost: CostTable, spatial: dict, stage_ms: tuple[float, ...]) -> Prediction:
@@ -220,39 +242,13 @@ def _skipping(plan: Plan, graph: LayerGraph) -> list[str]:
 
 
 def _predict(plan: Plan, graph: LayerGraph, cost: CostTable, spatial: dict, stage_ms: tuple[float, ...],
-             hops: list[Hop]) -> Prediction:
-    """The timeline of one input when the stages exchange `hops` (each stage sends after it computes)."""
-    transfers = tuple(
-        Transfer(t, plan.stages[a].device, plan.stages[b].device,
-                 graph.tensors[t].nbytes if plan.stages[a].device != plan.stages[b].device else 0,
-                 cost.transfer_ms(graph.tensors[t].nbytes, plan.stages[a].device, plan.stages[b].device))
-        for t, a, b in hops
-    )
-    req_in, req_out = _request_costs(plan, graph, cost)
-    ready = [0.0] * len(plan.stages)
-    finish = [0.0] * len(plan.stages)
-    done = [0.0] * len(plan.stages)  # when the stage's device is through with it: its sends, its outputs out
+             hops: list[Hop], burst_order: dict[int, tuple[int, ...]] | None = None) -> Prediction:
+    """The timeline of one input when the stages exchange `hops` (each stage sends after it computes), each
+    stage's burst in `burst_order` (see _Flow) or else in `hops` order."""
+    flow = _Flow(plan, graph, cost, stage_ms, hops)
     events: list[Event] = []
-    channel_free = 0.0  # shared medium: one transfer at a time
-    by_src: dict[int, list[tuple[Transfer, int]]] = {}
-    for tr, (_, a, b) in zip(transfers, hops):
-        by_src.setdefault(a, []).append((tr, b))
-    for k, s in enumerate(plan.stages):
-        ready[k] += req_in.get(k, 0.0)  # the model's inputs come in once the stage's other inputs are there
-        finish[k] = ready[k] + stage_ms[k]
-        events.append(Event(s.device, "compute", f"stage {k} layers {s.lo}-{s.hi - 1}", ready[k], finish[k]))
-        t0 = done[k] = finish[k]
-        for tr, b in by_src.get(k, []):
-            start = max(t0, channel_free) if cost.cluster.medium == "shared" else t0
-            end = start + tr.ms
-            if cost.cluster.medium == "shared":
-                channel_free = end
-            else:
-                t0 = end  # one sender sends its tensors one after another
-            done[k] = end
-            events.append(Event(s.device, "transfer", f"{tr.tensor} -> {tr.dst}", start, end))
-            ready[b] = max(ready[b], end)
-        done[k] = done[k] + req_out[k] if k in req_out else finish[k]
+    ready, finish, done = flow.run(burst_order or {}, events)
+    transfers = flow.transfers
     busy: dict[str, float] = {}
     period: dict[str, float] = {}
     for k, (s, ms) in enumerate(zip(plan.stages, stage_ms)):
@@ -260,7 +256,7 @@ def _predict(plan: Plan, graph: LayerGraph, cost: CostTable, spatial: dict, stag
             busy[dev] = busy.get(dev, 0.0) + dev_ms
         for dev, dev_ms in (spatial[k]["span_ms"].items() if k in spatial else [(s.device, ms)]):
             period[dev] = period.get(dev, 0.0) + dev_ms
-        for extra in (req_in, req_out):
+        for extra in (flow.req_in, flow.req_out):
             if k in extra:
                 period[s.device] = period.get(s.device, 0.0) + extra[k]
     for k, sp in spatial.items():
@@ -272,7 +268,7 @@ def _predict(plan: Plan, graph: LayerGraph, cost: CostTable, spatial: dict, stag
         links[key] = links.get(key, 0.0) + tr.ms
     bottleneck = max([*period.values(), *links.values()])
     return Prediction(
-        latency_ms=max(max(finish), max(done)),
+        latency_ms=_latency(finish, done),
         throughput_ips=1000.0 / bottleneck if bottleneck > 0 else float("inf"),
         bottleneck_ms=bottleneck,
         busy_ms=busy,
@@ -283,7 +279,99 @@ def _predict(plan: Plan, graph: LayerGraph, cost: CostTable, spatial: dict, stag
         hops=tuple(hops),
         period_ms=period,
         send_order={k: sp["order"] for k, sp in spatial.items() if "order" in sp},
+        burst_order=dict(burst_order or {}),
     )
+
+
+def _latency(finish: list[float], done: list[float]) -> float:
+    return max(max(finish), max(done))
+
+
+class _Flow:
+    """One input's way through the stages for a given set of hops: a stage starts when its inputs have
+    arrived, computes, then sends its messages as one burst, one after another on its uplink (switched) or
+    on the one channel (shared medium), which bursts take first come first served (ties in stage order),
+    as the runtime's coordinator grants it and the replay of the manifest (runtime/replay.py) times it.
+
+    A stage's burst is its hops in `hops` order, or in its `burst_order`: the indices of its messages
+    (the hops it sends, in `hops` order) in send order. Both `_predict` and the burst order search
+    (`_ordered_bursts`, which replays it once per candidate) time it here, so they agree to the bit."""
+
+    def __init__(self, plan: Plan, graph: LayerGraph, cost: CostTable, stage_ms: tuple[float, ...], hops: list[Hop]):
+        self.plan, self.stage_ms = plan, stage_ms
+        self.shared = cost.cluster.medium == "shared"
+        self.transfers = tuple(
+            Transfer(t, plan.stages[a].device, plan.stages[b].device,
+                     graph.tensors[t].nbytes if plan.stages[a].device != plan.stages[b].device else 0,
+                     cost.transfer_ms(graph.tensors[t].nbytes, plan.stages[a].device, plan.stages[b].device))
+            for t, a, b in hops
+        )
+        self.req_in, self.req_out = _request_costs(plan, graph, cost)
+        self.by_src: dict[int, list[tuple[Transfer, int]]] = {}
+        self.inbound = [0] * len(plan.stages)  # per stage, how many hops it receives
+        for tr, (_, a, b) in zip(self.transfers, hops):
+            self.by_src.setdefault(a, []).append((tr, b))
+            self.inbound[b] += 1
+
+    def bursts(self) -> dict[int, list[Message]]:
+        """Per sending stage, its messages in `hops` order, as the burst order search sees them."""
+        return {k: [Message(b, tr.ms, tr.src != tr.dst) for tr, b in burst] for k, burst in self.by_src.items()}
+
+    def key(self, burst_order: dict[int, tuple[int, ...]]) -> tuple[float, float]:
+        """(latency, the sum of the stages' ready times): what the burst order search minimises."""
+        ready, finish, done = self.run(burst_order)
+        return _latency(finish, done), sum(ready)
+
+    def run(self, burst_order: dict[int, tuple[int, ...]], events: list[Event] | None = None
+            ) -> tuple[list[float], list[float], list[float]]:
+        """(ready, finish, done) per stage: when its inputs are there, when it has computed, and when its
+        device is through with it (its sends, its outputs out); the stages' compute and the messages go
+        to `events` in stage order when given.
+
+        Bursts go in the order their stages finish computing (a heap), each taking the channel when it
+        is free: a burst starts no earlier than the one before, since every stage that gets ready later
+        waits for a message of a burst still to go."""
+        n = len(self.plan.stages)
+        ready, finish, done = [0.0] * n, [0.0] * n, [0.0] * n
+        waiting = list(self.inbound)
+        per_stage: list[list[Event]] = [[] for _ in range(n)]
+        heap: list[tuple[float, int]] = []
+
+        def computed(k: int) -> None:
+            ready[k] += self.req_in.get(k, 0.0)  # the model's inputs come in once its other inputs are there
+            finish[k] = ready[k] + self.stage_ms[k]
+            if events is not None:
+                s = self.plan.stages[k]
+                per_stage[k].append(Event(s.device, "compute", f"stage {k} layers {s.lo}-{s.hi - 1}", ready[k], finish[k]))
+            heapq.heappush(heap, (finish[k], k))
+
+        for k in range(n):
+            if not waiting[k]:
+                computed(k)
+        channel_free = 0.0  # shared medium: one transfer at a time
+        while heap:
+            _, k = heapq.heappop(heap)
+            t0 = done[k] = finish[k]
+            burst = self.by_src.get(k, [])
+            for i in burst_order.get(k, range(len(burst))):
+                tr, b = burst[i]
+                if tr.src == tr.dst:  # nothing is sent (and the channel stays free): the device's stage there
+                    start = end = t0  # runs once the messages before are out, as its steps come after them
+                else:
+                    start = max(t0, channel_free) if self.shared else t0
+                    end = t0 = start + tr.ms  # one sender sends its tensors one after another
+                    channel_free = end if self.shared else channel_free
+                done[k] = end
+                if events is not None:
+                    per_stage[k].append(Event(tr.src, "transfer", f"{tr.tensor} -> {tr.dst}", start, end))
+                ready[b] = max(ready[b], end)
+                waiting[b] -= 1
+                if not waiting[b]:
+                    computed(b)
+            done[k] = done[k] + self.req_out[k] if k in self.req_out else finish[k]
+        if events is not None:
+            events.extend(e for evs in per_stage for e in evs)
+        return ready, finish, done
 
 
 def _request_costs(plan: Plan, graph: LayerGraph, cost: CostTable) -> tuple[dict[int, float], dict[int, float]]:

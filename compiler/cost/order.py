@@ -1,9 +1,11 @@
-"""Contention-aware send order of a spatial stage's exchanges (the scatter, the halo exchanges, the gather).
+"""Contention-aware send order: a spatial stage's exchanges (the scatter, the halo exchanges, the gather),
+and a stage's burst of messages to several later stages.
 
-In an exchange every holder of the tensor sends each receiver the rows it needs, one message after another
-on the holder's uplink (switched network) or on the one channel (shared medium). Which receiver a holder
-serves first decides when each tile can start: the need order (tile order) that the emitter used to fix
-can leave the slowest tile device waiting behind messages to devices that finish early anyway.
+Spatial stages. In an exchange every holder of the tensor sends each receiver the rows it needs, one
+message after another on the holder's uplink (switched network) or on the one channel (shared medium).
+Which receiver a holder serves first decides when each tile can start: the need order (tile order) that
+the emitter used to fix can leave the slowest tile device waiting behind messages to devices that finish
+early anyway.
 
 The decision, exchange by exchange in the stage's timeline (tiles.run_stage), greedy with a look at the
 whole stage: at each exchange a few candidate orders are timed over the whole stage (the exchanges after
@@ -27,27 +29,53 @@ it in need order) and the best stays, need order on ties. The candidates:
   served first finish first and their next messages (halo, gather) hold the channel while the slow tile's
   wait; timing the stage whole catches it.
 
-Across holders nothing is decided statically: on a shared medium, bursts take the channel in the order
-their holders are ready (the coordinator arbitrates first come first served at run time, runtime/emulate.py),
-which a static order cannot change.
+Bursts (`order_bursts`). After it computes, a stage (a pipeline stage, or a spatial stage once gathered)
+sends what later stages need as one burst: its outputs and the tensors it passes on, in `hops` order
+(receiving stage, then producer). When they go to several stages on other devices (multi-tensor cuts,
+skip connections, a hybrid plan's gather followed by sends), the order decides when each receiver can
+start. Stage by stage in stage order, candidate orders of the burst are each timed over the plan's whole
+timeline (evaluate's `_Flow`, the model `evaluate` reports and the replay of the manifest follows) and the
+best stays, `hops` order on ties. The candidates:
+- Messages to one stage stay together and the ones that stay on the sender's device go last: a stage
+  starts after its last message, so splitting a stage's messages only delays the others'. On a switched
+  network, where the timeline is monotone in when each stage gets its inputs, every order is dominated by
+  its grouped one; on a shared channel a stage served earlier may take the channel first and delay a
+  more critical burst, so there it is a restriction of the search (the guarantee below still holds).
+- Every order of the receiving stages when there are at most 7 (EXACT_LIMIT orders), exact for the burst
+  given the others on a switched network: brute force for the reasons above (the counts that occur are
+  small: in the benchmark's plans at most 5 receiving stages, the transformer's attention mask sent
+  direct to every stage that reads it).
+- Beyond that, longest remaining work first (its compute, then the longest chain of message + remaining
+  work after it: Jackson's rule) and shortest first (on a shared channel the stages served first take the
+  channel for their own bursts sooner).
+`hops` order is receiving-stage order, which is already the best wherever each stage waits for the one
+before it (a chain); another order pays where a later stage does not wait for the earlier ones, e.g. a
+branch placed on a slower device than the branch before it.
 
-Guarantee: a candidate is kept only when the whole stage is better with it: a lower latency and no
-device held longer (`span_ms`, what throughput sees), or the same latency and the longest hold shorter.
-So the result is never predicted worse than need order; when nothing is better, `order_stage` returns
-None and the stage is emitted exactly as before.
+Across senders nothing is decided statically: on a shared medium, bursts take the channel in the order
+their holders are ready (the coordinator arbitrates first come first served at run time, runtime/emulate.py),
+which a static order cannot change; the timelines model it so (tiles.py within a spatial stage, evaluate's
+`_Flow` between stages, runtime/replay.py for the manifest).
+
+Guarantee: a candidate is kept only when the result is better with it: a lower latency and no device held
+longer (`span_ms` for a stage, `bottleneck_ms` for the plan: what throughput sees), or the same latency and
+the longest hold shorter (`better`). So the result is never predicted worse than need order or `hops`
+order; when nothing is better, `order_stage` returns None, `order_bursts` nothing, and the plan is emitted
+exactly as before.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from typing import Callable, NamedTuple, Sequence
 
 from ..graph import LayerGraph
 from ..plan_types import Stage
 from .table import CostTable
 from .tiles import StageWork, run_stage
 
-__all__ = ["EXACT_LIMIT", "order_stage", "exchange_order"]
+__all__ = ["EXACT_LIMIT", "Message", "better", "order_bursts", "order_stage", "exchange_order"]
 
 EXACT_LIMIT = 5040
 
@@ -109,11 +137,16 @@ def _sent(holder, needs, order) -> list[int]:
 
 
 def _better(trial: dict, fixed: dict) -> bool:
-    """Lower latency and no device held longer, or the same latency and the longest hold shorter."""
-    held, was = max(trial["span_ms"].values()), max(fixed["span_ms"].values())
-    if trial["latency_ms"] < fixed["latency_ms"]:
-        return held <= was
-    return trial["latency_ms"] == fixed["latency_ms"] and held < was
+    """A stage's timeline against another's (`better`), its longest hold the longest span."""
+    return better(trial["latency_ms"], max(trial["span_ms"].values()), fixed["latency_ms"], max(fixed["span_ms"].values()))
+
+
+def better(latency: float, held: float, was_latency: float, was_held: float) -> bool:
+    """Lower latency and the longest hold (of a device or link: what throughput sees) no longer, or the
+    same latency and the longest hold shorter."""
+    if latency < was_latency:
+        return held <= was_held
+    return latency == was_latency and held < was_held
 
 
 def _tails(work: StageWork) -> list[dict[str, float]]:
@@ -184,3 +217,76 @@ class _ExchangeReplay:
                     ready[self.dst[n]] = end
         ends = [max(c, ready.get(d, 0.0)) + self.tail.get(d, 0.0) for d, c in clock.items()]
         return max(ends), sum(ends)
+
+
+class Message(NamedTuple):
+    """One message of a stage's burst, as the burst order search sees it."""
+
+    to: int  # the receiving stage
+    ms: float
+    wire: bool  # False: the receiving stage is on the sender's device, nothing is sent
+
+
+# a candidate's (latency, the sum of the stages' ready times) over the plan's whole timeline
+Timeline = Callable[[dict[int, tuple[int, ...]]], tuple[float, float]]
+
+_TIE_MS = 1e-9  # a candidate must gain more than float noise to displace the order before it
+
+
+def order_bursts(bursts: dict[int, list[Message]], stage_ms: Sequence[float], timeline: Timeline
+                 ) -> dict[int, tuple[int, ...]]:
+    """{stage: its messages' indices in send order} for the stages whose burst is better in another order
+    than the given one (see the module docstring); empty when none is.
+
+    Stage by stage in stage order, each candidate order of the stage's burst is timed over the plan's
+    whole timeline (`timeline`, with the bursts already chosen and the given order for the rest), and
+    kept when it lowers the latency or, at the same latency, the sum of the stages' ready times (more
+    slack for the bursts after it); the given order on ties. The caller keeps the result only if the
+    whole plan is better with it (`better`), so ties at the end go back to the given order too."""
+    tails = _stage_tails(bursts, stage_ms)
+    orders: dict[int, tuple[int, ...]] = {}
+    best = timeline(orders)
+    for k in sorted(bursts):
+        pick = None
+        for order in _burst_candidates(bursts[k], tails):
+            trial = timeline({**orders, k: order})
+            if trial[0] < best[0] - _TIE_MS or (trial[0] <= best[0] + _TIE_MS and trial[1] < best[1] - _TIE_MS):
+                best, pick = trial, order
+        if pick is not None:
+            orders[k] = pick
+    return orders
+
+
+def _stage_tails(bursts: dict[int, list[Message]], stage_ms: Sequence[float]) -> list[float]:
+    """Per stage, its remaining work: its compute, then the longest chain of message + remaining work
+    of a stage it sends to (the critical path from it, ignoring contention)."""
+    tails = list(stage_ms)
+    for k in reversed(range(len(stage_ms))):
+        tails[k] += max((m.ms + tails[m.to] for m in bursts.get(k, [])), default=0.0)
+    return tails
+
+
+def _burst_candidates(msgs: list[Message], tails: list[float]):
+    """Orders of one burst worth timing, none of them the given order. Messages to one stage go
+    together in the given order (a stage waits for its last one, so splitting them only delays the
+    others), and the ones that stay on the device go last (in the runtime that device's later stages
+    run after the whole burst anyway). The receiving stages in every order when there are at most 7
+    (EXACT_LIMIT orders); beyond that, longest remaining work first (Jackson's rule) and shortest first
+    (on a shared channel, the stages served first send their own bursts sooner)."""
+    groups: dict[int, list[int]] = {}
+    for i, m in enumerate(msgs):
+        if m.wire:
+            groups.setdefault(m.to, []).append(i)
+    if len(groups) < 2:
+        return
+    local = tuple(i for i, m in enumerate(msgs) if not m.wire)
+    stages = list(groups)
+    if math.factorial(len(stages)) <= EXACT_LIMIT:
+        perms = itertools.permutations(stages)
+    else:
+        perms = (sorted(stages, key=lambda b: -tails[b]), sorted(stages, key=lambda b: tails[b]))
+    given = tuple(range(len(msgs)))
+    for perm in perms:
+        order = tuple(i for b in perm for i in groups[b]) + local
+        if order != given:
+            yield order

@@ -87,7 +87,7 @@ def assemble_manifest(ing: Ingested, plan: Plan, pred: Prediction, frags: list[E
         else:
             later = {t for s in plan.stages[k + 1:] if s.device == dev for i in range(s.lo, s.hi) for t in graph.layers[i].inputs}
             _spatial_steps(sched, stage, layout, keep_input=inputs[0] in later, order=pred.send_order.get(k))
-        _stage_sends(sched, dev, outputs, [(t, stage_dev[b]) for t, a, b in pred.hops if a == k and stage_dev[b] != dev])
+        _stage_sends(sched, dev, outputs, [(t, d) for t, d in _burst(pred, stage_dev, k) if d != dev])
         out_dev.update((t, dev) for t in outputs if t in graph.outputs)
     model_path = _relative_or_absolute(ing.path, outdir)
     return {
@@ -105,6 +105,14 @@ def assemble_manifest(ing: Ingested, plan: Plan, pred: Prediction, frags: list[E
         "predicted": pred.to_dict(),
         "plan": plan_info,
     }
+
+
+def _burst(pred: Prediction, stage_dev: list[str], k: int) -> list[tuple[str, str]]:
+    """(tensor, device) of stage k's messages in the order `pred` timed them: its hops in `hops` order,
+    or as `pred.burst_order` reorders them (the contention-aware order, order.py order_bursts)."""
+    burst = [(t, stage_dev[b]) for t, a, b in pred.hops if a == k]
+    order = pred.burst_order.get(k)
+    return burst if order is None else [burst[i] for i in order]
 
 
 def _stage_sends(sched: _Schedule, dev: str, outputs, sends: list[tuple[str, str]]) -> None:

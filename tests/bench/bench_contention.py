@@ -8,6 +8,12 @@ latency (compiler.cost.evaluate) with each exchange's sends in tile order and in
 order (compiler/cost/order.py). Predicted figures under the profiles' cost model, not measurements.
 The median and best gain are over the plans where a spatial stage exists; a plan predicted worse than
 tile order is a failure (exit 1). Tables go to stdout as markdown, progress to stderr.
+
+Then the pipeline cases: for the models whose cuts carry several tensors or skip connections, on 3 to 8
+devices, the pipeline planner's plans (latency and throughput), the even split's and the hybrid search's,
+with each stage's burst of messages to later stages in `hops` order and in the contention-aware order
+(order.py order_bursts). A burst has a choice only when it goes to several stages on other devices; the
+median and best gain are over the plans with such a burst, and a plan predicted worse is a failure too.
 """
 
 from __future__ import annotations
@@ -33,6 +39,9 @@ from edgec.compiler.plan.planner import InfeasibleError
 MODELS = ["vgg16", "resnet50", "yolo_focus", "inception_v1", "mobilenetv2"]
 QUICK_MODELS = ["vgg16", "yolo_focus"]
 STRATEGIES = ["spatial", "hybrid", "bbgrap", "edgeflow", "deepthings"]
+PIPELINE_MODELS = ["transformer", "inception_v1", "resnet50", "densenet121"]
+QUICK_PIPELINE_MODELS = ["transformer"]
+PIPELINE_CASES = [("pipeline", "latency"), ("pipeline", "throughput"), ("even", "latency"), ("hybrid", "latency")]
 WIFI = {"bandwidth_mbps": 200, "latency_ms": 2, "medium": "shared"}
 CLUSTERS = {
     "laptop+2xphone wifi200": {"devices": [{"name": "laptop", "profile": "laptop"},
@@ -42,6 +51,11 @@ CLUSTERS = {
                                       *({"name": f"phone-{i}", "profile": "phone"} for i in "abc"),
                                       *({"name": f"pi5-{i}", "profile": "rpi5"} for i in "ab"),
                                       *({"name": f"pi4-{i}", "profile": "rpi4"} for i in "ab")], "network": WIFI},
+}
+PIPELINE_CLUSTERS = {
+    **CLUSTERS,
+    "2xrpi5+2xrpi4 switched100": {"devices": [{"name": f"pi{k}-{i}", "profile": f"rpi{k}"} for k in (5, 4) for i in "ab"],
+                                  "network": {"bandwidth_mbps": 100, "latency_ms": 1, "medium": "switched"}},
 }
 
 
@@ -76,6 +90,41 @@ def measure(model: str, cluster: str, cost, ing, strategy: str) -> dict:
                   "evaluate_s": seconds}
 
 
+def measure_bursts(model: str, cluster: str, cost, ing, strategy: str, objective: str) -> dict:
+    """One plan's latency with each stage's burst in `hops` order and in contention-aware order."""
+    row = {"model": model, "cluster": cluster, "strategy": strategy, "objective": objective}
+    try:
+        cand, _ = plan_model(ing.graph, cost, strategy, objective)
+    except (InfeasibleError, UserError) as exc:
+        return row | {"skipped": str(exc).splitlines()[0]}
+    plan = cand.plan
+    t0 = time.perf_counter()
+    ordered = evaluate(plan, ing.graph, cost)
+    seconds = time.perf_counter() - t0
+    fixed = evaluate(plan, ing.graph, cost, contention_order=False)
+    devs = [s.device for s in plan.stages]
+    several = sum(1 for k, dev in enumerate(devs) if len({b for _, a, b in ordered.hops if a == k and devs[b] != dev}) > 1)
+    return row | {"stages": len(plan.stages), "bursts": several, "reordered_bursts": len(ordered.burst_order),
+                  "fixed_ms": fixed.latency_ms, "ordered_ms": ordered.latency_ms,
+                  "gain_pct": 100.0 * (fixed.latency_ms - ordered.latency_ms) / fixed.latency_ms,
+                  "fixed_bottleneck_ms": fixed.bottleneck_ms, "ordered_bottleneck_ms": ordered.bottleneck_ms,
+                  "evaluate_s": seconds}
+
+
+def burst_table(rows: list[dict]) -> str:
+    head = ["model", "cluster", "strategy", "objective", "stages", "bursts to several stages (reordered)",
+            "hops order ms", "contention-aware ms", "gain"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        lead = f"| {r['model']} | {r['cluster']} | {r['strategy']} | {r['objective']} |"
+        if "skipped" in r:
+            out.append(f"{lead} n/a | n/a | n/a | n/a | {r['skipped']} |")
+            continue
+        out.append(f"{lead} {r['stages']} | {r['bursts']} ({r['reordered_bursts']}) | {r['fixed_ms']:.2f} "
+                   f"| {r['ordered_ms']:.2f} | {r['gain_pct']:.2f}% |")
+    return "\n".join(out)
+
+
 def table(rows: list[dict]) -> str:
     head = ["model", "cluster", "strategy", "devices", "spatial stages (reordered)", "tile order ms",
             "contention-aware ms", "gain"]
@@ -89,12 +138,13 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def summary(rows: list[dict]) -> dict:
-    """Median and best gain per cluster and overall, over the plans with a spatial stage."""
+def summary(rows: list[dict], clusters=CLUSTERS, has: str = "spatial_stages") -> dict:
+    """Median and best gain per cluster and overall, over the plans where order can matter (`has`: a
+    spatial stage, or a burst to several stages)."""
     out = {}
-    for name in [*CLUSTERS, "all"]:
-        gains = [r["gain_pct"] for r in rows if r.get("spatial_stages") and name in ("all", r["cluster"])]
-        worse = [r for r in rows if r.get("spatial_stages") and name in ("all", r["cluster"])
+    for name in [*clusters, "all"]:
+        gains = [r["gain_pct"] for r in rows if r.get(has) and name in ("all", r["cluster"])]
+        worse = [r for r in rows if r.get(has) and name in ("all", r["cluster"])
                  and (r["ordered_ms"] > r["fixed_ms"] or r["ordered_bottleneck_ms"] > r["fixed_bottleneck_ms"])]
         out[name] = {"plans": len(gains), "improved": sum(1 for g in gains if g > 0),
                      "median_gain_pct": statistics.median(gains) if gains else None,
@@ -107,8 +157,8 @@ def fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.2f}%"
 
 
-def summary_table(summ: dict) -> str:
-    out = ["| cluster | spatial plans | improved | median gain | median gain where improved | best gain | worse than tile order |",
+def summary_table(summ: dict, plans: str = "spatial plans", reference: str = "tile order") -> str:
+    out = [f"| cluster | {plans} | improved | median gain | median gain where improved | best gain | worse than {reference} |",
            "|---|---|---|---|---|---|---|"]
     for name, s in summ.items():
         out.append(f"| {name} | {s['plans']} | {s['improved']} | {fmt(s['median_gain_pct'])} "
@@ -119,7 +169,7 @@ def summary_table(summ: dict) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK_MODELS)}")
+    ap.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK_MODELS)}; pipeline cases: {', '.join(QUICK_PIPELINE_MODELS)}")
     ap.add_argument("--json", type=Path, help="also write the rows and the summary as JSON here")
     args = ap.parse_args()
     rows = []
@@ -133,14 +183,35 @@ def main() -> int:
                     r = rows[-1]
                     log(f"{model} | {cname} | {strategy} | " + (r.get("skipped") or
                         f"{r['fixed_ms']:.2f} -> {r['ordered_ms']:.2f} ms ({r['gain_pct']:.2f}%), evaluate {r['evaluate_s']:.2f} s"))
+        burst_rows = pipeline_rows(QUICK_PIPELINE_MODELS if args.quick else PIPELINE_MODELS, Path(tmp))
     summ = summary(rows)
+    burst_summ = summary(burst_rows, PIPELINE_CLUSTERS, "bursts")
     print("## Contention-aware send order: predicted latency, same plan\n")
     print(table(rows))
     print("\n## Gain over tile order\n")
     print(summary_table(summ))
+    print("\n## Pipeline stages' bursts to several later stages: predicted latency, same plan\n")
+    print(burst_table(burst_rows))
+    print("\n## Gain over hops order\n")
+    print(summary_table(burst_summ, "plans with such a burst", "hops order"))
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "summary": summ}, indent=2))
-    return 1 if summ["all"]["worse"] else 0
+        args.json.write_text(json.dumps({"rows": rows, "summary": summ, "pipeline_rows": burst_rows,
+                                         "pipeline_summary": burst_summ}, indent=2))
+    return 1 if summ["all"]["worse"] or burst_summ["all"]["worse"] else 0
+
+
+def pipeline_rows(names: list[str], tmp: Path) -> list[dict]:
+    rows = []
+    for model in names:
+        ing = load_model(models.ensure(model))
+        for cname, doc in PIPELINE_CLUSTERS.items():
+            cost = cost_table(ing, cname, doc, tmp)
+            for strategy, objective in PIPELINE_CASES:
+                rows.append(measure_bursts(model, cname, cost, ing, strategy, objective))
+                r = rows[-1]
+                log(f"{model} | {cname} | {strategy} {objective} | " + (r.get("skipped") or
+                    f"{r['bursts']} bursts, {r['fixed_ms']:.2f} -> {r['ordered_ms']:.2f} ms ({r['gain_pct']:.2f}%)"))
+    return rows
 
 
 if __name__ == "__main__":
