@@ -1,8 +1,9 @@
 """`edgec run --adapt`: switch, between requests, to the kept plan that the measured figures favour.
 
-A build compiled with `--keep N` and/or `--shifts` holds other plans of the same model on the same cluster
-(the manifest's `alternatives`; `--shifts` adds the DGPAS neighbours of a pipeline plan, each moving one
-stage boundary by one layer). While a run streams, the coordinator measures, per completed request:
+A build compiled with `--keep N`, `--shifts` and/or `--fallbacks` holds other plans of the same model on the
+same cluster: the manifest's `alternatives` (`--shifts` adds the DGPAS neighbours of a pipeline plan, each
+moving one stage boundary by one layer) and its fallbacks, each without one device, which are the plans for
+when that device is slow rather than gone. While a run streams, the coordinator measures, per completed request:
 - each device's compute factor: the run time of its fragments over their predicted_ms (summed per request);
 - each link's transfer factor: the measured time of the messages between two devices over the cost model's
   (accuracy.py times a message from the start of its send to the receiver taking it off its socket).

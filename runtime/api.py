@@ -19,7 +19,7 @@ from .coordinator import HEARTBEAT_MS, RunResult, available_cores, load_keys, ru
 from .errors import InputError
 from .files import write_atomically
 from .inputs import check_inputs, check_memory, load_inputs
-from .manifest import Manifest, load_alternative, load_manifest
+from .manifest import Manifest, load_alternative, load_fallback, load_manifest
 from .protocol import MAX_DILATE
 from .session import MAX_INFLIGHT
 from .trace import check_trace_path, write_trace
@@ -63,7 +63,7 @@ def run(manifest: str | os.PathLike, *, inputs: str | os.PathLike | Mapping[str,
     stretches every emulated time by that factor and divides every reported time by it, so that a host
     slower than the emulated devices keeps their timeline (`report["emulation"]` lists the fragment runs
     that still took longer than their padding). With `adapt`, the run switches between the plans the build
-    kept (`compile --keep N` / `--shifts`) when the plan in use, re-costed with the measured figures, moves
+    kept (`compile --keep N`, `--shifts`, and the `--fallbacks` without one device each) when the plan in use, re-costed with the measured figures, moves
     more than `adapt_threshold` (relative) from what it was chosen under, to the best when re-costed so, by
     `adapt_for` ("latency" or "throughput"; default the build's objective) (edgec.runtime.adapt;
     `report["adaptations"]` lists each decision). `slow`
@@ -241,11 +241,13 @@ def _adapter(m: Manifest, threshold: float, objective: str | None) -> Adapter:
         raise InputError(f"--adapt-for {objective!r}: expected latency or throughput")
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold < 10:
         raise InputError(f"--adapt-threshold {threshold!r}: expected a relative change above 0 (0.25: 25%) and below 10")
-    if not m.alternatives:
+    fallbacks = [fb for fb in m.fallbacks if fb.manifest is not None]
+    if not m.alternatives and not fallbacks:
         raise InputError(f"{m.path}: --adapt switches between the plans a build kept, and this one kept none; compile "
-                         "with --keep N and/or --shifts")
+                         "with --keep N, --shifts and/or --fallbacks")
     options = [Option(m, m.path.name)]
     options += [Option(load_alternative(m, alt), alt.manifest) for alt in m.alternatives]
+    options += [Option(load_fallback(m, fb, check_files=False), fb.manifest) for fb in fallbacks]
     return Adapter(options, objective=objective, threshold=float(threshold))
 
 

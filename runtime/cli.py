@@ -155,7 +155,7 @@ _EPILOG = ("Exit codes: 0 ok, 1 verification failed, 2 bad input, 3 run failure 
                    "each transfer between devices and each request, per device.")
 @click.option("--adapt", is_flag=True,
               help="Switch, between requests and losing none, among the plans the build kept (compile --keep N, "
-                   "--shifts) when a device's compute or a link's measured speed drifts from what the plan in use "
+                   "--shifts, --fallbacks) when a device's compute or a link's measured speed drifts from what the plan in use "
                    "assumed: every kept plan is re-costed with the measured figures and the fastest taken.")
 @click.option("--adapt-threshold", type=float, default=THRESHOLD, show_default=True, metavar="FRACTION",
               help="With --adapt: the relative change of the plan in use, re-costed with the measured figures, "

@@ -147,7 +147,7 @@ def test_bad_adapt_and_slow_options_are_one_line_exit_2(build, tmp_path):
         ([str(build), "--random-inputs", "--emulate", "--slow", "f=0"], "factor 0.0, expected"),
         ([str(build), "--random-inputs", "--emulate", "--slow", "f=2@-1"], "expected a timed request's index"),
         ([str(build), "--random-inputs", "--adapt", "--adapt-threshold", "0"], "--adapt-threshold 0.0"),
-        ([str(bare), "--random-inputs", "--adapt"], "kept none; compile with --keep N and/or --shifts"),
+        ([str(bare), "--random-inputs", "--adapt"], "kept none; compile with --keep N, --shifts and/or --fallbacks"),
     ]
     for args, message in cases:
         res = run.invoke(cli, ["run", *args])
@@ -176,3 +176,17 @@ def test_the_json_lists_no_adaptations_without_adapt(build):
     report = edgec.run(build, random_inputs=True, repeat=2)
     assert report["adaptations"] == []
     json.dumps(report)
+
+
+def test_fallbacks_are_plans_to_adapt_to(tmp_path):
+    """A fallback is the plan for the cluster without one device: when that device is slow rather than gone."""
+    from edgec.runtime.api import _adapter
+
+    out = tmp_path / "build"
+    res = CliRunner().invoke(cli, ["compile", str(TINYCONV), "--devices", str(_cluster(tmp_path, PROFILES)), "-o",
+                                   str(out), "--strategy", "pipeline", "--objective", "throughput", "--fallbacks"])
+    assert res.exit_code == 0, res.output
+    m = load_manifest(out / "manifest.json")
+    labels = [o.label for o in _adapter(m, 0.25, None).options]
+    assert labels[0] == "manifest.json" and labels[1:] == [fb.manifest for fb in m.fallbacks if fb.manifest]
+    assert len(labels) > 1
