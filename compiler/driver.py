@@ -18,7 +18,8 @@ from .emit import (ExtraBuild, alternative_build, alternative_folder, assemble_m
 from .errors import UserError
 from .graph import LayerGraph
 from .ingest import Ingested, load_model
-from .plan.frontier import Point, energy_frontier, pareto_front, plan_key
+from .plan.frontier import Point, pareto_front, plan_key
+from .plan.pipeline_energy import energy_frontier
 from .plan.planner import Dominated, EnergyGoal, InfeasibleError, PlanOptions
 from .plan.registry import PLANNERS, SEARCHES, STRATEGIES, run_group, schedule
 from .plan.shifts import boundary_shifts
@@ -165,7 +166,7 @@ def _candidate(name: str, graph: LayerGraph, cost: CostTable, plans: list[Plan] 
 
 def _priced_on(plan: Plan, cost: CostTable) -> CostTable:
     """The cost table a plan runs on: the cluster's, or with devices in the power modes it needs."""
-    modes = dict(getattr(plan, "modes", ()))  # plan/pipeline_energy.py ModedPlan
+    modes = dict(plan.modes)
     return cost.with_modes(modes) if modes else cost
 
 
@@ -426,7 +427,7 @@ def pareto_info(front, with_energy: bool, graph: LayerGraph) -> dict:
     (and the power modes it runs devices in), and the axes it is taken over: energy only when every plan's
     energy is known, which `pareto_energy_unknown` says."""
     points = [{"strategy": p.strategy, "stages": [_stage_info(s, graph) for s in p.plan.stages],
-               "modes": dict(getattr(p.plan, "modes", ())),
+               "modes": dict(p.plan.modes),
                "predicted_latency_ms": round(p.latency_ms, 4),
                "predicted_throughput_ips": round(p.throughput_ips, 4),
                "predicted_energy_mj": None if p.energy_mj is None else round(p.energy_mj, 4)} for p in front]

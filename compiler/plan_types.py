@@ -83,6 +83,9 @@ class Plan:
     strategy: str  # the planner that produced it: pipeline, single, even, neurosurgeon, ...
     objective: str  # latency | throughput
     stages: tuple[Stage, ...]
+    # ((device, mode), ...): the devices the plan needs in a power mode other than their top level's
+    # (plan/pipeline_energy.py); the driver prices it on CostTable.with_modes and the manifest names them.
+    modes: tuple[tuple[str, str], ...] = ()
 
     def ensures(self, graph: LayerGraph) -> "Plan":
         """Every layer placed exactly once and stages in dependency order; spatial segments cover their

@@ -9,24 +9,18 @@ stages (and the same power modes) are one point: the first found keeps its strat
 The latency-optimal and throughput-optimal points are never dominated (nothing beats them on their own
 axis, and of several tied on it the frontier keeps at least one), so the frontier always holds them.
 
-`energy_frontier` is the pipeline energy DP's own frontier (pipeline_energy.py): every pipeline
-placement, with the power modes its devices run in, that no other beats in both latency and energy.
+The pipeline energy DP's own frontier, which --pareto also collects, is pipeline_energy.py's
+`energy_frontier`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-import numpy as np
+from ..cost import Prediction
+from ..plan_types import Plan
 
-from ..cost import CostTable, Prediction
-from ..graph import LayerGraph
-from ..plan_types import Plan, Stage
-from .pipeline import _Tables, pipeline_problem
-from .pipeline_energy import ModedPlan, _columns, _column_problem, _EnergyDP, _pareto, device_columns
-from .planner import EnergyGoal
-
-__all__ = ["Point", "plan_key", "pareto_front", "energy_frontier"]
+__all__ = ["Point", "plan_key", "pareto_front"]
 
 
 @dataclass(frozen=True)
@@ -50,7 +44,7 @@ class Point:
 
 def plan_key(plan: Plan) -> tuple:
     """What makes two plans the same plan: their stages and the power modes they run devices in."""
-    return plan.stages, tuple(sorted(getattr(plan, "modes", ())))
+    return plan.stages, tuple(sorted(plan.modes))
 
 
 def _axes(p: Point, with_energy: bool) -> tuple[float, ...]:
@@ -73,58 +67,3 @@ def pareto_front(points) -> tuple[list[Point], bool]:
     axes = [_axes(p, with_energy) for p in pts]
     front = [p for p, a in zip(pts, axes) if not any(_dominates(b, a) for b in axes)]
     return sorted(front, key=lambda p: _axes(p, with_energy)), with_energy
-
-
-def energy_frontier(graph: LayerGraph, cost: CostTable, goal: EnergyGoal) -> list[Plan]:
-    """The pipeline placements (each device in one of its power modes) of the energy DP's frontier:
-    none beaten in both latency and energy by another, and, under a hard SLA, each within it. Empty
-    when no placement fits or meets the SLA; InfeasibleError when a device has no power figures."""
-    base = pipeline_problem(graph, cost)
-    columns = _columns(cost)
-    cols = device_columns(cost, columns)
-    problem = replace(_column_problem(base, cost, graph, columns), request_in_ms=None, request_out_ms=None)
-    dp = _FrontierDP(problem, _Tables(problem), cols, goal)
-    dp.run()
-    labels = dp.final_labels()
-    if not labels:
-        return []
-    lat = np.array([x[0] for x in labels])
-    energy = np.array([x[1] for x in labels])
-    blocks = graph.pipeline_blocks
-    plans = []
-    for i in _pareto(lat, energy):
-        choices = dp._stages(labels[i][2], labels[i][3])
-        stages = tuple(Stage(cost.devices[columns[s.device].device], blocks[s.lo][0], blocks[s.hi - 1][1])
-                       for s in choices)
-        modes = tuple((cost.devices[columns[s.device].device], columns[s.device].mode) for s in choices
-                      if columns[s.device].cost is not cost)
-        plan = ModedPlan("pipeline", "energy", stages, modes) if modes else Plan("pipeline", "energy", stages)
-        plans.append(plan.ensures(graph))
-    return plans
-
-
-class _FrontierDP(_EnergyDP):
-    """The energy DP with only the hard SLA pruning its labels: the bound on the best plan so far would
-    drop labels that lose on energy but win on latency, which the frontier wants. Each state's (L, E0)
-    Pareto set is exact for the final (latency, energy) of that state (pipeline_energy.py docstring), so
-    the final labels of all states hold the whole frontier."""
-
-    def _hopeful(self, L: np.ndarray, E: np.ndarray, idle: float, h: int) -> np.ndarray:
-        if self.goal.soft:
-            return np.ones(L.shape, dtype=bool)
-        return L + self.rest[h] + self.least_out <= self.goal.sla_ms
-
-    def _finish(self) -> None:
-        """Nothing to choose: final_labels() reads every state."""
-
-    def final_labels(self) -> list[tuple[float, float, tuple, int]]:
-        """(latency, energy, DP key, label index) of every complete placement kept (within a hard SLA)."""
-        out = []
-        for (mask, a), (L, E, _) in self.states[self.B].items():
-            idle = self._idle(mask)
-            lat = L + float(self.cols.request_out_ms[a])
-            for i in range(lat.size):
-                latency = float(lat[i])
-                if self.goal.soft or latency <= self.goal.sla_ms:
-                    out.append((latency, float(E[i] + idle * latency), (self.B, mask, a), i))
-        return out

@@ -39,7 +39,7 @@ from .pipeline import PipelineProblem, StageChoice, _memory_feasible, _Tables, i
 from .planner import EnergyGoal, InfeasibleError, PlanOptions
 from .stats import count as count_work
 
-__all__ = ["EnergyColumns", "EnergySolution", "ModedPlan", "solve_energy", "energy_of", "plan_pipeline_energy",
+__all__ = ["energy_frontier", "EnergyColumns", "EnergySolution", "solve_energy", "energy_of", "plan_pipeline_energy",
            "device_columns"]
 
 
@@ -64,14 +64,6 @@ class EnergySolution:
     latency_ms: float
     energy_mj: float
     objective: float
-
-
-@dataclass(frozen=True)
-class ModedPlan(Plan):
-    """A plan that needs devices in power modes other than their top level's: {device: mode} as pairs.
-    The driver prices it on `CostTable.with_modes(dict(modes))`, and the manifest names each mode."""
-
-    modes: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -131,7 +123,7 @@ def device_columns(cost: CostTable, columns: list[_Column] | None = None) -> Ene
 
 def plan_pipeline_energy(graph: LayerGraph, cost: CostTable, options: PlanOptions) -> list[Plan]:
     """The pipeline plan of least energy per request under options.energy (`solve_energy`), each device in
-    the power mode the plan chooses for it (a ModedPlan when one is not its top level's). When a hard SLA
+    the power mode the plan chooses for it (in the plan's `modes` when one is not its top level's). When a hard SLA
     is out of reach, the InfeasibleError says the least latency a pipeline plan has."""
     goal = options.energy
     if goal is None:
@@ -153,7 +145,7 @@ def plan_pipeline_energy(graph: LayerGraph, cost: CostTable, options: PlanOption
     modes = tuple((cost.devices[columns[s.device].device], columns[s.device].mode) for s in sol.stages
                   if columns[s.device].cost is not cost)
     if modes:
-        return [ModedPlan("pipeline", "energy", stages, modes).ensures(graph)]
+        return [Plan("pipeline", "energy", stages, modes).ensures(graph)]
     return [Plan("pipeline", "energy", stages).ensures(graph)]
 
 
@@ -327,3 +319,58 @@ def _pareto(L: np.ndarray, E: np.ndarray) -> list[int]:
             keep.append(i)
             best_e = float(E[i])
     return keep
+
+
+def energy_frontier(graph: LayerGraph, cost: CostTable, goal: EnergyGoal) -> list[Plan]:
+    """The pipeline placements (each device in one of its power modes) of the energy DP's frontier:
+    none beaten in both latency and energy by another, and, under a hard SLA, each within it. Empty
+    when no placement fits or meets the SLA; InfeasibleError when a device has no power figures."""
+    base = pipeline_problem(graph, cost)
+    columns = _columns(cost)
+    cols = device_columns(cost, columns)
+    problem = replace(_column_problem(base, cost, graph, columns), request_in_ms=None, request_out_ms=None)
+    dp = _FrontierDP(problem, _Tables(problem), cols, goal)
+    dp.run()
+    labels = dp.final_labels()
+    if not labels:
+        return []
+    lat = np.array([x[0] for x in labels])
+    energy = np.array([x[1] for x in labels])
+    blocks = graph.pipeline_blocks
+    plans = []
+    for i in _pareto(lat, energy):
+        choices = dp._stages(labels[i][2], labels[i][3])
+        stages = tuple(Stage(cost.devices[columns[s.device].device], blocks[s.lo][0], blocks[s.hi - 1][1])
+                       for s in choices)
+        modes = tuple((cost.devices[columns[s.device].device], columns[s.device].mode) for s in choices
+                      if columns[s.device].cost is not cost)
+        plan = Plan("pipeline", "energy", stages, modes)
+        plans.append(plan.ensures(graph))
+    return plans
+
+
+class _FrontierDP(_EnergyDP):
+    """The energy DP with only the hard SLA pruning its labels: the bound on the best plan so far would
+    drop labels that lose on energy but win on latency, which the frontier wants. Each state's (L, E0)
+    Pareto set is exact for the final (latency, energy) of that state (pipeline_energy.py docstring), so
+    the final labels of all states hold the whole frontier."""
+
+    def _hopeful(self, L: np.ndarray, E: np.ndarray, idle: float, h: int) -> np.ndarray:
+        if self.goal.soft:
+            return np.ones(L.shape, dtype=bool)
+        return L + self.rest[h] + self.least_out <= self.goal.sla_ms
+
+    def _finish(self) -> None:
+        """Nothing to choose: final_labels() reads every state."""
+
+    def final_labels(self) -> list[tuple[float, float, tuple, int]]:
+        """(latency, energy, DP key, label index) of every complete placement kept (within a hard SLA)."""
+        out = []
+        for (mask, a), (L, E, _) in self.states[self.B].items():
+            idle = self._idle(mask)
+            lat = L + float(self.cols.request_out_ms[a])
+            for i in range(lat.size):
+                latency = float(lat[i])
+                if self.goal.soft or latency <= self.goal.sla_ms:
+                    out.append((latency, float(E[i] + idle * latency), (self.B, mask, a), i))
+        return out

@@ -59,7 +59,7 @@ def _shifted(plan: Plan, k: int, step: int) -> Plan | None:
     if not a.lo < cut < b.hi:
         return None
     stages = (*plan.stages[:k], replace(a, hi=cut), replace(b, lo=cut), *plan.stages[k + 2:])
-    return replace(plan, stages=stages)  # replace keeps a moded plan's class and its power modes
+    return replace(plan, stages=stages)  # replace keeps the power modes
 
 
 def _describe(plan: Plan, graph: LayerGraph, k: int, step: int) -> str:

@@ -20,7 +20,8 @@ from edgec.compiler.cli import cli
 from edgec.compiler.cost import evaluate
 from edgec.compiler.driver import compile_model, pareto_points
 from edgec.compiler.errors import UserError
-from edgec.compiler.plan.frontier import Point, energy_frontier, pareto_front, plan_key
+from edgec.compiler.plan.frontier import Point, pareto_front, plan_key
+from edgec.compiler.plan.pipeline_energy import energy_frontier
 from edgec.compiler.plan.pipeline import plan_pipeline
 from edgec.compiler.plan.planner import EnergyGoal, PlanOptions
 from edgec.compiler.plan_types import Plan, Stage
