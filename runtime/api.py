@@ -25,8 +25,8 @@ from .session import MAX_INFLIGHT
 from .trace import check_trace_path, write_trace
 from .verify import VerifyResult, check_model, compare_outputs, reference_outputs
 
-__all__ = ["run", "execute", "report", "write_npz", "parse_addresses", "parse_slow", "RequestsChecked", "MAX_THREADS", "MAX_INFLIGHT",
-           "MIN_HEARTBEAT_MS", "MAX_HEARTBEAT_MS", "MAX_DILATE"]
+__all__ = ["run", "execute", "report", "write_npz", "parse_addresses", "parse_slow", "check_options", "Checker",
+           "RequestsChecked", "MAX_THREADS", "MAX_INFLIGHT", "MIN_HEARTBEAT_MS", "MAX_HEARTBEAT_MS", "MAX_DILATE"]
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ def execute(manifest: str | os.PathLike, *, npz: str | None = None, pairs: Itera
     """Load, check and run a manifest on its inputs; verify every request's outputs when asked; write the
     accuracy report to `report` (result.accuracy holds it) and the measured timeline to `trace`
     (result.trace). What `edgec run` and `run` share."""
-    _check_options(repeat, threads, timeout, tolerance, inflight, heartbeat_ms)
+    check_options(repeat, threads, timeout, tolerance, inflight, heartbeat_ms)
     dilate = _check_dilate(dilate, emulate)
     if report is not None:  # before the run: a report that cannot be written fails in a second
         check_report_path(report)
@@ -133,7 +133,7 @@ def execute(manifest: str | os.PathLike, *, npz: str | None = None, pairs: Itera
     checker = None
     if verify:  # the reference first: every request's outputs are compared with it as they arrive
         logger.info("verifying against %s", m.model_path)
-        checker = _Checker(reference_outputs(m, given, model_checked=True), tolerance)
+        checker = Checker(reference_outputs(m, given, model_checked=True), tolerance)
     result = run_manifest(m, given, repeat=repeat, threads=threads, emulate=emulate, timeout=timeout,
                           progress=logger.info, addresses=addresses, keys=keyring, inflight=inflight,
                           compress=compress, heartbeat_ms=heartbeat_ms, timings=report is not None, dilate=dilate,
@@ -156,7 +156,7 @@ class RequestsChecked(VerifyResult):
         return {**super().as_json(), "requests_checked": self.requests_checked}
 
 
-class _Checker:
+class Checker:
     """Compares each request's outputs with the reference as they arrive, keeping per output only the
     outputs that differ most so far (all requests have the same inputs, so one reference serves them all)."""
 
@@ -262,7 +262,7 @@ def _check_dilate(dilate: float | None, emulate: bool) -> float:
     return float(dilate)
 
 
-def _check_options(repeat: int, threads: int | None, timeout: float, tolerance: float,
+def check_options(repeat: int, threads: int | None, timeout: float, tolerance: float,
                    inflight: int | None = None, heartbeat_ms: int = HEARTBEAT_MS) -> None:
     if not isinstance(heartbeat_ms, int) or isinstance(heartbeat_ms, bool) \
             or not MIN_HEARTBEAT_MS <= heartbeat_ms <= MAX_HEARTBEAT_MS:

@@ -33,7 +33,7 @@ from zmq.utils.monitor import parse_monitor_message
 from .adapt import Adapter, Option
 from .accuracy import SYNC_ROUNDS, ClockOffset, Samples, build_report, estimate_offset
 from .compress import parse_mode
-from .emulate import Channel, Overruns, undilated_offsets, undilated_times
+from .emulate import Channel, Overruns, undilated_offsets, undilated_starts, undilated_times
 from .errors import InputError, RunError, one_line
 from .keys import COORDINATOR, Keyring, ephemeral_keyring
 from .manifest import HOST, Fragment, Manifest, check_fragment_files, load_fallback, manifest_json
@@ -616,8 +616,8 @@ class Cluster:
             if self.samples is not None:  # on the emulated clock (dilation 1 outside emulation)
                 times, offsets = undilated_times(head.times, self.dilate), undilated_offsets(self.offsets, self.dilate)
                 self.last_timed = self.samples.add(times, offsets)
-                if self.trace is not None:  # run starts are clocks too: undilated as undilated_times does
-                    starts = {d: [c / self.dilate for c in clocks] for d, clocks in head.starts.items()}
+                if self.trace is not None:
+                    starts = undilated_starts(head.starts, self.dilate)
                     self.trace.add(self.manifest, times, starts, offsets, head.t_clock / self.dilate,
                                    latency / self.dilate)
             yield dict(head.outputs), latency, dict(head.done)

@@ -33,7 +33,7 @@ from .manifest import Fragment, Manifest
 from .protocol import MAX_DILATE
 
 __all__ = ["MAX_DILATE", "ROOM", "pad_run", "DelayedLinks", "Channel", "Overruns", "suggest_dilate",
-           "undilated_times", "undilated_offsets"]
+           "undilated_times", "undilated_starts", "undilated_offsets"]
 
 logger = logging.getLogger(__name__)
 
@@ -182,6 +182,11 @@ def undilated_times(times: Mapping[str, tuple[list, list]], dilate: float) -> di
     """A request's worker timings {device: (frag_ms, clocks)} on the emulated clock: everything / dilate."""
     return {d: ([ms / dilate for ms in frag_ms], [c / dilate for c in clocks])
             for d, (frag_ms, clocks) in times.items()}
+
+
+def undilated_starts(starts: Mapping[str, list], dilate: float) -> dict[str, list]:
+    """A request's fragment run starts {device: [clock]} on the emulated clock, as undilated_times' clocks."""
+    return {d: [c / dilate for c in clocks] for d, clocks in starts.items()}
 
 
 def undilated_offsets(offsets: Mapping[str, ClockOffset], dilate: float) -> dict[str, ClockOffset]:

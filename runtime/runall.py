@@ -209,9 +209,9 @@ def run_all(outdir: str | Path, *, repeat: int = 1, verify: bool = False, tolera
     its SLA (and --verify's verdict). A service whose run fails raises its error, prefixed by its name,
     once every run has ended. Interrupted (SIGINT, SIGTERM under interrupt_on_signals) reaches every
     service's thread at its next step; each closes its coordinator and workers, and then it is raised."""
-    from .api import _check_options  # api imports the coordinator's whole stack: only when running
+    from .api import check_options  # api imports the coordinator's whole stack: only when running
 
-    _check_options(repeat, threads, timeout, tolerance)
+    check_options(repeat, threads, timeout, tolerance)
     allocation = load_allocation(outdir)
     check_builds(allocation)
     threads = default_threads(allocation) if threads is None else threads
@@ -265,7 +265,7 @@ def _run_service(s: ServiceEntry, stop: threading.Event, *, repeat: int, verify:
     """What api.execute does for one build on random inputs, with its progress logged under its name
     and a stop check at every step: `stop` set (the main thread was interrupted) raises Interrupted here,
     which unwinds run_manifest's cluster (its workers closed)."""
-    from .api import _Checker, report
+    from .api import Checker, report
     from .coordinator import run_manifest
     from .inputs import load_inputs
     from .verify import check_model, reference_outputs
@@ -283,7 +283,7 @@ def _run_service(s: ServiceEntry, stop: threading.Event, *, repeat: int, verify:
     if verify:
         check_model(m)
     given = load_inputs(m, random=True, seed=seed)
-    checker = _Checker(reference_outputs(m, given, model_checked=True), tolerance) if verify else None
+    checker = Checker(reference_outputs(m, given, model_checked=True), tolerance) if verify else None
 
     def check(outputs) -> None:
         step()
