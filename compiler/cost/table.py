@@ -18,8 +18,9 @@ profile's `threads:` entry for the cluster file's `threads`, else the profile's 
    layer's leading operator (the one that sets its cost class) is priced and every unpriced operator is
    pointwise: such a layer is memory-bound, its roofline is the chain's traffic, which the leader's
    price already holds (the transformer's Softmax and LayerNormalization layers).  Otherwise the prices
-   come on top of the roofline: a priced follower of a Conv (Inception's LRN) adds its price to the
-   Conv's FLOPs (its own FLOPs there are a few per element against the Conv's hundreds); an LRN that
+   come on top of the roofline: a priced follower of a Conv (Inception's LRN, MobileNetV2's Clip) adds
+   its price to the Conv's FLOPs (its own FLOPs there are a few per element against the Conv's
+   hundreds; a Clip is a pass over the output that the NCHWc kernel does not fuse); an LRN that
    outweighs the MaxPool before it keeps the MaxPool's traffic in.
 
 The tile model (tiles.py) reads `overhead_ms`, `priced_ms`, `out_elems` and `curves` to scale a tile's

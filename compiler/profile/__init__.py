@@ -23,10 +23,15 @@ largest count's, for readers that know no thread counts.  Per count:
                            dispatch + thread-pool sync + small-layer inefficiency
   - op_ms_per_melem        operators the roofline misprices (LRN costs 100x its bytes at memory speed):
                            milliseconds per million output elements beyond op_overhead_us, for LRN,
-                           Softmax, LayerNormalization, Erf, Resize (nearest) and Resize:linear.  Per output
-                           element because their work is a fixed amount per output element (a size-5
-                           window, a row's exp and sum, a row's mean and variance, an interpolation), so
-                           overhead + elements x price is the whole prediction, with no FLOP count to guess
+                           Softmax, LayerNormalization, Erf, Resize (nearest), Resize:linear and Clip.  Per
+                           output element because their work is a fixed amount per output element (a size-5
+                           window, a row's exp and sum, a row's mean and variance, an interpolation, a
+                           clamp), so overhead + elements x price is the whole prediction, with no FLOP
+                           count to guess.  Clip (ReLU6) is the one that follows a Conv: onnxruntime's
+                           NCHWc kernels apply only Relu in place, so a Clip is an extra pass over the
+                           Conv's output (~0.1 ms per million elements at 1 thread, fused or not), priced on
+                           top of the Conv's roofline (cost/table.py); a profile without it prices Clip as
+                           before, free in a Conv's layer and at memory speed alone
   - efficiency             how throughput falls for small outputs: [output elements, fraction] points of a
                            3x3 Conv (128 ch, 56 wide, 56..1 output rows: tiles of a map) against gflops.conv,
                            and of MatMuls with 512..8 rows against gflops.gemm; fraction = the FLOPs' time at

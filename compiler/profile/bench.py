@@ -273,7 +273,13 @@ def small_layer_overhead_us(b: Bench) -> Callable[[Times, float], float]:
 
 def _op_cases(quick: bool) -> dict[str, tuple]:
     """op key -> (node, input shape, output shape, initializers).  Shapes are those of the models that
-    use them (inception_v1's LRN, the transformer's Softmax / LayerNormalization / Erf); quick halves them."""
+    use them (inception_v1's LRN, the transformer's Softmax / LayerNormalization / Erf, MobileNetV2's
+    ReLU6 after its 56x56 expansion); quick halves them.
+
+    Clip is here because onnxruntime's NCHWc convolutions apply only Relu inside the kernel: a Clip after
+    a Conv (ReLU6) is one more pass over the output, ~0.1 ms per million elements at 1 thread whether it
+    is fused into the Conv or not (measured: 1x1 and depthwise Conv chains with Clip against the same
+    chains with Relu), which the Conv's roofline misses (MobileNetV2's 35 Clips: ~0.6 ms of ~7.5)."""
     q = 2 if quick else 1
     lrn = (1, 64 // q, 56 // q, 56 // q)
     soft = (1, 12 // q, 128 // q, 128 // q)
@@ -281,6 +287,8 @@ def _op_cases(quick: bool) -> dict[str, tuple]:
     erf = (1, 128 // q, 3072 // q)
     img = (1, 64 // q, 56 // q, 56 // q)
     up = (1, 64 // q, 112 // q, 112 // q)
+    relu6 = (1, 144 // q, 56 // q, 56 // q)
+    bounds = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("lo", 0.0), ("hi", 6.0))]
     scales = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")
     gamma = numpy_helper.from_array(np.ones(ln[-1], np.float32), "gamma")
     beta = numpy_helper.from_array(np.zeros(ln[-1], np.float32), "beta")
@@ -292,6 +300,7 @@ def _op_cases(quick: bool) -> dict[str, tuple]:
         "Erf": (helper.make_node("Erf", ["x"], ["y"]), erf, erf, []),
         "Resize": (helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="nearest"), img, up, [scales]),
         "Resize:linear": (helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="linear"), img, up, [scales]),
+        "Clip": (helper.make_node("Clip", ["x", "lo", "hi"], ["y"]), relu6, relu6, bounds),
     }
 
 

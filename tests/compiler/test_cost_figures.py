@@ -151,6 +151,42 @@ def test_an_op_price_changes_exactly_the_layers_holding_that_op(tmp_path):
     assert (cost.layer_ms[1:, 1] == cost.layer_ms[1:, 0]).all()
 
 
+def relu6_model() -> onnx.ModelProto:
+    """MobileNetV2's block: depthwise Conv -> BatchNormalization -> Clip(0, 6), then a 1x1 Conv without one."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 1, 3, 3)).astype(np.float32), "dw"),
+             numpy_helper.from_array(rng.standard_normal((8, 8, 1, 1)).astype(np.float32), "pw"),
+             *(numpy_helper.from_array(np.full(8, v, np.float32), n)
+               for n, v in (("scale", 1.0), ("bias", 0.0), ("mean", 0.0), ("var", 1.0))),
+             numpy_helper.from_array(np.array(0.0, np.float32), "lo"),
+             numpy_helper.from_array(np.array(6.0, np.float32), "hi")]
+    nodes = [helper.make_node("Conv", ["x", "dw"], ["c"], pads=[1, 1, 1, 1], group=8, name="dwconv"),
+             helper.make_node("BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["b"], name="bn"),
+             helper.make_node("Clip", ["b", "lo", "hi"], ["r"], name="relu6"),
+             helper.make_node("Conv", ["r", "pw"], ["y"], name="pwconv")]
+    graph = helper.make_graph(nodes, "relu6", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 8, 6, 6))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, 8, 6, 6))], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_a_clip_after_a_conv_adds_its_price_to_the_conv_layer(tmp_path):
+    """ReLU6 after a (depthwise) Conv is a pass over the output that the Conv's roofline misses: a Clip price
+    adds elements x price to that layer only; a profile without one prices it as before."""
+    ing = load_model(save(relu6_model(), tmp_path / "m.onnx"))
+    layers = ing.graph.layers
+    assert [(l.op_types, l.cost_class) for l in layers] == [
+        (("Conv", "BatchNormalization", "Clip"), "depthwise_conv"), (("Conv",), "conv")]
+    plain = write_profile(tmp_path, "plain", op_ms_per_melem={"LRN": 25.0})
+    clip = write_profile(tmp_path, "clip", op_ms_per_melem={"LRN": 25.0, "Clip": 0.1})
+    cost = build_cost_table(ing.graph, load_cluster(write_cluster(
+        tmp_path, [{"name": "p", "profile": plain}, {"name": "c", "profile": clip}])), ing.sha256, model=ing.model)
+    e = 8 * 6 * 6
+    assert cost.layer_ms[0, 0] == pytest.approx(roofline(layers[0], FAST), rel=1e-12)
+    assert cost.layer_ms[0, 1] - cost.layer_ms[0, 0] == pytest.approx(e * 0.1 / 1e6, rel=1e-9)
+    assert cost.priced_ms[0].tolist() == [0.0, e * 0.1 / 1e6]
+    assert cost.layer_ms[1, 1] == cost.layer_ms[1, 0]
+
+
 def test_a_priced_leader_replaces_the_layers_roofline(tmp_path):
     ing = load_model(save(priced_model(), tmp_path / "m.onnx"))
     prof = write_profile(tmp_path, "soft", op_ms_per_melem={"Softmax": 2.0, "Resize": 1.0, "Resize:linear": 3.0})

@@ -67,7 +67,8 @@ def test_measure_host_quick_per_thread_figures(quick_profile):
     t1 = p["threads"][1]
     for key in ("op_overhead_us", "gflops", "memory_gbps", "op_ms_per_melem", "efficiency"):
         assert p[key] == t1[key], key
-    assert set(t1["op_ms_per_melem"]) == {"LRN", "Softmax", "LayerNormalization", "Erf", "Resize", "Resize:linear"}
+    assert set(t1["op_ms_per_melem"]) == {"LRN", "Softmax", "LayerNormalization", "Erf", "Resize", "Resize:linear",
+                                           "Clip"}
     assert all(v > 0 for v in t1["op_ms_per_melem"].values())
     # LRN's size-5 window costs far more per element than a row softmax: the reason the table exists
     assert t1["op_ms_per_melem"]["LRN"] > 3 * t1["op_ms_per_melem"]["Softmax"]
