@@ -1,10 +1,16 @@
 """The runtime's own costs on this machine (the profile's `runtime:`), measured through the runtime's code.
 
-- message_ms, message_ms_per_mb: a tensor message between two CURVE sockets over TCP on this host, as the
-  workers exchange them (transport.send_tensor, protocol.parse, transport.decode_tensor, ZeroMQ's CURVE
-  under the runtime's Keyring): one side sends, the other decodes it and sends it back, and a hand-off is
-  half the round trip. Timed for a 64-byte tensor (the fixed part) and a 1 MiB one (quick: 256 KiB); the
-  per-MB figure is the difference per 10^6 bytes. Both ends run here, so the figure is both ends' work.
+- message_ms, message_ms_per_mb: a tensor message between two local workers, started by the runtime's
+  coordinator at 1 thread each like the workers of `edgec run` on one machine (two processes, CURVE sockets
+  with the run's keys). A request's steps send a tensor from worker a to worker b and back; each way is
+  timed as `edgec run --report` times a transfer, from the sender's send step starting to the receiver's
+  worker taking the whole message off its data socket, and the hand-off is the mean of both ways (a worker's
+  clock offset adds to one way what it takes from the other, so it cancels). Timed for a 64-byte tensor
+  (the fixed part) and a 1 MiB one (quick: 256 KiB); the per-MB figure is the difference per 10^6 bytes.
+  Both ends run here, so the figure is both ends' work.
+  Why two workers and not two sockets in one process: a worker wakes from its poll in its own process and
+  runs the runtime's send and receive steps; two sockets echoing inside one process skip both, and
+  measured a 64-byte message at less than half of what the runtime pays on this 2-core machine.
 - request_ms: one request of a one-fragment manifest (a 64-float Relu) run by the runtime's coordinator
   with a local worker at 1 thread: the request's latency less the fragment's run, i.e. the model input in
   from the coordinator, the output out to it, and the request's control messages.
@@ -19,19 +25,14 @@ import json
 import math
 import shutil
 import tempfile
-import threading
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import zmq
 
-from edgec.runtime.keys import ephemeral_keyring
 from edgec.runtime.manifest import file_sha256, load_manifest
-from edgec.runtime.protocol import parse
-from edgec.runtime.transport import decode_tensor, send_tensor
 
 from .timing import Figure, Policy, combine, measure_stable, model, sig, vi
 
@@ -39,17 +40,16 @@ __all__ = ["measure_runtime_costs", "SMALL_BYTES"]
 
 SMALL_BYTES = 64
 _LARGE_BYTES = {False: 1 << 20, True: 1 << 18}
-_ECHO = "echo"
-_TIMEOUT_MS = 10_000  # a hand-off on this host that takes longer has failed
+_A, _B = "a", "b"  # the two workers of the message measurement
 
 
-_MAX_SECONDS = 0.6  # per timing: three timings and a worker's start stay within about two seconds
+_MAX_SECONDS = 0.6  # per timing: three timings and two clusters' start stay within about four seconds
 
 
 def measure_runtime_costs(policy: Policy, quick: bool, say: Callable[[str], None]) -> tuple[dict, dict]:
     """({message_ms, message_ms_per_mb, request_ms}, {timing name: Figure}) on this machine."""
     policy = replace(policy, max_seconds=min(policy.max_seconds, _MAX_SECONDS))
-    say("  runtime costs: message hand-off (CURVE, ZeroMQ, msgpack) and one request through the coordinator")
+    say("  runtime costs: a message between two local workers and one request through the coordinator")
     large = _LARGE_BYTES[quick]
     figures = _message_figures(policy, large)
     figures["request"] = _request_figure(policy)
@@ -60,64 +60,18 @@ def measure_runtime_costs(policy: Policy, quick: bool, say: Callable[[str], None
     return costs, figures
 
 
+def source(quick: bool) -> str:
+    """How the figures were taken, for the profile's `sources:`."""
+    return ("runtime: message_ms = a 64-byte tensor between two local workers of the runtime (1 thread each, CURVE), "
+            "from the sender's send step to the receiver taking it off its socket as `edgec run --report` times "
+            f"a transfer, the mean of both ways; message_ms_per_mb = the same for a {'256 KiB' if quick else '1 MiB'} "
+            "tensor, less message_ms, per 10^6 bytes; request_ms = latency less run time of one request of a "
+            "64-float Relu through the runtime's coordinator and a local worker at 1 thread (input in, output out)")
+
+
 def _rounds(sample: Callable[[], float], policy: Policy) -> Figure:
     return combine([measure_stable(sample, policy, seconds=policy.round_seconds) for _ in range(policy.rounds)],
                    policy.max_spread)
-
-
-class _Pair:
-    """A DEALER (client) and a ROUTER (server, as a worker's data socket) joined by CURVE over loopback TCP,
-    the router's side echoing every tensor back from a thread."""
-
-    def __init__(self):
-        self.keys = ephemeral_keyring([_ECHO])
-        self.ctx = zmq.Context()
-        self.auth = self.keys.authenticator(self.ctx)
-        self.server = self.ctx.socket(zmq.ROUTER)
-        self.keys.serve(self.server)
-        port = self.server.bind_to_random_port("tcp://127.0.0.1")
-        self.client = self.ctx.socket(zmq.DEALER)
-        self.keys.connect_to(self.client, self.keys.public)
-        for s in (self.server, self.client):
-            s.linger = 0
-            s.rcvtimeo = s.sndtimeo = _TIMEOUT_MS
-        self.client.connect(f"tcp://127.0.0.1:{port}")
-        self.stop = threading.Event()
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._echo, name="profile-echo", daemon=True)
-        self.thread.start()
-
-    def _echo(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self.server, zmq.POLLIN)
-        try:
-            while not self.stop.is_set():
-                if not poller.poll(50):
-                    continue
-                peer, *frames = self.server.recv_multipart(copy=False)
-                head, payload = parse(frames, {"tensor"})
-                msg = decode_tensor(head, payload)
-                send_tensor(self.server, msg.req, _ECHO, msg.name, msg.array, prefix=(peer.bytes,))
-        except BaseException as exc:  # surfaced by round_trip
-            self.error = exc
-
-    def round_trip(self, array: np.ndarray) -> None:
-        send_tensor(self.client, 0, "profile", "x", array)
-        try:
-            head, payload = parse(self.client.recv_multipart(copy=False), {"tensor"})
-        except zmq.Again:
-            raise RuntimeError(f"no echo within {_TIMEOUT_MS} ms: {self.error or 'the echo thread is stuck'}") from None
-        if decode_tensor(head, payload).array.nbytes != array.nbytes:
-            raise RuntimeError("the echo returned another tensor")
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(timeout=2.0)
-        self.client.close()
-        self.server.close()
-        self.auth.stop()
-        self.ctx.term()
-        shutil.rmtree(self.keys.folder, ignore_errors=True)
 
 
 def _sampler(run: Callable[[], float], policy: Policy, warmup: int) -> Callable[[], float]:
@@ -130,46 +84,96 @@ def _sampler(run: Callable[[], float], policy: Policy, warmup: int) -> Callable[
     return lambda: sum(run() for _ in range(reps)) / reps
 
 
-def _message_figures(policy: Policy, large: int) -> dict[str, Figure]:
-    pair = _Pair()
-    try:
-        out = {}
-        for name, nbytes in (("message_small", SMALL_BYTES), ("message_large", large)):
-            array = np.ones(nbytes // 4, dtype=np.float32)
-
-            def hand_off(array=array) -> float:
-                t = time.perf_counter()
-                pair.round_trip(array)
-                return (time.perf_counter() - t) / 2.0
-
-            out[name] = _rounds(_sampler(hand_off, policy, warmup=max(policy.warmup, 5)), policy)
-        return out
-    finally:
-        pair.close()
-
-
-def _tiny_build(folder: Path) -> Path:
-    """A one-device, one-fragment build (64-float Relu) in `folder`; returns its manifest.json."""
+def _relu(folder: Path, floats: int) -> Path:
+    """f0.onnx in `folder`: y = Relu(x), both (1, floats)."""
     from onnx import helper
 
     frag = folder / "f0.onnx"
-    frag.write_bytes(model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", (1, 64))], [vi("y", (1, 64))]))
-    tensor = {"shape": [1, 64], "dtype": "float32"}
+    frag.write_bytes(model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", (1, floats))], [vi("y", (1, floats))]))
+    return frag
+
+
+def _manifest(folder: Path, frag: Path, devices: list[str], floats: int, transfers: list, steps: dict) -> Path:
+    """manifest.json in `folder` of the build whose model and one fragment (on the first device) is `frag`."""
+    tensor = {"shape": [1, floats], "dtype": "float32"}
     doc = {
         "format": "edgec.manifest", "version": 1,
-        "model": {"path": "f0.onnx", "sha256": file_sha256(frag)},
-        "inputs": [{"name": "x", **tensor}], "outputs": [{"name": "y", **tensor, "device": "d"}],
-        "devices": [{"name": "d", "profile": "this host", "memory_mb": 1024, "address": None, "threads": 1}],
-        "network": {"bandwidth_mbps": None, "latency_ms": None, "medium": "switched", "links": []},
-        "fragments": [{"id": "f0", "device": "d", "file": "f0.onnx", "sha256": file_sha256(frag), "inputs": ["x"],
-                       "outputs": ["y"], "predicted_ms": 0.0}],
-        "transfers": [],
-        "steps": {"d": [{"op": "recv", "tensor": "x", "from": "@host"}, {"op": "run", "fragment": "f0"},
-                        {"op": "send", "tensor": "y", "to": "@host"}]},
+        "model": {"path": frag.name, "sha256": file_sha256(frag)},
+        "inputs": [{"name": "x", **tensor}], "outputs": [{"name": "y", **tensor, "device": devices[0]}],
+        "devices": [{"name": d, "profile": "this host", "memory_mb": 1024, "address": None, "threads": 1}
+                    for d in devices],
+        # loopback between local workers: no medium to share, and the figures measured here are the point
+        "network": {"bandwidth_mbps": 10000, "latency_ms": 0, "medium": "switched", "links": []},
+        "fragments": [{"id": "f0", "device": devices[0], "file": frag.name, "sha256": file_sha256(frag),
+                       "inputs": ["x"], "outputs": ["y"], "predicted_ms": 0.0}],
+        "transfers": transfers,
+        "steps": steps,
     }
     path = folder / "manifest.json"
     path.write_text(json.dumps(doc))
     return path
+
+
+def _exchange_build(folder: Path, large: int) -> Path:
+    """A two-device build whose request sends the first SMALL_BYTES of its input from a to b and back, then the
+    whole input (`large` bytes) likewise, then runs a Relu on a; returns its manifest.json."""
+    floats, small = large // 4, SMALL_BYTES // 4
+    region = [{"axis": 1, "start": 0, "stop": small}]
+    transfers = [{"tensor": t, "src": s, "dst": d, "shape": [1, n], "dtype": "float32", "bytes": n * 4, "region": r}
+                 for t, s, d, n, r in (("x", _A, _B, small, region), ("s", _B, _A, small, None),
+                                       ("x", _A, _B, floats, None), ("l", _B, _A, floats, None))]
+    steps = {
+        _A: [{"op": "recv", "tensor": "x", "from": "@host"},
+             {"op": "send", "tensor": "x", "to": _B, "region": region, "as": "s"},
+             {"op": "recv", "tensor": "s", "from": _B},
+             {"op": "send", "tensor": "x", "to": _B, "as": "l"},
+             {"op": "recv", "tensor": "l", "from": _B},
+             {"op": "run", "fragment": "f0"}, {"op": "send", "tensor": "y", "to": "@host"}],
+        _B: [{"op": "recv", "tensor": "s", "from": _A}, {"op": "send", "tensor": "s", "to": _A},
+             {"op": "recv", "tensor": "l", "from": _A}, {"op": "send", "tensor": "l", "to": _A}],
+    }
+    return _manifest(folder, _relu(folder, floats), [_A, _B], floats, transfers, steps)
+
+
+def _message_figures(policy: Policy, large: int) -> dict[str, Figure]:
+    from edgec.runtime.coordinator import Cluster
+
+    folder = Path(tempfile.mkdtemp(prefix="edgec-profile-message-"))
+    try:
+        manifest = load_manifest(_exchange_build(folder, large))
+        feeds = {"x": np.ones((1, large // 4), dtype=np.float32)}
+        with Cluster(manifest, threads=1, timeout=30.0, timings=True) as cluster:
+            out = {}
+            for figure, name in (("message_small", "s"), ("message_large", "l")):
+                out[figure] = _rounds(_request_sampler(cluster, feeds, name, policy), policy)
+            return out
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _request_sampler(cluster, feeds: dict, name: str, policy: Policy) -> Callable[[], float]:
+    """Seconds of one hand-off of tensor `name` (the mean of a -> b and b -> a in one request), averaged over
+    enough requests to last policy.min_sample_s of wall time, after the warm-up."""
+    ways = ((_A, _B, name), (_B, _A, name))  # the report's transfer keys: (sender, receiver, received name)
+
+    def hand_off() -> tuple[float, float]:
+        """(the request's hand-off, its wall time), in seconds."""
+        t = time.perf_counter()
+        cluster.infer(feeds)
+        wall = time.perf_counter() - t
+        return sum(cluster.samples.transfer_ms[way][-1] for way in ways) / 2 / 1e3, wall
+
+    for _ in range(max(policy.warmup, 5)):
+        hand_off()
+    reps = max(1, min(100, math.ceil(policy.min_sample_s / max(hand_off()[1], 1e-7))))
+    return lambda: sum(hand_off()[0] for _ in range(reps)) / reps
+
+
+def _tiny_build(folder: Path) -> Path:
+    """A one-device, one-fragment build (64-float Relu) in `folder`; returns its manifest.json."""
+    steps = {"d": [{"op": "recv", "tensor": "x", "from": "@host"}, {"op": "run", "fragment": "f0"},
+                   {"op": "send", "tensor": "y", "to": "@host"}]}
+    return _manifest(folder, _relu(folder, 64), ["d"], 64, [], steps)
 
 
 def _request_figure(policy: Policy) -> Figure:

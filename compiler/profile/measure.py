@@ -16,6 +16,7 @@ from edgec.compiler.errors import UserError
 from . import bench, host
 from .bench import Bench, measure_figures
 from .fixed import measure_runtime_costs
+from .fixed import source as runtime_source
 from .load import BUSY_FRACTION, LoadProbe, LoadSample, describe_load, is_busy, other_cpus
 from .nodes import measure_layers
 from .timing import DEFAULT, QUICK, Policy, rand, session, sig
@@ -140,7 +141,8 @@ def _sources(stamp: str, counts: list[int], quick: bool, policy: Policy, power_g
         "rate) / 98 nodes, default optimisation (Conv+Relu fuse as in the runtime)",
         "op_ms_per_melem: ms per million output elements of one node beyond op_overhead_us, at the shapes of the zoo's "
         "models (LRN size 5 on 64x56x56, Softmax 12x128x128, LayerNormalization 128x768, Erf 128x3072, Resize 2x "
-        "of 64x56x56: `Resize` nearest, `Resize:linear` linear)" + (" (quick mode halves every dimension)" if quick else ""),
+        "of 64x56x56: `Resize` nearest, `Resize:linear` linear, Clip to [0, 6] (ReLU6) on 144x56x56)"
+        + (" (quick mode halves every dimension)" if quick else ""),
         "efficiency: [output elements, fraction of gflops.conv / gflops.gemm] of a 3x3 Conv 128 ch, 56 wide, at "
         f"{'/'.join(map(str, bench.CONV_HEIGHTS))} output rows (halo rows in the input), and a MatMul "
         f"{'/'.join(map(str, bench.GEMM_ROWS))} x 1024 x 1024; fraction = FLOPs at gflops / (time - op_overhead_us), "
@@ -265,11 +267,7 @@ def measure_host(
 
 
 def fixed_source(quick: bool) -> str:
-    return ("runtime: message_ms = half the round trip of a 64-byte tensor between two CURVE ZeroMQ sockets on "
-            f"this host (the runtime's send_tensor, parse, decode_tensor), message_ms_per_mb = the same for a "
-            f"{'256 KiB' if quick else '1 MiB'} tensor, less message_ms, per 10^6 bytes; request_ms = latency "
-            "less run time of one request of a 64-float Relu through the runtime's coordinator and a local "
-            "worker at 1 thread (input in, output out)")
+    return runtime_source(quick)
 
 
 def _runtime_costs(policy: Policy, quick: bool, strict: bool, say: Callable[[str], None], details: list[str],

@@ -3,7 +3,7 @@ and whether `edgec profile` agrees with itself.
 
     python tests/bench/bench_fidelity.py [--parts single,two,stability] [--profile HOST.yaml] [--repeat 10]
                                          [--rounds 3] [--models resnet50,...] [--two-models resnet50,...]
-                                         [--folder DIR] [--json FILE]
+                                         [--baseline-profile OLD.yaml] [--folder DIR] [--json FILE]
 
 Markdown to stdout, progress to stderr; --json FILE writes every row, the load and the probes.  The targets
 are reported, not enforced (exit 0 whenever every command ran): they are for a quiet machine, and on a busy one
@@ -46,6 +46,10 @@ its transfers, from `edgec run --report`), so the choice can be checked on the h
   - Target: the measured speed-up within 10% of the predicted one, |measured / predicted - 1| <= 0.10, for
     pipeline and spatial plans.  A table (model, plan, metric, predicted and measured figures and speed-ups,
     ratio, met?) and a summary line.
+  - --baseline-profile OLD.yaml: the same predictions with another 1-thread profile (e.g. one an older edgec
+    wrote), side by side with the same measurements: each plan is compiled with both; where the two compile
+    to the same stages, the plan is measured once and its row shows both predictions (columns "base"); a
+    baseline plan of other stages is measured in the same rounds as a plan of its own, labelled [baseline].
   - Parallel capacity: ResNet-50 at 1 thread alone, then two such processes at once (bench_distributed.py's
     probe).  Two workers computing at the same time get that many cores' worth of this machine, and a
     two-device speed-up cannot exceed it: on a busy machine it explains a miss.  It is probed before and after
@@ -210,31 +214,46 @@ class Plan:
     latency_ms: list[float] = field(default_factory=list)  # one per round, --inflight 1
     throughput_ips: list[float] = field(default_factory=list)  # one per round, default inflight
     transfer_ratios: list[float] = field(default_factory=list)  # measured / predicted, every transfer of every round
+    baseline: bool = False  # compiled with --baseline-profile alone (its stages differ from the profile's plan)
+    base_summary: dict | None = None  # the same stages compiled with --baseline-profile
 
     @property
     def label(self) -> str:
-        return f"{self.strategy}/{'+'.join(self.objectives)}"
+        return f"{self.strategy}/{'+'.join(self.objectives)}" + (" [baseline]" if self.baseline else "")
 
     @property
     def busy(self) -> list[str]:
         return [d["name"] for d in self.summary["devices"] if d["fragments"]]
 
 
-def compile_plans(model: Path, devices: Path, folder: Path) -> list[Plan]:
-    """TWO_PLANS for the two-device cluster; objectives that compile to the same stages share one plan."""
+def compile_plans(model: Path, devices: Path, folder: Path, baseline: Path | None = None) -> list[Plan]:
+    """TWO_PLANS for the two-device cluster; objectives that compile to the same stages share one plan.  With a
+    baseline cluster, each is compiled with it too: onto the plan of the same stages, else a plan of its own."""
     plans: list[Plan] = []
     for strategy, objective in TWO_PLANS:
         build = folder / f"{model.stem}-{strategy}-{objective}"
         summary = compile_json(model, devices, build, "--strategy", strategy, "--objective", objective)
+        add_plan(plans, strategy, objective, build, summary, False)
+    for strategy, objective in TWO_PLANS if baseline is not None else ():
+        build = folder / f"{model.stem}-{strategy}-{objective}-baseline"
+        summary = compile_json(model, baseline, build, "--strategy", strategy, "--objective", objective)
         same = [p for p in plans if p.strategy == strategy and p.summary["stages"] == summary["stages"]]
-        if same:
-            same[0].objectives.append(objective)
+        if same and not same[0].baseline:
+            same[0].base_summary = same[0].base_summary or summary
         else:
-            plans.append(Plan(strategy, [objective], build, summary))
+            add_plan(plans, strategy, objective, build, summary, True)
     for p in plans:
         log(f"  {p.label}: {len(p.summary['stages'])} stage(s) on {'+'.join(p.busy)}, predicted "
             f"{p.summary['predicted_latency_ms']:.1f} ms, {p.summary['predicted_throughput_ips']:.2f}/s")
     return plans
+
+
+def add_plan(plans: list[Plan], strategy: str, objective: str, build: Path, summary: dict, baseline: bool) -> None:
+    same = [p for p in plans if p.strategy == strategy and p.baseline == baseline and p.summary["stages"] == summary["stages"]]
+    if same:
+        same[0].objectives.append(objective)
+    else:
+        plans.append(Plan(strategy, [objective], build, summary, baseline=baseline))
 
 
 def transfer_ratios(report: Path) -> list[float]:
@@ -255,18 +274,32 @@ def measure_round(single_build: Path, plans: list[Plan], single: dict, repeat: i
             p.throughput_ips.append(run_json(p.build, repeat)["throughput_ips"])
 
 
-def speedup_rows(name: str, single_pred: dict, single: dict, plans: list[Plan]) -> list[dict]:
+def speedup(metric: str, one: float, two: float) -> float:
+    """Two devices over one: a speed-up is a shorter latency but a larger throughput."""
+    return one / two if metric == "latency" else two / one
+
+
+def baseline_prediction(metric: str, key: str, p: Plan, single_base: dict | None) -> float | None:
+    """The plan's predicted speed-up under the baseline profile, when it was compiled with it."""
+    summary = p.summary if p.baseline else p.base_summary
+    if summary is None or single_base is None:
+        return None
+    return speedup(metric, single_base[f"predicted_{key}"], summary[f"predicted_{key}"])
+
+
+def speedup_rows(name: str, single_pred: dict, single: dict, plans: list[Plan],
+                 single_base: dict | None = None) -> list[dict]:
     rows = []
     for p in plans:
         metrics = ["latency"] + (["throughput"] if "throughput" in p.objectives else [])
         for metric in metrics:
             key = "latency_ms" if metric == "latency" else "throughput_ips"
-            pred_one, pred_two = single_pred[f"predicted_{key}"], p.summary[f"predicted_{key}"]
+            one = single_base if p.baseline else single_pred
+            pred_one, pred_two = one[f"predicted_{key}"], p.summary[f"predicted_{key}"]
             meas_one, meas_two = statistics.median(single[key]), statistics.median(getattr(p, key))
-            flip = metric == "latency"  # a speed-up is a shorter latency but a larger throughput
-            pred = pred_one / pred_two if flip else pred_two / pred_one
-            meas = meas_one / meas_two if flip else meas_two / meas_one
+            pred, meas = speedup(metric, pred_one, pred_two), speedup(metric, meas_one, meas_two)
             ratio = meas / pred
+            base = None if p.baseline else baseline_prediction(metric, key, p, single_base)
             rows.append({"model": name, "plan": p.label, "strategy": p.strategy, "metric": metric,
                          "stages": len(p.summary["stages"]), "devices": p.busy,
                          "predicted_single": pred_one, "predicted_two": pred_two, "predicted_speedup": pred,
@@ -274,17 +307,21 @@ def speedup_rows(name: str, single_pred: dict, single: dict, plans: list[Plan]) 
                          "measured_single_rounds": single[key], "measured_two_rounds": getattr(p, key),
                          "transfer_ratio_median": statistics.median(p.transfer_ratios) if p.transfer_ratios else None,
                          "transfers": len(p.transfer_ratios), "ratio": ratio,
-                         "met": abs(ratio - 1) <= SPEEDUP_TOLERANCE})
+                         "met": abs(ratio - 1) <= SPEEDUP_TOLERANCE, "baseline_plan": p.baseline,
+                         "base_predicted_speedup": base, "base_ratio": None if base is None else meas / base})
     return rows
 
 
-def bench_two_model(name: str, folder: Path, one: Path, two: Path, repeat: int, rounds: int) -> tuple[list[dict], list[dict]]:
-    """One model's rows, and a note for each plan that stayed on one device (listed, not measured)."""
+def bench_two_model(name: str, folder: Path, one: Path, two: Path, repeat: int, rounds: int,
+                    base: tuple[Path, Path] | None = None) -> tuple[list[dict], list[dict]]:
+    """One model's rows, and a note for each plan that stayed on one device (listed, not measured).  `base`:
+    the baseline profile's one- and two-device clusters."""
     model = model_path(name)
     log(f"{name}: compiling the single-device and two-device plans")
     single_build = folder / f"{name}-single"
     single_pred = compile_json(model, one, single_build)
-    plans = compile_plans(model, two, folder)
+    single_base = None if base is None else compile_json(model, base[0], folder / f"{name}-single-baseline")
+    plans = compile_plans(model, two, folder, None if base is None else base[1])
     unmeasured = [{"model": name, "plan": p.label, "devices": p.busy, "predicted_latency_ms":
                    p.summary["predicted_latency_ms"]} for p in plans if len(p.busy) < 2]
     plans = [p for p in plans if len(p.busy) >= 2]
@@ -293,7 +330,7 @@ def bench_two_model(name: str, folder: Path, one: Path, two: Path, repeat: int, 
         single["loadavg"].append(loadavg())
         log(f"{name}: round {r + 1}/{rounds} (load average {single['loadavg'][-1]})")
         measure_round(single_build, plans, single, repeat, folder)
-    rows = speedup_rows(name, single_pred, single, plans)
+    rows = speedup_rows(name, single_pred, single, plans, single_base)
     for row in rows:
         row["loadavg_rounds"] = single["loadavg"]
         log(f"  {row['plan']} {row['metric']}: speed-up predicted {row['predicted_speedup']:.2f}x, measured "
@@ -306,17 +343,23 @@ def _unit(metric: str) -> str:
 
 
 def two_table(rows: list[dict]) -> str:
+    base = any(r["base_predicted_speedup"] is not None or r["baseline_plan"] for r in rows)
     head = ["model", "plan", "metric", "pred single", "pred 2-dev", "pred speed-up", "meas single", "meas 2-dev",
-            "meas speed-up", "ratio", "met?", "transfers meas/pred (n)"]
-    lines = ["| " + " | ".join(head) + " |", "|---|---|---|" + "---:|" * 7 + "---|---:|"]
+            "meas speed-up", "ratio", "met?", "transfers meas/pred (n)"] + (["base pred speed-up", "base ratio"] if base else [])
+    lines = ["| " + " | ".join(head) + " |", "|---|---|---|" + "---:|" * 7 + "---|---:|" + "---:|" * (2 * base)]
     for r in rows:
         unit, xfer = _unit(r["metric"]), r["transfer_ratio_median"]
         lines.append(f"| {r['model']} | {r['plan']} ({r['stages']} stages) | {r['metric']} | "
                      f"{r['predicted_single']:.1f} {unit} | {r['predicted_two']:.1f} {unit} | {r['predicted_speedup']:.2f}x | "
                      f"{r['measured_single']:.1f} {unit} | {r['measured_two']:.1f} {unit} | {r['measured_speedup']:.2f}x | "
                      f"{r['ratio']:.2f} | {'yes' if r['met'] else 'NO'} | "
-                     f"{'n/a' if xfer is None else f'{xfer:.2f}'} ({r['transfers']}) |")
+                     f"{'n/a' if xfer is None else f'{xfer:.2f}'} ({r['transfers']}) |"
+                     + (f" {_opt(r['base_predicted_speedup'], 'x')} | {_opt(r['base_ratio'], '')} |" if base else ""))
     return "\n".join(lines)
+
+
+def _opt(x: float | None, unit: str) -> str:
+    return "n/a" if x is None else f"{x:.2f}{unit}"
 
 
 def two_summary(rows: list[dict], unmeasured: list[dict], capacity: dict[str, dict]) -> str:
@@ -349,12 +392,13 @@ def two_summary(rows: list[dict], unmeasured: list[dict], capacity: dict[str, di
     return "\n".join(lines)
 
 
-def bench_two(names: list[str], folder: Path, one: Path, two: Path, repeat: int, rounds: int) -> dict:
+def bench_two(names: list[str], folder: Path, one: Path, two: Path, repeat: int, rounds: int,
+              base: tuple[Path, Path] | None = None) -> dict:
     log(f"two 1-thread processes at once: ResNet-50 alone, then two together ({CAPACITY_RUNS} runs each)")
     capacity = {"before": parallel_capacity(CAPACITY_RUNS)}
     rows, unmeasured = [], []
     for name in names:
-        r, u = bench_two_model(name, folder, one, two, repeat, rounds)
+        r, u = bench_two_model(name, folder, one, two, repeat, rounds, base)
         rows += r
         unmeasured += u
     capacity["after"] = parallel_capacity(CAPACITY_RUNS)
@@ -429,6 +473,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=3, help="part two: alternating single/two-device rounds (median)")
     ap.add_argument("--models", default=",".join(MODELS), help="part single: comma-separated names under models/build")
     ap.add_argument("--two-models", default=",".join(TWO_MODELS), help="part two: comma-separated names under models/build")
+    ap.add_argument("--baseline-profile", type=Path, help="part two: also predict with this 1-thread profile, "
+                    "side by side with the same measurements")
     ap.add_argument("--folder", type=Path, help="work folder (default: a temporary one)")
     ap.add_argument("--json", dest="json_out", type=Path, help="also write every row, the load and the probes as JSON")
     args = ap.parse_args(argv)
@@ -482,7 +528,13 @@ def main(argv: list[str] | None = None) -> int:
         print(single_table(out["single"]))
     if "two" in args.parts:
         two = cluster(folder, "two", prof, devices=2)
-        out["two"] = bench_two(args.two_models, folder, one, two, args.repeat, args.rounds)
+        base = None
+        if args.baseline_profile is not None:
+            one_thread_figures(yaml.safe_load(args.baseline_profile.read_text()), args.baseline_profile)
+            base = (cluster(folder, "one-baseline", args.baseline_profile),
+                    cluster(folder, "two-baseline", args.baseline_profile, devices=2))
+            print(f"Baseline profile {args.baseline_profile}: runtime {yaml.safe_load(args.baseline_profile.read_text()).get('runtime')}")
+        out["two"] = bench_two(args.two_models, folder, one, two, args.repeat, args.rounds, base)
         cap = out["two"]["capacity"]
         print(f"\n## Two local devices, 1 thread each ({NETWORK['bandwidth_mbps']} Mbps {NETWORK['medium']}, latency "
               f"{NETWORK['latency_ms']} ms; {args.rounds} alternating rounds, medians)\n")

@@ -1,0 +1,87 @@
+"""`edgec profile`'s message figures (compiler/profile/fixed.py): a message between two local workers of the runtime,
+each way timed as `edgec run --report` times a transfer."""
+
+from __future__ import annotations
+
+from collections import deque
+from pathlib import Path
+
+import pytest
+
+from edgec.compiler.profile import fixed
+from edgec.compiler.profile.timing import QUICK
+from edgec.runtime.accuracy import transfer_keys
+from edgec.runtime.manifest import load_manifest
+from edgec.runtime.schedule import working_devices
+
+# what a fake pair of workers takes per way (ms), and how far worker b's clock is off: the figure must not see it
+SMALL_MS = {("a", "b"): 0.30, ("b", "a"): 0.10}
+LARGE_MS = {("a", "b"): 1.30, ("b", "a"): 1.10}
+OFFSET_MS = 0.25
+
+
+class _Samples:
+    def __init__(self):
+        self.transfer_ms: dict = {}
+
+
+class FakeCluster:
+    """Cluster's interface as fixed.py uses it: the manifest it was given, and per request the transfer times
+    a real run would keep, b's clock offset added to a -> b and taken from b -> a."""
+
+    manifests: list = []
+
+    def __init__(self, manifest, *, threads, timeout, timings=False):
+        assert threads == 1
+        self.manifest = manifest
+        self.samples = _Samples() if timings else None
+        FakeCluster.manifests.append(manifest)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    def infer(self, feeds):
+        if self.samples is not None:
+            for name, ms in (("s", SMALL_MS), ("l", LARGE_MS)):
+                for (src, dst), t in ms.items():
+                    skew = OFFSET_MS if dst == "b" else -OFFSET_MS
+                    self.samples.transfer_ms.setdefault((src, dst, name), deque()).append(t + skew)
+        return {}, 1.0, {"d": 0.25}
+
+
+def test_a_message_is_the_mean_of_both_ways_between_two_workers(monkeypatch):
+    """Two worker processes (two working devices) exchange the tensor; the clock offset between them cancels."""
+    import edgec.runtime.coordinator as coordinator
+
+    FakeCluster.manifests = []
+    monkeypatch.setattr(coordinator, "Cluster", FakeCluster)
+    costs, figures = fixed.measure_runtime_costs(QUICK, True, lambda s: None)
+    assert figures["message_small"].median_s * 1e3 == pytest.approx(0.20)
+    assert figures["message_large"].median_s * 1e3 == pytest.approx(1.20)
+    assert costs["message_ms"] == pytest.approx(0.2)
+    quick_large = fixed._LARGE_BYTES[True]
+    assert costs["message_ms_per_mb"] == pytest.approx(1.0 / (quick_large - fixed.SMALL_BYTES) * 1e6, rel=1e-2)
+    assert costs["request_ms"] == pytest.approx(0.75)
+    exchange = FakeCluster.manifests[0]
+    assert working_devices(exchange) == ("a", "b")  # one worker process each
+    assert [t.bytes for t in exchange.transfers] == [fixed.SMALL_BYTES] * 2 + [quick_large] * 2
+
+
+def test_the_exchange_build_is_timed_like_a_report_transfer(tmp_path: Path):
+    """Every transfer entry of the build matches a send step, as `edgec run --report` matches them: the keys the
+    measurement reads are the report's."""
+    manifest = load_manifest(fixed._exchange_build(tmp_path, 1 << 12))
+    keys = transfer_keys(manifest)
+    assert keys == [("a", "b", "s"), ("b", "a", "s"), ("a", "b", "l"), ("b", "a", "l")]
+    assert [t.bytes for t in manifest.transfers] == [fixed.SMALL_BYTES, fixed.SMALL_BYTES, 1 << 12, 1 << 12]
+
+
+def test_two_real_workers_hand_off_a_larger_tensor_slower():
+    """Through the runtime's own workers (two processes, CURVE): positive figures, the larger tensor slower."""
+    figures = fixed._message_figures(QUICK, 1 << 20)
+    small, large = figures["message_small"].median_s, figures["message_large"].median_s
+    assert 0 < small < large < 1.0
+    assert all(f.runs >= 3 for f in figures.values())
