@@ -203,7 +203,7 @@ class Cluster:
         self.collects = host_collects(manifest)
         self.specs = {o.name: o for o in manifest.outputs}
         # Bounds what decoding a (possibly compressed) output may allocate: nothing larger is expected.
-        self.max_output_bytes = max((_nbytes(o.shape, o.dtype) for o in manifest.outputs), default=0)
+        self.max_output_bytes = max((o.nbytes for o in manifest.outputs), default=0)
         self.ctx: zmq.Context | None = None
         self.poller = zmq.Poller()
         self.by_socket: dict[zmq.Socket, tuple[_Worker, bool]] = {}
@@ -923,10 +923,6 @@ def _samples(manifest: Manifest) -> Samples:
                              f"request, too many to time (at most {MAX_TIMED_STEPS}); run without --report and "
                              "--trace")
     return samples
-
-
-def _nbytes(shape: tuple[int, ...], dtype: str) -> int:
-    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
 
 def _tail(log) -> str:

@@ -8,7 +8,6 @@ names, shapes and dtypes (its .npy headers) before any array data is read: a sma
 from __future__ import annotations
 
 import logging
-import math
 import os
 import zipfile
 import zlib
@@ -94,10 +93,6 @@ def memory_budget() -> int | None:
     return pages * page_size // 2 if pages > 0 and page_size > 0 else None
 
 
-def _nbytes(spec: TensorSpec) -> int:
-    return math.prod(spec.shape) * np.dtype(spec.dtype).itemsize  # Python ints: 2**70 does not wrap
-
-
 def _size(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
         if n < 1024 or unit == "PiB":
@@ -114,7 +109,7 @@ def check_memory(manifest: Manifest, budget: int | None = None) -> None:
         return
     total = 0
     for spec in manifest.inputs:
-        n = _nbytes(spec)
+        n = spec.nbytes
         total += n
         if n > budget:
             raise InputError(f"{manifest.path}: input {spec.name!r} (shape {list(spec.shape)}, {spec.dtype}) needs "
@@ -156,10 +151,10 @@ def _npz_members(path: str, archive: zipfile.ZipFile, specs: dict[str, TensorSpe
             raise InputError(f"{path}: input {name!r} appears twice")
         if info.flag_bits & 0x1:
             raise InputError(f"{path}: input {name!r} is encrypted")
-        limit = _nbytes(spec) + len(_NPY_MAGIC) + 6 + _HEADER_LIMIT
+        limit = spec.nbytes + len(_NPY_MAGIC) + 6 + _HEADER_LIMIT
         if info.file_size > limit:
             raise InputError(f"{path}: input {name!r} holds {_size(info.file_size)} uncompressed, more than its "
-                             f"shape {list(spec.shape)} {spec.dtype} needs ({_size(_nbytes(spec))})")
+                             f"shape {list(spec.shape)} {spec.dtype} needs ({_size(spec.nbytes)})")
         members[name] = info
     return members
 
@@ -194,14 +189,14 @@ def _read_array(stream: BinaryIO, path: str, name: str, specs: dict[str, TensorS
     if dtype.hasobject:
         raise InputError(f"{path}: input {name!r} holds Python objects, not numbers")
     spec = _check_spec(path, name, shape, dtype, specs)
-    need = stream.tell() + _nbytes(spec)
+    need = stream.tell() + spec.nbytes
     if size != need:
         raise InputError(f"{path}: input {name!r} is {size} bytes, its header (shape {list(shape)}, {dtype.name}) "
                          f"says {need}")
     try:
         array = np.empty(shape[::-1] if fortran else shape, dtype)
     except MemoryError:
-        raise InputError(f"{path}: input {name!r} ({_size(_nbytes(spec))}) does not fit in memory") from None
+        raise InputError(f"{path}: input {name!r} ({_size(spec.nbytes)}) does not fit in memory") from None
     _fill(stream, array, path, name)
     array = array.T if fortran else array
     return array if dtype.isnative else array.astype(dtype.newbyteorder("="))

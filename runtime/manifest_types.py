@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Union
+
+import numpy as np
 
 __all__ = [
     "bytes_per_s",
@@ -27,6 +30,10 @@ class TensorSpec:
     name: str
     shape: tuple[int, ...]
     dtype: str
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * np.dtype(self.dtype).itemsize  # Python ints: 2**70 does not wrap
 
 
 @dataclass(frozen=True)

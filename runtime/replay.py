@@ -5,8 +5,8 @@ fragment's predicted_ms; a burst of consecutive `send`s occupies the sender (and
 channel, which bursts take first come first served, ties in `transfers` order) for bytes / bandwidth +
 latency per message, plus the runtime's cost of a message (network.costs); a `recv` waits for the matching
 send to finish; slice, concat and free are free, as in the planner. Host transfers cost the runtime's
-per-request cost (network.costs' request_ms, half in, half out), once per device and request, as the
-planner charges it: the input half before the device's first run or send after it received from the host,
+per-request cost (network.costs' request_ms, half in, half out, each with the bytes of the device's model
+inputs or outputs at its per-byte message cost), once per device and request, as the planner charges it: the input half before the device's first run or send after it received from the host,
 the output half after the burst in which it first sends to the host. A send's bytes are those of its
 `transfers` entry (same tensor, src, dst and region).
 
@@ -111,9 +111,20 @@ class _Replay:
         self.paid_out: set[str] = set()
         self.sent: dict[str, float] = {}  # bytes each device sends to other devices (radio energy)
         self.received: dict[str, float] = {}
+        # the model inputs each device receives from the host, and the outputs it sends there
+        specs = {t.name: t.nbytes for t in (*manifest.inputs, *manifest.outputs)}
+        self.host_bytes = {d: (sum(specs.get(t, 0) for t in {s.tensor for s in seq if isinstance(s, Recv) and s.src == HOST}),
+                               sum(specs.get(t, 0) for t in {s.name for s in seq if isinstance(s, Send) and s.to == HOST}))
+                           for d, seq in self.steps.items()}
+
+    def _request_ms(self, dev: str, which: int) -> float:
+        """Half the device's per-request cost, plus its host inputs' (which 0) or outputs' (1) bytes at its
+        per-byte message cost: what the planner charges (compiler/cost/network.py request_in_ms)."""
+        c = self.net.cost(dev)
+        return c.request_ms / 2.0 + self.host_bytes[dev][which] * c.message_ms_per_mb / 1e6
 
     def _in_ms(self, dev: str) -> float:
-        return self.net.cost(dev).request_ms / 2.0 if dev in self.owe_in else 0.0
+        return self._request_ms(dev, 0) if dev in self.owe_in else 0.0
 
     @staticmethod
     def _key(dev: str, s: Send) -> tuple:
@@ -163,7 +174,7 @@ class _Replay:
                 self._send(dev, to_devices, max(at, self.channel) if self.shared else at)
             if len(to_devices) < len(burst) and dev not in self.paid_out:  # outputs out, after the messages
                 self.paid_out.add(dev)
-                self.clock[dev] += self.net.cost(dev).request_ms / 2.0
+                self.clock[dev] += self._request_ms(dev, 1)
 
     def _send(self, dev: str, burst: list[Send], t: float) -> None:
         """Messages of a burst back to back from t (holding the channel on a shared medium)."""

@@ -377,19 +377,30 @@ class _Flow:
 def _request_costs(plan: Plan, graph: LayerGraph, cost: CostTable) -> tuple[dict[int, float], dict[int, float]]:
     """({stage: ms}, {stage: ms}) of the runtime's per-request cost: a device pays its request_in_ms at its
     first stage that reads a model input, and its request_out_ms at its first stage that gives a model
-    output (after that stage's sends: the manifest sends outputs to the host in the same burst). Empty
-    when no device has the figures."""
+    output (after that stage's sends: the manifest sends outputs to the host in the same burst), each for
+    the bytes of every model input it reads / output it gives (the host sends them all at the request's
+    start; runtime/replay.py charges the same). Empty when no device has the figures."""
     net = cost.network
     taken: dict[str, int] = {}
     given: dict[str, int] = {}
+    reads: dict[str, set[str]] = {}
+    gives: dict[str, set[str]] = {}
     for k, s in enumerate(plan.stages):
         layers = graph.layers[s.lo:s.hi]
-        if any(t in graph.inputs for layer in layers for t in layer.inputs):
+        ins = {t for layer in layers for t in layer.inputs if t in graph.inputs}
+        outs = {t for layer in layers for t in layer.outputs if t in graph.outputs}
+        if ins:
             taken.setdefault(s.device, k)
-        if any(t in graph.outputs for layer in layers for t in layer.outputs):
+            reads.setdefault(s.device, set()).update(ins)
+        if outs:
             given.setdefault(s.device, k)
-    return ({k: ms for d, k in taken.items() if (ms := net.request_in_ms(d)) > 0},
-            {k: ms for d, k in given.items() if (ms := net.request_out_ms(d)) > 0})
+            gives.setdefault(s.device, set()).update(outs)
+
+    def nbytes(names: set[str]) -> int:
+        return sum(graph.tensors[t].nbytes for t in names)
+
+    return ({k: ms for d, k in taken.items() if (ms := net.request_in_ms(d, nbytes(reads[d]))) > 0},
+            {k: ms for d, k in given.items() if (ms := net.request_out_ms(d, nbytes(gives[d]))) > 0})
 
 
 def simulate_manifest(manifest: Manifest) -> dict:

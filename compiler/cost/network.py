@@ -52,12 +52,15 @@ class Network:
 
     `bytes_per_ms(a, b)` and `latency_ms(a, b)` describe a message between two distinct devices, the
     runtime's cost of a message included (module docstring); a device's link to itself is infinitely fast
-    and free. `transfer_ms` is what a tensor costs to send. `request_in_ms(d)` / `request_out_ms(d)` are the
-    runtime's per-request cost on a device that takes a model input / gives a model output: half of its
-    `request_ms` each (the measurement is one input in and one output out).
+    and free. `transfer_ms` is what a tensor costs to send. `request_in_ms(d, nbytes)` / `request_out_ms(d,
+    nbytes)` are the runtime's per-request cost on a device that takes model inputs / gives model outputs of
+    nbytes (default: all of the model's, `io_bytes`): half of its `request_ms` each (the measurement is one
+    tiny input in and one tiny output out), plus the bytes at its per-byte message cost, since inputs and
+    outputs travel between the coordinator and the device through the same transport as any message.
     """
 
-    def __init__(self, cluster: Cluster):
+    def __init__(self, cluster: Cluster, io_bytes: tuple[int, int] = (0, 0)):
+        self.io_bytes = io_bytes  # (bytes of the model's inputs, of its outputs)
         self.devices = cluster.device_names
         self.medium = cluster.medium
         self.shared = cluster.medium == "shared"
@@ -85,8 +88,12 @@ class Network:
         bw, lat = self._links[src, dst]
         return nbytes / bw + lat
 
-    def request_in_ms(self, device: str) -> float:
-        return self._costs[device].request_ms / 2.0
+    def request_in_ms(self, device: str, nbytes: int | None = None) -> float:
+        return self._request_ms(device, self.io_bytes[0] if nbytes is None else nbytes)
 
-    def request_out_ms(self, device: str) -> float:
-        return self._costs[device].request_ms / 2.0
+    def request_out_ms(self, device: str, nbytes: int | None = None) -> float:
+        return self._request_ms(device, self.io_bytes[1] if nbytes is None else nbytes)
+
+    def _request_ms(self, device: str, nbytes: int) -> float:
+        c = self._costs[device]
+        return c.request_ms / 2.0 + nbytes * c.message_ms_per_mb / 1e6

@@ -89,7 +89,11 @@ class CostTable:
     @cached_property
     def network(self) -> Network:
         """The cluster's links (network.py): the one place bandwidth becomes bytes per ms."""
-        return Network(self.cluster)
+        if self.source is None:
+            return Network(self.cluster)
+        graph = self.source[0]
+        return Network(self.cluster, (sum(graph.tensors[t].nbytes for t in graph.inputs),
+                                      sum(graph.tensors[t].nbytes for t in graph.outputs)))
 
     def transfer_ms(self, nbytes: int, src: str, dst: str) -> float:
         return self.network.transfer_ms(nbytes, src, dst)

@@ -68,23 +68,26 @@ def test_a_profile_without_the_figures_prices_them_zero(tmp_path):
 
 @pytest.mark.parametrize("two_stages", [False, True])
 def test_a_request_costs_exactly_its_figure(tmp_path, two_stages):
-    """Half of request_ms where the model's input comes in, half where its output goes out: on one device
-    the whole figure; over two, d0's input half and d1's output half; the message between them pays its
-    fixed and per-byte cost."""
+    """Half of request_ms where the model's input comes in, half where its output goes out, each with the
+    input's or output's bytes at the device's per-byte message cost (they travel the same transport): on one
+    device the whole figure; over two, d0's input half and d1's output half; the message between them pays
+    its fixed and per-byte cost."""
     graph = load_model(MODELS / "tinychain.onnx").graph
     n = len(graph.layers)
+    in_mb, out_mb = (sum(graph.tensors[t].nbytes for t in names) / 1e6 for names in (graph.inputs, graph.outputs))
     stages = (Stage("d0", 0, n // 2), Stage("d1", n // 2, n)) if two_stages else (Stage("d0", 0, n),)
     plan = Plan("manual", "latency", stages).ensures(graph)
     plain = evaluate(plan, graph, build_cost_table(graph, load_cluster(cluster_path(tmp_path, [None, None], tag="n"))))
     priced = evaluate(plan, graph, build_cost_table(graph, load_cluster(cluster_path(tmp_path, [A, B], tag="f"))))
     if not two_stages:
-        assert priced.latency_ms - plain.latency_ms == pytest.approx(1.2)
-        assert priced.bottleneck_ms - plain.bottleneck_ms == pytest.approx(1.2)
+        whole = 1.2 + (in_mb + out_mb) * 2.0
+        assert priced.latency_ms - plain.latency_ms == pytest.approx(whole)
+        assert priced.bottleneck_ms - plain.bottleneck_ms == pytest.approx(whole)
         return
     (tr,) = priced.transfers
     message = (0.4 + 0.2) / 2 + tr.nbytes * (2.0 + 0.0) / 2 / 1e6
-    assert priced.latency_ms - plain.latency_ms == pytest.approx(0.6 + message + 0.3)
-    assert priced.period_ms["d0"] - plain.period_ms["d0"] == pytest.approx(0.6)
+    assert priced.latency_ms - plain.latency_ms == pytest.approx(0.6 + in_mb * 2.0 + message + 0.3)
+    assert priced.period_ms["d0"] - plain.period_ms["d0"] == pytest.approx(0.6 + in_mb * 2.0)
     assert priced.period_ms["d1"] - plain.period_ms["d1"] == pytest.approx(0.3)
 
 
