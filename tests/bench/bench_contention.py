@@ -69,46 +69,44 @@ def cost_table(ing, name: str, doc: dict, tmp: Path):
     return build_cost_table(ing.graph, load_cluster(path), ing.sha256)
 
 
+def _both_orders(row: dict, ing, cost, strategy: str, objective: str):
+    """(plan, its prediction in contention-aware order, row with the figures in both orders), or (None, None,
+    row saying why no plan was found)."""
+    try:
+        cand, _ = plan_model(ing.graph, cost, strategy, objective)
+    except (InfeasibleError, UserError) as exc:
+        return None, None, row | {"skipped": str(exc).splitlines()[0]}
+    t0 = time.perf_counter()
+    ordered = evaluate(cand.plan, ing.graph, cost)
+    seconds = time.perf_counter() - t0
+    fixed = evaluate(cand.plan, ing.graph, cost, contention_order=False)
+    return cand.plan, ordered, row | {
+        "fixed_ms": fixed.latency_ms, "ordered_ms": ordered.latency_ms,
+        "gain_pct": 100.0 * (fixed.latency_ms - ordered.latency_ms) / fixed.latency_ms,
+        "fixed_bottleneck_ms": fixed.bottleneck_ms, "ordered_bottleneck_ms": ordered.bottleneck_ms,
+        "evaluate_s": seconds}
+
+
 def measure(model: str, cluster: str, cost, ing, strategy: str) -> dict:
     """One plan's latency in tile order and in contention-aware order."""
-    row = {"model": model, "cluster": cluster, "strategy": strategy}
-    try:
-        cand, _ = plan_model(ing.graph, cost, strategy, "latency")
-    except (InfeasibleError, UserError) as exc:
-        return row | {"skipped": str(exc).splitlines()[0]}
-    plan = cand.plan
-    t0 = time.perf_counter()
-    ordered = evaluate(plan, ing.graph, cost)
-    seconds = time.perf_counter() - t0
-    fixed = evaluate(plan, ing.graph, cost, contention_order=False)
+    plan, ordered, row = _both_orders({"model": model, "cluster": cluster, "strategy": strategy}, ing, cost,
+                                      strategy, "latency")
+    if plan is None:
+        return row
     spatial = sum(1 for s in plan.stages if s.spatial is not None)
     return row | {"spatial_stages": spatial, "reordered_stages": len(ordered.send_order),
-                  "devices": len({d for s in plan.stages for d in ([s.device, *s.spatial.devices] if s.spatial else [s.device])}),
-                  "fixed_ms": fixed.latency_ms, "ordered_ms": ordered.latency_ms,
-                  "gain_pct": 100.0 * (fixed.latency_ms - ordered.latency_ms) / fixed.latency_ms,
-                  "fixed_bottleneck_ms": fixed.bottleneck_ms, "ordered_bottleneck_ms": ordered.bottleneck_ms,
-                  "evaluate_s": seconds}
+                  "devices": len({d for s in plan.stages for d in ([s.device, *s.spatial.devices] if s.spatial else [s.device])})}
 
 
 def measure_bursts(model: str, cluster: str, cost, ing, strategy: str, objective: str) -> dict:
     """One plan's latency with each stage's burst in `hops` order and in contention-aware order."""
-    row = {"model": model, "cluster": cluster, "strategy": strategy, "objective": objective}
-    try:
-        cand, _ = plan_model(ing.graph, cost, strategy, objective)
-    except (InfeasibleError, UserError) as exc:
-        return row | {"skipped": str(exc).splitlines()[0]}
-    plan = cand.plan
-    t0 = time.perf_counter()
-    ordered = evaluate(plan, ing.graph, cost)
-    seconds = time.perf_counter() - t0
-    fixed = evaluate(plan, ing.graph, cost, contention_order=False)
+    plan, ordered, row = _both_orders({"model": model, "cluster": cluster, "strategy": strategy,
+                                       "objective": objective}, ing, cost, strategy, objective)
+    if plan is None:
+        return row
     devs = [s.device for s in plan.stages]
     several = sum(1 for k, dev in enumerate(devs) if len({b for _, a, b in ordered.hops if a == k and devs[b] != dev}) > 1)
-    return row | {"stages": len(plan.stages), "bursts": several, "reordered_bursts": len(ordered.burst_order),
-                  "fixed_ms": fixed.latency_ms, "ordered_ms": ordered.latency_ms,
-                  "gain_pct": 100.0 * (fixed.latency_ms - ordered.latency_ms) / fixed.latency_ms,
-                  "fixed_bottleneck_ms": fixed.bottleneck_ms, "ordered_bottleneck_ms": ordered.bottleneck_ms,
-                  "evaluate_s": seconds}
+    return row | {"stages": len(plan.stages), "bursts": several, "reordered_bursts": len(ordered.burst_order)}
 
 
 def burst_table(rows: list[dict]) -> str:
