@@ -155,13 +155,13 @@ _EPILOG = ("Exit codes: 0 ok, 1 verification failed, 2 bad input, 3 run failure 
                    "each transfer between devices and each request, per device.")
 @click.option("--adapt", is_flag=True,
               help="Switch, between requests and losing none, among the plans the build kept (compile --keep N, "
-                   "--shifts, --fallbacks) when a device's compute or a link's measured speed drifts from what the plan in use "
-                   "assumed: every kept plan is re-costed with the measured figures and the fastest taken.")
+                   "--shifts, --fallbacks) when a device's compute or a link's measured speed drifts from what the "
+                   "plan in use assumed: every kept plan is re-costed with the measured figures and the best taken.")
 @click.option("--adapt-threshold", type=float, default=THRESHOLD, show_default=True, metavar="FRACTION",
               help="With --adapt: the relative change of the plan in use, re-costed with the measured figures, "
                    "that counts as drift.")
 @click.option("--adapt-for", type=click.Choice(["latency", "throughput"]), default=None,
-              show_default="the build's objective",
+              show_default="the build's objective; latency if the manifest does not say",
               help="With --adapt: re-cost plans by the latency of one request or by the period of streamed ones.")
 @click.option("--slow", "slow_specs", multiple=True, metavar="NAME=FACTOR[@REQUEST]",
               help="With --emulate: from the REQUEST-th timed request (from 0; default 0) on, device NAME's fragment "
