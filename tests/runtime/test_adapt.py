@@ -114,12 +114,14 @@ def test_forget_drops_the_warm_up(options):
     assert adapter.decide(WINDOW) is None
 
 
-def test_run_adapts_to_a_device_slowed_mid_run_and_loses_nothing(build, options):
+@pytest.mark.parametrize("inflight", [1, 3])
+def test_run_adapts_to_a_device_slowed_mid_run_and_loses_nothing(build, options, inflight):
     """The whole loop under emulation: a device slowed 3x from timed request 8 of 30 on; the run switches once,
-    within WINDOW + 2 requests, to the plan the brute-force re-costing says, every output verified."""
+    within WINDOW + 2 requests (+ those in flight, which finish on the old plan), to the plan the brute-force
+    re-costing says, every output verified and in order."""
     main = options[0].manifest
     busiest = max(main.device_names, key=lambda d: sum(f.predicted_ms for f in main.device_fragments(d)))
-    report = edgec.run(build, random_inputs=True, verify=True, emulate=True, dilate=3.0, repeat=30, inflight=1,
+    report = edgec.run(build, random_inputs=True, verify=True, emulate=True, dilate=3.0, repeat=30, inflight=inflight,
                        adapt=True, adapt_threshold=0.5, adapt_for="latency", slow={busiest: (8, 3.0)})
     assert report["verify"]["passed"] and report["verify"]["requests_checked"] == 31
     assert report["completed"] == 30 and report["lost"] == 0
@@ -129,9 +131,10 @@ def test_run_adapts_to_a_device_slowed_mid_run_and_loses_nothing(build, options)
     drift = Drift({d: (3.0 if d == busiest else 1.0) for d in main.device_names})
     brute = {o.label: replay(o.manifest, drift).latency_ms for o in options}
     assert a["to"] == min(brute, key=brute.get)
-    assert 8 <= a["switched_at"] <= 8 + WINDOW + 2
-    after = report["latencies_ms"][a["switched_at"] + 1:]
-    assert sorted(after)[len(after) // 2] < brute[a["to"]] * 1.5  # a loose bound: the host is shared
+    assert 8 <= a["switched_at"] <= 8 + WINDOW + 2 + inflight
+    if inflight == 1:  # streamed requests' latencies include their wait in the queue
+        after = report["latencies_ms"][a["switched_at"] + 1:]
+        assert sorted(after)[len(after) // 2] < brute[a["to"]] * 1.5  # a loose bound: the host is shared
 
 
 def test_bad_adapt_and_slow_options_are_one_line_exit_2(build, tmp_path):
