@@ -24,7 +24,7 @@ profile's `threads:` entry for the cluster file's `threads`, else the profile's 
    outweighs the MaxPool before it keeps the MaxPool's traffic in.
 
 The tile model (tiles.py) reads `overhead_ms`, `priced_ms`, `out_elems` and `curves` to scale a tile's
-share by the figures' tile efficiency.
+share by the figures' tile efficiency, and `memory_bytes_per_ms` to price assembling a tile's input.
 """
 
 from __future__ import annotations
@@ -97,6 +97,12 @@ class CostTable:
 
     def transfer_ms(self, nbytes: int, src: str, dst: str) -> float:
         return self.network.transfer_ms(nbytes, src, dst)
+
+    @cached_property
+    def memory_bytes_per_ms(self) -> tuple[float, ...]:
+        """Per device, its figures' memory bandwidth (memory_gbps) in bytes per ms: what a copy in memory,
+        such as assembling a tile's input from its parts (tiles.py), moves at."""
+        return tuple(dev.figures.memory_gbps * 1e6 for dev in self.cluster.devices)  # GB/s = 1e6 bytes/ms
 
 
 def node_keys(layer: Layer, model: onnx.ModelProto | None = None) -> tuple[tuple[str, ...], ...]:

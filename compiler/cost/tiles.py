@@ -10,11 +10,27 @@ oh: the layer's per-operator overhead (every tile pays it again); priced: the op
 device figures' efficiency curve for the layer's class (conv for conv and depthwise_conv, gemm for gemm),
 piecewise linear in log(elements) between its points and flat beyond them.  A whole-layer tile costs
 exactly layer_ms.
+
+A tile whose input is assembled from more than one part (its own rows and halo rows from neighbours:
+wherever the emitter writes a `concat` step, compiler/emit/schedule.py _assemble) first copies those
+parts into one tensor, every byte read once and written once, at the device's memory bandwidth:
+
+    copy_ms = 2 * assembled_bytes / (memory_gbps * 1e6)
+
+assembled_bytes is the tile's input box (halo included); for a grid, each band of several boxes is
+assembled along the width, then the bands along the height, and each of those concatenations counts.
+The copy is part of the tile's time (`tile_ms` of predict_stage, hence the tile fragment's predicted_ms,
+which simulate replays and the emulator pads to), and StepModel prices it the same way.  A first
+segment's tiles read one holder's tensor (the scatter) and copy nothing.  The gather's concatenation
+of the tiles' outputs on the stage's device is not priced: no fragment run carries it, and simulate
+(runtime/replay.py) counts a manifest's concat steps as free, so pricing it here alone would part the
+prediction from the replay.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 import math
 from dataclasses import dataclass, field
@@ -27,7 +43,7 @@ from ..spatial.regions import SegmentMaps, segment_maps
 from .table import CostTable
 
 __all__ = ["overhead_ms", "tile_ms", "efficiency", "SegmentCost", "Step", "StepModel", "row_bytes", "predict_stage",
-           "group_param_bytes", "StageWork", "run_stage"]
+           "group_param_bytes", "StageWork", "run_stage", "copy_ms", "assembly_cells"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +97,11 @@ def _share_by_rows(graph: LayerGraph, cost: CostTable, i: int, d: int, total: in
     share = _scaled_share(full - oh - priced, priced, float(cost.out_elems[i]), curve, r / total)
     share[0], share[total] = 0.0, full - oh
     return share
+
+
+def copy_ms(cost: CostTable, d: int, nbytes: float) -> float:
+    """Assembling `nbytes` of a tile's input from its parts on device d: read and write each byte once."""
+    return 2.0 * nbytes / cost.memory_bytes_per_ms[d] if nbytes > 0 else 0.0
 
 
 def row_bytes(graph: LayerGraph, tensor: str, axis: int) -> float:
@@ -237,15 +258,16 @@ class StepModel:
 
     All devices start the step together. Holders send each device the input rows it needs and does
     not hold, in tile order, one message after another (on a shared medium all messages queue on one
-    channel). A device computes its tile (recomputed halo rows included) once its rows have arrived
-    and its own sends are done; the step costs the slowest device. This replaces ADaPS's
-    t_comp + t_data + t_ov (Eq. 4-11), which adds the worst compute to every transfer, by the time the
-    slowest device actually needs under the same link model as `predict_stage`.
+    channel). A device computes its tile (recomputed halo rows included, and first the copy that
+    assembles rows from several holders, `copy_ms`) once its rows have arrived and its own sends are
+    done; the step costs the slowest device. This replaces ADaPS's t_comp + t_data + t_ov (Eq. 4-11),
+    which adds the worst compute to every transfer, by the time the slowest device actually needs under
+    the same link and tile model as `predict_stage`.
     """
 
     def __init__(self, cost: CostTable, devs: list[int]):
         n, net = len(cost.devices), cost.network
-        self.devs, self.shared = devs, net.shared
+        self.devs, self.shared, self.cost = devs, net.shared, cost
         self.bw = [[float("inf")] * n for _ in range(n)]  # bytes per ms
         self.lat = [[0.0] * n for _ in range(n)]
         for a in range(n):
@@ -287,16 +309,19 @@ class StepModel:
         and its compute ms: what `term` needs that does not depend on when the holders are free."""
         d = self.devs[pos]
         n0, n1 = cx.need_first[a], cx.need_end[b]
-        msgs = []
+        msgs, parts = [], 0
         for e in range(max(0, bisect.bisect_right(cx.starts, n0) - 1), bisect.bisect_left(cx.starts, n1)):
             hd, s0, s1 = cx.holders[e]
             rows = min(s1, n1) - max(s0, n0)
+            parts += rows > 0
             if rows > 0 and hd != d:
                 msgs.append((e, rows * cx.sc.in_bytes / self.bw[hd][d] + self.lat[hd][d]))
+        # rows from several holders are assembled before the tile runs, as predict_stage prices it
+        copy = copy_ms(self.cost, d, (n1 - n0) * cx.sc.in_bytes) if parts > 1 else 0.0
         table = cx.tables.get(d)
         if table is not None:
-            return tuple(msgs), cx.overhead[d] + float(table[a, b])
-        return tuple(msgs), cx.overhead[d] + cx.hi[d][b] - cx.lo[d][a]
+            return tuple(msgs), cx.overhead[d] + float(table[a, b]) + copy
+        return tuple(msgs), cx.overhead[d] + cx.hi[d][b] - cx.lo[d][a] + copy
 
     @staticmethod
     def finish(cx: Step, done, sent) -> float:
@@ -346,7 +371,7 @@ class _Timeline:
         for e, (src, have) in ranked:
             for n in (range(len(needs)) if order is None else order[e]):
                 dst, need = needs[n]
-                part = [(max(s0, n0), min(s1, n1)) for (s0, s1), (n0, n1) in zip(have, need)]
+                part = _overlap(have, need)
                 if dst == src or any(b <= a for a, b in part):
                     continue
                 nbytes = int(round(math.prod(b - a for a, b in part) * per_cell))
@@ -434,11 +459,41 @@ class StageWork:
 
     @classmethod
     def build(cls, stage: Stage, graph: LayerGraph, cost: CostTable) -> "StageWork":
-        segs = []
+        """Each tile's compute ms includes the copy assembling its input (`copy_ms`) from the boxes the
+        previous segment's tiles hold (the first segment's: the stage input whole, one part)."""
+        segs, have = [], None
         for seg in stage.spatial.segments:
             maps, in_bytes, out_bytes, tiles = _segment_tiles(graph, cost, stage.spatial, seg)
+            if have is not None:
+                tiles = [(d, need, box, ms + copy_ms(cost, cost.index(d), assembly_cells(have, need) * in_bytes))
+                         for d, need, box, ms in tiles]
+            have = [box for _, _, box, _ in tiles]
             segs.append((maps.input, in_bytes, tuple(tiles)))
         return cls(tuple(segs), maps.output, out_bytes)
+
+
+def assembly_cells(have: list[Box], need: Box) -> int:
+    """Cells (rows, or rows x columns) the concatenations that assemble box `need` from the parts of the
+    boxes `have` (which tile the tensor) write, as compiler/emit/schedule.py _assemble writes them: none
+    from one part; along the axis in 1-D; for a grid, each band of equal rows made of several parts, then
+    the whole need when it has several bands."""
+    parts = sorted(p for p in (_overlap(h, need) for h in have) if all(b > a for a, b in p))
+    if len(parts) <= 1:
+        return 0
+    if len(need) == 1:
+        return _cells(need)
+    bands = [list(band) for _, band in itertools.groupby(parts, key=lambda p: p[0])]
+    cells = sum(_cells((band[0][0], (band[0][1][0], band[-1][1][1]))) for band in bands if len(band) > 1)
+    return cells + (_cells(need) if len(bands) > 1 else 0)
+
+
+def _overlap(have: Box, need: Box) -> Box:
+    """The part of box `have` inside box `need` (empty where an axis has stop <= start)."""
+    return tuple((max(s0, n0), min(s1, n1)) for (s0, s1), (n0, n1) in zip(have, need))
+
+
+def _cells(box: Box) -> int:
+    return math.prod(b - a for a, b in box)
 
 
 def predict_stage(stage: Stage, graph: LayerGraph, cost: CostTable, order=None) -> dict:
