@@ -66,13 +66,26 @@ class CompileResult:
 
 
 def _key(c: Candidate | Point, objective: str, goal: EnergyGoal | None = None) -> tuple:
+    """What orders plans under the objective, best first. Figures equal to 10 significant digits tie (the
+    same time summed in another order differs in its last bits), and a tie goes to the plan with fewer
+    fragment runs per request (each run pays onnxruntime's per-call cost and splits what it would fuse,
+    which the cost model does not price), then to the earlier strategy."""
     p = c.prediction
     if objective == "energy":
         # the energy goal's score (energy, + the soft SLA's penalty), then the faster plan
         main = (goal.score(p.latency_ms, p.energy_mj) if goal else math.inf, p.latency_ms)
     else:
         main = (p.latency_ms, p.bottleneck_ms) if objective == "latency" else (p.bottleneck_ms, p.latency_ms)
-    return (*main, STRATEGIES.index(c.strategy))
+    return (*(_tie(x) for x in main), _fragment_runs(c.plan), STRATEGIES.index(c.strategy))
+
+
+def _tie(x: float) -> float:
+    return float(f"{x:.10g}")
+
+
+def _fragment_runs(plan: Plan) -> int:
+    """Fragment runs per request: one per stage, one per tile of each segment of a spatial stage."""
+    return sum(1 if s.spatial is None else sum(len(seg.tiles) for seg in s.spatial.segments) for s in plan.stages)
 
 
 def _choose(feasible: list[Candidate], objective: str, goal: EnergyGoal | None, path: str | None) -> Candidate | None:
