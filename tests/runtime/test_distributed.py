@@ -162,6 +162,27 @@ def test_pipeline_on_keyed_workers_verifies_and_a_second_run_sends_no_fragments(
     assert a.wait_for_log("run ended: 2 request(s)") and "run ended: 4 request(s)" in a.log()
 
 
+def test_adapt_switches_between_sessions_on_the_same_remote_workers(tmp_path, keys, start_worker):
+    """run --adapt across keyed remote workers: pi5-a slowed 5x (emulated) from request 6 on, the run ends its
+    session on both workers and opens the fallback without pi5-a on pi5-b's, every output verified."""
+    build = tmp_path / "build"
+    edgec.compile(MODELS / "tinychain.onnx", CLUSTERS / "four.yaml", build, strategy="pipeline",
+                  objective="throughput", fallbacks=True)
+    a, b = keyed(start_worker, keys, "pi5-a"), keyed(start_worker, keys, "pi5-b")
+    report = edgec.run(build, random_inputs=True, verify=True, addresses={"pi5-a": a.address, "pi5-b": b.address},
+                       keys=keys, emulate=True, dilate=20.0, repeat=20, adapt=True, adapt_threshold=0.5,
+                       slow={"pi5-a": (6, 5.0)})
+    assert report["verify"]["passed"] and report["verify"]["requests_checked"] == 21
+    assert report["completed"] == 20 and report["lost"] == 0
+    (switch,) = [x for x in report["adaptations"] if x["to"] != x["from"]]
+    assert switch["to"] == "fallback-pi5-a/manifest.json" and 6 <= switch["switched_at"] <= 20
+    assert "compute of pi5-a at 5.00x" in switch["reason"]
+    deadline = time.monotonic() + 10.0  # a worker logs the end of a session a moment after it answers
+    while b.log().count("run ended") < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert b.log().count("run ended") == 2 and a.log().count("run ended") == 1, (a.log(), b.log())  # a session per plan
+
+
 def test_spatial_plan_mixing_a_local_and_a_keyed_remote_worker(spatial_build, keys, start_worker):
     remote = keyed(start_worker, keys, "pi4-a")
     proc = edgec_run(spatial_build, "--random-inputs", "--verify", "--json", "--keys", keys, "--addresses",
