@@ -109,31 +109,27 @@ def measure_bursts(model: str, cluster: str, cost, ing, strategy: str, objective
     return row | {"stages": len(plan.stages), "bursts": several, "reordered_bursts": len(ordered.burst_order)}
 
 
-def burst_table(rows: list[dict]) -> str:
-    head = ["model", "cluster", "strategy", "objective", "stages", "bursts to several stages (reordered)",
-            "hops order ms", "contention-aware ms", "gain"]
+def _table(head: list[str], rows: list[dict], lead: list[str], cells) -> str:
+    """A markdown table: each row's `lead` keys, then `cells(row)`; a plan that was not found reads n/a and why."""
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        lead = f"| {r['model']} | {r['cluster']} | {r['strategy']} | {r['objective']} |"
-        if "skipped" in r:
-            out.append(f"{lead} n/a | n/a | n/a | n/a | {r['skipped']} |")
-            continue
-        out.append(f"{lead} {r['stages']} | {r['bursts']} ({r['reordered_bursts']}) | {r['fixed_ms']:.2f} "
-                   f"| {r['ordered_ms']:.2f} | {r['gain_pct']:.2f}% |")
+        rest = ["n/a"] * (len(head) - len(lead) - 1) + [r["skipped"]] if "skipped" in r else cells(r)
+        out.append("| " + " | ".join([*(str(r[k]) for k in lead), *rest]) + " |")
     return "\n".join(out)
+
+
+def burst_table(rows: list[dict]) -> str:
+    return _table(["model", "cluster", "strategy", "objective", "stages", "bursts to several stages (reordered)",
+                   "hops order ms", "contention-aware ms", "gain"], rows, ["model", "cluster", "strategy", "objective"],
+                  lambda r: [str(r["stages"]), f"{r['bursts']} ({r['reordered_bursts']})", f"{r['fixed_ms']:.2f}",
+                             f"{r['ordered_ms']:.2f}", f"{r['gain_pct']:.2f}%"])
 
 
 def table(rows: list[dict]) -> str:
-    head = ["model", "cluster", "strategy", "devices", "spatial stages (reordered)", "tile order ms",
-            "contention-aware ms", "gain"]
-    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        if "skipped" in r:
-            out.append(f"| {r['model']} | {r['cluster']} | {r['strategy']} | n/a | n/a | n/a | n/a | {r['skipped']} |")
-            continue
-        out.append(f"| {r['model']} | {r['cluster']} | {r['strategy']} | {r['devices']} | {r['spatial_stages']} "
-                   f"({r['reordered_stages']}) | {r['fixed_ms']:.2f} | {r['ordered_ms']:.2f} | {r['gain_pct']:.2f}% |")
-    return "\n".join(out)
+    return _table(["model", "cluster", "strategy", "devices", "spatial stages (reordered)", "tile order ms",
+                   "contention-aware ms", "gain"], rows, ["model", "cluster", "strategy"],
+                  lambda r: [str(r["devices"]), f"{r['spatial_stages']} ({r['reordered_stages']})",
+                             f"{r['fixed_ms']:.2f}", f"{r['ordered_ms']:.2f}", f"{r['gain_pct']:.2f}%"])
 
 
 def summary(rows: list[dict], clusters=CLUSTERS, has: str = "spatial_stages") -> dict:
