@@ -33,7 +33,8 @@ step of the schedule matches, and then its error. Milliseconds are rounded to 4 
   the timed requests over their wall time; its prediction, `predicted.throughput_ips`.
 - After a failover the fragments and transfers are the fallback plan's, measured on the requests it ran
   (re-runs included; a fallback gets no warm-up), latency and throughput the whole run's against the
-  fallback's predictions.
+  fallback's predictions. After an adaptation (`--adapt`) likewise: the plan in use at the end, measured on
+  the requests it ran; `edgec run --json`'s `adaptations` lists the switches.
 """
 
 from __future__ import annotations
