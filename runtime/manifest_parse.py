@@ -232,14 +232,8 @@ def _fragments(r: Reader, items: list) -> dict[str, Fragment]:
 def _fallbacks(r: Reader, items: Any, devices: set[str]) -> tuple[Fallback, ...]:
     """The optional `fallbacks` list (absent in manifests compiled without --fallbacks): one entry per device
     the plan uses, each naming the manifest planned without it, or why there is none."""
-    if items is None:
-        return ()
-    if not isinstance(items, list):
-        r.fail("fallbacks", "expected a list")
     out: dict[str, Fallback] = {}
-    for i, d in enumerate(items):
-        w = f"fallbacks[{i}]"
-        d = r.obj(d, w)
+    for w, d in _entries(r, items, "fallbacks"):
         without = r.str(d, "without", w)
         if without not in devices:
             r.fail(f"{w}.without", f"unknown device {_show(without)}")
@@ -255,6 +249,15 @@ def _fallbacks(r: Reader, items: Any, devices: set[str]) -> tuple[Fallback, ...]
     return tuple(out.values())
 
 
+def _entries(r: Reader, items: Any, key: str) -> list[tuple[str, dict]]:
+    """(where, object) of each entry of an optional list of objects under `key` (absent or null: none)."""
+    if items is None:
+        return []
+    if not isinstance(items, list):
+        r.fail(key, "expected a list")
+    return [(f"{key}[{i}]", r.obj(d, f"{key}[{i}]")) for i, d in enumerate(items)]
+
+
 def _objective(plan: Any) -> str | None:
     """What the plan was compiled for, from the free-form `plan` section when it says (run --adapt's default)."""
     objective = plan.get("objective") if isinstance(plan, dict) else None
@@ -265,14 +268,8 @@ def _alternatives(r: Reader, items: Any) -> tuple[Alternative, ...]:
     """The optional `alternatives` list (absent in manifests compiled without --keep or --shifts): the other
     plans kept, best first, then the chosen plan's boundary shifts, each naming its manifest and repeating its
     strategy and predicted figures; a shift's optional `variant` says what it changes."""
-    if items is None:
-        return ()
-    if not isinstance(items, list):
-        r.fail("alternatives", "expected a list")
     out: dict[str, Alternative] = {}
-    for i, d in enumerate(items):
-        w = f"alternatives[{i}]"
-        d = r.obj(d, w)
+    for w, d in _entries(r, items, "alternatives"):
         file, sha = _build_file(r, d, w)
         if file in out:
             r.fail("alternatives", f"two entries name {_show(file)}")
