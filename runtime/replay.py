@@ -22,17 +22,21 @@ from typing import Mapping
 
 from .manifest_types import HOST, Manifest, Recv, Run, Send
 
-__all__ = ["Drift", "Timeline", "replay", "message_ms"]
+__all__ = ["Drift", "Timeline", "replay", "message_ms", "effective_bytes_per_ms"]
+
+
+def effective_bytes_per_ms(bw: float, ms_per_byte: float) -> float:
+    """A link's bytes per ms once the runtime's per-byte cost is added to the wire's (bw itself when that
+    cost is 0, so that the figures of profiles without it are the link's, bit for bit)."""
+    return bw if ms_per_byte == 0.0 else 1.0 / (1.0 / bw + ms_per_byte)
 
 
 def message_ms(nbytes: float, bandwidth_mbps: float, latency_ms: float, fixed_ms: float = 0.0,
                ms_per_byte: float = 0.0) -> float:
     """One message of `nbytes` over a link: transmission at the link's bandwidth (1 Mbit/s = 125 bytes/ms),
-    then its latency, plus the runtime's fixed and per-byte cost of a message (Network.message_costs)."""
-    bw = bandwidth_mbps * 125.0
-    # bw itself when the per-byte cost is 0, so that links without it are priced bit for bit as the wire
-    effective = bw if ms_per_byte == 0.0 else 1.0 / (1.0 / bw + ms_per_byte)
-    return nbytes / effective + latency_ms + fixed_ms
+    then its latency, plus the runtime's fixed and per-byte cost of a message (Network.message_costs). The
+    compiler's network model (compiler/cost/network.py) prices messages with this very function."""
+    return nbytes / effective_bytes_per_ms(bandwidth_mbps * 125.0, ms_per_byte) + latency_ms + fixed_ms
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,8 @@ without the figures adds 0: the links of profiles without them are exactly the c
 
 from __future__ import annotations
 
+from edgec.runtime.replay import effective_bytes_per_ms, message_ms
+
 from ..cluster import Cluster, RuntimeCosts
 
 __all__ = ["bytes_per_ms", "message_ms", "fixed_message_ms", "per_byte_ms", "Network"]
@@ -32,19 +34,6 @@ def fixed_message_ms(a: RuntimeCosts, b: RuntimeCosts) -> float:
 def per_byte_ms(a: RuntimeCosts, b: RuntimeCosts) -> float:
     """The runtime's cost per byte of one message between devices of these costs: half of each end's."""
     return (a.message_ms_per_mb + b.message_ms_per_mb) / 2.0 / 1e6
-
-
-def message_ms(nbytes: float, bandwidth_mbps: float, latency_ms: float, fixed_ms: float = 0.0,
-               ms_per_byte: float = 0.0) -> float:
-    """One message of `nbytes` over a link: transmission at the link's bandwidth, then its latency, plus the
-    runtime's fixed and per-byte cost of a message (`fixed_message_ms`, `per_byte_ms`)."""
-    return nbytes / _effective_bytes_per_ms(bytes_per_ms(bandwidth_mbps), ms_per_byte) + latency_ms + fixed_ms
-
-
-def _effective_bytes_per_ms(bw: float, ms_per_byte: float) -> float:
-    """The link's bytes per ms once the runtime's per-byte cost is added to the wire's (bw itself when that
-    cost is 0, so that the figures of profiles without it are the link's, bit for bit)."""
-    return bw if ms_per_byte == 0.0 else 1.0 / (1.0 / bw + ms_per_byte)
 
 
 class Network:
@@ -72,7 +61,7 @@ class Network:
                 bw, lat = bytes_per_ms(link.bandwidth_mbps), link.latency_ms
                 if a != b:
                     ca, cb = self._costs[a], self._costs[b]
-                    bw, lat = _effective_bytes_per_ms(bw, per_byte_ms(ca, cb)), lat + fixed_message_ms(ca, cb)
+                    bw, lat = effective_bytes_per_ms(bw, per_byte_ms(ca, cb)), lat + fixed_message_ms(ca, cb)
                 self._links[a, b] = (bw, lat)
 
     def bytes_per_ms(self, src: str, dst: str) -> float:
