@@ -717,8 +717,9 @@ class FailoverCluster:
     """A Cluster that survives the loss of a working device (DeviceLost) when the manifest has a fallback
     plan without it (`edgec compile --fallbacks`): it ends the run on the other workers, starts the
     fallback's (a remote worker serves the new run, a local one is started afresh), and re-runs every request
-    that had not completed, so that outputs still come in request order and none is lost. One switch per
-    run: fallback plans have no fallbacks of their own. Without a fallback the DeviceLost error stands.
+    that had not completed, so that outputs still come in request order and none is lost. One failover per
+    run (fallback plans have no fallbacks of their own), from whichever plan is in use: the main one or one
+    --adapt switched to. Without a fallback the DeviceLost error stands.
 
     `completed` counts the requests whose outputs were yielded and `handed` those handed to a plan, re-runs
     not counted again (the caller may reset both, as run_manifest does after the warm-up); `failovers` lists
@@ -845,43 +846,42 @@ class FailoverCluster:
         return next(iter(self.stream([inputs], inflight=1)))
 
     def _switch(self, lost: DeviceLost, pending: int) -> None:
-        old = self.cluster
-        on_main = old.manifest is self.main
-        fallback = self.fallbacks.get(lost.device) if on_main else None
+        # One failover per run. Whichever plan is in use (the main one, or one --adapt switched to), the
+        # fallback without the lost device runs on devices that are all still there.
+        first = not self.failovers
+        fallback = self.fallbacks.get(lost.device) if first else None
         if fallback is None:
-            raise DeviceLost(lost.device, f"{lost}{self._why_no_fallback(lost.device, on_main)}") from None
-        self.cluster = None
-        # The survivors end their session before the fallback's opens one (a worker serves one at a time),
-        # so wait for their goodbye as long as a request may take.
-        old.close(grace=old.timeout)
-        self._keep_report(old, lost.device)
-        check_fragment_files(fallback)
+            raise DeviceLost(lost.device, f"{lost}{self._why_no_fallback(lost.device, first)}") from None
         logger.warning("%s: switching to the fallback plan %s (devices %s) after %d completed request(s); "
                        "re-running the %d not completed", lost, fallback.path, ", ".join(working_devices(fallback)),
                        self.completed, pending)
+        self._replace(fallback, lost.device)
         self.failovers.append({"device": lost.device, "at_request": self.completed, "plan": str(fallback.path)})
         if self.adapter is not None:  # the fallback is none of the kept plans the adapter chooses among
             logger.warning("no more adaptation: the fallback plan runs to the end")
             self.adapter = None
-        addresses = {name: a for name, a in self.addresses.items() if name in fallback.device_names}
-        self.cluster = self._open(fallback, addresses)
 
     def _adapt(self, option: Option) -> None:
         """Switch to a kept plan: every request handed to the old one has completed."""
-        old, self.cluster = self.cluster, None
-        old.close(grace=old.timeout)
-        self._keep_report(old)
-        check_fragment_files(option.manifest)
         decision = self.adapter.decisions[-1]
         logger.warning("adapting after %d completed request(s): %s; switching to %s (re-costed %.2f ms, the plan "
                        "in use %.2f ms)", self.completed, decision.reason, option.label,
                        decision.recosted_ms[option.label], decision.recosted_ms[decision.current])
         decision.switched_at = self.completed
-        addresses = {name: a for name, a in self.addresses.items() if name in option.manifest.device_names}
-        self.cluster = self._open(option.manifest, addresses)
+        self._replace(option.manifest)
 
-    def _why_no_fallback(self, device: str, on_main: bool) -> str:
-        if not on_main:
+    def _replace(self, manifest: Manifest, lost: str | None = None) -> None:
+        """End the run of the plan in use and start `manifest`'s. The old workers end their session before the
+        new one's opens (a worker serves one at a time), so wait for their goodbye as long as a request may take."""
+        old, self.cluster = self.cluster, None
+        old.close(grace=old.timeout)
+        self._keep_report(old, lost)
+        check_fragment_files(manifest)
+        addresses = {name: a for name, a in self.addresses.items() if name in manifest.device_names}
+        self.cluster = self._open(manifest, addresses)
+
+    def _why_no_fallback(self, device: str, first: bool) -> str:
+        if not first:
             return (f" (the run had already switched to the fallback plan without {self.failovers[-1]['device']}, "
                     "which has no fallbacks of its own)")
         if not self.main.fallbacks:

@@ -193,3 +193,32 @@ def test_fallbacks_are_plans_to_adapt_to(tmp_path):
     labels = [o.label for o in _adapter(m, 0.25, None).options]
     assert labels[0] == "manifest.json" and labels[1:] == [fb.manifest for fb in m.fallbacks if fb.manifest]
     assert len(labels) > 1
+
+
+def test_a_device_lost_after_an_adaptation_still_fails_over(tmp_path, monkeypatch):
+    """--adapt may have switched to a kept plan; the fallback without a lost device runs on devices that are
+    all still there whichever plan was in use, so the run fails over from it (it used to crash looking for an
+    earlier failover)."""
+    from types import SimpleNamespace
+
+    from edgec.runtime.coordinator import DeviceLost, FailoverCluster
+
+    out = tmp_path / "build"
+    res = CliRunner().invoke(cli, ["compile", str(TINYCONV), "--devices", str(_cluster(tmp_path, PROFILES)), "-o",
+                                   str(out), "--strategy", "pipeline", "--objective", "throughput", "--fallbacks",
+                                   "--keep", "50"])
+    assert res.exit_code == 0, res.output
+    main = load_manifest(out / "manifest.json")
+    fallbacks = {fb.without: fb for fb in main.fallbacks if fb.manifest}
+    alt = next(m for m in (load_alternative(main, a) for a in main.alternatives)
+               if any(d in fallbacks for d in m.device_names if m.steps.get(d)))
+    lost = next(d for d in alt.device_names if alt.steps.get(d) and d in fallbacks)
+    fc = FailoverCluster(main)
+    opened = []
+    monkeypatch.setattr(fc, "_open", lambda manifest, addresses: opened.append(manifest) or SimpleNamespace(manifest=manifest))
+    fc.cluster = SimpleNamespace(manifest=alt, timeout=1.0, close=lambda grace: None, device_report=lambda: {})
+    fc._switch(DeviceLost(lost, f"device {lost} is gone"), pending=2)
+    assert [m.path for m in opened] == [(out / fallbacks[lost].manifest).absolute()]
+    assert fc.failovers == [{"device": lost, "at_request": 0, "plan": str(opened[0].path)}]
+    with pytest.raises(DeviceLost, match="already switched to the fallback plan"):  # one failover per run
+        fc._switch(DeviceLost(lost, "again"), pending=0)
