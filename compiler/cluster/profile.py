@@ -35,6 +35,9 @@ class Figures:
     op_ms_per_melem: dict[str, float] = field(hash=False)  # {op type or "op type:mode": ms per 1e6 output elements}
     efficiency: dict[str, tuple[tuple[float, float], ...]] = field(hash=False)  # {conv|gemm: ((out elems, fraction), ...)} ascending
     layers: dict[str, dict[str, float]] = field(hash=False, repr=False)  # {model sha256: {node name: ms}}
+    # GB/s at which a layer's weights stream in from memory on top of its compute (None: not measured, weights
+    # are not priced beyond the roofline's bytes): see cost/table.py.
+    weight_gbps: float | None = None
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,7 @@ class Profile:
     radio_rx_nj_per_byte: float | None = None  # ... per byte received
     modes: dict[str, Mode] = field(default_factory=dict, hash=False, repr=False)  # power modes besides the top level's
     top_mode: str = DEFAULT_MODE  # the name of the top level's operating point
+    weight_gbps: float | None = None  # top level: see Figures
 
     @property
     def mode_names(self) -> tuple[str, ...]:
@@ -122,7 +126,7 @@ class Profile:
         else the largest measured count below it (fewer threads: a slower, safe estimate); else the
         smallest measured.  The top level when `threads` is None or the profile has no `threads:`."""
         top = Figures(self.op_overhead_us, self.gflops, self.memory_gbps, self.op_ms_per_melem, self.efficiency,
-                      self.layers)
+                      self.layers, self.weight_gbps)
         if threads is None or not self.threads:
             return top
         if threads in self.threads:
@@ -221,6 +225,7 @@ def validate_profile_dict(data: Any, path: str) -> Profile:
         radio_rx_nj_per_byte=doc.radio_nj_per_byte.rx if doc.radio_nj_per_byte else None,
         modes={name: _mode(m, top) for name, m in (doc.modes or {}).items()},
         top_mode=doc.mode or DEFAULT_MODE,
+        weight_gbps=top.weight_gbps,
     )
 
 
@@ -239,6 +244,7 @@ def _mode(doc, top: Figures) -> Mode:
         op_ms_per_melem=ops,
         efficiency=top.efficiency,
         layers={},
+        weight_gbps=top.weight_gbps if doc.weight_gbps is None else doc.weight_gbps,
     )
     return Mode(figures, doc.power_w.idle, doc.power_w.busy, tuple(doc.sources))
 
@@ -276,4 +282,5 @@ def _figures(doc: ProfileDoc | FiguresDoc) -> Figures:
         efficiency={k: tuple((p.output_elements, p.fraction) for p in curve)
                     for k, curve in (doc.efficiency or {}).items()},
         layers={model: dict(table) for model, table in (doc.layers or {}).items()},
+        weight_gbps=doc.weight_gbps,
     )

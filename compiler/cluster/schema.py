@@ -93,6 +93,7 @@ class FiguresDoc(_Doc):
     op_overhead_us: NonNegative
     gflops: GflopsDoc
     memory_gbps: Positive
+    weight_gbps: Positive | None = None
     op_ms_per_melem: dict[OpKey, Positive] | None = None
     efficiency: dict[Literal[EFFICIENCY_KEYS], Curve] | None = None
     layers: Layers | None = None
@@ -144,6 +145,7 @@ class ModeDoc(_Doc):
     op_overhead_us: NonNegative | None = None
     gflops: GflopsDoc | None = None
     memory_gbps: Positive | None = None
+    weight_gbps: Positive | None = None
     op_ms_per_melem: dict[OpKey, Positive] | None = None
 
 
@@ -196,6 +198,7 @@ class ProfileDoc(_Doc):
     op_overhead_us: NonNegative
     gflops: GflopsDoc
     memory_gbps: Positive
+    weight_gbps: Positive | None = None
     power_w: PowerDoc | None = None
     radio_nj_per_byte: RadioDoc | None = None
     mode: ModeName | None = None  # the name of the top-level operating point, with `modes`

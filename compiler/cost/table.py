@@ -23,6 +23,13 @@ profile's `threads:` entry for the cluster file's `threads`, else the profile's 
    hundreds; a Clip is a pass over the output that the NCHWc kernel does not fuse); an LRN that
    outweighs the MaxPool before it keeps the MaxPool's traffic in.
 
+   Where the figures measured `weight_gbps` (the rate a batch-1 MatMul streams weights too large for the
+   caches), a layer that is not memory-bound also pays for reading its weights in, on top of its compute:
+   roofline = max(FLOPs / gflops, activation bytes / memory_gbps) + weight bytes / weight_gbps.  A model's
+   weights seldom stay in cache from one request to the next, and onnxruntime's kernels overlap little of
+   that read with their arithmetic: ResNet-50's 7x7 layers (4-9 MB of weights each) took 0.1-0.5 ms more
+   than their FLOPs at gflops.conv, VGG-16's classifier ran at the MatMul's rate, not memory_gbps.
+
 The tile model (tiles.py) reads `overhead_ms`, `priced_ms`, `out_elems` and `curves` to scale a tile's
 share by the figures' tile efficiency, and `memory_bytes_per_ms` to price assembling a tile's input.
 """
@@ -43,7 +50,7 @@ from ..graph import Layer, LayerGraph
 from ..layers import POINTWISE, cost_class
 from .network import Network
 
-__all__ = ["CostTable", "build_cost_table", "layer_ms", "node_keys", "layer_out_elems", "priced_ms"]
+__all__ = ["CostTable", "build_cost_table", "layer_ms", "weight_ms", "node_keys", "layer_out_elems", "priced_ms"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +63,9 @@ CURVE_OF_CLASS = {"conv": "conv", "depthwise_conv": "conv", "gemm": "gemm"}
 class CostTable:
     """Times in ms. `layer_ms[i, d]` is layer i on device d; `measured[d]` says a measured table was used.
 
-    For the tile model: `overhead_ms[i, d]` is layer i's per-operator overhead on device d (at most its
-    layer_ms), `priced_ms[i, d]` the op-table share of layer_ms (0 for a measured table), `out_elems[i]`
+    For the tile model: `overhead_ms[i, d]` is what every tile of layer i on device d pays again, however
+    few rows it computes (at most its layer_ms): its per-operator overhead plus, on the roofline, streaming in
+    the layer's weights (`weight_ms`), `priced_ms[i, d]` the op-table share of layer_ms (0 for a measured table), `out_elems[i]`
     the layer's output elements, and `curves[d]` {cost class: efficiency curve} of device d's figures.
     """
 
@@ -147,21 +155,31 @@ def priced_ms(layer: Layer, figures: Figures, keys: tuple[tuple[str, ...], ...],
     return total, lead and rest_pointwise
 
 
+def weight_ms(layer: Layer, figures: Figures) -> float:
+    """Streaming the layer's weights in at the figures' weight_gbps: 0 for a memory-bound class (its
+    roofline moves them at memory_gbps) and where weight_gbps was not measured."""
+    if figures.weight_gbps is None or layer.cost_class in MEMORY_BOUND:
+        return 0.0
+    return layer.param_bytes / (figures.weight_gbps * 1e6)  # GB/s = 1e6 bytes/ms
+
+
 def layer_ms(layer: Layer, device: DeviceSpec, priced: tuple[float, bool] = (0.0, False)) -> float:
     """Per-operator overhead + max(compute time, memory time), at the device's thread count, plus the
-    op-table share `priced` = (ms, leader priced) from `priced_ms` (see the module docstring)."""
+    op-table share `priced` = (ms, leader priced) from `priced_ms`, plus the weights' streaming
+    (`weight_ms`; see the module docstring)."""
     p = device.figures
     overhead = len(layer.op_types) * p.op_overhead_us / 1000.0
     ms, lead = priced
     if lead:
         return overhead + ms
-    moved = layer.input_bytes + layer.output_bytes + layer.param_bytes
+    stream = weight_ms(layer, p)
+    moved = layer.input_bytes + layer.output_bytes + (0 if stream else layer.param_bytes)
     mem_ms = moved / (p.memory_gbps * 1e6)  # GB/s = 1e6 bytes/ms
     if layer.cost_class in MEMORY_BOUND:
         roof = mem_ms
     else:
         gflops = p.gflops.get(layer.cost_class, p.gflops["other"])
-        roof = max(layer.flops / (gflops * 1e6), mem_ms)
+        roof = max(layer.flops / (gflops * 1e6), mem_ms) + stream
     return overhead + roof if ms == 0.0 else overhead + ms + roof
 
 
@@ -189,7 +207,11 @@ def build_cost_table(graph: LayerGraph, cluster: Cluster, model_sha256: str | No
             measured.append(False)
             priced.append([ms for ms, _ in prices])
         cols.append(col)
-        overhead.append([min(len(layer.op_types) * fig.op_overhead_us / 1000.0, ms) for layer, ms in zip(graph.layers, col)])
+        # What every tile pays again, however few rows it computes: its operators' dispatch and, priced by
+        # the roofline, streaming in all of the layer's weights.
+        overhead.append([min(len(layer.op_types) * fig.op_overhead_us / 1000.0
+                             + (0.0 if measured[-1] or pr[1] else weight_ms(layer, fig)), ms)
+                         for layer, ms, pr in zip(graph.layers, col, prices)])
     shape = (len(graph.layers), len(cluster.devices))
     arr = np.asarray(cols, dtype=np.float64).T.reshape(shape)
     return CostTable(tuple(d.name for d in cluster.devices), arr, tuple(measured), cluster,

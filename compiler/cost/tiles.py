@@ -5,7 +5,8 @@ A tile computing `rows` of layer i's `total` output rows (recomputed halo rows i
     tile_ms = oh + (layer_ms - oh) * rows / total                              (no efficiency curve)
     tile_ms = oh + ((layer_ms - oh - priced) * eff(E) / eff(E * rows / total) + priced) * rows / total
 
-oh: the layer's per-operator overhead (every tile pays it again); priced: the op-table share of layer_ms
+oh: what every tile pays again (CostTable.overhead_ms): the layer's per-operator overhead and, where the
+figures measured weight_gbps, reading all of the layer's weights in (a tile needs every weight); priced: the op-table share of layer_ms
 (priced per output element, so linear in a tile's elements); E: the layer's output elements; eff: the
 device figures' efficiency curve for the layer's class (conv for conv and depthwise_conv, gemm for gemm),
 piecewise linear in log(elements) between its points and flat beyond them.  A whole-layer tile costs
@@ -49,7 +50,8 @@ logger = logging.getLogger(__name__)
 
 
 def overhead_ms(graph: LayerGraph, cost: CostTable, i: int, d: int) -> float:
-    """Per-operator dispatch overhead of layer i on device d: paid by every tile, however small."""
+    """What every tile of layer i on device d pays, however small: per-operator dispatch and the weights'
+    streaming (CostTable.overhead_ms)."""
     return float(cost.overhead_ms[i, d])
 
 

@@ -16,6 +16,10 @@ largest count's, for readers that know no thread counts.  Per count:
   - gflops.other           the slower of a ConvTranspose (2x upsampling) and a batch-1 LSTM: ops without a
                            GEMM-shaped fast path
   - memory_gbps            an elementwise Add of two 8M-float tensors: (2 inputs + 1 output) bytes / time
+  - weight_gbps            a batch-1 MatMul, 1x4096 by 4096x4096: its 64 MB of weights (more than a cache
+                           holds) / time.  The cost model adds a layer's weight bytes / weight_gbps to its
+                           compute (cost/table.py): weights stream in from memory on every request, little
+                           of it hidden behind the arithmetic, and every tile of a layer reads them all
   - op_overhead_us         fixed cost per ONNX node, the larger of
                            (a) the dispatch floor: (200 tiny Relu nodes - 1) / 199, and
                            (b) small layers: a chain of 50 (3x3 Conv 16 ch on 7x7 -> Relu) pairs against

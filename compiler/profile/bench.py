@@ -216,6 +216,20 @@ def bench_memory(b: Bench) -> Formula:
     return _rate(3 * 4 * n, "memory_gbps")
 
 
+def _weights_kn(quick: bool) -> int:
+    return 2048 if quick else 4096
+
+
+def bench_weights(b: Bench) -> Formula:
+    """A batch-1 MatMul (1 x k by k x n) whose weights (64 MB) no cache holds: its time is reading them in,
+    which is what a layer pays for its weights beyond its FLOPs (cost/table.py weight_ms)."""
+    kn = _weights_kn(b.quick)
+    w = numpy_helper.from_array(rand(b.rng, kn, kn) * 0.05, "b")
+    data = model([helper.make_node("MatMul", ["a", "b"], ["y"])], [vi("a", (1, kn))], [vi("y", (1, kn))], [w])
+    b.add("weight_gbps", data, {"a": rand(b.rng, 1, kn)})
+    return _rate(4 * kn * kn, "weight_gbps")
+
+
 # --------------------------------------------------------------------------------------------------
 # Per-operator overhead
 
@@ -376,6 +390,7 @@ def measure_figures(b: Bench) -> dict:
     floor = dispatch_floor_us(b)
     small = small_layer_overhead_us(b)
     conv, dw, gemm, other, mem = bench_conv(b), bench_depthwise(b), bench_gemm(b), bench_other(b), bench_memory(b)
+    weights = bench_weights(b)
     ops = op_table(b)
     curves = {"conv": conv_curve(b), "gemm": gemm_curve(b)}
     n = b.threads
@@ -390,7 +405,8 @@ def measure_figures(b: Bench) -> dict:
     g_convt, g_lstm = other(t)
     b.say(f"    other: ConvTranspose {g_convt:.1f} GFLOP/s, LSTM {g_lstm:.1f} GFLOP/s")
     memory = mem(t)
-    b.say(f"    memory (elementwise) {memory:.1f} GB/s")
+    weight_gbps = weights(t)
+    b.say(f"    memory (elementwise) {memory:.1f} GB/s, weights (batch-1 MatMul) {weight_gbps:.1f} GB/s")
     table = ops(t, overhead_us)
     b.say("    ms per million output elements: " + ", ".join(f"{k} {v:g}" for k, v in table.items()))
     eff = {k: curve(t, g[k], overhead_us) for k, curve in curves.items()}
@@ -400,6 +416,7 @@ def measure_figures(b: Bench) -> dict:
         "gflops": {"conv": sig(g["conv"]), "depthwise_conv": sig(g["depthwise_conv"]), "gemm": sig(g["gemm"]),
                    "other": sig(min(g_convt, g_lstm))},
         "memory_gbps": sig(memory),
+        "weight_gbps": sig(weight_gbps),
         "op_ms_per_melem": table,
         "efficiency": eff,
     }

@@ -136,6 +136,8 @@ def _sources(stamp: str, counts: list[int], quick: bool, policy: Policy, power_g
         "memory_gbps: elementwise Add of two 8M-float tensors, (2 inputs + 1 output) bytes / time"
         if not quick else
         "memory_gbps: elementwise Add of two 2M-float tensors (may partly fit in cache), (2 inputs + 1 output) bytes / time",
+        "weight_gbps: a batch-1 MatMul 1x4096 by 4096x4096 (64 MB of weights, more than any cache holds), "
+        "weight bytes / time" + (" (quick mode: 2048x2048, 16 MB, may partly fit in cache)" if quick else ""),
         "op_overhead_us: the larger of (a) the dispatch floor, (200-node tiny Relu chain - 1 node) / 199, and (b) small "
         "layers, (chain of 50 x [3x3 Conv 16 ch on 7x7 -> Relu] - one pair - their Conv FLOPs at the measured conv "
         "rate) / 98 nodes, default optimisation (Conv+Relu fuse as in the runtime)",
@@ -247,6 +249,7 @@ def measure_host(
         "op_overhead_us": top["op_overhead_us"],
         "gflops": dict(top["gflops"]),
         "memory_gbps": top["memory_gbps"],
+        "weight_gbps": top["weight_gbps"],
         "op_ms_per_melem": dict(top["op_ms_per_melem"]),
         "efficiency": {k: [list(p) for p in v] for k, v in top["efficiency"].items()},
         "power_w": {"idle": power_idle_w, "busy": power_busy_w},

@@ -56,7 +56,7 @@ its transfers, from `edgec run --report`), so the choice can be checked on the h
     the part; the summary counts the misses whose predicted speed-up, less 10%, exceeds the lower of the two.
 
 Part stability: `edgec profile --threads 1` twice back to back; per 1-thread figure (gflops.conv, .depthwise_conv,
-.gemm, .other, memory_gbps, op_overhead_us and each op price, op_ms_per_melem.*) the two values and their
+.gemm, .other, memory_gbps, weight_gbps, op_overhead_us and each op price, op_ms_per_melem.*) the two values and their
 relative difference (second - first) / first, and the worst.  The tile-efficiency points (efficiency.conv and
 .gemm, fractions per output size) are listed too, with their own worst, outside the target.  The load around
 each profile is printed.  Target: every figure within 10%, on a quiet machine.
@@ -410,6 +410,8 @@ def flat_figures(figures: dict) -> dict[str, tuple[float, bool]]:
     """A profile's per-thread figures by name: value, and whether the stability target covers it (the tile
     efficiency points are listed outside it)."""
     out = {"op_overhead_us": (figures["op_overhead_us"], True), "memory_gbps": (figures["memory_gbps"], True)}
+    if "weight_gbps" in figures:
+        out["weight_gbps"] = (figures["weight_gbps"], True)
     out |= {f"gflops.{k}": (v, True) for k, v in figures["gflops"].items()}
     out |= {f"op_ms_per_melem.{k}": (v, True) for k, v in (figures.get("op_ms_per_melem") or {}).items()}
     for kind, points in (figures.get("efficiency") or {}).items():
