@@ -41,7 +41,7 @@ from .net import Endpoint, outward_host, parse_endpoint
 from .protocol import BLOB_CHUNK, BLOB_WINDOW, MAX_TIMED_STEPS, PROTOCOL_VERSION, DropLog, parse
 from .schedule import host_collects, host_feeds, pipeline_depth, recv_keys, send_targets, working_devices
 from .trace import Trace
-from .transport import POLL_MS, BadMessage, decode_tensor, pack, send_tensor
+from .transport import POLL_MS, BadMessage, decode_tensor, pack, recv_message, send_frames, send_tensor
 
 __all__ = ["RunResult", "Cluster", "LocalCluster", "FailoverCluster", "DeviceLost", "run_manifest", "default_threads",
            "available_cores", "resolve_endpoints", "HEARTBEAT_MS", "HEARTBEAT_MISSES"]
@@ -343,7 +343,7 @@ class Cluster:
     def _send(self, w: _Worker, msg: dict, payload=None) -> None:
         frames = [pack(msg)] if payload is None else [pack(msg), payload]
         try:
-            w.sock.send_multipart(frames, copy=False)
+            send_frames(w.sock, frames)
         except zmq.Again:
             raise RunError(f"{w.where}: accepted nothing for {self.timeout:g} s") from None
 
@@ -380,9 +380,8 @@ class Cluster:
 
     def _drain(self, w: _Worker) -> None:
         for _ in range(256):
-            try:
-                frames = w.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
-            except zmq.Again:
+            frames = recv_message(w.sock)
+            if frames is None:
                 return
             try:
                 msg, payload = parse(frames, _FROM_WORKER)
@@ -560,7 +559,7 @@ class Cluster:
         if self.collects.get(t.name) != w.name or t.src != w.name:
             raise RunError(f"unexpected output {t.name!r} from {w.name}")
         spec = self.specs[t.name]
-        if t.array.shape != spec.shape or t.array.dtype.name != spec.dtype:
+        if t.array.shape != spec.shape or msg["dtype"] != spec.dtype:  # decode_tensor checked the name
             raise RunError(f"output {t.name!r} from {w.name} has shape {t.array.shape} {t.array.dtype.name}, "
                            f"the manifest says {spec.shape} {spec.dtype}")
         r.outputs[t.name] = t.array
@@ -635,16 +634,18 @@ class Cluster:
             raise InputError(f"{self.manifest.path}: no value for model input(s) {missing}")
         r = self.open[self.next_req] = _Request(self.next_req)
         self.next_req += 1
-        run = pack({"t": "run", "req": r.req, "slow": 1.0})
-        for w in self.workers.values():
-            slow = self.slowdown.get(w.name, 1.0)
-            self._send_packed(w, run if slow == 1.0 else pack({"t": "run", "req": r.req, "slow": slow}))
+        # The inputs go first: a worker then usually finds them already there with its `run` and starts at
+        # once, instead of waking for `run` and sleeping again until the inputs are decrypted (a wake-up less).
         for name, tensor in self.feeds:
             w = self.workers[name]
             try:
                 send_tensor(w.sock, r.req, HOST, tensor, np.asarray(inputs[tensor]))
             except zmq.Again:
                 raise RunError(f"{w.where}: accepted nothing for {self.timeout:g} s") from None
+        run = pack({"t": "run", "req": r.req, "slow": 1.0})
+        for w in self.workers.values():
+            slow = self.slowdown.get(w.name, 1.0)
+            self._send_packed(w, run if slow == 1.0 else pack({"t": "run", "req": r.req, "slow": slow}))
         return r
 
     def _send_packed(self, w: _Worker, frame: bytes) -> None:
@@ -695,11 +696,7 @@ class Cluster:
 
     def _drain_quietly(self, w: _Worker) -> None:
         """While closing: only the final counts matter; late outputs and errors are ignored."""
-        while True:
-            try:
-                frames = w.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
+        while (frames := recv_message(w.sock)) is not None:
             try:
                 msg, _ = parse(frames, _FROM_WORKER)
             except BadMessage:

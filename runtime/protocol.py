@@ -21,8 +21,11 @@ A session (one run), in order:
   C sync {seq}                         -> W synced {seq, clock}  (optional, only once ready, repeatable: the
                                           worker's time.monotonic() for the coordinator's clock offset estimate;
                                           a session that received one times every request, see `done`)
-  per request: C run {req, slow}, C tensor (model inputs, src "@host") -> W tensor (model outputs),
+  per request: C tensor (model inputs, src "@host"), C run {req, slow} -> W tensor (model outputs),
                                           W done {req, run_ms, frag_ms, run_clocks, clocks}
+                                          (a worker keeps a request's tensors that arrive before its `run`, inside
+                                          the in-flight window, so either order works; the coordinator sends the
+                                          inputs first)
   under emulate (emulate.py):
     W channel {seq, ms, since_ms}      -> C grant {seq, wait_ms}  (shared medium only: W's next burst of sends
                                           takes ms and was ready since_ms ago; C reserves the one channel, first

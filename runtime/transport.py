@@ -25,13 +25,20 @@ from .manifest_types import DTYPES
 
 __all__ = ["pack", "unpack", "BadMessage", "TensorMsg", "Codec", "register_codec", "codec_names", "contiguous",
            "tensor_frames", "send_tensor", "TensorHeader", "tensor_header", "decode_tensor", "frame_sender", "bind_local", "POLL_MS",
-           "MAX_HEADER_BYTES", "MAX_DIMS"]
+           "MAX_HEADER_BYTES", "MAX_DIMS", "send_frames", "recv_message"]
 
 logger = logging.getLogger(__name__)
 
 POLL_MS = 500  # how often blocked loops wake up to check on their peers (deadlines, parent alive)
 MAX_HEADER_BYTES = 1 << 16  # a header is a few hundred bytes; only a session's "open" carries more (its own limit)
 MAX_DIMS = 32  # onnxruntime's own limit on tensor rank is far below what anyone uses
+
+# Every request crosses the hot path below a few times on each side, after onnxruntime has evicted the caches:
+# plain ints instead of pyzmq's enum flags (whose operators run Python code), and the dtypes looked up once
+# (numpy computes dtype.name in Python).
+_SNDMORE, _NOBLOCK, _EVENTS, _POLLIN = int(zmq.SNDMORE), int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN)
+_DTYPE = {name: np.dtype(name) for name in DTYPES}
+_DTYPE_NAME = {dtype: name for name, dtype in _DTYPE.items()}
 
 
 class BadMessage(ValueError):
@@ -51,6 +58,33 @@ def unpack(data: bytes | memoryview, limit: int = MAX_HEADER_BYTES) -> Any:
         return msgpack.unpackb(data, raw=False, strict_map_key=True)
     except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
         raise BadMessage(f"not msgpack ({type(exc).__name__})") from None
+
+
+def send_frames(sock: zmq.Socket, frames: list | tuple) -> None:
+    """Send one message of `frames` (bytes, buffers or zmq.Frame), zero-copy where pyzmq's copy threshold
+    allows: what Socket.send_multipart(copy=False) does, without its per-frame type checks and enum flags."""
+    last = len(frames) - 1
+    for i, frame in enumerate(frames):
+        sock.send(frame, _SNDMORE if i < last else 0, copy=False)
+
+
+def recv_message(sock: zmq.Socket) -> list[zmq.Frame] | None:
+    """The next whole message waiting on `sock` (its frames, not copied), or None when none is waiting.
+    zmq delivers a multipart message atomically, so once its first frame is there the rest is too. Asking
+    the socket first is cheaper than letting a non-blocking receive raise zmq.Again at the end of every drain.
+    The receive may still find nothing: on a CURVE connection zmq queues the peer's credential ahead of its
+    first message and counts it as readable, then skips it, before that message has fully arrived."""
+    if not sock.getsockopt(_EVENTS) & _POLLIN:
+        return None
+    try:
+        frame = sock.recv(_NOBLOCK, copy=False)
+    except zmq.Again:
+        return None
+    frames = [frame]
+    while frame.more:
+        frame = sock.recv(_NOBLOCK, copy=False)
+        frames.append(frame)
+    return frames
 
 
 def bind_local(sock: zmq.Socket) -> str:
@@ -124,7 +158,8 @@ def tensor_frames(req: int, src: str, name: str, array: np.ndarray, codec: str =
     caller encoded it already (compress.Chooser does, to learn from the result); uncompressed, it is the
     array's own buffer when no copy is needed."""
     arr = contiguous(array)
-    header = pack({"t": "tensor", "req": req, "src": src, "tensor": name, "dtype": arr.dtype.name,
+    dtype = _DTYPE_NAME.get(arr.dtype) or arr.dtype.name
+    header = pack({"t": "tensor", "req": req, "src": src, "tensor": name, "dtype": dtype,
                    "shape": list(arr.shape), "codec": codec})
     if payload is None:
         payload = _CODECS[codec].encode(memoryview(arr).cast("B") if arr.size else b"")
@@ -136,7 +171,7 @@ def send_tensor(sock: zmq.Socket, req: int, src: str, name: str, array: np.ndarr
     """Send one tensor (after `prefix` frames: a ROUTER's peer id); returns the payload bytes sent (the
     bytes on the wire: compressed, when `codec` compresses)."""
     frames = tensor_frames(req, src, name, array, codec, payload)
-    sock.send_multipart([*prefix, *frames], copy=False)
+    send_frames(sock, [*prefix, *frames])
     return len(frames[1])
 
 
@@ -161,13 +196,13 @@ def tensor_header(header: dict, max_bytes: int | None = None) -> TensorHeader:
     dtype, shape, codec = header.get("dtype"), header.get("shape"), header.get("codec")
     if not (_is_int(req) and req >= 0 and isinstance(src, str) and isinstance(name, str)):
         raise BadMessage("tensor header needs req (int >= 0), src and tensor (strings)")
-    if dtype not in DTYPES:
-        raise BadMessage(f"tensor {name!r}: unknown dtype {dtype!r}")
+    if not isinstance(dtype, str) or dtype not in DTYPES:  # a list or map is not even hashable
+        raise BadMessage(f"tensor {name!r}: unknown dtype {str(dtype)[:40]!r}")
     if not (isinstance(shape, list) and len(shape) <= MAX_DIMS and all(_is_int(d) and d >= 0 for d in shape)):
         raise BadMessage(f"tensor {name!r}: shape must be a list of at most {MAX_DIMS} integers >= 0")
     if not isinstance(codec, str) or codec not in _CODECS:
         raise BadMessage(f"tensor {name!r}: unknown codec {codec!r}")
-    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+    nbytes = math.prod(shape) * _DTYPE[dtype].itemsize
     if max_bytes is not None and nbytes > max_bytes:
         raise BadMessage(f"tensor {name!r}: {nbytes} bytes, more than the {max_bytes} allowed")
     return TensorHeader(req, src, name, dtype, tuple(shape), codec, nbytes)
@@ -185,23 +220,19 @@ def decode_tensor(header: dict | TensorHeader, payload: zmq.Frame | None, max_by
         raise BadMessage(f"tensor {head.name!r}: no payload frame")
     wire = payload.buffer
     data = _CODECS[head.codec].decode(wire, head.nbytes)
-    dtype = np.dtype(head.dtype)
+    dtype = _DTYPE[head.dtype]
     array = np.frombuffer(data, dtype=dtype).reshape(head.shape) if head.nbytes else np.zeros(head.shape, dtype)
     return TensorMsg(head.req, head.src, head.name, array, len(wire), frame_sender(payload), head.codec)
 
 
 def frame_sender(frame: zmq.Frame) -> str | None:
-    """The CURVE public key (z85) a frame arrived with; None on a socket without keys."""
-    return (frame.get("User-Id") or None) if _has_user_id(frame) else None
+    """The CURVE public key (z85) a frame arrived with; None on a socket without keys (asking raises there)."""
+    try:
+        return frame.get("User-Id") or None
+    except zmq.ZMQError:
+        return None
 
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
-
-def _has_user_id(frame: zmq.Frame) -> bool:
-    """A frame received on a CURVE socket carries the ZAP User-Id; on a plain socket asking raises."""
-    try:
-        return bool(frame.get("User-Id"))
-    except zmq.ZMQError:
-        return False

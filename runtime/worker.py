@@ -23,7 +23,7 @@ from .keys import Keyring
 from .net import Endpoint
 from .protocol import PROTOCOL_VERSION, DropLog, parse
 from .session import Session, SessionEnd, SessionLost
-from .transport import POLL_MS, BadMessage, pack
+from .transport import POLL_MS, BadMessage, pack, recv_message, send_frames
 
 __all__ = ["Daemon", "rss_mb", "main"]
 
@@ -117,7 +117,7 @@ class Daemon:
 
     def send_to(self, peer: bytes, frames: list) -> None:
         try:
-            self.control.send_multipart([peer, *frames], copy=False)
+            send_frames(self.control, [peer, *frames])
         except zmq.ZMQError as exc:  # EHOSTUNREACH: the peer is gone
             if self.session is not None and peer == self.session.owner:
                 raise SessionLost(f"the coordinator at {self.session.peer} went away ({exc.strerror})") from None
@@ -136,9 +136,8 @@ class Daemon:
     @staticmethod
     def _drain(sock: zmq.Socket, handle) -> None:
         for _ in range(DRAIN_LIMIT):
-            try:
-                frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
-            except zmq.Again:
+            frames = recv_message(sock)
+            if frames is None:
                 return
             handle(frames)
 

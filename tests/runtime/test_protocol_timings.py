@@ -83,9 +83,13 @@ class _Socket:
     """A worker's connection holding the given messages."""
 
     def __init__(self, *messages: dict):
-        self.waiting = [[zmq.Frame(pack(m))] for m in messages]
+        self.waiting = [zmq.Frame(pack(m)) for m in messages]  # one frame each (`more` is False)
 
-    def recv_multipart(self, flags: int = 0, copy: bool = True) -> list[zmq.Frame]:
+    def getsockopt(self, option: int) -> int:
+        assert option == zmq.EVENTS
+        return zmq.POLLIN if self.waiting else 0
+
+    def recv(self, flags: int = 0, copy: bool = True) -> zmq.Frame:
         if not self.waiting:
             raise zmq.Again()
         return self.waiting.pop(0)
