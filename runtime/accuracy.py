@@ -30,7 +30,8 @@ step of the schedule matches, and then its error. Milliseconds are rounded to 4 
   of the manifest's network link between src and dst (runtime's one Mbps conversion, manifest_types.py).
 - Latency is the median request latency; its prediction, the manifest's `predicted.latency_ms`, is a lone
   request's: with more than one request in flight the measured latency includes queueing. Throughput is
-  the timed requests over their wall time; its prediction, `predicted.throughput_ips`.
+  the steady-state rate of the timed requests (the outputs after the first over the time from the first
+  output to the last: coordinator.steady_throughput); its prediction, `predicted.throughput_ips`.
 - After a failover the fragments and transfers are the fallback plan's, measured on the requests it ran
   (re-runs included; a fallback gets no warm-up), latency and throughput the whole run's against the
   fallback's predictions. After an adaptation (`--adapt`) likewise: the plan in use at the end, measured on

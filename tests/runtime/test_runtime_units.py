@@ -172,3 +172,18 @@ def test_tensor_roundtrip_any_shape_dtype_and_region(zmq_pair, shape, dtype, axi
     send_tensor(push, 7, "src", "t", array)
     got = _receive(pull).array
     assert got.dtype == array.dtype and got.shape == array.shape and np.array_equal(got, array)
+
+
+# -- steady-state throughput ------------------------------------------------------------------------------------
+
+def test_throughput_is_the_rate_of_outputs_after_the_first():
+    from edgec.runtime.coordinator import steady_throughput
+
+    # a two-stage pipeline: the first output after a 30 ms latency, then one every 10 ms
+    done = [0.030 + 0.010 * i for i in range(20)]
+    assert steady_throughput(0.0, done) == pytest.approx(100.0)  # requests / wall time would read 20 / 0.22 = 91
+    # barrier mode: one at a time, each 25 ms: the rate is 1 / latency either way
+    assert steady_throughput(0.0, [0.025 * (i + 1) for i in range(8)]) == pytest.approx(40.0)
+    # one request, or outputs that came back at once: requests / time since the first was sent
+    assert steady_throughput(1.0, [1.05]) == pytest.approx(20.0)
+    assert steady_throughput(1.0, [1.05, 1.05]) == pytest.approx(40.0)
