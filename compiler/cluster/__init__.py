@@ -9,6 +9,7 @@ cluster.yaml::
         address: tcp://192.168.1.20:7000   # optional
         threads: 1               # optional: the worker's onnxruntime intra-op threads (1..4096); the cost
                                  # model then uses the profile's figures for that count (Profile.figures)
+        host: box                # optional: a `hosts:` entry, the machine this worker shares with others
       - name: pi4-a
         profile: rpi4
     network:                     # required with two or more devices; a one-device cluster may omit it
@@ -17,6 +18,12 @@ cluster.yaml::
       medium: switched           # switched (each pair has its own link) or shared (one channel); default switched
       links:                     # optional per-pair overrides; a missing figure falls back to the default
         - {a: pi5-a, b: pi4-a, bandwidth_mbps: 10, latency_ms: 5}
+    hosts:                       # optional: machines that several devices' workers share
+      box: {cores: 2, coordinator: true}   # its cores (1..4096); coordinator: `edgec run` runs on it too
+
+Devices that name one host compute on its cores together: per request they cannot do more than its
+cores' worth of work, which bounds throughput (cost/evaluate.py). Every host must be named by a device,
+and at most one may hold the coordinator.
 
 A device without `threads` runs its worker at the runtime's default, all of the device's cores, which
 the profile's top-level figures describe.  With `threads`, the manifest's device entry records it and a
@@ -89,7 +96,7 @@ quotes); profile.py and cluster.py check what relates values to each other and b
 and `Cluster` the compiler uses; keys.py names the fixed keys both sides read.
 """
 
-from .cluster import Cluster, DeviceSpec, LinkSpec, load_cluster
+from .cluster import Cluster, DeviceSpec, HostSpec, LinkSpec, load_cluster
 from .profile import (NO_RUNTIME_COSTS, PROFILES_DIR, Figures, Profile, RuntimeCosts, available_profiles, load_profile, profiles_dir,
                       validate_profile_dict)
 from .keys import EFFICIENCY_KEYS, GFLOPS_KEYS, MEDIUMS
@@ -105,6 +112,7 @@ __all__ = [
     "Profile",
     "DeviceSpec",
     "LinkSpec",
+    "HostSpec",
     "Cluster",
     "profiles_dir",
     "available_profiles",

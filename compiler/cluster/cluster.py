@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from .schema import DeviceDoc, NetworkDoc
 
-__all__ = ["DeviceSpec", "LinkSpec", "Cluster", "load_cluster"]
+__all__ = ["DeviceSpec", "LinkSpec", "HostSpec", "Cluster", "load_cluster"]
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,7 @@ class DeviceSpec:
     address: str | None
     threads: int | None = None  # the worker's intra-op thread count; None: the runtime's default (all cores)
     mode: str | None = None  # the power mode a plan runs it in (a profile's `modes:` entry); None: the top level's
+    host: str | None = None  # the `hosts:` entry of the machine it shares with other devices; None: its own
 
     @property
     def figures(self) -> Figures:
@@ -74,6 +75,15 @@ _SAME_DEVICE = LinkSpec(bandwidth_mbps=math.inf, latency_ms=0.0)
 
 
 @dataclass(frozen=True)
+class HostSpec:
+    """A machine several devices share (cluster.yaml `hosts:`): its cores, and whether the coordinator
+    (`edgec run`) runs on it too."""
+
+    cores: int
+    coordinator: bool = False
+
+
+@dataclass(frozen=True)
 class Cluster:
     devices: tuple[DeviceSpec, ...]
     bandwidth_mbps: float  # default for every pair; inf for a one-device cluster without `network`
@@ -81,6 +91,7 @@ class Cluster:
     medium: str  # "switched" or "shared"
     links: dict[frozenset[str], LinkSpec] = field(hash=False)  # explicit overrides only
     path: str
+    hosts: dict[str, HostSpec] = field(default_factory=dict, hash=False)  # machines devices share, by name
 
     @property
     def device_names(self) -> tuple[str, ...]:
@@ -161,16 +172,36 @@ def load_cluster(path: str | Path) -> Cluster:
     if not doc.devices:
         raise UserError("no devices: 'devices' must list at least one device", path=shown)
     devices = _devices(doc.devices, p.parent, shown)
+    hosts = _hosts(doc, shown)
     if doc.network is None:
         if len(devices) > 1:
             raise UserError(f"missing required key 'network' in cluster file ({len(devices)} devices need one)",
                             path=shown)
         # No pair of devices exists: the defaults are those of "no network hop" and never price a transfer.
         return Cluster(devices=devices, bandwidth_mbps=_SAME_DEVICE.bandwidth_mbps,
-                       latency_ms=_SAME_DEVICE.latency_ms, medium="switched", links={}, path=shown)
+                       latency_ms=_SAME_DEVICE.latency_ms, medium="switched", links={}, path=shown, hosts=hosts)
     net = doc.network
     return Cluster(devices=devices, bandwidth_mbps=net.bandwidth_mbps, latency_ms=net.latency_ms,
-                   medium=net.medium or "switched", links=_links(net, devices, shown), path=shown)
+                   medium=net.medium or "switched", links=_links(net, devices, shown), path=shown, hosts=hosts)
+
+
+def _hosts(doc, shown: str) -> dict[str, HostSpec]:
+    """The `hosts:` entries, each named by a device and by no more than one coordinator."""
+    hosts = {name: HostSpec(h.cores, h.coordinator) for name, h in (doc.hosts or {}).items()}
+    used = set()
+    for dv in doc.devices:
+        if dv.host is not None and dv.host not in hosts:
+            known = f" (hosts: {', '.join(hosts)})" if hosts else " (the file has no 'hosts' section)"
+            raise UserError(f"device {dv.name!r}: host {dv.host!r} is not in 'hosts'{known}", path=shown)
+        used.add(dv.host)
+    idle = sorted(set(hosts) - used)
+    if idle:
+        raise UserError(f"hosts[{idle[0]!r}]: no device names it (set a device's 'host')", path=shown)
+    coordinators = [name for name, h in hosts.items() if h.coordinator]
+    if len(coordinators) > 1:
+        raise UserError(f"hosts: the coordinator runs on one machine, but {', '.join(coordinators)} all say "
+                        "coordinator: true", path=shown)
+    return hosts
 
 
 def _devices(docs: list[DeviceDoc], base_dir: Path, shown: str) -> tuple[DeviceSpec, ...]:
@@ -192,7 +223,8 @@ def _devices(docs: list[DeviceDoc], base_dir: Path, shown: str) -> tuple[DeviceS
             profiles[dv.profile] = read_profile(pp)
         prof = profiles[dv.profile]
         memory_mb = prof.memory_mb if dv.memory_mb is None else dv.memory_mb
-        device = DeviceSpec(name=dv.name, profile=prof, memory_mb=memory_mb, address=dv.address, threads=dv.threads)
+        device = DeviceSpec(name=dv.name, profile=prof, memory_mb=memory_mb, address=dv.address, threads=dv.threads,
+                            host=dv.host)
         if device.usable_bytes <= 0:
             raise UserError(f"{where}: no usable memory ({memory_mb:g} MB x {prof.usable_memory_fraction:g} "
                             f"- {prof.runtime_overhead_mb:g} MB runtime overhead)", path=shown)

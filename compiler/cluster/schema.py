@@ -214,12 +214,24 @@ class ProfileDoc(_Doc):
     measurement: MeasurementDoc | None = None
 
 
+HostCores = Annotated[int, Field(ge=1, le=MAX_THREADS, description=f"an integer from 1 to {MAX_THREADS}")]
+
+
+class HostDoc(_Doc):
+    """A machine that several devices' workers (and perhaps the coordinator) share: its cores bound what
+    they compute together per request (cost/evaluate.py)."""
+
+    cores: HostCores
+    coordinator: bool = False  # `edgec run` runs on this machine too
+
+
 class DeviceDoc(_Doc):
     name: DeviceName
     profile: ProfileRef
     memory_mb: Positive | None = None  # None: the profile's
     address: NonBlank | None = None
     threads: WorkerThreads | None = None  # None: the runtime's default
+    host: DeviceName | None = None  # a `hosts:` entry: the machine its worker shares with others
 
     @staticmethod
     def message_label(raw: Any) -> str | None:
@@ -245,3 +257,5 @@ class NetworkDoc(_Doc):
 class ClusterDoc(_Doc):
     devices: list[DeviceDoc] | None  # required; null or [] is "no devices", said after the parse
     network: NetworkDoc = None  # absent: a one-device cluster; a null value is an error
+    hosts: Annotated[dict[DeviceName, HostDoc],
+                     Field(min_length=1, description="a non-empty mapping of host names")] | None = None

@@ -51,6 +51,7 @@ class Prediction:
     tile_ms: dict = field(default_factory=dict)  # (stage, segment, tile) -> compute ms of that tile
     hops: tuple[Hop, ...] = ()  # the stage-to-stage messages timed here (tensor_hops); the emitter sends these
     period_ms: dict = field(default_factory=dict)  # per device: how long one input holds it (see evaluate)
+    host_ms: dict = field(default_factory=dict)  # per shared machine (cluster `hosts:`): its cores' work per input / cores
     energy: Energy | None = None  # one request's energy (energy.py), over the span latency_ms
     # per spatial stage whose contention-aware send order beats need order: per exchange, None (need order)
     # or per holder the needs' indices in send order (order.py); the emitter sends in this order
@@ -171,6 +172,9 @@ def evaluate(plan: Plan, graph: LayerGraph, cost: CostTable, contention_order: b
       plus the runtime's per-request cost where it takes model inputs or gives outputs.
     - A link is held for its transfers: each pair its own link on a switched network, one channel for all
       transfers on a shared medium, which the stages' bursts take first come first served (`_Flow`).
+    - A machine several devices share (the cluster's `hosts:`) is held for the work one input gives its
+      cores, over their number (`_host_periods`, `host_ms`). The planners' own searches leave it out; it
+      bounds the throughput evaluated here, which picks among their plans.
     A pipeline stage's period is its compute, as in the pipeline planner's DP (plan/pipeline.py), whose
     bottleneck is the same max(stage compute, transfers).
     The runtime's per-request cost (the profiles' `runtime.request_ms`; network.py request_in_ms and
@@ -266,7 +270,8 @@ def _predict(plan: Plan, graph: LayerGraph, cost: CostTable, spatial: dict, stag
     for tr in transfers:
         key = frozenset(["*"]) if cost.cluster.medium == "shared" else frozenset([tr.src, tr.dst])
         links[key] = links.get(key, 0.0) + tr.ms
-    bottleneck = max([*period.values(), *links.values()])
+    hosts = _host_periods(plan, cost, busy, transfers, flow)
+    bottleneck = max([*period.values(), *links.values(), *hosts.values()])
     return Prediction(
         latency_ms=_latency(finish, done),
         throughput_ips=1000.0 / bottleneck if bottleneck > 0 else float("inf"),
@@ -278,9 +283,44 @@ def _predict(plan: Plan, graph: LayerGraph, cost: CostTable, spatial: dict, stag
         tile_ms={(k, seg, t): ms for k, sp in spatial.items() for (seg, t), ms in sp["tile_ms"].items()},
         hops=tuple(hops),
         period_ms=period,
+        host_ms=hosts,
         send_order={k: sp["order"] for k, sp in spatial.items() if "order" in sp},
         burst_order=dict(burst_order or {}),
     )
+
+
+def _host_periods(plan: Plan, cost: CostTable, busy: dict[str, float], transfers, flow: "_Flow") -> dict[str, float]:
+    """Per machine that several devices share (the cluster's `hosts:`), the work one input gives its cores,
+    divided by them: a lower bound on the period when inputs stream, whatever each device's own period.
+    The work: each of its devices' compute, times the cores its worker runs on (its threads, at most the
+    machine's; all of them by default); the runtime's own work on every message with an end there, half per
+    end (network.runtime_ms: encoding, CURVE, copies, which the profiles measured with both ends on one
+    machine); and each request's cost at the devices taking model inputs and giving outputs, half to the
+    device's machine and half to the coordinator's (`coordinator: true`), both of which do that hand-off.
+    Measured on a 2-core machine running two 1-thread workers and the coordinator, a two-stage MobileNetV2
+    streamed at 165/s where the devices' own periods said 215/s: 10.5 ms of CPU per request on 2 cores."""
+    hosts = cost.cluster.hosts
+    if not hosts:
+        return {}
+    where = {d.name: d.host for d in cost.cluster.devices}
+    coordinator = next((h for h, spec in hosts.items() if spec.coordinator), None)
+    work = dict.fromkeys(hosts, 0.0)
+    for d in cost.cluster.devices:
+        if d.host is not None and d.name in busy:
+            cores = hosts[d.host].cores
+            work[d.host] += busy[d.name] * min(d.threads or cores, cores)
+    net = cost.network
+    for tr in transfers:
+        half = net.runtime_ms(tr.nbytes, tr.src, tr.dst) / 2.0
+        for end in (tr.src, tr.dst):
+            if where.get(end) is not None:
+                work[where[end]] += half
+    for extra in (flow.req_in, flow.req_out):
+        for k, ms in extra.items():
+            for h in (where.get(plan.stages[k].device), coordinator):
+                if h is not None:
+                    work[h] += ms / 2.0
+    return {h: w / hosts[h].cores for h, w in work.items() if w > 0}
 
 
 def _latency(finish: list[float], done: list[float]) -> float:

@@ -77,6 +77,14 @@ class Network:
         bw, lat = self._links[src, dst]
         return nbytes / bw + lat
 
+    def runtime_ms(self, nbytes: float, src: str, dst: str) -> float:
+        """The runtime's own work on a message of `nbytes` from src to dst (both ends together), without
+        the wire's time: what its hand-off costs the machines' cores (evaluate.py `_host_periods`)."""
+        if src == dst:
+            return 0.0
+        a, b = self._costs[src], self._costs[dst]
+        return fixed_message_ms(a, b) + nbytes * per_byte_ms(a, b)
+
     def request_in_ms(self, device: str, nbytes: int | None = None) -> float:
         return self._request_ms(device, self.io_bytes[0] if nbytes is None else nbytes)
 

@@ -8,8 +8,9 @@ Run (as root, with iproute2; see tests/netbed.py):
 Setup: this machine is measured once with `edgec profile --threads 1` (both devices use that profile), then for
 each bandwidth a tests/netbed.py testbed is built: an unshaped coordinator host and two device hosts whose link
 is shaped to the bandwidth, an `edgec worker --threads 1` on each device host with only its own secret key.
-For each case the model is compiled for that two-device cluster (predictions from `compile --json`) and run
-from the coordinator host twice, with --verify:
+The cluster file says that the devices (`threads: 1`) and the coordinator share this machine's cores (`hosts:`),
+which bounds the predicted throughput. For each case the model is compiled for that two-device cluster
+(predictions from `compile --json`) and run from the coordinator host twice, with --verify:
 - barrier: `edgec run --inflight 1 --repeat N`: median latency and throughput one request at a time;
 - streaming: `edgec run --repeat N` at the default --inflight (the plan's pipeline depth).
 `pred gain` is what streaming can gain by the plan: predicted throughput x predicted latency (1.0 for a plan
@@ -179,13 +180,23 @@ def output_bytes(report: dict) -> int:
     return sum(int(np.prod(o["shape"], dtype=np.int64)) * np.dtype(o["dtype"]).itemsize for o in report["outputs"])
 
 
+def on_this_machine(doc: dict) -> dict:
+    """The testbed's device hosts are namespaces of this machine: their workers (THREADS each) and the
+    coordinator share its cores, which the cluster says (`hosts:`) so that the planner bounds throughput by
+    them."""
+    for d in doc["devices"]:
+        d.update(threads=THREADS, host="this")
+    doc["hosts"] = {"this": {"cores": os.cpu_count() or 1, "coordinator": True}}
+    return doc
+
+
 # -- one case ---------------------------------------------------------------------------------------------
 class Bench:
     def __init__(self, tb: Testbed, tmp: Path, coord_keys: Path, profile: Path, mbps: float, repeat: int):
         self.tb, self.tmp, self.coord_keys, self.profile = tb, tmp, coord_keys, profile
         self.mbps, self.repeat = mbps, repeat
         self.cluster = write_yaml(tmp / f"cluster-{mbps:g}.yaml",
-                                  cluster_doc(tb, {d: str(profile) for d in DEVICES}, mbps, PORT))
+                                  on_this_machine(cluster_doc(tb, {d: str(profile) for d in DEVICES}, mbps, PORT)))
 
     def compile(self, case: Case, out: Path) -> dict:
         model = models.ensure(case.model)
@@ -352,8 +363,8 @@ def pick_victim(build: Path) -> tuple[list[str], str]:
 
 def _failover_run(tb: Testbed, tmp: Path, coord_keys: Path, workers: dict[str, Worker], profile: Path,
                   mbps: float) -> dict:
-    cluster = write_yaml(tmp / "cluster-3.yaml", cluster_doc(tb, {d: str(profile) for d in FAILOVER_DEVICES},
-                                                             mbps, PORT))
+    cluster = write_yaml(tmp / "cluster-3.yaml", on_this_machine(cluster_doc(tb, {d: str(profile) for d in FAILOVER_DEVICES},
+                                                                             mbps, PORT)))
     build = tmp / f"{FAILOVER_CASE.name}-fallbacks"
     summary, seconds = run_json(tb, "coord", ["compile", str(models.ensure(FAILOVER_CASE.model)), "--devices",
                                               str(cluster), "-o", str(build), *FAILOVER_CASE.flags, "--fallbacks"],

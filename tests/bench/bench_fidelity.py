@@ -24,6 +24,9 @@ one-device cluster whose device runs 1 thread (`threads: 1`):
   - the error of each prediction, (predicted - measured) / measured; then the median and worst |error|.
   Target: median at most 10%, worst at most 20%.
 
+Every cluster says that its devices' workers and the coordinator share this machine (`hosts:`, its cores), as
+`edgec run` starts them here: that bounds the throughput the planner predicts by this machine's cores.
+
 Part two: for each of --two-models (ResNet-50, VGG-16, MobileNetV2), on a cluster of two devices with the
 profile above, `threads: 1` each, and the network 10000 Mbps switched with latency_ms 0.  Why that network:
 `edgec run` starts both workers on this machine and they talk over loopback, which has no shared medium (each
@@ -146,10 +149,13 @@ def one_thread_figures(doc: dict, path: Path) -> dict:
 
 # -- edgec compile / run ----------------------------------------------------------------------------------
 def cluster(folder: Path, name: str, profile: Path, devices: int = 1) -> Path:
-    doc: dict = {"devices": [{"name": f"host{i}" if devices > 1 else "host", "profile": str(profile), "threads": 1}
-                             for i in range(devices)]}
+    """Devices of `profile` at 1 thread, each a local worker of `edgec run` on this machine: they share its
+    cores with the coordinator (`hosts:`)."""
+    doc: dict = {"devices": [{"name": f"host{i}" if devices > 1 else "host", "profile": str(profile), "threads": 1,
+                              "host": "this"} for i in range(devices)]}
     if devices > 1:
         doc["network"] = dict(NETWORK)
+    doc["hosts"] = {"this": {"cores": os.cpu_count() or 1, "coordinator": True}}
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path

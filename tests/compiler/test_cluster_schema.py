@@ -114,10 +114,10 @@ CLUSTER_CASES = [
      "network.bandwidth_mbps must be finite, got nan"),
     (TWO % ("", ", links: [{a: a, b: b, latency_ms: [1]}]"), "network.links[0].latency_ms must be a number, got list [1]"),
     (TWO % ("", ", links: !!set {a, b}"), "network.links must be a list, got set"),
-    (TWO % (", colour: red", ""), "unknown key 'colour' in devices[1] (allowed: name, profile, memory_mb, address, threads)"),
+    (TWO % (", colour: red", ""), "unknown key 'colour' in devices[1] (allowed: name, profile, memory_mb, address, threads, host)"),
     # a misspelt key is reported as unknown, with the allowed keys, rather than as the key it replaces missing
     ("devices:\n  - {nmae: a, profile: rpi4}\n",
-     "unknown key 'nmae' in devices[0] (allowed: name, profile, memory_mb, address, threads)"),
+     "unknown key 'nmae' in devices[0] (allowed: name, profile, memory_mb, address, threads, host)"),
     ("devices:\n  - {name: a}\n", "missing required key 'profile' in devices[0]"),
     ("devices:\n  - {name: a, profile: rpi4, address: \"\\udc00\"}\n",
      "device 'a': address must be valid Unicode text, got '\\udc00'"),

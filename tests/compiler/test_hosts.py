@@ -1,0 +1,115 @@
+"""Devices that share a machine (cluster.yaml `hosts:`): the work one input gives its cores bounds the
+throughput evaluate predicts (compiler/cost/evaluate.py `_host_periods`).
+
+Hand-made profiles with the runtime's costs, so every expected number is worked out here."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+import yaml
+from onnx import shape_inference
+
+from edgec.compiler.cluster import load_cluster
+from edgec.compiler.cost import build_cost_table, evaluate
+from edgec.compiler.errors import UserError
+from edgec.compiler.ingest import load_model
+from edgec.compiler.plan_types import Plan, Stage
+from tests.conftest import conv_chain_model
+
+FIG = {"op_overhead_us": 10.0, "gflops": {"conv": 2.0, "depthwise_conv": 1.0, "gemm": 2.0, "other": 1.0},
+       "memory_gbps": 10.0}
+RUNTIME = {"message_ms": 0.4, "message_ms_per_mb": 2.0, "request_ms": 1.0}
+
+
+def write(tmp_path, hosts=None, device_hosts=("box", "box"), threads=(1, 1), runtime=True, name="c.yaml"):
+    prof = {"name": "p", "memory_mb": 4096, "usable_memory_fraction": 0.75, "runtime_overhead_mb": 50, **FIG,
+            **({"runtime": RUNTIME} if runtime else {})}
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(prof))
+    devices = []
+    for i, (h, t) in enumerate(zip(device_hosts, threads)):
+        devices.append({"name": f"d{i}", "profile": "p.yaml", **({"host": h} if h else {}),
+                        **({"threads": t} if t else {})})
+    doc = {"devices": devices, "network": {"bandwidth_mbps": 1000, "latency_ms": 0}}
+    if hosts is not None:
+        doc["hosts"] = hosts
+    (tmp_path / name).write_text(yaml.safe_dump(doc))
+    return tmp_path / name
+
+
+@pytest.fixture
+def chain(tmp_path):
+    path = tmp_path / "chain.onnx"
+    onnx.save(shape_inference.infer_shapes(conv_chain_model(n=4, channels=8, size=16)), path)
+    return load_model(path)
+
+
+def two_stages(graph) -> Plan:
+    n = len(graph.layers)
+    return Plan("manual", "throughput", (Stage("d0", 0, n // 2), Stage("d1", n // 2, n))).ensures(graph)
+
+
+def predict(chain, cluster_path):
+    cost = build_cost_table(chain.graph, load_cluster(cluster_path), chain.sha256)
+    return cost, evaluate(two_stages(chain.graph), chain.graph, cost)
+
+
+def test_a_shared_machine_bounds_the_period_by_its_cores_work(chain, tmp_path):
+    cost, apart = predict(chain, write(tmp_path, device_hosts=(None, None)))
+    _, shared = predict(chain, write(tmp_path, hosts={"box": {"cores": 1, "coordinator": True}}, name="h.yaml"))
+    assert apart.host_ms == {}
+    net = cost.network
+    (tr,) = [t for t in shared.transfers]
+    inputs = sum(chain.graph.tensors[t].nbytes for t in chain.graph.inputs)
+    outputs = sum(chain.graph.tensors[t].nbytes for t in chain.graph.outputs)
+    # both devices' compute (1 thread each), the message's runtime work at both ends, and the request's
+    # hand-offs at both ends (device and coordinator, all on the one machine)
+    work = (sum(shared.busy_ms.values()) + net.runtime_ms(tr.nbytes, "d0", "d1")
+            + net.request_in_ms("d0", inputs) + net.request_out_ms("d1", outputs))
+    assert net.runtime_ms(tr.nbytes, "d0", "d1") == pytest.approx(0.4 + tr.nbytes * 2.0 / 1e6)
+    assert shared.host_ms == {"box": pytest.approx(work)}
+    assert shared.bottleneck_ms == pytest.approx(max(work, apart.bottleneck_ms))
+    assert shared.bottleneck_ms > apart.bottleneck_ms  # one core for two stages and the coordinator
+    assert shared.throughput_ips == pytest.approx(1000.0 / shared.bottleneck_ms)
+    assert shared.latency_ms == apart.latency_ms  # the bound is on throughput only
+
+
+def test_cores_threads_and_the_coordinators_place_scale_the_work(chain, tmp_path):
+    _, one = predict(chain, write(tmp_path, hosts={"box": {"cores": 1, "coordinator": True}}))
+    _, two = predict(chain, write(tmp_path, hosts={"box": {"cores": 2, "coordinator": True}}, name="2.yaml"))
+    assert two.host_ms["box"] == pytest.approx(one.host_ms["box"] / 2)
+    # a worker at the default thread count computes on every core of its machine
+    _, wide = predict(chain, write(tmp_path, hosts={"box": {"cores": 2}}, threads=(None, 1), name="w.yaml"))
+    _, narrow = predict(chain, write(tmp_path, hosts={"box": {"cores": 2}}, name="n.yaml"))
+    assert wide.host_ms["box"] - narrow.host_ms["box"] == pytest.approx(narrow.busy_ms["d0"] / 2)
+    # the coordinator elsewhere: the machine does half of each request hand-off
+    cost, away = predict(chain, write(tmp_path, hosts={"box": {"cores": 2}}, name="a.yaml"))
+    inputs = sum(chain.graph.tensors[t].nbytes for t in chain.graph.inputs)
+    outputs = sum(chain.graph.tensors[t].nbytes for t in chain.graph.outputs)
+    half = (cost.network.request_in_ms("d0", inputs) + cost.network.request_out_ms("d1", outputs)) / 2
+    assert two.host_ms["box"] - away.host_ms["box"] == pytest.approx(half / 2)
+
+
+def test_devices_on_different_machines_each_get_their_own(chain, tmp_path):
+    cost, pred = predict(chain, write(tmp_path, hosts={"a": {"cores": 1}, "b": {"cores": 1}}, device_hosts=("a", "b")))
+    (tr,) = pred.transfers
+    msg = cost.network.runtime_ms(tr.nbytes, "d0", "d1") / 2
+    inputs = sum(chain.graph.tensors[t].nbytes for t in chain.graph.inputs)
+    outputs = sum(chain.graph.tensors[t].nbytes for t in chain.graph.outputs)
+    assert pred.host_ms["a"] == pytest.approx(pred.busy_ms["d0"] + msg + cost.network.request_in_ms("d0", inputs) / 2)
+    assert pred.host_ms["b"] == pytest.approx(pred.busy_ms["d1"] + msg + cost.network.request_out_ms("d1", outputs) / 2)
+
+
+@pytest.mark.parametrize("hosts, device_hosts, message", [
+    ({"box": {"cores": 2}}, ("box", "boz"), "device 'd1': host 'boz' is not in 'hosts' (hosts: box)"),
+    (None, ("box", None), "device 'd0': host 'box' is not in 'hosts' (the file has no 'hosts' section)"),
+    ({"box": {"cores": 2}, "idle": {"cores": 4}}, ("box", "box"), "hosts['idle']: no device names it"),
+    ({"a": {"cores": 1, "coordinator": True}, "b": {"cores": 1, "coordinator": True}}, ("a", "b"),
+     "hosts: the coordinator runs on one machine, but a, b all say coordinator: true"),
+    ({"box": {"cores": 0}}, ("box", "box"), "hosts['box'].cores must be an integer from 1 to 4096, got int 0"),
+    ({"box": {"cores": 2, "ram": 4}}, ("box", "box"), "unknown key 'ram' in hosts['box'] (allowed: cores, coordinator)"),
+])
+def test_bad_hosts_are_one_line_errors(tmp_path, hosts, device_hosts, message):
+    with pytest.raises(UserError) as err:
+        load_cluster(write(tmp_path, hosts=hosts, device_hosts=device_hosts))
+    assert message in str(err.value) and "\n" not in str(err.value)
