@@ -49,14 +49,30 @@ class RuntimeCosts:
     message_ms_per_mb: the same per 10^6 bytes of the message (host copies, encryption).
     request_ms: one request's model input in from the coordinator and output out to it, beyond the
       fragment's own run.
+    message_cpu_ms, message_cpu_ms_per_mb, request_cpu_ms: the same in CPU time, every process and thread of
+      the runtime counted (ZeroMQ's I/O threads encrypt while the sender goes on, so a message takes more
+      CPU than time); None where not measured: the time figures stand in. They price what devices sharing
+      a machine take of its cores (cost/evaluate.py `_host_periods`), not the timeline.
     """
 
     message_ms: float = 0.0
     message_ms_per_mb: float = 0.0
     request_ms: float = 0.0
+    message_cpu_ms: float | None = None
+    message_cpu_ms_per_mb: float | None = None
+    request_cpu_ms: float | None = None
 
     def __bool__(self) -> bool:
         return any((self.message_ms, self.message_ms_per_mb, self.request_ms))
+
+    def cpu(self) -> "RuntimeCosts":
+        """The CPU figures as message_ms, message_ms_per_mb and request_ms (each time figure where its CPU
+        figure was not measured)."""
+        def pick(cpu: float | None, time_ms: float) -> float:
+            return time_ms if cpu is None else cpu
+        return RuntimeCosts(pick(self.message_cpu_ms, self.message_ms),
+                            pick(self.message_cpu_ms_per_mb, self.message_ms_per_mb),
+                            pick(self.request_cpu_ms, self.request_ms))
 
     def to_dict(self) -> dict[str, float]:
         return {"message_ms": self.message_ms, "message_ms_per_mb": self.message_ms_per_mb,
@@ -220,7 +236,8 @@ def validate_profile_dict(data: Any, path: str) -> Profile:
         # Informational: kept as written (the schema checked its shape), for the tools that read it.
         measurement=data["measurement"] if doc.measurement is not None else {},
         runtime=NO_RUNTIME_COSTS if doc.runtime is None else RuntimeCosts(
-            doc.runtime.message_ms, doc.runtime.message_ms_per_mb, doc.runtime.request_ms),
+            doc.runtime.message_ms, doc.runtime.message_ms_per_mb, doc.runtime.request_ms,
+            doc.runtime.message_cpu_ms, doc.runtime.message_cpu_ms_per_mb, doc.runtime.request_cpu_ms),
         radio_tx_nj_per_byte=doc.radio_nj_per_byte.tx if doc.radio_nj_per_byte else None,
         radio_rx_nj_per_byte=doc.radio_nj_per_byte.rx if doc.radio_nj_per_byte else None,
         modes={name: _mode(m, top) for name, m in (doc.modes or {}).items()},

@@ -270,7 +270,7 @@ def _predict(plan: Plan, graph: LayerGraph, cost: CostTable, spatial: dict, stag
     for tr in transfers:
         key = frozenset(["*"]) if cost.cluster.medium == "shared" else frozenset([tr.src, tr.dst])
         links[key] = links.get(key, 0.0) + tr.ms
-    hosts = _host_periods(plan, cost, busy, transfers, flow)
+    hosts = _host_periods(plan, graph, cost, busy, transfers)
     bottleneck = max([*period.values(), *links.values(), *hosts.values()])
     return Prediction(
         latency_ms=_latency(finish, done),
@@ -289,7 +289,7 @@ def _predict(plan: Plan, graph: LayerGraph, cost: CostTable, spatial: dict, stag
     )
 
 
-def _host_periods(plan: Plan, cost: CostTable, busy: dict[str, float], transfers, flow: "_Flow") -> dict[str, float]:
+def _host_periods(plan: Plan, graph: LayerGraph, cost: CostTable, busy: dict[str, float], transfers) -> dict[str, float]:
     """Per machine that several devices share (the cluster's `hosts:`), the work one input gives its cores,
     divided by them: a lower bound on the period when inputs stream, whatever each device's own period.
     The work: each of its devices' compute, times the cores its worker runs on (its threads, at most the
@@ -297,6 +297,7 @@ def _host_periods(plan: Plan, cost: CostTable, busy: dict[str, float], transfers
     end (network.runtime_ms: encoding, CURVE, copies, which the profiles measured with both ends on one
     machine); and each request's cost at the devices taking model inputs and giving outputs, half to the
     device's machine and half to the coordinator's (`coordinator: true`), both of which do that hand-off.
+    The runtime's costs are its CPU figures where the profiles measured them (RuntimeCosts.cpu).
     Measured on a 2-core machine running two 1-thread workers and the coordinator, a two-stage MobileNetV2
     streamed at 165/s where the devices' own periods said 215/s: 10.5 ms of CPU per request on 2 cores."""
     hosts = cost.cluster.hosts
@@ -315,7 +316,7 @@ def _host_periods(plan: Plan, cost: CostTable, busy: dict[str, float], transfers
         for end in (tr.src, tr.dst):
             if where.get(end) is not None:
                 work[where[end]] += half
-    for extra in (flow.req_in, flow.req_out):
+    for extra in _request_costs(plan, graph, cost, cpu=True):
         for k, ms in extra.items():
             for h in (where.get(plan.stages[k].device), coordinator):
                 if h is not None:
@@ -414,7 +415,8 @@ class _Flow:
         return ready, finish, done
 
 
-def _request_costs(plan: Plan, graph: LayerGraph, cost: CostTable) -> tuple[dict[int, float], dict[int, float]]:
+def _request_costs(plan: Plan, graph: LayerGraph, cost: CostTable,
+                   cpu: bool = False) -> tuple[dict[int, float], dict[int, float]]:
     """({stage: ms}, {stage: ms}) of the runtime's per-request cost: a device pays its request_in_ms at its
     first stage that reads a model input, and its request_out_ms at its first stage that gives a model
     output (after that stage's sends: the manifest sends outputs to the host in the same burst), each for
@@ -439,8 +441,8 @@ def _request_costs(plan: Plan, graph: LayerGraph, cost: CostTable) -> tuple[dict
     def nbytes(names: set[str]) -> int:
         return sum(graph.tensors[t].nbytes for t in names)
 
-    return ({k: ms for d, k in taken.items() if (ms := net.request_in_ms(d, nbytes(reads[d]))) > 0},
-            {k: ms for d, k in given.items() if (ms := net.request_out_ms(d, nbytes(gives[d]))) > 0})
+    return ({k: ms for d, k in taken.items() if (ms := net.request_in_ms(d, nbytes(reads[d]), cpu)) > 0},
+            {k: ms for d, k in given.items() if (ms := net.request_out_ms(d, nbytes(gives[d]), cpu)) > 0})
 
 
 def simulate_manifest(manifest: Manifest) -> dict:

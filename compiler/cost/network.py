@@ -79,18 +79,21 @@ class Network:
 
     def runtime_ms(self, nbytes: float, src: str, dst: str) -> float:
         """The runtime's own work on a message of `nbytes` from src to dst (both ends together), without
-        the wire's time: what its hand-off costs the machines' cores (evaluate.py `_host_periods`)."""
+        the wire's time, in CPU time where the profiles measured it (RuntimeCosts.cpu): what its hand-off
+        costs the machines' cores (evaluate.py `_host_periods`)."""
         if src == dst:
             return 0.0
-        a, b = self._costs[src], self._costs[dst]
+        a, b = self._costs[src].cpu(), self._costs[dst].cpu()
         return fixed_message_ms(a, b) + nbytes * per_byte_ms(a, b)
 
-    def request_in_ms(self, device: str, nbytes: int | None = None) -> float:
-        return self._request_ms(device, self.io_bytes[0] if nbytes is None else nbytes)
+    def request_in_ms(self, device: str, nbytes: int | None = None, cpu: bool = False) -> float:
+        return self._request_ms(device, self.io_bytes[0] if nbytes is None else nbytes, cpu)
 
-    def request_out_ms(self, device: str, nbytes: int | None = None) -> float:
-        return self._request_ms(device, self.io_bytes[1] if nbytes is None else nbytes)
+    def request_out_ms(self, device: str, nbytes: int | None = None, cpu: bool = False) -> float:
+        return self._request_ms(device, self.io_bytes[1] if nbytes is None else nbytes, cpu)
 
-    def _request_ms(self, device: str, nbytes: int) -> float:
-        c = self._costs[device]
+    def _request_ms(self, device: str, nbytes: int, cpu: bool = False) -> float:
+        """Half the request's fixed cost plus the bytes at the per-byte message cost; with `cpu`, in CPU time
+        where measured (RuntimeCosts.cpu)."""
+        c = self._costs[device].cpu() if cpu else self._costs[device]
         return c.request_ms / 2.0 + nbytes * c.message_ms_per_mb / 1e6

@@ -14,6 +14,13 @@
 - request_ms: one request of a one-fragment manifest (a 64-float Relu) run by the runtime's coordinator
   with a local worker at 1 thread: the request's latency less the fragment's run, i.e. the model input in
   from the coordinator, the output out to it, and the request's control messages.
+- message_cpu_ms, message_cpu_ms_per_mb, request_cpu_ms: the same in CPU time, every thread of the
+  coordinator (this process) and of its local workers counted (Linux: /proc/PID/task/*/schedstat). ZeroMQ's
+  I/O threads encrypt and copy while the sender goes on, so a message takes more CPU than time: what devices
+  sharing a machine take of its cores. Per request of three builds that move the same large input in and
+  output out: none, two 64-byte messages (a to b and back), two large ones; message_cpu_ms is half of
+  (small - none), message_cpu_ms_per_mb half of (large - small) per 10^6 bytes; request_cpu_ms is a request
+  of the 64-float Relu. Left out where /proc cannot say.
 
 Each is timed like every other figure (timing.py): rounds of samples until the last `window` agree,
 the fastest stable round's median.
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import tempfile
 import time
@@ -57,6 +65,13 @@ def measure_runtime_costs(policy: Policy, quick: bool, say: Callable[[str], None
     per_mb = max(0.0, (figures["message_large"].median_s * 1e3 - small_ms) / (large - SMALL_BYTES) * 1e6)
     costs = {"message_ms": sig(small_ms), "message_ms_per_mb": sig(per_mb),
              "request_ms": sig(figures["request"].median_s * 1e3)}
+    cpu = _cpu_figures(policy, large)
+    if cpu is not None:
+        figures.update(cpu)
+        io, small, big = (cpu[k].median_s * 1e3 for k in ("cpu_io", "cpu_small", "cpu_large"))
+        costs.update(message_cpu_ms=sig(max(0.0, small - io) / 2),
+                     message_cpu_ms_per_mb=sig(max(0.0, big - small) / 2 / (large - SMALL_BYTES) * 1e6),
+                     request_cpu_ms=sig(cpu["cpu_request"].median_s * 1e3))
     return costs, figures
 
 
@@ -66,7 +81,10 @@ def source(quick: bool) -> str:
             "from the sender's send step to the receiver taking it off its socket as `edgec run --report` times "
             f"a transfer, the mean of both ways; message_ms_per_mb = the same for a {'256 KiB' if quick else '1 MiB'} "
             "tensor, less message_ms, per 10^6 bytes; request_ms = latency less run time of one request of a "
-            "64-float Relu through the runtime's coordinator and a local worker at 1 thread (input in, output out)")
+            "64-float Relu through the runtime's coordinator and a local worker at 1 thread (input in, output out); "
+            "*_cpu_*: the same in CPU time of the coordinator and its workers, every thread (schedstat), per "
+            "request of builds that move the same large input and output with no, two 64-byte and two large "
+            "messages between the workers, and of the 64-float Relu")
 
 
 def _rounds(sample: Callable[[], float], policy: Policy) -> Figure:
@@ -114,25 +132,88 @@ def _manifest(folder: Path, frag: Path, devices: list[str], floats: int, transfe
     return path
 
 
-def _exchange_build(folder: Path, large: int) -> Path:
-    """A two-device build whose request sends the first SMALL_BYTES of its input from a to b and back, then the
-    whole input (`large` bytes) likewise, then runs a Relu on a; returns its manifest.json."""
+def _exchange_build(folder: Path, large: int, ways: str = "sl") -> Path:
+    """A two-device build whose request sends (with "s" in `ways`) the first SMALL_BYTES of its input from a
+    to b and back, then (with "l") the whole input (`large` bytes) likewise, then runs a Relu on a; returns
+    its manifest.json."""
     floats, small = large // 4, SMALL_BYTES // 4
     region = [{"axis": 1, "start": 0, "stop": small}]
-    transfers = [{"tensor": t, "src": s, "dst": d, "shape": [1, n], "dtype": "float32", "bytes": n * 4, "region": r}
-                 for t, s, d, n, r in (("x", _A, _B, small, region), ("s", _B, _A, small, None),
-                                       ("x", _A, _B, floats, None), ("l", _B, _A, floats, None))]
-    steps = {
-        _A: [{"op": "recv", "tensor": "x", "from": "@host"},
-             {"op": "send", "tensor": "x", "to": _B, "region": region, "as": "s"},
-             {"op": "recv", "tensor": "s", "from": _B},
-             {"op": "send", "tensor": "x", "to": _B, "as": "l"},
-             {"op": "recv", "tensor": "l", "from": _B},
-             {"op": "run", "fragment": "f0"}, {"op": "send", "tensor": "y", "to": "@host"}],
-        _B: [{"op": "recv", "tensor": "s", "from": _A}, {"op": "send", "tensor": "s", "to": _A},
-             {"op": "recv", "tensor": "l", "from": _A}, {"op": "send", "tensor": "l", "to": _A}],
-    }
-    return _manifest(folder, _relu(folder, floats), [_A, _B], floats, transfers, steps)
+    transfers, steps_a, steps_b = [], [{"op": "recv", "tensor": "x", "from": "@host"}], []
+    for name, n, r in (("s", small, region), ("l", floats, None)):
+        if name not in ways:
+            continue
+        transfers += [{"tensor": "x", "src": _A, "dst": _B, "shape": [1, n], "dtype": "float32", "bytes": n * 4,
+                       "region": r},
+                      {"tensor": name, "src": _B, "dst": _A, "shape": [1, n], "dtype": "float32", "bytes": n * 4,
+                       "region": None}]
+        steps_a += [{"op": "send", "tensor": "x", "to": _B, **({"region": r} if r else {}), "as": name},
+                    {"op": "recv", "tensor": name, "from": _B}]
+        steps_b += [{"op": "recv", "tensor": name, "from": _A}, {"op": "send", "tensor": name, "to": _A}]
+    steps_a += [{"op": "run", "fragment": "f0"}, {"op": "send", "tensor": "y", "to": "@host"}]
+    devices = [_A, _B] if steps_b else [_A]
+    steps = {_A: steps_a, **({_B: steps_b} if steps_b else {})}
+    return _manifest(folder, _relu(folder, floats), devices, floats, transfers, steps)
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    """CPU time of this process (every thread) and of every thread of `pids`, in seconds (OSError where
+    /proc cannot say)."""
+    total = time.process_time()
+    for pid in pids:
+        task = Path(f"/proc/{pid}/task")
+        for t in task.iterdir():
+            total += int((t / "schedstat").read_text().split()[0]) / 1e9
+    return total
+
+
+def _cpu_sampler(cluster, feeds: dict, policy: Policy) -> Callable[[], float]:
+    """CPU seconds per request of `cluster` (the coordinator and its local workers), averaged over enough
+    requests to last 2 x policy.min_sample_s (at least 3; schedstat counts nanoseconds), after the warm-up."""
+    pids = [w.proc.pid for w in cluster.workers.values() if w.proc is not None]
+    for _ in range(max(policy.warmup, 5)):
+        cluster.infer(feeds)
+    t = time.perf_counter()
+    cluster.infer(feeds)
+    reps = max(3, min(200, math.ceil(2 * policy.min_sample_s / max(time.perf_counter() - t, 1e-7))))
+
+    def sample() -> float:
+        c0 = _cpu_seconds(pids)
+        for _ in range(reps):
+            cluster.infer(feeds)
+        return (_cpu_seconds(pids) - c0) / reps
+
+    return sample
+
+
+def _cpu_figures(policy: Policy, large: int) -> dict[str, Figure] | None:
+    """CPU time per request of the exchange builds ("cpu_io": no message, "cpu_small", "cpu_large") and of
+    the tiny one ("cpu_request"); None where /proc cannot say (not Linux)."""
+    from edgec.runtime.coordinator import Cluster
+
+    try:
+        _cpu_seconds([os.getpid()])
+    except (OSError, ValueError, IndexError):
+        return None
+    folder = Path(tempfile.mkdtemp(prefix="edgec-profile-cpu-"))
+    out: dict[str, Figure] = {}
+    try:
+        feeds = {"x": np.ones((1, large // 4), dtype=np.float32)}
+        builds = [("cpu_io", ""), ("cpu_small", "s"), ("cpu_large", "l")]
+        for name, ways in builds:
+            sub = folder / name
+            sub.mkdir()
+            with Cluster(load_manifest(_exchange_build(sub, large, ways)), threads=1, timeout=30.0) as cluster:
+                out[name] = _rounds(_cpu_sampler(cluster, feeds, policy), policy)
+        sub = folder / "cpu_request"
+        sub.mkdir()
+        with Cluster(load_manifest(_tiny_build(sub)), threads=1, timeout=30.0) as cluster:
+            out["cpu_request"] = _rounds(_cpu_sampler(cluster, {"x": np.ones((1, 64), dtype=np.float32)}, policy),
+                                         policy)
+        return out
+    except (OSError, ValueError, IndexError):  # a worker's /proc entry went away: no CPU figures, not a failure
+        return None
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _message_figures(policy: Policy, large: int) -> dict[str, Figure]:

@@ -113,3 +113,24 @@ def test_bad_hosts_are_one_line_errors(tmp_path, hosts, device_hosts, message):
     with pytest.raises(UserError) as err:
         load_cluster(write(tmp_path, hosts=hosts, device_hosts=device_hosts))
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_runtimes_cpu_figures_price_the_machines_work_where_measured(chain, tmp_path):
+    """A profile with CPU figures: the machine's work uses them (ZeroMQ's I/O threads make a message cost
+    more CPU than time); the timeline keeps the time figures."""
+    _, timed = predict(chain, write(tmp_path, hosts={"box": {"cores": 1, "coordinator": True}}))
+    cpu = {**RUNTIME, "message_cpu_ms": 0.9, "message_cpu_ms_per_mb": 5.0, "request_cpu_ms": 3.0}
+    path = write(tmp_path, hosts={"box": {"cores": 1, "coordinator": True}}, name="cpu.yaml")
+    prof = yaml.safe_load((tmp_path / "p.yaml").read_text())
+    prof["runtime"] = cpu
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(prof))
+    cost, pred = predict(chain, path)
+    (tr,) = pred.transfers
+    net = cost.network
+    assert net.runtime_ms(tr.nbytes, "d0", "d1") == pytest.approx(0.9 + tr.nbytes * 5.0 / 1e6)
+    inputs = sum(chain.graph.tensors[t].nbytes for t in chain.graph.inputs)
+    outputs = sum(chain.graph.tensors[t].nbytes for t in chain.graph.outputs)
+    work = (sum(pred.busy_ms.values()) + 0.9 + tr.nbytes * 5.0 / 1e6
+            + 3.0 + (inputs + outputs) * 5.0 / 1e6)
+    assert pred.host_ms == {"box": pytest.approx(work)}
+    assert pred.latency_ms == timed.latency_ms and pred.transfers == timed.transfers  # time figures unchanged

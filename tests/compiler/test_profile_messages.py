@@ -58,7 +58,9 @@ def test_a_message_is_the_mean_of_both_ways_between_two_workers(monkeypatch):
 
     FakeCluster.manifests = []
     monkeypatch.setattr(coordinator, "Cluster", FakeCluster)
+    monkeypatch.setattr(fixed, "_cpu_figures", lambda policy, large: None)  # timed below, on real workers
     costs, figures = fixed.measure_runtime_costs(QUICK, True, lambda s: None)
+    assert "message_cpu_ms" not in costs
     assert figures["message_small"].median_s * 1e3 == pytest.approx(0.20)
     assert figures["message_large"].median_s * 1e3 == pytest.approx(1.20)
     assert costs["message_ms"] == pytest.approx(0.2)
@@ -85,3 +87,23 @@ def test_two_real_workers_hand_off_a_larger_tensor_slower():
     small, large = figures["message_small"].median_s, figures["message_large"].median_s
     assert 0 < small < large < 1.0
     assert all(f.runs >= 3 for f in figures.values())
+
+
+def test_the_exchange_builds_for_cpu_move_the_same_input_and_output(tmp_path: Path):
+    """No, small or large messages between the workers; the same large input in and output out."""
+    for ways, sizes in (("", []), ("s", [fixed.SMALL_BYTES] * 2), ("l", [1 << 12] * 2)):
+        folder = tmp_path / (ways or "none")
+        folder.mkdir()
+        m = load_manifest(fixed._exchange_build(folder, 1 << 12, ways))
+        assert [t.bytes for t in m.transfers] == sizes
+        assert [i.nbytes for i in m.inputs] == [1 << 12] and [o.nbytes for o in m.outputs] == [1 << 12]
+        assert working_devices(m) == (("a", "b") if ways else ("a",))
+
+
+def test_cpu_figures_count_every_process_and_grow_with_the_messages():
+    """Through the runtime's own workers: a request with messages takes more CPU than without, larger ones more."""
+    figures = fixed._cpu_figures(QUICK, 1 << 20)
+    assert figures is not None  # Linux: /proc/PID/task/*/schedstat
+    io, small, large = (figures[k].median_s for k in ("cpu_io", "cpu_small", "cpu_large"))
+    assert 0 < io < small < large < 1.0
+    assert 0 < figures["cpu_request"].median_s < io  # 256 bytes in and out, against 1 MiB
