@@ -73,6 +73,7 @@ Profile file (profiles/<name>.yaml)::
       message_cpu_ms: 0.5          #   optional: the same three in CPU time, every thread of the runtime
       message_cpu_ms_per_mb: 0.9   #   (ZeroMQ's I/O threads encrypt beside the sender): what devices sharing
       request_cpu_ms: 2.2          #   a machine (`hosts:`) take of its cores; absent: the time figures
+                                   #   (edgec profile measures the last two)
     measurement: {...}             # optional: how `edgec profile` measured (spread per timing, load); informational
 
 Required keys: name, memory_mb, usable_memory_fraction, runtime_overhead_mb, op_overhead_us, gflops,

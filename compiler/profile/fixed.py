@@ -14,13 +14,15 @@
 - request_ms: one request of a one-fragment manifest (a 64-float Relu) run by the runtime's coordinator
   with a local worker at 1 thread: the request's latency less the fragment's run, i.e. the model input in
   from the coordinator, the output out to it, and the request's control messages.
-- message_cpu_ms, message_cpu_ms_per_mb, request_cpu_ms: the same in CPU time, every thread of the
-  coordinator (this process) and of its local workers counted (Linux: /proc/PID/task/*/schedstat). ZeroMQ's
-  I/O threads encrypt and copy while the sender goes on, so a message takes more CPU than time: what devices
-  sharing a machine take of its cores. Per request of three builds that move the same large input in and
-  output out: none, two 64-byte messages (a to b and back), two large ones; message_cpu_ms is half of
-  (small - none), message_cpu_ms_per_mb half of (large - small) per 10^6 bytes; request_cpu_ms is a request
-  of the 64-float Relu. Left out where /proc cannot say.
+- message_cpu_ms_per_mb, request_cpu_ms: the same in CPU time, every thread of the coordinator (this
+  process) and of its local workers counted (Linux: /proc/PID/task/*/schedstat). ZeroMQ's I/O threads
+  encrypt and copy while the sender goes on, so a byte takes more CPU than time: what devices sharing a
+  machine take of its cores. message_cpu_ms_per_mb is half the difference, per 10^6 bytes, between a
+  request exchanging a large tensor (a to b and back) and one exchanging a 64-byte tensor, on the same two
+  workers with the same input and output; request_cpu_ms is a request of the 64-float Relu. The fixed CPU
+  of a message is not taken: a difference of two requests' CPU that small (0.1-0.4 ms) drowned in how
+  this machine's CPU per request wanders (3.6 to 5.4 ms for the same request, minutes apart); message_ms
+  stands in. Left out where /proc cannot say.
 
 Each is timed like every other figure (timing.py): rounds of samples until the last `window` agree,
 the fastest stable round's median.
@@ -68,9 +70,8 @@ def measure_runtime_costs(policy: Policy, quick: bool, say: Callable[[str], None
     cpu = _cpu_figures(policy, large)
     if cpu is not None:
         figures.update(cpu)
-        io, small, big = (cpu[k].median_s * 1e3 for k in ("cpu_io", "cpu_small", "cpu_large"))
-        costs.update(message_cpu_ms=sig(max(0.0, small - io) / 2),
-                     message_cpu_ms_per_mb=sig(max(0.0, big - small) / 2 / (large - SMALL_BYTES) * 1e6),
+        small_cpu, large_cpu = (cpu[k].median_s * 1e3 for k in ("cpu_small", "cpu_large"))
+        costs.update(message_cpu_ms_per_mb=sig(max(0.0, large_cpu - small_cpu) / 2 / (large - SMALL_BYTES) * 1e6),
                      request_cpu_ms=sig(cpu["cpu_request"].median_s * 1e3))
     return costs, figures
 
@@ -82,9 +83,9 @@ def source(quick: bool) -> str:
             f"a transfer, the mean of both ways; message_ms_per_mb = the same for a {'256 KiB' if quick else '1 MiB'} "
             "tensor, less message_ms, per 10^6 bytes; request_ms = latency less run time of one request of a "
             "64-float Relu through the runtime's coordinator and a local worker at 1 thread (input in, output out); "
-            "*_cpu_*: the same in CPU time of the coordinator and its workers, every thread (schedstat), per "
-            "request of builds that move the same large input and output with no, two 64-byte and two large "
-            "messages between the workers, and of the 64-float Relu")
+            "message_cpu_ms_per_mb, request_cpu_ms: the same in CPU time of the coordinator and its workers, every "
+            "thread (schedstat): half the CPU difference per 10^6 bytes between a request exchanging a large and "
+            "one exchanging a 64-byte tensor between two workers, and a request of the 64-float Relu")
 
 
 def _rounds(sample: Callable[[], float], policy: Policy) -> Figure:
@@ -133,15 +134,18 @@ def _manifest(folder: Path, frag: Path, devices: list[str], floats: int, transfe
 
 
 def _exchange_build(folder: Path, large: int, ways: str = "sl") -> Path:
-    """A two-device build whose request sends (with "s" in `ways`) the first SMALL_BYTES of its input from a
-    to b and back, then (with "l") the whole input (`large` bytes) likewise, then runs a Relu on a; returns
-    its manifest.json."""
+    """A two-device build whose request, for each letter of `ways` in order, sends the first SMALL_BYTES of
+    its input ("s") or the whole input (`large` bytes, "l") from a to b and back, then runs a Relu on a;
+    returns its manifest.json. The first "s" and "l" exchange tensors named "s" and "l" (the report's keys
+    the time figures read), later ones "s1", "l1", ..."""
     floats, small = large // 4, SMALL_BYTES // 4
     region = [{"axis": 1, "start": 0, "stop": small}]
     transfers, steps_a, steps_b = [], [{"op": "recv", "tensor": "x", "from": "@host"}], []
-    for name, n, r in (("s", small, region), ("l", floats, None)):
-        if name not in ways:
-            continue
+    seen: dict[str, int] = {}
+    for way in ways:
+        n, r = (small, region) if way == "s" else (floats, None)
+        name = way if way not in seen else f"{way}{seen[way]}"
+        seen[way] = seen.get(way, 0) + 1
         transfers += [{"tensor": "x", "src": _A, "dst": _B, "shape": [1, n], "dtype": "float32", "bytes": n * 4,
                        "region": r},
                       {"tensor": name, "src": _B, "dst": _A, "shape": [1, n], "dtype": "float32", "bytes": n * 4,
@@ -186,8 +190,9 @@ def _cpu_sampler(cluster, feeds: dict, policy: Policy) -> Callable[[], float]:
 
 
 def _cpu_figures(policy: Policy, large: int) -> dict[str, Figure] | None:
-    """CPU time per request of the exchange builds ("cpu_io": no message, "cpu_small", "cpu_large") and of
-    the tiny one ("cpu_request"); None where /proc cannot say (not Linux)."""
+    """CPU time per request of the exchange builds ("cpu_small": one exchange of a 64-byte tensor,
+    "cpu_large": one of a large one; each on two workers, so that their own idle work cancels) and of the
+    tiny one ("cpu_request"); None where /proc cannot say (not Linux)."""
     from edgec.runtime.coordinator import Cluster
 
     try:
@@ -198,7 +203,7 @@ def _cpu_figures(policy: Policy, large: int) -> dict[str, Figure] | None:
     out: dict[str, Figure] = {}
     try:
         feeds = {"x": np.ones((1, large // 4), dtype=np.float32)}
-        builds = [("cpu_io", ""), ("cpu_small", "s"), ("cpu_large", "l")]
+        builds = [("cpu_small", "s"), ("cpu_large", "l")]
         for name, ways in builds:
             sub = folder / name
             sub.mkdir()

@@ -292,6 +292,6 @@ def _runtime_costs(policy: Policy, quick: bool, strict: bool, say: Callable[[str
             unstable.append(f"runtime {name} ({f.spread:.0%})")
     say(f"  runtime: {costs['message_ms']:g} ms per message + {costs['message_ms_per_mb']:g} ms per MB, "
         f"{costs['request_ms']:g} ms per request"
-        + (f"; CPU {costs['message_cpu_ms']:g} ms per message + {costs['message_cpu_ms_per_mb']:g} ms per MB, "
-           f"{costs['request_cpu_ms']:g} ms per request" if "request_cpu_ms" in costs else ""))
+        + (f"; CPU {costs['message_cpu_ms_per_mb']:g} ms per MB, {costs['request_cpu_ms']:g} ms per request"
+           if "request_cpu_ms" in costs else ""))
     return costs, entries
