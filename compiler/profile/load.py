@@ -8,7 +8,8 @@ between a busy and a quiet moment).  So every measurement records what the other
 
 over the measurement's interval: busy jiffies from the `cpu` line of /proc/stat (user, nice, system, irq,
 softirq, steal: time a hypervisor gave to other guests counts as taken), this process's own from
-/proc/self/stat (utime + stime, all its threads, so onnxruntime's thread pool is ours), both in USER_HZ.
+/proc/self/stat (utime + stime, all its threads, so onnxruntime's thread pool is ours, and cutime + cstime,
+its reaped children: the runtime workers it starts to time the runtime's own costs), both in USER_HZ.
 
 The rule (`is_busy`): the machine is busy when other processes used more than BUSY_FRACTION (10%) of its
 CPU time, i.e. more than 0.1 x CPUs CPUs on average.  Why 10%: onnxruntime's intra-op threads meet at a
@@ -72,10 +73,12 @@ def parse_proc_stat(text: str) -> tuple[int, int, int]:
 
 
 def parse_self_stat(text: str) -> int:
-    """utime + stime jiffies from the text of /proc/<pid>/stat (fields 14 and 15; the command name in
-    field 2 may hold spaces and parentheses, so fields are counted after its last ')')."""
+    """utime + stime + cutime + cstime jiffies from the text of /proc/<pid>/stat (fields 14 to 17: the
+    process's own and its waited-for children's, such as the runtime's local workers that the profile
+    starts to measure the runtime's costs and then reaps; the command name in field 2 may hold spaces and
+    parentheses, so fields are counted after its last ')')."""
     rest = text[text.rindex(")") + 2:].split()
-    return int(rest[11]) + int(rest[12])  # rest[0] is field 3 (state)
+    return sum(int(x) for x in rest[11:15])  # rest[0] is field 3 (state)
 
 
 def parse_loadavg(text: str) -> tuple[float, float, float]:

@@ -80,8 +80,14 @@ def test_parse_proc_stat_counts_steal_not_guest():
 
 
 def test_parse_self_stat_survives_a_command_name_with_spaces_and_parentheses():
-    fields = ["S"] + [str(i) for i in range(4, 14)] + ["170", "30"] + ["0"] * 30
+    fields = ["S"] + [str(i) for i in range(4, 14)] + ["170", "30", "0", "0"] + ["0"] * 30
     assert parse_self_stat("4242 (my (odd) prog) " + " ".join(fields)) == 200
+
+
+def test_reaped_children_count_as_the_profiles_own_cpu():
+    """The runtime workers the profile starts (and reaps) to time the runtime's costs are not other load."""
+    fields = ["S"] + [str(i) for i in range(4, 14)] + ["170", "30", "55", "45"] + ["0"] * 30
+    assert parse_self_stat("4242 (python3) " + " ".join(fields)) == 300
 
 
 def test_parse_loadavg():
