@@ -77,6 +77,9 @@ class Prediction:
             "bytes_transferred": self.bytes_transferred,
             "devices": {d: {"busy_ms": round(v, 4), **self._device_energy(d)} for d, v in sorted(self.busy_ms.items())},
             **({} if self.energy is None else {"energy_mj": _round(self.energy.total_mj)}),
+            # what bounds throughput on a machine several devices share (cluster `hosts:`), when there is one
+            **({"hosts": {h: {"period_ms": round(v, 4)} for h, v in sorted(self.host_ms.items())}}
+               if self.host_ms else {}),
         }
 
     def _device_energy(self, device: str) -> dict:

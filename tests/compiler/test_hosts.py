@@ -72,6 +72,9 @@ def test_a_shared_machine_bounds_the_period_by_its_cores_work(chain, tmp_path):
     assert shared.bottleneck_ms > apart.bottleneck_ms  # one core for two stages and the coordinator
     assert shared.throughput_ips == pytest.approx(1000.0 / shared.bottleneck_ms)
     assert shared.latency_ms == apart.latency_ms  # the bound is on throughput only
+    # the manifest's predicted section says what bounds it; without hosts it is as before
+    assert shared.to_dict()["hosts"] == {"box": {"period_ms": round(work, 4)}}
+    assert "hosts" not in apart.to_dict()
 
 
 def test_cores_threads_and_the_coordinators_place_scale_the_work(chain, tmp_path):
