@@ -134,18 +134,15 @@ def _manifest(folder: Path, frag: Path, devices: list[str], floats: int, transfe
 
 
 def _exchange_build(folder: Path, large: int, ways: str = "sl") -> Path:
-    """A two-device build whose request, for each letter of `ways` in order, sends the first SMALL_BYTES of
-    its input ("s") or the whole input (`large` bytes, "l") from a to b and back, then runs a Relu on a;
-    returns its manifest.json. The first "s" and "l" exchange tensors named "s" and "l" (the report's keys
-    the time figures read), later ones "s1", "l1", ..."""
+    """A two-device build whose request, for each of "s" and "l" in `ways`, sends the first SMALL_BYTES of
+    its input ("s") or the whole input (`large` bytes, "l") from a to b and back as a tensor of that name,
+    then runs a Relu on a; returns its manifest.json."""
     floats, small = large // 4, SMALL_BYTES // 4
     region = [{"axis": 1, "start": 0, "stop": small}]
     transfers, steps_a, steps_b = [], [{"op": "recv", "tensor": "x", "from": "@host"}], []
-    seen: dict[str, int] = {}
-    for way in ways:
-        n, r = (small, region) if way == "s" else (floats, None)
-        name = way if way not in seen else f"{way}{seen[way]}"
-        seen[way] = seen.get(way, 0) + 1
+    for name, n, r in (("s", small, region), ("l", floats, None)):
+        if name not in ways:
+            continue
         transfers += [{"tensor": "x", "src": _A, "dst": _B, "shape": [1, n], "dtype": "float32", "bytes": n * 4,
                        "region": r},
                       {"tensor": name, "src": _B, "dst": _A, "shape": [1, n], "dtype": "float32", "bytes": n * 4,
@@ -154,9 +151,7 @@ def _exchange_build(folder: Path, large: int, ways: str = "sl") -> Path:
                     {"op": "recv", "tensor": name, "from": _B}]
         steps_b += [{"op": "recv", "tensor": name, "from": _A}, {"op": "send", "tensor": name, "to": _A}]
     steps_a += [{"op": "run", "fragment": "f0"}, {"op": "send", "tensor": "y", "to": "@host"}]
-    devices = [_A, _B] if steps_b else [_A]
-    steps = {_A: steps_a, **({_B: steps_b} if steps_b else {})}
-    return _manifest(folder, _relu(folder, floats), devices, floats, transfers, steps)
+    return _manifest(folder, _relu(folder, floats), [_A, _B], floats, transfers, {_A: steps_a, _B: steps_b})
 
 
 def _cpu_seconds(pids: list[int]) -> float:
@@ -192,7 +187,8 @@ def _cpu_sampler(cluster, feeds: dict, policy: Policy) -> Callable[[], float]:
 def _cpu_figures(policy: Policy, large: int) -> dict[str, Figure] | None:
     """CPU time per request of the exchange builds ("cpu_small": one exchange of a 64-byte tensor,
     "cpu_large": one of a large one; each on two workers, so that their own idle work cancels) and of the
-    tiny one ("cpu_request"); None where /proc cannot say (not Linux)."""
+    tiny one ("cpu_request"); None where /proc cannot say (not Linux: the profile then has no CPU figures,
+    and says so). Once /proc answered, a failure to read it is an error, not a figure left out."""
     from edgec.runtime.coordinator import Cluster
 
     try:
@@ -215,8 +211,6 @@ def _cpu_figures(policy: Policy, large: int) -> dict[str, Figure] | None:
             out["cpu_request"] = _rounds(_cpu_sampler(cluster, {"x": np.ones((1, 64), dtype=np.float32)}, policy),
                                          policy)
         return out
-    except (OSError, ValueError, IndexError):  # a worker's /proc entry went away: no CPU figures, not a failure
-        return None
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

@@ -294,4 +294,7 @@ def _runtime_costs(policy: Policy, quick: bool, strict: bool, say: Callable[[str
         f"{costs['request_ms']:g} ms per request"
         + (f"; CPU {costs['message_cpu_ms_per_mb']:g} ms per MB, {costs['request_cpu_ms']:g} ms per request"
            if "request_cpu_ms" in costs else ""))
+    if "request_cpu_ms" not in costs:
+        details.append("runtime CPU figures not measured: this system has no /proc/PID/task/*/schedstat; a "
+                       "machine several devices share (cluster hosts:) is priced with the time figures")
     return costs, entries

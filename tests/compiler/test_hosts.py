@@ -137,3 +137,17 @@ def test_the_runtimes_cpu_figures_price_the_machines_work_where_measured(chain, 
             + 3.0 + (inputs + outputs) * 5.0 / 1e6)
     assert pred.host_ms == {"box": pytest.approx(work)}
     assert pred.latency_ms == timed.latency_ms and pred.transfers == timed.transfers  # time figures unchanged
+
+
+def test_a_plan_for_a_shared_machine_runs_and_reproduces_the_model(chain, tmp_path):
+    """compile -> run: a cluster with hosts compiles to a build whose predicted section names the bound,
+    and running it streams verified outputs."""
+    from edgec.compiler.api import compile as compile_model
+    from edgec.runtime.api import execute
+
+    path = write(tmp_path, hosts={"box": {"cores": 2, "coordinator": True}})
+    compile_model(chain.path, path, tmp_path / "out", strategy="pipeline", objective="throughput")
+    manifest = yaml.safe_load((tmp_path / "out" / "manifest.json").read_text())
+    assert set(manifest["predicted"]["hosts"]) == {"box"}
+    _, result, checked = execute(tmp_path / "out", random_inputs=True, verify=True, repeat=4, threads=1)
+    assert checked is not None and checked.passed and result.completed == 4 and result.lost == 0
