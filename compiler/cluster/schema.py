@@ -94,6 +94,8 @@ class FiguresDoc(_Doc):
     gflops: GflopsDoc
     memory_gbps: Positive
     weight_gbps: Positive | None = None
+    boundary_ms_per_mb: NonNegative | None = None
+    crop_ms_per_mb: NonNegative | None = None
     op_ms_per_melem: dict[OpKey, Positive] | None = None
     efficiency: dict[Literal[EFFICIENCY_KEYS], Curve] | None = None
     layers: Layers | None = None
@@ -150,6 +152,8 @@ class ModeDoc(_Doc):
     gflops: GflopsDoc | None = None
     memory_gbps: Positive | None = None
     weight_gbps: Positive | None = None
+    boundary_ms_per_mb: NonNegative | None = None
+    crop_ms_per_mb: NonNegative | None = None
     op_ms_per_melem: dict[OpKey, Positive] | None = None
 
 
@@ -203,6 +207,8 @@ class ProfileDoc(_Doc):
     gflops: GflopsDoc
     memory_gbps: Positive
     weight_gbps: Positive | None = None
+    boundary_ms_per_mb: NonNegative | None = None
+    crop_ms_per_mb: NonNegative | None = None
     power_w: PowerDoc | None = None
     radio_nj_per_byte: RadioDoc | None = None
     mode: ModeName | None = None  # the name of the top-level operating point, with `modes`

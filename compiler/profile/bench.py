@@ -23,7 +23,8 @@ from edgec.compiler.errors import UserError
 from .load import LoadProbe, LoadSample, describe_load
 from .timing import Figure, Policy, Series, combine, model, rand, sig, time_model, vi
 
-__all__ = ["Bench", "Job", "measure_figures", "OP_TABLE_OPS", "CONV_HEIGHTS", "GEMM_ROWS", "MAX_EFFICIENCY"]
+__all__ = ["Bench", "Job", "measure_figures", "OP_TABLE_OPS", "CONV_HEIGHTS", "GEMM_ROWS", "MAX_EFFICIENCY",
+           "Relayout", "RelayoutShape", "relayout_shape", "relayout_figures"]
 
 # A tile faster per FLOP than the large benchmark is possible (cache), but not by more than this; a larger
 # ratio means the tile's time was all per-operator overhead, where the cost model's overhead term rules.
@@ -66,6 +67,7 @@ class Bench:
         self.entries: dict[str, dict] = {}
         self.unstable: list[str] = []  # one line per timing whose spread stayed large
         self.unstable_names: list[str] = []  # "<timing> at <threads> thr (<spread>)" for the one-line warning
+        self.clamped: list[str] = []  # one line per figure whose difference of timings came out negative
 
     def add(self, name: str, data: bytes, feeds: dict, opt=_ALL) -> None:
         if any(j.name == name for j in self.jobs):
@@ -99,7 +101,7 @@ class Bench:
         }
         if not f.stable:
             cpus = last.cpu.cpus if last.cpu else 0
-            what = (f"{self.threads} thread{'s' if self.threads > 1 else ''}, {name}: spread {f.spread:.0%} "
+            what = (f"{threads_label(self.threads)}, {name}: spread {f.spread:.0%} "
                     f"over {f.runs} runs in {f.seconds:.1f} s stayed above {self.policy.max_spread:.0%} "
                     f"(fastest round's window {f.window_spread:.0%}, nearest other of {len(f.round_medians)} rounds "
                     f"{f.rounds_apart:.0%} away; {describe_load(others, cpus, last.loadavg)})")
@@ -109,6 +111,10 @@ class Bench:
             self.unstable.append(what)
             self.unstable_names.append(f"{name} at {self.threads} thr ({f.spread:.0%})")
         return f.median_s
+
+
+def threads_label(n: int) -> str:
+    return f"{n} thread{'s' if n > 1 else ''}"
 
 
 def other_cpus_over(spans: list[tuple[LoadSample, LoadSample]]) -> float | None:
@@ -234,6 +240,10 @@ def bench_weights(b: Bench) -> Formula:
 # Per-operator overhead
 
 
+# One node of trivial work: its time is what any model's run costs regardless of its size.
+_ONE_NODE = "op_overhead_us.relu_chain_1"
+
+
 def _relu_chain(length: int) -> bytes:
     names = ["x"] + [f"t{i}" for i in range(length - 1)] + ["y"]
     nodes = [helper.make_node("Relu", [names[i]], [names[i + 1]], name=f"relu{i}") for i in range(length)]
@@ -246,8 +256,8 @@ def dispatch_floor_us(b: Bench) -> Formula:
     feeds = {"x": rand(b.rng, 1, 16)}
     off = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     b.add("op_overhead_us.relu_chain_200", _relu_chain(200), feeds, off)
-    b.add("op_overhead_us.relu_chain_1", _relu_chain(1), feeds, off)
-    return lambda t: max((t["op_overhead_us.relu_chain_200"] - t["op_overhead_us.relu_chain_1"]) / 199, 0.0) * 1e6
+    b.add(_ONE_NODE, _relu_chain(1), feeds, off)
+    return lambda t: max((t["op_overhead_us.relu_chain_200"] - t[_ONE_NODE]) / 199, 0.0) * 1e6
 
 
 def _conv_relu_chain(pairs: int, w) -> bytes:
@@ -279,6 +289,108 @@ def small_layer_overhead_us(b: Bench) -> Callable[[Times, float], float]:
         return max((t[long] - t[short] - flops / (conv_gflops * 1e9)) / (2 * extra_pairs), 0.0) * 1e6
 
     return formula
+
+
+# --------------------------------------------------------------------------------------------------
+# Cutting a conv chain into tile fragments: what the activations between two convolutions cost
+
+
+@dataclass(frozen=True)
+class RelayoutShape:
+    """The activation between the two convolutions: [1, channels, rows, width] float32."""
+
+    channels: int
+    rows: int
+    width: int
+    cropped_rows: int  # how many rows the crop model's Slice drops
+
+    @property
+    def mb(self) -> float:
+        return 4 * self.channels * self.rows * self.width / 1e6
+
+
+def relayout_shape(quick: bool) -> RelayoutShape:
+    """4.2 MB (1 MB quick): more than a core's L2, as a conv net's activations are, while 1x1 convolutions of
+    64 channels keep the conv work small enough that the conversions are ~15% of the models' time (measured
+    at 1 thread: ~0.45 ms of ~3.5 ms), well above the few % the timings agree within.  The crop drops 2 of
+    128 rows (1 of 64 quick), so that relayout_figures' correction for the rows the second conv then skips
+    is off by at most 2/126 (1.6%) of the figure."""
+    return RelayoutShape(32, 64, 128, 1) if quick else RelayoutShape(64, 128, 128, 2)
+
+
+# The timings: fragment A (x -> conv1), fragment B (its output -> conv2), both fused in one model, and the
+# fused model with rows cropped between the convolutions.
+_FRAGMENT_A, _FRAGMENT_B = "boundary_ms_per_mb.fragment_a", "boundary_ms_per_mb.fragment_b"
+_FUSED = "boundary_ms_per_mb.fused"
+_CROPPED = "crop_ms_per_mb.cropped"
+
+
+def _conv1x1_chain(s: RelayoutShape, weights: list, crop: bool = False) -> bytes:
+    """Conv 1x1 -> Relu per weight, in a chain on a [1, C, rows, width] input; with crop, a Slice between the
+    first two convolutions drops the last cropped_rows rows, as the emitter crops a residual shortcut to
+    the rows of a tile."""
+    nodes, inits, cur, rows = [], list(weights), "x", s.rows
+    for i, w in enumerate(weights):
+        if crop and i == 1:
+            bounds = {"starts": 0, "ends": s.rows - s.cropped_rows, "axes": 2}
+            inits += [numpy_helper.from_array(np.array([v], np.int64), k) for k, v in bounds.items()]
+            nodes.append(helper.make_node("Slice", [cur, *bounds], ["cropped"], name="crop"))
+            cur, rows = "cropped", s.rows - s.cropped_rows
+        nodes.append(helper.make_node("Conv", [cur, w.name], [f"conv{i}"], name=f"conv{i}"))
+        nodes.append(helper.make_node("Relu", [f"conv{i}"], [f"act{i}"], name=f"relu{i}"))
+        cur = f"act{i}"
+    nodes[-1].output[0] = "y"
+    return model(nodes, [vi("x", (1, s.channels, s.rows, s.width))], [vi("y", (1, s.channels, rows, s.width))], inits)
+
+
+@dataclass(frozen=True)
+class Relayout:
+    boundary_ms_per_mb: float
+    crop_ms_per_mb: float
+    clamped: tuple[str, ...]  # one line per figure whose difference came out negative and was written as 0
+
+
+def bench_relayout(b: Bench) -> Callable[[Times], Relayout]:
+    """Adds the models of boundary_ms_per_mb and crop_ms_per_mb; the formula is relayout_figures.  Random
+    weights: constant ones could let the optimiser fold the convolutions.  Needs dispatch_floor_us's
+    one-node chain (a run's fixed cost)."""
+    s = relayout_shape(b.quick)
+    w1, w2 = (numpy_helper.from_array(rand(b.rng, s.channels, s.channels, 1, 1) * 0.1, n) for n in ("w1", "w2"))
+    x = rand(b.rng, 1, s.channels, s.rows, s.width)
+    b.add(_FRAGMENT_A, _conv1x1_chain(s, [w1]), {"x": x})
+    b.add(_FRAGMENT_B, _conv1x1_chain(s, [w2]), {"x": np.maximum(x, 0)})  # A's output: a Relu's
+    b.add(_FUSED, _conv1x1_chain(s, [w1, w2]), {"x": x})
+    b.add(_CROPPED, _conv1x1_chain(s, [w1, w2], crop=True), {"x": x})
+    return lambda t: relayout_figures(t, s, b.threads)
+
+
+def relayout_figures(t: Times, s: RelayoutShape, threads: int) -> Relayout:
+    """boundary: A + B - AB, less one run's fixed cost (B is one more run, a cost that does not grow with
+    the tensor), per MB of the tensor between them.
+
+    crop: cropped - AB, per MB of the tensor the Slice reads, corrected for the cropped model running its
+    second conv and final conversion out on cropped_rows fewer rows: plus B's time beyond a run's fixed
+    cost (conversion in, conv2, conversion out) x cropped_rows / rows.  B's conversion in is part of that
+    correction though the cropped model skips none of it (its conversion in after the Slice is part of the
+    crop), so the figure is high by at most cropped_rows / (rows - cropped_rows) of itself: 1.6% at
+    relayout_shape's shapes."""
+    run = t[_ONE_NODE]
+    clamped: list[str] = []
+    boundary = _per_mb(t[_FRAGMENT_A] + t[_FRAGMENT_B] - t[_FUSED] - run, s.mb, "boundary_ms_per_mb",
+                       "fragment A + fragment B - fused - one run's fixed cost", threads, clamped)
+    skipped = max(t[_FRAGMENT_B] - run, 0.0) * s.cropped_rows / s.rows
+    crop = _per_mb(t[_CROPPED] - t[_FUSED] + skipped, s.mb, "crop_ms_per_mb",
+                   f"cropped - fused + the {s.cropped_rows} skipped rows' share of fragment B", threads, clamped)
+    return Relayout(boundary, crop, tuple(clamped))
+
+
+def _per_mb(extra_s: float, mb: float, figure: str, what: str, threads: int, clamped: list[str]) -> float:
+    """ms per MB; a negative difference (noise larger than the cost) is 0, and said in `clamped`."""
+    if extra_s >= 0:
+        return extra_s * 1e3 / mb
+    clamped.append(f"{threads_label(threads)}, {figure}: {what} came out {extra_s * 1e3:.3g} ms, below 0 "
+                   "(the timings' noise exceeds the cost); written as 0")
+    return 0.0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -391,10 +503,11 @@ def measure_figures(b: Bench) -> dict:
     small = small_layer_overhead_us(b)
     conv, dw, gemm, other, mem = bench_conv(b), bench_depthwise(b), bench_gemm(b), bench_other(b), bench_memory(b)
     weights = bench_weights(b)
+    relayout = bench_relayout(b)
     ops = op_table(b)
     curves = {"conv": conv_curve(b), "gemm": gemm_curve(b)}
     n = b.threads
-    b.say(f"  {n} thread{'s' if n > 1 else ''}: {len(b.jobs)} timings, {b.policy.rounds} interleaved rounds each")
+    b.say(f"  {threads_label(n)}: {len(b.jobs)} timings, {b.policy.rounds} interleaved rounds each")
     t = b.run()
 
     g = {"conv": conv(t), "depthwise_conv": dw(t), "gemm": gemm(t)}
@@ -407,6 +520,10 @@ def measure_figures(b: Bench) -> dict:
     memory = mem(t)
     weight_gbps = weights(t)
     b.say(f"    memory (elementwise) {memory:.1f} GB/s, weights (batch-1 MatMul) {weight_gbps:.1f} GB/s")
+    r = relayout(t)
+    b.clamped.extend(r.clamped)
+    b.say(f"    between two convs: fragment boundary {r.boundary_ms_per_mb:.3g} ms/MB, "
+          f"crop {r.crop_ms_per_mb:.3g} ms/MB" + (f" ({len(r.clamped)} clamped to 0: timing noise)" if r.clamped else ""))
     table = ops(t, overhead_us)
     b.say("    ms per million output elements: " + ", ".join(f"{k} {v:g}" for k, v in table.items()))
     eff = {k: curve(t, g[k], overhead_us) for k, curve in curves.items()}
@@ -417,6 +534,8 @@ def measure_figures(b: Bench) -> dict:
                    "other": sig(min(g_convt, g_lstm))},
         "memory_gbps": sig(memory),
         "weight_gbps": sig(weight_gbps),
+        "boundary_ms_per_mb": sig(r.boundary_ms_per_mb),
+        "crop_ms_per_mb": sig(r.crop_ms_per_mb),
         "op_ms_per_melem": table,
         "efficiency": eff,
     }
