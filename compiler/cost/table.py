@@ -112,6 +112,22 @@ class CostTable:
         such as assembling a tile's input from its parts (tiles.py), moves at."""
         return tuple(dev.figures.memory_gbps * 1e6 for dev in self.cluster.devices)  # GB/s = 1e6 bytes/ms
 
+    @cached_property
+    def boundary_ms_per_byte(self) -> tuple[float, ...]:
+        """Per device, what one end of a fragment boundary in a conv chain costs per byte of the activation
+        crossing it: half its figures' boundary_ms_per_mb, which counts both ends (converting out of the
+        runtime's internal layout in one fragment and back in in the next); 0 where not measured.  tiles.py
+        prices a tile fragment's input and its output with it."""
+        return tuple((dev.figures.boundary_ms_per_mb or 0.0) / 2e6 for dev in self.cluster.devices)
+
+    @cached_property
+    def crop_ms_per_byte(self) -> tuple[float | None, ...]:
+        """Per device, a fragment cropping rows off an activation it computed, per byte of that activation
+        (its figures' crop_ms_per_mb), or None where not measured: tiles.py then prices the crop as a copy
+        of the rows kept."""
+        return tuple(None if dev.figures.crop_ms_per_mb is None else dev.figures.crop_ms_per_mb / 1e6
+                     for dev in self.cluster.devices)
+
 
 def node_keys(layer: Layer, model: onnx.ModelProto | None = None) -> tuple[tuple[str, ...], ...]:
     """Per node of the layer, the op-table keys to try in order: "<op type>:<mode>" for a node with a

@@ -43,7 +43,7 @@ from ..plan_types import Stage
 from ..spatial.regions import SegmentMaps, segment_maps
 from .table import CostTable
 
-__all__ = ["overhead_ms", "tile_ms", "efficiency", "SegmentCost", "Step", "StepModel", "row_bytes", "predict_stage",
+__all__ = ["overhead_ms", "tile_ms", "efficiency", "Relayout", "SegmentCost", "Step", "StepModel", "row_bytes", "predict_stage",
            "group_param_bytes", "StageWork", "run_stage", "copy_ms", "assembly_cells"]
 
 logger = logging.getLogger(__name__)
@@ -116,6 +116,109 @@ def group_param_bytes(graph: LayerGraph, lo: int, hi: int) -> int:
     return sum(graph.layers[i].param_bytes for i in range(lo, hi))
 
 
+# Layers onnxruntime's CPU provider runs in its blocked (NCHWc) layout: a fragment made of them converts
+# its input into that layout and its output out of it, and a crop between two of them converts around
+# the Slice.  The profile's boundary_ms_per_mb and crop_ms_per_mb measure what that costs on a device.
+BLOCKED_CLASSES = ("conv", "depthwise_conv")
+
+
+@dataclass(frozen=True, eq=False)
+class Relayout:
+    """What a tile fragment of one segment pays for being a fragment, beyond its layers' compute.
+
+    - Boundary: where the segment holds a convolution, its fragment converts its input into the runtime's
+      internal layout and its output back: boundary_ms_per_mb / 2 (the figure counts both ends of a
+      boundary) x (input box + output box) bytes.
+    - Crops: every Slice the emitter writes inside the fragment (compiler/emit/tiles.py `_tile_nodes`),
+      where a layer reads fewer rows of an activation than the tile holds (a residual shortcut cropped to
+      the rows its Add keeps), one per distinct (tensor, rows read).  A crop of an activation the fragment
+      computed costs crop_ms_per_mb x the bytes held (the conversions around the Slice included); a crop
+      of the fragment's input, which arrives in the plain layout, and any crop on a device whose figures
+      lack crop_ms_per_mb, is a copy of the rows kept (`copy_ms`).  A tile pays a crop only where it
+      holds more rows than the layer reads (never a tile of the whole plane).
+    The maps are one per tiled axis (rows; rows and columns for a grid); `ms` takes per-axis tile bounds
+    that may be numpy arrays, so one call prices every tile [a, b) of a segment at once.
+    """
+
+    maps: tuple  # SegmentMaps per tiled axis
+    boundary: bool  # the segment holds a layer of BLOCKED_CLASSES
+    crops: tuple  # (tensor, layer reading it, bytes per cell of the tensor, is the segment input)
+    in_cell: float  # bytes per cell (row, or row x column) of the segment input, and of its output
+    out_cell: float
+    boundary_pb: tuple  # per device: boundary ms per byte (0: not measured)
+    crop_pb: tuple  # per device: crop ms per byte held, or None (not measured: a copy)
+    copy_pb: tuple  # per device: ms per byte copied (read and written once)
+
+    @classmethod
+    def build(cls, graph: LayerGraph, cost: CostTable, maps: tuple) -> "Relayout":
+        m0 = maps[0]
+        cells = lambda t: math.prod(graph.tensors[t].shape[m.axis] for m in maps)  # noqa: E731
+        crops, seen = [], set()
+        for i in range(m0.lo, m0.hi):
+            for t in dict.fromkeys(graph.layers[i].inputs):
+                if t not in m0.first:
+                    continue  # a weight or a constant: no rows
+                key = (t, *(m.in_first[i].tobytes() + m.in_end[i].tobytes() for m in maps))
+                if key in seen or not any(_differs(m, t, i) for m in maps):
+                    continue
+                seen.add(key)
+                crops.append((t, i, graph.tensors[t].nbytes / cells(t), t == m0.input))
+        boundary = any(graph.layers[i].cost_class in BLOCKED_CLASSES for i in range(m0.lo, m0.hi))
+        n = len(cost.devices)
+        return cls(tuple(maps), boundary, tuple(crops),
+                   graph.tensors[m0.input].nbytes / cells(m0.input), graph.tensors[m0.output].nbytes / cells(m0.output),
+                   cost.boundary_ms_per_byte, cost.crop_ms_per_byte,
+                   tuple(2.0 / cost.memory_bytes_per_ms[d] for d in range(n)))
+
+    def any(self, d: int) -> bool:
+        return bool(self.crops) or (self.boundary and self.boundary_pb[d] > 0)
+
+    def prices(self, d: int) -> tuple:
+        return self.boundary_pb[d], self.crop_pb[d], self.copy_pb[d]
+
+    def ms(self, d: int, a: tuple, b: tuple):
+        """The tile with bounds [a[k], b[k]) along each map's axis k, on device d (arrays broadcast)."""
+        maps = self.maps
+        total = 0.0
+        if self.boundary and self.boundary_pb[d] > 0:
+            m0 = maps[0]
+            total = self.boundary_pb[d] * (self.in_cell * _box(maps, m0.input, a, b) + self.out_cell * _box(maps, m0.output, a, b))
+        for t, i, cell, is_input in self.crops:
+            if is_input or self.crop_pb[d] is None:
+                kept = 1
+                for m, ak, bk in zip(maps, a, b):
+                    kept = kept * np.maximum(m.in_end[i][bk] - m.in_first[i][ak], 0)
+                price = self.copy_pb[d] * cell * kept
+            else:
+                price = self.crop_pb[d] * cell * _box(maps, t, a, b)
+            total = total + np.where(self._cut(t, i, a, b), price, 0.0)
+        return total
+
+    def _cut(self, t: str, i: int, a: tuple, b: tuple):
+        """Whether the tile with bounds (a, b) holds rows of t that layer i does not read."""
+        cut = False
+        for m, ak, bk in zip(self.maps, a, b):
+            cut = cut | (m.first[t][ak] != m.in_first[i][ak]) | (m.end[t][bk] != m.in_end[i][bk])
+        return cut
+
+    def crops_in(self, a: tuple, b: tuple) -> list[tuple[str, int]]:
+        """(tensor, layer) of every crop the tile with bounds (a, b) per axis pays (ints)."""
+        return [(t, i) for t, i, _, _ in self.crops if bool(self._cut(t, i, a, b))]
+
+
+def _differs(m: SegmentMaps, t: str, i: int) -> bool:
+    """Some tile holds rows of t that layer i does not read (so the emitter slices them off)."""
+    return bool(np.any(m.first[t] != m.in_first[i]) or np.any(m.end[t] != m.in_end[i]))
+
+
+def _box(maps: tuple, t: str, a: tuple, b: tuple):
+    """Cells of tensor t a tile with bounds (a, b) per axis holds."""
+    out = 1
+    for m, ak, bk in zip(maps, a, b):
+        out = out * np.maximum(m.end[t][bk] - m.first[t][ak], 0)
+    return out
+
+
 @dataclass(eq=False)
 class SegmentCost:
     """O(1) compute time of any tile [a, b) of a segment's output on any device.
@@ -137,6 +240,7 @@ class SegmentCost:
     out_bytes: float  # bytes per row of the segment output
     _cache: dict = field(default_factory=dict)  # floors (by device weights), need floor, list views, tables
     shares: tuple = ()  # per device: None (linear), or per layer share[rows] (see _share_by_rows)
+    relayout: Relayout | None = None  # crops and layout conversions every tile pays (see Relayout)
 
     @classmethod
     def build(cls, graph: LayerGraph, cost: CostTable, lo: int, hi: int, axis: int) -> "SegmentCost":
@@ -152,7 +256,8 @@ class SegmentCost:
             if any(_curve(graph, cost, i, d) is not None for i in range(lo, hi)) else None
             for d in range(n_dev))
         return cls(maps, oh.sum(axis=0), w.T @ ends, w.T @ firsts,
-                   row_bytes(graph, maps.input, axis), row_bytes(graph, maps.output, axis), shares=shares)
+                   row_bytes(graph, maps.input, axis), row_bytes(graph, maps.output, axis), shares=shares,
+                   relayout=Relayout.build(graph, cost, (maps,)))
 
     @property
     def rows(self) -> int:
@@ -168,18 +273,29 @@ class SegmentCost:
 
     def table(self, d: int) -> np.ndarray | None:
         """table[a, b]: tile [a, b) on device d beyond its overhead (b > a), or None where time is linear
-        in rows.  Devices with the same per-layer shares share one table."""
-        if d >= len(self.shares) or self.shares[d] is None:
+        in rows (no efficiency curve, and nothing to crop or convert).  Devices with the same per-layer
+        shares and relayout prices share one table."""
+        curved = d < len(self.shares) and self.shares[d] is not None
+        relayout = self.relayout if self.relayout is not None and self.relayout.any(d) else None
+        if not curved and relayout is None:
             return None
         mine = ("table of", d)
         if mine not in self._cache:
-            key = ("table", b"".join(s.tobytes() for s in self.shares[d]))
+            compute = (b"".join(s.tobytes() for s in self.shares[d]) if curved
+                       else self.hi[d].tobytes() + self.lo[d].tobytes())
+            key = ("table", compute, None if relayout is None else relayout.prices(d))
             if key not in self._cache:
                 m = self.maps
-                t = np.zeros((m.rows + 1, m.rows + 1))
-                for i, share in zip(range(m.lo, m.hi), self.shares[d]):
-                    rows = m.end[m.out_of[i]][None, :] - m.first[m.out_of[i]][:, None]
-                    t += share[np.maximum(rows, 0)]
+                if curved:
+                    t = np.zeros((m.rows + 1, m.rows + 1))
+                    for i, share in zip(range(m.lo, m.hi), self.shares[d]):
+                        rows = m.end[m.out_of[i]][None, :] - m.first[m.out_of[i]][:, None]
+                        t += share[np.maximum(rows, 0)]
+                else:
+                    t = self.hi[d][None, :] - self.lo[d][:, None]
+                if relayout is not None:
+                    idx = np.arange(m.rows + 1)
+                    t = t + relayout.ms(d, (idx[:, None],), (idx[None, :],))
                 self._cache[key] = t
             self._cache[mine] = self._cache[key]
         return self._cache[mine]
@@ -417,11 +533,16 @@ def _segment_tiles(graph: LayerGraph, cost: CostTable, group, seg) -> tuple[Segm
                   sc.comp(cost.index(t.device), t.start, t.stop)) for t in seg.tiles]
         return sc.maps, sc.in_bytes, sc.out_bytes, tiles
     rows, cols = segment_maps(graph, seg.lo, seg.hi, 2), segment_maps(graph, seg.lo, seg.hi, 3)
+    relayout = Relayout.build(graph, cost, (rows, cols))
     tiles = []
     for t in seg.tiles:
         box = ((t.start, t.stop), t.cols)
         need = tuple((int(m.first[m.input][a]), int(m.end[m.input][b])) for m, (a, b) in zip((rows, cols), box))
-        tiles.append((t.device, need, box, _grid_tile_ms(graph, cost, rows, cols, cost.index(t.device), box)))
+        d = cost.index(t.device)
+        ms = _grid_tile_ms(graph, cost, rows, cols, d, box)
+        if relayout.any(d):
+            ms += float(relayout.ms(d, (box[0][0], box[1][0]), (box[0][1], box[1][1])))
+        tiles.append((t.device, need, box, ms))
     return rows, _cell_bytes(graph, rows.input), _cell_bytes(graph, rows.output), tiles
 
 
