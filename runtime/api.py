@@ -34,11 +34,12 @@ logger = logging.getLogger(__name__)
 MAX_THREADS = 4 * available_cores()
 # Faster than 10 ms, heartbeats only add traffic; slower than a minute, a hung device stalls the run for long.
 MIN_HEARTBEAT_MS, MAX_HEARTBEAT_MS = 10, 60_000
+MAX_WARMUP = 1000
 
 
 def run(manifest: str | os.PathLike, *, inputs: str | os.PathLike | Mapping[str, np.ndarray] | None = None,
         random_inputs: bool = False, seed: int = 0, verify: bool = False, model: str | os.PathLike | None = None,
-        tolerance: float = 1e-4, repeat: int = 1, threads: int | None = None, emulate: bool = False,
+        tolerance: float = 1e-4, repeat: int = 1, warmup: int = 1, threads: int | None = None, emulate: bool = False,
         timeout: float = 60.0, output: str | os.PathLike | None = None, addresses: Mapping[str, str] | None = None,
         keys: str | os.PathLike | None = None, inflight: int | None = None, compress: str = "none",
         heartbeat_ms: int = HEARTBEAT_MS, report: str | os.PathLike | None = None,
@@ -78,8 +79,8 @@ def run(manifest: str | os.PathLike, *, inputs: str | os.PathLike | Mapping[str,
         True
     """
     common = dict(random_inputs=random_inputs, seed=seed, verify=verify, model=model, tolerance=tolerance,
-                  repeat=repeat, threads=threads, emulate=emulate, timeout=timeout, addresses=addresses, keys=keys,
-                  inflight=inflight, compress=compress, heartbeat_ms=heartbeat_ms, report=report, dilate=dilate,
+                  repeat=repeat, warmup=warmup, threads=threads, emulate=emulate, timeout=timeout,
+                  addresses=addresses, keys=keys, inflight=inflight, compress=compress, heartbeat_ms=heartbeat_ms, report=report, dilate=dilate,
                   trace=trace, adapt=adapt, adapt_threshold=adapt_threshold, adapt_for=adapt_for, slow=slow)
     if isinstance(inputs, Mapping):
         loaded = execute(manifest, arrays=inputs, **common)
@@ -94,7 +95,7 @@ def run(manifest: str | os.PathLike, *, inputs: str | os.PathLike | Mapping[str,
 def execute(manifest: str | os.PathLike, *, npz: str | None = None, pairs: Iterable[str] = (),
             arrays: Mapping[str, np.ndarray] | None = None, random_inputs: bool = False, seed: int = 0,
             verify: bool = False, model: str | os.PathLike | None = None, tolerance: float = 1e-4, repeat: int = 1,
-            threads: int | None = None, emulate: bool = False, timeout: float = 60.0,
+            warmup: int = 1, threads: int | None = None, emulate: bool = False, timeout: float = 60.0,
             addresses: Mapping[str, str] | None = None, keys: str | os.PathLike | None = None,
             inflight: int | None = None, compress: str = "none", heartbeat_ms: int = HEARTBEAT_MS,
             report: str | os.PathLike | None = None, dilate: float | None = None,
@@ -104,7 +105,7 @@ def execute(manifest: str | os.PathLike, *, npz: str | None = None, pairs: Itera
     """Load, check and run a manifest on its inputs; verify every request's outputs when asked; write the
     accuracy report to `report` (result.accuracy holds it) and the measured timeline to `trace`
     (result.trace). What `edgec run` and `run` share."""
-    check_options(repeat, threads, timeout, tolerance, inflight, heartbeat_ms)
+    check_options(repeat, threads, timeout, tolerance, inflight, heartbeat_ms, warmup)
     dilate = _check_dilate(dilate, emulate)
     if report is not None:  # before the run: a report that cannot be written fails in a second
         check_report_path(report)
@@ -134,7 +135,7 @@ def execute(manifest: str | os.PathLike, *, npz: str | None = None, pairs: Itera
     if verify:  # the reference first: every request's outputs are compared with it as they arrive
         logger.info("verifying against %s", m.model_path)
         checker = Checker(reference_outputs(m, given, model_checked=True), tolerance)
-    result = run_manifest(m, given, repeat=repeat, threads=threads, emulate=emulate, timeout=timeout,
+    result = run_manifest(m, given, repeat=repeat, warmup=warmup, threads=threads, emulate=emulate, timeout=timeout,
                           progress=logger.info, addresses=addresses, keys=keyring, inflight=inflight,
                           compress=compress, heartbeat_ms=heartbeat_ms, timings=report is not None, dilate=dilate,
                           check=None if checker is None else checker.add, trace=trace is not None,
@@ -263,7 +264,7 @@ def _check_dilate(dilate: float | None, emulate: bool) -> float:
 
 
 def check_options(repeat: int, threads: int | None, timeout: float, tolerance: float,
-                   inflight: int | None = None, heartbeat_ms: int = HEARTBEAT_MS) -> None:
+                   inflight: int | None = None, heartbeat_ms: int = HEARTBEAT_MS, warmup: int = 1) -> None:
     if not isinstance(heartbeat_ms, int) or isinstance(heartbeat_ms, bool) \
             or not MIN_HEARTBEAT_MS <= heartbeat_ms <= MAX_HEARTBEAT_MS:
         raise InputError(f"heartbeat_ms {heartbeat_ms!r}: expected {MIN_HEARTBEAT_MS} to {MAX_HEARTBEAT_MS} "
@@ -273,6 +274,8 @@ def check_options(repeat: int, threads: int | None, timeout: float, tolerance: f
         raise InputError(f"inflight {inflight!r}: expected 1 (one request at a time) to {MAX_INFLIGHT}")
     if not isinstance(repeat, int) or repeat < 1:
         raise InputError(f"repeat {repeat!r}: expected a positive integer")
+    if not isinstance(warmup, int) or isinstance(warmup, bool) or not 0 <= warmup <= MAX_WARMUP:
+        raise InputError(f"warmup {warmup!r}: expected 0 to {MAX_WARMUP} untimed requests")
     if threads is not None and (not isinstance(threads, int) or not 0 <= threads <= MAX_THREADS):
         raise InputError(f"threads {threads!r}: expected 0 (onnxruntime's default) to {MAX_THREADS} "
                          "(4 x this machine's cores)")
@@ -288,6 +291,7 @@ def report(manifest: Manifest, result: RunResult, checked: VerifyResult | None) 
         "manifest": str(manifest.path),
         "latency_ms": result.latency_ms,
         "latencies_ms": result.latencies_ms,
+        "warmup": result.warmup,
         "throughput_ips": result.throughput_ips,
         "inflight": result.inflight,
         "completed": result.completed,

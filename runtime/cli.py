@@ -17,7 +17,7 @@ import numpy as np
 
 from .accuracy import summary_lines
 from .adapt import THRESHOLD
-from .api import MAX_DILATE, MAX_HEARTBEAT_MS, MAX_INFLIGHT, MAX_THREADS, MIN_HEARTBEAT_MS, RequestsChecked, execute, \
+from .api import MAX_DILATE, MAX_HEARTBEAT_MS, MAX_INFLIGHT, MAX_THREADS, MAX_WARMUP, MIN_HEARTBEAT_MS, RequestsChecked, execute, \
     parse_addresses, parse_slow, report, write_npz
 from .cache import FragmentCache, default_cache_dir
 from .compress import MODES as COMPRESS_MODES
@@ -109,7 +109,11 @@ _EPILOG = ("Exit codes: 0 ok, 1 verification failed, 2 bad input, 3 run failure 
                    "must match the manifest's.")
 @click.option("--tolerance", type=click.FloatRange(min=0), default=1e-4, show_default=True,
               help="Pass when max|a-b| <= tolerance * max(1, max|reference|) for every output.")
-@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True, help="Timed requests (after one warm-up).")
+@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Timed requests (after the --warmup ones).")
+@click.option("--warmup", type=click.IntRange(min=0, max=MAX_WARMUP), default=1, show_default=True,
+              help="Untimed requests run one at a time first (first runs allocate and fill caches); raise it to "
+                   "measure the steady state.")
 @click.option("--output", "output_file", metavar="FILE.npz", help="Write the outputs here (atomically).")
 @click.option("--threads", type=click.IntRange(min=0, max=MAX_THREADS), default=None,
               show_default="cores / devices; all cores for one device",
@@ -169,7 +173,7 @@ _EPILOG = ("Exit codes: 0 ok, 1 verification failed, 2 bad input, 3 run failure 
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object on stdout.")
 @click.pass_context
 def run(ctx: click.Context, manifest: str, inputs_file, input_pairs, random_inputs, seed, verify, model_file,
-        tolerance, repeat, output_file, threads, emulate, dilate, timeout, address_pairs, keys_dir, inflight,
+        tolerance, repeat, warmup, output_file, threads, emulate, dilate, timeout, address_pairs, keys_dir, inflight,
         compress, heartbeat_ms, report_file, trace_file, adapt, adapt_threshold, adapt_for, slow_specs,
         as_json) -> None:
     """Run MANIFEST (a manifest.json, or the folder holding one) on the devices' workers: at each device's
@@ -178,7 +182,7 @@ def run(ctx: click.Context, manifest: str, inputs_file, input_pairs, random_inpu
         manifest, inputs_file, input_pairs, random_inputs, seed, verify, model_file, tolerance, repeat, output_file,
         threads, emulate, timeout, as_json, address_pairs, keys_dir, inflight, compress=compress,
         heartbeat_ms=heartbeat_ms, report_file=report_file, dilate=dilate, trace_file=trace_file, adapt=adapt,
-        adapt_threshold=adapt_threshold, adapt_for=adapt_for, slow_specs=slow_specs)))
+        adapt_threshold=adapt_threshold, adapt_for=adapt_for, slow_specs=slow_specs, warmup=warmup)))
 
 
 def _exit_code(body: Callable[[], int]) -> int:
@@ -231,11 +235,11 @@ def _progress_to_stderr():
 def _run(manifest_arg, inputs_file, input_pairs, random_inputs, seed, verify, model_file, tolerance, repeat,
          output_file, threads, emulate, timeout, as_json, address_pairs, keys_dir, inflight, compress="none",
          heartbeat_ms=HEARTBEAT_MS, report_file=None, dilate=None, trace_file=None, adapt=False,
-         adapt_threshold=THRESHOLD, adapt_for=None, slow_specs=()) -> int:
+         adapt_threshold=THRESHOLD, adapt_for=None, slow_specs=(), warmup=1) -> int:
     manifest, result, checked = execute(manifest_arg, npz=inputs_file, pairs=input_pairs, random_inputs=random_inputs,
                                         seed=seed, verify=verify, model=model_file, tolerance=tolerance,
-                                        repeat=repeat, threads=threads, emulate=emulate, timeout=timeout,
-                                        addresses=parse_addresses(address_pairs), keys=keys_dir, inflight=inflight,
+                                        repeat=repeat, warmup=warmup, threads=threads, emulate=emulate,
+                                        timeout=timeout, addresses=parse_addresses(address_pairs), keys=keys_dir, inflight=inflight,
                                         compress=compress, heartbeat_ms=heartbeat_ms, report=report_file,
                                         dilate=dilate, trace=trace_file, adapt=adapt,
                                         adapt_threshold=adapt_threshold, adapt_for=adapt_for,
@@ -266,7 +270,7 @@ def _print_human(manifest: Manifest, result: RunResult, checked: RequestsChecked
         click.echo(f"  {spec.name}  shape {list(a.shape)}  {a.dtype.name}{_stats(a)}")
     lat = result.latencies_ms
     click.echo(f"latency: median {result.latency_ms:.2f} ms, min {min(lat):.2f} ms over {len(lat)} request(s) "
-               f"(after 1 warm-up)")
+               f"(after {result.warmup} warm-up)")
     click.echo(f"throughput: {result.throughput_ips:.2f} requests/s with up to {result.inflight} in flight")
     for f in result.failovers:
         click.echo(f"failover: device {f['device']} lost after {f['at_request']} request(s); finished on {f['plan']} "

@@ -80,6 +80,7 @@ class RunResult:
     devices: dict[str, dict] = field(default_factory=dict)  # per worker: address, bytes counted, memory
     compress: str = "none"  # the --compress mode of device-to-device tensors
     completed: int = 0  # timed requests whose outputs came back (the warm-up is not counted)
+    warmup: int = 1  # untimed requests run one at a time before the timed ones
     lost: int = 0  # timed requests asked for and not completed
     failovers: list[dict] = field(default_factory=list)  # [{device, at_request, plan}] (FailoverCluster)
     accuracy: dict | None = None  # run_manifest(timings=True): the --report object (accuracy.py)
@@ -955,13 +956,13 @@ def steady_throughput(start: float, done_at: list[float]) -> float:
 
 
 def run_manifest(manifest: Manifest, inputs: Mapping[str, np.ndarray], *, repeat: int = 1, threads: int | None = None,
-                 emulate: bool = False, timeout: float = 60.0, warmup: bool = True,
+                 emulate: bool = False, timeout: float = 60.0, warmup: int = 1,
                  progress: Callable[[str], None] | None = None, addresses: Mapping[str, str] | None = None,
                  keys: Keyring | None = None, inflight: int | None = None, compress: str = "none",
                  heartbeat_ms: int = HEARTBEAT_MS, timings: bool = False, dilate: float = 1.0,
                  check: Callable[[dict[str, np.ndarray]], None] | None = None, trace: bool = False,
                  adapter: Adapter | None = None, slow: Mapping[str, tuple[int, float]] | None = None) -> RunResult:
-    """Reach the workers, run one warm-up request alone and then `repeat` timed requests with up to
+    """Reach the workers, run `warmup` untimed requests one at a time and then `repeat` timed requests with up to
     `inflight` in flight (default: the plan's pipeline depth), end the run. A device lost on the way is
     replaced by the manifest's fallback plan without it, when there is one (FailoverCluster). With
     `timings`, `result.accuracy` is the --report object (accuracy.py) of the timed requests; with `trace`,
@@ -981,8 +982,8 @@ def run_manifest(manifest: Manifest, inputs: Mapping[str, np.ndarray], *, repeat
                          adapter=adapter, slow=slow) as cluster:
         say(f"{len(cluster.workers)} worker(s) ready ({sum(w.local for w in cluster.workers.values())} local), "
             f"up to {cluster.inflight} request(s) in flight")
-        if warmup:
-            say("warm-up request")
+        for i in range(warmup):  # first runs allocate and fill caches: they are no steady-state figure
+            say(f"warm-up request {i + 1}/{warmup}")
             outputs, _, _ = cluster.infer(inputs)
             if check is not None:
                 check(outputs)
@@ -996,7 +997,7 @@ def run_manifest(manifest: Manifest, inputs: Mapping[str, np.ndarray], *, repeat
         if overruns is not None:
             overruns.clear()  # nor judged: first runs allocate
         result = RunResult(outputs={}, latencies_ms=[], device_run_ms={n: [] for n in cluster.workers},
-                           threads=cluster.threads, inflight=cluster.inflight, compress=cluster.compress)
+                           threads=cluster.threads, inflight=cluster.inflight, compress=cluster.compress, warmup=warmup)
         start = time.perf_counter()
         done_at: list[float] = []  # when each timed request's outputs came back
         for i, (outputs, latency, run_ms) in enumerate(cluster.stream(inputs for _ in range(repeat))):

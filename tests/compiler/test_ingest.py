@@ -291,7 +291,7 @@ def test_minus_one_model_compiles_and_runs_like_onnxruntime(paddle_path, tmp_pat
     result = compile_model(paddle_path, clusters / "two.yaml", out, strategy="pipeline", shapes={"x": (1, 3, 16, 16)})
     assert result.manifest["inputs"][0]["shape"] == [1, 3, 16, 16]
     x = np.random.default_rng(7).normal(size=(1, 3, 16, 16)).astype(np.float32)
-    got = run_manifest(load_manifest(out / "manifest.json"), {"x": x}, warmup=False).outputs["y"]
+    got = run_manifest(load_manifest(out / "manifest.json"), {"x": x}, warmup=0).outputs["y"]
     want = ort.InferenceSession(str(paddle_path), providers=["CPUExecutionProvider"]).run(["y"], {"x": x})[0]
     assert got.shape == (1, 10)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

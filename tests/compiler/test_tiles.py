@@ -213,7 +213,7 @@ def run_verified(out: Path) -> float:
     """Replay on local workers (the runtime validates the manifest first); max |diff| against the whole model."""
     m = load_manifest(out / "manifest.json")
     inputs = random_inputs(m.inputs, seed=3)
-    result = run_manifest(m, inputs, threads=1, warmup=False, timeout=60)
+    result = run_manifest(m, inputs, threads=1, warmup=0, timeout=60)
     checked = verify_outputs(m, inputs, result.outputs, 1e-4)
     assert checked.passed, checked.per_output
     print(f"{out}: max|diff| {checked.max_abs_diff:.3g}")

@@ -55,7 +55,7 @@ def test_chain_random_inputs_verify_json(chain):
     res = invoke(chain.path, "--random-inputs", "--seed", "3", "--verify", "--json", "--repeat", "3")
     assert res.exit_code == 0, res.stderr
     report = json.loads(res.stdout)
-    assert set(report) == {"manifest", "latency_ms", "latencies_ms", "throughput_ips", "inflight", "compress",
+    assert set(report) == {"manifest", "latency_ms", "latencies_ms", "warmup", "throughput_ips", "inflight", "compress",
                            "outputs", "verify", "devices", "completed", "lost", "failovers", "adaptations", "emulation"}
     assert len(report["latencies_ms"]) == 3 and report["latency_ms"] > 0
     assert report["throughput_ips"] > 0 and report["inflight"] == 3  # a two-stage pipeline and its link
@@ -66,7 +66,38 @@ def test_chain_random_inputs_verify_json(chain):
     assert report["verify"]["requests_checked"] == 4 and report["emulation"] is None  # the warm-up too
     assert set(report["devices"]) == {"pi5-a", "pi4-a"}
     assert all(d["fragments_run_ms"] > 0 and d["local"] and d["requests"] == 4 for d in report["devices"].values())
+    assert report["warmup"] == 1
     assert not workers_of(chain.path)
+
+
+def test_warmup_runs_untimed_requests_first(chain):
+    """--warmup N: N requests run (and are verified) before the --repeat timed ones, which alone are timed."""
+    res = invoke(chain.path, "--random-inputs", "--verify", "--json", "--repeat", "2", "--warmup", "3")
+    assert res.exit_code == 0, res.stderr
+    report = json.loads(res.stdout)
+    assert report["warmup"] == 3 and len(report["latencies_ms"]) == 2 and report["completed"] == 2
+    assert report["verify"]["requests_checked"] == 5
+    assert all(d["requests"] == 5 for d in report["devices"].values())
+    assert "warm-up request 3/3" in res.stderr
+    res = invoke(chain.path, "--random-inputs", "--json", "--warmup", "0")
+    assert res.exit_code == 0, res.stderr
+    assert all(d["requests"] == 1 for d in json.loads(res.stdout)["devices"].values())
+
+
+@pytest.mark.parametrize("value", ["-1", "1001", "x"])
+def test_bad_warmup_exits_2(chain, value):
+    res = invoke(chain.path, "--random-inputs", "--warmup", value)
+    assert res.exit_code == 2 and "--warmup" in res.stderr and "Traceback" not in res.stderr
+    assert not workers_of(chain.path)
+
+
+def test_warmup_of_the_api_is_checked(chain):
+    from edgec.runtime.api import run as api_run
+    from edgec.runtime.errors import InputError
+
+    for bad in (-1, True, 1.5):
+        with pytest.raises(InputError, match="warmup"):
+            api_run(chain.path, random_inputs=True, warmup=bad)
 
 
 def test_spatial_inputs_file_verify_and_output(spatial, tmp_path):
