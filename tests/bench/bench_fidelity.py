@@ -2,7 +2,7 @@
 and whether `edgec profile` agrees with itself.
 
     python tests/bench/bench_fidelity.py [--parts single,two,stability] [--profile HOST.yaml] [--repeat 10]
-                                         [--rounds 3] [--models resnet50,...] [--two-models resnet50,...]
+                                         [--warmup 5] [--rounds 3] [--models resnet50,...] [--two-models resnet50,...]
                                          [--baseline-profile OLD.yaml] [--folder DIR] [--json FILE]
 
 Markdown to stdout, progress to stderr; --json FILE writes every row, the load and the probes.  The targets
@@ -20,7 +20,9 @@ one-device cluster whose device runs 1 thread (`threads: 1`):
       before: the roofline with the profile's top-level figures only (its `threads:`, op table and efficiency
               curves removed: what the cost model read before it used them);
       after:  the profile as measured, for the device's thread count;
-  - measured latency (`edgec run --threads 1 --repeat N --json`): the median over the N requests;
+  - measured latency (`edgec run --threads 1 --warmup W --repeat N --json`): the median over the N requests
+    after W untimed ones (default 5: a run's first requests are slower while its workers allocate and their
+    caches fill, by 5-20% on the spatial plans here; the predictions are of the steady state);
   - the error of each prediction, (predicted - measured) / measured; then the median and worst |error|.
   Target: median at most 10%, worst at most 20%.
 
@@ -41,7 +43,7 @@ its transfers, from `edgec run --report`), so the choice can be checked on the h
   - Predicted speed-up over a single device (the part-single cluster, same profile): latency, single predicted
     latency / two-device predicted latency; for a throughput plan also throughput, two-device predicted
     throughput / single predicted throughput.
-  - Measured the same way, from `edgec run --threads 1 --repeat N --json`: latency is its `latency_ms` (the
+  - Measured the same way, from `edgec run --threads 1 --warmup W --repeat N --json`: latency is its `latency_ms` (the
     median request) with `--inflight 1`, throughput its `throughput_ips` streaming at the default --inflight
     (the plan's pipeline depth).  The machine is shared and noisy, so single and two-device runs alternate:
     --rounds rounds, each the single-device run then every plan's runs; each figure is the median over the
@@ -165,8 +167,11 @@ def compile_json(model: Path, devices: Path, outdir: Path, *flags: str) -> dict:
     return json.loads(edgec("compile", model, "--devices", devices, "-o", outdir, *flags, "--json"))
 
 
+WARMUP = 5  # untimed requests before every measurement (--warmup)
+
+
 def run_json(outdir: Path, repeat: int, *flags: str) -> dict:
-    return json.loads(edgec("run", outdir / "manifest.json", "--threads", "1", "--repeat", repeat,
+    return json.loads(edgec("run", outdir / "manifest.json", "--threads", "1", "--warmup", WARMUP, "--repeat", repeat,
                             "--random-inputs", "--json", *flags))
 
 
@@ -478,6 +483,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
     ap.add_argument("--profile", type=Path, help="a profile made with `edgec profile --threads 1` (default: make one)")
     ap.add_argument("--repeat", type=int, default=10, help="requests per measurement (median)")
+    ap.add_argument("--warmup", type=int, default=WARMUP, help="untimed requests before each measurement")
     ap.add_argument("--rounds", type=int, default=3, help="part two: alternating single/two-device rounds (median)")
     ap.add_argument("--models", default=",".join(MODELS), help="part single: comma-separated names under models/build")
     ap.add_argument("--two-models", default=",".join(TWO_MODELS), help="part two: comma-separated names under models/build")
@@ -491,6 +497,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error(f"--parts {','.join(args.parts)}: choose from {','.join(PARTS)}")
     if args.repeat < 1 or args.rounds < 1:
         ap.error("--repeat and --rounds must be at least 1")
+    if args.warmup < 0:
+        ap.error("--warmup must be at least 0")
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     args.two_models = [m.strip() for m in args.two_models.split(",") if m.strip()]
     for name in args.models * ("single" in args.parts) + args.two_models * ("two" in args.parts):
@@ -512,12 +520,14 @@ def host_profile(args: argparse.Namespace, folder: Path) -> tuple[Path, dict, di
 
 
 def main(argv: list[str] | None = None) -> int:
+    global WARMUP
     args = parse_args(argv)
+    WARMUP = args.warmup
     folder = args.folder or Path(tempfile.mkdtemp(prefix="edgec-fidelity-"))
     folder.mkdir(parents=True, exist_ok=True)
-    out: dict = {"repeat": args.repeat, "parts": args.parts, "loadavg_start": loadavg()}
+    out: dict = {"repeat": args.repeat, "warmup": args.warmup, "parts": args.parts, "loadavg_start": loadavg()}
     print(f"# Prediction fidelity: {os.cpu_count()} CPUs, load average at start {out['loadavg_start']}, "
-          f"{args.repeat} requests per measurement\n")
+          f"{args.repeat} requests per measurement after {args.warmup} untimed\n")
     if {"single", "two"} & set(args.parts):
         prof, load, doc = host_profile(args, folder)
         out["load"] = load
