@@ -52,9 +52,10 @@ Profile file (profiles/<name>.yaml)::
                                    #   (edgec profile: a batch-1 MatMul on 64 MB of weights); absent: not priced
     boundary_ms_per_mb: 0.11       # optional (>= 0): ms per MB of an activation crossing a fragment boundary
                                    #   between two convolutions, beyond one fused fragment (onnxruntime's layout
-                                   #   conversions to and from NCHWc on x86, plain copies elsewhere); absent: not priced
-    crop_ms_per_mb: 0.12           # optional (>= 0): ms per MB of an activation a fragment crops rows off
-                                   #   between two convolutions (a tile's shortcut); absent: not priced
+                                   #   conversions to and from NCHWc on x86; edgec profile: 4 / memory_gbps there,
+                                   #   0 where it converts nothing); absent: not priced
+    crop_ms_per_mb: 0.12           # optional (>= 0, not measured): ms per MB held of a crop inside a fragment
+                                   #   between two convolutions; absent: boundary_ms_per_mb prices it
     power_w: {idle: 2.7, busy: 7.0}   # watts; either may be null = unknown (`edgec profile` cannot measure power)
     radio_nj_per_byte: {tx: 4.0, rx: 4.0}   # optional: network interface energy per byte sent / received (nJ)
     mode: 2400MHz                  # optional: the name of the operating point the top-level figures describe

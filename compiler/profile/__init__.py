@@ -21,17 +21,15 @@ largest count's, for readers that know no thread counts.  Per count:
                            compute (cost/table.py): weights stream in from memory on every request, little
                            of it hidden behind the arithmetic, and every tile of a layer reads them all
   - boundary_ms_per_mb      what cutting a conv chain between two convolutions costs per MB of the activation
-                           that crosses the cut: t(x -> 1x1 Conv -> Relu) + t(the same on its output) -
-                           t(both in one model), less one run's fixed cost, / MB of [1, 64, 128, 128] floats.
-                           onnxruntime's x86 kernels run convolutions in a blocked layout (NCHWc), so each
-                           fragment converts its input into it and its output back; on ARM the same steps
-                           are plain copies: a property of the device, hence measured
-  - crop_ms_per_mb         what a Slice between two convolutions costs per MB it reads (a tile fragment cropping
-                           a residual shortcut to its rows): t(1x1 Conv -> Relu -> Slice dropping 2 of 128
-                           rows -> 1x1 Conv -> Relu) - t(the same without the Slice), plus the 2/128 share of
-                           the second conv the cropped model skips (the ReorderOutput + Slice + ReorderInput
-                           that onnxruntime's NCHWc layout puts around the Slice).  Either figure, when noise
-                           makes the difference negative, is written as 0 and said in measurement.warnings
+                           that crosses the cut: 4 / memory_gbps where onnxruntime runs convolutions in its
+                           blocked layout (NCHWc; read from the graph it optimises a 1x1 Conv -> Relu into:
+                           ReorderInput / ReorderOutput nodes), each end converting the activation with a read
+                           and a write of every byte; 0 where it does not (ARM).  Timed instead, as one- and
+                           two-fragment runs' difference, it read 0.08-0.17 ms per MB here and moved by up to a
+                           third between back-to-back profiles; 4 / memory_gbps is 0.11.  The tile model also
+                           prices a crop inside a fragment (a Slice between two convolutions: out of the layout,
+                           the Slice, back in) with it (cost/tiles.py Relayout); `crop_ms_per_mb` may be given
+                           in a profile instead (not measured)
   - op_overhead_us         fixed cost per ONNX node, the larger of
                            (a) the dispatch floor: (200 tiny Relu nodes - 1) / 199, and
                            (b) small layers: a chain of 50 (3x3 Conv 16 ch on 7x7 -> Relu) pairs against

@@ -11,10 +11,13 @@ spread, stable, the load meanwhile).  What each figure is: see the package docst
 from __future__ import annotations
 
 import math
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
@@ -24,7 +27,7 @@ from .load import LoadProbe, LoadSample, describe_load
 from .timing import Figure, Policy, Series, combine, model, rand, sig, time_model, vi
 
 __all__ = ["Bench", "Job", "measure_figures", "OP_TABLE_OPS", "CONV_HEIGHTS", "GEMM_ROWS", "MAX_EFFICIENCY",
-           "Relayout", "RelayoutShape", "relayout_shape", "relayout_figures"]
+           "blocked_layout", "boundary_ms_per_mb"]
 
 # A tile faster per FLOP than the large benchmark is possible (cache), but not by more than this; a larger
 # ratio means the tile's time was all per-operator overhead, where the cost model's overhead term rules.
@@ -67,7 +70,6 @@ class Bench:
         self.entries: dict[str, dict] = {}
         self.unstable: list[str] = []  # one line per timing whose spread stayed large
         self.unstable_names: list[str] = []  # "<timing> at <threads> thr (<spread>)" for the one-line warning
-        self.clamped: list[str] = []  # one line per figure whose difference of timings came out negative
 
     def add(self, name: str, data: bytes, feeds: dict, opt=_ALL) -> None:
         if any(j.name == name for j in self.jobs):
@@ -292,105 +294,36 @@ def small_layer_overhead_us(b: Bench) -> Callable[[Times, float], float]:
 
 
 # --------------------------------------------------------------------------------------------------
-# Cutting a conv chain into tile fragments: what the activations between two convolutions cost
+# Cutting a conv chain into tile fragments: the layout conversions at a fragment's ends
 
 
-@dataclass(frozen=True)
-class RelayoutShape:
-    """The activation between the two convolutions: [1, channels, rows, width] float32."""
-
-    channels: int
-    rows: int
-    width: int
-    cropped_rows: int  # how many rows the crop model's Slice drops
-
-    @property
-    def mb(self) -> float:
-        return 4 * self.channels * self.rows * self.width / 1e6
-
-
-def relayout_shape(quick: bool) -> RelayoutShape:
-    """4.2 MB (1 MB quick): more than a core's L2, as a conv net's activations are, while 1x1 convolutions of
-    64 channels keep the conv work small enough that the conversions are ~15% of the models' time (measured
-    at 1 thread: ~0.45 ms of ~3.5 ms), well above the few % the timings agree within.  The crop drops 2 of
-    128 rows (1 of 64 quick), so that relayout_figures' correction for the rows the second conv then skips
-    is off by at most 2/126 (1.6%) of the figure."""
-    return RelayoutShape(32, 64, 128, 1) if quick else RelayoutShape(64, 128, 128, 2)
+def blocked_layout(threads: int) -> bool:
+    """Whether onnxruntime runs convolutions here in its blocked layout (NCHWc): the graph it optimises a
+    small conv chain into holds ReorderInput / ReorderOutput nodes (x86 with AVX2 and up; not on ARM).
+    Read from the graph onnxruntime writes, not timed: the conversions' time, as a difference of runs with
+    and without a fragment boundary, moved by up to a third between back-to-back profiles on this shared
+    machine, where memory_gbps, which prices them (boundary_ms_per_mb), holds within a few %."""
+    c = 16
+    w = numpy_helper.from_array(np.full((c, c, 1, 1), 0.1, np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["y"])]
+    data = model(nodes, [vi("x", (1, c, 8, 8))], [vi("y", (1, c, 8, 8))], [w])
+    with tempfile.TemporaryDirectory(prefix="edgec-layout-") as tmp:
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
+        so.log_severity_level = 3
+        ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+        optimized = onnx.load(so.optimized_model_filepath)
+    return any(n.op_type in ("ReorderInput", "ReorderOutput") for n in optimized.graph.node)
 
 
-# The timings: fragment A (x -> conv1), fragment B (its output -> conv2), both fused in one model, and the
-# fused model with rows cropped between the convolutions.
-_FRAGMENT_A, _FRAGMENT_B = "boundary_ms_per_mb.fragment_a", "boundary_ms_per_mb.fragment_b"
-_FUSED = "boundary_ms_per_mb.fused"
-_CROPPED = "crop_ms_per_mb.cropped"
-
-
-def _conv1x1_chain(s: RelayoutShape, weights: list, crop: bool = False) -> bytes:
-    """Conv 1x1 -> Relu per weight, in a chain on a [1, C, rows, width] input; with crop, a Slice between the
-    first two convolutions drops the last cropped_rows rows, as the emitter crops a residual shortcut to
-    the rows of a tile."""
-    nodes, inits, cur, rows = [], list(weights), "x", s.rows
-    for i, w in enumerate(weights):
-        if crop and i == 1:
-            bounds = {"starts": 0, "ends": s.rows - s.cropped_rows, "axes": 2}
-            inits += [numpy_helper.from_array(np.array([v], np.int64), k) for k, v in bounds.items()]
-            nodes.append(helper.make_node("Slice", [cur, *bounds], ["cropped"], name="crop"))
-            cur, rows = "cropped", s.rows - s.cropped_rows
-        nodes.append(helper.make_node("Conv", [cur, w.name], [f"conv{i}"], name=f"conv{i}"))
-        nodes.append(helper.make_node("Relu", [f"conv{i}"], [f"act{i}"], name=f"relu{i}"))
-        cur = f"act{i}"
-    nodes[-1].output[0] = "y"
-    return model(nodes, [vi("x", (1, s.channels, s.rows, s.width))], [vi("y", (1, s.channels, rows, s.width))], inits)
-
-
-@dataclass(frozen=True)
-class Relayout:
-    boundary_ms_per_mb: float
-    crop_ms_per_mb: float
-    clamped: tuple[str, ...]  # one line per figure whose difference came out negative and was written as 0
-
-
-def bench_relayout(b: Bench) -> Callable[[Times], Relayout]:
-    """Adds the models of boundary_ms_per_mb and crop_ms_per_mb; the formula is relayout_figures.  Random
-    weights: constant ones could let the optimiser fold the convolutions.  Needs dispatch_floor_us's
-    one-node chain (a run's fixed cost)."""
-    s = relayout_shape(b.quick)
-    w1, w2 = (numpy_helper.from_array(rand(b.rng, s.channels, s.channels, 1, 1) * 0.1, n) for n in ("w1", "w2"))
-    x = rand(b.rng, 1, s.channels, s.rows, s.width)
-    b.add(_FRAGMENT_A, _conv1x1_chain(s, [w1]), {"x": x})
-    b.add(_FRAGMENT_B, _conv1x1_chain(s, [w2]), {"x": np.maximum(x, 0)})  # A's output: a Relu's
-    b.add(_FUSED, _conv1x1_chain(s, [w1, w2]), {"x": x})
-    b.add(_CROPPED, _conv1x1_chain(s, [w1, w2], crop=True), {"x": x})
-    return lambda t: relayout_figures(t, s, b.threads)
-
-
-def relayout_figures(t: Times, s: RelayoutShape, threads: int) -> Relayout:
-    """boundary: A + B - AB, less one run's fixed cost (B is one more run, a cost that does not grow with
-    the tensor), per MB of the tensor between them.
-
-    crop: cropped - AB, per MB of the tensor the Slice reads, corrected for the cropped model running its
-    second conv and final conversion out on cropped_rows fewer rows: plus B's time beyond a run's fixed
-    cost (conversion in, conv2, conversion out) x cropped_rows / rows.  B's conversion in is part of that
-    correction though the cropped model skips none of it (its conversion in after the Slice is part of the
-    crop), so the figure is high by at most cropped_rows / (rows - cropped_rows) of itself: 1.6% at
-    relayout_shape's shapes."""
-    run = t[_ONE_NODE]
-    clamped: list[str] = []
-    boundary = _per_mb(t[_FRAGMENT_A] + t[_FRAGMENT_B] - t[_FUSED] - run, s.mb, "boundary_ms_per_mb",
-                       "fragment A + fragment B - fused - one run's fixed cost", threads, clamped)
-    skipped = max(t[_FRAGMENT_B] - run, 0.0) * s.cropped_rows / s.rows
-    crop = _per_mb(t[_CROPPED] - t[_FUSED] + skipped, s.mb, "crop_ms_per_mb",
-                   f"cropped - fused + the {s.cropped_rows} skipped rows' share of fragment B", threads, clamped)
-    return Relayout(boundary, crop, tuple(clamped))
-
-
-def _per_mb(extra_s: float, mb: float, figure: str, what: str, threads: int, clamped: list[str]) -> float:
-    """ms per MB; a negative difference (noise larger than the cost) is 0, and said in `clamped`."""
-    if extra_s >= 0:
-        return extra_s * 1e3 / mb
-    clamped.append(f"{threads_label(threads)}, {figure}: {what} came out {extra_s * 1e3:.3g} ms, below 0 "
-                   "(the timings' noise exceeds the cost); written as 0")
-    return 0.0
+def boundary_ms_per_mb(memory_gbps: float, blocked: bool) -> float:
+    """An activation crossing a fragment boundary between two convolutions, per MB: converted out of the
+    blocked layout at the end of one fragment and into it at the start of the next, each conversion a read
+    and a write of every byte at memory_gbps (4 / memory_gbps ms per MB; 0.11 at this machine's ~36 GB/s,
+    where the timed difference of one- and two-fragment runs read 0.08-0.17); 0 where nothing converts."""
+    return 4.0 / memory_gbps if blocked else 0.0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -503,7 +436,6 @@ def measure_figures(b: Bench) -> dict:
     small = small_layer_overhead_us(b)
     conv, dw, gemm, other, mem = bench_conv(b), bench_depthwise(b), bench_gemm(b), bench_other(b), bench_memory(b)
     weights = bench_weights(b)
-    relayout = bench_relayout(b)
     ops = op_table(b)
     curves = {"conv": conv_curve(b), "gemm": gemm_curve(b)}
     n = b.threads
@@ -520,10 +452,10 @@ def measure_figures(b: Bench) -> dict:
     memory = mem(t)
     weight_gbps = weights(t)
     b.say(f"    memory (elementwise) {memory:.1f} GB/s, weights (batch-1 MatMul) {weight_gbps:.1f} GB/s")
-    r = relayout(t)
-    b.clamped.extend(r.clamped)
-    b.say(f"    between two convs: fragment boundary {r.boundary_ms_per_mb:.3g} ms/MB, "
-          f"crop {r.crop_ms_per_mb:.3g} ms/MB" + (f" ({len(r.clamped)} clamped to 0: timing noise)" if r.clamped else ""))
+    blocked = blocked_layout(b.threads)
+    boundary = boundary_ms_per_mb(memory, blocked)
+    b.say(f"    convolutions in a blocked layout: {'yes' if blocked else 'no'}; a fragment boundary between two "
+          f"costs {boundary:.3g} ms per MB")
     table = ops(t, overhead_us)
     b.say("    ms per million output elements: " + ", ".join(f"{k} {v:g}" for k, v in table.items()))
     eff = {k: curve(t, g[k], overhead_us) for k, curve in curves.items()}
@@ -534,8 +466,7 @@ def measure_figures(b: Bench) -> dict:
                    "other": sig(min(g_convt, g_lstm))},
         "memory_gbps": sig(memory),
         "weight_gbps": sig(weight_gbps),
-        "boundary_ms_per_mb": sig(r.boundary_ms_per_mb),
-        "crop_ms_per_mb": sig(r.crop_ms_per_mb),
+        "boundary_ms_per_mb": sig(boundary),
         "op_ms_per_melem": table,
         "efficiency": eff,
     }

@@ -157,17 +157,10 @@ def _sources(stamp: str, counts: list[int], quick: bool, policy: Policy, power_g
 
 
 def _relayout_sources(quick: bool) -> list[str]:
-    s = bench.relayout_shape(quick)
-    shape = f"[1, {s.channels}, {s.rows}, {s.width}] float32 ({s.mb:.2g} MB)"
-    return [
-        f"boundary_ms_per_mb: (t(x -> 1x1 Conv -> Relu) + t(the same on its output) - t(both in one model) - one "
-        f"run's fixed cost (op_overhead_us's 1-node chain)) / MB of the {shape} activation between them, "
-        "default optimisation (onnxruntime converts to and from its blocked layout at each model's ends)",
-        f"crop_ms_per_mb: (t(1x1 Conv -> Relu -> Slice dropping {s.cropped_rows} of {s.rows} rows -> 1x1 Conv -> "
-        f"Relu) - t(the same without the Slice) + {s.cropped_rows}/{s.rows} of (t(the second conv alone) - a run's "
-        f"fixed cost): the rows the cropped model's second conv skips) / MB of the {shape} activation the Slice "
-        "reads; either is 0 where the difference came out negative (said in measurement.warnings)",
-    ]
+    return ["boundary_ms_per_mb: 4 / memory_gbps (an activation crossing a fragment boundary between two "
+            "convolutions is converted out of onnxruntime's blocked layout and back in, each a read and a write of "
+            "every byte) where onnxruntime optimises a 1x1 Conv -> Relu into a graph with ReorderInput/ReorderOutput "
+            "nodes, else 0"]
 
 
 def _layers_per_thread(model_path: str, counts: list[int], quick: bool, per_thread: dict[int, dict],
@@ -229,14 +222,12 @@ def measure_host(
     entries: dict[int, dict] = {}
     unstable: list[str] = []  # the timings whose spread stayed large, named for the one-line warning
     details: list[str] = []  # the same, each with the load it saw, for measurement.warnings
-    clamped: list[str] = []  # figures written as 0 because their difference of timings came out negative
     for n in counts:
         b = Bench(n, quick, policy, probe, strict, say)
         per_thread[n] = measure_figures(b)
         entries[n] = b.entries
         details.extend(b.unstable)
         unstable.extend(b.unstable_names)
-        clamped.extend(b.clamped)
     runtime, runtime_entries = _runtime_costs(policy, quick, strict, say, details, unstable) if runtime_costs else ({}, {})
     load.finish()
     _check_load(load.busy_during(), load.said_during(), "was", strict, warnings)
@@ -245,7 +236,7 @@ def measure_host(
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     sources = _sources(stamp, counts, quick, policy, power_idle_w is not None or power_busy_w is not None)
     layers = {} if model_path is None else _layers_per_thread(model_path, counts, quick, per_thread, sources, say)
-    for w in warnings + clamped:
+    for w in warnings:
         logger.warning(w)
     if unstable:  # one line for all of them; measurement.warnings has each with the load it saw
         logger.warning(f"spread stayed above {policy.max_spread:.0%} for {len(unstable)} timing"
@@ -268,7 +259,6 @@ def measure_host(
         "memory_gbps": top["memory_gbps"],
         "weight_gbps": top["weight_gbps"],
         "boundary_ms_per_mb": top["boundary_ms_per_mb"],
-        "crop_ms_per_mb": top["crop_ms_per_mb"],
         "op_ms_per_melem": dict(top["op_ms_per_melem"]),
         "efficiency": {k: [list(p) for p in v] for k, v in top["efficiency"].items()},
         "power_w": {"idle": power_idle_w, "busy": power_busy_w},
@@ -279,7 +269,7 @@ def measure_host(
             "max_seconds": policy.max_seconds,
             "load": load.section(),
             "threads": entries,
-            "warnings": warnings + details + clamped,
+            "warnings": warnings + details,
             **({"runtime": runtime_entries} if runtime_entries else {}),
         },
         "sources": sources + ([fixed_source(quick)] if runtime else []),
