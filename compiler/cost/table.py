@@ -122,11 +122,16 @@ class CostTable:
 
     @cached_property
     def crop_ms_per_byte(self) -> tuple[float | None, ...]:
-        """Per device, a fragment cropping rows off an activation it computed, per byte of that activation
-        (its figures' crop_ms_per_mb), or None where not measured: tiles.py then prices the crop as a copy
-        of the rows kept."""
-        return tuple(None if dev.figures.crop_ms_per_mb is None else dev.figures.crop_ms_per_mb / 1e6
-                     for dev in self.cluster.devices)
+        """Per device, a fragment cropping rows off an activation it computed, per byte of that activation:
+        its figures' crop_ms_per_mb where given, else its boundary_ms_per_mb (the crop converts the activation
+        out of the runtime's internal layout and back in, as a fragment boundary does), else None: tiles.py
+        then prices the crop as a copy of the rows kept (as it does where that copy costs more)."""
+        out = []
+        for dev in self.cluster.devices:
+            fig = dev.figures
+            mb = fig.crop_ms_per_mb if fig.crop_ms_per_mb is not None else fig.boundary_ms_per_mb
+            out.append(None if mb is None else mb / 1e6)
+        return tuple(out)
 
 
 def node_keys(layer: Layer, model: onnx.ModelProto | None = None) -> tuple[tuple[str, ...], ...]:

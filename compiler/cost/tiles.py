@@ -132,10 +132,12 @@ class Relayout:
     - Crops: every Slice the emitter writes inside the fragment (compiler/emit/tiles.py `_tile_nodes`),
       where a layer reads fewer rows of an activation than the tile holds (a residual shortcut cropped to
       the rows its Add keeps), one per distinct (tensor, rows read).  A crop of an activation the fragment
-      computed costs crop_ms_per_mb x the bytes held (the conversions around the Slice included); a crop
-      of the fragment's input, which arrives in the plain layout, and any crop on a device whose figures
-      lack crop_ms_per_mb, is a copy of the rows kept (`copy_ms`).  A tile pays a crop only where it
-      holds more rows than the layer reads (never a tile of the whole plane).
+      computed converts it out of the blocked layout, slices it and converts it back: crop_ms_per_mb (where
+      a profile gives it) or else boundary_ms_per_mb x the bytes held (ResNet-50's crops took 0.11 ms per MB
+      held in onnxruntime's profiler, its boundary figure 0.08-0.15), and never less than a copy of the
+      rows kept (`copy_ms`), which is what a crop of the fragment's input (it arrives in the plain layout)
+      and any crop on a device without either figure costs.  A tile pays a crop only where it holds more
+      rows than the layer reads (never a tile of the whole plane).
     The maps are one per tiled axis (rows; rows and columns for a grid); `ms` takes per-axis tile bounds
     that may be numpy arrays, so one call prices every tile [a, b) of a segment at once.
     """
@@ -146,7 +148,7 @@ class Relayout:
     in_cell: float  # bytes per cell (row, or row x column) of the segment input, and of its output
     out_cell: float
     boundary_pb: tuple  # per device: boundary ms per byte (0: not measured)
-    crop_pb: tuple  # per device: crop ms per byte held, or None (not measured: a copy)
+    crop_pb: tuple  # per device: crop ms per byte held, or None (neither figure: a copy)
     copy_pb: tuple  # per device: ms per byte copied (read and written once)
 
     @classmethod
@@ -184,13 +186,12 @@ class Relayout:
             m0 = maps[0]
             total = self.boundary_pb[d] * (self.in_cell * _box(maps, m0.input, a, b) + self.out_cell * _box(maps, m0.output, a, b))
         for t, i, cell, is_input in self.crops:
-            if is_input or self.crop_pb[d] is None:
-                kept = 1
-                for m, ak, bk in zip(maps, a, b):
-                    kept = kept * np.maximum(m.in_end[i][bk] - m.in_first[i][ak], 0)
-                price = self.copy_pb[d] * cell * kept
-            else:
-                price = self.crop_pb[d] * cell * _box(maps, t, a, b)
+            kept = 1
+            for m, ak, bk in zip(maps, a, b):
+                kept = kept * np.maximum(m.in_end[i][bk] - m.in_first[i][ak], 0)
+            price = self.copy_pb[d] * cell * kept
+            if not is_input and self.crop_pb[d] is not None:
+                price = np.maximum(price, self.crop_pb[d] * cell * _box(maps, t, a, b))
             total = total + np.where(self._cut(t, i, a, b), price, 0.0)
         return total
 

@@ -77,6 +77,21 @@ def test_a_tile_pays_its_conversions_and_its_crop(tmp_path):
     assert pred.latency_ms > plain.latency_ms
 
 
+def test_without_a_crop_figure_the_boundary_figure_prices_a_crop(tmp_path):
+    """The crop converts a out of the blocked layout and back, as a boundary does: boundary_ms_per_mb per
+    byte held; where that is below a copy of the rows kept (a runtime converting nothing), the copy."""
+    ing = residual(tmp_path)
+    graph = ing.graph
+    maps = (segment_maps(graph, 0, len(graph.layers), 2),)
+    conversions = BOUNDARY / 2e6 * (6 * 64 + 4 * 128)
+    rl = Relayout.build(graph, build_cost_table(graph, cluster(BOUNDARY, None), ing.sha256), maps)
+    assert rl.ms(0, (0,), (4,)) == pytest.approx(conversions + BOUNDARY / 1e6 * 5 * 128, rel=1e-12)
+    tiny = 1e-4  # ms per MB: less than a copy at memory_gbps
+    rl = Relayout.build(graph, build_cost_table(graph, cluster(tiny, None), ing.sha256), maps)
+    copy_kept = 2 * 4 * 128 / (BASE.memory_gbps * 1e6)
+    assert rl.ms(0, (0,), (4,)) == pytest.approx(tiny / 2e6 * (6 * 64 + 4 * 128) + copy_kept, rel=1e-12)
+
+
 def test_unmeasured_figures_price_a_crop_as_a_copy_and_no_conversion(tmp_path):
     ing = residual(tmp_path)
     graph = ing.graph
