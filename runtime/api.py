@@ -80,8 +80,9 @@ def run(manifest: str | os.PathLike, *, inputs: str | os.PathLike | Mapping[str,
     """
     common = dict(random_inputs=random_inputs, seed=seed, verify=verify, model=model, tolerance=tolerance,
                   repeat=repeat, warmup=warmup, threads=threads, emulate=emulate, timeout=timeout,
-                  addresses=addresses, keys=keys, inflight=inflight, compress=compress, heartbeat_ms=heartbeat_ms, report=report, dilate=dilate,
-                  trace=trace, adapt=adapt, adapt_threshold=adapt_threshold, adapt_for=adapt_for, slow=slow)
+                  addresses=addresses, keys=keys, inflight=inflight, compress=compress, heartbeat_ms=heartbeat_ms,
+                  report=report, dilate=dilate, trace=trace, adapt=adapt, adapt_threshold=adapt_threshold,
+                  adapt_for=adapt_for, slow=slow)
     if isinstance(inputs, Mapping):
         loaded = execute(manifest, arrays=inputs, **common)
     else:
@@ -135,8 +136,8 @@ def execute(manifest: str | os.PathLike, *, npz: str | None = None, pairs: Itera
     if verify:  # the reference first: every request's outputs are compared with it as they arrive
         logger.info("verifying against %s", m.model_path)
         checker = Checker(reference_outputs(m, given, model_checked=True), tolerance)
-    result = run_manifest(m, given, repeat=repeat, warmup=warmup, threads=threads, emulate=emulate, timeout=timeout,
-                          progress=logger.info, addresses=addresses, keys=keyring, inflight=inflight,
+    result = run_manifest(m, given, repeat=repeat, warmup=warmup, threads=threads, emulate=emulate,
+                          timeout=timeout, progress=logger.info, addresses=addresses, keys=keyring, inflight=inflight,
                           compress=compress, heartbeat_ms=heartbeat_ms, timings=report is not None, dilate=dilate,
                           check=None if checker is None else checker.add, trace=trace is not None,
                           adapter=adapter, slow=slow)

@@ -17,8 +17,8 @@ import numpy as np
 
 from .accuracy import summary_lines
 from .adapt import THRESHOLD
-from .api import MAX_DILATE, MAX_HEARTBEAT_MS, MAX_INFLIGHT, MAX_THREADS, MAX_WARMUP, MIN_HEARTBEAT_MS, RequestsChecked, execute, \
-    parse_addresses, parse_slow, report, write_npz
+from .api import MAX_DILATE, MAX_HEARTBEAT_MS, MAX_INFLIGHT, MAX_THREADS, MAX_WARMUP, MIN_HEARTBEAT_MS, \
+    RequestsChecked, execute, parse_addresses, parse_slow, report, write_npz
 from .cache import FragmentCache, default_cache_dir
 from .compress import MODES as COMPRESS_MODES
 from .coordinator import HEARTBEAT_MISSES, HEARTBEAT_MS, RunResult
@@ -239,7 +239,8 @@ def _run(manifest_arg, inputs_file, input_pairs, random_inputs, seed, verify, mo
     manifest, result, checked = execute(manifest_arg, npz=inputs_file, pairs=input_pairs, random_inputs=random_inputs,
                                         seed=seed, verify=verify, model=model_file, tolerance=tolerance,
                                         repeat=repeat, warmup=warmup, threads=threads, emulate=emulate,
-                                        timeout=timeout, addresses=parse_addresses(address_pairs), keys=keys_dir, inflight=inflight,
+                                        timeout=timeout, addresses=parse_addresses(address_pairs), keys=keys_dir,
+                                        inflight=inflight,
                                         compress=compress, heartbeat_ms=heartbeat_ms, report=report_file,
                                         dilate=dilate, trace=trace_file, adapt=adapt,
                                         adapt_threshold=adapt_threshold, adapt_for=adapt_for,

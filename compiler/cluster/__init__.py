@@ -50,19 +50,16 @@ Profile file (profiles/<name>.yaml)::
     memory_gbps: 8.0               # sustained GB/s for memory-bound ops (> 0)
     weight_gbps: 6.5               # optional: GB/s at which a layer's weights stream in on top of its compute
                                    #   (edgec profile: a batch-1 MatMul on 64 MB of weights); absent: not priced
-    boundary_ms_per_mb: 0.11       # optional (>= 0): ms per MB of an activation crossing a fragment boundary
-                                   #   between two convolutions, beyond one fused fragment (onnxruntime's layout
-                                   #   conversions to and from NCHWc on x86; edgec profile: 4 / memory_gbps there,
-                                   #   0 where it converts nothing); absent: not priced
-    crop_ms_per_mb: 0.12           # optional (>= 0, not measured): ms per MB held of a crop inside a fragment
-                                   #   between two convolutions; absent: boundary_ms_per_mb prices it
+    layout_conversions: true       # optional (default false): onnxruntime runs convolutions in a blocked layout
+                                   #   (NCHWc, x86), so a tile fragment converts at its ends and around its crops
+                                   #   (edgec profile reads it; the cost model prices a conversion at memory_gbps)
     power_w: {idle: 2.7, busy: 7.0}   # watts; either may be null = unknown (`edgec profile` cannot measure power)
     radio_nj_per_byte: {tx: 4.0, rx: 4.0}   # optional: network interface energy per byte sent / received (nJ)
     mode: 2400MHz                  # optional: the name of the operating point the top-level figures describe
     modes:                         # optional: other operating points, each sourced; the energy planner picks one
       1500MHz: {power_w: {idle: 2.9, busy: 5.0}, sources: ["..."], gflops: {...}, memory_gbps: 7.0}
-                                   #   (gflops, memory_gbps, weight_gbps, boundary_ms_per_mb, crop_ms_per_mb,
-                                   #   op_overhead_us, op_ms_per_melem override the top level)
+                                   #   (gflops, memory_gbps, weight_gbps, op_overhead_us, op_ms_per_melem override
+                                   #   the top level)
     sources: ["..."]               # where each figure comes from
     layers: {}                     # optional measured tables {<model sha256>: {<onnx node name>: ms}}
     op_ms_per_melem:               # optional: ms per million output elements beyond op_overhead_us (> 0)
@@ -84,11 +81,11 @@ Profile file (profiles/<name>.yaml)::
 
 Required keys: name, memory_mb, usable_memory_fraction, runtime_overhead_mb, op_overhead_us, gflops,
 memory_gbps.  Optional: description (default ""), power_w (default both null), radio_nj_per_byte, mode,
-weight_gbps, boundary_ms_per_mb, crop_ms_per_mb, modes, sources (default none), layers, op_ms_per_melem,
+weight_gbps, layout_conversions, modes, sources (default none), layers, op_ms_per_melem,
 efficiency, threads, runtime, measurement (default empty).  A `layers` table is keyed by ONNX node name (not
 layer name): the cost model sums the node times of each layer.  A `threads:` entry holds the top level's
-figures (op_overhead_us, gflops, memory_gbps required; weight_gbps, boundary_ms_per_mb, crop_ms_per_mb,
-op_ms_per_melem, efficiency, layers optional) with the same names and bounds; `edgec profile` writes the
+figures (op_overhead_us, gflops, memory_gbps required; weight_gbps, op_ms_per_melem, efficiency, layers
+optional) with the same names and bounds; `edgec profile` writes the
 largest count's at the top level, so a reader that knows no thread counts reads the all-cores figures.  `Profile.figures(n)` picks
 a worker's.  `runtime:` is per device, not per thread count (no onnxruntime kernel runs in it); the cost
 model charges each message the mean of its two ends' message figures and each request half its

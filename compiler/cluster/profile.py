@@ -38,13 +38,6 @@ class Figures:
     # GB/s at which a layer's weights stream in from memory on top of its compute (None: not measured, weights
     # are not priced beyond the roofline's bytes): see cost/table.py.
     weight_gbps: float | None = None
-    # Cutting a conv chain into tile fragments (None: not measured, not priced): ms per MB (1e6 bytes) of an
-    # activation that crosses a fragment boundary between two convolutions, beyond what the one fused
-    # fragment pays; and ms per MB of an activation a fragment crops rows off between two convolutions.
-    # Where onnxruntime runs convolutions in a blocked layout (NCHWc, x86) both are layout conversions to
-    # and from it; elsewhere plain copies (edgec profile: bench.py relayout).
-    boundary_ms_per_mb: float | None = None
-    crop_ms_per_mb: float | None = None
 
 
 @dataclass(frozen=True)
@@ -128,8 +121,10 @@ class Profile:
     modes: dict[str, Mode] = field(default_factory=dict, hash=False, repr=False)  # power modes besides the top level's
     top_mode: str = DEFAULT_MODE  # the name of the top level's operating point
     weight_gbps: float | None = None  # top level: see Figures
-    boundary_ms_per_mb: float | None = None  # top level: see Figures
-    crop_ms_per_mb: float | None = None  # top level: see Figures
+    # onnxruntime runs convolutions here in a blocked layout (NCHWc), so a fragment converts a conv chain's
+    # activations at its ends and around a crop inside it (edgec profile reads it from the graph onnxruntime
+    # optimises; cost/tiles.py Relayout prices each conversion as a read and a write at memory_gbps).
+    layout_conversions: bool = False
 
     @property
     def mode_names(self) -> tuple[str, ...]:
@@ -151,7 +146,7 @@ class Profile:
         else the largest measured count below it (fewer threads: a slower, safe estimate); else the
         smallest measured.  The top level when `threads` is None or the profile has no `threads:`."""
         top = Figures(self.op_overhead_us, self.gflops, self.memory_gbps, self.op_ms_per_melem, self.efficiency,
-                      self.layers, self.weight_gbps, self.boundary_ms_per_mb, self.crop_ms_per_mb)
+                      self.layers, self.weight_gbps)
         if threads is None or not self.threads:
             return top
         if threads in self.threads:
@@ -252,8 +247,7 @@ def validate_profile_dict(data: Any, path: str) -> Profile:
         modes={name: _mode(m, top) for name, m in (doc.modes or {}).items()},
         top_mode=doc.mode or DEFAULT_MODE,
         weight_gbps=top.weight_gbps,
-        boundary_ms_per_mb=top.boundary_ms_per_mb,
-        crop_ms_per_mb=top.crop_ms_per_mb,
+        layout_conversions=doc.layout_conversions,
     )
 
 
@@ -273,8 +267,6 @@ def _mode(doc, top: Figures) -> Mode:
         efficiency=top.efficiency,
         layers={},
         weight_gbps=top.weight_gbps if doc.weight_gbps is None else doc.weight_gbps,
-        boundary_ms_per_mb=top.boundary_ms_per_mb if doc.boundary_ms_per_mb is None else doc.boundary_ms_per_mb,
-        crop_ms_per_mb=top.crop_ms_per_mb if doc.crop_ms_per_mb is None else doc.crop_ms_per_mb,
     )
     return Mode(figures, doc.power_w.idle, doc.power_w.busy, tuple(doc.sources))
 
@@ -313,6 +305,4 @@ def _figures(doc: ProfileDoc | FiguresDoc) -> Figures:
                     for k, curve in (doc.efficiency or {}).items()},
         layers={model: dict(table) for model, table in (doc.layers or {}).items()},
         weight_gbps=doc.weight_gbps,
-        boundary_ms_per_mb=doc.boundary_ms_per_mb,
-        crop_ms_per_mb=doc.crop_ms_per_mb,
     )

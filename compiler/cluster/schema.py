@@ -94,8 +94,6 @@ class FiguresDoc(_Doc):
     gflops: GflopsDoc
     memory_gbps: Positive
     weight_gbps: Positive | None = None
-    boundary_ms_per_mb: NonNegative | None = None
-    crop_ms_per_mb: NonNegative | None = None
     op_ms_per_melem: dict[OpKey, Positive] | None = None
     efficiency: dict[Literal[EFFICIENCY_KEYS], Curve] | None = None
     layers: Layers | None = None
@@ -152,8 +150,6 @@ class ModeDoc(_Doc):
     gflops: GflopsDoc | None = None
     memory_gbps: Positive | None = None
     weight_gbps: Positive | None = None
-    boundary_ms_per_mb: NonNegative | None = None
-    crop_ms_per_mb: NonNegative | None = None
     op_ms_per_melem: dict[OpKey, Positive] | None = None
 
 
@@ -207,8 +203,7 @@ class ProfileDoc(_Doc):
     gflops: GflopsDoc
     memory_gbps: Positive
     weight_gbps: Positive | None = None
-    boundary_ms_per_mb: NonNegative | None = None
-    crop_ms_per_mb: NonNegative | None = None
+    layout_conversions: bool = False  # onnxruntime converts a conv chain's activations at a fragment's ends
     power_w: PowerDoc | None = None
     radio_nj_per_byte: RadioDoc | None = None
     mode: ModeName | None = None  # the name of the top-level operating point, with `modes`

@@ -113,25 +113,12 @@ class CostTable:
         return tuple(dev.figures.memory_gbps * 1e6 for dev in self.cluster.devices)  # GB/s = 1e6 bytes/ms
 
     @cached_property
-    def boundary_ms_per_byte(self) -> tuple[float, ...]:
-        """Per device, what one end of a fragment boundary in a conv chain costs per byte of the activation
-        crossing it: half its figures' boundary_ms_per_mb, which counts both ends (converting out of the
-        runtime's internal layout in one fragment and back in in the next); 0 where not measured.  tiles.py
-        prices a tile fragment's input and its output with it."""
-        return tuple((dev.figures.boundary_ms_per_mb or 0.0) / 2e6 for dev in self.cluster.devices)
-
-    @cached_property
-    def crop_ms_per_byte(self) -> tuple[float | None, ...]:
-        """Per device, a fragment cropping rows off an activation it computed, per byte of that activation:
-        its figures' crop_ms_per_mb where given, else its boundary_ms_per_mb (the crop converts the activation
-        out of the runtime's internal layout and back in, as a fragment boundary does), else None: tiles.py
-        then prices the crop as a copy of the rows kept (as it does where that copy costs more)."""
-        out = []
-        for dev in self.cluster.devices:
-            fig = dev.figures
-            mb = fig.crop_ms_per_mb if fig.crop_ms_per_mb is not None else fig.boundary_ms_per_mb
-            out.append(None if mb is None else mb / 1e6)
-        return tuple(out)
+    def conversion_ms_per_byte(self) -> tuple[float, ...]:
+        """Per device, converting one byte of an activation into or out of the runtime's blocked layout: a
+        read and a write at its figures' memory_gbps where its profile says the runtime converts
+        (`layout_conversions`), else 0.  tiles.py prices a tile fragment's ends and its crops with it."""
+        return tuple(2.0 / bpm if dev.profile.layout_conversions else 0.0
+                     for dev, bpm in zip(self.cluster.devices, self.memory_bytes_per_ms))
 
 
 def node_keys(layer: Layer, model: onnx.ModelProto | None = None) -> tuple[tuple[str, ...], ...]:

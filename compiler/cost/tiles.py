@@ -43,8 +43,8 @@ from ..plan_types import Stage
 from ..spatial.regions import SegmentMaps, segment_maps
 from .table import CostTable
 
-__all__ = ["overhead_ms", "tile_ms", "efficiency", "Relayout", "SegmentCost", "Step", "StepModel", "row_bytes", "predict_stage",
-           "group_param_bytes", "StageWork", "run_stage", "copy_ms", "assembly_cells"]
+__all__ = ["overhead_ms", "tile_ms", "efficiency", "Relayout", "SegmentCost", "Step", "StepModel", "row_bytes",
+           "predict_stage", "group_param_bytes", "StageWork", "run_stage", "copy_ms", "assembly_cells"]
 
 logger = logging.getLogger(__name__)
 
@@ -116,28 +116,29 @@ def group_param_bytes(graph: LayerGraph, lo: int, hi: int) -> int:
     return sum(graph.layers[i].param_bytes for i in range(lo, hi))
 
 
-# Layers onnxruntime's CPU provider runs in its blocked (NCHWc) layout: a fragment made of them converts
-# its input into that layout and its output out of it, and a crop between two of them converts around
-# the Slice.  The profile's boundary_ms_per_mb and crop_ms_per_mb measure what that costs on a device.
+# Layers onnxruntime's CPU provider runs in its blocked (NCHWc) layout, where it does (x86): a fragment made
+# of them converts its input into that layout and its output out of it, and a crop between two of them
+# converts around the Slice.  A profile says whether the runtime converts (`layout_conversions`).
 BLOCKED_CLASSES = ("conv", "depthwise_conv")
 
 
 @dataclass(frozen=True, eq=False)
 class Relayout:
-    """What a tile fragment of one segment pays for being a fragment, beyond its layers' compute.
+    """What a tile fragment of one segment pays for being a fragment, beyond its layers' compute.  A
+    conversion into or out of the blocked layout, on a device whose runtime converts, is a read and a write
+    of every byte at its memory_gbps (CostTable.conversion_ms_per_byte; the timed difference of one- and
+    two-fragment runs read 0.08-0.17 ms per MB crossing a boundary here, two conversions at ~36 GB/s 0.11).
 
-    - Boundary: where the segment holds a convolution, its fragment converts its input into the runtime's
-      internal layout and its output back: boundary_ms_per_mb / 2 (the figure counts both ends of a
-      boundary) x (input box + output box) bytes.
+    - Boundary: where the segment holds a convolution, its fragment converts its input in and its output
+      out: one conversion of the input box and one of the output box.
     - Crops: every Slice the emitter writes inside the fragment (compiler/emit/tiles.py `_tile_nodes`),
       where a layer reads fewer rows of an activation than the tile holds (a residual shortcut cropped to
       the rows its Add keeps), one per distinct (tensor, rows read).  A crop of an activation the fragment
-      computed converts it out of the blocked layout, slices it and converts it back: crop_ms_per_mb (where
-      a profile gives it) or else boundary_ms_per_mb x the bytes held (ResNet-50's crops took 0.11 ms per MB
-      held in onnxruntime's profiler, its boundary figure 0.08-0.15), and never less than a copy of the
-      rows kept (`copy_ms`), which is what a crop of the fragment's input (it arrives in the plain layout)
-      and any crop on a device without either figure costs.  A tile pays a crop only where it holds more
-      rows than the layer reads (never a tile of the whole plane).
+      computed converts it out and back in around the Slice: two conversions of the bytes held
+      (onnxruntime's profiler put ResNet-50's at 0.11 ms per MB held).  A crop of the fragment's input (it
+      arrives in the plain layout), and any crop where the runtime converts nothing, is a copy of the rows
+      kept (`copy_ms`).  A tile pays a crop only where it holds more rows than the layer reads (never a tile
+      of the whole plane).
     The maps are one per tiled axis (rows; rows and columns for a grid); `ms` takes per-axis tile bounds
     that may be numpy arrays, so one call prices every tile [a, b) of a segment at once.
     """
@@ -147,8 +148,7 @@ class Relayout:
     crops: tuple  # (tensor, layer reading it, bytes per cell of the tensor, is the segment input)
     in_cell: float  # bytes per cell (row, or row x column) of the segment input, and of its output
     out_cell: float
-    boundary_pb: tuple  # per device: boundary ms per byte (0: not measured)
-    crop_pb: tuple  # per device: crop ms per byte held, or None (neither figure: a copy)
+    convert_pb: tuple  # per device: ms per byte converted (0: its runtime converts nothing)
     copy_pb: tuple  # per device: ms per byte copied (read and written once)
 
     @classmethod
@@ -166,32 +166,32 @@ class Relayout:
                 seen.add(key)
                 crops.append((t, i, graph.tensors[t].nbytes / cells(t), t == m0.input))
         boundary = any(graph.layers[i].cost_class in BLOCKED_CLASSES for i in range(m0.lo, m0.hi))
-        n = len(cost.devices)
         return cls(tuple(maps), boundary, tuple(crops),
                    graph.tensors[m0.input].nbytes / cells(m0.input), graph.tensors[m0.output].nbytes / cells(m0.output),
-                   cost.boundary_ms_per_byte, cost.crop_ms_per_byte,
-                   tuple(2.0 / cost.memory_bytes_per_ms[d] for d in range(n)))
+                   cost.conversion_ms_per_byte, tuple(2.0 / bpm for bpm in cost.memory_bytes_per_ms))
 
     def any(self, d: int) -> bool:
-        return bool(self.crops) or (self.boundary and self.boundary_pb[d] > 0)
+        return bool(self.crops) or (self.boundary and self.convert_pb[d] > 0)
 
     def prices(self, d: int) -> tuple:
-        return self.boundary_pb[d], self.crop_pb[d], self.copy_pb[d]
+        return self.convert_pb[d], self.copy_pb[d]
 
     def ms(self, d: int, a: tuple, b: tuple):
         """The tile with bounds [a[k], b[k]) along each map's axis k, on device d (arrays broadcast)."""
-        maps = self.maps
+        maps, convert = self.maps, self.convert_pb[d]
         total = 0.0
-        if self.boundary and self.boundary_pb[d] > 0:
+        if self.boundary and convert > 0:
             m0 = maps[0]
-            total = self.boundary_pb[d] * (self.in_cell * _box(maps, m0.input, a, b) + self.out_cell * _box(maps, m0.output, a, b))
+            total = convert * (self.in_cell * _box(maps, m0.input, a, b)
+                               + self.out_cell * _box(maps, m0.output, a, b))
         for t, i, cell, is_input in self.crops:
-            kept = 1
-            for m, ak, bk in zip(maps, a, b):
-                kept = kept * np.maximum(m.in_end[i][bk] - m.in_first[i][ak], 0)
-            price = self.copy_pb[d] * cell * kept
-            if not is_input and self.crop_pb[d] is not None:
-                price = np.maximum(price, self.crop_pb[d] * cell * _box(maps, t, a, b))
+            if is_input or convert == 0:
+                kept = 1
+                for m, ak, bk in zip(maps, a, b):
+                    kept = kept * np.maximum(m.in_end[i][bk] - m.in_first[i][ak], 0)
+                price = self.copy_pb[d] * cell * kept
+            else:
+                price = 2 * convert * cell * _box(maps, t, a, b)
             total = total + np.where(self._cut(t, i, a, b), price, 0.0)
         return total
 

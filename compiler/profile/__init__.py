@@ -20,16 +20,14 @@ largest count's, for readers that know no thread counts.  Per count:
                            holds) / time.  The cost model adds a layer's weight bytes / weight_gbps to its
                            compute (cost/table.py): weights stream in from memory on every request, little
                            of it hidden behind the arithmetic, and every tile of a layer reads them all
-  - boundary_ms_per_mb      what cutting a conv chain between two convolutions costs per MB of the activation
-                           that crosses the cut: 4 / memory_gbps where onnxruntime runs convolutions in its
-                           blocked layout (NCHWc; read from the graph it optimises a 1x1 Conv -> Relu into:
-                           ReorderInput / ReorderOutput nodes), each end converting the activation with a read
-                           and a write of every byte; 0 where it does not (ARM).  Timed instead, as one- and
-                           two-fragment runs' difference, it read 0.08-0.17 ms per MB here and moved by up to a
-                           third between back-to-back profiles; 4 / memory_gbps is 0.11.  The tile model also
-                           prices a crop inside a fragment (a Slice between two convolutions: out of the layout,
-                           the Slice, back in) with it (cost/tiles.py Relayout); `crop_ms_per_mb` may be given
-                           in a profile instead (not measured)
+  - layout_conversions     (top level, a yes/no) whether onnxruntime runs convolutions here in its blocked
+                           layout (NCHWc): read from the graph it optimises a 1x1 Conv -> Relu into
+                           (ReorderInput / ReorderOutput nodes; x86 with AVX2, not ARM).  Then a tile fragment
+                           converts a conv chain's activations at its ends and around a crop inside it, and the
+                           cost model prices each conversion as a read and a write of every byte at memory_gbps
+                           (cost/tiles.py Relayout: 0.11 ms per MB crossing a boundary at this machine's ~36
+                           GB/s, where the timed difference of one- and two-fragment runs read 0.08-0.17 and
+                           moved by up to a third between back-to-back profiles)
   - op_overhead_us         fixed cost per ONNX node, the larger of
                            (a) the dispatch floor: (200 tiny Relu nodes - 1) / 199, and
                            (b) small layers: a chain of 50 (3x3 Conv 16 ch on 7x7 -> Relu) pairs against

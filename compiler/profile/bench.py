@@ -27,7 +27,7 @@ from .load import LoadProbe, LoadSample, describe_load
 from .timing import Figure, Policy, Series, combine, model, rand, sig, time_model, vi
 
 __all__ = ["Bench", "Job", "measure_figures", "OP_TABLE_OPS", "CONV_HEIGHTS", "GEMM_ROWS", "MAX_EFFICIENCY",
-           "blocked_layout", "boundary_ms_per_mb"]
+           "blocked_layout"]
 
 # A tile faster per FLOP than the large benchmark is possible (cache), but not by more than this; a larger
 # ratio means the tile's time was all per-operator overhead, where the cost model's overhead term rules.
@@ -299,10 +299,11 @@ def small_layer_overhead_us(b: Bench) -> Callable[[Times, float], float]:
 
 def blocked_layout(threads: int) -> bool:
     """Whether onnxruntime runs convolutions here in its blocked layout (NCHWc): the graph it optimises a
-    small conv chain into holds ReorderInput / ReorderOutput nodes (x86 with AVX2 and up; not on ARM).
-    Read from the graph onnxruntime writes, not timed: the conversions' time, as a difference of runs with
-    and without a fragment boundary, moved by up to a third between back-to-back profiles on this shared
-    machine, where memory_gbps, which prices them (boundary_ms_per_mb), holds within a few %."""
+    small conv chain into holds ReorderInput / ReorderOutput nodes (x86 with AVX2 and up; not on ARM). The
+    profile's `layout_conversions`; the cost model prices each conversion at memory_gbps (cost/tiles.py
+    Relayout).  Read from the graph onnxruntime writes, not timed: timed as the difference of one- and
+    two-fragment runs, a boundary's conversions moved by up to a third between back-to-back profiles on this
+    shared machine, where memory_gbps holds within a few %."""
     c = 16
     w = numpy_helper.from_array(np.full((c, c, 1, 1), 0.1, np.float32), "w")
     nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["y"])]
@@ -316,14 +317,6 @@ def blocked_layout(threads: int) -> bool:
         ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
         optimized = onnx.load(so.optimized_model_filepath)
     return any(n.op_type in ("ReorderInput", "ReorderOutput") for n in optimized.graph.node)
-
-
-def boundary_ms_per_mb(memory_gbps: float, blocked: bool) -> float:
-    """An activation crossing a fragment boundary between two convolutions, per MB: converted out of the
-    blocked layout at the end of one fragment and into it at the start of the next, each conversion a read
-    and a write of every byte at memory_gbps (4 / memory_gbps ms per MB; 0.11 at this machine's ~36 GB/s,
-    where the timed difference of one- and two-fragment runs read 0.08-0.17); 0 where nothing converts."""
-    return 4.0 / memory_gbps if blocked else 0.0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -452,10 +445,6 @@ def measure_figures(b: Bench) -> dict:
     memory = mem(t)
     weight_gbps = weights(t)
     b.say(f"    memory (elementwise) {memory:.1f} GB/s, weights (batch-1 MatMul) {weight_gbps:.1f} GB/s")
-    blocked = blocked_layout(b.threads)
-    boundary = boundary_ms_per_mb(memory, blocked)
-    b.say(f"    convolutions in a blocked layout: {'yes' if blocked else 'no'}; a fragment boundary between two "
-          f"costs {boundary:.3g} ms per MB")
     table = ops(t, overhead_us)
     b.say("    ms per million output elements: " + ", ".join(f"{k} {v:g}" for k, v in table.items()))
     eff = {k: curve(t, g[k], overhead_us) for k, curve in curves.items()}
@@ -466,7 +455,6 @@ def measure_figures(b: Bench) -> dict:
                    "other": sig(min(g_convt, g_lstm))},
         "memory_gbps": sig(memory),
         "weight_gbps": sig(weight_gbps),
-        "boundary_ms_per_mb": sig(boundary),
         "op_ms_per_melem": table,
         "efficiency": eff,
     }

@@ -138,7 +138,7 @@ def _sources(stamp: str, counts: list[int], quick: bool, policy: Policy, power_g
         "memory_gbps: elementwise Add of two 2M-float tensors (may partly fit in cache), (2 inputs + 1 output) bytes / time",
         "weight_gbps: a batch-1 MatMul 1x4096 by 4096x4096 (64 MB of weights, more than any cache holds), "
         "weight bytes / time" + (" (quick mode: 2048x2048, 16 MB, may partly fit in cache)" if quick else ""),
-        *_relayout_sources(quick),
+        *_relayout_sources(),
         "op_overhead_us: the larger of (a) the dispatch floor, (200-node tiny Relu chain - 1 node) / 199, and (b) small "
         "layers, (chain of 50 x [3x3 Conv 16 ch on 7x7 -> Relu] - one pair - their Conv FLOPs at the measured conv "
         "rate) / 98 nodes, default optimisation (Conv+Relu fuse as in the runtime)",
@@ -156,11 +156,10 @@ def _sources(stamp: str, counts: list[int], quick: bool, policy: Policy, power_g
     ]
 
 
-def _relayout_sources(quick: bool) -> list[str]:
-    return ["boundary_ms_per_mb: 4 / memory_gbps (an activation crossing a fragment boundary between two "
-            "convolutions is converted out of onnxruntime's blocked layout and back in, each a read and a write of "
-            "every byte) where onnxruntime optimises a 1x1 Conv -> Relu into a graph with ReorderInput/ReorderOutput "
-            "nodes, else 0"]
+def _relayout_sources() -> list[str]:
+    return ["layout_conversions: whether onnxruntime optimises a 1x1 Conv -> Relu into a graph with ReorderInput/"
+            "ReorderOutput nodes (its blocked layout; the cost model prices each conversion as a read and a write "
+            "of every byte at memory_gbps)"]
 
 
 def _layers_per_thread(model_path: str, counts: list[int], quick: bool, per_thread: dict[int, dict],
@@ -228,6 +227,8 @@ def measure_host(
         entries[n] = b.entries
         details.extend(b.unstable)
         unstable.extend(b.unstable_names)
+    conversions = bench.blocked_layout(counts[-1])
+    say(f"  onnxruntime runs convolutions in a blocked layout: {'yes' if conversions else 'no'} (layout_conversions)")
     runtime, runtime_entries = _runtime_costs(policy, quick, strict, say, details, unstable) if runtime_costs else ({}, {})
     load.finish()
     _check_load(load.busy_during(), load.said_during(), "was", strict, warnings)
@@ -258,7 +259,7 @@ def measure_host(
         "gflops": dict(top["gflops"]),
         "memory_gbps": top["memory_gbps"],
         "weight_gbps": top["weight_gbps"],
-        "boundary_ms_per_mb": top["boundary_ms_per_mb"],
+        "layout_conversions": conversions,
         "op_ms_per_melem": dict(top["op_ms_per_melem"]),
         "efficiency": {k: [list(p) for p in v] for k, v in top["efficiency"].items()},
         "power_w": {"idle": power_idle_w, "busy": power_busy_w},

@@ -421,9 +421,8 @@ def flat_figures(figures: dict) -> dict[str, tuple[float, bool]]:
     """A profile's per-thread figures by name: value, and whether the stability target covers it (the tile
     efficiency points are listed outside it)."""
     out = {"op_overhead_us": (figures["op_overhead_us"], True), "memory_gbps": (figures["memory_gbps"], True)}
-    for key in ("weight_gbps", "boundary_ms_per_mb", "crop_ms_per_mb"):  # optional figures
-        if key in figures:
-            out[key] = (figures[key], True)
+    if "weight_gbps" in figures:
+        out["weight_gbps"] = (figures["weight_gbps"], True)
     out |= {f"gflops.{k}": (v, True) for k, v in figures["gflops"].items()}
     out |= {f"op_ms_per_melem.{k}": (v, True) for k, v in (figures.get("op_ms_per_melem") or {}).items()}
     for kind, points in (figures.get("efficiency") or {}).items():

@@ -1,6 +1,7 @@
-"""What a tile fragment pays for being a fragment (cost/tiles.py Relayout): converting its input and output
-where it holds a convolution (boundary_ms_per_mb) and every crop the emitter writes inside it
-(crop_ms_per_mb, or a copy of the rows kept where the figure was not measured)."""
+"""What a tile fragment pays for being a fragment (cost/tiles.py Relayout): where the device's runtime converts
+layouts (the profile's layout_conversions), converting its input and output where it holds a convolution
+and each activation it crops (out and back in), each conversion a read and a write at memory_gbps; a crop
+of its own input, or any crop where nothing converts, is a copy of the rows kept."""
 
 from __future__ import annotations
 
@@ -24,12 +25,12 @@ from edgec.compiler.spatial.regions import segment_maps
 from edgec.runtime.manifest import load_manifest
 from tests.conftest import residual_model
 
-BOUNDARY, CROP = 0.3, 0.7  # ms per MB: large, so that a wrong byte count shows
 BASE = load_profile("rpi5")
+BYTE = 2 / (BASE.memory_gbps * 1e6)  # ms to convert (or copy) one byte: a read and a write at memory_gbps
 
 
-def cluster(boundary: float | None, crop: float | None, n: int = 2) -> Cluster:
-    prof = dataclasses.replace(BASE, boundary_ms_per_mb=boundary, crop_ms_per_mb=crop)
+def cluster(converts: bool, n: int = 2) -> Cluster:
+    prof = dataclasses.replace(BASE, layout_conversions=converts)
     devs = tuple(DeviceSpec(f"d{i}", prof, prof.memory_mb, None) for i in range(n))
     return Cluster(devs, 100.0, 0.2, "switched", {}, "test")
 
@@ -63,13 +64,12 @@ def test_a_tile_pays_its_conversions_and_its_crop(tmp_path):
     ing = residual(tmp_path)
     graph = ing.graph
     plan = whole_stage(graph, (Tile("d0", 0, 4), Tile("d1", 4, 8)))
-    cost, pred = emit(ing, cluster(BOUNDARY, CROP), plan, tmp_path / "out")
-    _, plain = emit(ing, cluster(None, None), plan, tmp_path / "plain")
-    copy_kept = 2 * 4 * 128 / (BASE.memory_gbps * 1e6)  # unmeasured crop: the Add's 4 rows copied
+    cost, pred = emit(ing, cluster(True), plan, tmp_path / "out")
+    _, plain = emit(ing, cluster(False), plan, tmp_path / "plain")
+    ends = BYTE * (6 * 64 + 4 * 128)  # x's 6 rows converted in, y's 4 rows out
+    crop = 2 * BYTE * 5 * 128  # a's 5 rows out and back in, against a copy of the Add's 4 rows without
     for n in range(2):
-        boundary = BOUNDARY / 2e6 * (6 * 64 + 4 * 128)  # the figure counts both ends
-        assert pred.tile_ms[0, 0, n] - plain.tile_ms[0, 0, n] == pytest.approx(boundary + CROP / 1e6 * 5 * 128 - copy_kept,
-                                                                            rel=1e-9), n
+        assert pred.tile_ms[0, 0, n] - plain.tile_ms[0, 0, n] == pytest.approx(ends + crop - BYTE * 4 * 128, rel=1e-9), n
     # the fragments carry it, and simulate (which replays them) agrees with the prediction
     manifest = load_manifest(tmp_path / "out" / "manifest.json")
     assert manifest.fragments["f0s0t1"].predicted_ms == pytest.approx(pred.tile_ms[0, 0, 1], abs=1e-4)
@@ -77,37 +77,22 @@ def test_a_tile_pays_its_conversions_and_its_crop(tmp_path):
     assert pred.latency_ms > plain.latency_ms
 
 
-def test_without_a_crop_figure_the_boundary_figure_prices_a_crop(tmp_path):
-    """The crop converts a out of the blocked layout and back, as a boundary does: boundary_ms_per_mb per
-    byte held; where that is below a copy of the rows kept (a runtime converting nothing), the copy."""
+def test_where_nothing_converts_a_crop_is_a_copy_and_the_ends_are_free(tmp_path):
     ing = residual(tmp_path)
     graph = ing.graph
-    maps = (segment_maps(graph, 0, len(graph.layers), 2),)
-    conversions = BOUNDARY / 2e6 * (6 * 64 + 4 * 128)
-    rl = Relayout.build(graph, build_cost_table(graph, cluster(BOUNDARY, None), ing.sha256), maps)
-    assert rl.ms(0, (0,), (4,)) == pytest.approx(conversions + BOUNDARY / 1e6 * 5 * 128, rel=1e-12)
-    tiny = 1e-4  # ms per MB: less than a copy at memory_gbps
-    rl = Relayout.build(graph, build_cost_table(graph, cluster(tiny, None), ing.sha256), maps)
-    copy_kept = 2 * 4 * 128 / (BASE.memory_gbps * 1e6)
-    assert rl.ms(0, (0,), (4,)) == pytest.approx(tiny / 2e6 * (6 * 64 + 4 * 128) + copy_kept, rel=1e-12)
-
-
-def test_unmeasured_figures_price_a_crop_as_a_copy_and_no_conversion(tmp_path):
-    ing = residual(tmp_path)
-    graph = ing.graph
-    cost = build_cost_table(graph, cluster(None, None), ing.sha256)
+    cost = build_cost_table(graph, cluster(False), ing.sha256)
     rl = Relayout.build(graph, cost, (segment_maps(graph, 0, len(graph.layers), 2),))
-    assert rl.ms(0, (0,), (4,)) == pytest.approx(2 * 4 * 128 / (BASE.memory_gbps * 1e6), rel=1e-12)
-    assert rl.ms(0, (0,), (8,)) == 0.0  # the whole plane: nothing to crop, and no conversion priced
+    assert rl.ms(0, (0,), (4,)) == pytest.approx(BYTE * 4 * 128, rel=1e-12)
+    assert rl.ms(0, (0,), (8,)) == 0.0  # the whole plane: nothing to crop, and nothing converts
 
 
 def test_a_tile_of_the_whole_plane_pays_no_crop(tmp_path):
     ing = residual(tmp_path)
     graph = ing.graph
-    cost = build_cost_table(graph, cluster(BOUNDARY, CROP), ing.sha256)
+    cost = build_cost_table(graph, cluster(True), ing.sha256)
     rl = Relayout.build(graph, cost, (segment_maps(graph, 0, len(graph.layers), 2),))
     assert rl.crops_in((0,), (8,)) == []
-    assert rl.ms(0, (0,), (8,)) == pytest.approx(BOUNDARY / 2e6 * (8 * 64 + 8 * 128), rel=1e-12)
+    assert rl.ms(0, (0,), (8,)) == pytest.approx(BYTE * (8 * 64 + 8 * 128), rel=1e-12)
     assert [t for t, _ in rl.crops_in((2,), (6,))] == ["a"]
 
 
@@ -116,7 +101,7 @@ def test_the_step_model_prices_tiles_as_predict_stage(tmp_path):
     conversions and crops included, for every split of the residual model's rows."""
     ing = residual(tmp_path)
     graph = ing.graph
-    cost = build_cost_table(graph, cluster(BOUNDARY, CROP), ing.sha256)
+    cost = build_cost_table(graph, cluster(True), ing.sha256)
     n = len(graph.layers)
     sc = SegmentCost.build(graph, cost, 0, n, 2)
     model = StepModel(cost, [0, 1])
@@ -137,16 +122,16 @@ def test_grid_tiles_pay_their_crops(tmp_path):
     n = len(graph.layers)
     tiles = tuple(Tile(f"d{2 * i + k}", *r, c) for i, r in enumerate(((0, 4), (4, 8))) for k, c in enumerate(((0, 4), (4, 8))))
     plan = Plan("manual", "latency", (Stage("d0", 0, n, SpatialGroup(2, (Segment(0, n, tiles),))),)).ensures(graph)
-    _, pred = emit(ing, cluster(BOUNDARY, CROP, 4), plan, tmp_path / "out")
-    _, plain = emit(ing, cluster(0.0, None, 4), plan, tmp_path / "plain")
-    cost = build_cost_table(graph, cluster(BOUNDARY, CROP, 4), ing.sha256)
+    _, pred = emit(ing, cluster(True, 4), plan, tmp_path / "out")
+    _, plain = emit(ing, cluster(False, 4), plan, tmp_path / "plain")
+    cost = build_cost_table(graph, cluster(True, 4), ing.sha256)
     rl = Relayout.build(graph, cost, (segment_maps(graph, 0, n, 2), segment_maps(graph, 0, n, 3)))
     for k, t in enumerate(tiles):
         box = ((t.start, t.cols[0]), (t.stop, t.cols[1]))
         assert [x for x, _ in rl.crops_in(*box)] == _slices(tmp_path / "out" / f"{t.device}.f0s0t{k}.onnx") == ["a"]
         held = 5 * 5 * 4 * 4  # a's 5 x 5 box of 4 channels
         kept = 4 * 4 * 4 * 4
-        want = BOUNDARY / 2e6 * (6 * 6 * 2 * 4 + 4 * 4 * 4 * 4) + CROP / 1e6 * held - 2 * kept / (BASE.memory_gbps * 1e6)
+        want = BYTE * (6 * 6 * 2 * 4 + 4 * 4 * 4 * 4) + 2 * BYTE * held - BYTE * kept
         assert pred.tile_ms[0, 0, k] - plain.tile_ms[0, 0, k] == pytest.approx(want, rel=1e-9), k
 
 
