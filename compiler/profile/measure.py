@@ -287,7 +287,8 @@ def _runtime_costs(policy: Policy, quick: bool, strict: bool, say: Callable[[str
                    unstable: list[str]) -> tuple[dict, dict]:
     """The runtime's costs and their `measurement.runtime` entries; an unstable timing is refused with
     strict, else a warning like any other figure's."""
-    costs, figures = measure_runtime_costs(policy, quick, say)
+    costs, figures, notes = measure_runtime_costs(policy, quick, say)
+    details.extend(notes)
     entries = {}
     for name, f in figures.items():
         entries[name] = {"runs": f.runs, "median_ms": sig(f.median_s * 1e3, 4),
@@ -302,8 +303,8 @@ def _runtime_costs(policy: Policy, quick: bool, strict: bool, say: Callable[[str
             unstable.append(f"runtime {name} ({f.spread:.0%})")
     say(f"  runtime: {costs['message_ms']:g} ms per message + {costs['message_ms_per_mb']:g} ms per MB, "
         f"{costs['request_ms']:g} ms per request"
-        + (f"; CPU {costs['message_cpu_ms_per_mb']:g} ms per MB, {costs['request_cpu_ms']:g} ms per request"
-           if "request_cpu_ms" in costs else ""))
+        + (f"; CPU {costs.get('message_cpu_ms_per_mb', 'not measured')} ms per MB, {costs['request_cpu_ms']:g} ms "
+           "per request" if "request_cpu_ms" in costs else ""))
     if "request_cpu_ms" not in costs:
         details.append("runtime CPU figures not measured: this system has no /proc/PID/task/*/schedstat; a "
                        "machine several devices share (cluster hosts:) is priced with the time figures")

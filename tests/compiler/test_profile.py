@@ -49,9 +49,13 @@ def test_measure_host_quick_runtime_costs(quick_profile):
     """The runtime's own costs, measured through its sockets and coordinator, timed like every figure."""
     p, lines = quick_profile
     rt = p["runtime"]
-    assert set(rt) == {"message_ms", "message_ms_per_mb", "request_ms", "message_cpu_ms_per_mb", "request_cpu_ms"}
+    assert set(rt) - {"message_cpu_ms_per_mb"} == {"message_ms", "message_ms_per_mb", "request_ms", "request_cpu_ms"}
     # CPU time of every thread of the coordinator and its workers, bounded like the time figures
-    assert 0 < rt["request_cpu_ms"] < 1000 and 0 < rt["message_cpu_ms_per_mb"] < 1000
+    assert 0 < rt["request_cpu_ms"] < 1000
+    if "message_cpu_ms_per_mb" in rt:
+        assert 0 < rt["message_cpu_ms_per_mb"] < 1000
+    else:  # left out where noise swamped it (the time figure stands in), and said
+        assert any(w.startswith("runtime message_cpu_ms_per_mb not written") for w in p["measurement"]["warnings"])
     # a hand-off through CURVE and ZeroMQ takes microseconds at least, and less than a second on any host
     assert 0.001 < rt["message_ms"] < 1000 and 0.001 < rt["request_ms"] < 1000 and rt["message_ms_per_mb"] >= 0
     timings = p["measurement"]["runtime"]

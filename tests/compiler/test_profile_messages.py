@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from edgec.compiler.profile import fixed
-from edgec.compiler.profile.timing import QUICK
+from edgec.compiler.profile.timing import QUICK, Figure
 from edgec.runtime.accuracy import transfer_keys
 from edgec.runtime.manifest import load_manifest
 from edgec.runtime.schedule import working_devices
@@ -59,8 +59,8 @@ def test_a_message_is_the_mean_of_both_ways_between_two_workers(monkeypatch):
     FakeCluster.manifests = []
     monkeypatch.setattr(coordinator, "Cluster", FakeCluster)
     monkeypatch.setattr(fixed, "_cpu_figures", lambda policy, large: None)  # timed below, on real workers
-    costs, figures = fixed.measure_runtime_costs(QUICK, True, lambda s: None)
-    assert "message_cpu_ms" not in costs
+    costs, figures, notes = fixed.measure_runtime_costs(QUICK, True, lambda s: None)
+    assert "message_cpu_ms" not in costs and notes == []
     assert figures["message_small"].median_s * 1e3 == pytest.approx(0.20)
     assert figures["message_large"].median_s * 1e3 == pytest.approx(1.20)
     assert costs["message_ms"] == pytest.approx(0.2)
@@ -70,6 +70,29 @@ def test_a_message_is_the_mean_of_both_ways_between_two_workers(monkeypatch):
     exchange = FakeCluster.manifests[0]
     assert working_devices(exchange) == ("a", "b")  # one worker process each
     assert [t.bytes for t in exchange.transfers] == [fixed.SMALL_BYTES] * 2 + [quick_large] * 2
+
+
+def _cpu(ms: float) -> Figure:
+    return Figure(ms / 1e3, 0.01, 0.01, 0.0, (ms / 1e3,), 7, 0.1, True)
+
+
+def test_a_cpu_difference_swamped_by_noise_is_left_out_and_said(monkeypatch):
+    """When the request exchanging the large tensor took no more CPU than the 64-byte one, no
+    message_cpu_ms_per_mb is written (the time figure stands in) and a note says why, with the figures."""
+    import edgec.runtime.coordinator as coordinator
+
+    monkeypatch.setattr(coordinator, "Cluster", FakeCluster)
+    for small, large, written in ((4.0, 5.0, True), (4.0, 3.9, False)):
+        monkeypatch.setattr(fixed, "_cpu_figures", lambda policy, size, small=small, large=large: {
+            "cpu_small": _cpu(small), "cpu_large": _cpu(large), "cpu_request": _cpu(0.4)})
+        costs, _, notes = fixed.measure_runtime_costs(QUICK, True, lambda s: None)
+        assert costs["request_cpu_ms"] == pytest.approx(0.4)
+        assert ("message_cpu_ms_per_mb" in costs) is written
+        if written:
+            assert costs["message_cpu_ms_per_mb"] > 0 and notes == []
+        else:
+            (note,) = notes
+            assert note.startswith("runtime message_cpu_ms_per_mb not written") and "3.9 ms of CPU against 4" in note
 
 
 def test_the_exchange_build_is_timed_like_a_report_transfer(tmp_path: Path):
