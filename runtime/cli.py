@@ -300,7 +300,9 @@ _RUN_ALL_EPILOG = ("Exit codes: 0 ok (a missed SLA is reported, not an error), 1
 
 @click.command("run-all", cls=_RunCommand, epilog=_RUN_ALL_EPILOG, context_settings={"show_default": True})
 @click.argument("outdir", type=click.Path(file_okay=False))
-@click.option("--repeat", type=click.IntRange(min=1), default=1, help="Timed requests per service (after one warm-up).")
+@click.option("--repeat", type=click.IntRange(min=1), default=1, help="Timed requests per service (after the --warmup ones).")
+@click.option("--warmup", type=click.IntRange(min=0, max=MAX_WARMUP), default=1, show_default=True,
+              help="Untimed requests each service runs one at a time first, as `edgec run --warmup`.")
 @click.option("--verify", is_flag=True, help="Compare every service's outputs with its source model run whole.")
 @click.option("--tolerance", type=click.FloatRange(min=0), default=1e-4, help="As `edgec run --tolerance`.")
 @click.option("--seed", type=int, default=0, help="Seed of the random inputs.")
@@ -311,7 +313,8 @@ _RUN_ALL_EPILOG = ("Exit codes: 0 ok (a missed SLA is reported, not an error), 1
               help="Seconds allowed for each service's start-up and for each request.")
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object on stdout.")
 @click.pass_context
-def run_all(ctx: click.Context, outdir, repeat, verify, tolerance, seed, threads, emulate, timeout, as_json) -> None:
+def run_all(ctx: click.Context, outdir, repeat, warmup, verify, tolerance, seed, threads, emulate, timeout,
+            as_json) -> None:
     """Run every build of an `edgec allocate` OUTDIR at once, each on its own devices (random inputs), and
     report each service's measured median latency against its SLA. A device shared by several services
     (allocate --share) gets a local worker per service. Progress lines on stderr name their service."""
@@ -319,7 +322,7 @@ def run_all(ctx: click.Context, outdir, repeat, verify, tolerance, seed, threads
 
     def body() -> int:
         result = run_all_api(outdir, repeat=repeat, verify=verify, tolerance=tolerance, threads=threads,
-                             emulate=emulate, timeout=timeout, seed=seed)
+                             emulate=emulate, timeout=timeout, seed=seed, warmup=warmup)
         click.echo(json.dumps(result) if as_json else _format_run_all(result))
         return EXIT_VERIFY_FAILED if result["verify_passed"] is False else EXIT_OK
 

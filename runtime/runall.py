@@ -203,15 +203,16 @@ def default_threads(allocation: Allocation) -> int:
 
 
 def run_all(outdir: str | Path, *, repeat: int = 1, verify: bool = False, tolerance: float = 1e-4,
-            threads: int | None = None, emulate: bool = False, timeout: float = 60.0, seed: int = 0) -> dict:
+            threads: int | None = None, emulate: bool = False, timeout: float = 60.0, seed: int = 0,
+            warmup: int = 1) -> dict:
     """Run every service of OUTDIR's allocation at once (random inputs), each `repeat` timed requests after
-    a warm-up; return the `edgec run-all --json` object: per service, its measured median latency against
+    `warmup` untimed ones (as `edgec run --warmup`); return the `edgec run-all --json` object: per service, its measured median latency against
     its SLA (and --verify's verdict). A service whose run fails raises its error, prefixed by its name,
     once every run has ended. Interrupted (SIGINT, SIGTERM under interrupt_on_signals) reaches every
     service's thread at its next step; each closes its coordinator and workers, and then it is raised."""
     from .api import check_options  # api imports the coordinator's whole stack: only when running
 
-    check_options(repeat, threads, timeout, tolerance)
+    check_options(repeat, threads, timeout, tolerance, warmup=warmup)
     allocation = load_allocation(outdir)
     check_builds(allocation)
     threads = default_threads(allocation) if threads is None else threads
@@ -223,7 +224,8 @@ def run_all(outdir: str | Path, *, repeat: int = 1, verify: bool = False, tolera
     def one(s: ServiceEntry) -> None:
         try:
             results[s.name] = _run_service(s, stop, repeat=repeat, verify=verify, tolerance=tolerance,
-                                           threads=threads, emulate=emulate, timeout=timeout, seed=seed)
+                                           threads=threads, emulate=emulate, timeout=timeout, seed=seed,
+                                           warmup=warmup)
         except BaseException as exc:  # reported by the main thread, which owns the exit code
             results[s.name] = exc
         finally:
@@ -249,7 +251,7 @@ def run_all(outdir: str | Path, *, repeat: int = 1, verify: bool = False, tolera
             if isinstance(exc, EdgecRuntimeError):
                 raise type(exc)(f"service {s.name!r}: {exc}") from None
             raise exc
-    return _report(allocation, results, threads)
+    return _report(allocation, results, threads, warmup)
 
 
 def _wait(events) -> None:
@@ -261,7 +263,7 @@ def _wait(events) -> None:
 
 
 def _run_service(s: ServiceEntry, stop: threading.Event, *, repeat: int, verify: bool, tolerance: float,
-                 threads: int, emulate: bool, timeout: float, seed: int) -> dict:
+                 threads: int, emulate: bool, timeout: float, seed: int, warmup: int) -> dict:
     """What api.execute does for one build on random inputs, with its progress logged under its name
     and a stop check at every step: `stop` set (the main thread was interrupted) raises Interrupted here,
     which unwinds run_manifest's cluster (its workers closed)."""
@@ -292,8 +294,8 @@ def _run_service(s: ServiceEntry, stop: threading.Event, *, repeat: int, verify:
 
     step()
     try:
-        result = run_manifest(m, given, repeat=repeat, threads=threads, emulate=emulate, timeout=timeout,
-                              progress=say, check=check)
+        result = run_manifest(m, given, repeat=repeat, warmup=warmup, threads=threads, emulate=emulate,
+                              timeout=timeout, progress=say, check=check)
     except Interrupted:
         logger.info("stopped (its workers closed)")  # run_manifest's cluster has unwound
         raise
@@ -328,7 +330,7 @@ def _named_records(log: logging.Logger):
             h.removeFilter(named)
 
 
-def _report(allocation: Allocation, runs: dict[str, dict], threads: int) -> dict:
+def _report(allocation: Allocation, runs: dict[str, dict], threads: int, warmup: int) -> dict:
     services = {}
     for s in allocation.services:
         r = runs[s.name]
@@ -339,6 +341,6 @@ def _report(allocation: Allocation, runs: dict[str, dict], threads: int) -> dict
                             "throughput_ips": r["throughput_ips"], "sla_met": met, "verify": r["verify"],
                             "emulation": r["emulation"]}
     verdicts = [v["verify"]["passed"] for v in services.values() if v["verify"] is not None]
-    return {"allocation": str(allocation.path), "threads": threads, "services": services,
+    return {"allocation": str(allocation.path), "threads": threads, "warmup": warmup, "services": services,
             "all_sla_met": all(v["sla_met"] for v in services.values()),
             "verify_passed": all(verdicts) if verdicts else None}

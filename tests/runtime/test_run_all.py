@@ -45,20 +45,36 @@ def _edit(src: Path, dst: Path, change) -> Path:
 def test_services_run_at_once_verified_against_their_sla(allocation, tmp_path):
     # conv's SLA made unmeetable: its miss is reported, chain's generous one met.
     out = _edit(allocation, tmp_path / "out", lambda d: d["services"]["conv"].update(sla_ms=1e-6))
-    got = run_all(out, repeat=2, verify=True)
-    assert got["verify_passed"] is True and got["all_sla_met"] is False
+    got = run_all(out, repeat=2, verify=True, warmup=3)
+    assert got["verify_passed"] is True and got["all_sla_met"] is False and got["warmup"] == 3
     chain, conv = got["services"]["chain"], got["services"]["conv"]
     assert chain["sla_met"] is True and conv["sla_met"] is False
     assert len(chain["latencies_ms"]) == len(conv["latencies_ms"]) == 2
     assert chain["verify"]["passed"] and conv["verify"]["passed"]
+    # the warm-up requests ran (untimed) and their outputs were checked too
+    assert chain["verify"]["requests_checked"] == conv["verify"]["requests_checked"] == 3 + 2
     assert set(chain["devices"]).isdisjoint(conv["devices"])
 
 
 def test_cli_json(allocation):
-    res = CliRunner().invoke(cli, ["run-all", str(allocation), "--json"], prog_name="edgec")
+    res = CliRunner().invoke(cli, ["run-all", str(allocation), "--json", "--warmup", "0", "--verify"],
+                             prog_name="edgec")
     assert res.exit_code == 0, res.output
     got = json.loads(res.stdout)
     assert set(got["services"]) == {"chain", "conv"} and got["all_sla_met"] in (True, False)
+    assert got["warmup"] == 0 and got["services"]["chain"]["verify"]["requests_checked"] == 1
+
+
+@pytest.mark.parametrize("value", ["-1", "1001", "x"])
+def test_cli_bad_warmup_is_one_line(allocation, value):
+    res = CliRunner().invoke(cli, ["run-all", str(allocation), "--warmup", value], prog_name="edgec")
+    assert res.exit_code == 2 and len(res.stderr.splitlines()) == 1 and "--warmup" in res.stderr, res.output
+
+
+@pytest.mark.parametrize("value", [-1, 1001, True, 1.5])
+def test_api_bad_warmup_is_refused(allocation, value):
+    with pytest.raises(InputError, match="warmup"):
+        run_all(allocation, warmup=value)
 
 
 @pytest.mark.parametrize("change, expected", [
