@@ -33,7 +33,7 @@ class Figures:
     gflops: dict[str, float] = field(hash=False)
     memory_gbps: float
     op_ms_per_melem: dict[str, float] = field(hash=False)  # {op type or "op type:mode": ms per 1e6 output elements}
-    efficiency: dict[str, tuple[tuple[float, float], ...]] = field(hash=False)  # {conv|gemm: ((out elems, fraction), ...)} ascending
+    efficiency: dict[str, tuple[tuple[float, float], ...]] = field(hash=False)  # {conv|depthwise_conv|gemm: ((out elems, fraction), ...)} ascending
     layers: dict[str, dict[str, float]] = field(hash=False, repr=False)  # {model sha256: {node name: ms}}
     # GB/s at which a layer's weights stream in from memory on top of its compute (None: not measured, weights
     # are not priced beyond the roofline's bytes): see cost/table.py.

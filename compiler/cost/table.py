@@ -55,8 +55,12 @@ __all__ = ["CostTable", "build_cost_table", "layer_ms", "weight_ms", "node_keys"
 logger = logging.getLogger(__name__)
 
 MEMORY_BOUND = {"pool", "elementwise", "norm", "softmax", "data"}
-# The efficiency curve (Figures.efficiency key) that scales a tile of each compute-bound cost class.
-CURVE_OF_CLASS = {"conv": "conv", "depthwise_conv": "conv", "gemm": "gemm"}
+# The efficiency curve (Figures.efficiency key) that scales a tile of each compute-bound cost class: the
+# first of its keys the figures have. A depthwise conv's own curve falls much faster than a full conv's (it
+# does 9 FLOPs per input element, so reading a tile's halo rows and each row's set-up weigh on it: half a
+# 7x7 map ran at 0.72 of the whole map's rate per element, where a 3x3 conv's curve says 0.98); profiles
+# written before `edgec profile` measured it carry the conv curve only, which it then falls back on.
+CURVE_OF_CLASS = {"conv": ("conv",), "depthwise_conv": ("depthwise_conv", "conv"), "gemm": ("gemm",)}
 
 
 @dataclass(frozen=True, eq=False)
@@ -191,6 +195,16 @@ def layer_ms(layer: Layer, device: DeviceSpec, priced: tuple[float, bool] = (0.0
     return overhead + roof if ms == 0.0 else overhead + ms + roof
 
 
+def _curves(efficiency: dict) -> dict:
+    """{cost class: the efficiency curve that scales its tiles} of one device's figures (CURVE_OF_CLASS)."""
+    out = {}
+    for cls, keys in CURVE_OF_CLASS.items():
+        key = next((k for k in keys if k in efficiency), None)
+        if key is not None:
+            out[cls] = efficiency[key]
+    return out
+
+
 def build_cost_table(graph: LayerGraph, cluster: Cluster, model_sha256: str | None = None,
                      model: onnx.ModelProto | None = None) -> CostTable:
     """The cost table of `graph` on `cluster`.  `model` (the normalised model `graph` was built from)
@@ -226,6 +240,5 @@ def build_cost_table(graph: LayerGraph, cluster: Cluster, model_sha256: str | No
                      overhead_ms=np.asarray(overhead, dtype=np.float64).T.reshape(shape),
                      priced_ms=np.asarray(priced, dtype=np.float64).T.reshape(shape),
                      out_elems=elems,
-                     curves=tuple({c: dev.figures.efficiency[k] for c, k in CURVE_OF_CLASS.items()
-                                   if k in dev.figures.efficiency} for dev in cluster.devices),
+                     curves=tuple(_curves(dev.figures.efficiency) for dev in cluster.devices),
                      source=(graph, model_sha256, model))

@@ -8,7 +8,8 @@ A tile computing `rows` of layer i's `total` output rows (recomputed halo rows i
 oh: what every tile pays again (CostTable.overhead_ms): the layer's per-operator overhead and, where the
 figures measured weight_gbps, reading all of the layer's weights in (a tile needs every weight); priced: the op-table share of layer_ms
 (priced per output element, so linear in a tile's elements); E: the layer's output elements; eff: the
-device figures' efficiency curve for the layer's class (conv for conv and depthwise_conv, gemm for gemm),
+device figures' efficiency curve for the layer's class (cost/table.py CURVE_OF_CLASS: a depthwise conv's
+own, else conv's; conv for conv, gemm for gemm),
 piecewise linear in log(elements) between its points and flat beyond them.  A whole-layer tile costs
 exactly layer_ms.
 

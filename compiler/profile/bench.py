@@ -411,6 +411,28 @@ def conv_curve(b: Bench) -> Curve:
     return _curve(points)
 
 
+def _depthwise_size(quick: bool) -> tuple[int, int]:
+    """(channels, width) of the depthwise curve's rows: about 8,000 output elements per row, as in
+    MobileNet-style networks, whose depthwise layers keep channels x width near that while the map shrinks
+    and the channels grow (144 x 56, 192 x 28, 576 x 14, 960 x 7), so that a layer's elements map to rows of
+    this benchmark as its own rows do."""
+    return (72, 28) if quick else (144, 56)
+
+
+def depthwise_curve(b: Bench) -> Curve:
+    """A depthwise 3x3 conv computing h of a map's rows from h + 2 input rows (its halo), as a tile does."""
+    c, width = _depthwise_size(b.quick)
+    w = numpy_helper.from_array(rand(b.rng, c, 1, 3, 3) * 0.1, "w")
+    points = {}
+    for h in (h for h in CONV_HEIGHTS if h <= width):
+        node = helper.make_node("Conv", ["x", "w"], ["y"], pads=[0, 1, 0, 1], group=c)
+        data = model([node], [vi("x", (1, c, h + 2, width))], [vi("y", (1, c, h, width))], [w])
+        name = f"efficiency.depthwise_conv.rows_{h}"
+        b.add(name, data, {"x": rand(b.rng, 1, c, h + 2, width)})
+        points[name] = (c * h * width, 2 * c * 9 * h * width)
+    return _curve(points)
+
+
 def gemm_curve(b: Bench) -> Curve:
     weights = _gemm_weights(b)
     kn = _gemm_kn(b.quick)
@@ -430,7 +452,7 @@ def measure_figures(b: Bench) -> dict:
     conv, dw, gemm, other, mem = bench_conv(b), bench_depthwise(b), bench_gemm(b), bench_other(b), bench_memory(b)
     weights = bench_weights(b)
     ops = op_table(b)
-    curves = {"conv": conv_curve(b), "gemm": gemm_curve(b)}
+    curves = {"conv": conv_curve(b), "depthwise_conv": depthwise_curve(b), "gemm": gemm_curve(b)}
     n = b.threads
     b.say(f"  {threads_label(n)}: {len(b.jobs)} timings, {b.policy.rounds} interleaved rounds each")
     t = b.run()

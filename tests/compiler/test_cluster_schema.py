@@ -51,7 +51,7 @@ PROFILE_CASES = [
                            "op_ms_per_melem, efficiency, threads, runtime, measurement)"),
     (_profile("weight_gbps", 0), "weight_gbps must be positive, got 0"),
     (_profile("threads/1/weight_gbps", -2), "threads.1.weight_gbps must be positive, got -2"),
-    (_profile("efficiency/lstm", [[1, 1.0]]), "unknown key 'lstm' in efficiency (allowed: conv, gemm)"),
+    (_profile("efficiency/lstm", [[1, 1.0]]), "unknown key 'lstm' in efficiency (allowed: conv, depthwise_conv, gemm)"),
     (_profile("efficiency/conv/0", {"output_elements": 1, "fraction": 1}),
      "efficiency.conv[0] must be an [output elements, fraction] pair, got dict {'fraction': 1, 'output_elements': 1}"),
     (_profile("efficiency/conv/0", [1, 0.5, 7]), "efficiency.conv[0] must be an [output elements, fraction] pair, got list [1, 0.5, 7]"),

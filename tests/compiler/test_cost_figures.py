@@ -261,6 +261,44 @@ def test_efficiency_curves_raise_small_tiles_cost(tmp_path):
     assert tile_ms(ing2.graph, gemm_only, 0, 1, 6, 12) == tile_ms(ing2.graph, gemm_only, 0, 0, 6, 12)
 
 
+def depthwise_model(channels: int = 4, size: int = 12) -> onnx.ModelProto:
+    """Depthwise 3x3 Conv + Relu, then a full 3x3 Conv + Relu, random weights."""
+    rng = np.random.default_rng(3)
+    c = channels
+    inits = [numpy_helper.from_array(rng.normal(0, 0.3, (c, 1, 3, 3)).astype(np.float32), "wd"),
+             numpy_helper.from_array(rng.normal(0, 0.3, (c, c, 3, 3)).astype(np.float32), "wf")]
+    nodes = [helper.make_node("Conv", ["x", "wd"], ["d"], pads=[1, 1, 1, 1], group=c, name="dw"),
+             helper.make_node("Relu", ["d"], ["dr"], name="dw_relu"),
+             helper.make_node("Conv", ["dr", "wf"], ["f"], pads=[1, 1, 1, 1], name="full"),
+             helper.make_node("Relu", ["f"], ["y"], name="full_relu")]
+    vi = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, c, size, size])  # noqa: E731
+    model = helper.make_model(helper.make_graph(nodes, "dw", [vi("x")], [vi("y")], initializer=inits),
+                              opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+DW_CURVE = [[CONV_E / 4, 0.25], [CONV_E, 1.0]]  # steeper than CURVE, as a depthwise conv's is
+
+
+@pytest.mark.parametrize("curves, dw_frac, conv_frac", [
+    ({"conv": CURVE, "depthwise_conv": DW_CURVE}, 0.625, 0.75),  # each class its own curve
+    ({"conv": CURVE}, 0.75, 0.75),  # a profile written before the depthwise curve: the conv curve, as before
+    ({"depthwise_conv": DW_CURVE}, 0.625, 1.0),  # the conv layer has no curve of its own: linear
+])
+def test_a_depthwise_conv_tile_follows_its_own_curve(tmp_path, curves, dw_frac, conv_frac):
+    ing = load_model(save(depthwise_model(), tmp_path / "dw.onnx"))
+    g = ing.graph
+    assert [layer.cost_class for layer in g.layers] == ["depthwise_conv", "conv"]
+    prof = write_profile(tmp_path, "curved", efficiency=curves)
+    cost = build_cost_table(g, load_cluster(write_cluster(tmp_path, [{"name": "d", "profile": prof}])), ing.sha256)
+    for i, frac in ((0, dw_frac), (1, conv_frac)):
+        L, oh = float(cost.layer_ms[i, 0]), float(cost.overhead_ms[i, 0])
+        assert tile_ms(g, cost, i, 0, 12, 12) == L  # a whole-layer tile costs exactly layer_ms, curve or not
+        # half the rows: 288 elements, halfway in log between the curve's points
+        assert tile_ms(g, cost, i, 0, 6, 12) == pytest.approx(oh + (L - oh) * 0.5 / frac, rel=1e-12)
+
+
 def test_a_tiles_priced_share_is_not_scaled(tmp_path):
     ing = load_model(save(priced_model(), tmp_path / "m.onnx"))
     curve = [[4 * 8 * 8 / 4, 0.5], [4 * 8 * 8, 1.0]]

@@ -123,7 +123,7 @@ def test_quick_profile_end_to_end_is_accepted_by_compile(tmp_path):
     assert prof.returncode == 0, prof.stderr
     assert prof.stdout.strip() == "host.yaml" and "Traceback" not in prof.stderr
     loaded = load_profile(str(tmp_path / "host.yaml"))
-    assert list(loaded.threads) == [1] and loaded.op_ms_per_melem and set(loaded.efficiency) == {"conv", "gemm"}
+    assert list(loaded.threads) == [1] and loaded.op_ms_per_melem and set(loaded.efficiency) == {"conv", "depthwise_conv", "gemm"}
     (tmp_path / "c.yaml").write_text("devices: [{name: me, profile: host.yaml}]\n")
     out = edgec("compile", models.ensure("tinychain"), "--devices", "c.yaml", "-o", "build", "--json", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
