@@ -1,18 +1,21 @@
 """Prediction fidelity on this host (issue 11, item 4): predicted against measured, one and two local devices,
 and whether `edgec profile` agrees with itself.
 
-    python tests/bench/bench_fidelity.py [--parts single,two,stability] [--profile HOST.yaml] [--repeat 10]
+    python tests/bench/bench_fidelity.py [--parts single,two,stability,testbed] [--profile HOST.yaml] [--repeat 10]
                                          [--warmup 5] [--rounds 3] [--models resnet50,...] [--two-models resnet50,...]
-                                         [--baseline-profile OLD.yaml] [--folder DIR] [--json FILE]
+                                         [--baseline-profile OLD.yaml] [--testbed-mbps 100,1000] [--folder DIR]
+                                         [--json FILE]
+
+The default --parts is single,two,stability; testbed (as root) is asked for by name.
 
 Markdown to stdout, progress to stderr; --json FILE writes every row, the load and the probes.  The targets
 are reported, not enforced (exit 0 whenever every command ran): they are for a quiet machine, and on a busy one
 the measured times, and the profile itself, move with the other load, so the load is printed beside them.
 Not collected by pytest: the name does not start with test_.
 
-Profile (parts single and two).  This host at 1 thread (`edgec profile --threads 1`), unless --profile gives a
-profile made so, with the machine's load around it (load average before and after, and the profile's own load
-verdict, its worst timing spread and its warnings).
+Profile (parts single, two and testbed).  This host at 1 thread (`edgec profile --threads 1`), unless --profile
+gives a profile made so, with the machine's load around it (load average before and after, and the profile's own
+load verdict, its worst timing spread and its warnings).
 
 Part single: for each of --models (ResNet-50, VGG-16, Inception v1, MobileNetV2, the transformer), on a
 one-device cluster whose device runs 1 thread (`threads: 1`):
@@ -65,6 +68,22 @@ Part stability: `edgec profile --threads 1` twice back to back; per 1-thread fig
 relative difference (second - first) / first, and the worst.  The tile-efficiency points (efficiency.conv and
 .gemm, fractions per output size) are listed too, with their own worst, outside the target.  The load around
 each profile is printed.  Target: every figure within 10%, on a quiet machine.
+
+Part testbed (issue 11, item 4's testbed cases; needs root and iproute2): part two's cases over a shaped network.
+For each of --testbed-mbps (default 100,1000), in turn, a tests/netbed.py testbed is built as bench_distributed
+builds it: an unshaped coordinator host and two device hosts, dev-a and dev-b, on a switched medium whose links
+are shaped to that bandwidth; `edgec keygen`, an `edgec worker --threads 1` on each device host and `edgec run`
+from the coordinator host (tests/e2e/netbed_cluster.py).  The cluster files give each device the profile above,
+its testbed address, the bandwidth with latency 0 (the testbed adds none) and `threads: 1`, and say that the
+workers and the coordinator share this machine's cores (`hosts:`).  For each of --two-models: the single device
+is a one-device cluster on dev-a of the same testbed; the plans, rounds, medians, speed-ups, ratio and target
+are part two's, every run `edgec run --warmup W --repeat N --random-inputs --verify --json` (latency with
+--inflight 1, throughput at the default --inflight).  A run that fails or does not verify makes its model an
+error row at that bandwidth, counted as a case not met.  Each plan's row shows its transfers' median measured /
+predicted over the shaped link (`edgec run --report`), so a link-model error is visible.  A table and a summary
+line (k of n cases within 10%) per bandwidth, and one over all.  The testbed is removed after each bandwidth,
+whatever failed.  Where a testbed cannot be built (tests.netbed.unavailable_reason()), the part says why and is
+reported as not run; the bench still exits 0.
 """
 
 from __future__ import annotations
@@ -79,15 +98,22 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import yaml
 
-from bench_distributed import parallel_capacity  # tests/bench is sys.path[0] when run as a script
+from bench_distributed import _brief, parallel_capacity  # tests/bench is sys.path[0] when run as a script
+from fidelity_testbed import COORDINATOR, DEVICES, SINGLE_DEVICE, THREADS, TestbedCluster  # puts tests.* on sys.path
+from tests import netbed
+from tests.e2e.netbed_cluster import ClusterError
+from tests.netbed import TestbedError
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = ("resnet50", "vgg16", "inception_v1", "mobilenetv2", "transformer")
 TWO_MODELS = ("resnet50", "vgg16", "mobilenetv2")
-PARTS = ("single", "two", "stability")
+PARTS = ("single", "two", "stability", "testbed")
+DEFAULT_PARTS = ("single", "two", "stability")
+TESTBED_MBPS = (100, 1000)
 EDGEC = [sys.executable, "-m", "edgec.compiler"]
 TOP_LEVEL_ONLY = ("threads", "op_ms_per_melem", "efficiency")  # what the cost model did not read before
 NETWORK = {"bandwidth_mbps": 10000, "latency_ms": 0, "medium": "switched"}  # loopback: see the docstring
@@ -272,17 +298,19 @@ def transfer_ratios(report: Path) -> list[float]:
     return [t["measured_ms"] / t["predicted_ms"] for t in doc["transfers"] if t["predicted_ms"] > 0]
 
 
-def measure_round(single_build: Path, plans: list[Plan], single: dict, repeat: int, folder: Path) -> None:
-    """One round: the single-device run, then each plan's (barrier, and streaming for a throughput plan)."""
-    res = run_json(single_build, repeat)
+def measure_round(single_build: Path, plans: list[Plan], single: dict, repeat: int, folder: Path,
+                  run: Callable[..., dict] = run_json) -> None:
+    """One round: the single-device run, then each plan's (barrier, and streaming for a throughput plan).
+    `run(build, repeat, *flags)`: `edgec run`'s JSON report (local workers, or the testbed's)."""
+    res = run(single_build, repeat)
     single["latency_ms"].append(res["latency_ms"])
     single["throughput_ips"].append(res["throughput_ips"])
     for p in plans:
         report = folder / f"{p.build.name}-report.json"
-        p.latency_ms.append(run_json(p.build, repeat, "--inflight", "1", "--report", report)["latency_ms"])
+        p.latency_ms.append(run(p.build, repeat, "--inflight", "1", "--report", report)["latency_ms"])
         p.transfer_ratios += transfer_ratios(report)
         if "throughput" in p.objectives:
-            p.throughput_ips.append(run_json(p.build, repeat)["throughput_ips"])
+            p.throughput_ips.append(run(p.build, repeat)["throughput_ips"])
 
 
 def speedup(metric: str, one: float, two: float) -> float:
@@ -324,9 +352,10 @@ def speedup_rows(name: str, single_pred: dict, single: dict, plans: list[Plan],
 
 
 def bench_two_model(name: str, folder: Path, one: Path, two: Path, repeat: int, rounds: int,
-                    base: tuple[Path, Path] | None = None) -> tuple[list[dict], list[dict]]:
+                    base: tuple[Path, Path] | None = None,
+                    run: Callable[..., dict] = run_json) -> tuple[list[dict], list[dict]]:
     """One model's rows, and a note for each plan that stayed on one device (listed, not measured).  `base`:
-    the baseline profile's one- and two-device clusters."""
+    the baseline profile's one- and two-device clusters; `run`: as measure_round's."""
     model = model_path(name)
     log(f"{name}: compiling the single-device and two-device plans")
     single_build = folder / f"{name}-single"
@@ -340,7 +369,7 @@ def bench_two_model(name: str, folder: Path, one: Path, two: Path, repeat: int, 
     for r in range(rounds):
         single["loadavg"].append(loadavg())
         log(f"{name}: round {r + 1}/{rounds} (load average {single['loadavg'][-1]})")
-        measure_round(single_build, plans, single, repeat, folder)
+        measure_round(single_build, plans, single, repeat, folder, run)
     rows = speedup_rows(name, single_pred, single, plans, single_base)
     for row in rows:
         row["loadavg_rounds"] = single["loadavg"]
@@ -353,14 +382,18 @@ def _unit(metric: str) -> str:
     return "ms" if metric == "latency" else "/s"
 
 
-def two_table(rows: list[dict]) -> str:
+def two_table(rows: list[dict], mbps: bool = False) -> str:
+    """Part two's table; with `mbps`, a column for the bandwidth each row was measured at (part testbed)."""
     base = any(r["base_predicted_speedup"] is not None or r["baseline_plan"] for r in rows)
-    head = ["model", "plan", "metric", "pred single", "pred 2-dev", "pred speed-up", "meas single", "meas 2-dev",
-            "meas speed-up", "ratio", "met?", "transfers meas/pred (n)"] + (["base pred speed-up", "base ratio"] if base else [])
-    lines = ["| " + " | ".join(head) + " |", "|---|---|---|" + "---:|" * 7 + "---|---:|" + "---:|" * (2 * base)]
+    head = ["model", *(["Mbps"] * mbps), "plan", "metric", "pred single", "pred 2-dev", "pred speed-up", "meas single",
+            "meas 2-dev", "meas speed-up", "ratio", "met?", "transfers meas/pred (n)"] + \
+        (["base pred speed-up", "base ratio"] if base else [])
+    lines = ["| " + " | ".join(head) + " |",
+             "|---|" + "---:|" * mbps + "---|---|" + "---:|" * 7 + "---|---:|" + "---:|" * (2 * base)]
     for r in rows:
         unit, xfer = _unit(r["metric"]), r["transfer_ratio_median"]
-        lines.append(f"| {r['model']} | {r['plan']} ({r['stages']} stages) | {r['metric']} | "
+        lines.append(f"| {r['model']} | " + (f"{r['mbps']:g} | " if mbps else "") +
+                     f"{r['plan']} ({r['stages']} stages) | {r['metric']} | "
                      f"{r['predicted_single']:.1f} {unit} | {r['predicted_two']:.1f} {unit} | {r['predicted_speedup']:.2f}x | "
                      f"{r['measured_single']:.1f} {unit} | {r['measured_two']:.1f} {unit} | {r['measured_speedup']:.2f}x | "
                      f"{r['ratio']:.2f} | {'yes' if r['met'] else 'NO'} | "
@@ -414,6 +447,104 @@ def bench_two(names: list[str], folder: Path, one: Path, two: Path, repeat: int,
         unmeasured += u
     capacity["after"] = parallel_capacity(CAPACITY_RUNS)
     return {"network": NETWORK, "rounds": rounds, "capacity": capacity, "rows": rows, "unmeasured": unmeasured}
+
+
+# -- part testbed -----------------------------------------------------------------------------------------
+def bench_testbed(names: list[str], folder: Path, profile: Path, bandwidths: list[float], repeat: int,
+                  rounds: int, warmup: int) -> dict:
+    """Part two's cases on a tests/netbed.py testbed at each bandwidth in turn; not run (and said why) where a
+    testbed cannot be built."""
+    reason = netbed.unavailable_reason("switched")
+    if reason is not None:
+        log(f"testbed: not run: {reason}")
+        return {"ran": False, "reason": reason}
+    return {"ran": True, "medium": "switched", "rounds": rounds,
+            "bandwidths": [bench_testbed_bandwidth(names, folder, profile, mbps, repeat, rounds, warmup)
+                           for mbps in bandwidths]}
+
+
+def bench_testbed_bandwidth(names: list[str], folder: Path, profile: Path, mbps: float, repeat: int, rounds: int,
+                            warmup: int) -> dict:
+    """Every model at one bandwidth, on a testbed of its own.  A model whose run fails (a failed verify
+    included) is an error row and the others go on; a cluster that cannot be set up is an error row for
+    every model.  The testbed is removed whatever happens."""
+    out: dict = {"mbps": mbps, "rows": [], "unmeasured": [], "errors": []}
+    t0 = time.perf_counter()
+    log(f"testbed at {mbps:g} Mbps switched: {COORDINATOR} (unshaped) and {'+'.join(DEVICES)}, a worker at "
+        f"{THREADS} thread each (load average {loadavg()})")
+    work = Path(tempfile.mkdtemp(prefix=f"testbed-{mbps:g}mbps-", dir=folder))  # keygen wants fresh folders
+    try:
+        with TestbedCluster(mbps, profile, work, warmup) as tc:
+            for name in names:
+                try:
+                    rows, unmeasured = bench_two_model(name, work, tc.one, tc.two, repeat, rounds, run=tc.run)
+                except ClusterError as exc:
+                    log(f"{name} at {mbps:g} Mbps: FAILED: {exc}")
+                    out["errors"].append({"model": name, "error": str(exc), "worker_logs": tc.worker_logs()})
+                    continue
+                out["rows"] += [dict(r, mbps=mbps) for r in rows]
+                out["unmeasured"] += unmeasured
+        if any(code != 0 for code in tc.stop_codes.values()):
+            log(f"warning: workers did not stop cleanly on SIGTERM: {tc.stop_codes}")
+    except (ClusterError, TestbedError) as exc:
+        log(f"testbed at {mbps:g} Mbps: FAILED to set up: {exc}")
+        out["errors"] = [{"model": name, "error": f"testbed setup: {exc}"} for name in names]
+    out["seconds"] = round(time.perf_counter() - t0, 1)
+    return out
+
+
+def testbed_counts(rows: list[dict], errors: list[dict]) -> tuple[int, int]:
+    """Cases within the target, of all cases: a model that failed counts as one case not met (its plans'
+    count is unknown), never as met."""
+    return sum(r["met"] for r in rows), len(rows) + len(errors)
+
+
+def testbed_table(bw: dict) -> str:
+    """Part two's table with the bandwidth, and a row for each model that failed (its error's first and last
+    lines; --json keeps the whole text)."""
+    table = two_table(bw["rows"], mbps=True)
+    columns = table.splitlines()[0].count(" | ") + 1
+    for e in bw["errors"]:
+        cells = [e["model"], f"{bw['mbps']:g}", "FAILED: " + _brief(e["error"]).replace("|", "/")]
+        table += "\n| " + " | ".join(cells + [""] * (columns - len(cells))) + " |"
+    return table
+
+
+def testbed_summary(bw: dict) -> str:
+    """One bandwidth's summary line: k of n cases within the target, the median and worst |ratio - 1|."""
+    met, n = testbed_counts(bw["rows"], bw["errors"])
+    line = (f"Summary at {bw['mbps']:g} Mbps: measured speed-up within {SPEEDUP_TOLERANCE:.0%} of predicted in {met} "
+            f"of {n} cases" + (f" ({len(bw['errors'])} failed)" if bw["errors"] else ""))
+    if bw["rows"]:
+        worst = max(bw["rows"], key=lambda r: abs(r["ratio"] - 1))
+        line += (f"; median |ratio - 1| {statistics.median(abs(r['ratio'] - 1) for r in bw['rows']):.1%}, worst "
+                 f"{worst['model']} {worst['plan']} {worst['metric']} {worst['ratio']:.2f}")
+    return line + "."
+
+
+def testbed_bandwidth_text(bw: dict) -> str:
+    per_model = {r["model"]: r["loadavg_rounds"] for r in bw["rows"]}
+    rounds = "; ".join(f"{m} {v}" for m, v in per_model.items())
+    burst = netbed.tbf_params(bw["mbps"]).burst
+    lines = [f"### {bw['mbps']:g} Mbps ({bw['seconds']:.0f} s)\n",
+             f"Load average at the start of each round: {rounds or 'n/a'}\n",
+             f"The testbed's tbf lets a burst of {burst:,} bytes (4 ms at the wire rate, tests/netbed.py) through an "
+             "idle link at once: a message that small crosses faster than the bytes / bandwidth the planner "
+             "prices, which shows as transfers measured below their prediction.\n",
+             testbed_table(bw) + "\n", testbed_summary(bw)]
+    lines += [f"- {u['model']} {u['plan']}: the planner keeps it on {'+'.join(u['devices'])} (predicted "
+              f"{u['predicted_latency_ms']:.1f} ms, speed-up 1.00x); not measured." for u in bw["unmeasured"]]
+    return "\n".join(lines)
+
+
+def testbed_text(t: dict) -> str:
+    if not t["ran"]:
+        return f"Not run: {t['reason']}"
+    counts = [testbed_counts(bw["rows"], bw["errors"]) for bw in t["bandwidths"]]
+    speeds = ", ".join(f"{bw['mbps']:g}" for bw in t["bandwidths"])
+    total = (f"Summary over {speeds} Mbps: measured speed-up within {SPEEDUP_TOLERANCE:.0%} of predicted in "
+             f"{sum(c[0] for c in counts)} of {sum(c[1] for c in counts)} cases.")
+    return "\n\n".join([*map(testbed_bandwidth_text, t["bandwidths"]), total])
 
 
 # -- part stability ---------------------------------------------------------------------------------------
@@ -480,13 +611,17 @@ def stability_text(s: dict) -> str:
 # -- main -------------------------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
-    ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
+    ap.add_argument("--parts", default=",".join(DEFAULT_PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
     ap.add_argument("--profile", type=Path, help="a profile made with `edgec profile --threads 1` (default: make one)")
     ap.add_argument("--repeat", type=int, default=10, help="requests per measurement (median)")
     ap.add_argument("--warmup", type=int, default=WARMUP, help="untimed requests before each measurement")
-    ap.add_argument("--rounds", type=int, default=3, help="part two: alternating single/two-device rounds (median)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="parts two and testbed: alternating single/two-device rounds (median)")
     ap.add_argument("--models", default=",".join(MODELS), help="part single: comma-separated names under models/build")
-    ap.add_argument("--two-models", default=",".join(TWO_MODELS), help="part two: comma-separated names under models/build")
+    ap.add_argument("--two-models", default=",".join(TWO_MODELS),
+                    help="parts two and testbed: comma-separated names under models/build")
+    ap.add_argument("--testbed-mbps", default=",".join(map(str, TESTBED_MBPS)),
+                    help="part testbed: the device link's bandwidths, one testbed each (comma-separated Mbps)")
     ap.add_argument("--baseline-profile", type=Path, help="part two: also predict with this 1-thread profile, "
                     "side by side with the same measurements")
     ap.add_argument("--folder", type=Path, help="work folder (default: a temporary one)")
@@ -501,13 +636,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ap.error("--warmup must be at least 0")
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     args.two_models = [m.strip() for m in args.two_models.split(",") if m.strip()]
-    for name in args.models * ("single" in args.parts) + args.two_models * ("two" in args.parts):
+    args.testbed_mbps = testbed_bandwidths(ap, args.testbed_mbps)
+    for name in args.models * ("single" in args.parts) + args.two_models * bool({"two", "testbed"} & set(args.parts)):
         model_path(name)  # a missing model fails now, not after minutes of measuring
     return args
 
 
+def testbed_bandwidths(ap: argparse.ArgumentParser, text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--testbed-mbps {text}: expected numbers separated by commas")
+    if not values or any(not 0 < v <= netbed.MAX_MBPS for v in values):
+        ap.error(f"--testbed-mbps {text}: each bandwidth must be in (0, {netbed.MAX_MBPS:g}] Mbps")
+    return values
+
+
 def host_profile(args: argparse.Namespace, folder: Path) -> tuple[Path, dict, dict]:
-    """The 1-thread profile parts single and two predict with; its load record; its document."""
+    """The 1-thread profile parts single, two and testbed predict with; its load record; its document."""
     if args.profile is None:
         log("profiling this host at 1 thread ...")
         path = folder / "host-1t.yaml"
@@ -528,7 +674,7 @@ def main(argv: list[str] | None = None) -> int:
     out: dict = {"repeat": args.repeat, "warmup": args.warmup, "parts": args.parts, "loadavg_start": loadavg()}
     print(f"# Prediction fidelity: {os.cpu_count()} CPUs, load average at start {out['loadavg_start']}, "
           f"{args.repeat} requests per measurement after {args.warmup} untimed\n")
-    if {"single", "two"} & set(args.parts):
+    if {"single", "two", "testbed"} & set(args.parts):
         prof, load, doc = host_profile(args, folder)
         out["load"] = load
         print(f"Profile {prof} (1 thread): verdict {load['verdict']}, other processes used "
@@ -560,6 +706,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Load average at the start of each round: {'; '.join(f'{m} {v}' for m, v in rounds.items()) or 'n/a'}\n")
         print(two_table(out["two"]["rows"]) + "\n")
         print(two_summary(out["two"]["rows"], out["two"]["unmeasured"], cap))
+    if "testbed" in args.parts:
+        out["testbed"] = bench_testbed(args.two_models, folder, prof, args.testbed_mbps, args.repeat, args.rounds,
+                                       args.warmup)
+        print(f"\n## Two devices on a network testbed, a worker at {THREADS} thread each (tests/netbed.py, switched; "
+              f"{args.rounds} alternating rounds, medians; single device: {SINGLE_DEVICE})\n")
+        print(testbed_text(out["testbed"]))
     if "stability" in args.parts:
         out["stability"] = bench_stability(folder)
         print("\n## `edgec profile --threads 1` twice back to back\n")
