@@ -170,6 +170,7 @@ class LoadDoc(_Doc):
 
 class TimingDoc(_Doc):
     runs: Count
+    rounds: Count | None = None  # rounds taken (policy rounds + retries); profiles before it have none
     median_ms: NonNegative
     spread: NonNegative
     stable: bool

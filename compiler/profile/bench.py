@@ -78,15 +78,26 @@ class Bench:
 
     def run(self) -> Times:
         """Seconds per run of every added model: policy.rounds rounds, each a pass over all models in the
-        order added, combined per model by timing.combine.  An unstable timing is refused with strict (the
+        order added, then up to policy.retries passes over those still unstable (timing.py), combined per
+        model by timing.combine.  An unstable timing is refused with strict (the
         first in that order), else a warning."""
         rounds: dict[str, list[Series]] = {j.name: [] for j in self.jobs}
         spans: dict[str, list[tuple[LoadSample, LoadSample]]] = {j.name: [] for j in self.jobs}
+
+        def one_round(job: Job) -> None:
+            before = self.probe.sample()
+            rounds[job.name].append(self.timer(job.data, job.feeds, self.threads, self.policy, job.opt))
+            spans[job.name].append((before, self.probe.sample()))
+
         for _ in range(self.policy.rounds):
             for job in self.jobs:
-                before = self.probe.sample()
-                rounds[job.name].append(self.timer(job.data, job.feeds, self.threads, self.policy, job.opt))
-                spans[job.name].append((before, self.probe.sample()))
+                one_round(job)
+        for _ in range(self.policy.retries):  # timing.py: the unsettled timings' extra rounds, interleaved
+            unsettled = [j for j in self.jobs if not combine(rounds[j.name], self.policy.max_spread).stable]
+            if not unsettled:
+                break
+            for job in unsettled:
+                one_round(job)
         return {job.name: self._record(job.name, combine(rounds[job.name], self.policy.max_spread),
                                        spans[job.name]) for job in self.jobs}
 
@@ -95,6 +106,7 @@ class Bench:
         last = spans[-1][1]
         self.entries[name] = {
             "runs": f.runs,
+            "rounds": len(f.round_medians),
             "median_ms": sig(f.median_s * 1e3, 4),
             "spread": sig(f.spread, 2) if math.isfinite(f.spread) else 1e9,
             "stable": f.stable,

@@ -44,7 +44,7 @@ import numpy as np
 
 from edgec.runtime.manifest import file_sha256, load_manifest
 
-from .timing import Figure, Policy, combine, measure_stable, model, sig, vi
+from .timing import Figure, Policy, measure_stable, model, settle, sig, vi
 
 __all__ = ["measure_runtime_costs", "SMALL_BYTES"]
 
@@ -99,8 +99,7 @@ def source(quick: bool) -> str:
 
 
 def _rounds(sample: Callable[[], float], policy: Policy) -> Figure:
-    return combine([measure_stable(sample, policy, seconds=policy.round_seconds) for _ in range(policy.rounds)],
-                   policy.max_spread)
+    return settle(lambda: measure_stable(sample, policy, seconds=policy.round_seconds), policy)
 
 
 def _sampler(run: Callable[[], float], policy: Policy, warmup: int) -> Callable[[], float]:

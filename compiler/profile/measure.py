@@ -292,7 +292,7 @@ def _runtime_costs(policy: Policy, quick: bool, strict: bool, say: Callable[[str
     details.extend(notes)
     entries = {}
     for name, f in figures.items():
-        entries[name] = {"runs": f.runs, "median_ms": sig(f.median_s * 1e3, 4),
+        entries[name] = {"runs": f.runs, "rounds": len(f.round_medians), "median_ms": sig(f.median_s * 1e3, 4),
                          "spread": sig(f.spread, 2) if math.isfinite(f.spread) else 1e9, "stable": f.stable}
         if not f.stable:
             what = (f"runtime {name}: spread {f.spread:.0%} over {f.runs} runs in {f.seconds:.1f} s stayed above "

@@ -22,6 +22,11 @@ own speed, and the first round also absorbs the process's ramp-up: clock frequen
 Its spread is the larger of that round's window spread and how far the nearest other round lies from it:
 two independent rounds must agree for the figure to count as stable, since the spread within one run
 understates the difference between two runs.
+
+A timing still unstable after its `rounds` gets up to `retries` more, one at a time, later (after the other
+timings' rounds, or the other unsettled ones'), while it stays unstable: a burst of load that spoiled
+several of its rounds has then passed more often than not.  On this machine, on a noisy afternoon, 17 of a
+profile's 75 timings ended unstable, and its conv GEMM figure 23% below the next profile's.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-__all__ = ["Policy", "DEFAULT", "QUICK", "Series", "Figure", "spread", "measure_stable", "combine", "warm_up",
+__all__ = ["Policy", "DEFAULT", "QUICK", "Series", "Figure", "spread", "measure_stable", "combine", "settle", "warm_up",
            "time_model", "session", "bound_run", "model", "vi", "rand", "sample_fn", "sig"]
 
 _IR_VERSION = 8  # opset 17 needs IR >= 8; old enough for any onnxruntime >= 1.14
@@ -49,6 +54,7 @@ class Policy:
     window: int = 7
     max_seconds: float = 1.6  # per timed figure, all its rounds together
     rounds: int = 4  # at least 2: one round cannot show that a second one agrees
+    retries: int = 2  # more rounds, at most, for a timing the `rounds` left unstable
     max_runs: int = 400  # per round: a guard for a clock that does not advance
     min_sample_s: float = 0.004
     warmup: int = 2  # per round, and at least warmup_s seconds
@@ -56,7 +62,7 @@ class Policy:
 
     def __post_init__(self):
         if (not (0 < self.max_spread < 10) or self.window < 3 or self.max_seconds <= 0 or self.rounds < 2
-                or self.max_runs < self.window or self.warmup < 0 or self.warmup_s < 0):
+                or self.retries < 0 or self.max_runs < self.window or self.warmup < 0 or self.warmup_s < 0):
             raise ValueError(f"invalid timing policy {self}")
 
     @property
@@ -65,7 +71,7 @@ class Policy:
 
 
 DEFAULT = Policy()
-QUICK = Policy(window=5, max_seconds=0.2, rounds=2, min_sample_s=0.001, warmup=1, warmup_s=0.0)
+QUICK = Policy(window=5, max_seconds=0.2, rounds=2, retries=0, min_sample_s=0.001, warmup=1, warmup_s=0.0)
 
 
 @dataclass(frozen=True)
@@ -139,6 +145,19 @@ def combine(rounds: list[Series], max_spread: float) -> Figure:
     return Figure(median_s=best.median_s, spread=total, window_spread=best.spread, rounds_apart=apart,
                   round_medians=tuple(r.median_s for r in rounds), runs=sum(r.runs for r in rounds),
                   seconds=sum(r.seconds for r in rounds), stable=best.stable and apart <= max_spread)
+
+
+def settle(take_round: Callable[[], Series], policy: Policy) -> Figure:
+    """`combine` of policy.rounds rounds of `take_round`, then of up to policy.retries more, taken one at a
+    time while the figure is unstable: for a timing measured alone (the caller cannot interleave it)."""
+    rounds = [take_round() for _ in range(policy.rounds)]
+    figure = combine(rounds, policy.max_spread)
+    for _ in range(policy.retries):
+        if figure.stable:
+            break
+        rounds.append(take_round())
+        figure = combine(rounds, policy.max_spread)
+    return figure
 
 
 # --------------------------------------------------------------------------------------------------

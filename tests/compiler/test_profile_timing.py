@@ -14,7 +14,7 @@ from onnx import helper
 from edgec.compiler.errors import UserError
 from edgec.compiler.profile.bench import Bench, other_cpus_over
 from edgec.compiler.profile.load import CpuTimes, LoadSample
-from edgec.compiler.profile.timing import (Policy, Series, bound_run, combine, measure_stable, model, session, vi,
+from edgec.compiler.profile.timing import (Policy, Series, bound_run, combine, measure_stable, model, session, settle, vi,
                                            warm_up)
 
 
@@ -133,7 +133,7 @@ class QuietProbe:
         return LoadSample((0.5, 0.5, 0.5), CpuTimes(int(self.jiffies * self.others / 2), self.jiffies, 0, 2))
 
 
-def scripted_bench(rounds_by_name: dict[str, list[Series]], strict: bool = False):
+def scripted_bench(rounds_by_name: dict[str, list[Series]], strict: bool = False, retries: int = 0):
     calls: list[str] = []
     by_data = {name.encode(): name for name in rounds_by_name}
     left = {name: iter(r) for name, r in rounds_by_name.items()}
@@ -142,7 +142,7 @@ def scripted_bench(rounds_by_name: dict[str, list[Series]], strict: bool = False
         calls.append(by_data[data])
         return next(left[by_data[data]])
 
-    b = Bench(1, True, Policy(rounds=3), QuietProbe(0.4), strict, lambda s: None, timer=timer)
+    b = Bench(1, True, Policy(rounds=3, retries=retries), QuietProbe(0.4), strict, lambda s: None, timer=timer)
     for name in rounds_by_name:
         b.add(name, name.encode(), {})
     return b, calls
@@ -152,8 +152,8 @@ def test_bench_interleaves_the_rounds_and_keeps_each_timings_fastest_stable_roun
     b, calls = scripted_bench({"a": [rnd(2.0), rnd(1.0), rnd(1.02)], "b": [rnd(0.5), rnd(0.5), rnd(0.51)]})
     assert b.run() == {"a": 1.0, "b": 0.5}
     assert calls == ["a", "b"] * 3  # round 1 of every timing, then round 2, ...
-    assert b.entries["a"] == {"runs": 21, "median_ms": 1000.0, "spread": 0.02, "stable": True, "loadavg_1m": 0.5,
-                              "other_cpus": 0.4}
+    assert b.entries["a"] == {"runs": 21, "rounds": 3, "median_ms": 1000.0, "spread": 0.02, "stable": True,
+                              "loadavg_1m": 0.5, "other_cpus": 0.4}
     assert not b.unstable
 
 
@@ -167,6 +167,35 @@ def test_bench_warns_of_a_timing_whose_rounds_disagree_and_strict_refuses_it():
     b, _ = scripted_bench(script, strict=True)
     with pytest.raises(UserError, match=r"^1 thread, a: spread 50% .*--strict"):
         b.run()
+
+
+def test_bench_retries_only_the_unsettled_timings_interleaved_until_they_settle():
+    # a's three rounds disagree (a burst of load), its fourth agrees with its fastest; c never settles and
+    # gets every retry; b settled in its rounds and gets none
+    script = {"a": [rnd(1.0), rnd(1.5), rnd(1.6), rnd(1.05)], "b": [rnd(0.5), rnd(0.5), rnd(0.51)],
+              "c": [rnd(1.0), rnd(2.0), rnd(3.0), rnd(4.0), rnd(5.0)]}
+    b, calls = scripted_bench(script, retries=2)
+    times = b.run()
+    assert calls == ["a", "b", "c"] * 3 + ["a", "c"] + ["c"]
+    assert times == {"a": 1.0, "b": 0.5, "c": 1.0}
+    assert b.entries["a"]["stable"] and b.entries["a"]["rounds"] == 4 and b.entries["a"]["spread"] == 0.05
+    assert b.entries["b"]["rounds"] == 3
+    assert not b.entries["c"]["stable"] and b.entries["c"]["rounds"] == 5
+    (line,) = b.unstable
+    assert line.startswith("1 thread, c: spread 100% over 35 runs") and "nearest other of 5 rounds" in line
+
+
+def test_settle_takes_more_rounds_only_while_unstable_and_at_most_retries():
+    taken = iter([rnd(1.0), rnd(1.5), rnd(1.04), rnd(9.0)])
+    f = settle(lambda: next(taken), Policy(rounds=2, retries=3))
+    assert f.stable and f.round_medians == (1.0, 1.5, 1.04)  # the third agreed: no fourth
+    taken = iter([rnd(1.0), rnd(2.0), rnd(3.0), rnd(4.0)])
+    f = settle(lambda: next(taken), Policy(rounds=2, retries=1))
+    assert not f.stable and f.round_medians == (1.0, 2.0, 3.0)
+    taken = iter([rnd(1.0), rnd(1.01)])
+    assert settle(lambda: next(taken), Policy(rounds=2, retries=0)).round_medians == (1.0, 1.01)
+    with pytest.raises(ValueError):
+        Policy(retries=-1)
 
 
 def test_bench_refuses_a_name_added_twice():
