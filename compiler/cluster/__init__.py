@@ -64,9 +64,9 @@ Profile file (profiles/<name>.yaml)::
     layers: {}                     # optional measured tables {<model sha256>: {<onnx node name>: ms}}
     op_ms_per_melem:               # optional: ms per million output elements beyond op_overhead_us (> 0)
       {LRN: 25.0, Softmax: 0.48, Resize:linear: 1.4}   # key: ONNX op type, or "<op type>:<mode>"
-    efficiency:                    # optional: throughput of small outputs, as a fraction of gflops.<class>
+    efficiency:                    # optional: throughput of small outputs, as a fraction of gflops.conv / .gemm
       conv: [[7168, 0.62], [401408, 1.0]]   # [output elements, fraction in (0, 4]], elements increasing
-      depthwise_conv: [[8064, 0.31], [451584, 1.0]]   # without it, depthwise tiles follow the conv curve
+      depthwise_conv: [[8064, 0.44], [451584, 1.0]]   # of its largest point's rate; else the conv curve
       gemm: [[8192, 0.55], [524288, 1.0]]
     threads:                       # optional: the figures per onnxruntime intra-op thread count (keys 1..4096)
       1: {op_overhead_us: 5, gflops: {...}, memory_gbps: 9.0, op_ms_per_melem: {...}, efficiency: {...}, layers: {...}}

@@ -46,8 +46,8 @@ largest count's, for readers that know no thread counts.  Per count:
                            before, free in a Conv's layer and at memory speed alone
   - efficiency             how throughput falls for small outputs: [output elements, fraction] points of a
                            3x3 Conv (128 ch, 56 wide, 56..1 output rows: tiles of a map) against gflops.conv,
-                           of a depthwise 3x3 Conv (144 ch, 56 wide, 56..1 rows) against
-                           gflops.depthwise_conv, and of MatMuls with 512..8 rows against gflops.gemm;
+                           of a depthwise 3x3 Conv (144 ch, 56 wide, 56..1 rows) against its own 56-row
+                           rate, and of MatMuls with 512..8 rows against gflops.gemm;
                            fraction = the FLOPs' time at the large benchmark's rate / (time - op_overhead_us)
 
 Each timing is taken in 4 rounds, interleaved with the other timings' so that they are seconds apart

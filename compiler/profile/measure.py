@@ -146,7 +146,7 @@ def _sources(stamp: str, counts: list[int], quick: bool, policy: Policy, power_g
         "models (LRN size 5 on 64x56x56, Softmax 12x128x128, LayerNormalization 128x768, Erf 128x3072, Resize 2x "
         "of 64x56x56: `Resize` nearest, `Resize:linear` linear, Clip to [0, 6] (ReLU6) on 144x56x56)"
         + (" (quick mode halves every dimension)" if quick else ""),
-        "efficiency: [output elements, fraction of gflops.conv / gflops.depthwise_conv / gflops.gemm] of a 3x3 Conv "
+        "efficiency: [output elements, fraction of gflops.conv / the largest point's rate / gflops.gemm] of a 3x3 Conv "
         f"128 ch, 56 wide, and a depthwise 3x3 Conv 144 ch, 56 wide, at {'/'.join(map(str, bench.CONV_HEIGHTS))} "
         f"output rows (halo rows in the input), and a MatMul {'/'.join(map(str, bench.GEMM_ROWS))} x 1024 x 1024; "
         f"fraction = FLOPs at gflops / (time - op_overhead_us), at most {bench.MAX_EFFICIENCY:g}"
