@@ -65,8 +65,8 @@ its transfers, from `edgec run --report`), so the choice can be checked on the h
 
 Part stability: `edgec profile --threads 1` twice back to back; per 1-thread figure (gflops.conv, .depthwise_conv,
 .gemm, .other, memory_gbps, weight_gbps, op_overhead_us and each op price, op_ms_per_melem.*) the two values and their
-relative difference (second - first) / first, and the worst.  The tile-efficiency points (efficiency.conv and
-.gemm, fractions per output size) are listed too, with their own worst, outside the target.  The load around
+relative difference (second - first) / first, and the worst.  The tile-efficiency points (efficiency.conv,
+.depthwise_conv and .gemm, fractions per output size) are listed too, with their own worst, outside the target.  The load around
 each profile is printed.  Target: every figure within 10%, on a quiet machine.
 
 Part testbed (issue 11, item 4's testbed cases; needs root and iproute2): part two's cases over a shaped network.
