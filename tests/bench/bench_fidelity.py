@@ -91,6 +91,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -624,7 +625,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="part testbed: the device link's bandwidths, one testbed each (comma-separated Mbps)")
     ap.add_argument("--baseline-profile", type=Path, help="part two: also predict with this 1-thread profile, "
                     "side by side with the same measurements")
-    ap.add_argument("--folder", type=Path, help="work folder (default: a temporary one)")
+    ap.add_argument("--folder", type=Path, help="work folder, kept (it grows to several GB: the builds and the "
+                    "workers' caches); default: a temporary one, removed at the end")
     ap.add_argument("--json", dest="json_out", type=Path, help="also write every row, the load and the probes as JSON")
     args = ap.parse_args(argv)
     args.parts = [p.strip() for p in args.parts.split(",") if p.strip()]
@@ -669,8 +671,17 @@ def main(argv: list[str] | None = None) -> int:
     global WARMUP
     args = parse_args(argv)
     WARMUP = args.warmup
-    folder = args.folder or Path(tempfile.mkdtemp(prefix="edgec-fidelity-"))
-    folder.mkdir(parents=True, exist_ok=True)
+    if args.folder is not None:
+        args.folder.mkdir(parents=True, exist_ok=True)
+        return run_parts(args, args.folder)
+    folder = Path(tempfile.mkdtemp(prefix="edgec-fidelity-"))
+    try:  # the builds take several GB (VGG-16's fragments, the workers' caches): not left behind
+        return run_parts(args, folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def run_parts(args: argparse.Namespace, folder: Path) -> int:
     out: dict = {"repeat": args.repeat, "warmup": args.warmup, "parts": args.parts, "loadavg_start": loadavg()}
     print(f"# Prediction fidelity: {os.cpu_count()} CPUs, load average at start {out['loadavg_start']}, "
           f"{args.repeat} requests per measurement after {args.warmup} untimed\n")
