@@ -206,8 +206,8 @@ def run_all(outdir: str | Path, *, repeat: int = 1, verify: bool = False, tolera
             threads: int | None = None, emulate: bool = False, timeout: float = 60.0, seed: int = 0,
             warmup: int = 1) -> dict:
     """Run every service of OUTDIR's allocation at once (random inputs), each `repeat` timed requests after
-    `warmup` untimed ones (as `edgec run --warmup`); return the `edgec run-all --json` object: per service, its measured median latency against
-    its SLA (and --verify's verdict). A service whose run fails raises its error, prefixed by its name,
+    `warmup` untimed ones (as `edgec run --warmup`); return the `edgec run-all --json` object: per service,
+    its measured median latency against its SLA (and --verify's verdict). A service whose run fails raises its error, prefixed by its name,
     once every run has ended. Interrupted (SIGINT, SIGTERM under interrupt_on_signals) reaches every
     service's thread at its next step; each closes its coordinator and workers, and then it is raised."""
     from .api import check_options  # api imports the coordinator's whole stack: only when running

@@ -26,7 +26,7 @@ understates the difference between two runs.
 A timing still unstable after its `rounds` gets up to `retries` more, one at a time, later (after the other
 timings' rounds, or the other unsettled ones'), while it stays unstable: a burst of load that spoiled
 several of its rounds has then passed more often than not.  On this machine, on a noisy afternoon, 17 of a
-profile's 75 timings ended unstable, and its conv GEMM figure 23% below the next profile's.
+profile's timings ended unstable, and its GEMM figure 23% below the next profile's.
 """
 
 from __future__ import annotations
