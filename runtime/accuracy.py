@@ -19,8 +19,8 @@ step of the schedule matches, and then its error. Milliseconds are rounded to 4 
 - A fragment's measured time is its onnxruntime run on its worker (with --emulate, the padded run: the
   emulated times are reported). Its prediction is the manifest's `predicted_ms`.
 - A transfer's measured time runs from the moment its sender started sending (before compression) to the
-  moment the receiver took the whole message off its data socket (a receiver busy running a fragment takes
-  it when the run ends: session.py). The two moments are read on two workers' clocks, brought onto the
+  moment the receiver took the whole message off its data socket and decoded it (decompressed, where the
+  sender compressed it); a receiver busy running a fragment takes it when the run ends: session.py. The two moments are read on two workers' clocks, brought onto the
   coordinator's clock by each worker's offset, estimated when the session starts with Cristian's method:
   the coordinator notes its clock t0, asks for the worker's clock c (`sync`), notes t1 when the answer
   arrives; offset = c - (t0 + t1) / 2, wrong by at most the round trip's half, (t1 - t0) / 2, of the

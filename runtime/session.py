@@ -8,9 +8,10 @@ the planner treats those transfers as free, and the coordinator is usually on th
 
 Once the coordinator has asked for this worker's clock (`sync`, for `edgec run --report`), every request is
 timed: each fragment run and the moment it starts, the moment each device-to-device send starts and the
-moment each tensor from another device is taken off the data socket, sent back in `done` (protocol.py). An
-arrival is stamped when this worker's loop reads the socket: while it runs a fragment it does not read, so a
-tensor that arrives meanwhile is stamped when the run ends (its measured transfer includes that wait).
+moment each tensor from another device has been taken off the data socket and decoded, sent back in `done`
+(protocol.py). An arrival is stamped when this worker's loop has read the socket: while it runs a fragment it
+does not read, so a tensor that arrives meanwhile is stamped after the run ends (its measured transfer
+includes that wait).
 
 Under --emulate (emulate.py) each fragment run is padded to predicted_ms x the run's dilation, and each burst
 of consecutive sends travels on the device's DelayedLinks, its step list waiting for the burst to end; on a
@@ -278,7 +279,6 @@ class Session:
 
     # -- device-to-device tensors ---------------------------------------------------------------------
     def on_data(self, frames: list[zmq.Frame]) -> None:
-        arrived = time.monotonic()
         try:
             header, payload = parse(frames, {"tensor"})
             head = tensor_header(header, self.d.max_message_bytes)
@@ -304,7 +304,10 @@ class Session:
             return
         if head.codec != "none":
             self.stats["decompress_ms"] += (time.perf_counter() - start) * 1000.0
-        self._keep(tensor, arrived)
+        # Arrived: this worker holds the decoded tensor, what its recv step waits for. Right after a fragment
+        # run, the checks and the decoding above take tens of microseconds (the runtime's code and data left
+        # the caches), so the transfer's measure and the profile's message figure include them.
+        self._keep(tensor, time.monotonic())
 
     def _unwanted(self, head: TensorHeader) -> str | None:
         """Why the inbox would refuse this tensor, judged from its header alone (the inbox checks again)."""
