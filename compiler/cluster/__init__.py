@@ -74,6 +74,7 @@ Profile file (profiles/<name>.yaml)::
       message_ms: 0.35             #   per device-to-device message (encode, CURVE, ZeroMQ, decode; both ends)
       message_ms_per_mb: 0.6       #   per 10^6 bytes of a message (host copies, encryption)
       request_ms: 1.8              #   per request: a model input in from the coordinator, an output out
+      run_ms: 0.1                  #   per tile fragment run: a run in a plan beyond the same run alone and hot
       message_cpu_ms: 0.5          #   optional: the same three in CPU time, every thread of the runtime
       message_cpu_ms_per_mb: 0.9   #   (ZeroMQ's I/O threads encrypt beside the sender): what devices sharing
       request_cpu_ms: 2.2          #   a machine (`hosts:`) take of its cores; absent: the time figures
@@ -91,7 +92,7 @@ largest count's at the top level, so a reader that knows no thread counts reads 
 a worker's.  `runtime:` is per device, not per thread count (no onnxruntime kernel runs in it); the cost
 model charges each message the mean of its two ends' message figures and each request half its
 request_ms on every device that takes a model input and half on every device that gives an output
-(compiler/cost/network.py, evaluate.py).
+(compiler/cost/network.py, evaluate.py), and each tile of a spatial stage its device's run_ms (tiles.py).
 
 Numbers must be finite and at most 1e12; positive ones at least 1e-9 (the cost model divides by them
 and sums them, so this keeps every prediction finite).  A cluster file may hold at most 1 MiB, a profile

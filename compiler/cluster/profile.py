@@ -49,6 +49,10 @@ class RuntimeCosts:
     message_ms_per_mb: the same per 10^6 bytes of the message (host copies, encryption).
     request_ms: one request's model input in from the coordinator and output out to it, beyond the
       fragment's own run.
+    run_ms: a fragment's run in a plan beyond the same run timed alone and hot (as the profile times its
+      figures): between two runs the runtime handles messages, which leaves onnxruntime's code and data
+      out of the caches. Every tile fragment of a spatial stage pays it (cost/tiles.py); a pipeline
+      stage's one fragment of milliseconds is not charged it.
     message_cpu_ms, message_cpu_ms_per_mb, request_cpu_ms: the same in CPU time, every process and thread of
       the runtime counted (ZeroMQ's I/O threads encrypt while the sender goes on, so a message takes more
       CPU than time); None where not measured: the time figures stand in. They price what devices sharing
@@ -61,9 +65,10 @@ class RuntimeCosts:
     message_cpu_ms: float | None = None
     message_cpu_ms_per_mb: float | None = None
     request_cpu_ms: float | None = None
+    run_ms: float = 0.0
 
     def __bool__(self) -> bool:
-        return any((self.message_ms, self.message_ms_per_mb, self.request_ms))
+        return any((self.message_ms, self.message_ms_per_mb, self.request_ms, self.run_ms))
 
     def cpu(self) -> "RuntimeCosts":
         """The CPU figures as message_ms, message_ms_per_mb and request_ms (each time figure where its CPU
@@ -241,7 +246,8 @@ def validate_profile_dict(data: Any, path: str) -> Profile:
         measurement=data["measurement"] if doc.measurement is not None else {},
         runtime=NO_RUNTIME_COSTS if doc.runtime is None else RuntimeCosts(
             doc.runtime.message_ms, doc.runtime.message_ms_per_mb, doc.runtime.request_ms,
-            doc.runtime.message_cpu_ms, doc.runtime.message_cpu_ms_per_mb, doc.runtime.request_cpu_ms),
+            doc.runtime.message_cpu_ms, doc.runtime.message_cpu_ms_per_mb, doc.runtime.request_cpu_ms,
+            doc.runtime.run_ms),
         radio_tx_nj_per_byte=doc.radio_nj_per_byte.tx if doc.radio_nj_per_byte else None,
         radio_rx_nj_per_byte=doc.radio_nj_per_byte.rx if doc.radio_nj_per_byte else None,
         modes={name: _mode(m, top) for name, m in (doc.modes or {}).items()},

@@ -107,12 +107,14 @@ class RuntimeDoc(_Doc):
     """The runtime's own costs on this device (`edgec profile` measures them; absent: 0), in ms:
     message_ms per device-to-device message (encode, CURVE, ZeroMQ hand-off and decode, both ends),
     message_ms_per_mb per 10^6 bytes of it (host copies and encryption), request_ms per request (a model
-    input in from the coordinator and an output out to it); the *_cpu_* figures are the same in CPU time of
-    every process and thread of the runtime (absent: the time figures stand in)."""
+    input in from the coordinator and an output out to it), run_ms per tile fragment run (what a fragment
+    run in a plan takes beyond the same run timed alone and hot); the *_cpu_* figures are the same in CPU
+    time of every process and thread of the runtime (absent: the time figures stand in)."""
 
     message_ms: FixedMs = 0.0
     message_ms_per_mb: FixedMs = 0.0
     request_ms: FixedMs = 0.0
+    run_ms: FixedMs = 0.0
     message_cpu_ms: FixedMs | None = None
     message_cpu_ms_per_mb: FixedMs | None = None
     request_cpu_ms: FixedMs | None = None

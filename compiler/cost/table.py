@@ -117,6 +117,12 @@ class CostTable:
         return tuple(dev.figures.memory_gbps * 1e6 for dev in self.cluster.devices)  # GB/s = 1e6 bytes/ms
 
     @cached_property
+    def run_ms(self) -> tuple[float, ...]:
+        """Per device, what a tile fragment's run in a plan takes beyond its priced time, alone and hot (the
+        profile's `runtime.run_ms`; 0 where unmeasured): tiles.py adds it to every tile."""
+        return tuple(dev.runtime.run_ms for dev in self.cluster.devices)
+
+    @cached_property
     def conversion_ms_per_byte(self) -> tuple[float, ...]:
         """Per device, converting one byte of an activation into or out of the runtime's blocked layout: a
         read and a write at its figures' memory_gbps where its profile says the runtime converts

@@ -22,7 +22,10 @@ parts into one tensor, every byte read once and written once, at the device's me
 assembled_bytes is the tile's input box (halo included); for a grid, each band of several boxes is
 assembled along the width, then the bands along the height, and each of those concatenations counts.
 The copy is part of the tile's time (`tile_ms` of predict_stage, hence the tile fragment's predicted_ms,
-which simulate replays and the emulator pads to), and StepModel prices it the same way.  A first
+which simulate replays and the emulator pads to), and StepModel prices it the same way.  So is the
+runtime's cost of running a fragment in a plan (CostTable.run_ms, the profile's `runtime.run_ms`): every
+tile is one fragment run, which runs slower than the profile's hot timings after the runtime's work
+between runs; it is added last, after the copy, in both places.  A first
 segment's tiles read one holder's tensor (the scatter) and copy nothing.  The gather's concatenation
 of the tiles' outputs on the stage's device is not priced: no fragment run carries it, and simulate
 (runtime/replay.py) counts a manifest's concat steps as free, so pricing it here alone would part the
@@ -388,6 +391,7 @@ class StepModel:
     def __init__(self, cost: CostTable, devs: list[int]):
         n, net = len(cost.devices), cost.network
         self.devs, self.shared, self.cost = devs, net.shared, cost
+        self.run_ms = cost.run_ms
         self.bw = [[float("inf")] * n for _ in range(n)]  # bytes per ms
         self.lat = [[0.0] * n for _ in range(n)]
         for a in range(n):
@@ -438,10 +442,11 @@ class StepModel:
                 msgs.append((e, rows * cx.sc.in_bytes / self.bw[hd][d] + self.lat[hd][d]))
         # rows from several holders are assembled before the tile runs, as predict_stage prices it
         copy = copy_ms(self.cost, d, (n1 - n0) * cx.sc.in_bytes) if parts > 1 else 0.0
+        run = self.run_ms[d]  # the tile is a fragment run (StageWork adds it last too)
         table = cx.tables.get(d)
         if table is not None:
-            return tuple(msgs), cx.overhead[d] + float(table[a, b]) + copy
-        return tuple(msgs), cx.overhead[d] + cx.hi[d][b] - cx.lo[d][a] + copy
+            return tuple(msgs), cx.overhead[d] + float(table[a, b]) + copy + run
+        return tuple(msgs), cx.overhead[d] + cx.hi[d][b] - cx.lo[d][a] + copy + run
 
     @staticmethod
     def finish(cx: Step, done, sent) -> float:
@@ -585,13 +590,15 @@ class StageWork:
     @classmethod
     def build(cls, stage: Stage, graph: LayerGraph, cost: CostTable) -> "StageWork":
         """Each tile's compute ms includes the copy assembling its input (`copy_ms`) from the boxes the
-        previous segment's tiles hold (the first segment's: the stage input whole, one part)."""
+        previous segment's tiles hold (the first segment's: the stage input whole, one part), then the
+        runtime's cost of a fragment run (CostTable.run_ms)."""
         segs, have = [], None
         for seg in stage.spatial.segments:
             maps, in_bytes, out_bytes, tiles = _segment_tiles(graph, cost, stage.spatial, seg)
             if have is not None:
                 tiles = [(d, need, box, ms + copy_ms(cost, cost.index(d), assembly_cells(have, need) * in_bytes))
                          for d, need, box, ms in tiles]
+            tiles = [(d, need, box, ms + cost.run_ms[cost.index(d)]) for d, need, box, ms in tiles]
             have = [box for _, _, box, _ in tiles]
             segs.append((maps.input, in_bytes, tuple(tiles)))
         return cls(tuple(segs), maps.output, out_bytes)

@@ -3,14 +3,26 @@
 - message_ms, message_ms_per_mb: a tensor message between two local workers, started by the runtime's
   coordinator at 1 thread each like the workers of `edgec run` on one machine (two processes, CURVE sockets
   with the run's keys). A request's steps send a tensor from worker a to worker b and back; each way is
-  timed as `edgec run --report` times a transfer, from the sender's send step starting to the receiver's
-  worker taking the whole message off its data socket, and the hand-off is the mean of both ways (a worker's
-  clock offset adds to one way what it takes from the other, so it cancels). Timed for a 64-byte tensor
-  (the fixed part) and a 1 MiB one (quick: 256 KiB); the per-MB figure is the difference per 10^6 bytes.
-  Both ends run here, so the figure is both ends' work.
+  timed as `edgec run --report` times a transfer, from the sender's send step starting to the receiver
+  holding the decoded tensor, and the hand-off is the mean of both ways (a worker's clock offset adds to
+  one way what it takes from the other, so it cancels). Timed for a 64-byte tensor (the fixed part) and a
+  1 MiB one (quick: 256 KiB); the per-MB figure is the difference per 10^6 bytes. Both ends run here, so
+  the figure is both ends' work.
   Why two workers and not two sockets in one process: a worker wakes from its poll in its own process and
   runs the runtime's send and receive steps; two sockets echoing inside one process skip both, and
   measured a 64-byte message at less than half of what the runtime pays on this 2-core machine.
+  Why back to back: in a plan a message follows a fragment run, which leaves the runtime's code out of
+  the caches, and the receiver's decoding then takes longer (62 us for a 57 KB halo after a ResNet-50
+  tile, about 15 us back to back). Timed after a fragment run on both ends, the figures came out 10-30%
+  higher, but a worker that waits a millisecond wakes late by a varying amount on this virtual machine,
+  and their spread (40%) stayed far above the profile's bound; back to back they settle.
+- run_ms: what a fragment run in a plan takes beyond the same run timed alone and hot, as the profile times
+  everything else (`_run_build`): worker b runs `_evict_model` (two 3x3 convolutions, 128 channels at
+  14 x 14, 1.2 MB of weights, about 1 ms here) right after it took a's message, as a tile runs after its
+  halo arrives; the worker's own timing of that run ("run_in_plan") less the model run in this process,
+  its inputs and outputs bound once, run after run ("run_alone"). Measured here: 0.09-0.11 ms on that
+  fragment (0.06 on a 0.25 ms one, 0.17 on a 4 ms one: it grows slowly with the fragment), which every
+  tile of a spatial stage pays (cost/tiles.py).
 - request_ms: one request of a one-fragment manifest (a 64-float Relu) run by the runtime's coordinator
   with a local worker at 1 thread: the request's latency less the fragment's run, i.e. the model input in
   from the coordinator, the output out to it, and the request's control messages.
@@ -44,7 +56,7 @@ import numpy as np
 
 from edgec.runtime.manifest import file_sha256, load_manifest
 
-from .timing import Figure, Policy, measure_stable, model, settle, sig, vi
+from .timing import Figure, Policy, bound_run, measure_stable, model, session, settle, sig, vi
 
 __all__ = ["measure_runtime_costs", "SMALL_BYTES"]
 
@@ -63,12 +75,17 @@ def measure_runtime_costs(policy: Policy, quick: bool, say: Callable[[str], None
     say("  runtime costs: a message between two local workers and one request through the coordinator")
     large = _LARGE_BYTES[quick]
     figures = _message_figures(policy, large)
+    figures.update(_run_figures(policy))
     figures["request"] = _request_figure(policy)
     small_ms = figures["message_small"].median_s * 1e3
     per_mb = (figures["message_large"].median_s * 1e3 - small_ms) / (large - SMALL_BYTES) * 1e6
+    run_ms = (figures["run_in_plan"].median_s - figures["run_alone"].median_s) * 1e3
     costs = {"message_ms": sig(small_ms), "message_ms_per_mb": sig(max(0.0, per_mb)),
-             "request_ms": sig(figures["request"].median_s * 1e3)}
+             "request_ms": sig(figures["request"].median_s * 1e3), "run_ms": sig(max(0.0, run_ms))}
     notes = []
+    if run_ms <= 0:
+        notes.append(f"runtime run_ms written as 0: the fragment ran {-run_ms:.3g} ms faster in the plan than alone "
+                     "(timing noise larger than the runtime's cost)")
     if per_mb <= 0:
         notes.append(f"runtime message_ms_per_mb written as 0: the large message took {per_mb:.3g} ms per MB more "
                      "than the 64-byte one (timing noise larger than its bytes' cost)")
@@ -89,10 +106,13 @@ def measure_runtime_costs(policy: Policy, quick: bool, say: Callable[[str], None
 def source(quick: bool) -> str:
     """How the figures were taken, for the profile's `sources:`."""
     return ("runtime: message_ms = a 64-byte tensor between two local workers of the runtime (1 thread each, CURVE), "
-            "from the sender's send step to the receiver taking it off its socket as `edgec run --report` times "
-            f"a transfer, the mean of both ways; message_ms_per_mb = the same for a {'256 KiB' if quick else '1 MiB'} "
+            "from the sender's send step to the receiver holding the decoded tensor as `edgec run --report` times "
+            "a transfer, the mean of both ways; "
+            f"message_ms_per_mb = the same for a {'256 KiB' if quick else '1 MiB'} "
             "tensor, less message_ms, per 10^6 bytes; request_ms = latency less run time of one request of a "
             "64-float Relu through the runtime's coordinator and a local worker at 1 thread (input in, output out); "
+            "run_ms = a 1 ms convolution fragment's run on a worker right after it took a message, less the same "
+            "model run hot in one process with its inputs and outputs bound; "
             "message_cpu_ms_per_mb, request_cpu_ms: the same in CPU time of the coordinator and its workers, every "
             "thread (schedstat): half the CPU difference per 10^6 bytes between a request exchanging a large and "
             "one exchanging a 64-byte tensor between two workers, and a request of the 64-float Relu")
@@ -145,7 +165,7 @@ def _manifest(folder: Path, frag: Path, devices: list[str], floats: int, transfe
 def _exchange_build(folder: Path, large: int, ways: str = "sl") -> Path:
     """A two-device build whose request, for each of "s" and "l" in `ways`, sends the first SMALL_BYTES of
     its input ("s") or the whole input (`large` bytes, "l") from a to b and back as a tensor of that name,
-    then runs a Relu on a; returns its manifest.json."""
+    then runs a Relu on a; returns its manifest.json. (The message and CPU figures' build.)"""
     floats, small = large // 4, SMALL_BYTES // 4
     region = [{"axis": 1, "start": 0, "stop": small}]
     transfers, steps_a, steps_b = [], [{"op": "recv", "tensor": "x", "from": "@host"}], []
@@ -161,6 +181,67 @@ def _exchange_build(folder: Path, large: int, ways: str = "sl") -> Path:
         steps_b += [{"op": "recv", "tensor": name, "from": _A}, {"op": "send", "tensor": name, "to": _A}]
     steps_a += [{"op": "run", "fragment": "f0"}, {"op": "send", "tensor": "y", "to": "@host"}]
     return _manifest(folder, _relu(folder, floats), [_A, _B], floats, transfers, {_A: steps_a, _B: steps_b})
+
+
+EVICT_SHAPE = (1, 128, 14, 14)  # `_evict_model`'s input and output
+RUN_FRAGMENT = "run-b"  # `_run_build`'s fragment whose run the run figure times
+
+
+def _evict_model(out: str = "out") -> bytes:
+    """Two 3x3 convolutions (128 channels, 14 x 14, padded) with a Relu after each, input "e": about 1 ms at
+    1 thread here, its 1.2 MB of weights more than a core's L2."""
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(1)  # fixed: every profile runs the same fragment
+    c = EVICT_SHAPE[1]
+    inits = [numpy_helper.from_array(rng.standard_normal((c, c, 3, 3), dtype=np.float32) * 0.03, f"w{i}")
+             for i in range(2)]
+    nodes = [helper.make_node("Conv", ["e", "w0"], ["c0"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c0"], ["r0"]),
+             helper.make_node("Conv", ["r0", "w1"], ["c1"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c1"], [out])]
+    return model(nodes, [vi("e", EVICT_SHAPE)], [vi(out, EVICT_SHAPE)], inits)
+
+
+def _evict(folder: Path, device: str, fid: str) -> dict:
+    """`<fid>.onnx` in `folder`, `_evict_model` on `device`; returns its fragment entry (input "e", output
+    "<fid>.out")."""
+    out = f"{fid}.out"
+    path = folder / f"{fid}.onnx"
+    path.write_bytes(_evict_model(out))
+    return {"id": fid, "device": device, "file": path.name, "sha256": file_sha256(path),
+            "inputs": ["e"], "outputs": [out], "predicted_ms": 0.0}
+
+
+def _run_build(folder: Path) -> Path:
+    """The run figure's two-device build: a takes the model's inputs x (SMALL_BYTES) and e, b takes e; a runs
+    its `_evict` fragment on e twice and sends x to b, which has run its own `_evict` once meanwhile and waits
+    for it; b then runs RUN_FRAGMENT (`_evict` again) alone, the run timed, and sends x back; then a runs a
+    Relu on x for the request's output. As a tile's run in a plan, RUN_FRAGMENT follows a fragment run and the
+    runtime's handling of a message. Returns its manifest.json."""
+    small = SMALL_BYTES // 4
+    path = _manifest(folder, _relu(folder, small), [_A, _B], small, [], {})
+    doc = json.loads(path.read_text())
+    evict = {_A: _evict(folder, _A, "evict-a"), _B: _evict(folder, _B, "evict-b"),
+             RUN_FRAGMENT: _evict(folder, _B, RUN_FRAGMENT)}
+    doc["inputs"].append({"name": "e", "shape": list(EVICT_SHAPE), "dtype": "float32"})
+    doc["fragments"] += list(evict.values())
+    doc["transfers"] = [{"tensor": "x", "src": _A, "dst": _B, "shape": [1, small], "dtype": "float32",
+                         "bytes": SMALL_BYTES, "region": None},
+                        {"tensor": "ping", "src": _B, "dst": _A, "shape": [1, small], "dtype": "float32",
+                         "bytes": SMALL_BYTES, "region": None}]
+
+    def run(key: str) -> list:
+        return [{"op": "run", "fragment": evict[key]["id"]}, {"op": "free", "tensors": evict[key]["outputs"]}]
+
+    doc["steps"] = {
+        _A: [{"op": "recv", "tensor": "x", "from": "@host"}, {"op": "recv", "tensor": "e", "from": "@host"},
+             *run(_A), *run(_A), {"op": "send", "tensor": "x", "to": _B, "as": "ping"},
+             {"op": "recv", "tensor": "ping", "from": _B}, {"op": "run", "fragment": "f0"},
+             {"op": "send", "tensor": "y", "to": "@host"}],
+        _B: [{"op": "recv", "tensor": "e", "from": "@host"}, *run(_B), {"op": "recv", "tensor": "ping", "from": _A},
+             *run(RUN_FRAGMENT), {"op": "send", "tensor": "ping", "to": _A}],
+    }
+    path.write_text(json.dumps(doc))
+    return path
 
 
 def _cpu_seconds(pids: list[int]) -> float:
@@ -256,6 +337,49 @@ def _request_sampler(cluster, feeds: dict, name: str, policy: Policy) -> Callabl
         hand_off()
     reps = max(1, min(100, math.ceil(policy.min_sample_s / max(hand_off()[1], 1e-7))))
     return lambda: sum(hand_off()[0] for _ in range(reps)) / reps
+
+
+def _run_figures(policy: Policy) -> dict[str, Figure]:
+    """{"run_in_plan": RUN_FRAGMENT's run in `_run_build` as its worker timed it, "run_alone": `_run_alone`}."""
+    from edgec.runtime.coordinator import Cluster
+
+    folder = Path(tempfile.mkdtemp(prefix="edgec-profile-run-"))
+    try:
+        manifest = load_manifest(_run_build(folder))
+        feeds = {"x": np.ones((1, SMALL_BYTES // 4), dtype=np.float32), "e": np.ones(EVICT_SHAPE, dtype=np.float32)}
+        with Cluster(manifest, threads=1, timeout=30.0, timings=True) as cluster:
+            in_plan = _rounds(_run_sampler(cluster, feeds, policy), policy)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return {"run_in_plan": in_plan, "run_alone": _run_alone(policy)}
+
+
+def _run_sampler(cluster, feeds: dict, policy: Policy) -> Callable[[], float]:
+    """Seconds of one run of RUN_FRAGMENT (one per request, as its worker timed it), averaged over enough
+    requests to last policy.min_sample_s of wall time, after the warm-up."""
+    def run() -> tuple[float, float]:
+        t = time.perf_counter()
+        cluster.infer(feeds)
+        wall = time.perf_counter() - t
+        return cluster.samples.fragment_ms[RUN_FRAGMENT][-1] / 1e3, wall
+
+    for _ in range(max(policy.warmup, 5)):
+        run()
+    reps = max(1, min(100, math.ceil(policy.min_sample_s / max(run()[1], 1e-7))))
+    return lambda: sum(run()[0] for _ in range(reps)) / reps
+
+
+def _run_alone(policy: Policy) -> Figure:
+    """Seconds of one run of `_evict_model` timed as the profile times its figures: in this process, its
+    inputs and outputs bound once, run after run (hot)."""
+    run = bound_run(session(_evict_model(), 1), {"e": np.ones(EVICT_SHAPE, dtype=np.float32)})
+
+    def timed() -> float:
+        t = time.perf_counter()
+        run()
+        return time.perf_counter() - t
+
+    return _rounds(_sampler(timed, policy, warmup=max(policy.warmup, 5)), policy)
 
 
 def _tiny_build(folder: Path) -> Path:

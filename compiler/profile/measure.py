@@ -303,7 +303,7 @@ def _runtime_costs(policy: Policy, quick: bool, strict: bool, say: Callable[[str
             details.append(what)
             unstable.append(f"runtime {name} ({f.spread:.0%})")
     say(f"  runtime: {costs['message_ms']:g} ms per message + {costs['message_ms_per_mb']:g} ms per MB, "
-        f"{costs['request_ms']:g} ms per request"
+        f"{costs['request_ms']:g} ms per request, {costs['run_ms']:g} ms per tile fragment run"
         + (f"; CPU {costs.get('message_cpu_ms_per_mb', 'not measured')} ms per MB, {costs['request_cpu_ms']:g} ms "
            "per request" if "request_cpu_ms" in costs else ""))
     if "request_cpu_ms" not in costs:

@@ -74,7 +74,7 @@ PROFILE_CASES = [
     (_profile("runtime", {"message_ms_per_mb": float("nan")}), "runtime.message_ms_per_mb must be a number of milliseconds from 0 to 10000, got float nan"),
     (_profile("runtime", {"message_ms": "0.3"}), "runtime.message_ms must be a number of milliseconds from 0 to 10000, got str '0.3'"),
     (_profile("runtime", {"hop_ms": 1}), "unknown key 'hop_ms' in runtime (allowed: message_ms, message_ms_per_mb, "
-                                         "request_ms, message_cpu_ms, message_cpu_ms_per_mb, request_cpu_ms)"),
+                                         "request_ms, run_ms, message_cpu_ms, message_cpu_ms_per_mb, request_cpu_ms)"),
     (_profile("runtime", {"request_cpu_ms": -1}), "runtime.request_cpu_ms must be a number of milliseconds from 0 to 10000, got int -1"),
     (_profile("name", 5), "name must be a non-empty string, got int 5"),
     (_profile("gflops", None), "gflops must be a mapping, got null"),

@@ -49,7 +49,8 @@ def test_measure_host_quick_runtime_costs(quick_profile):
     """The runtime's own costs, measured through its sockets and coordinator, timed like every figure."""
     p, lines = quick_profile
     rt = p["runtime"]
-    assert set(rt) - {"message_cpu_ms_per_mb"} == {"message_ms", "message_ms_per_mb", "request_ms", "request_cpu_ms"}
+    assert set(rt) - {"message_cpu_ms_per_mb"} == {"message_ms", "message_ms_per_mb", "request_ms", "run_ms",
+                                                         "request_cpu_ms"}
     # CPU time of every thread of the coordinator and its workers, bounded like the time figures
     assert 0 < rt["request_cpu_ms"] < 1000
     if "message_cpu_ms_per_mb" in rt:
@@ -59,13 +60,14 @@ def test_measure_host_quick_runtime_costs(quick_profile):
     # a hand-off through CURVE and ZeroMQ takes microseconds at least, and less than a second on any host
     assert 0.001 < rt["message_ms"] < 1000 and 0.001 < rt["request_ms"] < 1000 and rt["message_ms_per_mb"] >= 0
     timings = p["measurement"]["runtime"]
-    assert set(timings) == {"message_small", "message_large", "request", "cpu_small", "cpu_large", "cpu_request"}
+    assert set(timings) == {"message_small", "message_large", "run_in_plan", "run_alone", "request", "cpu_small",
+                            "cpu_large", "cpu_request"}
     assert all(t["runs"] >= 3 and t["median_ms"] > 0 for t in timings.values())
     assert any(s.startswith("runtime: message_ms") for s in p["sources"])
     assert any("ms per request" in s for s in lines)
     loaded = validate_profile_dict(p, "quick.yaml").runtime
-    assert (loaded.message_ms, loaded.message_ms_per_mb, loaded.request_ms) == (
-        rt["message_ms"], rt["message_ms_per_mb"], rt["request_ms"])
+    assert (loaded.message_ms, loaded.message_ms_per_mb, loaded.request_ms, loaded.run_ms) == (
+        rt["message_ms"], rt["message_ms_per_mb"], rt["request_ms"], rt["run_ms"])
     assert (loaded.message_cpu_ms, loaded.message_cpu_ms_per_mb, loaded.request_cpu_ms) == (
         None, rt["message_cpu_ms_per_mb"], rt["request_cpu_ms"])
     assert "message_cpu_ms" not in loaded.to_dict()  # the manifest's network.costs keep the time figures only

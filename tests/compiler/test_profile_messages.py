@@ -20,9 +20,13 @@ LARGE_MS = {("a", "b"): 1.30, ("b", "a"): 1.10}
 OFFSET_MS = 0.25
 
 
+RUN_IN_PLAN_MS, RUN_ALONE_MS = 1.10, 1.03  # the run figure's fragment: in a request, and alone
+
+
 class _Samples:
     def __init__(self):
         self.transfer_ms: dict = {}
+        self.fragment_ms: dict = {}
 
 
 class FakeCluster:
@@ -49,6 +53,7 @@ class FakeCluster:
                 for (src, dst), t in ms.items():
                     skew = OFFSET_MS if dst == "b" else -OFFSET_MS
                     self.samples.transfer_ms.setdefault((src, dst, name), deque()).append(t + skew)
+            self.samples.fragment_ms.setdefault(fixed.RUN_FRAGMENT, deque()).append(RUN_IN_PLAN_MS)
         return {}, 1.0, {"d": 0.25}
 
 
@@ -59,6 +64,8 @@ def test_a_message_is_the_mean_of_both_ways_between_two_workers(monkeypatch):
     FakeCluster.manifests = []
     monkeypatch.setattr(coordinator, "Cluster", FakeCluster)
     monkeypatch.setattr(fixed, "_cpu_figures", lambda policy, large: None)  # timed below, on real workers
+    monkeypatch.setattr(fixed, "_run_alone", lambda policy: Figure(RUN_ALONE_MS / 1e3, 0.01, 0.01, 0.0,
+                                                                    (RUN_ALONE_MS / 1e3,), 7, 0.1, True))
     costs, figures, notes = fixed.measure_runtime_costs(QUICK, True, lambda s: None)
     assert "message_cpu_ms" not in costs and notes == []
     assert figures["message_small"].median_s * 1e3 == pytest.approx(0.20)
@@ -67,6 +74,8 @@ def test_a_message_is_the_mean_of_both_ways_between_two_workers(monkeypatch):
     quick_large = fixed._LARGE_BYTES[True]
     assert costs["message_ms_per_mb"] == pytest.approx(1.0 / (quick_large - fixed.SMALL_BYTES) * 1e6, rel=1e-2)
     assert costs["request_ms"] == pytest.approx(0.75)
+    assert figures["run_in_plan"].median_s * 1e3 == pytest.approx(RUN_IN_PLAN_MS)
+    assert costs["run_ms"] == pytest.approx(RUN_IN_PLAN_MS - RUN_ALONE_MS)
     exchange = FakeCluster.manifests[0]
     assert working_devices(exchange) == ("a", "b")  # one worker process each
     assert [t.bytes for t in exchange.transfers] == [fixed.SMALL_BYTES] * 2 + [quick_large] * 2
@@ -102,6 +111,28 @@ def test_the_exchange_build_is_timed_like_a_report_transfer(tmp_path: Path):
     keys = transfer_keys(manifest)
     assert keys == [("a", "b", "s"), ("b", "a", "s"), ("a", "b", "l"), ("b", "a", "l")]
     assert [t.bytes for t in manifest.transfers] == [fixed.SMALL_BYTES, fixed.SMALL_BYTES, 1 << 12, 1 << 12]
+
+
+def test_the_run_build_times_a_run_right_after_a_message(tmp_path: Path):
+    """The run figure's build: b runs RUN_FRAGMENT once per request, right after receiving a's message (which
+    a sent right after its own fragment runs), then sends it back; its transfers are the report's keys."""
+    manifest = load_manifest(fixed._run_build(tmp_path))
+    assert transfer_keys(manifest) == [("a", "b", "ping"), ("b", "a", "ping")]
+    kinds = {d: [type(s).__name__ for s in steps if type(s).__name__ != "Free"] for d, steps in manifest.steps.items()}
+    runs_b = [getattr(s, "fragment", None) for s in manifest.steps["b"]]
+    assert runs_b.count(fixed.RUN_FRAGMENT) == 1
+    i = kinds["b"].index("Run", kinds["b"].index("Recv", 1))  # b's first run after the message from a
+    assert kinds["b"][i - 1] == "Recv" and [s for s in manifest.steps["b"] if type(s).__name__ == "Run"][-1].fragment \
+        == fixed.RUN_FRAGMENT
+    assert kinds["a"][kinds["a"].index("Send") - 1] == "Run"  # a's message leaves right after a fragment run
+    assert set(manifest.fragments) == {"f0", "evict-a", "evict-b", fixed.RUN_FRAGMENT}
+
+
+def test_two_real_workers_time_a_run_in_a_plan():
+    """Through the runtime's own workers: both run figures positive, of the same fragment (within 2x)."""
+    figures = fixed._run_figures(QUICK)
+    in_plan, alone = figures["run_in_plan"].median_s, figures["run_alone"].median_s
+    assert 0 < alone < 1.0 and 0 < in_plan < 1.0 and 0.5 < in_plan / alone < 2.0
 
 
 def test_two_real_workers_hand_off_a_larger_tensor_slower():
