@@ -7,23 +7,17 @@ from __future__ import annotations
 
 import dataclasses
 
-import onnx
 import pytest
-from onnx import shape_inference
 
 from edgec.compiler.cluster import Cluster, DeviceSpec, load_profile, validate_profile_dict
-from edgec.compiler.cluster.profile import RuntimeCosts
 from edgec.compiler.cost import build_cost_table, evaluate, simulate_manifest
 from edgec.compiler.cost.tiles import SegmentCost, StepModel, predict_stage
 from edgec.compiler.emit import assemble_manifest, build_fragments, write_output
-from edgec.compiler.ingest import load_model
-from edgec.compiler.plan_types import Plan, Segment, SpatialGroup, Stage, Tile
-from edgec.compiler.spatial import spatial_cuts
+from edgec.compiler.plan_types import Plan, Stage
 from edgec.runtime.manifest import load_manifest
-from tests.conftest import conv_chain_model
+from tests.compiler.test_tile_copy import SIZE, chain, plan_of, rows_stage
 
-SIZE, CHANNELS = 16, 8
-RUN_MS = {"rpi5": 0.0625, "rpi4": 0.125}  # binary fractions: the sums below are exact
+RUN_MS = {"rpi5": 0.0625, "rpi4": 0.125}  # per device kind
 
 
 def cluster(kinds, run_ms: dict[str, float]) -> Cluster:
@@ -33,23 +27,6 @@ def cluster(kinds, run_ms: dict[str, float]) -> Cluster:
         prof = dataclasses.replace(prof, runtime=dataclasses.replace(prof.runtime, run_ms=run_ms.get(k, 0.0)))
         devs.append(DeviceSpec(f"{k}-{i}", prof, prof.memory_mb, None))
     return Cluster(tuple(devs), 100.0, 0.2, "switched", {}, "test")
-
-
-def chain(tmp_path):
-    path = tmp_path / "chain.onnx"
-    onnx.save(shape_inference.infer_shapes(conv_chain_model(n=3, channels=CHANNELS, size=SIZE)), path)
-    return load_model(path)
-
-
-def rows_stage(graph, devs, splits) -> Stage:
-    cuts = spatial_cuts(graph, 2)[: len(splits) + 1]
-    segs = tuple(Segment(a, b, (Tile(devs[0], 0, s), Tile(devs[1], s, SIZE)))
-                 for a, b, s in zip(cuts, cuts[1:], splits))
-    return Stage(devs[0], cuts[0], cuts[-1], SpatialGroup(2, segs))
-
-
-def plan_of(graph, stage: Stage) -> Plan:
-    return Plan("manual", "latency", (stage, Stage(stage.device, stage.hi, len(graph.layers)))).ensures(graph)
 
 
 def test_every_tile_pays_its_devices_run_cost_and_the_fragments_carry_it(tmp_path):
