@@ -67,6 +67,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a script: tests.* are imported from the checkout
     sys.path.insert(0, str(ROOT))
 
+from benchlib import brief, on_this_machine, parallel_capacity  # noqa: E402  (tests/bench is sys.path[0])
 from edgec import models  # noqa: E402
 from edgec.runtime.manifest import load_manifest  # noqa: E402
 from edgec.runtime.schedule import working_devices  # noqa: E402
@@ -123,48 +124,6 @@ def measure_profile(path: Path, quick: bool) -> dict:
     return (profile.get("measurement") or {}).get("load") or {}
 
 
-# Times `runs` ResNet-50 inferences at one onnxruntime thread (after 2 warm-ups); prints their median in ms.
-_KERNEL = """
-import sys, time, numpy as np, onnxruntime as ort
-opts = ort.SessionOptions()
-opts.intra_op_num_threads = opts.inter_op_num_threads = 1
-opts.log_severity_level = 3
-sess = ort.InferenceSession(sys.argv[1], opts, providers=["CPUExecutionProvider"])
-inp = sess.get_inputs()[0]
-x = np.random.default_rng(0).random([d if isinstance(d, int) else 1 for d in inp.shape], dtype=np.float32)
-times = []
-for i in range(int(sys.argv[2]) + 2):
-    t0 = time.perf_counter()
-    sess.run(None, {inp.name: x})
-    times.append((time.perf_counter() - t0) * 1000)
-print(sorted(times[2:])[(len(times) - 2) // 2])
-"""
-
-
-def parallel_capacity(runs: int) -> dict:
-    """What two 1-thread workers can expect of this machine: ResNet-50 at one thread alone, then two at
-    once. The profile measures one process alone; a pipeline's stages compute at the same time, and
-    streaming can only gain what the cores give them together."""
-    model = str(models.ensure("resnet50"))
-    argv = [sys.executable, "-c", _KERNEL, model, str(runs)]
-
-    def median_ms(proc: subprocess.Popen) -> float:
-        out, err = proc.communicate(timeout=600)
-        if proc.returncode != 0:
-            raise SystemExit(f"the parallel-capacity probe failed: {err.strip()[-500:]}")
-        return float(out)
-
-    spawn = lambda: subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    alone = median_ms(spawn())
-    pair = [spawn(), spawn()]
-    together = [median_ms(p) for p in pair]
-    result = {"alone_ms": alone, "together_ms": together,
-              "cores_worth": 2 * alone / statistics.mean(together)}
-    log(f"  ResNet-50 at 1 thread: {alone:.1f} ms alone, {together[0]:.1f} and {together[1]:.1f} ms with two at "
-        f"once: two processes get {result['cores_worth']:.2f} cores' worth")
-    return result
-
-
 def plan_summary(summary: dict) -> tuple[str, bool]:
     """A short description of the compiled plan, and whether it is a two-stage pipeline over both devices."""
     stages = summary["stages"]
@@ -180,23 +139,13 @@ def output_bytes(report: dict) -> int:
     return sum(int(np.prod(o["shape"], dtype=np.int64)) * np.dtype(o["dtype"]).itemsize for o in report["outputs"])
 
 
-def on_this_machine(doc: dict) -> dict:
-    """The testbed's device hosts are namespaces of this machine: their workers (THREADS each) and the
-    coordinator share its cores, which the cluster says (`hosts:`) so that the planner bounds throughput by
-    them."""
-    for d in doc["devices"]:
-        d.update(threads=THREADS, host="this")
-    doc["hosts"] = {"this": {"cores": os.cpu_count() or 1, "coordinator": True}}
-    return doc
-
-
 # -- one case ---------------------------------------------------------------------------------------------
 class Bench:
     def __init__(self, tb: Testbed, tmp: Path, coord_keys: Path, profile: Path, mbps: float, repeat: int):
         self.tb, self.tmp, self.coord_keys, self.profile = tb, tmp, coord_keys, profile
         self.mbps, self.repeat = mbps, repeat
         self.cluster = write_yaml(tmp / f"cluster-{mbps:g}.yaml",
-                                  on_this_machine(cluster_doc(tb, {d: str(profile) for d in DEVICES}, mbps, PORT)))
+                                  on_this_machine(cluster_doc(tb, {d: str(profile) for d in DEVICES}, mbps, PORT), THREADS))
 
     def compile(self, case: Case, out: Path) -> dict:
         model = models.ensure(case.model)
@@ -364,7 +313,7 @@ def pick_victim(build: Path) -> tuple[list[str], str]:
 def _failover_run(tb: Testbed, tmp: Path, coord_keys: Path, workers: dict[str, Worker], profile: Path,
                   mbps: float) -> dict:
     cluster = write_yaml(tmp / "cluster-3.yaml", on_this_machine(cluster_doc(tb, {d: str(profile) for d in FAILOVER_DEVICES},
-                                                                             mbps, PORT)))
+                                                                             mbps, PORT), THREADS))
     build = tmp / f"{FAILOVER_CASE.name}-fallbacks"
     summary, seconds = run_json(tb, "coord", ["compile", str(models.ensure(FAILOVER_CASE.model)), "--devices",
                                               str(cluster), "-o", str(build), *FAILOVER_CASE.flags, "--fallbacks"],
@@ -463,7 +412,7 @@ def failover_text(r: dict) -> str:
     head = (f"### Failover: {r['case']} on {len(r['devices'])} workers ({', '.join(r['devices'])}) at {r['mbps']:g} "
             f"Mbps, {r['repeat']} requests, a worker SIGKILLed after request {r['kill_at']}\n")
     if "completed" not in r:  # no report: set-up, compile or the run failed
-        return head + "\n- FAILED: " + "; ".join(_brief(x) for x in r["problems"])
+        return head + "\n- FAILED: " + "; ".join(brief(x) for x in r["problems"])
     switches = ", ".join(f"{f['device']} at request {f['at_request']} -> {f['plan']}" for f in r["failovers"]) or "none"
     return head + "\n".join([
         "",
@@ -477,15 +426,8 @@ def failover_text(r: dict) -> str:
         f"{'yes' if r['verified'] else 'NO'}; exit code {r['exit_code']}; wall time {r['wall_s']:.1f} s "
         f"({r['throughput_ips']:.2f}/s over the timed requests, inflight {r['inflight']})",
         "- target (0 lost, verified, exit 0, the kill mid-run): "
-        + ("met" if r["ok"] else "NOT met: " + "; ".join(_brief(x) for x in r["problems"])),
+        + ("met" if r["ok"] else "NOT met: " + "; ".join(brief(x) for x in r["problems"])),
     ])
-
-
-def _brief(problem: str) -> str:
-    """A problem on one markdown line: its first line and, for a quoted error output, the last (where a
-    traceback names the error); --json keeps the whole text."""
-    lines = [ln.strip() for ln in problem.strip().splitlines() if ln.strip()]
-    return lines[0] if len(lines) < 2 else f"{lines[0]} ... {lines[-1]}"
 
 
 # -- report -----------------------------------------------------------------------------------------------

@@ -58,7 +58,7 @@ its transfers, from `edgec run --report`), so the choice can be checked on the h
     wrote), side by side with the same measurements: each plan is compiled with both; where the two compile
     to the same stages, the plan is measured once and its row shows both predictions (columns "base"); a
     baseline plan of other stages is measured in the same rounds as a plan of its own, labelled [baseline].
-  - Parallel capacity: ResNet-50 at 1 thread alone, then two such processes at once (bench_distributed.py's
+  - Parallel capacity: ResNet-50 at 1 thread alone, then two such processes at once (benchlib.py's
     probe).  Two workers computing at the same time get that many cores' worth of this machine, and a
     two-device speed-up cannot exceed it: on a busy machine it explains a miss.  It is probed before and after
     the part; the summary counts the misses whose predicted speed-up, less 10%, exceeds the lower of the two.
@@ -103,7 +103,7 @@ from typing import Callable
 
 import yaml
 
-from bench_distributed import _brief, parallel_capacity  # tests/bench is sys.path[0] when run as a script
+from benchlib import brief, parallel_capacity  # tests/bench is sys.path[0] when run as a script
 from fidelity_testbed import COORDINATOR, DEVICES, SINGLE_DEVICE, THREADS, TestbedCluster  # puts tests.* on sys.path
 from tests import netbed
 from tests.e2e.netbed_cluster import ClusterError
@@ -506,7 +506,7 @@ def testbed_table(bw: dict) -> str:
     table = two_table(bw["rows"], mbps=True)
     columns = table.splitlines()[0].count(" | ") + 1
     for e in bw["errors"]:
-        cells = [e["model"], f"{bw['mbps']:g}", "FAILED: " + _brief(e["error"]).replace("|", "/")]
+        cells = [e["model"], f"{bw['mbps']:g}", "FAILED: " + brief(e["error"]).replace("|", "/")]
         table += "\n| " + " | ".join(cells + [""] * (columns - len(cells))) + " |"
     return table
 

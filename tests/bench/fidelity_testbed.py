@@ -3,7 +3,7 @@ deploys it (an unshaped coordinator host, two device hosts on a switched medium 
 keygen`, an `edgec worker --threads 1` on each device host), and `edgec run` from the coordinator host.
 
 The cluster files say the device hosts' workers and the coordinator share this machine's cores (`hosts:`,
-bench_distributed.on_this_machine): the hosts are namespaces of this machine, so the planner has to bound
+benchlib.on_this_machine): the hosts are namespaces of this machine, so the planner has to bound
 throughput by its cores as it does for bench_fidelity's local clusters.
 """
 
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a script: tests.* are imported from the checkout
     sys.path.insert(0, str(ROOT))
 
-from bench_distributed import on_this_machine  # noqa: E402  (tests/bench is sys.path[0] when run as a script)
+from benchlib import on_this_machine  # noqa: E402  (tests/bench is sys.path[0] when run as a script)
 from tests.e2e.netbed_cluster import ClusterError, cluster_doc, deploy, run_json, write_yaml  # noqa: E402
 from tests.netbed import Testbed  # noqa: E402
 
@@ -60,7 +60,7 @@ class TestbedCluster:
 
     def _cluster_file(self, name: str, devices: tuple[str, ...]) -> Path:
         doc = cluster_doc(self._tb, {d: str(self.profile) for d in devices}, self.mbps, PORT)
-        return write_yaml(self.folder / f"cluster-{name}.yaml", on_this_machine(doc))
+        return write_yaml(self.folder / f"cluster-{name}.yaml", on_this_machine(doc, THREADS))
 
     def run(self, build: Path, repeat: int, *flags: str) -> dict:
         """`edgec run --warmup W --repeat N --random-inputs --verify --json FLAGS` from the coordinator host; its

@@ -1,0 +1,77 @@
+"""Helpers the benchmark scripts share: what this machine gives two 1-thread workers, cluster files whose
+devices share it, and problems on one markdown line.  tests/bench is sys.path[0] when a script runs, so
+they import it as `benchlib`."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # run as a script: edgec.models is imported from the checkout
+    sys.path.insert(0, str(ROOT))
+
+from edgec import models  # noqa: E402
+
+__all__ = ["brief", "on_this_machine", "parallel_capacity"]
+
+# Times `runs` ResNet-50 inferences at one onnxruntime thread (after 2 warm-ups); prints their median in ms.
+_KERNEL = """
+import sys, time, numpy as np, onnxruntime as ort
+opts = ort.SessionOptions()
+opts.intra_op_num_threads = opts.inter_op_num_threads = 1
+opts.log_severity_level = 3
+sess = ort.InferenceSession(sys.argv[1], opts, providers=["CPUExecutionProvider"])
+inp = sess.get_inputs()[0]
+x = np.random.default_rng(0).random([d if isinstance(d, int) else 1 for d in inp.shape], dtype=np.float32)
+times = []
+for i in range(int(sys.argv[2]) + 2):
+    t0 = time.perf_counter()
+    sess.run(None, {inp.name: x})
+    times.append((time.perf_counter() - t0) * 1000)
+print(sorted(times[2:])[(len(times) - 2) // 2])
+"""
+
+
+def parallel_capacity(runs: int) -> dict:
+    """What two 1-thread workers can expect of this machine: ResNet-50 at one thread alone, then two at
+    once. The profile measures one process alone; a pipeline's stages compute at the same time, and
+    streaming can only gain what the cores give them together."""
+    model = str(models.ensure("resnet50"))
+    argv = [sys.executable, "-c", _KERNEL, model, str(runs)]
+
+    def median_ms(proc: subprocess.Popen) -> float:
+        out, err = proc.communicate(timeout=600)
+        if proc.returncode != 0:
+            raise SystemExit(f"the parallel-capacity probe failed: {err.strip()[-500:]}")
+        return float(out)
+
+    spawn = lambda: subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    alone = median_ms(spawn())
+    pair = [spawn(), spawn()]
+    together = [median_ms(p) for p in pair]
+    result = {"alone_ms": alone, "together_ms": together,
+              "cores_worth": 2 * alone / statistics.mean(together)}
+    print(f"  ResNet-50 at 1 thread: {alone:.1f} ms alone, {together[0]:.1f} and {together[1]:.1f} ms with two at "
+          f"once: two processes get {result['cores_worth']:.2f} cores' worth", file=sys.stderr, flush=True)
+    return result
+
+
+def on_this_machine(doc: dict, threads: int = 1) -> dict:
+    """A cluster document whose device hosts are namespaces of this machine (or local workers): their
+    workers (`threads` each) and the coordinator share its cores, which the cluster says (`hosts:`) so that
+    the planner bounds throughput by them."""
+    for d in doc["devices"]:
+        d.update(threads=threads, host="this")
+    doc["hosts"] = {"this": {"cores": os.cpu_count() or 1, "coordinator": True}}
+    return doc
+
+
+def brief(problem: str) -> str:
+    """A problem on one markdown line: its first line and, for a quoted error output, the last (where a
+    traceback names the error); --json keeps the whole text."""
+    lines = [ln.strip() for ln in problem.strip().splitlines() if ln.strip()]
+    return lines[0] if len(lines) < 2 else f"{lines[0]} ... {lines[-1]}"
