@@ -11,7 +11,8 @@ that share a machine run 1 thread each) into `threads: {<count>: {...}}`; the to
 largest count's, for readers that know no thread counts.  Per count:
 
   - gflops.conv            a 3x3 Conv, 128 -> 128 channels on 56x56 (0.92 GFLOP)
-  - gflops.depthwise_conv  a 3x3 depthwise Conv, 96 channels on 112x112 (memory-heavy, as in MobileNets)
+  - gflops.depthwise_conv  a 3x3 depthwise Conv, 192 channels on 28x28 (a map that stays in cache: on a
+                           larger one the rate followed the other tenants' memory traffic; bench.py)
   - gflops.gemm            a 512x1024 by 1024x1024 MatMul (1.07 GFLOP)
   - gflops.other           the slower of a ConvTranspose (2x upsampling) and a batch-1 LSTM: ops without a
                            GEMM-shaped fast path
