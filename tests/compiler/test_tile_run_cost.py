@@ -6,10 +6,18 @@ A pipeline stage is not charged it."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+from pathlib import Path
 
 import pytest
+import yaml
+from click.testing import CliRunner
 
+from edgec.compiler.cli import cli
 from edgec.compiler.cluster import Cluster, DeviceSpec, load_profile, validate_profile_dict
+from edgec.compiler.cluster.profile import profile_path
+from edgec.compiler.errors import UserError
 from edgec.compiler.cost import build_cost_table, evaluate, simulate_manifest
 from edgec.compiler.cost.tiles import SegmentCost, StepModel, predict_stage
 from edgec.compiler.emit import assemble_manifest, build_fragments, write_output
@@ -92,5 +100,53 @@ def test_a_profile_reads_its_run_cost_and_refuses_a_negative_one():
            "memory_gbps": 5, "runtime": {"message_ms": 0.2, "run_ms": 0.05}}
     assert validate_profile_dict(doc, "x.yaml").runtime.run_ms == 0.05
     assert validate_profile_dict({**doc, "runtime": {"message_ms": 0.2}}, "x.yaml").runtime.run_ms == 0.0
-    with pytest.raises(Exception, match="run_ms"):
+    with pytest.raises(UserError) as ei:
         validate_profile_dict({**doc, "runtime": {"run_ms": -1}}, "x.yaml")
+    assert str(ei.value).startswith("x.yaml: ") and "run_ms" in str(ei.value) and "\n" not in str(ei.value)
+
+
+MODELS = Path(os.environ["EDGEC_MODELS_DIR"])
+
+
+def _profile_with_run_ms(tmp_path: Path, name: str, run_ms) -> Path:
+    """The shipped profile `name` with runtime.run_ms set, as a file."""
+    doc = yaml.safe_load(profile_path(name, None).read_text())
+    doc.setdefault("runtime", {})["run_ms"] = run_ms
+    path = tmp_path / f"{name}-run.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _two_devices(tmp_path: Path, run_ms) -> Path:
+    prof = _profile_with_run_ms(tmp_path, "rpi5", run_ms)
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump({"devices": [{"name": "a", "profile": str(prof)}, {"name": "b", "profile": str(prof)}],
+                                    "network": {"bandwidth_mbps": 1000, "latency_ms": 0.1, "medium": "switched"}}))
+    return path
+
+
+def test_a_spatial_plan_priced_with_it_runs_and_verifies(tmp_path):
+    """End to end: a profile with run_ms, a spatial plan whose tile fragments carry it, `edgec run --verify`
+    reproduces the whole model's outputs."""
+    runner = CliRunner()
+    model = MODELS / "tinyconv.onnx"
+    out = tmp_path / "out"
+    res = runner.invoke(cli, ["compile", str(model), "--devices", str(_two_devices(tmp_path, 0.25)), "-o", str(out),
+                              "--strategy", "spatial", "--json"], prog_name="edgec")
+    assert res.exit_code == 0, res.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    tiles = [f for f in manifest["fragments"] if "t" in f["id"].split("s")[-1]]
+    assert tiles and all(f["predicted_ms"] >= 0.25 for f in tiles)
+    res = runner.invoke(cli, ["run", str(out / "manifest.json"), "--random-inputs", "--seed", "3", "--verify",
+                              "--json"], prog_name="edgec")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["verify"]["passed"]
+
+
+def test_a_negative_run_cost_is_one_line_exit_2_and_no_build(tmp_path):
+    out = tmp_path / "out"
+    res = CliRunner().invoke(cli, ["compile", str(MODELS / "tinyconv.onnx"), "--devices", str(_two_devices(tmp_path, -1)),
+                                   "-o", str(out)], prog_name="edgec")
+    assert res.exit_code == 2, res.output
+    assert res.stderr.count("\n") == 1 and "rpi5-run.yaml" in res.stderr and "run_ms" in res.stderr
+    assert "Traceback" not in res.output and not out.exists()
