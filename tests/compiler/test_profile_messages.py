@@ -57,6 +57,12 @@ class FakeCluster:
         return {}, 1.0, {"d": 0.25}
 
 
+def _scripted_run_alone(policy):
+    """The run figure's fragment alone, RUN_ALONE_MS: timed for real it is ~1 ms too, and on a busy moment
+    slower than the scripted RUN_IN_PLAN_MS, which writes run_ms as 0 with a note of its own."""
+    return Figure(RUN_ALONE_MS / 1e3, 0.01, 0.01, 0.0, (RUN_ALONE_MS / 1e3,), 7, 0.1, True)
+
+
 def test_a_message_is_the_mean_of_both_ways_between_two_workers(monkeypatch):
     """Two worker processes (two working devices) exchange the tensor; the clock offset between them cancels."""
     import edgec.runtime.coordinator as coordinator
@@ -64,8 +70,7 @@ def test_a_message_is_the_mean_of_both_ways_between_two_workers(monkeypatch):
     FakeCluster.manifests = []
     monkeypatch.setattr(coordinator, "Cluster", FakeCluster)
     monkeypatch.setattr(fixed, "_cpu_figures", lambda policy, large: None)  # timed below, on real workers
-    monkeypatch.setattr(fixed, "_run_alone", lambda policy: Figure(RUN_ALONE_MS / 1e3, 0.01, 0.01, 0.0,
-                                                                    (RUN_ALONE_MS / 1e3,), 7, 0.1, True))
+    monkeypatch.setattr(fixed, "_run_alone", _scripted_run_alone)
     costs, figures, notes = fixed.measure_runtime_costs(QUICK, True, lambda s: None)
     assert "message_cpu_ms" not in costs and notes == []
     assert figures["message_small"].median_s * 1e3 == pytest.approx(0.20)
@@ -91,6 +96,7 @@ def test_a_cpu_difference_swamped_by_noise_is_left_out_and_said(monkeypatch):
     import edgec.runtime.coordinator as coordinator
 
     monkeypatch.setattr(coordinator, "Cluster", FakeCluster)
+    monkeypatch.setattr(fixed, "_run_alone", _scripted_run_alone)
     for small, large, written in ((4.0, 5.0, True), (4.0, 3.9, False)):
         monkeypatch.setattr(fixed, "_cpu_figures", lambda policy, size, small=small, large=large: {
             "cpu_small": _cpu(small), "cpu_large": _cpu(large), "cpu_request": _cpu(0.4)})
