@@ -29,6 +29,12 @@ one-device cluster whose device runs 1 thread (`threads: 1`):
   - the error of each prediction, (predicted - measured) / measured; then the median and worst |error|.
   Target: median at most 10%, worst at most 20%.
 
+Outputs (parts single and two): after its timed runs, every build measured (each model's single-device build,
+each two-device plan) runs once more, untimed, with `edgec run --random-inputs --verify` over 2 requests: its
+outputs must match the source model run whole in onnxruntime, or the benchmark stops (a plan that computes
+something else has no speed worth reporting).  Verifying apart keeps the timed runs free of the check's cost.
+Part testbed verifies every run itself.
+
 Every cluster says that its devices' workers and the coordinator share this machine (`hosts:`, its cores), as
 `edgec run` starts them here: that bounds the throughput the planner predicts by this machine's cores.
 
@@ -202,6 +208,21 @@ def run_json(outdir: Path, repeat: int, *flags: str) -> dict:
                             "--random-inputs", "--json", *flags))
 
 
+def verify_build(outdir: Path) -> dict:
+    """Whether the build reproduces its source model's outputs: `edgec run --random-inputs --verify` over
+    VERIFY_REQUESTS requests, run apart from the timed runs so that checking costs none of their time.  A
+    failed check stops the benchmark (edgec exits 1): a plan that computes something else has no speed to
+    report."""
+    doc = json.loads(edgec("run", outdir / "manifest.json", "--threads", "1", "--warmup", "0", "--repeat",
+                           VERIFY_REQUESTS, "--random-inputs", "--verify", "--json"))["verify"]
+    if not doc or not doc.get("passed"):
+        raise SystemExit(f"{outdir}: outputs did not verify: {doc}")
+    return {"build": str(outdir), "passed": True, "max_abs_diff": doc["max_abs_diff"], "requests": VERIFY_REQUESTS}
+
+
+VERIFY_REQUESTS = 2
+
+
 def model_path(name: str) -> Path:
     model = REPO / "models" / "build" / f"{name}.onnx"
     if not model.is_file():
@@ -224,6 +245,7 @@ def bench_single(names: list[str], folder: Path, clusters: dict[str, Path], repe
         row["measured"] = run_json(folder / f"{name}-after", repeat)["latency_ms"]
         row["loadavg_during"] = [la0, loadavg()]
         row["before_err"], row["after_err"] = error(row["before"], row["measured"]), error(row["after"], row["measured"])
+        row["verify"] = verify_build(folder / f"{name}-after")
         log(f"{name}: measured {row['measured']:.1f} ms, predicted before {row['before']:.1f} ms "
             f"({row['before_err']:+.1%}), after {row['after']:.1f} ms ({row['after_err']:+.1%})")
         rows.append(row)
@@ -239,7 +261,17 @@ def single_table(rows: list[dict]) -> str:
     for key in ("before", "after"):
         errs = [abs(r[f"{key}_err"]) for r in rows]
         lines.append(f"\n{key}: median |error| {statistics.median(errs):.1%}, worst {max(errs):.1%}")
+    lines.append(f"\n{verified_line(r['verify'] for r in rows)}")
     return "\n".join(lines)
+
+
+def verified_line(checks) -> str:
+    """Every build checked against its source model (`verify_build`); a failure has already stopped the run."""
+    checks = list({c["build"]: c for c in checks}.values())  # a build shared by several rows counts once
+    worst = max(c["max_abs_diff"] for c in checks)
+    n = len(checks)
+    return (f"Outputs: {'the build reproduces' if n == 1 else f'all {n} builds reproduce'} the source model (`edgec run --verify`, "
+            f"{VERIFY_REQUESTS} random requests each, after the timed runs); worst max|diff| {worst:.3g}.")
 
 
 # -- part two ---------------------------------------------------------------------------------------------
@@ -371,9 +403,15 @@ def bench_two_model(name: str, folder: Path, one: Path, two: Path, repeat: int, 
         single["loadavg"].append(loadavg())
         log(f"{name}: round {r + 1}/{rounds} (load average {single['loadavg'][-1]})")
         measure_round(single_build, plans, single, repeat, folder, run)
+    # The testbed's runs verify every time (fidelity_testbed); local runs are checked once, after the timing.
+    verified = {} if run is not run_json else {p.label: verify_build(p.build) for p in plans}
+    if verified:
+        verified["single"] = verify_build(single_build)
     rows = speedup_rows(name, single_pred, single, plans, single_base)
     for row in rows:
         row["loadavg_rounds"] = single["loadavg"]
+        if verified:
+            row["verify"] = {"two": verified[row["plan"]], "single": verified["single"]}
         log(f"  {row['plan']} {row['metric']}: speed-up predicted {row['predicted_speedup']:.2f}x, measured "
             f"{row['measured_speedup']:.2f}x (ratio {row['ratio']:.2f})")
     return rows, unmeasured
@@ -424,6 +462,9 @@ def two_summary(rows: list[dict], unmeasured: list[dict], capacity: dict[str, di
         lines.append(f"- {len(beyond)} of the {sum(not r['met'] for r in rows)} misses predict a speed-up that, less "
                      f"{SPEEDUP_TOLERANCE:.0%}, exceeds the lower parallel-capacity probe ({probes} the part, in "
                      f"cores' worth): at that capacity they could not be met.")
+        checks = [c for r in rows if "verify" in r for c in r["verify"].values()]
+        if checks:
+            lines.append(f"- {verified_line(checks)}")
     else:
         lines.append("Summary: no plan used both devices; nothing measured.")
     for u in unmeasured:
