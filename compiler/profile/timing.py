@@ -19,6 +19,9 @@ unstable).  A round's figure is its window's median.
 seconds apart and each sees another session, memory placement and moment (`combine`): the figure is the
 fastest stable round's (other load only ever adds time, so the fastest stable stretch is the machine's
 own speed, and the first round also absorbs the process's ramp-up: clock frequency, lazily loaded code).
+The timings that follow the machine's memory traffic take many shorter rounds spread through the profile, and
+their figure is the stable round at the fastest quarter instead (bench.py SPREAD_QUANTILE): there the fastest
+round is a lucky moment of the other tenants' traffic that the next profile may not see.
 Its spread is the larger of that round's window spread and how far the nearest other round lies from it:
 two independent rounds must agree for the figure to count as stable, since the spread within one run
 understates the difference between two runs.
@@ -131,13 +134,19 @@ def measure_stable(sample: Callable[[], float], policy: Policy, clock: Callable[
             return Series(statistics.median(win), spread(win), len(samples), elapsed, False)
 
 
-def combine(rounds: list[Series], max_spread: float) -> Figure:
+def combine(rounds: list[Series], max_spread: float, quantile: float = 0.0) -> Figure:
     """The figure of a timing's rounds: the fastest stable round (module docstring), stable when that round
-    is and another round lies within max_spread of it (a lone round cannot show that: never stable)."""
+    is and another round lies within max_spread of it (a lone round cannot show that: never stable).
+
+    With `quantile` q > 0: the stable round at that quantile of their times instead (nearest rank: the
+    (1 + floor(q x (n - 1)))-th fastest of n), for a timing of many rounds whose fastest is a lucky moment that
+    the next profile may not see (bench.py SPREAD_QUANTILE)."""
     if not rounds:
         raise ValueError("combine needs at least one round")
-    candidates = [r for r in rounds if r.stable] or rounds
-    best = min(candidates, key=lambda r: r.median_s)
+    if not 0 <= quantile < 1:
+        raise ValueError(f"quantile must be in [0, 1), got {quantile}")
+    candidates = sorted([r for r in rounds if r.stable] or rounds, key=lambda r: r.median_s)
+    best = candidates[math.floor(quantile * (len(candidates) - 1))]
     apart = math.inf
     if best.median_s > 0:
         apart = min((abs(r.median_s - best.median_s) / best.median_s for r in rounds if r is not best), default=apart)

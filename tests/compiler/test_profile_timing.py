@@ -12,7 +12,9 @@ import pytest
 from onnx import helper
 
 from edgec.compiler.errors import UserError
-from edgec.compiler.profile.bench import Bench, other_cpus_over
+from edgec.compiler.profile import bench
+from edgec.compiler.profile.bench import (DRAM_ROUNDS, SPREAD_QUANTILE, SPREAD_ROUNDS, Bench, Job, other_cpus_over,
+                                         pass_order)
 from edgec.compiler.profile.load import CpuTimes, LoadSample
 from edgec.compiler.profile.timing import (Policy, Series, bound_run, combine, measure_stable, model, session, settle, vi,
                                            warm_up)
@@ -196,6 +198,73 @@ def test_settle_takes_more_rounds_only_while_unstable_and_at_most_retries():
     assert settle(lambda: next(taken), Policy(rounds=2, retries=0)).round_medians == (1.0, 1.01)
     with pytest.raises(ValueError):
         Policy(retries=-1)
+
+
+def test_pass_order_spreads_a_timings_rounds_through_the_pass_and_staggers_two_such_timings():
+    jobs = [Job(n, b"", {}) for n in "abcdefghij"] + [Job(n, b"", {}, per_pass=3) for n in "MW"]
+    assert "".join(j.name for j in pass_order(jobs)) == "MabWcdMeWfgMhiWj"
+    assert "".join(j.name for j in pass_order([Job("M", b"", {}, per_pass=3)])) == "MMM"
+    assert "".join(j.name for j in pass_order(jobs[:3])) == "abc"  # nothing spread: the order added
+
+
+def test_bench_gives_a_spread_timing_k_rounds_per_pass_each_a_kth_of_the_time():
+    calls: list[tuple[str, float]] = []
+
+    def timer(data, feeds, threads, policy, opt):
+        calls.append((data.decode(), policy.round_seconds))
+        return rnd(1.0 if data == b"m" else 0.5)
+
+    base = Policy(rounds=2, retries=0)
+    b = Bench(1, True, base, QuietProbe(), False, lambda s: None, timer=timer)
+    for name in "abcd":
+        b.add(name, name.encode(), {})
+    b.add("m", b"m", {}, per_pass=2)
+    assert b.run()["m"] == 1.0
+    assert "".join(c for c, _ in calls) == "ambcmd" * 2
+    assert {t for c, t in calls if c == "m"} == {base.round_seconds / 2}
+    assert {t for c, t in calls if c != "m"} == {base.round_seconds}
+    assert b.entries["m"]["rounds"] == 4 and b.entries["a"]["rounds"] == 2
+    with pytest.raises(ValueError, match="per_pass must be at least 1"):
+        b.add("z", b"z", {}, per_pass=0)
+
+
+def test_the_timings_that_follow_memory_traffic_are_the_spread_ones():
+    """memory_gbps and weight_gbps get DRAM_ROUNDS rounds per pass, the op table (working sets beyond a core's
+    L2) SPREAD_ROUNDS, and their figure is the round at SPREAD_QUANTILE; the compute-bound figures keep one
+    round per pass, and the fastest."""
+    b = Bench(1, True, Policy(rounds=2, retries=0), QuietProbe(), False, lambda s: None)
+    for add in (bench.bench_memory, bench.bench_weights, bench.op_table, bench.bench_conv, bench.bench_gemm):
+        add(b)
+    per_pass = {j.name: j.per_pass for j in b.jobs}
+    assert DRAM_ROUNDS > 1 and SPREAD_ROUNDS > 1
+    assert per_pass["memory_gbps"] == per_pass["weight_gbps"] == DRAM_ROUNDS
+    assert {v for n, v in per_pass.items() if n.startswith("op_ms_per_melem.")} == {SPREAD_ROUNDS}
+    assert per_pass["gflops.conv"] == per_pass["gflops.gemm"] == 1
+    quantiles = {j.name: j.quantile for j in b.jobs}
+    assert quantiles["memory_gbps"] == quantiles["op_ms_per_melem.Softmax"] == SPREAD_QUANTILE > 0
+    assert quantiles["gflops.conv"] == 0.0
+
+
+def test_combine_at_a_quantile_takes_that_stable_round_by_nearest_rank():
+    rounds = [rnd(t) for t in (1.0, 1.3, 1.1, 1.05, 1.2)] + [rnd(0.5, stable=False)]
+    f = combine(rounds, 0.10, 0.25)  # the 2nd fastest of 5 stable rounds: 1 + floor(0.25 x 4)
+    assert f.median_s == 1.05 and f.rounds_apart == pytest.approx(0.05 / 1.05) and f.stable
+    assert combine(rounds, 0.10).median_s == 1.0  # the fastest stable one; the unstable 0.5 never counts
+    assert combine(rounds, 0.10, 0.5).median_s == 1.1
+    with pytest.raises(ValueError, match="quantile"):
+        combine(rounds, 0.10, 1.0)
+
+
+def test_bench_records_a_spread_timings_figure_at_the_quantile():
+    times = iter([1.0, 1.2, 1.1, 1.3, 1.25, 1.15])
+
+    def timer(data, feeds, threads, policy, opt):
+        return rnd(next(times))
+
+    b = Bench(1, True, Policy(rounds=3, retries=0), QuietProbe(), False, lambda s: None, timer=timer)
+    b.add("m", b"m", {}, per_pass=2)
+    assert b.run() == {"m": 1.1}  # 2nd fastest of 6: 1 + floor(0.25 x 5)
+    assert b.entries["m"]["rounds"] == 6
 
 
 def test_bench_refuses_a_name_added_twice():
