@@ -187,26 +187,28 @@ EVICT_SHAPE = (1, 128, 14, 14)  # `_evict_model`'s input and output
 RUN_FRAGMENT = "run-b"  # `_run_build`'s fragment whose run the run figure times
 
 
-def _evict_model(out: str = "out") -> bytes:
+def _evict_model(out: str = "out", channels: int = EVICT_SHAPE[1]) -> bytes:
     """Two 3x3 convolutions (128 channels, 14 x 14, padded) with a Relu after each, input "e": about 1 ms at
-    1 thread here, its 1.2 MB of weights more than a core's L2."""
+    1 thread here, its 1.2 MB of weights more than a core's L2.  `channels`: another width, for
+    tests/bench/bench_exchange.py (input and output (1, channels, 14, 14); 2 x channels^2 x 36 bytes of weights)."""
     from onnx import helper, numpy_helper
 
     rng = np.random.default_rng(1)  # fixed: every profile runs the same fragment
-    c = EVICT_SHAPE[1]
+    c = channels
     inits = [numpy_helper.from_array(rng.standard_normal((c, c, 3, 3), dtype=np.float32) * 0.03, f"w{i}")
              for i in range(2)]
     nodes = [helper.make_node("Conv", ["e", "w0"], ["c0"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c0"], ["r0"]),
              helper.make_node("Conv", ["r0", "w1"], ["c1"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c1"], [out])]
-    return model(nodes, [vi("e", EVICT_SHAPE)], [vi(out, EVICT_SHAPE)], inits)
+    shape = (1, c, *EVICT_SHAPE[2:])
+    return model(nodes, [vi("e", shape)], [vi(out, shape)], inits)
 
 
-def _evict(folder: Path, device: str, fid: str) -> dict:
-    """`<fid>.onnx` in `folder`, `_evict_model` on `device`; returns its fragment entry (input "e", output
-    "<fid>.out")."""
+def _evict(folder: Path, device: str, fid: str, channels: int = EVICT_SHAPE[1]) -> dict:
+    """`<fid>.onnx` in `folder`, `_evict_model` (of `channels`) on `device`; returns its fragment entry (input
+    "e", output "<fid>.out")."""
     out = f"{fid}.out"
     path = folder / f"{fid}.onnx"
-    path.write_bytes(_evict_model(out))
+    path.write_bytes(_evict_model(out, channels))
     return {"id": fid, "device": device, "file": path.name, "sha256": file_sha256(path),
             "inputs": ["e"], "outputs": [out], "predicted_ms": 0.0}
 
