@@ -3,8 +3,8 @@ and whether `edgec profile` agrees with itself.
 
     python tests/bench/bench_fidelity.py [--parts single,two,stability,testbed] [--profile HOST.yaml] [--repeat 10]
                                          [--warmup 5] [--rounds 3] [--models resnet50,...] [--two-models resnet50,...]
-                                         [--baseline-profile OLD.yaml] [--testbed-mbps 100,1000] [--folder DIR]
-                                         [--json FILE]
+                                         [--baseline-profile OLD.yaml] [--testbed-mbps 100,1000] [--pairs 1]
+                                         [--folder DIR] [--json FILE]
 
 The default --parts is single,two,stability; testbed (as root) is asked for by name.
 
@@ -76,7 +76,8 @@ relative difference (second - first) / first, and the worst.  The tile-efficienc
 are the profile's `runtime:` figures (message_ms, message_ms_per_mb, request_ms, run_ms and their CPU twins: the
 runtime's own costs, timed through worker processes), counted apart: on 2026-11-26 two pairs of back-to-back
 profiles had them 3-19% apart.  The load around each profile is printed.  Target: every figure of the first group
-within 10%, on a quiet machine.
+within 10%, on a quiet machine.  --pairs N takes N such pairs one after another (the JSON's "stability" is the
+first, "stability_pairs" all of them) and says in how many the target was met, with each pair's worst figure.
 
 Part testbed (issue 11, item 4's testbed cases; needs root and iproute2): part two's cases over a shaped network.
 For each of --testbed-mbps (default 100,1000), in turn, a tests/netbed.py testbed is built as bench_distributed
@@ -615,11 +616,13 @@ def flat_figures(figures: dict, runtime: dict | None = None) -> dict[str, tuple[
     return out
 
 
-def bench_stability(folder: Path) -> dict:
+def bench_stability(folder: Path, tag: str = "") -> dict:
+    """One pair of back-to-back profiles (`tag` names their files: stability-<tag><1|2>.yaml)."""
     runs = []
     for i in (1, 2):
-        path = folder / f"stability-{i}.yaml"
-        log(f"stability: edgec profile --threads 1, {i} of 2 (load average {loadavg()})")
+        path = folder / f"stability-{tag}{i}.yaml"
+        log(f"stability{' ' + tag.rstrip('-') if tag else ''}: edgec profile --threads 1, {i} of 2 "
+            f"(load average {loadavg()})")
         around = profile_host(path)
         doc = yaml.safe_load(path.read_text())
         runs.append({"profile": str(path), "around": around, **profile_load(doc),
@@ -664,6 +667,20 @@ def stability_text(s: dict) -> str:
     return "\n".join(lines)
 
 
+def target_worst(s: dict) -> dict:
+    """The pair's row of the target group that differs most."""
+    return max((r for r in s["rows"] if r["group"] == TARGET), key=lambda r: abs(r["difference"]))
+
+
+def pairs_summary(pairs: list[dict]) -> str:
+    """--pairs N: in how many pairs every figure of the target agreed within the tolerance, and each pair's worst."""
+    worst = [target_worst(s) for s in pairs]
+    met = sum(abs(w["difference"]) <= PROFILE_TOLERANCE for w in worst)
+    return (f"Pairs: the target (every figure of the first group within {PROFILE_TOLERANCE:.0%}) met in {met} of "
+            f"{len(pairs)}; each pair's worst: "
+            + ", ".join(f"{w['figure']} {w['difference']:+.1%}" for w in worst) + ".")
+
+
 # -- main -------------------------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
@@ -680,6 +697,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="part testbed: the device link's bandwidths, one testbed each (comma-separated Mbps)")
     ap.add_argument("--baseline-profile", type=Path, help="part two: also predict with this 1-thread profile, "
                     "side by side with the same measurements")
+    ap.add_argument("--pairs", type=int, default=1, help="part stability: pairs of back-to-back profiles, one "
+                    "after another (each about a minute)")
     ap.add_argument("--folder", type=Path, help="work folder, kept (it grows to several GB: the builds and the "
                     "workers' caches); default: a temporary one, removed at the end")
     ap.add_argument("--json", dest="json_out", type=Path, help="also write every row, the load and the probes as JSON")
@@ -687,8 +706,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     if not args.parts or set(args.parts) - set(PARTS):
         ap.error(f"--parts {','.join(args.parts)}: choose from {','.join(PARTS)}")
-    if args.repeat < 1 or args.rounds < 1:
-        ap.error("--repeat and --rounds must be at least 1")
+    if args.repeat < 1 or args.rounds < 1 or args.pairs < 1:
+        ap.error("--repeat, --rounds and --pairs must be at least 1")
     if args.warmup < 0:
         ap.error("--warmup must be at least 0")
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -779,9 +798,15 @@ def run_parts(args: argparse.Namespace, folder: Path) -> int:
               f"{args.rounds} alternating rounds, medians; single device: {SINGLE_DEVICE})\n")
         print(testbed_text(out["testbed"]))
     if "stability" in args.parts:
-        out["stability"] = bench_stability(folder)
+        pairs = [bench_stability(folder, f"pair{k + 1}-" if args.pairs > 1 else "") for k in range(args.pairs)]
+        out["stability"] = pairs[0]
         print("\n## `edgec profile --threads 1` twice back to back\n")
-        print(stability_text(out["stability"]))
+        for k, pair in enumerate(pairs):
+            print(f"### Pair {k + 1} of {len(pairs)}\n" if len(pairs) > 1 else "", end="")
+            print(stability_text(pair) + ("\n" if len(pairs) > 1 else ""))
+        if len(pairs) > 1:
+            out["stability_pairs"] = pairs
+            print(pairs_summary(pairs))
     out["loadavg_end"] = loadavg()
     print(f"\nLoad average at the end: {out['loadavg_end']}")
     if args.json_out:
