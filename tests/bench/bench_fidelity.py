@@ -74,8 +74,8 @@ Part stability: `edgec profile --threads 1` twice back to back; per 1-thread fig
 relative difference (second - first) / first, and the worst.  The tile-efficiency points (efficiency.conv,
 .depthwise_conv and .gemm, fractions per output size) are listed too, with their own worst, outside the target.  So
 are the profile's `runtime:` figures (message_ms, message_ms_per_mb, request_ms, run_ms and their CPU twins: the
-runtime's own costs, timed through worker processes), counted apart: on 2026-11-26 two pairs of back-to-back
-profiles had them 3-19% apart.  The load around each profile is printed.  Target: every figure of the first group
+runtime's own costs, timed through worker processes), counted apart: on 2026-11-26, in each of six pairs of
+back-to-back profiles, 2 to 5 of them were more than 10% apart.  The load around each profile is printed.  Target: every figure of the first group
 within 10%, on a quiet machine.  --pairs N takes N such pairs one after another (the JSON's "stability" is the
 first, "stability_pairs" all of them) and says in how many the target was met, with each pair's worst figure.
 
