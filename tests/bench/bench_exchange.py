@@ -41,7 +41,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from edgec.compiler.cluster import load_cluster
+from edgec.compiler.cluster import load_cluster, load_profile
+from edgec.compiler.errors import UserError
 from edgec.compiler.cost.network import Network
 from edgec.compiler.profile import fixed  # the profile's own two-worker builds: _manifest, _relu, _evict
 from edgec.runtime.coordinator import Cluster
@@ -153,14 +154,28 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def int_list(text: str, name: str, lo: int) -> list[int]:
+def int_list(ap: argparse.ArgumentParser, text: str, name: str, lo: int, multiple: int = 1) -> list[int]:
+    """A comma-separated list of integers of at least `lo`, each a multiple of `multiple` (else argparse's error:
+    one line after the usage, exit 2)."""
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise SystemExit(f"--{name}: a comma-separated list of integers, got {text!r}") from None
-    if not values or any(v < lo for v in values):
-        raise SystemExit(f"--{name}: every value must be at least {lo}, got {text!r}")
+        ap.error(f"--{name}: a comma-separated list of integers, got {text!r}")
+    if not values or any(v < lo or v % multiple for v in values):
+        ap.error(f"--{name}: every value must be at least {lo}" + (f" and a multiple of {multiple}" if multiple > 1
+                                                                   else "") + f", got {text!r}")
     return values
+
+
+def checked_profile(ap: argparse.ArgumentParser, path: Path) -> None:
+    """--profile must load and hold the runtime's message figures, which the price is made of (without them
+    the planner prices the wire alone, and so would this)."""
+    try:
+        prof = load_profile(str(path))
+    except UserError as exc:
+        ap.error(f"--profile: {exc}")
+    if not prof.runtime:
+        ap.error(f"--profile: {path} has no runtime: figures (message_ms ...); make one with `edgec profile`")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,12 +187,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", type=Path, help="a profile with runtime figures (default: profile this host)")
     ap.add_argument("--json", dest="json_out", type=Path, help="write the rows here")
     args = ap.parse_args(argv)
-    channels = int_list(args.channels, "channels", 1)
-    sizes = int_list(args.bytes, "bytes", 4)
-    if any(h % 4 for h in sizes):
-        raise SystemExit(f"--bytes: every size must be a multiple of 4 (float32 elements), got {args.bytes!r}")
+    channels = int_list(ap, args.channels, "channels", 1)
+    sizes = int_list(ap, args.bytes, "bytes", 4, multiple=4)  # float32 elements
     if args.requests < 1 or args.runs_before < 1:
-        raise SystemExit("--requests and --runs-before must be at least 1")
+        ap.error("--requests and --runs-before must be at least 1")
+    if args.profile is not None:
+        checked_profile(ap, args.profile)
+    if args.json_out is not None and not args.json_out.resolve().parent.is_dir():
+        ap.error(f"--json: folder {args.json_out.resolve().parent} does not exist")
     with tempfile.TemporaryDirectory(prefix="edgec-exchange-bench-") as tmp:
         profile = args.profile or host_profile(Path(tmp))
         price = pricer(profile, Path(tmp))

@@ -656,7 +656,7 @@ def stability_text(s: dict) -> str:
     for group, (_, what) in STABILITY_GROUPS.items():
         rows = [r for r in s["rows"] if r["group"] == group]
         if rows:
-            worst = max(rows, key=lambda r: abs(r["difference"]))
+            worst = group_worst(s, group)
             over = sum(abs(r["difference"]) > PROFILE_TOLERANCE for r in rows)
             lines.append(f"{what}: worst {worst['figure']} {worst['difference']:+.1%}; {over} of {len(rows)} differ by "
                          f"more than {PROFILE_TOLERANCE:.0%}"
@@ -667,14 +667,14 @@ def stability_text(s: dict) -> str:
     return "\n".join(lines)
 
 
-def target_worst(s: dict) -> dict:
-    """The pair's row of the target group that differs most."""
-    return max((r for r in s["rows"] if r["group"] == TARGET), key=lambda r: abs(r["difference"]))
+def group_worst(s: dict, group: str) -> dict:
+    """The pair's row of `group` that differs most."""
+    return max((r for r in s["rows"] if r["group"] == group), key=lambda r: abs(r["difference"]))
 
 
 def pairs_summary(pairs: list[dict]) -> str:
     """--pairs N: in how many pairs every figure of the target agreed within the tolerance, and each pair's worst."""
-    worst = [target_worst(s) for s in pairs]
+    worst = [group_worst(s, TARGET) for s in pairs]
     met = sum(abs(w["difference"]) <= PROFILE_TOLERANCE for w in worst)
     return (f"Pairs: the target (every figure of the first group within {PROFILE_TOLERANCE:.0%}) met in {met} of "
             f"{len(pairs)}; each pair's worst: "
