@@ -54,7 +54,9 @@ its transfers, from `edgec run --report`), so the choice can be checked on the h
     throughput / single predicted throughput.
   - Measured the same way, from `edgec run --threads 1 --warmup W --repeat N --json`: latency is its `latency_ms` (the
     median request) with `--inflight 1`, throughput its `throughput_ips` streaming at the default --inflight
-    (the plan's pipeline depth).  The machine is shared and noisy, so single and two-device runs alternate:
+    (the plan's pipeline depth).  Each run takes N requests or, where that is less than a second at the
+    predicted rate, a second's worth (`requests_for`: a throughput over 10 requests of a 3 ms pipeline is 9
+    intervals, and wandered by 17% from run to run).  The machine is shared and noisy, so single and two-device runs alternate:
     --rounds rounds, each the single-device run then every plan's runs; each figure is the median over the
     rounds, and measured speed-up = single median / two-device median (inverted for throughput).
   - Target: the measured speed-up within 10% of the predicted one, |measured / predicted - 1| <= 0.10, for
@@ -335,19 +337,36 @@ def transfer_ratios(report: Path) -> list[float]:
     return [t["measured_ms"] / t["predicted_ms"] for t in doc["transfers"] if t["predicted_ms"] > 0]
 
 
+MEASURE_SECONDS = 1.0  # part two's and testbed's runs last at least this long at the predicted rate
+MAX_REQUESTS = 1000  # the bound on that
+
+
+def requests_for(repeat: int, per_second: float) -> int:
+    """Requests of a timed run: --repeat, or enough to last MEASURE_SECONDS at `per_second` predicted requests
+    a second (at most MAX_REQUESTS), whichever is more.  A throughput is the outputs after the first over the
+    time from the first to the last (coordinator.steady_throughput), so a short stream is a few intervals: 10
+    requests of a two-stage MobileNetV2 (about 3 ms apart) measured 317-376/s in four runs back to back, 200
+    requests 345-349/s.  A latency, the median request, wanders less, but 10 requests of 5 ms are one
+    moment of this machine."""
+    return max(repeat, min(MAX_REQUESTS, int(MEASURE_SECONDS * per_second + 0.999)))
+
+
 def measure_round(single_build: Path, plans: list[Plan], single: dict, repeat: int, folder: Path,
-                  run: Callable[..., dict] = run_json) -> None:
-    """One round: the single-device run, then each plan's (barrier, and streaming for a throughput plan).
-    `run(build, repeat, *flags)`: `edgec run`'s JSON report (local workers, or the testbed's)."""
-    res = run(single_build, repeat)
+                  run: Callable[..., dict] = run_json, single_requests: int | None = None) -> None:
+    """One round: the single-device run (`single_requests`, default `repeat`), then each plan's (barrier, and
+    streaming for a throughput plan; each `requests_for` its predicted rate).  `run(build, repeat, *flags)`:
+    `edgec run`'s JSON report (local workers, or the testbed's)."""
+    res = run(single_build, single_requests or repeat)
     single["latency_ms"].append(res["latency_ms"])
     single["throughput_ips"].append(res["throughput_ips"])
     for p in plans:
         report = folder / f"{p.build.name}-report.json"
-        p.latency_ms.append(run(p.build, repeat, "--inflight", "1", "--report", report)["latency_ms"])
+        p.latency_ms.append(run(p.build, requests_for(repeat, 1000.0 / p.summary["predicted_latency_ms"]),
+                                "--inflight", "1", "--report", report)["latency_ms"])
         p.transfer_ratios += transfer_ratios(report)
         if "throughput" in p.objectives:
-            p.throughput_ips.append(run(p.build, repeat)["throughput_ips"])
+            p.throughput_ips.append(run(p.build, requests_for(repeat, p.summary["predicted_throughput_ips"]))
+                                    ["throughput_ips"])
 
 
 def speedup(metric: str, one: float, two: float) -> float:
@@ -403,10 +422,11 @@ def bench_two_model(name: str, folder: Path, one: Path, two: Path, repeat: int, 
                    p.summary["predicted_latency_ms"]} for p in plans if len(p.busy) < 2]
     plans = [p for p in plans if len(p.busy) >= 2]
     single: dict = {"latency_ms": [], "throughput_ips": [], "loadavg": []}
+    single_requests = requests_for(repeat, single_pred["predicted_throughput_ips"])
     for r in range(rounds):
         single["loadavg"].append(loadavg())
         log(f"{name}: round {r + 1}/{rounds} (load average {single['loadavg'][-1]})")
-        measure_round(single_build, plans, single, repeat, folder, run)
+        measure_round(single_build, plans, single, repeat, folder, run, single_requests)
     # The testbed's runs verify every time (fidelity_testbed); local runs are checked once, after the timing.
     verified = {} if run is not run_json else {p.label: verify_build(p.build) for p in plans}
     if verified:
