@@ -36,8 +36,20 @@
   this machine's CPU per request wanders (3.6 to 5.4 ms for the same request, minutes apart); message_ms
   stands in. Left out where /proc cannot say.
 
-Each is timed like every other figure (timing.py): rounds of samples until the last `window` agree,
-the fastest stable round's median.
+Each is timed in rounds of samples until the last `window` agree (timing.py), but unlike the micro-benchmarks:
+- a sample is the median of its requests (or runs), not their mean: one late wake-up of a worker is not the
+  figure;
+- RUNTIME_ROUNDS rounds (8; a quick profile keeps its own), spread over CLUSTERS (4) clusters of fresh workers
+  started one after another (`_over_clusters`), the timings' rounds in turn within each;
+- the figure is the median round (RUNTIME_QUANTILE), not the fastest.
+Why: a pair of workers keeps a speed of its own, and so does a moment of this virtual machine. Over 8 pairs
+started one after another, a 64-byte hand-off measured 0.138-0.187 ms per half-second window and 0.145-0.174
+ms per pair; one pair for 30 s, 0.126-0.178 per half second but 0.137-0.155 per 2 s. Six runtime measurements
+back to back, the old way (one cluster, 4 rounds of 0.15 s, the fastest) against this one (about 9 s longer):
+message_ms 0.136-0.183 against 0.121-0.179, message_ms_per_mb 1.05-1.33 against 1.14-1.25, request_ms
+0.159-0.182 against 0.161-0.167, request_cpu_ms 0.19-0.39 against 0.233-0.241, message_cpu_ms_per_mb
+1.48-1.76 against 1.56-1.78. message_ms and run_ms still move by 20% and more: a 64-byte hand-off is a
+worker's wake-up, and run_ms a difference of two figures 3-8% apart.
 """
 
 from __future__ import annotations
@@ -46,6 +58,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import tempfile
 import time
 from dataclasses import replace
@@ -56,7 +69,7 @@ import numpy as np
 
 from edgec.runtime.manifest import file_sha256, load_manifest
 
-from .timing import Figure, Policy, bound_run, measure_stable, model, session, settle, sig, vi
+from .timing import DEFAULT, Figure, Policy, bound_run, combine, measure_stable, model, session, settle, sig, vi
 
 __all__ = ["measure_runtime_costs", "SMALL_BYTES"]
 
@@ -65,13 +78,19 @@ _LARGE_BYTES = {False: 1 << 20, True: 1 << 18}
 _A, _B = "a", "b"  # the two workers of the message measurement
 
 
-_MAX_SECONDS = 0.6  # per timing: three timings and two clusters' start stay within about four seconds
+# Per timing: RUNTIME_ROUNDS rounds of a RUNTIME_SECONDS budget, the figure the median round's (module docstring).
+RUNTIME_ROUNDS = 8
+RUNTIME_SECONDS = 1.6
+RUNTIME_QUANTILE = 0.5
+CLUSTERS = 4  # the runtime figures' rounds are spread over this many clusters of fresh workers
 
 
 def measure_runtime_costs(policy: Policy, quick: bool, say: Callable[[str], None]) -> tuple[dict, dict, list[str]]:
     """({message_ms, message_ms_per_mb, request_ms, and the CPU figures where measured}, {timing name: Figure},
     [a line per figure left out or written as 0 because noise swamped it]) on this machine."""
-    policy = replace(policy, max_seconds=min(policy.max_seconds, _MAX_SECONDS))
+    if policy.rounds >= DEFAULT.rounds:  # a quick profile keeps its few short rounds, in one cluster
+        policy = replace(policy, max_seconds=min(policy.max_seconds * RUNTIME_ROUNDS / policy.rounds, RUNTIME_SECONDS),
+                         rounds=RUNTIME_ROUNDS)
     say("  runtime costs: a message between two local workers and one request through the coordinator")
     large = _LARGE_BYTES[quick]
     figures = _message_figures(policy, large)
@@ -119,17 +138,35 @@ def source(quick: bool) -> str:
 
 
 def _rounds(sample: Callable[[], float], policy: Policy) -> Figure:
-    return settle(lambda: measure_stable(sample, policy, seconds=policy.round_seconds), policy)
+    return settle(lambda: measure_stable(sample, policy, seconds=policy.round_seconds), policy, RUNTIME_QUANTILE)
+
+
+def _over_clusters(manifest, samplers: dict[str, Callable], policy: Policy, timings: bool = False) -> dict[str, Figure]:
+    """{name: Figure} of `samplers` ({name: cluster -> sampler}), their rounds spread over CLUSTERS runtime
+    clusters of `manifest` started one after another (fresh workers each), the figures' rounds in turn
+    within each, and each figure the round at RUNTIME_QUANTILE (module docstring)."""
+    from edgec.runtime.coordinator import Cluster
+
+    clusters = max(1, min(CLUSTERS, policy.rounds // 2))
+    rounds: dict[str, list] = {name: [] for name in samplers}
+    for k in range(clusters):
+        per = policy.rounds // clusters + (k < policy.rounds % clusters)
+        with Cluster(manifest, threads=1, timeout=30.0, timings=timings) as cluster:
+            made = {name: make(cluster) for name, make in samplers.items()}
+            for _ in range(per):
+                for name, sample in made.items():
+                    rounds[name].append(measure_stable(sample, policy, seconds=policy.round_seconds))
+    return {name: combine(r, policy.max_spread, RUNTIME_QUANTILE) for name, r in rounds.items()}
 
 
 def _sampler(run: Callable[[], float], policy: Policy, warmup: int) -> Callable[[], float]:
-    """Seconds of one `run` (which returns its own seconds), averaged over enough runs to last
+    """Seconds of one `run` (which returns its own seconds), the median of enough runs to last
     policy.min_sample_s, after `warmup` runs."""
     for _ in range(warmup):
         run()
     one = max(run(), 1e-7)
     reps = max(1, min(1000, math.ceil(policy.min_sample_s / one)))
-    return lambda: sum(run() for _ in range(reps)) / reps
+    return lambda: statistics.median(run() for _ in range(reps))
 
 
 def _relu(folder: Path, floats: int) -> Path:
@@ -281,8 +318,6 @@ def _cpu_figures(policy: Policy, large: int) -> dict[str, Figure] | None:
     "cpu_large": one of a large one; each on two workers, so that their own idle work cancels) and of the
     tiny one ("cpu_request"); None where /proc cannot say (not Linux: the profile then has no CPU figures,
     and says so). Once /proc answered, a failure to read it is an error, not a figure left out."""
-    from edgec.runtime.coordinator import Cluster
-
     try:
         _cpu_seconds([os.getpid()])
     except (OSError, ValueError, IndexError):
@@ -295,36 +330,32 @@ def _cpu_figures(policy: Policy, large: int) -> dict[str, Figure] | None:
         for name, ways in builds:
             sub = folder / name
             sub.mkdir()
-            with Cluster(load_manifest(_exchange_build(sub, large, ways)), threads=1, timeout=30.0) as cluster:
-                out[name] = _rounds(_cpu_sampler(cluster, feeds, policy), policy)
+            out.update(_over_clusters(load_manifest(_exchange_build(sub, large, ways)),
+                                      {name: lambda c: _cpu_sampler(c, feeds, policy)}, policy))
         sub = folder / "cpu_request"
         sub.mkdir()
-        with Cluster(load_manifest(_tiny_build(sub)), threads=1, timeout=30.0) as cluster:
-            out["cpu_request"] = _rounds(_cpu_sampler(cluster, {"x": np.ones((1, 64), dtype=np.float32)}, policy),
-                                         policy)
+        tiny = {"x": np.ones((1, 64), dtype=np.float32)}
+        out.update(_over_clusters(load_manifest(_tiny_build(sub)),
+                                  {"cpu_request": lambda c: _cpu_sampler(c, tiny, policy)}, policy))
         return out
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
 
 def _message_figures(policy: Policy, large: int) -> dict[str, Figure]:
-    from edgec.runtime.coordinator import Cluster
-
     folder = Path(tempfile.mkdtemp(prefix="edgec-profile-message-"))
     try:
         manifest = load_manifest(_exchange_build(folder, large))
         feeds = {"x": np.ones((1, large // 4), dtype=np.float32)}
-        with Cluster(manifest, threads=1, timeout=30.0, timings=True) as cluster:
-            out = {}
-            for figure, name in (("message_small", "s"), ("message_large", "l")):
-                out[figure] = _rounds(_request_sampler(cluster, feeds, name, policy), policy)
-            return out
+        return _over_clusters(manifest, {"message_small": lambda c: _request_sampler(c, feeds, "s", policy),
+                                         "message_large": lambda c: _request_sampler(c, feeds, "l", policy)},
+                              policy, timings=True)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
 
 def _request_sampler(cluster, feeds: dict, name: str, policy: Policy) -> Callable[[], float]:
-    """Seconds of one hand-off of tensor `name` (the mean of a -> b and b -> a in one request), averaged over
+    """Seconds of one hand-off of tensor `name` (the mean of a -> b and b -> a in one request), the median over
     enough requests to last policy.min_sample_s of wall time, after the warm-up."""
     ways = ((_A, _B, name), (_B, _A, name))  # the report's transfer keys: (sender, receiver, received name)
 
@@ -338,26 +369,24 @@ def _request_sampler(cluster, feeds: dict, name: str, policy: Policy) -> Callabl
     for _ in range(max(policy.warmup, 5)):
         hand_off()
     reps = max(1, min(100, math.ceil(policy.min_sample_s / max(hand_off()[1], 1e-7))))
-    return lambda: sum(hand_off()[0] for _ in range(reps)) / reps
+    return lambda: statistics.median(hand_off()[0] for _ in range(reps))
 
 
 def _run_figures(policy: Policy) -> dict[str, Figure]:
     """{"run_in_plan": RUN_FRAGMENT's run in `_run_build` as its worker timed it, "run_alone": `_run_alone`}."""
-    from edgec.runtime.coordinator import Cluster
-
     folder = Path(tempfile.mkdtemp(prefix="edgec-profile-run-"))
     try:
         manifest = load_manifest(_run_build(folder))
         feeds = {"x": np.ones((1, SMALL_BYTES // 4), dtype=np.float32), "e": np.ones(EVICT_SHAPE, dtype=np.float32)}
-        with Cluster(manifest, threads=1, timeout=30.0, timings=True) as cluster:
-            in_plan = _rounds(_run_sampler(cluster, feeds, policy), policy)
+        in_plan = _over_clusters(manifest, {"run_in_plan": lambda c: _run_sampler(c, feeds, policy)}, policy,
+                                 timings=True)["run_in_plan"]
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return {"run_in_plan": in_plan, "run_alone": _run_alone(policy)}
 
 
 def _run_sampler(cluster, feeds: dict, policy: Policy) -> Callable[[], float]:
-    """Seconds of one run of RUN_FRAGMENT (one per request, as its worker timed it), averaged over enough
+    """Seconds of one run of RUN_FRAGMENT (one per request, as its worker timed it), the median of enough
     requests to last policy.min_sample_s of wall time, after the warm-up."""
     def run() -> tuple[float, float]:
         t = time.perf_counter()
@@ -368,7 +397,7 @@ def _run_sampler(cluster, feeds: dict, policy: Policy) -> Callable[[], float]:
     for _ in range(max(policy.warmup, 5)):
         run()
     reps = max(1, min(100, math.ceil(policy.min_sample_s / max(run()[1], 1e-7))))
-    return lambda: sum(run()[0] for _ in range(reps)) / reps
+    return lambda: statistics.median(run()[0] for _ in range(reps))
 
 
 def _run_alone(policy: Policy) -> Figure:
@@ -392,18 +421,18 @@ def _tiny_build(folder: Path) -> Path:
 
 
 def _request_figure(policy: Policy) -> Figure:
-    from edgec.runtime.coordinator import Cluster
-
     folder = Path(tempfile.mkdtemp(prefix="edgec-profile-request-"))
     try:
         manifest = load_manifest(_tiny_build(folder))
         feeds = {"x": np.ones((1, 64), dtype=np.float32)}
-        with Cluster(manifest, threads=1, timeout=30.0) as cluster:
 
+        def sampler(cluster) -> Callable[[], float]:
             def request() -> float:
                 _, latency_ms, run_ms = cluster.infer(feeds)
                 return max(0.0, latency_ms - sum(run_ms.values())) / 1e3
 
-            return _rounds(_sampler(request, policy, warmup=max(policy.warmup, 5)), policy)
+            return _sampler(request, policy, warmup=max(policy.warmup, 5))
+
+        return _over_clusters(manifest, {"request": sampler}, policy)["request"]
     finally:
         shutil.rmtree(folder, ignore_errors=True)

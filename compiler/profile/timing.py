@@ -156,16 +156,17 @@ def combine(rounds: list[Series], max_spread: float, quantile: float = 0.0) -> F
                   seconds=sum(r.seconds for r in rounds), stable=best.stable and apart <= max_spread)
 
 
-def settle(take_round: Callable[[], Series], policy: Policy) -> Figure:
-    """`combine` of policy.rounds rounds of `take_round`, then of up to policy.retries more, taken one at a
-    time while the figure is unstable: for a timing measured alone (the caller cannot interleave it)."""
+def settle(take_round: Callable[[], Series], policy: Policy, quantile: float = 0.0) -> Figure:
+    """`combine` (at `quantile`) of policy.rounds rounds of `take_round`, then of up to policy.retries more,
+    taken one at a time while the figure is unstable: for a timing measured alone (the caller cannot
+    interleave it)."""
     rounds = [take_round() for _ in range(policy.rounds)]
-    figure = combine(rounds, policy.max_spread)
+    figure = combine(rounds, policy.max_spread, quantile)
     for _ in range(policy.retries):
         if figure.stable:
             break
         rounds.append(take_round())
-        figure = combine(rounds, policy.max_spread)
+        figure = combine(rounds, policy.max_spread, quantile)
     return figure
 
 

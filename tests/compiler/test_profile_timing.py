@@ -200,6 +200,15 @@ def test_settle_takes_more_rounds_only_while_unstable_and_at_most_retries():
         Policy(retries=-1)
 
 
+def test_settle_at_a_quantile_takes_that_round():
+    """The runtime's figures (fixed.py) take the median round of theirs: not the fastest, a lucky moment."""
+    taken = iter([rnd(1.04), rnd(1.0), rnd(1.08), rnd(1.02)])
+    f = settle(lambda: next(taken), Policy(rounds=4, retries=0), quantile=0.5)
+    assert f.median_s == 1.02 and f.stable  # nearest rank: the 2nd fastest of 4
+    taken = iter([rnd(1.04), rnd(1.0), rnd(1.08), rnd(1.02)])
+    assert settle(lambda: next(taken), Policy(rounds=4, retries=0)).median_s == 1.0
+
+
 def test_pass_order_spreads_a_timings_rounds_through_the_pass_and_staggers_two_such_timings():
     jobs = [Job(n, b"", {}) for n in "abcdefghij"] + [Job(n, b"", {}, per_pass=3) for n in "MW"]
     assert "".join(j.name for j in pass_order(jobs)) == "MabWcdMeWfgMhiWj"
