@@ -77,9 +77,12 @@ relative difference (second - first) / first, and the worst.  The tile-efficienc
 .depthwise_conv and .gemm, fractions per output size) are listed too, with their own worst, outside the target.  So
 are the profile's `runtime:` figures (message_ms, message_ms_per_mb, request_ms, run_ms and their CPU twins: the
 runtime's own costs, timed through worker processes), counted apart: on 2026-11-26, in each of six pairs of
-back-to-back profiles, 2 to 5 of them were more than 10% apart.  The load around each profile is printed.  Target: every figure of the first group
-within 10%, on a quiet machine.  --pairs N takes N such pairs one after another (the JSON's "stability" is the
-first, "stability_pairs" all of them) and says in how many the target was met, with each pair's worst figure.
+back-to-back profiles, 2 to 5 of them were more than 10% apart.  The load around each profile is printed.  Then what
+each profile of the pair predicts for --two-models (`pair_predictions`: the one-device latency, and part two's
+pipeline and spatial plans, each compiled with each profile), side by side: what a figure's difference does to a
+plan's prediction. Target: every figure of the first group within 10%, on a quiet machine. --pairs N takes N such
+pairs one after another (the JSON's "stability" is the first, "stability_pairs" all of them) and says in how many the
+target was met, with each pair's worst figure.
 
 Part testbed (issue 11, item 4's testbed cases; needs root and iproute2): part two's cases over a shaped network.
 For each of --testbed-mbps (default 100,1000), in turn, a tests/netbed.py testbed is built as bench_distributed
@@ -636,8 +639,43 @@ def flat_figures(figures: dict, runtime: dict | None = None) -> dict[str, tuple[
     return out
 
 
-def bench_stability(folder: Path, tag: str = "") -> dict:
-    """One pair of back-to-back profiles (`tag` names their files: stability-<tag><1|2>.yaml)."""
+# What part stability predicts with each profile of a pair: (plan label, devices, compile flags).
+STABILITY_PLANS = (("single", 1, ()),
+                   ("pipeline/throughput", 2, ("--strategy", "pipeline", "--objective", "throughput")),
+                   ("spatial/latency", 2, ("--strategy", "spatial")))
+
+
+def pair_predictions(folder: Path, profiles: list[Path], models: list[str], tag: str = "") -> list[dict]:
+    """What the two profiles of a pair predict, side by side: for each of `models`, its one-device latency and
+    two-device pipeline (throughput objective: latency and throughput) and spatial (latency) plans, each
+    compiled with each profile (part two's clusters; the planner may choose other stages under each).  The
+    figures that matter are the predictions: a figure of a few microseconds that moves by a third may move
+    no prediction."""
+    got = []
+    for i, profile in enumerate(profiles, 1):
+        clusters = {n: cluster(folder, f"stability-{tag}{i}-{n}dev", profile, n) for n in (1, 2)}
+        preds = {}
+        for name in models:
+            for plan, n, flags in STABILITY_PLANS:
+                out = folder / f"stability-{tag}{i}-{name}-{plan.replace('/', '-')}"
+                preds[(name, plan)] = compile_json(model_path(name), clusters[n], out, *flags)
+                shutil.rmtree(out)
+        got.append(preds)
+    rows = []
+    for (name, plan), first in got[0].items():
+        second = got[1][(name, plan)]
+        metrics = ["latency"] + (["throughput"] if "throughput" in plan else [])
+        for metric in metrics:
+            key = "predicted_latency_ms" if metric == "latency" else "predicted_throughput_ips"
+            rows.append({"model": name, "plan": plan, "metric": metric, "first": first[key], "second": second[key],
+                         "difference": (second[key] - first[key]) / first[key],
+                         "same_stages": first["stages"] == second["stages"]})
+    return rows
+
+
+def bench_stability(folder: Path, tag: str = "", models: list[str] = ()) -> dict:
+    """One pair of back-to-back profiles (`tag` names their files: stability-<tag><1|2>.yaml), and what each
+    predicts for `models` (`pair_predictions`)."""
     runs = []
     for i in (1, 2):
         path = folder / f"stability-{tag}{i}.yaml"
@@ -655,7 +693,9 @@ def bench_stability(folder: Path, tag: str = "") -> dict:
     missing = sorted(set(first) ^ set(second))
     for r in runs:
         del r["figures"]  # the rows hold them
-    return {"runs": runs, "rows": rows, "missing": missing}
+    log(f"stability: what each profile predicts for {', '.join(models)}")
+    predictions = pair_predictions(folder, [Path(r["profile"]) for r in runs], list(models), tag) if models else []
+    return {"runs": runs, "rows": rows, "missing": missing, "predictions": predictions}
 
 
 def stability_text(s: dict) -> str:
@@ -684,6 +724,17 @@ def stability_text(s: dict) -> str:
                             if group == TARGET else ""))
     if s["missing"]:
         lines.append(f"figures in only one of the two profiles: {', '.join(s['missing'])}")
+    if s["predictions"]:
+        lines += ["", "What each profile predicts (edgec compile, part two's clusters):", "",
+                  "| model | plan | metric | first | second | difference |", "|---|---|---|---:|---:|---:|"]
+        for r in s["predictions"]:
+            unit = _unit(r["metric"])
+            lines.append(f"| {r['model']} | {r['plan']}{'' if r['same_stages'] else ' (other stages)'} | {r['metric']} "
+                         f"| {r['first']:.2f} {unit} | {r['second']:.2f} {unit} | {r['difference']:+.1%} |")
+        worst = max(s["predictions"], key=lambda r: abs(r["difference"]))
+        over = sum(abs(r["difference"]) > PROFILE_TOLERANCE for r in s["predictions"])
+        lines.append(f"predictions: worst {worst['model']} {worst['plan']} {worst['metric']} "
+                     f"{worst['difference']:+.1%}; {over} of {len(s['predictions'])} differ by more than {PROFILE_TOLERANCE:.0%}")
     return "\n".join(lines)
 
 
@@ -712,7 +763,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="parts two and testbed: alternating single/two-device rounds (median)")
     ap.add_argument("--models", default=",".join(MODELS), help="part single: comma-separated names under models/build")
     ap.add_argument("--two-models", default=",".join(TWO_MODELS),
-                    help="parts two and testbed: comma-separated names under models/build")
+                    help="parts two, testbed and stability (what each profile predicts): comma-separated names "
+                    "under models/build")
     ap.add_argument("--testbed-mbps", default=",".join(map(str, TESTBED_MBPS)),
                     help="part testbed: the device link's bandwidths, one testbed each (comma-separated Mbps)")
     ap.add_argument("--baseline-profile", type=Path, help="part two: also predict with this 1-thread profile, "
@@ -733,7 +785,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     args.two_models = [m.strip() for m in args.two_models.split(",") if m.strip()]
     args.testbed_mbps = testbed_bandwidths(ap, args.testbed_mbps)
-    for name in args.models * ("single" in args.parts) + args.two_models * bool({"two", "testbed"} & set(args.parts)):
+    two = bool({"two", "testbed", "stability"} & set(args.parts))
+    for name in args.models * ("single" in args.parts) + args.two_models * two:
         model_path(name)  # a missing model fails now, not after minutes of measuring
     return args
 
@@ -818,7 +871,8 @@ def run_parts(args: argparse.Namespace, folder: Path) -> int:
               f"{args.rounds} alternating rounds, medians; single device: {SINGLE_DEVICE})\n")
         print(testbed_text(out["testbed"]))
     if "stability" in args.parts:
-        pairs = [bench_stability(folder, f"pair{k + 1}-" if args.pairs > 1 else "") for k in range(args.pairs)]
+        pairs = [bench_stability(folder, f"pair{k + 1}-" if args.pairs > 1 else "", args.two_models)
+                 for k in range(args.pairs)]
         out["stability"] = pairs[0]
         print("\n## `edgec profile --threads 1` twice back to back\n")
         for k, pair in enumerate(pairs):
