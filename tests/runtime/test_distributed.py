@@ -149,7 +149,7 @@ def test_pipeline_on_keyed_workers_verifies_and_a_second_run_sends_no_fragments(
     a, b = keyed(start_worker, keys, "pi5-a"), keyed(start_worker, keys, "pi5-b")
     addresses = {"pi5-a": a.address, "pi5-b": b.address}
     first = edgec.run(pipeline, random_inputs=True, verify=True, addresses=addresses, keys=keys, repeat=3)
-    assert first["verify"]["passed"] and first["inflight"] == 3 and first["throughput_ips"] > 0
+    assert first["verify"]["passed"] and first["inflight"] == 5 and first["throughput_ips"] > 0
     assert set(first["devices"]) == {"pi5-a", "pi5-b"}  # pi4-a and pi4-b have no steps: no worker
     for name, w in (("pi5-a", a), ("pi5-b", b)):
         dev = first["devices"][name]
@@ -552,20 +552,21 @@ def test_streaming_returns_the_same_outputs_in_request_order(pipeline):
 
 
 def test_pipeline_depth_of_a_chain(chain):
-    # two stages and the link between them
-    assert pipeline_depth(load_manifest(chain.path)) == 3
+    # the input in, two stages, the link between them and the output out
+    assert pipeline_depth(load_manifest(chain.path)) == 5
 
 
 def test_pipeline_depth_of_a_scatter_gather(spatial):
-    # a scatters to b and c, which send back to a: three rounds, so five resources on the chain (three
-    # devices and two links, which is also the cap)
-    assert pipeline_depth(load_manifest(spatial.path)) == 5
+    # a scatters to b and c, which send back to a: three rounds, so seven resources on the chain (three
+    # devices, two links and the coordinator's two hand-offs, which is also the cap)
+    assert pipeline_depth(load_manifest(spatial.path)) == 7
 
 
 
 def test_pipeline_depth_is_capped_by_the_working_devices_and_links(spatial_build):
-    # pi5-a scatters rows to pi4-a and gathers them back: three rounds, but two devices and one link
-    assert pipeline_depth(load_manifest(spatial_build / "manifest.json")) == 3
+    # pi5-a scatters rows to pi4-a and gathers them back: three rounds, but two devices, one link and the
+    # coordinator's two hand-offs
+    assert pipeline_depth(load_manifest(spatial_build / "manifest.json")) == 5
 
 
 def test_rss_stays_flat_over_1000_streamed_requests(pipeline, start_worker):

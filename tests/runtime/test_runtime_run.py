@@ -58,7 +58,7 @@ def test_chain_random_inputs_verify_json(chain):
     assert set(report) == {"manifest", "latency_ms", "latencies_ms", "warmup", "throughput_ips", "inflight", "compress",
                            "outputs", "verify", "devices", "completed", "lost", "failovers", "adaptations", "emulation"}
     assert len(report["latencies_ms"]) == 3 and report["latency_ms"] > 0
-    assert report["throughput_ips"] > 0 and report["inflight"] == 3  # a two-stage pipeline and its link
+    assert report["throughput_ips"] > 0 and report["inflight"] == 5  # two stages, their link, input and output
     assert report["completed"] == 3 and report["lost"] == 0 and report["failovers"] == []
     assert report["outputs"] == [{"name": "prob", "shape": [1, 10], "dtype": "float32"}]
     assert report["verify"]["passed"] is True and report["verify"]["worst_output"] == "prob"
