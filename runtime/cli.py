@@ -271,7 +271,9 @@ def _print_human(manifest: Manifest, result: RunResult, checked: RequestsChecked
         click.echo(f"  {spec.name}  shape {list(a.shape)}  {a.dtype.name}{_stats(a)}")
     lat = result.latencies_ms
     click.echo(f"latency: median {result.latency_ms:.2f} ms, min {min(lat):.2f} ms over {len(lat)} request(s) "
-               f"(after {result.warmup} warm-up)")
+               f"(after {result.warmup} warm-up)" + (f"; with up to {result.inflight} in flight a request also waits "
+                                                      "for those ahead of it (--inflight 1: a lone request's)"
+                                                      if result.inflight > 1 else ""))
     click.echo(f"throughput: {result.throughput_ips:.2f} requests/s with up to {result.inflight} in flight")
     for f in result.failovers:
         click.echo(f"failover: device {f['device']} lost after {f['at_request']} request(s); finished on {f['plan']} "

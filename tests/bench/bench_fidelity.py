@@ -23,8 +23,8 @@ one-device cluster whose device runs 1 thread (`threads: 1`):
       before: the roofline with the profile's top-level figures only (its `threads:`, op table and efficiency
               curves removed: what the cost model read before it used them);
       after:  the profile as measured, for the device's thread count;
-  - measured latency (`edgec run --threads 1 --warmup W --repeat N --json`): the median over the N requests
-    after W untimed ones (default 5: a run's first requests are slower while its workers allocate and their
+  - measured latency (`edgec run --threads 1 --inflight 1 --warmup W --repeat N --json`): the median over the N
+    requests after W untimed ones (default 5: a run's first requests are slower while its workers allocate and their
     caches fill, by 5-20% on the spatial plans here; the predictions are of the steady state);
   - the error of each prediction, (predicted - measured) / measured; then the median and worst |error|.
   Target: median at most 10%, worst at most 20%.
@@ -54,10 +54,11 @@ its transfers, from `edgec run --report`), so the choice can be checked on the h
     throughput / single predicted throughput.
   - Measured the same way, from `edgec run --threads 1 --warmup W --repeat N --json`: latency is its `latency_ms` (the
     median request) with `--inflight 1`, throughput its `throughput_ips` streaming at the default --inflight
-    (the plan's pipeline depth).  Each run takes N requests or, where that is less than a second at the
-    predicted rate, a second's worth (`requests_for`: a throughput over 10 requests of a 3 ms pipeline is 9
-    intervals, and wandered by 17% from run to run).  The machine is shared and noisy, so single and two-device runs alternate:
-    --rounds rounds, each the single-device run then every plan's runs; each figure is the median over the
+    (the plan's pipeline depth), the single device's alike (a lone request's latency; streaming at its depth,
+    3, for its throughput).  Each run takes N requests or, where that is less than a second at the predicted
+    rate, a second's worth (`requests_for`: a throughput over 10 requests of a 3 ms pipeline is 9 intervals,
+    and wandered by 17% from run to run).  The machine is shared and noisy, so single and two-device runs
+    alternate: --rounds rounds, each the single-device runs then every plan's runs; each figure is the median over the
     rounds, and measured speed-up = single median / two-device median (inverted for throughput).
   - Target: the measured speed-up within 10% of the predicted one, |measured / predicted - 1| <= 0.10, for
     pipeline and spatial plans.  A table (model, plan, metric, predicted and measured figures and speed-ups,
@@ -251,7 +252,7 @@ def bench_single(names: list[str], folder: Path, clusters: dict[str, Path], repe
         for key, devices in clusters.items():
             row[key] = compile_json(model, devices, folder / f"{name}-{key}")["predicted_latency_ms"]
         la0 = loadavg()
-        row["measured"] = run_json(folder / f"{name}-after", repeat)["latency_ms"]
+        row["measured"] = run_json(folder / f"{name}-after", repeat, "--inflight", "1")["latency_ms"]
         row["loadavg_during"] = [la0, loadavg()]
         row["before_err"], row["after_err"] = error(row["before"], row["measured"]), error(row["after"], row["measured"])
         row["verify"] = verify_build(folder / f"{name}-after")
@@ -354,14 +355,17 @@ def requests_for(repeat: int, per_second: float) -> int:
     return max(repeat, min(MAX_REQUESTS, int(MEASURE_SECONDS * per_second + 0.999)))
 
 
-def measure_round(single_build: Path, plans: list[Plan], single: dict, repeat: int, folder: Path,
-                  run: Callable[..., dict] = run_json, single_requests: int | None = None) -> None:
-    """One round: the single-device run (`single_requests`, default `repeat`), then each plan's (barrier, and
-    streaming for a throughput plan; each `requests_for` its predicted rate).  `run(build, repeat, *flags)`:
-    `edgec run`'s JSON report (local workers, or the testbed's)."""
-    res = run(single_build, single_requests or repeat)
-    single["latency_ms"].append(res["latency_ms"])
-    single["throughput_ips"].append(res["throughput_ips"])
+def measure_round(single_build: Path, single_pred: dict, plans: list[Plan], single: dict, repeat: int, folder: Path,
+                  run: Callable[..., dict] = run_json) -> None:
+    """One round: the single-device runs, then each plan's: each a lone request at a time (`--inflight 1`, its
+    latency), and streaming at the default --inflight where a throughput is compared (its throughput); each
+    `requests_for` its predicted rate.  `run(build, repeat, *flags)`: `edgec run`'s JSON report (local workers,
+    or the testbed's)."""
+    single["latency_ms"].append(run(single_build, requests_for(repeat, 1000.0 / single_pred["predicted_latency_ms"]),
+                                    "--inflight", "1")["latency_ms"])
+    if any("throughput" in p.objectives for p in plans):
+        single["throughput_ips"].append(run(single_build, requests_for(repeat, single_pred["predicted_throughput_ips"]))
+                                        ["throughput_ips"])
     for p in plans:
         report = folder / f"{p.build.name}-report.json"
         p.latency_ms.append(run(p.build, requests_for(repeat, 1000.0 / p.summary["predicted_latency_ms"]),
@@ -425,11 +429,10 @@ def bench_two_model(name: str, folder: Path, one: Path, two: Path, repeat: int, 
                    p.summary["predicted_latency_ms"]} for p in plans if len(p.busy) < 2]
     plans = [p for p in plans if len(p.busy) >= 2]
     single: dict = {"latency_ms": [], "throughput_ips": [], "loadavg": []}
-    single_requests = requests_for(repeat, single_pred["predicted_throughput_ips"])
     for r in range(rounds):
         single["loadavg"].append(loadavg())
         log(f"{name}: round {r + 1}/{rounds} (load average {single['loadavg'][-1]})")
-        measure_round(single_build, plans, single, repeat, folder, run, single_requests)
+        measure_round(single_build, single_pred, plans, single, repeat, folder, run)
     # The testbed's runs verify every time (fidelity_testbed); local runs are checked once, after the timing.
     verified = {} if run is not run_json else {p.label: verify_build(p.build) for p in plans}
     if verified:

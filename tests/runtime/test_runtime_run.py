@@ -241,3 +241,14 @@ def test_worker_help():
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, "-m", "edgec.runtime.worker", "--help"], capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 0 and "--listen" in proc.stdout and "--keys" in proc.stdout
+
+
+def test_the_human_latency_line_says_when_requests_wait_for_those_ahead(chain):
+    """At the default depth (5 for two stages) a streamed request's latency includes its wait behind the others;
+    the line says so, and how to time a lone request."""
+    streamed = invoke(chain.path, "--random-inputs", "--repeat", "4")
+    assert streamed.exit_code == 0, streamed.stderr
+    assert "with up to 5 in flight a request also waits for those ahead of it (--inflight 1" in streamed.stdout
+    lone = invoke(chain.path, "--random-inputs", "--repeat", "4", "--inflight", "1")
+    assert lone.exit_code == 0, lone.stderr
+    assert "latency: median" in lone.stdout and "waits for those ahead" not in lone.stdout
