@@ -57,6 +57,13 @@ class Layer:
     input_bytes: int
     output_bytes: int
     window: Window | None = None  # the layer's Type-1 operator, if any (at most one per layer)
+    # the weight bytes one run reads, where fewer than param_bytes: a Gather reads only the rows it gathers
+    # (the transformer's 94 MB embedding table, 393 KB of it per request); None: all of them
+    param_read_bytes: int | None = None
+
+    @property
+    def read_param_bytes(self) -> int:
+        return self.param_bytes if self.param_read_bytes is None else self.param_read_bytes
 
 
 @dataclass(frozen=True)

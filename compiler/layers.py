@@ -409,10 +409,24 @@ def _make_layer(index, group, g, inits, tensors, shapes, graph_outputs, users) -
         outputs=tuple(outputs),
         flops=sum(node_flops(n, shapes) for n in nodes),
         param_bytes=sum(_init_bytes(inits[p]) for p in params),
+        param_read_bytes=_param_read_bytes(nodes, params, inits, tensors),
         input_bytes=sum(tensors[t].nbytes for t in inputs if t in tensors),
         output_bytes=sum(tensors[t].nbytes for t in outputs if t in tensors),
         window=windows[0] if len(windows) == 1 else None,
     )
+
+
+def _param_read_bytes(nodes, params: list[str], inits, tensors) -> int | None:
+    """The initializer bytes one run of the layer reads, where a Gather reads fewer than its data's (only
+    the rows it gathers: its output's bytes); None when every initializer is read whole."""
+    gathered = {}
+    for n in nodes:
+        if n.op_type == "Gather" and n.input and n.input[0] in inits and n.output[0] in tensors:
+            gathered[n.input[0]] = min(gathered.get(n.input[0], 0) + tensors[n.output[0]].nbytes,
+                                       _init_bytes(inits[n.input[0]]))
+    if not gathered:
+        return None
+    return sum(gathered.get(p, _init_bytes(inits[p])) for p in params)
 
 
 def _kind(node: onnx.NodeProto, window: Window | None) -> int:

@@ -36,7 +36,8 @@ largest count's, for readers that know no thread counts.  Per count:
                            dispatch + thread-pool sync + small-layer inefficiency
   - op_ms_per_melem        operators the roofline misprices (LRN costs 100x its bytes at memory speed):
                            milliseconds per million output elements beyond op_overhead_us, for LRN,
-                           Softmax, LayerNormalization, Erf, Resize (nearest), Resize:linear and Clip.  Per
+                           Softmax, LayerNormalization, LayerNormalization:skip (after a residual Add,
+                           which onnxruntime fuses with it), Erf, Resize (nearest), Resize:linear and Clip.  Per
                            output element because their work is a fixed amount per output element (a size-5
                            window, a row's exp and sum, a row's mean and variance, an interpolation, a
                            clamp), so overhead + elements x price is the whole prediction, with no FLOP

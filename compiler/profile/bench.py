@@ -386,7 +386,7 @@ def blocked_layout(threads: int) -> bool:
 
 
 def _op_cases(quick: bool) -> dict[str, tuple]:
-    """op key -> (node, input shape, output shape, initializers).  Shapes are those of the models that
+    """op key -> (node or nodes, input shape, output shape, initializers).  Shapes are those of the models that
     use them (inception_v1's LRN, the transformer's Softmax / LayerNormalization / Erf, MobileNetV2's
     ReLU6 after its 56x56 expansion); quick halves them.
 
@@ -406,11 +406,17 @@ def _op_cases(quick: bool) -> dict[str, tuple]:
     scales = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")
     gamma = numpy_helper.from_array(np.ones(ln[-1], np.float32), "gamma")
     beta = numpy_helper.from_array(np.zeros(ln[-1], np.float32), "beta")
+    residual = numpy_helper.from_array(np.full(ln, 0.5, np.float32), "r")
     return {
         "LRN": (helper.make_node("LRN", ["x"], ["y"], size=5, alpha=1e-4, beta=0.75, bias=1.0), lrn, lrn, []),
         "Softmax": (helper.make_node("Softmax", ["x"], ["y"], axis=-1), soft, soft, []),
         "LayerNormalization": (helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["y"], axis=-1),
                                ln, ln, [gamma, beta]),
+        # onnxruntime fuses a residual Add and the LayerNormalization after it into SkipLayerNormalization
+        # (cost/table.py _skip_norm): ten times the LayerNormalization's time here
+        "LayerNormalization:skip": ([helper.make_node("Add", ["x", "r"], ["s"]),
+                                     helper.make_node("LayerNormalization", ["s", "gamma", "beta"], ["y"], axis=-1)],
+                                    ln, ln, [gamma, beta, residual]),
         "Erf": (helper.make_node("Erf", ["x"], ["y"]), erf, erf, []),
         "Resize": (helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="nearest"), img, up, [scales]),
         "Resize:linear": (helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="linear"), img, up, [scales]),
@@ -426,8 +432,9 @@ def op_table(b: Bench) -> Callable[[Times, float], dict[str, float]]:
     anyway), so overhead + elements x price gives back the measured time at the benchmark's size.  Formula:
     (times, op_overhead_us)."""
     elements = {}
-    for key, (node, shape_in, shape_out, inits) in _op_cases(b.quick).items():
-        b.add(f"op_ms_per_melem.{key}", model([node], [vi("x", shape_in)], [vi("y", shape_out)], inits),
+    for key, (nodes, shape_in, shape_out, inits) in _op_cases(b.quick).items():
+        nodes = nodes if isinstance(nodes, list) else [nodes]
+        b.add(f"op_ms_per_melem.{key}", model(nodes, [vi("x", shape_in)], [vi("y", shape_out)], inits),
               {"x": rand(b.rng, *shape_in)}, per_pass=SPREAD_ROUNDS)  # 0.4-1.6 MB each: beyond a core's L2
         elements[key] = math.prod(shape_out)
 

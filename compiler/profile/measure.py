@@ -143,7 +143,8 @@ def _sources(stamp: str, counts: list[int], quick: bool, policy: Policy, power_g
         "layers, (chain of 50 x [3x3 Conv 16 ch on 7x7 -> Relu] - one pair - their Conv FLOPs at the measured conv "
         "rate) / 98 nodes, default optimisation (Conv+Relu fuse as in the runtime)",
         "op_ms_per_melem: ms per million output elements of one node beyond op_overhead_us, at the shapes of the zoo's "
-        "models (LRN size 5 on 64x56x56, Softmax 12x128x128, LayerNormalization 128x768, Erf 128x3072, Resize 2x "
+        "models (LRN size 5 on 64x56x56, Softmax 12x128x128, LayerNormalization 128x768, `LayerNormalization:skip` "
+        "a residual Add and a LayerNormalization on 128x768 (onnxruntime fuses them), Erf 128x3072, Resize 2x "
         "of 64x56x56: `Resize` nearest, `Resize:linear` linear, Clip to [0, 6] (ReLU6) on 144x56x56)"
         + (" (quick mode halves every dimension)" if quick else ""),
         "efficiency: [output elements, fraction of gflops.conv / the largest point's rate / gflops.gemm] of a 3x3 Conv "

@@ -219,6 +219,59 @@ def test_a_priced_leader_after_a_pool_keeps_the_pools_traffic(tmp_path):
     assert cost.layer_ms[0, 0] == 2 * 10.0 / 1000 + 256 * 25.0 / 1e6 + mem
 
 
+def norm_model() -> onnx.ModelProto:
+    """An embedding (Gather of a 1000 x 16 table) plus a position table, a residual Add and a LayerNormalization
+    (onnxruntime fuses the two: SkipLayerNormalization), then a bias Add and a LayerNormalization (not fused)."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((1000, 16)).astype(np.float32), "table"),
+             numpy_helper.from_array(rng.standard_normal((1, 8, 16)).astype(np.float32), "pos"),
+             numpy_helper.from_array(np.ones(16, np.float32), "g"), numpy_helper.from_array(np.zeros(16, np.float32), "b"),
+             numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "bias")]
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["emb"], axis=0, name="gather"),
+             helper.make_node("Add", ["emb", "pos"], ["x"], name="add_pos"),
+             helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Add", ["x", "r"], ["s"], name="residual"),
+             helper.make_node("LayerNormalization", ["s", "g", "b"], ["n1"], axis=-1, name="ln_skip"),
+             helper.make_node("Add", ["n1", "bias"], ["t"], name="add_bias"),
+             helper.make_node("LayerNormalization", ["t", "g", "b"], ["y"], axis=-1, name="ln_bias")]
+    graph = helper.make_graph(nodes, "norms", [helper.make_tensor_value_info("ids", TensorProto.INT64, (1, 8))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, 8, 16))], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_layer_norm_after_a_residual_add_takes_the_fused_price(tmp_path):
+    """onnxruntime fuses a residual Add (two inputs of one shape) and the LayerNormalization after it into
+    SkipLayerNormalization, ten times slower here: that LayerNormalization takes "LayerNormalization:skip";
+    one after a bias Add (broadcast: not fused) the plain price; without the model (no shapes) the plain one."""
+    from edgec.compiler.cost.table import SKIP_NORM, node_keys
+
+    ing = load_model(save(norm_model(), tmp_path / "m.onnx"))
+    lns = [layer for layer in ing.graph.layers if layer.op_types[0] == "LayerNormalization"]
+    assert [node_keys(layer, ing.model)[0] for layer in lns] == [(SKIP_NORM, "LayerNormalization"),
+                                                                    ("LayerNormalization",)]
+    assert node_keys(lns[0])[0] == ("LayerNormalization",)
+    prof = write_profile(tmp_path, "ln", op_ms_per_melem={"LayerNormalization": 0.4, SKIP_NORM: 4.0})
+    cost = build_cost_table(ing.graph, load_cluster(write_cluster(tmp_path, [{"name": "d", "profile": prof}])),
+                            ing.sha256, model=ing.model)
+    oh = 10.0 / 1000
+    skip, plain = (cost.layer_ms[layer.index, 0] - len(layer.op_types) * oh for layer in lns)
+    assert skip == pytest.approx(8 * 16 * 4.0 / 1e6) and plain == pytest.approx(8 * 16 * 0.4 / 1e6)
+
+
+def test_a_gather_reads_only_the_rows_it_gathers(tmp_path):
+    """The embedding layer holds its whole table (memory) but reads only the gathered rows per run (its
+    traffic): 8 rows of 16 floats, not 1000, plus the position table it adds, read whole."""
+    ing = load_model(save(norm_model(), tmp_path / "m.onnx"))
+    emb = ing.graph.layers[0]
+    assert emb.op_types[:2] == ("Gather", "Add")
+    assert emb.param_bytes == (1000 * 16 + 8 * 16) * 4 and emb.read_param_bytes == (8 * 16 + 8 * 16) * 4
+    assert all(layer.param_read_bytes is None for layer in ing.graph.layers[1:])
+    cost = build_cost_table(ing.graph, load_cluster(write_cluster(tmp_path, [{"name": "d", "profile":
+                                                                             write_profile(tmp_path, "p")}])))
+    moved = emb.input_bytes + emb.output_bytes + emb.read_param_bytes
+    assert cost.layer_ms[0, 0] == pytest.approx(len(emb.op_types) * 10.0 / 1000 + moved / (FAST["memory_gbps"] * 1e6))
+
+
 # --------------------------------------------------------------------------------------------------
 # 3. tile efficiency
 

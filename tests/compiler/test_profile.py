@@ -80,8 +80,8 @@ def test_measure_host_quick_per_thread_figures(quick_profile):
     t1 = p["threads"][1]
     for key in ("op_overhead_us", "gflops", "memory_gbps", "weight_gbps", "op_ms_per_melem", "efficiency"):
         assert p[key] == t1[key], key
-    assert set(t1["op_ms_per_melem"]) == {"LRN", "Softmax", "LayerNormalization", "Erf", "Resize", "Resize:linear",
-                                           "Clip"}
+    assert set(t1["op_ms_per_melem"]) == {"LRN", "Softmax", "LayerNormalization", "LayerNormalization:skip", "Erf",
+                                           "Resize", "Resize:linear", "Clip"}
     assert all(v > 0 for v in t1["op_ms_per_melem"].values())
     # LRN's size-5 window costs far more per element than a row softmax: the reason the table exists
     assert t1["op_ms_per_melem"]["LRN"] > 3 * t1["op_ms_per_melem"]["Softmax"]
@@ -223,3 +223,20 @@ def test_measure_layers_unnamed_nodes_and_bad_model(tmp_path):
     assert ei.value.path == str(bad)
     with pytest.raises(UserError, match="cannot read model"):
         measure_layers(tmp_path / "absent.onnx")
+
+
+def test_the_skip_norm_price_times_the_kernel_onnxruntime_fuses(tmp_path):
+    """The op case behind "LayerNormalization:skip" (a residual Add, then a LayerNormalization) is what
+    onnxruntime turns into one SkipLayerNormalization: the price is that kernel's, as in a transformer."""
+    import onnxruntime as ort
+
+    from edgec.compiler.profile.bench import _op_cases
+    from edgec.compiler.profile.timing import model, vi
+
+    nodes, shape_in, shape_out, inits = _op_cases(True)["LayerNormalization:skip"]
+    so = ort.SessionOptions()
+    so.optimized_model_filepath = str(tmp_path / "opt.onnx")
+    so.log_severity_level = 3
+    ort.InferenceSession(model(nodes, [vi("x", shape_in)], [vi("y", shape_out)], inits), so,
+                         providers=["CPUExecutionProvider"])
+    assert [n.op_type for n in onnx.load(so.optimized_model_filepath).graph.node] == ["SkipLayerNormalization"]
