@@ -50,6 +50,8 @@ Profile file (profiles/<name>.yaml)::
     memory_gbps: 8.0               # sustained GB/s for memory-bound ops (> 0)
     weight_gbps: 6.5               # optional: GB/s at which a layer's weights stream in on top of its compute
                                    #   (edgec profile: a batch-1 MatMul on 64 MB of weights); absent: not priced
+    gemm_weight_gbps: 2.8          # optional: the same for a gemm layer of 2 rows or more (edgec profile: 12
+                                   #   MatMuls of 128 rows, 48 MB of weights); absent: weight_gbps prices them
     layout_conversions: true       # optional (default false): onnxruntime runs convolutions in a blocked layout
                                    #   (NCHWc, x86), so a tile fragment converts at its ends and around its crops
                                    #   (edgec profile reads it; the cost model prices a conversion at memory_gbps)
@@ -58,8 +60,8 @@ Profile file (profiles/<name>.yaml)::
     mode: 2400MHz                  # optional: the name of the operating point the top-level figures describe
     modes:                         # optional: other operating points, each sourced; the energy planner picks one
       1500MHz: {power_w: {idle: 2.9, busy: 5.0}, sources: ["..."], gflops: {...}, memory_gbps: 7.0}
-                                   #   (gflops, memory_gbps, weight_gbps, op_overhead_us, op_ms_per_melem override
-                                   #   the top level)
+                                   #   (gflops, memory_gbps, weight_gbps, gemm_weight_gbps, op_overhead_us,
+                                   #   op_ms_per_melem override the top level)
     sources: ["..."]               # where each figure comes from
     layers: {}                     # optional measured tables {<model sha256>: {<onnx node name>: ms}}
     op_ms_per_melem:               # optional: ms per million output elements beyond op_overhead_us (> 0)
@@ -83,11 +85,11 @@ Profile file (profiles/<name>.yaml)::
 
 Required keys: name, memory_mb, usable_memory_fraction, runtime_overhead_mb, op_overhead_us, gflops,
 memory_gbps.  Optional: description (default ""), power_w (default both null), radio_nj_per_byte, mode,
-weight_gbps, layout_conversions, modes, sources (default none), layers, op_ms_per_melem,
+weight_gbps, gemm_weight_gbps, layout_conversions, modes, sources (default none), layers, op_ms_per_melem,
 efficiency, threads, runtime, measurement (default empty).  A `layers` table is keyed by ONNX node name (not
 layer name): the cost model sums the node times of each layer.  A `threads:` entry holds the top level's
-figures (op_overhead_us, gflops, memory_gbps required; weight_gbps, op_ms_per_melem, efficiency, layers
-optional) with the same names and bounds; `edgec profile` writes the
+figures (op_overhead_us, gflops, memory_gbps required; weight_gbps, gemm_weight_gbps, op_ms_per_melem,
+efficiency, layers optional) with the same names and bounds; `edgec profile` writes the
 largest count's at the top level, so a reader that knows no thread counts reads the all-cores figures.  `Profile.figures(n)` picks
 a worker's.  `runtime:` is per device, not per thread count (no onnxruntime kernel runs in it); the cost
 model charges each message the mean of its two ends' message figures and each request half its

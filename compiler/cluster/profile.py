@@ -38,6 +38,9 @@ class Figures:
     # GB/s at which a layer's weights stream in from memory on top of its compute (None: not measured, weights
     # are not priced beyond the roofline's bytes): see cost/table.py.
     weight_gbps: float | None = None
+    # the same for a GEMM of several rows, whose weights, read from memory, hold its arithmetic up longer per
+    # byte than a batch-1 MatMul's stream (None: not measured, weight_gbps prices them): see cost/table.py.
+    gemm_weight_gbps: float | None = None
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,7 @@ class Profile:
     modes: dict[str, Mode] = field(default_factory=dict, hash=False, repr=False)  # power modes besides the top level's
     top_mode: str = DEFAULT_MODE  # the name of the top level's operating point
     weight_gbps: float | None = None  # top level: see Figures
+    gemm_weight_gbps: float | None = None  # top level: see Figures
     # onnxruntime runs convolutions here in a blocked layout (NCHWc), so a fragment converts a conv chain's
     # activations at its ends and around a crop inside it (edgec profile reads it from the graph onnxruntime
     # optimises; cost/tiles.py Relayout prices each conversion as a read and a write at memory_gbps).
@@ -151,7 +155,7 @@ class Profile:
         else the largest measured count below it (fewer threads: a slower, safe estimate); else the
         smallest measured.  The top level when `threads` is None or the profile has no `threads:`."""
         top = Figures(self.op_overhead_us, self.gflops, self.memory_gbps, self.op_ms_per_melem, self.efficiency,
-                      self.layers, self.weight_gbps)
+                      self.layers, self.weight_gbps, self.gemm_weight_gbps)
         if threads is None or not self.threads:
             return top
         if threads in self.threads:
@@ -253,6 +257,7 @@ def validate_profile_dict(data: Any, path: str) -> Profile:
         modes={name: _mode(m, top) for name, m in (doc.modes or {}).items()},
         top_mode=doc.mode or DEFAULT_MODE,
         weight_gbps=top.weight_gbps,
+        gemm_weight_gbps=top.gemm_weight_gbps,
         layout_conversions=doc.layout_conversions,
     )
 
@@ -273,6 +278,7 @@ def _mode(doc, top: Figures) -> Mode:
         efficiency=top.efficiency,
         layers={},
         weight_gbps=top.weight_gbps if doc.weight_gbps is None else doc.weight_gbps,
+        gemm_weight_gbps=top.gemm_weight_gbps if doc.gemm_weight_gbps is None else doc.gemm_weight_gbps,
     )
     return Mode(figures, doc.power_w.idle, doc.power_w.busy, tuple(doc.sources))
 
@@ -311,4 +317,5 @@ def _figures(doc: ProfileDoc | FiguresDoc) -> Figures:
                     for k, curve in (doc.efficiency or {}).items()},
         layers={model: dict(table) for model, table in (doc.layers or {}).items()},
         weight_gbps=doc.weight_gbps,
+        gemm_weight_gbps=doc.gemm_weight_gbps,
     )

@@ -94,6 +94,7 @@ class FiguresDoc(_Doc):
     gflops: GflopsDoc
     memory_gbps: Positive
     weight_gbps: Positive | None = None
+    gemm_weight_gbps: Positive | None = None
     op_ms_per_melem: dict[OpKey, Positive] | None = None
     efficiency: dict[Literal[EFFICIENCY_KEYS], Curve] | None = None
     layers: Layers | None = None
@@ -152,6 +153,7 @@ class ModeDoc(_Doc):
     gflops: GflopsDoc | None = None
     memory_gbps: Positive | None = None
     weight_gbps: Positive | None = None
+    gemm_weight_gbps: Positive | None = None
     op_ms_per_melem: dict[OpKey, Positive] | None = None
 
 
@@ -206,6 +208,7 @@ class ProfileDoc(_Doc):
     gflops: GflopsDoc
     memory_gbps: Positive
     weight_gbps: Positive | None = None
+    gemm_weight_gbps: Positive | None = None
     layout_conversions: bool = False  # onnxruntime converts a conv chain's activations at a fragment's ends
     power_w: PowerDoc | None = None
     radio_nj_per_byte: RadioDoc | None = None

@@ -30,7 +30,8 @@ profile's `threads:` entry for the cluster file's `threads`, else the profile's 
    roofline = max(FLOPs / gflops, activation bytes / memory_gbps) + weight bytes / weight_gbps.  A model's
    weights seldom stay in cache from one request to the next, and onnxruntime's kernels overlap little of
    that read with their arithmetic: ResNet-50's 7x7 layers (4-9 MB of weights each) took 0.1-0.5 ms more
-   than their FLOPs at gflops.conv, VGG-16's classifier ran at the MatMul's rate, not memory_gbps.
+   than their FLOPs at gflops.conv, VGG-16's classifier ran at the MatMul's rate, not memory_gbps.  A gemm
+   layer of two or more rows pays at `gemm_weight_gbps` where measured (`weight_ms`).
 
 The tile model (tiles.py) reads `overhead_ms`, `priced_ms`, `out_elems` and `curves` to scale a tile's
 share by the figures' tile efficiency, and `memory_bytes_per_ms` to price assembling a tile's input.
@@ -207,12 +208,22 @@ def priced_ms(layer: Layer, figures: Figures, keys: tuple[tuple[str, ...], ...],
     return total, lead and rest_pointwise
 
 
+def gemm_rows(layer: Layer) -> float:
+    """The rows a gemm layer multiplies its weights by: FLOPs / (2 x weight elements), 4-byte weights."""
+    return layer.flops * 2.0 / layer.read_param_bytes if layer.read_param_bytes else 0.0
+
+
 def weight_ms(layer: Layer, figures: Figures) -> float:
-    """Streaming the layer's weights in at the figures' weight_gbps: 0 for a memory-bound class (its
-    roofline moves them at memory_gbps) and where weight_gbps was not measured."""
-    if figures.weight_gbps is None or layer.cost_class in MEMORY_BOUND:
+    """Streaming the layer's weights in at the figures' weight_gbps, or for a gemm layer of two rows or more
+    at their gemm_weight_gbps where measured (a GEMM waits for its weights longer per byte than a batch-1
+    MatMul streams them; the transformer's MatMuls of 128 rows): 0 for a memory-bound class (its roofline
+    moves them at memory_gbps) and where neither was measured."""
+    if layer.cost_class in MEMORY_BOUND:
         return 0.0
-    return layer.read_param_bytes / (figures.weight_gbps * 1e6)  # GB/s = 1e6 bytes/ms
+    gbps = figures.weight_gbps
+    if figures.gemm_weight_gbps is not None and layer.cost_class == "gemm" and gemm_rows(layer) >= 2:
+        gbps = figures.gemm_weight_gbps
+    return 0.0 if gbps is None else layer.read_param_bytes / (gbps * 1e6)  # GB/s = 1e6 bytes/ms
 
 
 def layer_ms(layer: Layer, device: DeviceSpec, priced: tuple[float, bool] = (0.0, False)) -> float:

@@ -21,6 +21,11 @@ largest count's, for readers that know no thread counts.  Per count:
                            holds) / time.  The cost model adds a layer's weight bytes / weight_gbps to its
                            compute (cost/table.py): weights stream in from memory on every request, little
                            of it hidden behind the arithmetic, and every tile of a layer reads them all
+  - gemm_weight_gbps       the same for a GEMM of several rows: a chain of 12 MatMuls 128x1024 by 1024x1024,
+                           each its own weights (48 MB), less 12 runs of one alone (its weights hot): weight
+                           bytes / the difference.  Slower per byte than weight_gbps (20-25 against 46 GB/s
+                           here): a GEMM waits for its weight panels between its arithmetic.  The cost model
+                           prices a gemm layer of two or more rows with it, a batch-1 one with weight_gbps
   - layout_conversions     (top level, a yes/no) whether onnxruntime runs convolutions here in its blocked
                            layout (NCHWc): read from the graph it optimises a 1x1 Conv -> Relu into
                            (ReorderInput / ReorderOutput nodes; x86 with AVX2, not ARM).  Then a tile fragment

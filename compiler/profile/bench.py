@@ -300,6 +300,33 @@ def bench_weights(b: Bench) -> Formula:
     return _rate(4 * kn * kn, "weight_gbps")
 
 
+GEMM_COLD_LAYERS = 12  # MatMuls of 1024 x 1024 weights, 48 MB in all: more than this machine's 32 MB L3 holds
+_COLD, _HOT = "gemm_weight_gbps.chain", "gemm_weight_gbps.one"
+
+
+def bench_gemm_weights(b: Bench) -> Callable[[Times], float | None]:
+    """A chain of GEMM_COLD_LAYERS MatMuls (128 x 1024 by 1024 x 1024, each its own weights) against one of
+    them alone, its weights hot: the chain's time beyond its layers' hot time, per weight byte, is what a GEMM
+    of several rows pays to read its weights from memory (cost/table.py weight_ms).  Measured here: 20-25 GB/s,
+    where a batch-1 MatMul streams them at about 46 (weight_gbps): a GEMM reads its weights in panels between
+    its arithmetic, and what it waits for is not hidden.  The transformer's MatMuls (128 rows, 2.4-9.4 MB each)
+    ran 0.1-0.5 ms longer in the model than alone.  None when the chain took no longer than its layers hot."""
+    k, m = 1024, 64 if b.quick else 128
+    weights = [numpy_helper.from_array(rand(b.rng, k, k) * 0.03, f"w{i}") for i in range(GEMM_COLD_LAYERS)]
+    names = ["a"] + [f"t{i}" for i in range(GEMM_COLD_LAYERS - 1)] + ["y"]
+    chain = [helper.make_node("MatMul", [names[i], f"w{i}"], [names[i + 1]]) for i in range(GEMM_COLD_LAYERS)]
+    feeds = {"a": rand(b.rng, m, k)}
+    b.add(_COLD, model(chain, [vi("a", (m, k))], [vi("y", (m, k))], weights), feeds, per_pass=DRAM_ROUNDS)
+    b.add(_HOT, model([helper.make_node("MatMul", ["a", "w0"], ["y"])], [vi("a", (m, k))], [vi("y", (m, k))],
+                      weights[:1]), feeds)
+
+    def formula(t: Times) -> float | None:
+        extra = t[_COLD] - GEMM_COLD_LAYERS * t[_HOT]
+        return GEMM_COLD_LAYERS * 4 * k * k / extra / 1e9 if extra > 0 else None
+
+    return formula
+
+
 # --------------------------------------------------------------------------------------------------
 # Per-operator overhead
 
@@ -531,6 +558,7 @@ def measure_figures(b: Bench) -> dict:
     small = small_layer_overhead_us(b)
     conv, dw, gemm, other, mem = bench_conv(b), bench_depthwise(b), bench_gemm(b), bench_other(b), bench_memory(b)
     weights = bench_weights(b)
+    gemm_weights = bench_gemm_weights(b)
     ops = op_table(b)
     curves = {"conv": conv_curve(b), "depthwise_conv": depthwise_curve(b), "gemm": gemm_curve(b)}
     n = b.threads
@@ -545,8 +573,10 @@ def measure_figures(b: Bench) -> dict:
     g_convt, g_lstm = other(t)
     b.say(f"    other: ConvTranspose {g_convt:.1f} GFLOP/s, LSTM {g_lstm:.1f} GFLOP/s")
     memory = mem(t)
-    weight_gbps = weights(t)
-    b.say(f"    memory (elementwise) {memory:.1f} GB/s, weights (batch-1 MatMul) {weight_gbps:.1f} GB/s")
+    weight_gbps, gemm_weight_gbps = weights(t), gemm_weights(t)
+    b.say(f"    memory (elementwise) {memory:.1f} GB/s, weights (batch-1 MatMul) {weight_gbps:.1f} GB/s, weights "
+          "(GEMM of 128 rows) " + ("not measured: its weights stayed in a cache" if gemm_weight_gbps is None
+                                   else f"{gemm_weight_gbps:.1f} GB/s"))
     table = ops(t, overhead_us)
     b.say("    ms per million output elements: " + ", ".join(f"{k} {v:g}" for k, v in table.items()))
     eff = {k: curve(t, g[k], overhead_us) for k, curve in curves.items()}
@@ -557,6 +587,7 @@ def measure_figures(b: Bench) -> dict:
                    "other": sig(min(g_convt, g_lstm))},
         "memory_gbps": sig(memory),
         "weight_gbps": sig(weight_gbps),
+        **({} if gemm_weight_gbps is None else {"gemm_weight_gbps": sig(gemm_weight_gbps)}),
         "op_ms_per_melem": table,
         "efficiency": eff,
     }

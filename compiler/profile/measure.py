@@ -138,6 +138,9 @@ def _sources(stamp: str, counts: list[int], quick: bool, policy: Policy, power_g
         "memory_gbps: elementwise Add of two 2M-float tensors (may partly fit in cache), (2 inputs + 1 output) bytes / time",
         "weight_gbps: a batch-1 MatMul 1x4096 by 4096x4096 (64 MB of weights, more than any cache holds), "
         "weight bytes / time" + (" (quick mode: 2048x2048, 16 MB, may partly fit in cache)" if quick else ""),
+        f"gemm_weight_gbps: a chain of {bench.GEMM_COLD_LAYERS} MatMuls {'64' if quick else '128'}x1024 by 1024x1024, "
+        "each its own weights (48 MB), less that many runs of one of them with its weights hot: weight bytes / "
+        "the extra time (not written when there was none)",
         *_relayout_sources(),
         "op_overhead_us: the larger of (a) the dispatch floor, (200-node tiny Relu chain - 1 node) / 199, and (b) small "
         "layers, (chain of 50 x [3x3 Conv 16 ch on 7x7 -> Relu] - one pair - their Conv FLOPs at the measured conv "
@@ -261,6 +264,7 @@ def measure_host(
         "gflops": dict(top["gflops"]),
         "memory_gbps": top["memory_gbps"],
         "weight_gbps": top["weight_gbps"],
+        **({"gemm_weight_gbps": top["gemm_weight_gbps"]} if "gemm_weight_gbps" in top else {}),
         "layout_conversions": conversions,
         "op_ms_per_melem": dict(top["op_ms_per_melem"]),
         "efficiency": {k: [list(p) for p in v] for k, v in top["efficiency"].items()},

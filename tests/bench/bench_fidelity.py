@@ -631,8 +631,9 @@ def flat_figures(figures: dict, runtime: dict | None = None) -> dict[str, tuple[
     """A profile's per-thread figures by name: value, and its group (the stability target counts TARGET; the
     tile efficiency points and the profile's `runtime:` figures, when given, are listed apart)."""
     out = {"op_overhead_us": (figures["op_overhead_us"], TARGET), "memory_gbps": (figures["memory_gbps"], TARGET)}
-    if "weight_gbps" in figures:
-        out["weight_gbps"] = (figures["weight_gbps"], TARGET)
+    for key in ("weight_gbps", "gemm_weight_gbps"):
+        if key in figures:
+            out[key] = (figures[key], TARGET)
     out |= {f"gflops.{k}": (v, TARGET) for k, v in figures["gflops"].items()}
     out |= {f"op_ms_per_melem.{k}": (v, TARGET) for k, v in (figures.get("op_ms_per_melem") or {}).items()}
     for kind, points in (figures.get("efficiency") or {}).items():

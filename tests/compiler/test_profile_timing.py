@@ -242,11 +242,13 @@ def test_the_timings_that_follow_memory_traffic_are_the_spread_ones():
     L2) SPREAD_ROUNDS, and their figure is the round at SPREAD_QUANTILE; the compute-bound figures keep one
     round per pass, and the fastest."""
     b = Bench(1, True, Policy(rounds=2, retries=0), QuietProbe(), False, lambda s: None)
-    for add in (bench.bench_memory, bench.bench_weights, bench.op_table, bench.bench_conv, bench.bench_gemm):
+    for add in (bench.bench_memory, bench.bench_weights, bench.bench_gemm_weights, bench.op_table, bench.bench_conv,
+                bench.bench_gemm):
         add(b)
     per_pass = {j.name: j.per_pass for j in b.jobs}
     assert DRAM_ROUNDS > 1 and SPREAD_ROUNDS > 1
-    assert per_pass["memory_gbps"] == per_pass["weight_gbps"] == DRAM_ROUNDS
+    assert per_pass["memory_gbps"] == per_pass["weight_gbps"] == per_pass["gemm_weight_gbps.chain"] == DRAM_ROUNDS
+    assert per_pass["gemm_weight_gbps.one"] == 1  # its weights stay in cache: a compute-bound figure
     assert {v for n, v in per_pass.items() if n.startswith("op_ms_per_melem.")} == {SPREAD_ROUNDS}
     assert per_pass["gflops.conv"] == per_pass["gflops.gemm"] == 1
     quantiles = {j.name: j.quantile for j in b.jobs}

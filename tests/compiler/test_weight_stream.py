@@ -128,3 +128,54 @@ def test_a_bad_weight_gbps_is_a_user_error(tmp_path, value):
     ref = write_profile(tmp_path, "bad", weight_gbps=value)
     with pytest.raises(UserError, match="weight_gbps"):
         load_profile(str(tmp_path / ref))
+
+
+def gemm_model(tmp_path, rows: int) -> str:
+    """A MatMul of `rows` x 64 by 64 x 32 with weights that are not constant."""
+    rng = np.random.default_rng(5)
+    w = numpy_helper.from_array(rng.standard_normal((64, 32)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, rows, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, rows, 32])], [w])
+    path = tmp_path / f"mm{rows}.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    return str(path)
+
+
+@pytest.mark.parametrize("rows, gemm_priced", [(1, False), (2, True), (128, True)])
+def test_a_gemm_of_two_rows_or_more_reads_its_weights_at_gemm_weight_gbps(tmp_path, rows, gemm_priced):
+    """A GEMM of several rows waits for its weights longer per byte than a batch-1 MatMul streams them: a gemm
+    layer of two rows or more pays weight bytes / gemm_weight_gbps where the profile measured it, a batch-1
+    one weight_gbps; without gemm_weight_gbps both pay weight_gbps."""
+    path = gemm_model(tmp_path, rows)
+    _, plain = costs(tmp_path, path)
+    both = tmp_path / "both"
+    both.mkdir()
+    ing, priced = costs(both, path, weight_gbps=WEIGHT_GBPS, gemm_weight_gbps=1.0)
+    (layer,) = ing.graph.layers
+    assert layer.cost_class == "gemm" and layer.param_bytes == 64 * 32 * 4
+    gbps = 1.0 if gemm_priced else WEIGHT_GBPS
+    compute = layer.flops / (FIG["gflops"]["gemm"] * 1e6)
+    moved = layer.input_bytes + layer.output_bytes
+    expected = max(compute, moved / (FIG["memory_gbps"] * 1e6)) + layer.param_bytes / (gbps * 1e6)
+    assert priced.layer_ms[0, 0] == pytest.approx(FIG["op_overhead_us"] / 1000 + expected)
+    assert priced.layer_ms[0, 0] > plain.layer_ms[0, 0]
+    only = tmp_path / "only"
+    only.mkdir()
+    _, old = costs(only, path, weight_gbps=WEIGHT_GBPS)
+    assert old.layer_ms[0, 0] == pytest.approx(FIG["op_overhead_us"] / 1000 + max(compute, moved / (FIG["memory_gbps"] * 1e6))
+                                               + layer.param_bytes / (WEIGHT_GBPS * 1e6))
+
+
+def test_gemm_weight_gbps_per_thread_count_and_mode(tmp_path):
+    ref = write_profile(tmp_path, "g", gemm_weight_gbps=6.0, threads={1: {**FIG, "gemm_weight_gbps": 2.5}, 2: FIG},
+                        power_w={"idle": 2.0, "busy": 5.0},
+                        modes={"slow": {"power_w": {"idle": 1.5, "busy": 3.0}, "sources": ["t"], "gemm_weight_gbps": 3.0},
+                               "same": {"power_w": {"idle": 1.5, "busy": 4.0}, "sources": ["t"]}})
+    p = load_profile(str(tmp_path / ref))
+    assert p.gemm_weight_gbps == 6.0 and p.figures().gemm_weight_gbps == 6.0 and p.figures(1).gemm_weight_gbps == 2.5
+    assert p.figures(2).gemm_weight_gbps is None
+    assert p.mode_figures("slow").gemm_weight_gbps == 3.0 and p.mode_figures("same").gemm_weight_gbps == 6.0
+    bad = write_profile(tmp_path, "bad", gemm_weight_gbps=0)
+    with pytest.raises(UserError, match="gemm_weight_gbps"):
+        load_profile(str(tmp_path / bad))
