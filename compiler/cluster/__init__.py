@@ -51,7 +51,7 @@ Profile file (profiles/<name>.yaml)::
     weight_gbps: 6.5               # optional: GB/s at which a layer's weights stream in on top of its compute
                                    #   (edgec profile: a batch-1 MatMul on 64 MB of weights); absent: not priced
     gemm_weight_gbps: 2.8          # optional: the same for a gemm layer of 2 rows or more (edgec profile: 12
-                                   #   MatMuls of 128 rows, 48 MB of weights); absent: weight_gbps prices them
+                                   #   MatMuls of 32 rows, 48 MB of weights); absent: weight_gbps prices them
     layout_conversions: true       # optional (default false): onnxruntime runs convolutions in a blocked layout
                                    #   (NCHWc, x86), so a tile fragment converts at its ends and around its crops
                                    #   (edgec profile reads it; the cost model prices a conversion at memory_gbps)

@@ -21,7 +21,7 @@ largest count's, for readers that know no thread counts.  Per count:
                            holds) / time.  The cost model adds a layer's weight bytes / weight_gbps to its
                            compute (cost/table.py): weights stream in from memory on every request, little
                            of it hidden behind the arithmetic, and every tile of a layer reads them all
-  - gemm_weight_gbps       the same for a GEMM of several rows: a chain of 12 MatMuls 128x1024 by 1024x1024,
+  - gemm_weight_gbps       the same for a GEMM of several rows: a chain of 12 MatMuls 32x1024 by 1024x1024,
                            each its own weights (48 MB), less 12 runs of one alone (its weights hot): weight
                            bytes / the difference.  Slower per byte than weight_gbps (20-25 against 46 GB/s
                            here): a GEMM waits for its weight panels between its arithmetic.  The cost model

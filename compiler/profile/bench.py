@@ -301,17 +301,22 @@ def bench_weights(b: Bench) -> Formula:
 
 
 GEMM_COLD_LAYERS = 12  # MatMuls of 1024 x 1024 weights, 48 MB in all: more than this machine's 32 MB L3 holds
+# Rows of its MatMuls: the figure is a difference of two timings, so the fewer the rows, the larger the weights'
+# share of the chain's time and the less the timings' noise moves it (at 32 rows the weights are about 40% of
+# the chain's time and the figure was the 128 rows' one, 23 GB/s; at 128 rows about 16%, and two profiles
+# back to back put the figure 14-16% apart in two pairs of four).
+GEMM_COLD_ROWS = 32
 _COLD, _HOT = "gemm_weight_gbps.chain", "gemm_weight_gbps.one"
 
 
 def bench_gemm_weights(b: Bench) -> Callable[[Times], float | None]:
-    """A chain of GEMM_COLD_LAYERS MatMuls (128 x 1024 by 1024 x 1024, each its own weights) against one of
+    """A chain of GEMM_COLD_LAYERS MatMuls (GEMM_COLD_ROWS x 1024 by 1024 x 1024, each its own weights) against one of
     them alone, its weights hot: the chain's time beyond its layers' hot time, per weight byte, is what a GEMM
     of several rows pays to read its weights from memory (cost/table.py weight_ms).  Measured here: 20-25 GB/s,
     where a batch-1 MatMul streams them at about 46 (weight_gbps): a GEMM reads its weights in panels between
     its arithmetic, and what it waits for is not hidden.  The transformer's MatMuls (128 rows, 2.4-9.4 MB each)
     ran 0.1-0.5 ms longer in the model than alone.  None when the chain took no longer than its layers hot."""
-    k, m = 1024, 64 if b.quick else 128
+    k, m = 1024, GEMM_COLD_ROWS
     weights = [numpy_helper.from_array(rand(b.rng, k, k) * 0.03, f"w{i}") for i in range(GEMM_COLD_LAYERS)]
     names = ["a"] + [f"t{i}" for i in range(GEMM_COLD_LAYERS - 1)] + ["y"]
     chain = [helper.make_node("MatMul", [names[i], f"w{i}"], [names[i + 1]]) for i in range(GEMM_COLD_LAYERS)]
@@ -575,7 +580,7 @@ def measure_figures(b: Bench) -> dict:
     memory = mem(t)
     weight_gbps, gemm_weight_gbps = weights(t), gemm_weights(t)
     b.say(f"    memory (elementwise) {memory:.1f} GB/s, weights (batch-1 MatMul) {weight_gbps:.1f} GB/s, weights "
-          "(GEMM of 128 rows) " + ("not measured: its weights stayed in a cache" if gemm_weight_gbps is None
+          f"(GEMM of {GEMM_COLD_ROWS} rows) " + ("not measured: its weights stayed in a cache" if gemm_weight_gbps is None
                                    else f"{gemm_weight_gbps:.1f} GB/s"))
     table = ops(t, overhead_us)
     b.say("    ms per million output elements: " + ", ".join(f"{k} {v:g}" for k, v in table.items()))

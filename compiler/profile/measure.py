@@ -138,7 +138,7 @@ def _sources(stamp: str, counts: list[int], quick: bool, policy: Policy, power_g
         "memory_gbps: elementwise Add of two 2M-float tensors (may partly fit in cache), (2 inputs + 1 output) bytes / time",
         "weight_gbps: a batch-1 MatMul 1x4096 by 4096x4096 (64 MB of weights, more than any cache holds), "
         "weight bytes / time" + (" (quick mode: 2048x2048, 16 MB, may partly fit in cache)" if quick else ""),
-        f"gemm_weight_gbps: a chain of {bench.GEMM_COLD_LAYERS} MatMuls {'64' if quick else '128'}x1024 by 1024x1024, "
+        f"gemm_weight_gbps: a chain of {bench.GEMM_COLD_LAYERS} MatMuls {bench.GEMM_COLD_ROWS}x1024 by 1024x1024, "
         "each its own weights (48 MB), less that many runs of one of them with its weights hot: weight bytes / "
         "the extra time (not written when there was none)",
         *_relayout_sources(),
