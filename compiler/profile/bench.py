@@ -310,8 +310,8 @@ _COLD, _HOT = "gemm_weight_gbps.chain", "gemm_weight_gbps.one"
 
 
 def bench_gemm_weights(b: Bench) -> Callable[[Times], float | None]:
-    """A chain of GEMM_COLD_LAYERS MatMuls (GEMM_COLD_ROWS x 1024 by 1024 x 1024, each its own weights) against one of
-    them alone, its weights hot: the chain's time beyond its layers' hot time, per weight byte, is what a GEMM
+    """A chain of GEMM_COLD_LAYERS MatMuls (GEMM_COLD_ROWS x 1024 by 1024 x 1024, each its own weights) against
+    one of them alone, its weights hot: the chain's time beyond its layers' hot time, per weight byte, is what a GEMM
     of several rows pays to read its weights from memory (cost/table.py weight_ms).  Measured here: 20-25 GB/s,
     where a batch-1 MatMul streams them at about 46 (weight_gbps): a GEMM reads its weights in panels between
     its arithmetic, and what it waits for is not hidden.  The transformer's MatMuls (128 rows, 2.4-9.4 MB each)
@@ -579,9 +579,10 @@ def measure_figures(b: Bench) -> dict:
     b.say(f"    other: ConvTranspose {g_convt:.1f} GFLOP/s, LSTM {g_lstm:.1f} GFLOP/s")
     memory = mem(t)
     weight_gbps, gemm_weight_gbps = weights(t), gemm_weights(t)
+    gemm_said = "not measured: its weights stayed in a cache" if gemm_weight_gbps is None else \
+        f"{gemm_weight_gbps:.1f} GB/s"
     b.say(f"    memory (elementwise) {memory:.1f} GB/s, weights (batch-1 MatMul) {weight_gbps:.1f} GB/s, weights "
-          f"(GEMM of {GEMM_COLD_ROWS} rows) " + ("not measured: its weights stayed in a cache" if gemm_weight_gbps is None
-                                   else f"{gemm_weight_gbps:.1f} GB/s"))
+          f"(GEMM of {GEMM_COLD_ROWS} rows) {gemm_said}")
     table = ops(t, overhead_us)
     b.say("    ms per million output elements: " + ", ".join(f"{k} {v:g}" for k, v in table.items()))
     eff = {k: curve(t, g[k], overhead_us) for k, curve in curves.items()}

@@ -31,7 +31,7 @@ from edgec.runtime.errors import EdgecRuntimeError
 from edgec.runtime.manifest import Fragment, Manifest, load_manifest
 
 from ..cluster import Cluster, DeviceSpec, Profile, load_profile
-from ..cost.table import build_cost_table, node_keys
+from ..cost.table import build_cost_table, model_context, node_keys
 from ..errors import UserError
 from ..ingest import Ingested, load_model
 from .output import write_profile
@@ -155,12 +155,13 @@ def node_predictions(ing: Ingested, spec: DeviceSpec) -> dict[str, float]:
     cluster = Cluster(devices=(spec,), bandwidth_mbps=math.inf, latency_ms=0.0, medium="switched", links={},
                       path="(refine)")
     layer_ms = build_cost_table(ing.graph, cluster, None, ing.model).layer_ms[:, 0]
+    context = model_context(ing.model)
     overhead = figures.op_overhead_us / 1000.0
     out: dict[str, float] = {}
     for layer, ms in zip(ing.graph.layers, layer_ms):
         elems = max((math.prod(ing.graph.tensors[t].shape) for t in layer.outputs if t in ing.graph.tensors), default=0)
         parts = [overhead + _price(figures.op_ms_per_melem, keys) * elems / 1e6
-                 for keys in node_keys(layer, ing.model)]
+                 for keys in node_keys(layer, ing.model, context)]
         parts[0] += max(float(ms) - sum(parts), 0.0)
         out.update(zip(layer.node_names, parts))
     return out

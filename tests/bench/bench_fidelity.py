@@ -733,12 +733,14 @@ def stability_text(s: dict) -> str:
                   "| model | plan | metric | first | second | difference |", "|---|---|---|---:|---:|---:|"]
         for r in s["predictions"]:
             unit = _unit(r["metric"])
-            lines.append(f"| {r['model']} | {r['plan']}{'' if r['same_stages'] else ' (other stages)'} | {r['metric']} "
+            plan = r["plan"] + ("" if r["same_stages"] else " (other stages)")
+            lines.append(f"| {r['model']} | {plan} | {r['metric']} "
                          f"| {r['first']:.2f} {unit} | {r['second']:.2f} {unit} | {r['difference']:+.1%} |")
         worst = max(s["predictions"], key=lambda r: abs(r["difference"]))
         over = sum(abs(r["difference"]) > PROFILE_TOLERANCE for r in s["predictions"])
         lines.append(f"predictions: worst {worst['model']} {worst['plan']} {worst['metric']} "
-                     f"{worst['difference']:+.1%}; {over} of {len(s['predictions'])} differ by more than {PROFILE_TOLERANCE:.0%}")
+                     f"{worst['difference']:+.1%}; {over} of {len(s['predictions'])} differ by more than "
+                     f"{PROFILE_TOLERANCE:.0%}")
     return "\n".join(lines)
 
 

@@ -225,7 +225,8 @@ def norm_model() -> onnx.ModelProto:
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array(rng.standard_normal((1000, 16)).astype(np.float32), "table"),
              numpy_helper.from_array(rng.standard_normal((1, 8, 16)).astype(np.float32), "pos"),
-             numpy_helper.from_array(np.ones(16, np.float32), "g"), numpy_helper.from_array(np.zeros(16, np.float32), "b"),
+             numpy_helper.from_array(np.ones(16, np.float32), "g"),
+             numpy_helper.from_array(np.zeros(16, np.float32), "b"),
              numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "bias")]
     nodes = [helper.make_node("Gather", ["table", "ids"], ["emb"], axis=0, name="gather"),
              helper.make_node("Add", ["emb", "pos"], ["x"], name="add_pos"),

@@ -111,22 +111,24 @@ def test_a_tile_pays_all_the_weights_and_its_share_of_the_compute(tmp_path):
     assert halves > seg.comp(0, 0, n) + 0.9 * layer.param_bytes / (WEIGHT_GBPS * 1e6)
 
 
-def test_weight_gbps_per_thread_count_and_mode(tmp_path):
-    ref = write_profile(tmp_path, "q", weight_gbps=6.0, threads={1: {**FIG, "weight_gbps": 2.5}, 2: FIG},
+@pytest.mark.parametrize("key", ["weight_gbps", "gemm_weight_gbps"])
+def test_weight_figures_per_thread_count_and_mode(tmp_path, key):
+    slow = {"power_w": {"idle": 1.5, "busy": 3.0}, "sources": ["test"], key: 3.0}
+    ref = write_profile(tmp_path, "q", **{key: 6.0}, threads={1: {**FIG, key: 2.5}, 2: FIG},
                         power_w={"idle": 2.0, "busy": 5.0},
-                        modes={"slow": {"power_w": {"idle": 1.5, "busy": 3.0}, "sources": ["test"], "weight_gbps": 3.0},
-                               "same": {"power_w": {"idle": 1.5, "busy": 4.0}, "sources": ["test"]}})
+                        modes={"slow": slow, "same": {"power_w": {"idle": 1.5, "busy": 4.0}, "sources": ["test"]}})
     p = load_profile(str(tmp_path / ref))
-    assert p.weight_gbps == 6.0 and p.figures().weight_gbps == 6.0
-    assert p.figures(1).weight_gbps == 2.5
-    assert p.figures(2).weight_gbps is None  # a thread count that did not measure it does not price it
-    assert p.mode_figures("slow").weight_gbps == 3.0 and p.mode_figures("same").weight_gbps == 6.0
+    assert getattr(p, key) == 6.0 and getattr(p.figures(), key) == 6.0
+    assert getattr(p.figures(1), key) == 2.5
+    assert getattr(p.figures(2), key) is None  # a thread count that did not measure it does not price it
+    assert getattr(p.mode_figures("slow"), key) == 3.0 and getattr(p.mode_figures("same"), key) == 6.0
 
 
+@pytest.mark.parametrize("key", ["weight_gbps", "gemm_weight_gbps"])
 @pytest.mark.parametrize("value", [0, -1.0, "fast"])
-def test_a_bad_weight_gbps_is_a_user_error(tmp_path, value):
-    ref = write_profile(tmp_path, "bad", weight_gbps=value)
-    with pytest.raises(UserError, match="weight_gbps"):
+def test_a_bad_weight_figure_is_a_user_error(tmp_path, key, value):
+    ref = write_profile(tmp_path, "bad", **{key: value})
+    with pytest.raises(UserError, match=key):
         load_profile(str(tmp_path / ref))
 
 
@@ -163,19 +165,7 @@ def test_a_gemm_of_two_rows_or_more_reads_its_weights_at_gemm_weight_gbps(tmp_pa
     only = tmp_path / "only"
     only.mkdir()
     _, old = costs(only, path, weight_gbps=WEIGHT_GBPS)
-    assert old.layer_ms[0, 0] == pytest.approx(FIG["op_overhead_us"] / 1000 + max(compute, moved / (FIG["memory_gbps"] * 1e6))
-                                               + layer.param_bytes / (WEIGHT_GBPS * 1e6))
+    roof = max(compute, moved / (FIG["memory_gbps"] * 1e6))
+    stream = layer.param_bytes / (WEIGHT_GBPS * 1e6)
+    assert old.layer_ms[0, 0] == pytest.approx(FIG["op_overhead_us"] / 1000 + roof + stream)
 
-
-def test_gemm_weight_gbps_per_thread_count_and_mode(tmp_path):
-    ref = write_profile(tmp_path, "g", gemm_weight_gbps=6.0, threads={1: {**FIG, "gemm_weight_gbps": 2.5}, 2: FIG},
-                        power_w={"idle": 2.0, "busy": 5.0},
-                        modes={"slow": {"power_w": {"idle": 1.5, "busy": 3.0}, "sources": ["t"], "gemm_weight_gbps": 3.0},
-                               "same": {"power_w": {"idle": 1.5, "busy": 4.0}, "sources": ["t"]}})
-    p = load_profile(str(tmp_path / ref))
-    assert p.gemm_weight_gbps == 6.0 and p.figures().gemm_weight_gbps == 6.0 and p.figures(1).gemm_weight_gbps == 2.5
-    assert p.figures(2).gemm_weight_gbps is None
-    assert p.mode_figures("slow").gemm_weight_gbps == 3.0 and p.mode_figures("same").gemm_weight_gbps == 6.0
-    bad = write_profile(tmp_path, "bad", gemm_weight_gbps=0)
-    with pytest.raises(UserError, match="gemm_weight_gbps"):
-        load_profile(str(tmp_path / bad))
