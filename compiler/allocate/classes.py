@@ -69,7 +69,7 @@ def sub_cluster(cluster: Cluster, names) -> Cluster:
 # fields that hold for any devices (source: the graph and model, to price the table again).
 _PER_DEVICE_COLUMNS = ("layer_ms", "overhead_ms", "priced_ms")
 _PER_DEVICE_ITEMS = ("devices", "measured", "curves")
-_SHARED = ("out_elems", "source")
+_SHARED = ("out_elems", "out_positions", "source")
 
 
 def restrict(cost: CostTable, cluster: Cluster) -> CostTable:

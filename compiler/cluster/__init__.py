@@ -67,7 +67,9 @@ Profile file (profiles/<name>.yaml)::
     op_ms_per_melem:               # optional: ms per million output elements beyond op_overhead_us (> 0)
       {LRN: 25.0, Softmax: 0.48, Resize:linear: 1.4}   # key: ONNX op type, or "<op type>:<mode>"
     efficiency:                    # optional: throughput of small outputs, as a fraction of gflops.conv / .gemm
-      conv: [[7168, 0.62], [401408, 1.0]]   # [output elements, fraction in (0, 4]], elements increasing
+      conv_positions: [[7, 0.63], [784, 1.0]]   # [output positions (height x width), fraction in (0, 4]]:
+                                   #   prices conv layers, whole and in tiles; sizes increasing
+      conv: [[7168, 0.62], [401408, 1.0]]   # [output elements, fraction]: conv tiles, without conv_positions
       depthwise_conv: [[8064, 0.44], [451584, 1.0]]   # of its largest point's rate; else the conv curve
       gemm: [[8192, 0.55], [524288, 1.0]]
     threads:                       # optional: the figures per onnxruntime intra-op thread count (keys 1..4096)

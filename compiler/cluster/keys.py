@@ -3,5 +3,5 @@
 __all__ = ["GFLOPS_KEYS", "EFFICIENCY_KEYS", "MEDIUMS"]
 
 GFLOPS_KEYS = ("conv", "depthwise_conv", "gemm", "other")  # a profile's operator classes
-EFFICIENCY_KEYS = ("conv", "depthwise_conv", "gemm")  # the operator classes with a small-output efficiency curve
+EFFICIENCY_KEYS = ("conv", "conv_positions", "depthwise_conv", "gemm")  # small-output efficiency curves
 MEDIUMS = ("switched", "shared")  # switched: each pair of devices has its own link; shared: one channel

@@ -313,7 +313,7 @@ def _figures(doc: ProfileDoc | FiguresDoc) -> Figures:
         gflops={k: getattr(doc.gflops, k) for k in GFLOPS_KEYS},
         memory_gbps=doc.memory_gbps,
         op_ms_per_melem=dict(doc.op_ms_per_melem or {}),
-        efficiency={k: tuple((p.output_elements, p.fraction) for p in curve)
+        efficiency={k: tuple((p.output_size, p.fraction) for p in curve)
                     for k, curve in (doc.efficiency or {}).items()},
         layers={model: dict(table) for model, table in (doc.layers or {}).items()},
         weight_gbps=doc.weight_gbps,

@@ -51,7 +51,7 @@ class _Doc(BaseModel):
 
 
 class CurvePoint(NamedTuple):
-    output_elements: Positive
+    output_size: Positive
     fraction: Annotated[float, Field(allow_inf_nan=False, ge=MIN_POSITIVE, le=MAX_EFFICIENCY)]
 
 
@@ -65,17 +65,17 @@ def _two_items(v: Any) -> Any:
 
 def _increasing(points: list[CurvePoint]) -> list[CurvePoint]:
     for prev, p in zip(points, points[1:]):
-        if p.output_elements <= prev.output_elements:
-            raise PydanticCustomError("not_increasing", "output elements must increase from point to point, got "
-                                      "{got} after {prev}", {"got": f"{p.output_elements:g}",
-                                                             "prev": f"{prev.output_elements:g}"})
+        if p.output_size <= prev.output_size:
+            raise PydanticCustomError("not_increasing", "output sizes must increase from point to point, got "
+                                      "{got} after {prev}", {"got": f"{p.output_size:g}",
+                                                             "prev": f"{prev.output_size:g}"})
     return points
 
 
 Curve = Annotated[
     list[Annotated[CurvePoint, BeforeValidator(_two_items),
-                   Field(description="an [output elements, fraction] pair")]],
-    Field(min_length=1, description="a non-empty list of [output elements, fraction] pairs"),
+                   Field(description="an [output size, fraction] pair")]],
+    Field(min_length=1, description="a non-empty list of [output size, fraction] pairs"),
     AfterValidator(_increasing),
 ]
 

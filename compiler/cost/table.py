@@ -43,6 +43,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
+from typing import NamedTuple
 
 import numpy as np
 import onnx
@@ -53,7 +54,8 @@ from ..graph import Layer, LayerGraph
 from ..layers import POINTWISE, cost_class
 from .network import Network
 
-__all__ = ["CostTable", "build_cost_table", "layer_ms", "weight_ms", "node_keys", "layer_out_elems", "priced_ms"]
+__all__ = ["CostTable", "build_cost_table", "layer_ms", "weight_ms", "node_keys", "layer_out_elems",
+           "layer_out_positions", "priced_ms", "TileCurve", "efficiency"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +65,28 @@ MEMORY_BOUND = {"pool", "elementwise", "norm", "softmax", "data"}
 # does 9 FLOPs per input element, so reading a tile's halo rows and each row's set-up weigh on it: one row of
 # a 144 x 56 map ran at 0.44 of the 56-row rate, where a 3x3 conv's one row ran at 0.96); profiles written
 # before `edgec profile` measured it carry the conv curve only, which depthwise tiles then use, as before.
-CURVE_OF_CLASS = {"conv": ("conv",), "depthwise_conv": ("depthwise_conv", "conv"), "gemm": ("gemm",)}
+CURVE_OF_CLASS = {"conv": ("conv_positions", "conv"), "depthwise_conv": ("depthwise_conv", "conv"), "gemm": ("gemm",)}
+# Curves whose sizes are a layer's output positions (its map's height x width), not its output elements.  A
+# conv's speed follows the positions it computes, whatever its channels: 3x3 convs at 1 thread ran at 0.88,
+# 0.94 and 0.93 of gflops.conv on a 7x7 map with 128, 256 and 512 channels and at 0.75, 0.78 and 0.82 on 4x7,
+# where 14,336 output elements meant 0.82 on 512 channels (4x7) and 0.94 on 128 (8x14).  `conv_positions` also
+# prices a whole conv layer (`layer_ms`): ResNet-50's 7x7 layers ran 5-8% under gflops.conv.
+BY_POSITIONS = frozenset({"conv_positions"})
+
+
+class TileCurve(NamedTuple):
+    """An efficiency curve and what its sizes count: output positions (BY_POSITIONS) or output elements."""
+
+    points: tuple[tuple[float, float], ...]
+    by_positions: bool
+
+
+def efficiency(curve: tuple[tuple[float, float], ...], size) -> np.ndarray:
+    """Fraction of the large benchmark's throughput at `size` (a number or an array; output elements, or
+    positions for a BY_POSITIONS curve): piecewise linear in log(size) between the curve's points, its end
+    points' fractions beyond."""
+    x = np.log(np.maximum(np.asarray(size, dtype=np.float64), 1e-300))
+    return np.interp(x, [math.log(e) for e, _ in curve], [f for _, f in curve])
 
 
 @dataclass(frozen=True, eq=False)
@@ -73,7 +96,8 @@ class CostTable:
     For the tile model: `overhead_ms[i, d]` is what every tile of layer i on device d pays again, however
     few rows it computes (at most its layer_ms): its per-operator overhead plus, on the roofline, streaming in
     the layer's weights (`weight_ms`), `priced_ms[i, d]` the op-table share of layer_ms (0 for a measured table), `out_elems[i]`
-    the layer's output elements, and `curves[d]` {cost class: efficiency curve} of device d's figures.
+    the layer's output elements, `out_positions[i]` its output positions (height x width), and `curves[d]`
+    {cost class: TileCurve} of device d's figures.
     """
 
     devices: tuple[str, ...]
@@ -83,11 +107,18 @@ class CostTable:
     overhead_ms: np.ndarray  # [L, D]
     priced_ms: np.ndarray  # [L, D]
     out_elems: np.ndarray  # [L]
-    curves: tuple[dict, ...]  # per device: {cost class: ((elements, fraction), ...)}
+    curves: tuple[dict, ...]  # per device: {cost class: TileCurve}
+    out_positions: np.ndarray | None = None  # [L]; None: out_elems (a table built by hand)
     source: tuple | None = field(default=None, repr=False)  # (graph, model sha256, model): to price it again
 
     def index(self, device: str) -> int:
         return self.devices.index(device)
+
+    def curve_size(self, i: int, curve: TileCurve) -> float:
+        """Layer i's size as `curve` counts it: output positions or output elements."""
+        if curve.by_positions and self.out_positions is not None:
+            return float(self.out_positions[i])
+        return float(self.out_elems[i])
 
     @property
     def modes(self) -> dict[str, str]:
@@ -187,6 +218,16 @@ def layer_out_elems(graph: LayerGraph, layer: Layer) -> int:
     return max((math.prod(graph.tensors[t].shape) for t in layer.outputs if t in graph.tensors), default=0)
 
 
+def layer_out_positions(graph: LayerGraph, layer: Layer) -> int:
+    """Output positions of the layer's largest output: its spatial extent (the dimensions after batch and
+    channels; height x width of an NCHW map), or its elements for an output of rank 2 or less."""
+    shapes = [graph.tensors[t].shape for t in layer.outputs if t in graph.tensors]
+    if not shapes:
+        return 0
+    shape = max(shapes, key=math.prod)
+    return math.prod(shape[2:]) if len(shape) > 2 else math.prod(shape)
+
+
 @lru_cache(maxsize=None)
 def _op_class(op: str) -> str:
     """The cost class a node of this op type leads its layer with (shapes do not matter but for Conv's
@@ -226,10 +267,11 @@ def weight_ms(layer: Layer, figures: Figures) -> float:
     return 0.0 if gbps is None else layer.read_param_bytes / (gbps * 1e6)  # GB/s = 1e6 bytes/ms
 
 
-def layer_ms(layer: Layer, device: DeviceSpec, priced: tuple[float, bool] = (0.0, False)) -> float:
+def layer_ms(layer: Layer, device: DeviceSpec, priced: tuple[float, bool] = (0.0, False), positions: int = 0) -> float:
     """Per-operator overhead + max(compute time, memory time), at the device's thread count, plus the
     op-table share `priced` = (ms, leader priced) from `priced_ms`, plus the weights' streaming
-    (`weight_ms`; see the module docstring)."""
+    (`weight_ms`; see the module docstring).  A conv layer's compute runs at its output `positions`' fraction
+    of gflops.conv where the figures measured `efficiency.conv_positions`."""
     p = device.figures
     overhead = len(layer.op_types) * p.op_overhead_us / 1000.0
     ms, lead = priced
@@ -242,17 +284,20 @@ def layer_ms(layer: Layer, device: DeviceSpec, priced: tuple[float, bool] = (0.0
         roof = mem_ms
     else:
         gflops = p.gflops.get(layer.cost_class, p.gflops["other"])
+        curve = p.efficiency.get("conv_positions") if layer.cost_class == "conv" else None
+        if curve is not None and positions > 0:
+            gflops *= float(efficiency(curve, positions))
         roof = max(layer.flops / (gflops * 1e6), mem_ms) + stream
     return overhead + roof if ms == 0.0 else overhead + ms + roof
 
 
-def _curves(efficiency: dict) -> dict:
-    """{cost class: the efficiency curve that scales its tiles} of one device's figures (CURVE_OF_CLASS)."""
+def _curves(curves: dict) -> dict:
+    """{cost class: the TileCurve that scales its tiles} of one device's figures (CURVE_OF_CLASS)."""
     out = {}
     for cls, keys in CURVE_OF_CLASS.items():
-        key = next((k for k in keys if k in efficiency), None)
+        key = next((k for k in keys if k in curves), None)
         if key is not None:
-            out[cls] = efficiency[key]
+            out[cls] = TileCurve(curves[key], key in BY_POSITIONS)
     return out
 
 
@@ -264,6 +309,7 @@ def build_cost_table(graph: LayerGraph, cluster: Cluster, model_sha256: str | No
     context = None if model is None else model_context(model)
     keys = [node_keys(layer, model, context) for layer in graph.layers]
     elems = np.array([layer_out_elems(graph, layer) for layer in graph.layers], dtype=np.float64)
+    positions = [layer_out_positions(graph, layer) for layer in graph.layers]
     cols, measured, priced, overhead = [], [], [], []
     for dev in cluster.devices:
         fig = dev.figures
@@ -277,7 +323,7 @@ def build_cost_table(graph: LayerGraph, cluster: Cluster, model_sha256: str | No
         else:
             if table:
                 logger.warning("%s: measured table does not cover this model's nodes; using the roofline model", dev.name)
-            col = [layer_ms(layer, dev, pr) for layer, pr in zip(graph.layers, prices)]
+            col = [layer_ms(layer, dev, pr, pos) for layer, pr, pos in zip(graph.layers, prices, positions)]
             measured.append(False)
             priced.append([ms for ms, _ in prices])
         cols.append(col)
@@ -292,5 +338,6 @@ def build_cost_table(graph: LayerGraph, cluster: Cluster, model_sha256: str | No
                      overhead_ms=np.asarray(overhead, dtype=np.float64).T.reshape(shape),
                      priced_ms=np.asarray(priced, dtype=np.float64).T.reshape(shape),
                      out_elems=elems,
+                     out_positions=np.asarray(positions, dtype=np.float64),
                      curves=tuple(_curves(dev.figures.efficiency) for dev in cluster.devices),
                      source=(graph, model_sha256, model))

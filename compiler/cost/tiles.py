@@ -6,12 +6,13 @@ A tile computing `rows` of layer i's `total` output rows (recomputed halo rows i
     tile_ms = oh + ((layer_ms - oh - priced) * eff(E) / eff(E * rows / total) + priced) * rows / total
 
 oh: what every tile pays again (CostTable.overhead_ms): the layer's per-operator overhead and, where the
-figures measured weight_gbps, reading all of the layer's weights in (a tile needs every weight); priced: the op-table share of layer_ms
-(priced per output element, so linear in a tile's elements); E: the layer's output elements; eff: the
-device figures' efficiency curve for the layer's class (cost/table.py CURVE_OF_CLASS: a depthwise conv's
-own, else conv's; conv for conv, gemm for gemm),
-piecewise linear in log(elements) between its points and flat beyond them.  A whole-layer tile costs
-exactly layer_ms.
+figures measured weight_gbps, reading all of the layer's weights in (a tile needs every weight); priced:
+the op-table share of layer_ms (priced per output element, so linear in a tile's elements); eff: the
+device figures' efficiency curve for the layer's class (cost/table.py CURVE_OF_CLASS: for a conv its
+`conv_positions` curve, else its `conv` one; a depthwise conv's own, else conv's; gemm for gemm),
+piecewise linear in log(E) between its points and flat beyond them; E: the layer's size as that curve
+counts it, its output positions (height x width) for `conv_positions`, else its output elements.  A
+whole-layer tile costs exactly layer_ms.
 
 A tile whose input is assembled from more than one part (its own rows and halo rows from neighbours:
 wherever the emitter writes a `concat` step, compiler/emit/schedule.py _assemble) first copies those
@@ -45,7 +46,7 @@ import numpy as np
 from ..graph import LayerGraph
 from ..plan_types import Stage
 from ..spatial.regions import SegmentMaps, segment_maps
-from .table import CostTable
+from .table import CostTable, TileCurve, efficiency
 
 __all__ = ["overhead_ms", "tile_ms", "efficiency", "Relayout", "SegmentCost", "Step", "StepModel", "row_bytes",
            "predict_stage", "group_param_bytes", "StageWork", "run_stage", "copy_ms", "assembly_cells"]
@@ -59,20 +60,14 @@ def overhead_ms(graph: LayerGraph, cost: CostTable, i: int, d: int) -> float:
     return float(cost.overhead_ms[i, d])
 
 
-def efficiency(curve: tuple[tuple[float, float], ...], elems) -> np.ndarray:
-    """Fraction of the large benchmark's throughput at `elems` output elements (a number or an array):
-    piecewise linear in log(elements) between the curve's points, its end points' fractions beyond."""
-    x = np.log(np.maximum(np.asarray(elems, dtype=np.float64), 1e-300))
-    return np.interp(x, [math.log(e) for e, _ in curve], [f for _, f in curve])
-
-
-def _curve(graph: LayerGraph, cost: CostTable, i: int, d: int):
+def _curve(graph: LayerGraph, cost: CostTable, i: int, d: int) -> TileCurve | None:
     return cost.curves[d].get(graph.layers[i].cost_class)
 
 
-def _scaled_share(scalable: float, priced: float, elems: float, curve, frac) -> np.ndarray:
-    """What a tile of `frac` of the layer's output adds beyond overhead, with the efficiency curve."""
-    ratio = efficiency(curve, elems) / efficiency(curve, elems * frac)
+def _scaled_share(scalable: float, priced: float, size: float, curve: tuple, frac) -> np.ndarray:
+    """What a tile of `frac` of the layer's output (of `size`, as the curve counts it) adds beyond overhead,
+    with the efficiency curve."""
+    ratio = efficiency(curve, size) / efficiency(curve, size * frac)
     return (scalable * ratio + priced) * frac
 
 
@@ -89,7 +84,7 @@ def tile_ms(graph: LayerGraph, cost: CostTable, i: int, d: int, rows: int, total
     if rows >= total:
         return full
     priced = float(cost.priced_ms[i, d])
-    return oh + float(_scaled_share(full - oh - priced, priced, float(cost.out_elems[i]), curve, rows / total))
+    return oh + float(_scaled_share(full - oh - priced, priced, cost.curve_size(i, curve), curve.points, rows / total))
 
 
 def _share_by_rows(graph: LayerGraph, cost: CostTable, i: int, d: int, total: int) -> np.ndarray:
@@ -100,7 +95,7 @@ def _share_by_rows(graph: LayerGraph, cost: CostTable, i: int, d: int, total: in
     if curve is None:
         return (full - oh) * r / total
     priced = float(cost.priced_ms[i, d])
-    share = _scaled_share(full - oh - priced, priced, float(cost.out_elems[i]), curve, r / total)
+    share = _scaled_share(full - oh - priced, priced, cost.curve_size(i, curve), curve.points, r / total)
     share[0], share[total] = 0.0, full - oh
     return share
 

@@ -51,10 +51,12 @@ largest count's, for readers that know no thread counts.  Per count:
                            Conv's output (~0.1 ms per million elements at 1 thread, fused or not), priced on
                            top of the Conv's roofline (cost/table.py); a profile without it prices Clip as
                            before, free in a Conv's layer and at memory speed alone
-  - efficiency             how throughput falls for small outputs: [output elements, fraction] points of a
-                           3x3 Conv (128 ch, 56 wide, 56..1 output rows: tiles of a map) against gflops.conv,
-                           of a depthwise 3x3 Conv (144 ch, 56 wide, 56..1 rows) against its own 56-row
-                           rate, and of MatMuls with 512..8 rows against gflops.gemm;
+  - efficiency             how throughput falls for small outputs: `conv_positions`, [output positions,
+                           fraction] points of a 3x3 Conv (256 ch, 784 down to 7 output positions: tiles of
+                           28-, 14- and 7-wide maps) against its 784-position rate, which price a conv layer
+                           of fewer positions, whole and in tiles; [output elements, fraction] points of a depthwise 3x3 Conv (144 ch,
+                           56 wide, 56..1 rows) against its own 56-row rate, and of MatMuls with 512..8 rows
+                           against gflops.gemm;
                            fraction = the FLOPs' time at the large benchmark's rate / (time - op_overhead_us)
 
 Each timing is taken in 4 rounds, interleaved with the other timings' so that they are seconds apart

@@ -501,15 +501,42 @@ def _curve(points: dict[str, tuple[int, float]]) -> Curve:
         [elems, _fraction(flops, t[name], peak, overhead_us)] for name, (elems, flops) in points.items())
 
 
-def conv_curve(b: Bench) -> Curve:
-    c, width = _conv_size(b.quick)
-    w = numpy_helper.from_array(rand(b.rng, c, c, 3, 3) * 0.05, "w")
+# (output rows, width) of conv_positions_curve's points: tiles (and whole maps) of 28-, 14- and 7-wide maps,
+# ResNet's and Inception's last stages, whose speed the 56-wide curve's one-row point (56 positions) never
+# reached: 784, 224, 196, 56, 49, 28, 14 and 7 output positions.
+CONV_POSITION_TILES = ((28, 28), (8, 28), (14, 14), (4, 14), (7, 7), (4, 7), (2, 7), (1, 7))
+CONV_POSITION_TILES_QUICK = ((28, 28), (4, 14), (7, 7), (2, 7), (1, 7))
+
+
+def conv_positions_channels(quick: bool) -> int:
+    return 128 if quick else 256
+
+
+def conv_positions_curve(b: Bench) -> Curve:
+    """A 3x3 Conv (256 -> 256 channels; quick: 128) computing h rows of a w-wide map from h + 2 input rows, at
+    CONV_POSITION_TILES: its rate by output positions (h x w), which decides a conv's speed whatever its
+    channels (cost/table.py BY_POSITIONS), as a fraction of its largest point's (784 positions): a larger map
+    runs at gflops.conv, and whole conv layers as well as tiles of fewer positions run slower.  Measured at
+    1 thread: 0.63 at 7 positions, 0.84 at 28, 0.88 at 49, 0.95 at 56, 0.98 at 196."""
+    c = conv_positions_channels(b.quick)
+    w = numpy_helper.from_array(rand(b.rng, c, c, 3, 3) * 0.03, "w")
     points = {}
-    for h in (h for h in CONV_HEIGHTS if h <= width):
+    tiles = CONV_POSITION_TILES_QUICK if b.quick else CONV_POSITION_TILES
+    for h, width in tiles:
         data, shapes = _conv_model(c, h, width, w, pad_rows=False)
-        b.add(f"efficiency.conv.rows_{h}", data, {"x": rand(b.rng, *shapes["x"])})
-        points[f"efficiency.conv.rows_{h}"] = (c * h * width, 2 * c * c * 9 * h * width)
-    return _curve(points)
+        name = f"efficiency.conv_positions.{h}x{width}"
+        b.add(name, data, {"x": rand(b.rng, *shapes["x"])})
+        points[name] = (h * width, 2 * c * c * 9 * h * width)
+    return _own_rate(_curve(points), points, f"efficiency.conv_positions.{tiles[0][0]}x{tiles[0][1]}")
+
+
+def _own_rate(curve: Curve, points: dict[str, tuple[int, float]], largest: str) -> Curve:
+    """`curve` with its fractions of the rate of its point `largest`, not of a gflops figure."""
+    def own_rate(t: Times, _peak: float, overhead_us: float) -> list[list]:
+        flops = points[largest][1]
+        return curve(t, flops / max(t[largest] - overhead_us * 1e-6, 1e-12) / 1e9, overhead_us)
+
+    return own_rate
 
 
 def _depthwise_size(quick: bool) -> tuple[int, int]:
@@ -535,14 +562,7 @@ def depthwise_curve(b: Bench) -> Curve:
         name = f"efficiency.depthwise_conv.rows_{h}"
         b.add(name, data, {"x": rand(b.rng, 1, c, h + 2, width)})
         points[name] = (c * h * width, 2 * c * 9 * h * width)
-    largest = f"efficiency.depthwise_conv.rows_{max(h for h in CONV_HEIGHTS if h <= width)}"
-    curve = _curve(points)
-
-    def own_rate(t: Times, _peak: float, overhead_us: float) -> list[list]:
-        flops = points[largest][1]
-        return curve(t, flops / max(t[largest] - overhead_us * 1e-6, 1e-12) / 1e9, overhead_us)
-
-    return own_rate
+    return _own_rate(_curve(points), points, f"efficiency.depthwise_conv.rows_{max(h for h in CONV_HEIGHTS if h <= width)}")
 
 
 def gemm_curve(b: Bench) -> Curve:
@@ -565,7 +585,7 @@ def measure_figures(b: Bench) -> dict:
     weights = bench_weights(b)
     gemm_weights = bench_gemm_weights(b)
     ops = op_table(b)
-    curves = {"conv": conv_curve(b), "depthwise_conv": depthwise_curve(b), "gemm": gemm_curve(b)}
+    curves = {"conv_positions": conv_positions_curve(b), "depthwise_conv": depthwise_curve(b), "gemm": gemm_curve(b)}
     n = b.threads
     b.say(f"  {threads_label(n)}: {len(b.jobs)} timings, {b.policy.rounds} interleaved rounds each")
     t = b.run()
@@ -585,7 +605,7 @@ def measure_figures(b: Bench) -> dict:
           f"(GEMM of {GEMM_COLD_ROWS} rows) {gemm_said}")
     table = ops(t, overhead_us)
     b.say("    ms per million output elements: " + ", ".join(f"{k} {v:g}" for k, v in table.items()))
-    eff = {k: curve(t, g[k], overhead_us) for k, curve in curves.items()}
+    eff = {k: curve(t, g.get(k, 0.0), overhead_us) for k, curve in curves.items()}
     b.say("    tile efficiency: " + "; ".join(f"{k} " + " ".join(f"{e}:{f:g}" for e, f in pts) for k, pts in eff.items()))
     return {
         "op_overhead_us": overhead_us,

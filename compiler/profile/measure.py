@@ -150,11 +150,15 @@ def _sources(stamp: str, counts: list[int], quick: bool, policy: Policy, power_g
         "a residual Add and a LayerNormalization on 128x768 (onnxruntime fuses them), Erf 128x3072, Resize 2x "
         "of 64x56x56: `Resize` nearest, `Resize:linear` linear, Clip to [0, 6] (ReLU6) on 144x56x56)"
         + (" (quick mode halves every dimension)" if quick else ""),
-        "efficiency: [output elements, fraction of gflops.conv / the largest point's rate / gflops.gemm] of a 3x3 Conv "
-        f"128 ch, 56 wide, and a depthwise 3x3 Conv 144 ch, 56 wide, at {'/'.join(map(str, bench.CONV_HEIGHTS))} "
-        f"output rows (halo rows in the input), and a MatMul {'/'.join(map(str, bench.GEMM_ROWS))} x 1024 x 1024; "
-        f"fraction = FLOPs at gflops / (time - op_overhead_us), at most {bench.MAX_EFFICIENCY:g}"
-        + (" (quick mode: 64 ch, 28 wide; depthwise 72 ch, 28 wide; MatMul x 512 x 512)" if quick else ""),
+        "efficiency: conv_positions: [output positions, fraction of the largest point's rate] of a 3x3 Conv "
+        f"{bench.conv_positions_channels(quick)} ch computing "
+        f"{'/'.join(f'{h}x{w}' for h, w in (bench.CONV_POSITION_TILES_QUICK if quick else bench.CONV_POSITION_TILES))}"
+        " output rows x columns (halo rows in the input); depthwise_conv, gemm: [output elements, fraction of the "
+        "largest point's rate / gflops.gemm] of a depthwise 3x3 Conv 144 ch, 56 wide, at "
+        f"{'/'.join(map(str, bench.CONV_HEIGHTS))} output rows (halo rows in the input), and a MatMul "
+        f"{'/'.join(map(str, bench.GEMM_ROWS))} x 1024 x 1024; fraction = FLOPs at that rate / (time - "
+        f"op_overhead_us), at most {bench.MAX_EFFICIENCY:g}"
+        + (" (quick mode: depthwise 72 ch, 28 wide; MatMul x 512 x 512)" if quick else ""),
         "memory_mb: MemTotal; usable_memory_fraction: MemAvailable/MemTotal at profiling time, rounded down to 0.05; "
         "runtime_overhead_mb: resident set of the profiling process (python+numpy+onnx+onnxruntime, one small session)",
         "power_w: not measurable by edgec profile; " + ("given by the caller" if power_given else "null = unknown"),

@@ -17,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edgec.compiler.cluster import load_cluster
 from edgec.compiler.cost import build_cost_table, evaluate
+from edgec.compiler.cost.table import layer_out_positions
 from edgec.compiler.cost.tiles import SegmentCost, efficiency, tile_ms
 from edgec.compiler.errors import UserError
 from edgec.compiler.ingest import load_model
@@ -313,6 +314,47 @@ def test_efficiency_curves_raise_small_tiles_cost(tmp_path):
     (tmp_path / "g").mkdir()
     ing2, gemm_only = chain_cost(tmp_path / "g", efficiency={"gemm": CURVE})
     assert tile_ms(ing2.graph, gemm_only, 0, 1, 6, 12) == tile_ms(ing2.graph, gemm_only, 0, 0, 6, 12)
+
+
+POSITIONS_CURVE = [[36, 0.5], [576, 1.0]]  # by output positions: the chain's layers have 12 x 12 = 144
+
+
+def test_a_conv_positions_curve_prices_whole_layers_and_tiles_by_positions(tmp_path):
+    """conv_positions counts a layer's height x width, not its elements, and prices whole conv layers too; it
+    takes precedence over a `conv` curve by elements, which a device without it keeps using for its tiles."""
+    ing = load_model(save(conv_chain_model(n=3, channels=4, size=12), tmp_path / "chain.onnx"))
+    g = ing.graph
+    fast = {"memory_gbps": 1e5}  # compute-bound, so that the rate decides the whole layer
+    plain = write_profile(tmp_path, "plain", **fast, efficiency={"conv": CURVE})
+    curved = write_profile(tmp_path, "curved", **fast, efficiency={"conv": CURVE, "conv_positions": POSITIONS_CURVE})
+    path = write_cluster(tmp_path, [{"name": "p", "profile": plain}, {"name": "c", "profile": curved}])
+    cost = build_cost_table(g, load_cluster(path), ing.sha256)
+    assert cost.out_positions.tolist() == [144.0] * len(g.layers) and cost.out_elems[0] == CONV_E
+    layer = g.layers[0]
+    oh = len(layer.op_types) * FAST["op_overhead_us"] / 1000
+    compute = layer.flops / (FAST["gflops"]["conv"] * 1e6)
+    assert cost.layer_ms[0, 0] == pytest.approx(oh + compute, rel=1e-12)  # a curve by elements: whole layers alone
+    # 144 positions lie halfway (in log) between 36 (0.5) and 576 (1.0): the whole layer runs at 0.75
+    assert cost.layer_ms[0, 1] == pytest.approx(oh + compute / 0.75, rel=1e-12)
+    L, toh = float(cost.layer_ms[0, 1]), float(cost.overhead_ms[0, 1])
+    assert tile_ms(g, cost, 0, 1, 12, 12) == L
+    # half the rows: 72 positions, a quarter of the way in log: 0.625, against the whole layer's 0.75
+    assert tile_ms(g, cost, 0, 1, 6, 12) == pytest.approx(toh + (L - toh) * 0.5 * 0.75 / 0.625, rel=1e-12)
+    # the device with the curve by elements only: 288 elements, 0.75 of peak, as before
+    L0, oh0 = float(cost.layer_ms[0, 0]), float(cost.overhead_ms[0, 0])
+    assert tile_ms(g, cost, 0, 0, 6, 12) == pytest.approx(oh0 + (L0 - oh0) * 0.5 / 0.75, rel=1e-12)
+
+
+def test_layer_out_positions_of_a_map_and_of_a_matrix(tmp_path):
+    """An NCHW output's positions are its height x width; an output of rank 2 has no map: its elements."""
+    w = numpy_helper.from_array(np.random.default_rng(1).standard_normal((6, 8)).astype(np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")]
+    graph = helper.make_graph(nodes, "mm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (3, 6))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, (3, 8))], [w])
+    mm = load_model(save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), tmp_path / "mm.onnx"))
+    assert [layer_out_positions(mm.graph, layer) for layer in mm.graph.layers] == [24]
+    chain = load_model(save(conv_chain_model(n=2, channels=4, size=12), tmp_path / "chain.onnx"))
+    assert [layer_out_positions(chain.graph, layer) for layer in chain.graph.layers] == [144, 144]
 
 
 def depthwise_model(channels: int = 4, size: int = 12) -> onnx.ModelProto:

@@ -88,7 +88,9 @@ def test_measure_host_quick_per_thread_figures(quick_profile):
     assert all(v > 0 for v in t1["op_ms_per_melem"].values())
     # LRN's size-5 window costs far more per element than a row softmax: the reason the table exists
     assert t1["op_ms_per_melem"]["LRN"] > 3 * t1["op_ms_per_melem"]["Softmax"]
-    assert set(t1["efficiency"]) == set(EFFICIENCY_KEYS)
+    # conv_positions replaced the conv curve by output elements, which old profiles still carry
+    assert set(t1["efficiency"]) == set(EFFICIENCY_KEYS) - {"conv"}
+    assert [p for p, _ in t1["efficiency"]["conv_positions"]] == [7, 14, 49, 56, 784]
     for curve in t1["efficiency"].values():
         elems = [e for e, _ in curve]
         assert elems == sorted(set(elems)) and len(elems) >= 5
@@ -102,7 +104,7 @@ def test_measure_host_quick_measurement_section(quick_profile):
     assert m["load"]["verdict"] in ("quiet", "busy") and m["load"]["cpus"] >= 1
     assert m["load"]["before"]["other_cpus"] is not None and len(m["load"]["before"]["loadavg"]) == 3
     timings = m["threads"][1]
-    assert {"gflops.conv", "gflops.gemm", "memory_gbps", "op_ms_per_melem.LRN", "efficiency.conv.rows_1",
+    assert {"gflops.conv", "gflops.gemm", "memory_gbps", "op_ms_per_melem.LRN", "efficiency.conv_positions.1x7",
             "efficiency.gemm.rows_8", "op_overhead_us.relu_chain_200"} <= set(timings)
     for name, t in timings.items():
         assert t["runs"] >= 3 and t["median_ms"] > 0 and t["spread"] >= 0, name

@@ -84,12 +84,12 @@ CASES = [
     (bad("threads/1/colour", 3), "unknown key 'colour' in threads.1"),
     (bad("op_ms_per_melem/LRN", -1), "op_ms_per_melem['LRN'] must be positive, got -1"),
     (bad("threads/1/op_ms_per_melem", {"not an op": 1.0}), "threads.1.op_ms_per_melem: keys must be operator types (e.g. LRN, or Resize:linear"),
-    (bad("efficiency/conv", [[7168, 0.9], [1792, 0.6]]), "efficiency.conv: output elements must increase"),
+    (bad("efficiency/conv", [[7168, 0.9], [1792, 0.6]]), "efficiency.conv: output sizes must increase"),
     (bad("efficiency/gemm", [[8192, 5.0]]), "efficiency.gemm[0] fraction must be at most 4, got 5.0"),
-    (bad("efficiency/gemm", [[8192]]), "efficiency.gemm[0] must be an [output elements, fraction] pair"),
+    (bad("efficiency/gemm", [[8192]]), "efficiency.gemm[0] must be an [output size, fraction] pair"),
     (bad("efficiency/gemm", []), "efficiency.gemm must be a non-empty list"),
     (bad("threads/2/efficiency", {"lstm": [[1, 1.0]]}), "unknown key 'lstm' in threads.2.efficiency"),
-    (bad("threads/2/efficiency/conv/0", [0, 0.5]), "threads.2.efficiency.conv[0] output elements must be positive"),
+    (bad("threads/2/efficiency/conv/0", [0, 0.5]), "threads.2.efficiency.conv[0] output size must be positive"),
     (bad("measurement/load/verdict", "meh"), "measurement.load.verdict must be one of quiet, busy, unknown"),
     (bad("measurement/threads/1/gflops.conv/runs", 0), "measurement.threads.1['gflops.conv'].runs must be a positive"),
     (bad("measurement/threads/1/gflops.conv/stable", "yes"), "stable must be true or false"),
@@ -123,7 +123,7 @@ def test_quick_profile_end_to_end_is_accepted_by_compile(tmp_path):
     assert prof.returncode == 0, prof.stderr
     assert prof.stdout.strip() == "host.yaml" and "Traceback" not in prof.stderr
     loaded = load_profile(str(tmp_path / "host.yaml"))
-    assert list(loaded.threads) == [1] and loaded.op_ms_per_melem and set(loaded.efficiency) == {"conv", "depthwise_conv", "gemm"}
+    assert list(loaded.threads) == [1] and loaded.op_ms_per_melem and set(loaded.efficiency) == {"conv_positions", "depthwise_conv", "gemm"}
     (tmp_path / "c.yaml").write_text("devices: [{name: me, profile: host.yaml}]\n")
     out = edgec("compile", models.ensure("tinychain"), "--devices", "c.yaml", "-o", "build", "--json", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
