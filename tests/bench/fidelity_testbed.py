@@ -25,6 +25,21 @@ DEVICES = ("dev-a", "dev-b")
 SINGLE_DEVICE = DEVICES[0]
 PORT = 7000
 THREADS = 1  # each worker's onnxruntime threads: the profile's thread count
+# tbf's bucket (tests/netbed.py) lets a message that finds its link idle through at once up to the burst, where the
+# planner prices bytes / bandwidth: with netbed's default 4 ms, a 60 KB message crossed a 100 Mbps link in 0.19 of
+# its price and the spatial plans' halos in 0.42-0.55.  A smaller bucket has to keep the rate while both workers
+# compute: measured here (2026-11-26) with two busy processes on the two cores, 100 Mbps held 0.99-1.01 of its rate
+# on 0.25-4 ms buckets, while 1000 Mbps fell to 0.6 of it on 0.25-0.5 ms (and held on 1-4 ms, whose 130-520 KB
+# hold the halos whole anyway).  So up to SMALL_BURST_MBPS the bench shapes with a 0.5 ms bucket, where a 60 KB
+# message took 0.92 of its price and 120 KB 0.96, and keeps netbed's 4 ms above.
+SMALL_BURST_MBPS = 100.0
+SMALL_BURST_MS = 0.5
+DEFAULT_BURST_MS = 4.0
+
+
+def burst_ms(mbps: float) -> float:
+    """The tbf bucket, in ms at the link's rate, the testbed part shapes an `mbps` link with."""
+    return SMALL_BURST_MS if mbps <= SMALL_BURST_MBPS else DEFAULT_BURST_MS
 
 
 class TestbedCluster:
@@ -36,7 +51,8 @@ class TestbedCluster:
 
     def __init__(self, mbps: float, profile: Path, folder: Path, warmup: int):
         self.mbps, self.profile, self.folder, self.warmup = mbps, profile, folder, warmup
-        self._tb = Testbed([COORDINATOR, *DEVICES], mbps, medium="switched", unshaped=[COORDINATOR])
+        self._tb = Testbed([COORDINATOR, *DEVICES], mbps, medium="switched", unshaped=[COORDINATOR],
+                           burst_ms=burst_ms(mbps))
         self.workers: dict = {}
         self.stop_codes: dict[str, int | None] = {}  # each worker's exit code on SIGTERM (None: it had to be killed)
 
