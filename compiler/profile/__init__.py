@@ -12,7 +12,9 @@ largest count's, for readers that know no thread counts.  Per count:
 
   - gflops.conv            a 3x3 Conv, 128 -> 128 channels on 56x56 (0.92 GFLOP)
   - gflops.depthwise_conv  a 3x3 depthwise Conv, 192 channels on 28x28 (a map that stays in cache: on a
-                           larger one the rate followed the other tenants' memory traffic; bench.py)
+                           larger one the rate followed the other tenants' memory traffic; bench.py), inside
+                           a chain: 5 of them less one alone, per conv (alone, half its time was the layout
+                           conversions at a model's ends, which a network pays once)
   - gflops.gemm            a 512x1024 by 1024x1024 MatMul (1.07 GFLOP)
   - gflops.other           the slower of a ConvTranspose (2x upsampling) and a batch-1 LSTM: ops without a
                            GEMM-shaped fast path
@@ -54,9 +56,9 @@ largest count's, for readers that know no thread counts.  Per count:
   - efficiency             how throughput falls for small outputs: `conv_positions`, [output positions,
                            fraction] points of a 3x3 Conv (256 ch, 784 down to 7 output positions: tiles of
                            28-, 14- and 7-wide maps) against its 784-position rate, which price a conv layer
-                           of fewer positions, whole and in tiles; [output elements, fraction] points of a depthwise 3x3 Conv (144 ch,
-                           56 wide, 56..1 rows) against its own 56-row rate, and of MatMuls with 512..8 rows
-                           against gflops.gemm;
+                           of fewer positions, whole and in tiles; [output elements, fraction] points of a
+                           depthwise 3x3 Conv (144 ch, 56 wide, 56..1 rows) against its own 56-row rate, and
+                           of MatMuls with 512..8 rows against gflops.gemm;
                            fraction = the FLOPs' time at the large benchmark's rate / (time - op_overhead_us)
 
 Each timing is taken in 4 rounds, interleaved with the other timings' so that they are seconds apart

@@ -221,19 +221,40 @@ def bench_conv(b: Bench) -> Formula:
     return _rate(2 * c * c * 9 * hw * hw, "gflops.conv")
 
 
+DEPTHWISE_CHAIN = 5  # depthwise convs in the chain whose time beyond one's is gflops.depthwise_conv's
+
+
+def _depthwise_chain(c: int, hw: int, length: int, weights) -> bytes:
+    names = ["x"] + [f"t{i}" for i in range(length - 1)] + ["y"]
+    nodes = [helper.make_node("Conv", [names[i], f"w{i}"], [names[i + 1]], pads=[1, 1, 1, 1], group=c)
+             for i in range(length)]
+    return model(nodes, [vi("x", (1, c, hw, hw))], [vi("y", (1, c, hw, hw))], weights[:length])
+
+
 def bench_depthwise(b: Bench) -> Formula:
-    """A 3x3 depthwise Conv on a map that stays in cache: 192 channels on 28x28 (quick: 64), a MobileNet
-    layer of the middle depths.  On 96 channels at 112x112 (a 4.8 MB map, the figure until 2026-11-26) its
-    rate followed the memory traffic of the machine's other tenants: 18-38 GFLOP/s within 90 s on a machine
-    whose CPUs were idle, and 12-28% apart between back-to-back profiles, where on 28x28 every round of
-    those 90 s ran at 36.6-37.0.  MobileNetV2's depthwise layers run at 28-43 here by their shape (960 ch on
-    7x7 at 28, 192 on 28x28 at 37, 144 on 56x56 at 43): a middle one stands for them."""
+    """A 3x3 depthwise Conv on a map that stays in cache, 192 channels on 28x28 (quick: 64), a MobileNet layer of
+    the middle depths, timed inside a chain: DEPTHWISE_CHAIN of them less one alone, per conv.  Alone, half its
+    time was onnxruntime's layout conversions in and out of the blocked layout (0.027 of 0.052 ms), which a
+    network pays once at its ends, not per layer: 52 GFLOP/s alone, 109 in the chain, and MobileNetV2's
+    depthwise layers took 0.74 ms in the model where the lone rate priced 1.17.  (On 96 channels at 112x112, a
+    4.8 MB map, the figure until 2026-11-26 followed the memory traffic of the machine's other tenants: 18-38
+    GFLOP/s within 90 s on idle CPUs, 12-28% apart between back-to-back profiles.)"""
     c, hw = (64, 28) if b.quick else (192, 28)
-    w = numpy_helper.from_array(rand(b.rng, c, 1, 3, 3) * 0.1, "w")
-    data = model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], group=c)],
-                 [vi("x", (1, c, hw, hw))], [vi("y", (1, c, hw, hw))], [w])
-    b.add("gflops.depthwise_conv", data, {"x": rand(b.rng, 1, c, hw, hw)})
-    return _rate(2 * c * 9 * hw * hw, "gflops.depthwise_conv")
+    weights = [numpy_helper.from_array(rand(b.rng, c, 1, 3, 3) * 0.3, f"w{i}") for i in range(DEPTHWISE_CHAIN)]
+    feeds = {"x": rand(b.rng, 1, c, hw, hw)}
+    chain, one = f"gflops.depthwise_conv.chain_{DEPTHWISE_CHAIN}", "gflops.depthwise_conv.chain_1"
+    b.add(chain, _depthwise_chain(c, hw, DEPTHWISE_CHAIN, weights), feeds)
+    b.add(one, _depthwise_chain(c, hw, 1, weights), feeds)
+    flops = 2 * c * 9 * hw * hw
+
+    def formula(t: Times) -> float:
+        beyond = t[chain] - t[one]
+        if beyond <= 0:
+            raise UserError(f"{DEPTHWISE_CHAIN} depthwise convs took no longer than one ({t[chain] * 1e3:.4f} "
+                            f"against {t[one] * 1e3:.4f} ms): the timings are not usable; profile on a quiet machine")
+        return (DEPTHWISE_CHAIN - 1) * flops / beyond / 1e9
+
+    return formula
 
 
 def _gemm_kn(quick: bool) -> int:
@@ -562,7 +583,8 @@ def depthwise_curve(b: Bench) -> Curve:
         name = f"efficiency.depthwise_conv.rows_{h}"
         b.add(name, data, {"x": rand(b.rng, 1, c, h + 2, width)})
         points[name] = (c * h * width, 2 * c * 9 * h * width)
-    return _own_rate(_curve(points), points, f"efficiency.depthwise_conv.rows_{max(h for h in CONV_HEIGHTS if h <= width)}")
+    largest = max(h for h in CONV_HEIGHTS if h <= width)
+    return _own_rate(_curve(points), points, f"efficiency.depthwise_conv.rows_{largest}")
 
 
 def gemm_curve(b: Bench) -> Curve:

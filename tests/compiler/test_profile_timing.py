@@ -292,3 +292,18 @@ def test_other_cpus_over_sums_the_rounds_intervals():
     assert other_cpus_over([(s(0, 0, 0), s(150, 200, 50)), (s(500, 1000, 60), s(560, 1100, 70))]) == pytest.approx(1.0)
     assert other_cpus_over([(s(0, 0, 0), s(0, 0, 0))]) is None
     assert other_cpus_over([(LoadSample(None, None), s(1, 2, 0))]) is None
+
+
+def test_the_depthwise_rate_is_a_chains_time_beyond_one_conv():
+    """gflops.depthwise_conv: DEPTHWISE_CHAIN convs less one alone, per conv (the layout conversions at a
+    model's ends fall out); a chain no slower than one conv is an error, not a figure."""
+    b = Bench(1, True, Policy(rounds=2, retries=0), QuietProbe(), False, lambda s: None)
+    formula = bench.bench_depthwise(b)
+    chain, one = f"gflops.depthwise_conv.chain_{bench.DEPTHWISE_CHAIN}", "gflops.depthwise_conv.chain_1"
+    assert {j.name for j in b.jobs} == {chain, one}
+    flops = 2 * 64 * 9 * 28 * 28  # quick: 64 channels on 28x28
+    per_conv = 2e-5
+    rate = formula({chain: 3e-5 + bench.DEPTHWISE_CHAIN * per_conv, one: 3e-5 + per_conv})
+    assert rate == pytest.approx(flops / per_conv / 1e9, rel=1e-9)
+    with pytest.raises(UserError, match="took no longer than one"):
+        formula({chain: 1e-4, one: 1e-4})
