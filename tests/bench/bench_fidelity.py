@@ -25,7 +25,10 @@ one-device cluster whose device runs 1 thread (`threads: 1`):
       after:  the profile as measured, for the device's thread count;
   - measured latency (`edgec run --threads 1 --inflight 1 --warmup W --repeat N --json`): the median over the N
     requests after W untimed ones (default 5: a run's first requests are slower while its workers allocate and their
-    caches fill, by 5-20% on the spatial plans here; the predictions are of the steady state);
+    caches fill, by 5-20% on the spatial plans here; the predictions are of the steady state); N is --repeat or
+    enough requests to last a second at the predicted latency (`requests_for`), as in part two; the figure is
+    the median of --rounds runs, every model once per round in turn (MobileNetV2 measured 5.0-5.3 ms in single
+    runs where three back to back gave 4.65-4.72);
   - the error of each prediction, (predicted - measured) / measured; then the median and worst |error|.
   Target: median at most 10%, worst at most 20%.
 
@@ -245,20 +248,31 @@ def error(predicted: float, measured: float) -> float:
     return (predicted - measured) / measured
 
 
-def bench_single(names: list[str], folder: Path, clusters: dict[str, Path], repeat: int) -> list[dict]:
+def bench_single(names: list[str], folder: Path, clusters: dict[str, Path], repeat: int, rounds: int) -> list[dict]:
+    """Each model's predictions, then its latency in `rounds` rounds (every model once per round, in turn), the
+    median round's: one run is one moment of this machine (MobileNetV2 measured 5.0-5.3 ms in single runs where
+    three runs back to back gave 4.65-4.72)."""
     rows = []
     for name in names:
-        model, row = model_path(name), {"model": name}
+        model, row = model_path(name), {"model": name, "rounds": [], "loadavg_during": []}
         for key, devices in clusters.items():
             row[key] = compile_json(model, devices, folder / f"{name}-{key}")["predicted_latency_ms"]
-        la0 = loadavg()
-        row["measured"] = run_json(folder / f"{name}-after", repeat, "--inflight", "1")["latency_ms"]
-        row["loadavg_during"] = [la0, loadavg()]
-        row["before_err"], row["after_err"] = error(row["before"], row["measured"]), error(row["after"], row["measured"])
-        row["verify"] = verify_build(folder / f"{name}-after")
-        log(f"{name}: measured {row['measured']:.1f} ms, predicted before {row['before']:.1f} ms "
-            f"({row['before_err']:+.1%}), after {row['after']:.1f} ms ({row['after_err']:+.1%})")
+        row["requests"] = requests_for(repeat, 1000.0 / row["after"])
         rows.append(row)
+    for _ in range(rounds):
+        for row in rows:
+            la0 = loadavg()
+            report = run_json(folder / f"{row['model']}-after", row["requests"], "--inflight", "1")
+            row["rounds"].append(report["latency_ms"])
+            row["loadavg_during"].append([la0, loadavg()])
+    for row in rows:
+        row["measured"] = statistics.median(row["rounds"])
+        row["before_err"], row["after_err"] = error(row["before"], row["measured"]), error(row["after"], row["measured"])
+        row["verify"] = verify_build(folder / f"{row['model']}-after")
+        rounds_said = ", ".join(f"{v:.1f}" for v in row["rounds"])
+        log(f"{row['model']}: measured {row['measured']:.1f} ms (rounds {rounds_said}), "
+            f"predicted before {row['before']:.1f} ms ({row['before_err']:+.1%}), after {row['after']:.1f} ms "
+            f"({row['after_err']:+.1%})")
     return rows
 
 
@@ -341,7 +355,7 @@ def transfer_ratios(report: Path) -> list[float]:
     return [t["measured_ms"] / t["predicted_ms"] for t in doc["transfers"] if t["predicted_ms"] > 0]
 
 
-MEASURE_SECONDS = 1.0  # part two's and testbed's runs last at least this long at the predicted rate
+MEASURE_SECONDS = 1.0  # every timed run (parts single, two and testbed) lasts at least this long at the predicted rate
 MAX_REQUESTS = 1000  # the bound on that
 
 
@@ -764,10 +778,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--parts", default=",".join(DEFAULT_PARTS), help=f"comma-separated subset of {','.join(PARTS)}")
     ap.add_argument("--profile", type=Path, help="a profile made with `edgec profile --threads 1` (default: make one)")
-    ap.add_argument("--repeat", type=int, default=10, help="requests per measurement (median)")
+    ap.add_argument("--repeat", type=int, default=10, help="requests per measurement at least (median; runs last a second at the predicted rate)")
     ap.add_argument("--warmup", type=int, default=WARMUP, help="untimed requests before each measurement")
     ap.add_argument("--rounds", type=int, default=3,
-                    help="parts two and testbed: alternating single/two-device rounds (median)")
+                    help="rounds (median): part single, every model in turn; parts two and testbed, alternating "
+                    "single/two-device")
     ap.add_argument("--models", default=",".join(MODELS), help="part single: comma-separated names under models/build")
     ap.add_argument("--two-models", default=",".join(TWO_MODELS),
                     help="parts two, testbed and stability (what each profile predicts): comma-separated names "
@@ -838,7 +853,8 @@ def main(argv: list[str] | None = None) -> int:
 def run_parts(args: argparse.Namespace, folder: Path) -> int:
     out: dict = {"repeat": args.repeat, "warmup": args.warmup, "parts": args.parts, "loadavg_start": loadavg()}
     print(f"# Prediction fidelity: {os.cpu_count()} CPUs, load average at start {out['loadavg_start']}, "
-          f"{args.repeat} requests per measurement after {args.warmup} untimed\n")
+          f"at least {args.repeat} requests per measurement (and a second's worth at the predicted rate) after "
+          f"{args.warmup} untimed\n")
     if {"single", "two", "testbed"} & set(args.parts):
         prof, load, doc = host_profile(args, folder)
         out["load"] = load
@@ -851,7 +867,7 @@ def run_parts(args: argparse.Namespace, folder: Path) -> int:
         one = cluster(folder, "after", prof)
     if "single" in args.parts:
         clusters = {"before": cluster(folder, "before", top_level_only(doc, folder)), "after": one}
-        out["single"] = bench_single(args.models, folder, clusters, args.repeat)
+        out["single"] = bench_single(args.models, folder, clusters, args.repeat, args.rounds)
         print("\n## Single device, 1 thread\n")
         print(f"Load average during the runs: {[r['loadavg_during'] for r in out['single']]}\n")
         print(single_table(out["single"]))
