@@ -248,7 +248,7 @@ class Cluster:
                 w.endpoint = self._await_listening(w, deadline)
             self._connect(w)
         for w in self.workers.values():
-            self._send(w, {"t": "hello", "protocol": PROTOCOL_VERSION, "edgec": _version()})
+            self._send_first(w, {"t": "hello", "protocol": PROTOCOL_VERSION, "edgec": _version()}, deadline)
         self._pump(deadline, lambda: self._all("welcomed"), "connecting")
         raw, path = manifest_json(self.manifest), str(self.manifest.path)
         for w in self.workers.values():
@@ -347,6 +347,24 @@ class Cluster:
             send_frames(w.sock, frames)
         except zmq.Again:
             raise RunError(f"{w.where}: accepted nothing for {self.timeout:g} s") from None
+
+    def _send_first(self, w: _Worker, msg: dict, deadline: float) -> None:
+        """The first message to a worker, once its socket can take it, watching the connection's monitor
+        meanwhile: a handshake that fails before the message is queued (a keyless coordinator at a CURVE
+        worker) removes the socket's only pipe, and a blocking send would then wait out --timeout and report
+        "accepted nothing" (exit 3) where the monitor says what is wrong (exit 2)."""
+        poller = zmq.Poller()
+        poller.register(w.sock, zmq.POLLOUT)
+        poller.register(w.monitor, zmq.POLLIN)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self._timed_out("connecting")
+            ready = dict(poller.poll(min(remaining * 1000.0, POLL_MS)))
+            if w.monitor in ready:
+                self._on_monitor(w)
+            if w.sock in ready:
+                return self._send(w, msg)
 
     def _pump(self, deadline: float, finished: Callable[[], bool], what: str) -> None:
         """Handle worker messages until `finished()`; fail on a worker error, death or the deadline."""

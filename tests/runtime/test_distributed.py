@@ -263,6 +263,27 @@ def test_wrong_keys_exit_2_at_once(pipeline, keys, start_worker, tmp_path):
     assert time.monotonic() - start < 30  # detected from the handshake, not by waiting out --timeout (60 s)
 
 
+def test_a_handshake_that_fails_before_the_first_message_is_reported_as_such(pipeline, keys, start_worker,
+                                                                              monkeypatch):
+    """A keyless coordinator's handshake with a CURVE worker can fail before the coordinator queues its hello,
+    which leaves the socket no pipe to send on: the hello must wait watching the connection's monitor, and
+    report the handshake (exit 2), not wait out the timeout and report that nothing was accepted (CI saw it)."""
+    a, b = keyed(start_worker, keys, "pi5-a"), keyed(start_worker, keys, "pi5-b")
+    connect = Cluster._connect
+
+    def connect_then_wait(self, w):
+        connect(self, w)
+        time.sleep(0.5)  # the handshake fails meanwhile, on loopback within milliseconds
+
+    monkeypatch.setattr(Cluster, "_connect", connect_then_wait)
+    start = time.monotonic()
+    with pytest.raises(InputError, match="the worker requires keys"):
+        with Cluster(load_manifest(pipeline / "manifest.json"), timeout=20,
+                     addresses={"pi5-a": a.address, "pi5-b": b.address}):
+            pass
+    assert time.monotonic() - start < 10
+
+
 def test_a_worker_refuses_a_reachable_address_without_keys():
     for address in ("tcp://0.0.0.0:0", "tcp://192.0.2.1:5555", "tcp://*:0"):
         res = CliRunner().invoke(worker_cmd, ["--listen", address])
