@@ -33,8 +33,12 @@ profile's `threads:` entry for the cluster file's `threads`, else the profile's 
    than their FLOPs at gflops.conv, VGG-16's classifier ran at the MatMul's rate, not memory_gbps.  A gemm
    layer of two or more rows pays at `gemm_weight_gbps` where measured (`weight_ms`).
 
-The tile model (tiles.py) reads `overhead_ms`, `priced_ms`, `out_elems` and `curves` to scale a tile's
-share by the figures' tile efficiency, and `memory_bytes_per_ms` to price assembling a tile's input.
+Where the figures measured `efficiency.conv_positions`, a conv layer's FLOPs run at gflops.conv times that
+curve's fraction at the layer's output positions (height x width; `layer_out_positions`): a conv on a small
+map runs slower than gflops.conv's 56x56 benchmark, whatever its channels (CURVE_OF_CLASS, BY_POSITIONS).
+
+The tile model (tiles.py) reads `overhead_ms`, `priced_ms`, `out_elems`, `out_positions` and `curves` to scale
+a tile's share by the figures' tile efficiency, and `memory_bytes_per_ms` to price assembling a tile's input.
 """
 
 from __future__ import annotations
