@@ -111,8 +111,8 @@ class CostTable:
     overhead_ms: np.ndarray  # [L, D]
     priced_ms: np.ndarray  # [L, D]
     out_elems: np.ndarray  # [L]
+    out_positions: np.ndarray  # [L]
     curves: tuple[dict, ...]  # per device: {cost class: TileCurve}
-    out_positions: np.ndarray | None = None  # [L]; None: out_elems (a table built by hand)
     source: tuple | None = field(default=None, repr=False)  # (graph, model sha256, model): to price it again
 
     def index(self, device: str) -> int:
@@ -120,9 +120,7 @@ class CostTable:
 
     def curve_size(self, i: int, curve: TileCurve) -> float:
         """Layer i's size as `curve` counts it: output positions or output elements."""
-        if curve.by_positions and self.out_positions is not None:
-            return float(self.out_positions[i])
-        return float(self.out_elems[i])
+        return float((self.out_positions if curve.by_positions else self.out_elems)[i])
 
     @property
     def modes(self) -> dict[str, str]:

@@ -85,6 +85,8 @@ CASES = [
     (bad("op_ms_per_melem/LRN", -1), "op_ms_per_melem['LRN'] must be positive, got -1"),
     (bad("threads/1/op_ms_per_melem", {"not an op": 1.0}), "threads.1.op_ms_per_melem: keys must be operator types (e.g. LRN, or Resize:linear"),
     (bad("efficiency/conv", [[7168, 0.9], [1792, 0.6]]), "efficiency.conv: output sizes must increase"),
+    (bad("efficiency/conv_positions", [[49, 0.9], [7, 0.6]]), "efficiency.conv_positions: output sizes must increase"),
+    (bad("threads/1/efficiency/conv_positions", [[7, 0]]), "threads.1.efficiency.conv_positions[0] fraction must be"),
     (bad("efficiency/gemm", [[8192, 5.0]]), "efficiency.gemm[0] fraction must be at most 4, got 5.0"),
     (bad("efficiency/gemm", [[8192]]), "efficiency.gemm[0] must be an [output size, fraction] pair"),
     (bad("efficiency/gemm", []), "efficiency.gemm must be a non-empty list"),

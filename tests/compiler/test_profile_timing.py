@@ -296,10 +296,9 @@ def test_other_cpus_over_sums_the_rounds_intervals():
 
 def test_the_depthwise_rate_is_a_chains_time_beyond_one_conv():
     """gflops.depthwise_conv: DEPTHWISE_CHAIN convs less one alone, per conv (the layout conversions at a
-    model's ends fall out); when the chain took no longer than one conv, the chain's time per conv, with a
-    warning."""
-    said = []
-    b = Bench(1, True, Policy(rounds=2, retries=0), QuietProbe(), False, said.append)
+    model's ends fall out); when the chain took no longer than one conv, the chain's time per conv, recorded as
+    a warning (measurement.warnings), or with --strict a one-line error."""
+    b = Bench(1, True, Policy(rounds=2, retries=0), QuietProbe(), False, lambda s: None)
     formula = bench.bench_depthwise(b)
     chain, one = f"gflops.depthwise_conv.chain_{bench.DEPTHWISE_CHAIN}", "gflops.depthwise_conv.chain_1"
     assert {j.name for j in b.jobs} == {chain, one}
@@ -307,7 +306,11 @@ def test_the_depthwise_rate_is_a_chains_time_beyond_one_conv():
     per_conv = 2e-5
     rate = formula({chain: 3e-5 + bench.DEPTHWISE_CHAIN * per_conv, one: 3e-5 + per_conv})
     assert rate == pytest.approx(flops / per_conv / 1e9, rel=1e-9)
-    assert not said
+    assert not b.unstable and not b.unstable_names
     lower = formula({chain: 1e-4, one: 1e-4})
     assert lower == pytest.approx(bench.DEPTHWISE_CHAIN * flops / 1e-4 / 1e9, rel=1e-9)
-    assert len(said) == 1 and "warning: 5 depthwise convs took no longer than one" in said[0]
+    assert len(b.unstable) == 1 and "5 depthwise convs took no longer than one" in b.unstable[0]
+    assert b.unstable_names == ["gflops.depthwise_conv at 1 thr (chain no slower than one conv)"]
+    strict = Bench(1, True, Policy(rounds=2, retries=0), QuietProbe(), True, lambda s: None)
+    with pytest.raises(UserError, match="took no longer than one .*without --strict"):
+        bench.bench_depthwise(strict)({chain: 1e-4, one: 1e-4})
