@@ -67,7 +67,7 @@ def sub_cluster(cluster: Cluster, names) -> Cluster:
 
 # CostTable fields holding one entry per device: a column of an [L, D] array, or an item of a tuple; and
 # fields that hold for any devices (source: the graph and model, to price the table again).
-_PER_DEVICE_COLUMNS = ("layer_ms", "overhead_ms", "priced_ms")
+_PER_DEVICE_COLUMNS = ("layer_ms", "overhead_ms", "priced_ms", "shared_weight_ms")
 _PER_DEVICE_ITEMS = ("devices", "measured", "curves")
 _SHARED = ("out_elems", "out_positions", "source")
 
@@ -81,7 +81,7 @@ def restrict(cost: CostTable, cluster: Cluster) -> CostTable:
     for f in fields(CostTable):
         value = getattr(cost, f.name)
         if f.name in _PER_DEVICE_COLUMNS:
-            kw[f.name] = np.ascontiguousarray(value[:, idx])
+            kw[f.name] = None if value is None else np.ascontiguousarray(value[:, idx])
         elif f.name in _PER_DEVICE_ITEMS:
             kw[f.name] = tuple(value[i] for i in idx)
         elif f.name in _SHARED:

@@ -52,6 +52,10 @@ Profile file (profiles/<name>.yaml)::
                                    #   (edgec profile: a batch-1 MatMul on 64 MB of weights); absent: not priced
     gemm_weight_gbps: 2.8          # optional: the same for a gemm layer of 2 rows or more (edgec profile: 12
                                    #   MatMuls of 32 rows, 48 MB of weights); absent: weight_gbps prices them
+    shared_weight_gbps: 4.1        # optional: weight_gbps while every other core streams weights of its own
+                                   #   (edgec profile: the same MatMul beside cores - 1 processes running it);
+                                   #   a tile pays it for its weights while a device on the same host (`hosts:`)
+                                   #   runs a tile of the same segment; absent: weight_gbps prices them
     layout_conversions: true       # optional (default false): onnxruntime runs convolutions in a blocked layout
                                    #   (NCHWc, x86), so a tile fragment converts at its ends and around its crops
                                    #   (edgec profile reads it; the cost model prices a conversion at memory_gbps)
@@ -87,7 +91,8 @@ Profile file (profiles/<name>.yaml)::
 
 Required keys: name, memory_mb, usable_memory_fraction, runtime_overhead_mb, op_overhead_us, gflops,
 memory_gbps.  Optional: description (default ""), power_w (default both null), radio_nj_per_byte, mode,
-weight_gbps, gemm_weight_gbps, layout_conversions, modes, sources (default none), layers, op_ms_per_melem,
+weight_gbps, gemm_weight_gbps, shared_weight_gbps, layout_conversions, modes, sources (default none), layers,
+op_ms_per_melem,
 efficiency, threads, runtime, measurement (default empty).  A `layers` table is keyed by ONNX node name (not
 layer name): the cost model sums the node times of each layer.  A `threads:` entry holds the top level's
 figures (op_overhead_us, gflops, memory_gbps required; weight_gbps, gemm_weight_gbps, op_ms_per_melem,

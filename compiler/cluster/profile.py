@@ -130,6 +130,10 @@ class Profile:
     top_mode: str = DEFAULT_MODE  # the name of the top level's operating point
     weight_gbps: float | None = None  # top level: see Figures
     gemm_weight_gbps: float | None = None  # top level: see Figures
+    # The rate one core streams weights at while every other core of the machine streams its own (None: not
+    # measured): what a tile of a device pays for its weights while a device on the same host (the cluster's
+    # `hosts:`) runs a tile of the same segment (cost/table.py shared_weight_ms).
+    shared_weight_gbps: float | None = None
     # onnxruntime runs convolutions here in a blocked layout (NCHWc), so a fragment converts a conv chain's
     # activations at its ends and around a crop inside it (edgec profile reads it from the graph onnxruntime
     # optimises; cost/tiles.py Relayout prices each conversion as a read and a write at memory_gbps).
@@ -258,6 +262,7 @@ def validate_profile_dict(data: Any, path: str) -> Profile:
         top_mode=doc.mode or DEFAULT_MODE,
         weight_gbps=top.weight_gbps,
         gemm_weight_gbps=top.gemm_weight_gbps,
+        shared_weight_gbps=doc.shared_weight_gbps,
         layout_conversions=doc.layout_conversions,
     )
 

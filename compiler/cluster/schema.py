@@ -209,6 +209,7 @@ class ProfileDoc(_Doc):
     memory_gbps: Positive
     weight_gbps: Positive | None = None
     gemm_weight_gbps: Positive | None = None
+    shared_weight_gbps: Positive | None = None  # weight_gbps while every other core streams its own
     layout_conversions: bool = False  # onnxruntime converts a conv chain's activations at a fragment's ends
     power_w: PowerDoc | None = None
     radio_nj_per_byte: RadioDoc | None = None

@@ -33,6 +33,16 @@ profile's `threads:` entry for the cluster file's `threads`, else the profile's 
    than their FLOPs at gflops.conv, VGG-16's classifier ran at the MatMul's rate, not memory_gbps.  A gemm
    layer of two or more rows pays at `gemm_weight_gbps` where measured (`weight_ms`).
 
+   Devices on one machine (the cluster's `hosts:`) share its memory: while two of them run tiles of the same
+   segment at once, each streams its tile's weights (every tile needs all of them) beside the other.  Where
+   the device's profile measured `shared_weight_gbps` (the weight_gbps MatMul timed while the machine's other
+   cores each run it too), such a tile pays its layers' weights at that rate instead: `shared_weight_ms[i, d]`
+   is the difference for layer i on device d (0 without the figure, on a device without a host, and where
+   the weights are not priced by weight_gbps).  Measured 2026-11-26 on a 2-core machine: the MatMul ran
+   1.57-1.67x slower beside a second one; a 7x7 ResNet-50 tile fragment (17.9 MB of weights) 1.12-1.20x
+   slower beside a second one, and in a two-device plan 0.20-0.23 ms over its price, where the shared rate
+   prices 0.24 ms more.
+
 Where the figures measured `efficiency.conv_positions`, a conv layer's FLOPs run at gflops.conv times that
 curve's fraction at the layer's output positions (height x width; `layer_out_positions`): a conv on a small
 map runs slower than gflops.conv's 56x56 benchmark, whatever its channels (CURVE_OF_CLASS, BY_POSITIONS).
@@ -58,7 +68,7 @@ from ..graph import Layer, LayerGraph
 from ..layers import POINTWISE, cost_class
 from .network import Network
 
-__all__ = ["CostTable", "build_cost_table", "layer_ms", "weight_ms", "node_keys", "layer_out_elems",
+__all__ = ["CostTable", "build_cost_table", "layer_ms", "weight_ms", "shared_weight_ms", "node_keys", "layer_out_elems",
            "layer_out_positions", "priced_ms", "TileCurve", "efficiency"]
 
 logger = logging.getLogger(__name__)
@@ -113,6 +123,7 @@ class CostTable:
     out_elems: np.ndarray  # [L]
     out_positions: np.ndarray  # [L]
     curves: tuple[dict, ...]  # per device: {cost class: TileCurve}
+    shared_weight_ms: np.ndarray | None = None  # [L, D]; None: zeros (see the module docstring)
     source: tuple | None = field(default=None, repr=False)  # (graph, model sha256, model): to price it again
 
     def index(self, device: str) -> int:
@@ -157,6 +168,16 @@ class CostTable:
         """Per device, what a tile fragment's run in a plan takes beyond its priced time, alone and hot (the
         profile's `runtime.run_ms`; 0 where unmeasured): tiles.py adds it to every tile."""
         return tuple(dev.runtime.run_ms for dev in self.cluster.devices)
+
+    def shared_weights(self, lo: int, hi: int, d: int) -> float:
+        """What a tile of layers [lo, hi) on device d pays beyond its price while a device on the same host
+        runs a tile of those layers too (the module docstring)."""
+        return 0.0 if self.shared_weight_ms is None else float(self.shared_weight_ms[lo:hi, d].sum())
+
+    @cached_property
+    def hosts(self) -> tuple[str | None, ...]:
+        """Per device, the machine it shares with other devices (the cluster's `hosts:`), or None."""
+        return tuple(dev.host for dev in self.cluster.devices)
 
     @cached_property
     def conversion_ms_per_byte(self) -> tuple[float, ...]:
@@ -269,6 +290,17 @@ def weight_ms(layer: Layer, figures: Figures) -> float:
     return 0.0 if gbps is None else layer.read_param_bytes / (gbps * 1e6)  # GB/s = 1e6 bytes/ms
 
 
+def shared_weight_ms(layer: Layer, figures: Figures, device: DeviceSpec) -> float:
+    """What streaming the layer's weights takes beyond `weight_ms` while another device on the device's host
+    streams its own: at the profile's shared_weight_gbps, where it is slower (0 without a host or the figure,
+    and where weight_ms prices nothing)."""
+    gbps = device.profile.shared_weight_gbps
+    alone = weight_ms(layer, figures)
+    if device.host is None or gbps is None or alone == 0.0:
+        return 0.0
+    return max(0.0, layer.read_param_bytes / (gbps * 1e6) - alone)  # GB/s = 1e6 bytes/ms
+
+
 def layer_ms(layer: Layer, device: DeviceSpec, priced: tuple[float, bool] = (0.0, False), positions: int = 0) -> float:
     """Per-operator overhead + max(compute time, memory time), at the device's thread count, plus the
     op-table share `priced` = (ms, leader priced) from `priced_ms`, plus the weights' streaming
@@ -312,7 +344,7 @@ def build_cost_table(graph: LayerGraph, cluster: Cluster, model_sha256: str | No
     keys = [node_keys(layer, model, context) for layer in graph.layers]
     elems = np.array([layer_out_elems(graph, layer) for layer in graph.layers], dtype=np.float64)
     positions = [layer_out_positions(graph, layer) for layer in graph.layers]
-    cols, measured, priced, overhead = [], [], [], []
+    cols, measured, priced, overhead, shared = [], [], [], [], []
     for dev in cluster.devices:
         fig = dev.figures
         prices = [priced_ms(layer, fig, k, int(e)) if fig.op_ms_per_melem else (0.0, False)
@@ -334,6 +366,8 @@ def build_cost_table(graph: LayerGraph, cluster: Cluster, model_sha256: str | No
         overhead.append([min(len(layer.op_types) * fig.op_overhead_us / 1000.0
                              + (0.0 if measured[-1] or pr[1] else weight_ms(layer, fig)), ms)
                          for layer, ms, pr in zip(graph.layers, col, prices)])
+        shared.append([0.0 if measured[-1] or pr[1] else shared_weight_ms(layer, fig, dev)
+                       for layer, pr in zip(graph.layers, prices)])
     shape = (len(graph.layers), len(cluster.devices))
     arr = np.asarray(cols, dtype=np.float64).T.reshape(shape)
     return CostTable(tuple(d.name for d in cluster.devices), arr, tuple(measured), cluster,
@@ -342,4 +376,5 @@ def build_cost_table(graph: LayerGraph, cluster: Cluster, model_sha256: str | No
                      out_elems=elems,
                      out_positions=np.asarray(positions, dtype=np.float64),
                      curves=tuple(_curves(dev.figures.efficiency) for dev in cluster.devices),
+                     shared_weight_ms=np.asarray(shared, dtype=np.float64).T.reshape(shape),
                      source=(graph, model_sha256, model))

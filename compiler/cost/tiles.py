@@ -26,7 +26,9 @@ The copy is part of the tile's time (`tile_ms` of predict_stage, hence the tile 
 which simulate replays and the emulator pads to), and StepModel prices it the same way.  So is the
 runtime's cost of running a fragment in a plan (CostTable.run_ms, the profile's `runtime.run_ms`): every
 tile is one fragment run, which runs slower than the profile's hot timings after the runtime's work
-between runs; it is added last, after the copy, in both places.  A first
+between runs; it is added after the copy, in both places.  Last comes, where another device of the same
+machine (the cluster's `hosts:`) runs a tile of the same segment, its weights' streaming beside that one
+(CostTable.shared_weights): in predict_stage per segment, in StepModel.finish once the busy devices are known.  A first
 segment's tiles read one holder's tensor (the scatter) and copy nothing.  The gather's concatenation
 of the tiles' outputs on the stage's device is not priced: no fragment run carries it, and simulate
 (runtime/replay.py) counts a manifest's concat steps as free, so pricing it here alone would part the
@@ -52,6 +54,16 @@ __all__ = ["overhead_ms", "tile_ms", "efficiency", "Relayout", "SegmentCost", "S
            "predict_stage", "group_param_bytes", "StageWork", "run_stage", "copy_ms", "assembly_cells"]
 
 logger = logging.getLogger(__name__)
+
+
+def host_mates(cost: CostTable, devices) -> set[int]:
+    """The device indices among `devices` (those computing tiles of one segment at once) that share a host
+    with another of them: their tiles stream their weights side by side (CostTable.shared_weights)."""
+    seen: dict[str, set[int]] = {}
+    for d in devices:
+        if cost.hosts[d] is not None:
+            seen.setdefault(cost.hosts[d], set()).add(d)
+    return {d for group in seen.values() if len(group) > 1 for d in group}
 
 
 def overhead_ms(graph: LayerGraph, cost: CostTable, i: int, d: int) -> float:
@@ -369,6 +381,7 @@ class Step:
     need_end: list
     terms: dict = field(default_factory=dict)  # (position, a, b) -> (messages, compute ms), see StepModel.term
     tables: dict = field(default_factory=dict)  # device index -> SegmentCost.table, where time is not linear
+    mate_ms: tuple | None = None  # per device position: CostTable.shared_weights of the segment; None: all 0
 
 
 class StepModel:
@@ -387,6 +400,7 @@ class StepModel:
         n, net = len(cost.devices), cost.network
         self.devs, self.shared, self.cost = devs, net.shared, cost
         self.run_ms = cost.run_ms
+        self.mates = bool(host_mates(cost, devs))  # some of devs share a host (CostTable.shared_weights)
         self.bw = [[float("inf")] * n for _ in range(n)]  # bytes per ms
         self.lat = [[0.0] * n for _ in range(n)]
         for a in range(n):
@@ -398,8 +412,12 @@ class StepModel:
     def context(self, sc: SegmentCost, holders: list) -> Step:
         sender = {h[0]: e for e, h in enumerate(holders)}
         tables = {d: t for d in self.devs if (t := sc.table(d)) is not None}
+        mate_ms = None
+        if self.mates:
+            mate_ms = tuple(self.cost.shared_weights(sc.maps.lo, sc.maps.hi, d) for d in self.devs)
+            mate_ms = mate_ms if any(mate_ms) else None
         return Step(sc, holders, [h[1] for h in holders], [sender.get(d, -1) for d in self.devs], *sc.lists,
-                    tables=tables)
+                    tables=tables, mate_ms=mate_ms)
 
     def term(self, cx: Step, pos: int, a: int, b: int, sent: tuple, chan: float):
         """Device `pos` computing rows [a, b) (b > a): (rows arrived at, compute ms, each holder's
@@ -443,9 +461,14 @@ class StepModel:
             return tuple(msgs), cx.overhead[d] + float(table[a, b]) + copy + run
         return tuple(msgs), cx.overhead[d] + cx.hi[d][b] - cx.lo[d][a] + copy + run
 
-    @staticmethod
-    def finish(cx: Step, done, sent) -> float:
-        """The step's time from (position, arrived, compute) of every busy device and final sends."""
+    def finish(self, cx: Step, done, sent) -> float:
+        """The step's time from (position, arrived, compute) of every busy device and final sends. A busy
+        device that shares its host with another busy one also streams its weights beside it
+        (`Step.mate_ms`): added here, once the busy devices are known, so every partial time before is a
+        lower bound."""
+        if cx.mate_ms is not None:
+            mates = host_mates(self.cost, [self.devs[p] for p, _, _ in done])
+            done = [(p, r, c + cx.mate_ms[p] if self.devs[p] in mates else c) for p, r, c in done]
         return max((max(r, sent[cx.sender[p]] if cx.sender[p] >= 0 else 0.0) + c for p, r, c in done), default=0.0)
 
     def score(self, cx: Step, part) -> float:
@@ -585,15 +608,19 @@ class StageWork:
     @classmethod
     def build(cls, stage: Stage, graph: LayerGraph, cost: CostTable) -> "StageWork":
         """Each tile's compute ms includes the copy assembling its input (`copy_ms`) from the boxes the
-        previous segment's tiles hold (the first segment's: the stage input whole, one part), then the
-        runtime's cost of a fragment run (CostTable.run_ms)."""
+        previous segment's tiles hold (the first segment's: the stage input whole, one part), the runtime's
+        cost of a fragment run (CostTable.run_ms), then, where another tile of the segment runs on its host,
+        its weights' streaming beside that one (CostTable.shared_weights), in StepModel's order."""
         segs, have = [], None
         for seg in stage.spatial.segments:
             maps, in_bytes, out_bytes, tiles = _segment_tiles(graph, cost, stage.spatial, seg)
             if have is not None:
                 tiles = [(d, need, box, ms + copy_ms(cost, cost.index(d), assembly_cells(have, need) * in_bytes))
                          for d, need, box, ms in tiles]
-            tiles = [(d, need, box, ms + cost.run_ms[cost.index(d)]) for d, need, box, ms in tiles]
+            mates = host_mates(cost, [cost.index(d) for d, _, _, _ in tiles])
+            tiles = [(d, need, box, ms + cost.run_ms[cost.index(d)]
+                      + (cost.shared_weights(seg.lo, seg.hi, cost.index(d)) if cost.index(d) in mates else 0.0))
+                     for d, need, box, ms in tiles]
             have = [box for _, _, box, _ in tiles]
             segs.append((maps.input, in_bytes, tuple(tiles)))
         return cls(tuple(segs), maps.output, out_bytes)

@@ -19,6 +19,7 @@ from .fixed import measure_runtime_costs
 from .fixed import source as runtime_source
 from .load import BUSY_FRACTION, LoadProbe, LoadSample, describe_load, is_busy, other_cpus
 from .nodes import measure_layers
+from .shared import CoRunnerError, measure_shared_weights
 from .timing import DEFAULT, QUICK, Policy, rand, session, sig
 
 __all__ = ["measure_host", "thread_counts"]
@@ -143,6 +144,8 @@ def _sources(stamp: str, counts: list[int], quick: bool, policy: Policy, power_g
         f"gemm_weight_gbps: a chain of {bench.GEMM_COLD_LAYERS} MatMuls {bench.GEMM_COLD_ROWS}x1024 by 1024x1024, "
         "each its own weights (48 MB), less that many runs of one of them with its weights hot: weight bytes / "
         "the extra time (not written when there was none)",
+        "shared_weight_gbps: weight_gbps's MatMul at 1 thread while every other core runs it too, each in a process "
+        "of its own with its own copy of the weights, the median round (not written on one core)",
         *_relayout_sources(),
         "op_overhead_us: the larger of (a) the dispatch floor, (200-node tiny Relu chain - 1 node) / 199, and (b) small "
         "layers, (chain of 50 x [3x3 Conv 16 ch on 7x7 -> Relu] - one pair - their Conv FLOPs at the measured conv "
@@ -200,6 +203,7 @@ def measure_host(
     policy: Policy | None = None,
     probe: LoadProbe | None = None,
     runtime_costs: bool = True,
+    shared_weights: bool = True,
 ) -> dict[str, Any]:
     """Measure this machine and return a profile dict in the profile file format.
 
@@ -212,6 +216,8 @@ def measure_host(
     policy / probe: the timing policy and the load probe (tests inject scripted ones).
     runtime_costs: also measure the runtime's own costs (fixed.py) into `runtime:`; without, the profile
       has none and the cost model prices them 0.
+    shared_weights: also measure shared_weight_gbps (shared.py) where 1 thread is among the counts and the
+      machine has 2 cores or more; without, tiles of devices sharing a host pay their weights at weight_gbps.
     """
     say = progress or (lambda s: None)
     cpu = host.cpuinfo()
@@ -238,6 +244,8 @@ def measure_host(
         entries[n] = b.entries
         details.extend(b.unstable)
         unstable.extend(b.unstable_names)
+    shared = (_shared_weights(policy, quick, host.all_cores(cpu), strict, say, entries[1], details, unstable, probe)
+              if shared_weights and 1 in counts else None)
     conversions = bench.blocked_layout(counts[-1])
     say(f"  onnxruntime runs convolutions in a blocked layout: {'yes' if conversions else 'no'} (layout_conversions)")
     runtime, runtime_entries = _runtime_costs(policy, quick, strict, say, details, unstable) if runtime_costs else ({}, {})
@@ -271,6 +279,7 @@ def measure_host(
         "memory_gbps": top["memory_gbps"],
         "weight_gbps": top["weight_gbps"],
         **({"gemm_weight_gbps": top["gemm_weight_gbps"]} if "gemm_weight_gbps" in top else {}),
+        **({"shared_weight_gbps": shared} if shared is not None else {}),
         "layout_conversions": conversions,
         "op_ms_per_melem": dict(top["op_ms_per_melem"]),
         "efficiency": {k: [list(p) for p in v] for k, v in top["efficiency"].items()},
@@ -293,6 +302,40 @@ def measure_host(
 
 def fixed_source(quick: bool) -> str:
     return runtime_source(quick)
+
+
+def _shared_weights(policy: Policy, quick: bool, cores: int, strict: bool, say: Callable[[str], None],
+                    entries: dict, details: list[str], unstable: list[str], probe: LoadProbe | None = None
+                    ) -> float | None:
+    """shared_weight_gbps (shared.py), its timing added to the 1-thread `entries` like the others' (its
+    other_cpus leave out its own co-runners); None on one core. A co-runner that fails, or a timing that stays
+    unstable, is refused with strict, else a warning (a failed co-runner: the figure left out)."""
+    try:
+        got = measure_shared_weights(policy, quick, cores, say, probe)
+    except CoRunnerError as e:
+        if strict:
+            raise UserError(f"shared_weight_gbps: {e}") from None
+        details.append(f"shared_weight_gbps not written: {e}")
+        unstable.append("shared_weight_gbps (no co-runner)")
+        return None
+    if got is None:
+        return None
+    f, last = got.figure, got.last
+    entries["shared_weight_gbps"] = {
+        "runs": f.runs, "rounds": len(f.round_medians), "median_ms": sig(f.median_s * 1e3, 4),
+        "spread": sig(f.spread, 2) if math.isfinite(f.spread) else 1e9, "stable": f.stable,
+        "loadavg_1m": last.loadavg[0] if last.loadavg else None,
+        "other_cpus": None if got.others is None else round(got.others, 2)}
+    if not f.stable:
+        what = (f"1 thread, shared_weight_gbps: spread {f.spread:.0%} over {f.runs} runs in {f.seconds:.1f} s "
+                f"stayed above {policy.max_spread:.0%} ({describe_load(got.others, last.cpu.cpus if last.cpu else 0, last.loadavg)})")
+        if strict:
+            raise UserError(f"{what}; profile on a quiet machine, or without --strict to write the profile "
+                            "with a warning")
+        details.append(what)
+        unstable.append(f"shared_weight_gbps at 1 thr ({f.spread:.0%})")
+    say(f"  shared_weight_gbps {sig(got.gbps):g} GB/s per core with every core streaming")
+    return sig(got.gbps)
 
 
 def _runtime_costs(policy: Policy, quick: bool, strict: bool, say: Callable[[str], None], details: list[str],

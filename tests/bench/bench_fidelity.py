@@ -644,13 +644,17 @@ STABILITY_GROUPS = {TARGET: ("", "figures in the target"), EFFICIENCY: (" *", "t
                     RUNTIME: (" +", "runtime figures")}
 
 
-def flat_figures(figures: dict, runtime: dict | None = None) -> dict[str, tuple[float, str]]:
+def flat_figures(figures: dict, runtime: dict | None = None, shared: float | None = None
+                 ) -> dict[str, tuple[float, str]]:
     """A profile's per-thread figures by name: value, and its group (the stability target counts TARGET; the
-    tile efficiency points and the profile's `runtime:` figures, when given, are listed apart)."""
+    tile efficiency points and the profile's `runtime:` figures, when given, are listed apart); `shared`: its
+    (top-level) shared_weight_gbps, a micro-benchmark figure like weight_gbps."""
     out = {"op_overhead_us": (figures["op_overhead_us"], TARGET), "memory_gbps": (figures["memory_gbps"], TARGET)}
     for key in ("weight_gbps", "gemm_weight_gbps"):
         if key in figures:
             out[key] = (figures[key], TARGET)
+    if shared is not None:
+        out["shared_weight_gbps"] = (shared, TARGET)
     out |= {f"gflops.{k}": (v, TARGET) for k, v in figures["gflops"].items()}
     out |= {f"op_ms_per_melem.{k}": (v, TARGET) for k, v in (figures.get("op_ms_per_melem") or {}).items()}
     for kind, points in (figures.get("efficiency") or {}).items():
@@ -705,7 +709,8 @@ def bench_stability(folder: Path, tag: str = "", models: list[str] = ()) -> dict
         around = profile_host(path)
         doc = yaml.safe_load(path.read_text())
         runs.append({"profile": str(path), "around": around, **profile_load(doc),
-                     "figures": flat_figures(one_thread_figures(doc, path), doc.get("runtime"))})
+                     "figures": flat_figures(one_thread_figures(doc, path), doc.get("runtime"),
+                                                       doc.get("shared_weight_gbps"))})
     first, second = runs[0]["figures"], runs[1]["figures"]
     rows = [{"figure": k, "first": first[k][0], "second": second[k][0], "group": first[k][1],
              "in_target": first[k][1] == TARGET,

@@ -112,11 +112,12 @@ def test_restrict_prices_as_the_sub_cluster(tmp_path):
     sub = sub_cluster(cluster, ["c", "a"])
     got, want = restrict(full, sub), build_cost_table(ing.graph, sub, ing.sha256, model=ing.model)
     assert got.devices == want.devices == ("a", "c")
-    for name in ("layer_ms", "overhead_ms", "priced_ms", "out_elems", "out_positions"):
+    for name in ("layer_ms", "overhead_ms", "priced_ms", "shared_weight_ms", "out_elems", "out_positions"):
         np.testing.assert_array_equal(getattr(got, name), getattr(want, name))
     assert got.measured == want.measured and got.curves == want.curves and got.cluster is sub
     for f in fields(CostTable):  # every other field as the sub-cluster's own table has it
-        if f.name not in ("layer_ms", "overhead_ms", "priced_ms", "out_elems", "out_positions", "cluster"):
+        if f.name not in ("layer_ms", "overhead_ms", "priced_ms", "shared_weight_ms", "out_elems", "out_positions",
+                          "cluster"):
             assert getattr(got, f.name) == getattr(want, f.name), f.name
 
 

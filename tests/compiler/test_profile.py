@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edgec.compiler.cluster import EFFICIENCY_KEYS, GFLOPS_KEYS, load_cluster, load_profile, validate_profile_dict
 from edgec.compiler.errors import UserError
-from edgec.compiler.profile import measure_host, measure_layers, write_profile
+from edgec.compiler.profile import host, measure_host, measure_layers, write_profile
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +25,10 @@ def quick_profile():
 
 def test_measure_host_quick(quick_profile):
     p, lines = quick_profile
-    # gemm_weight_gbps is left out where the cold chain took no longer than its layers hot (weights cached)
-    assert set(p) - {"gemm_weight_gbps"} == {
+    # gemm_weight_gbps is left out where the cold chain took no longer than its layers hot (weights cached);
+    # shared_weight_gbps on a machine of one core (nothing shares it)
+    assert ("shared_weight_gbps" in p) == (host.all_cores(host.cpuinfo()) > 1)
+    assert set(p) - {"gemm_weight_gbps", "shared_weight_gbps"} == {
         "name", "description", "memory_mb", "usable_memory_fraction", "runtime_overhead_mb",
         "op_overhead_us", "gflops", "memory_gbps", "weight_gbps", "layout_conversions",
         "power_w", "sources", "layers", "op_ms_per_melem", "efficiency", "threads", "measurement", "runtime",

@@ -145,7 +145,9 @@ def test_busy_machine_without_strict_warns_and_says_so_in_the_profile(caplog):
     assert len(busy) == 2 and "0.90 of 2 CPUs" in busy[0] and "before profiling" in busy[0]
     load = p["measurement"]["load"]
     assert load["verdict"] == "busy" and load["before"]["other_cpus"] == 0.9 and load["during"]["other_cpus"] == 0.9
-    assert all(t["other_cpus"] == 0.9 for t in p["measurement"]["threads"][1].values())
+    # shared_weight_gbps takes its co-runners' CPU (read from /proc, not from the probe) off its others
+    assert all(t["other_cpus"] == 0.9 for name, t in p["measurement"]["threads"][1].items()
+               if name != "shared_weight_gbps")
 
 
 def test_quiet_machine_has_no_load_warning(caplog):

@@ -1,0 +1,223 @@
+"""Devices sharing a host stream their tiles' weights side by side: where the profile measured
+shared_weight_gbps, a tile whose segment another device of its host also tiles pays its layers' weights at
+that rate (CostTable.shared_weight_ms), in predict_stage, in the fragments' predicted_ms, and in the spatial
+search's step model; a device alone on its host, or without the figure, pays as before. `edgec profile`
+measures the figure with co-runner processes, and a co-runner that fails is a warning (an error with
+--strict), with nothing left running."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from edgec.compiler.cli import cli
+from edgec.compiler.cluster import Cluster, DeviceSpec, load_profile, validate_profile_dict
+from edgec.compiler.cluster.cluster import HostSpec
+from edgec.compiler.cluster.profile import profile_path
+from edgec.compiler.cost import build_cost_table, evaluate, simulate_manifest
+from edgec.compiler.cost.table import weight_ms
+from edgec.compiler.cost.tiles import SegmentCost, StepModel, host_mates, predict_stage
+from edgec.compiler.emit import assemble_manifest, build_fragments, write_output
+from edgec.compiler.errors import UserError
+from edgec.compiler.profile import measure, shared
+from edgec.compiler.profile.timing import QUICK
+from edgec.runtime.manifest import load_manifest
+from tests.compiler.test_tile_copy import SIZE, chain, plan_of, rows_stage
+
+MODELS = Path(os.environ["EDGEC_MODELS_DIR"])
+WEIGHT_GBPS = 0.2  # the shipped profiles measured no weight_gbps: these tests give them one
+SHARED_GBPS = {"rpi5": 0.05, "rpi4": 0.04}  # slow enough that the chain's small weights cost visibly
+
+
+def cluster(kinds, shared_gbps: dict[str, float], hosts: tuple) -> Cluster:
+    """Devices of `kinds`, device i on host hosts[i] (None: its own machine), their profiles with
+    shared_weight_gbps from `shared_gbps` (absent: not measured)."""
+    devs = []
+    for i, (k, h) in enumerate(zip(kinds, hosts)):
+        prof = dataclasses.replace(load_profile(k), weight_gbps=WEIGHT_GBPS, shared_weight_gbps=shared_gbps.get(k))
+        devs.append(DeviceSpec(f"{k}-{i}", prof, prof.memory_mb, None, threads=1, host=h))
+    names = {h for h in hosts if h is not None}
+    return Cluster(tuple(devs), 100.0, 0.2, "switched", {}, "test", hosts={h: HostSpec(2) for h in names})
+
+
+def test_the_shared_rate_prices_each_layers_weights_again_on_a_device_with_a_host(tmp_path):
+    graph = chain(tmp_path).graph
+    cost = build_cost_table(graph, cluster(("rpi5", "rpi4"), SHARED_GBPS, ("m", None)))
+    for i, layer in enumerate(graph.layers):
+        alone = weight_ms(layer, cost.cluster.devices[0].figures)
+        want = max(0.0, layer.read_param_bytes / (SHARED_GBPS["rpi5"] * 1e6) - alone) if alone else 0.0
+        assert cost.shared_weight_ms[i, 0] == want
+        assert cost.shared_weight_ms[i, 1] == 0.0  # no host: nothing shares its memory
+    assert cost.shared_weight_ms[:, 0].sum() > 0
+    # without the figure, nothing
+    plain = build_cost_table(graph, cluster(("rpi5", "rpi4"), {}, ("m", "m")))
+    assert not plain.shared_weight_ms.any()
+
+
+def test_host_mates_are_distinct_devices_of_one_host(tmp_path):
+    cost = build_cost_table(chain(tmp_path).graph, cluster(("rpi5", "rpi5", "rpi4"), SHARED_GBPS, ("m", "m", "n")))
+    assert host_mates(cost, [0, 1, 2]) == {0, 1}
+    assert host_mates(cost, [0, 0, 2]) == set()  # one device's two tiles run one after the other
+    assert host_mates(cost, [1, 2]) == set()
+
+
+def _stage(tmp_path, hosts, splits=(8, 8, 3)):
+    ing = chain(tmp_path)
+    kinds = ("rpi5", "rpi4")
+    shared_cost = build_cost_table(ing.graph, cluster(kinds, SHARED_GBPS, hosts), ing.sha256)
+    free_cost = build_cost_table(ing.graph, cluster(kinds, {}, hosts), ing.sha256)
+    return ing, rows_stage(ing.graph, list(shared_cost.devices), splits), shared_cost, free_cost
+
+
+def test_tiles_of_one_host_pay_the_shared_rate_and_the_fragments_carry_it(tmp_path):
+    ing, stage, cost, free = _stage(tmp_path, ("m", "m"))
+    before, after = predict_stage(stage, ing.graph, free), predict_stage(stage, ing.graph, cost)
+    for (j, n), ms in after["tile_ms"].items():
+        seg = stage.spatial.segments[j]
+        extra = float(cost.shared_weight_ms[seg.lo:seg.hi, n].sum())
+        assert extra > 0
+        assert ms == before["tile_ms"][j, n] + extra, (j, n)
+    assert after["latency_ms"] > before["latency_ms"]
+
+    # the emitted tile fragments carry it, and simulate (which replays them) agrees with the prediction
+    plan = plan_of(ing.graph, stage)
+    pred = evaluate(plan, ing.graph, cost)
+    frags = build_fragments(ing, plan, pred)
+    manifest = assemble_manifest(ing, plan, pred, frags, cost.cluster.to_dict(), tmp_path / "out",
+                                 {"strategy": "manual"})
+    write_output(tmp_path / "out", manifest, frags)
+    frag_ms = {f["id"]: f["predicted_ms"] for f in manifest["fragments"]}
+    for (j, n), ms in after["tile_ms"].items():
+        assert frag_ms[f"f0s{j}t{n}"] == round(ms, 4)
+    sim = simulate_manifest(load_manifest(tmp_path / "out" / "manifest.json"))
+    assert sim["latency_ms"] == pytest.approx(pred.latency_ms, rel=1e-4)
+
+
+def test_tiles_on_machines_of_their_own_pay_as_before(tmp_path):
+    for hosts in ((None, None), ("m", "n")):
+        (tmp_path / str(hosts[0])).mkdir()
+        ing, stage, cost, free = _stage(tmp_path / str(hosts[0]), hosts)
+        assert predict_stage(stage, ing.graph, cost)["tile_ms"] == predict_stage(stage, ing.graph, free)["tile_ms"]
+
+
+def test_the_step_model_charges_it_as_predict_stage_and_only_for_busy_mates(tmp_path):
+    """Bit for bit predict_stage's tile times where both devices compute; a device computing alone pays
+    nothing for a mate that has no rows."""
+    splits = (5, 11, 9)
+    ing, stage, cost, free = _stage(tmp_path, ("m", "m"), splits)
+    info = predict_stage(stage, ing.graph, cost)
+    model = StepModel(cost, [0, 1])
+    holders = [(0, 0, SIZE)]
+    zeros = (0.0,) * len(holders)
+    for j, seg in enumerate(stage.spatial.segments):
+        cx = model.context(SegmentCost.build(ing.graph, cost, seg.lo, seg.hi, 2), holders)
+        zeros = (0.0,) * len(holders)
+        part = (0, splits[j], SIZE)
+        done, sent = [], zeros
+        for n in range(2):
+            r, c, sent, _ = model.term(cx, n, part[n], part[n + 1], sent, 0.0)
+            done.append((n, r, c))
+            assert c + cx.mate_ms[n] == info["tile_ms"][j, n], (j, n)
+        assert model.finish(cx, done, sent) == max(
+            max(r, sent[cx.sender[p]] if cx.sender[p] >= 0 else 0.0) + c + cx.mate_ms[p] for p, r, c in done)
+        # every row on device 0: its mate computes nothing, so nothing is added
+        r0, c0, sent0, _ = model.term(cx, 0, 0, SIZE, zeros, 0.0)
+        assert model.score(cx, (0, SIZE, SIZE)) == max(r0, sent0[cx.sender[0]] if cx.sender[0] >= 0 else 0.0) + c0
+        holders = [(0, 0, splits[j]), (1, splits[j], SIZE)]
+
+
+def test_a_profile_reads_the_figure_and_refuses_a_bad_one():
+    doc = {"name": "x", "memory_mb": 1024, "usable_memory_fraction": 0.8, "runtime_overhead_mb": 100,
+           "op_overhead_us": 5, "gflops": {"conv": 10, "depthwise_conv": 5, "gemm": 10, "other": 2},
+           "memory_gbps": 5, "weight_gbps": 4, "shared_weight_gbps": 2.5}
+    assert validate_profile_dict(doc, "x.yaml").shared_weight_gbps == 2.5
+    assert validate_profile_dict({k: v for k, v in doc.items() if k != "shared_weight_gbps"},
+                                 "x.yaml").shared_weight_gbps is None
+    for bad in (0, -1, "fast"):
+        with pytest.raises(UserError) as ei:
+            validate_profile_dict({**doc, "shared_weight_gbps": bad}, "x.yaml")
+        assert str(ei.value).startswith("x.yaml: ") and "shared_weight_gbps" in str(ei.value)
+        assert "\n" not in str(ei.value)
+
+
+def _co_runners() -> list[str]:
+    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "edgec-profile-shared-" in line]
+
+
+def test_the_quick_profile_measures_it_and_leaves_no_co_runner():
+    p = measure.measure_host(threads=1, quick=True, runtime_costs=False)
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one core: nothing shares it")
+    assert p["shared_weight_gbps"] > 0
+    timing = p["measurement"]["threads"][1]["shared_weight_gbps"]
+    assert timing["runs"] >= 3 and timing["median_ms"] > 0
+    assert any(s.startswith("shared_weight_gbps: ") for s in p["sources"])
+    assert validate_profile_dict(p, "quick.yaml").shared_weight_gbps == p["shared_weight_gbps"]
+    assert _co_runners() == []
+
+
+def test_a_co_runner_that_fails_is_a_warning_and_an_error_with_strict(monkeypatch):
+    monkeypatch.setattr(shared, "_CO_RUNNER", "import sys; sys.exit('no onnxruntime here')")
+    monkeypatch.setattr(measure.host, "all_cores", lambda cpu: 2)
+    p = measure.measure_host(threads=1, quick=True, runtime_costs=False)
+    assert "shared_weight_gbps" not in p
+    assert any(w.startswith("shared_weight_gbps not written: a co-runner process exited (1): no onnxruntime here")
+               for w in p["measurement"]["warnings"])
+    with pytest.raises(UserError) as ei:  # --strict: the same failure refuses (measure_host's step alone)
+        measure._shared_weights(QUICK, True, 2, True, lambda s: None, {}, [], [])
+    assert "shared_weight_gbps" in str(ei.value) and "no onnxruntime here" in str(ei.value)
+    assert _co_runners() == []
+
+
+def _two_on_one_host(tmp_path: Path, gbps) -> Path:
+    doc = yaml.safe_load(profile_path("rpi5", None).read_text())
+    doc["weight_gbps"], doc["shared_weight_gbps"] = WEIGHT_GBPS, gbps
+    prof = tmp_path / "rpi5-shared.yaml"
+    prof.write_text(yaml.safe_dump(doc))
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump({
+        "devices": [{"name": "a", "profile": str(prof), "threads": 1, "host": "m"},
+                    {"name": "b", "profile": str(prof), "threads": 1, "host": "m"}],
+        "hosts": {"m": {"cores": 2}},
+        "network": {"bandwidth_mbps": 1000, "latency_ms": 0.1, "medium": "switched"}}))
+    return path
+
+
+def test_a_spatial_plan_priced_with_it_runs_and_verifies(tmp_path):
+    """End to end: two devices on one host, a profile with the figure, a spatial plan whose tiles are priced
+    above the same plan's without it; `edgec run --verify` reproduces the whole model's outputs."""
+    runner = CliRunner()
+    model = MODELS / "tinyconv.onnx"
+    built = {}
+    for tag, gbps in (("slow", 0.01), ("fast", 1000.0)):
+        folder = tmp_path / tag
+        folder.mkdir()
+        res = runner.invoke(cli, ["compile", str(model), "--devices", str(_two_on_one_host(folder, gbps)),
+                                  "-o", str(folder / "out"), "--strategy", "spatial", "--json"], prog_name="edgec")
+        assert res.exit_code == 0, res.output
+        built[tag] = json.loads((folder / "out" / "manifest.json").read_text())
+    tiles = {tag: {f["id"]: f["predicted_ms"] for f in m["fragments"] if "t" in f["id"].split("s")[-1]}
+             for tag, m in built.items()}
+    common = set(tiles["slow"]) & set(tiles["fast"])
+    assert common and all(tiles["slow"][f] > tiles["fast"][f] for f in common)
+    res = runner.invoke(cli, ["run", str(tmp_path / "slow" / "out" / "manifest.json"), "--random-inputs", "--seed", "3",
+                              "--verify", "--json"], prog_name="edgec")
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["verify"]["passed"]
+
+
+def test_a_bad_figure_is_one_line_exit_2_and_no_build(tmp_path):
+    out = tmp_path / "out"
+    res = CliRunner().invoke(cli, ["compile", str(MODELS / "tinyconv.onnx"), "--devices",
+                                   str(_two_on_one_host(tmp_path, -1)), "-o", str(out)], prog_name="edgec")
+    assert res.exit_code == 2, res.output
+    assert res.stderr.count("\n") == 1 and "rpi5-shared.yaml" in res.stderr and "shared_weight_gbps" in res.stderr
+    assert "Traceback" not in res.output and not out.exists()
