@@ -1,7 +1,8 @@
-"""Devices sharing a host stream their tiles' weights side by side: where the profile measured
-shared_weight_gbps, a tile whose segment another device of its host also tiles pays its layers' weights at
-that rate (CostTable.shared_weight_ms), in predict_stage, in the fragments' predicted_ms, and in the spatial
-search's step model; a device alone on its host, or without the figure, pays as before. `edgec profile`
+"""Devices sharing a host stream their weights side by side: where the profile measured shared_weight_gbps,
+a tile whose segment another device of its host also tiles pays its layers' weights at that rate
+(CostTable.shared_weight_ms), in predict_stage, in the fragments' predicted_ms, and in the spatial search's
+step model; so does a pipeline stage's period while inputs stream, when another device of its host works
+in the plan; a device alone on its host, or without the figure, pays as before. `edgec profile`
 measures the figure with co-runner processes, and a co-runner that fails is a warning (an error with
 --strict), with nothing left running."""
 
@@ -26,6 +27,7 @@ from edgec.compiler.cost.table import weight_ms
 from edgec.compiler.cost.tiles import SegmentCost, StepModel, host_mates, predict_stage
 from edgec.compiler.emit import assemble_manifest, build_fragments, write_output
 from edgec.compiler.errors import UserError
+from edgec.compiler.plan_types import Plan, Stage
 from edgec.compiler.profile import measure, shared
 from edgec.compiler.profile.timing import QUICK
 from edgec.runtime.manifest import load_manifest
@@ -221,3 +223,37 @@ def test_a_bad_figure_is_one_line_exit_2_and_no_build(tmp_path):
     assert res.exit_code == 2, res.output
     assert res.stderr.count("\n") == 1 and "rpi5-shared.yaml" in res.stderr and "shared_weight_gbps" in res.stderr
     assert "Traceback" not in res.output and not out.exists()
+
+
+def _pipeline(tmp_path, hosts, gbps=SHARED_GBPS):
+    ing = chain(tmp_path)
+    graph = ing.graph
+    cost = build_cost_table(graph, cluster(("rpi5", "rpi4"), gbps, hosts), ing.sha256)
+    cut = len(graph.layers) // 2
+    plan = Plan("manual", "throughput", (Stage(cost.devices[0], 0, cut), Stage(cost.devices[1], cut, len(graph.layers))))
+    return graph, cost, plan.ensures(graph), cut
+
+
+def test_streaming_pipeline_stages_of_one_host_pay_the_shared_rate_in_their_period(tmp_path):
+    """Inputs streaming, both stages work at once: each stage's period, and its host's work, carry its weights'
+    streaming beside the other; a lone request's latency, and the fragments it sets, do not."""
+    graph, cost, plan, cut = _pipeline(tmp_path, ("m", "m"))
+    free = build_cost_table(graph, cluster(("rpi5", "rpi4"), {}, ("m", "m")))
+    with_, without = evaluate(plan, graph, cost), evaluate(plan, graph, free)
+    extra = (cost.shared_weights(0, cut, 0), cost.shared_weights(cut, len(graph.layers), 1))
+    assert all(e > 0 for e in extra)
+    for d, e in zip(cost.devices, extra):
+        assert with_.period_ms[d] == pytest.approx(without.period_ms[d] + e, rel=1e-12)
+        assert with_.busy_ms[d] == without.busy_ms[d]  # energy counts the lone request's compute
+    # the machine's work per input grows by both stages' extra (1-thread workers on its 2 cores)
+    assert with_.host_ms["m"] == pytest.approx(without.host_ms["m"] + sum(extra) / 2, rel=1e-12)
+    assert with_.latency_ms == without.latency_ms and with_.stage_ms == without.stage_ms
+    assert with_.bottleneck_ms > without.bottleneck_ms
+
+
+def test_streaming_pipeline_stages_on_machines_of_their_own_pay_as_before(tmp_path):
+    for hosts in ((None, None), ("m", "n")):
+        (tmp_path / str(hosts[1])).mkdir()
+        graph, cost, plan, _ = _pipeline(tmp_path / str(hosts[1]), hosts)
+        free = build_cost_table(graph, cluster(("rpi5", "rpi4"), {}, hosts))
+        assert evaluate(plan, graph, cost).period_ms == evaluate(plan, graph, free).period_ms
