@@ -33,11 +33,6 @@ tbf parameters (see `tbf_params`), chosen for 10-1000 Mbps:
   4 ms early: small against the tens to hundreds of ms a tensor takes at 10-1000 Mbps. Each host's GSO
   size is capped at its smallest burst so that tbf never has to split (and partly drop) a 64 KB GSO
   packet.
-- peak (optional, `peak_ms`): a second bucket of that many ms, drained at 1.05x the rate (tbf `peakrate`
-  and `mtu`), so that what the first bucket lets through leaves at about the link's rate, not at veth
-  speed. At 1000 Mbps with the 4 ms bucket, an idle link took a 120 KB message in 0.20 of bytes / rate and
-  500 KB in 0.17; with a 0.25 ms peak bucket (32 KB), in 1.15 and 1.16 (the rate plus a round trip of about
-  0.15 ms), 2 MB in 1.01 (2026-11-26).
 - limit: burst plus 200 ms of traffic at the wire rate. netem is not available, so queueing is the only
   source of delay. In trials here one bulk TCP flow (bbr or cubic) dropped nothing with 200 ms at 10,
   20, 100, 300 and 1000 Mbps, where 50 and 100 ms queues dropped 17% and 2% of a 10 Mbps flow's
@@ -90,37 +85,24 @@ class TestbedError(RuntimeError):
     __test__ = False  # a library class, not a pytest test class
 
 
-PEAK_FACTOR = 1.05  # tbf `peakrate` over `rate`, where a peak bucket is asked for (it must exceed the rate)
-
-
 @dataclass(frozen=True)
 class TbfParams:
     rate_bit: int  # tbf `rate`, bits per second on the wire (frames, Ethernet header included)
     burst: int  # bytes in the bucket
     limit: int  # bytes that may wait in the queue
-    peak_bit: int | None = None  # tbf `peakrate` (None: no peak bucket, a burst leaves at veth speed)
-    mtu: int | None = None  # the peak bucket's bytes (tbf `mtu`)
 
     def args(self) -> list[str]:
-        peak = [] if self.peak_bit is None else ["peakrate", f"{self.peak_bit}bit", "mtu", str(self.mtu)]
-        return ["tbf", "rate", f"{self.rate_bit}bit", "burst", str(self.burst), "limit", str(self.limit), *peak]
+        return ["tbf", "rate", f"{self.rate_bit}bit", "burst", str(self.burst), "limit", str(self.limit)]
 
 
-def tbf_params(mbps: float, *, burst_ms: float = 4.0, queue_ms: float = 200.0, payload_rate: bool = True,
-               peak_ms: float | None = None) -> TbfParams:
-    """tbf settings for a link of `mbps` megabits per second (10^6 bit/s); see the module docstring.
-    peak_ms: also a peak bucket of that many ms at the rate (at least two full frames), drained at
-    PEAK_FACTOR x the rate, so that a burst leaves at about the link's rate rather than at once."""
+def tbf_params(mbps: float, *, burst_ms: float = 4.0, queue_ms: float = 200.0, payload_rate: bool = True) -> TbfParams:
+    """tbf settings for a link of `mbps` megabits per second (10^6 bit/s); see the module docstring."""
     if not (math.isfinite(burst_ms) and burst_ms > 0 and math.isfinite(queue_ms) and queue_ms >= 0):
         raise ValueError(f"burst_ms must be > 0 and queue_ms >= 0, not {burst_ms!r} and {queue_ms!r}")
-    if peak_ms is not None and not (math.isfinite(peak_ms) and 0 < peak_ms < burst_ms):
-        raise ValueError(f"peak_ms must be > 0 and below burst_ms ({burst_ms!r}), not {peak_ms!r}")
     wire_bps = mbps * 1e6 * (FRAME_BYTES / TCP_PAYLOAD_BYTES if payload_rate else 1.0)
     bytes_per_ms = wire_bps / 8 / 1000
     burst = max(2 * FRAME_BYTES, math.ceil(bytes_per_ms * burst_ms))
-    peak = {} if peak_ms is None else {"peak_bit": round(wire_bps * PEAK_FACTOR),
-                                       "mtu": max(2 * FRAME_BYTES, math.ceil(bytes_per_ms * peak_ms))}
-    return TbfParams(rate_bit=round(wire_bps), burst=burst, limit=burst + math.ceil(bytes_per_ms * queue_ms), **peak)
+    return TbfParams(rate_bit=round(wire_bps), burst=burst, limit=burst + math.ceil(bytes_per_ms * queue_ms))
 
 
 def _cmd(argv: Sequence[str], what: str, timeout: float = 30.0) -> str:
@@ -259,15 +241,14 @@ class Testbed:
     a dict {(a, b): mbps} naming every pair of shaped hosts once; a pair's rate holds in both directions.
     medium: "switched" (each pair its own link) or "shared" (one channel). unshaped: hosts whose traffic,
     to and from anyone, is not shaped. subnet: a private IPv4 network; host i gets its (i+1)-th address.
-    burst_ms, queue_ms, payload_rate, peak_ms: the tbf parameters (`tbf_params`).
+    burst_ms, queue_ms, payload_rate: the tbf parameters (`tbf_params`).
     """
 
     __test__ = False  # a library class, not a pytest test class
 
     def __init__(self, hosts: Sequence[str], bandwidth_mbps: float | Mapping[tuple[str, str], float], *,
                  medium: str = "switched", unshaped: Iterable[str] = (), subnet: str = "10.241.0.0/24",
-                 burst_ms: float = 4.0, queue_ms: float = 200.0, payload_rate: bool = True,
-                 peak_ms: float | None = None):
+                 burst_ms: float = 4.0, queue_ms: float = 200.0, payload_rate: bool = True):
         self.hosts = list(hosts)
         if not self.hosts or any(not isinstance(h, str) or not h for h in self.hosts):
             raise ValueError(f"hosts must be a non-empty list of non-empty names, not {hosts!r}")
@@ -286,7 +267,7 @@ class Testbed:
                              f"not {subnet}")
         self._prefixlen = net.prefixlen
         self._addresses = {h: str(net[i + 1]) for i, h in enumerate(self.hosts)}
-        self._tbf = dict(burst_ms=burst_ms, queue_ms=queue_ms, payload_rate=payload_rate, peak_ms=peak_ms)
+        self._tbf = dict(burst_ms=burst_ms, queue_ms=queue_ms, payload_rate=payload_rate)
         tbf_params(1.0, **self._tbf)  # refuse bad tbf settings now, before anything is created
         tag = f"{PREFIX}-{os.getpid()}-{next(_SEQ)}"
         self._switch_ns = f"{tag}-sw"
@@ -365,7 +346,7 @@ class Testbed:
 
     @property
     def namespaces(self) -> list[str]:
-        """The namespaces this testbed created, in the order it created them (the switch's first)."""
+        """The namespaces this testbed created (host namespaces, then the switch's)."""
         return list(self._created)
 
     # -- building and removing ------------------------------------------------------------------------
@@ -449,13 +430,12 @@ class Testbed:
         return tbf_params(mbps, **self._tbf)
 
     def _gso_size(self, host: str) -> int:
-        """The host's largest GSO packet: no bigger than the smallest bucket (or peak bucket) its traffic passes
-        through."""
+        """The host's largest GSO packet: no bigger than the smallest bucket its traffic passes through."""
         if host in self.unshaped:
             return GSO_DEFAULT
-        params = [self._params(r) for r in self._rates.values()] if self.medium == "shared" else \
-            [self._params(r) for pair, r in self._rates.items() if host in pair]
-        return min([GSO_DEFAULT, *(p.burst for p in params), *(p.mtu for p in params if p.mtu is not None)])
+        bursts = [self._params(r).burst for r in self._rates.values()] if self.medium == "shared" else \
+            [self._params(r).burst for pair, r in self._rates.items() if host in pair]
+        return min([GSO_DEFAULT, *bursts])
 
     def _shape_switched(self, host: str) -> None:
         ns = self._host_ns[host]

@@ -145,8 +145,6 @@ def _within(measured: float, expected: float) -> bool:
     (dict(hosts=["a", "b", "c"], bandwidth_mbps=10, subnet="10.241.0.0/31"), "room"),
     (dict(hosts=["a", "b"], bandwidth_mbps=10, burst_ms=0), "burst_ms"),
     (dict(hosts=["a", "b"], bandwidth_mbps=10, queue_ms=-1), "queue_ms"),
-    (dict(hosts=["a", "b"], bandwidth_mbps=10, peak_ms=0), "peak_ms"),
-    (dict(hosts=["a", "b"], bandwidth_mbps=10, burst_ms=1, peak_ms=1), "peak_ms"),
 ])
 def test_bad_arguments_are_refused_before_building(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -163,28 +161,6 @@ def test_tbf_parameters():
     assert netbed.tbf_params(1).burst == 2 * 1514  # never less than two full frames
     raw = netbed.tbf_params(100, payload_rate=False)
     assert (raw.rate_bit, raw.burst, raw.limit) == (100_000_000, 50_000, 50_000 + 2_500_000)
-    assert (raw.peak_bit, raw.mtu) == (None, None) and "peakrate" not in raw.args()
-    # a peak bucket: 0.25 ms at 1045.58 Mbps of frames, drained at 1.05x the rate
-    peak = netbed.tbf_params(1000, peak_ms=0.25)
-    assert (peak.burst, peak.mtu, peak.peak_bit) == (522_791, 32_675, round(1000e6 * 1514 / 1448 * 1.05))
-    assert peak.args()[-4:] == ["peakrate", f"{peak.peak_bit}bit", "mtu", "32675"]
-    assert netbed.tbf_params(1, peak_ms=0.5).mtu == 2 * 1514  # never less than two full frames
-
-
-def test_a_peak_bucket_is_on_the_link_and_caps_gso():
-    """The kernel takes the peak bucket (tc shows it), and the hosts' GSO packets fit in it, so tbf never has
-    to split one; without one, tc shows none."""
-    netbed.skip_unless_available()
-    with Testbed(["a", "b"], 1000, peak_ms=0.25) as tb:
-        (q, _) = tb.qdisc_stats()
-        # tc's JSON names the peak bucket `minburst` (the kernel rounds its bytes to its time unit)
-        assert abs(q["options"].get("minburst", 0) - 32_675) < 64, q["options"]
-        ns = next(n for n in tb.namespaces if not n.endswith("-sw"))  # a host's (the switch's is first)
-        out = subprocess.run(["ip", "-n", ns, "-d", "link", "show", netbed.HOST_IF], capture_output=True,
-                             text=True).stdout
-        assert "gso_max_size 32675 " in out, out
-    with Testbed(["a", "b"], 1000) as tb:
-        assert "minburst" not in tb.qdisc_stats()[0]["options"]
 
 
 def test_rates_per_pair():

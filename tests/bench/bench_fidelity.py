@@ -93,9 +93,7 @@ target was met, with each pair's worst figure.
 Part testbed (issue 11, item 4's testbed cases; needs root and iproute2): part two's cases over a shaped network.
 For each of --testbed-mbps (default 100,1000), in turn, a tests/netbed.py testbed is built as bench_distributed
 builds it: an unshaped coordinator host and two device hosts, dev-a and dev-b, on a switched medium whose links
-are shaped to that bandwidth (tbf's bucket 0.5 ms at up to 100 Mbps, 4 ms above with a 0.25 ms peak bucket at
-1.05x the rate: fidelity_testbed.burst_ms, .peak_ms); `edgec keygen`, an `edgec worker --threads 1` on each device
-host and `edgec run`
+are shaped to that bandwidth (tbf's bucket 0.5 ms at up to 100 Mbps, 4 ms above: fidelity_testbed.burst_ms); `edgec keygen`, an `edgec worker --threads 1` on each device host and `edgec run`
 from the coordinator host (tests/e2e/netbed_cluster.py).  The cluster files give each device the profile above,
 its testbed address, the bandwidth with latency 0 (the testbed adds none) and `threads: 1`, and say that the
 workers and the coordinator share this machine's cores (`hosts:`).  For each of --two-models: the single device
@@ -127,8 +125,7 @@ from typing import Callable
 import yaml
 
 from benchlib import brief, parallel_capacity  # tests/bench is sys.path[0] when run as a script
-from fidelity_testbed import (COORDINATOR, DEVICES, SINGLE_DEVICE, THREADS, TestbedCluster,  # puts tests.* on sys.path
-                              burst_ms, peak_ms)
+from fidelity_testbed import COORDINATOR, DEVICES, SINGLE_DEVICE, THREADS, TestbedCluster, burst_ms  # puts tests.* on sys.path
 from tests import netbed
 from tests.e2e.netbed_cluster import ClusterError
 from tests.netbed import TestbedError
@@ -616,15 +613,12 @@ def testbed_summary(bw: dict) -> str:
 def testbed_bandwidth_text(bw: dict) -> str:
     per_model = {r["model"]: r["loadavg_rounds"] for r in bw["rows"]}
     rounds = "; ".join(f"{m} {v}" for m, v in per_model.items())
-    bucket_ms, peak = burst_ms(bw["mbps"]), peak_ms(bw["mbps"])
-    tbf = netbed.tbf_params(bw["mbps"], burst_ms=bucket_ms, peak_ms=peak)
-    at_once = (f"lets a burst of {tbf.burst:,} bytes ({bucket_ms:g} ms at the wire rate, fidelity_testbed.burst_ms) "
-               "through an idle link at once" if peak is None else
-               f"lets a burst of {tbf.mtu:,} bytes ({peak:g} ms at the wire rate, fidelity_testbed.peak_ms) through an "
-               f"idle link at once, and the rest of its {tbf.burst:,}-byte bucket at 1.05x the rate")
+    bucket_ms = burst_ms(bw["mbps"])
+    burst = netbed.tbf_params(bw["mbps"], burst_ms=bucket_ms).burst
     lines = [f"### {bw['mbps']:g} Mbps ({bw['seconds']:.0f} s)\n",
              f"Load average at the start of each round: {rounds or 'n/a'}\n",
-             f"The testbed's tbf {at_once}: a message that small crosses faster than the "
+             f"The testbed's tbf lets a burst of {burst:,} bytes ({bucket_ms:g} ms at the wire rate, "
+             "fidelity_testbed.burst_ms) through an idle link at once: a message that small crosses faster than the "
              "bytes / bandwidth the planner prices, which shows as transfers measured below their prediction.\n",
              testbed_table(bw) + "\n", testbed_summary(bw)]
     lines += [f"- {u['model']} {u['plan']}: the planner keeps it on {'+'.join(u['devices'])} (predicted "

@@ -31,25 +31,15 @@ THREADS = 1  # each worker's onnxruntime threads: the profile's thread count
 # compute: measured here (2026-11-26) with two busy processes on the two cores, 100 Mbps held 0.99-1.01 of its rate
 # on 0.25-4 ms buckets, while 1000 Mbps fell to 0.6 of it on 0.25-0.5 ms (and held on 1-4 ms, whose 130-520 KB
 # hold the halos whole anyway).  So up to SMALL_BURST_MBPS the bench shapes with a 0.5 ms bucket, where a 60 KB
-# message took 0.92 of its price and 120 KB 0.96, and keeps netbed's 4 ms above.  There, the 4 ms bucket let a
-# spatial plan's halos cross at 0.44-0.73 of their price (its speed-up measured 1.14-1.32x the predicted one), so
-# above SMALL_BURST_MBPS the link also has a peak bucket of PEAK_MS (netbed `peak_ms`: 32 KB at 1000 Mbps, drained
-# at 1.05x the rate): an idle link then took 120 KB in 1.15 of bytes / rate and 2 MB in 1.01, the rate plus a
-# round trip, as a wire would.
+# message took 0.92 of its price and 120 KB 0.96, and keeps netbed's 4 ms above.
 SMALL_BURST_MBPS = 100.0
 SMALL_BURST_MS = 0.5
 DEFAULT_BURST_MS = 4.0
-PEAK_MS = 0.25
 
 
 def burst_ms(mbps: float) -> float:
     """The tbf bucket, in ms at the link's rate, the testbed part shapes an `mbps` link with."""
     return SMALL_BURST_MS if mbps <= SMALL_BURST_MBPS else DEFAULT_BURST_MS
-
-
-def peak_ms(mbps: float) -> float | None:
-    """The tbf peak bucket, in ms at the link's rate (None: none), the testbed part shapes an `mbps` link with."""
-    return None if mbps <= SMALL_BURST_MBPS else PEAK_MS
 
 
 class TestbedCluster:
@@ -62,7 +52,7 @@ class TestbedCluster:
     def __init__(self, mbps: float, profile: Path, folder: Path, warmup: int):
         self.mbps, self.profile, self.folder, self.warmup = mbps, profile, folder, warmup
         self._tb = Testbed([COORDINATOR, *DEVICES], mbps, medium="switched", unshaped=[COORDINATOR],
-                           burst_ms=burst_ms(mbps), peak_ms=peak_ms(mbps))
+                           burst_ms=burst_ms(mbps))
         self.workers: dict = {}
         self.stop_codes: dict[str, int | None] = {}  # each worker's exit code on SIGTERM (None: it had to be killed)
 
