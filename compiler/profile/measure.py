@@ -20,7 +20,7 @@ from .fixed import source as runtime_source
 from .load import BUSY_FRACTION, LoadProbe, LoadSample, describe_load, is_busy, other_cpus
 from .nodes import measure_layers
 from .shared import CoRunnerError, measure_shared_weights
-from .timing import DEFAULT, QUICK, Policy, rand, session, sig
+from .timing import DEFAULT, QUICK, Figure, Policy, rand, session, sig
 
 __all__ = ["measure_host", "thread_counts"]
 
@@ -304,6 +304,25 @@ def fixed_source(quick: bool) -> str:
     return runtime_source(quick)
 
 
+def _entry(f: Figure) -> dict:
+    """A timing's `measurement:` entry (the load, where known, is the caller's to add)."""
+    return {"runs": f.runs, "rounds": len(f.round_medians), "median_ms": sig(f.median_s * 1e3, 4),
+            "spread": sig(f.spread, 2) if math.isfinite(f.spread) else 1e9, "stable": f.stable}
+
+
+def _spread_said(f: Figure, policy: Policy) -> str:
+    return f"spread {f.spread:.0%} over {f.runs} runs in {f.seconds:.1f} s stayed above {policy.max_spread:.0%}"
+
+
+def _unsettled(what: str, short: str, strict: bool, details: list[str], unstable: list[str]) -> None:
+    """A timing whose spread stayed large: refused with strict, else a warning (`what` in measurement.warnings,
+    `short` in the one-line warning)."""
+    if strict:
+        raise UserError(f"{what}; profile on a quiet machine, or without --strict to write the profile with a warning")
+    details.append(what)
+    unstable.append(short)
+
+
 def _shared_weights(policy: Policy, quick: bool, cores: int, strict: bool, say: Callable[[str], None],
                     entries: dict, details: list[str], unstable: list[str], probe: LoadProbe | None = None
                     ) -> float | None:
@@ -321,19 +340,12 @@ def _shared_weights(policy: Policy, quick: bool, cores: int, strict: bool, say: 
     if got is None:
         return None
     f, last = got.figure, got.last
-    entries["shared_weight_gbps"] = {
-        "runs": f.runs, "rounds": len(f.round_medians), "median_ms": sig(f.median_s * 1e3, 4),
-        "spread": sig(f.spread, 2) if math.isfinite(f.spread) else 1e9, "stable": f.stable,
-        "loadavg_1m": last.loadavg[0] if last.loadavg else None,
-        "other_cpus": None if got.others is None else round(got.others, 2)}
+    entries["shared_weight_gbps"] = {**_entry(f), "loadavg_1m": last.loadavg[0] if last.loadavg else None,
+                                     "other_cpus": None if got.others is None else round(got.others, 2)}
     if not f.stable:
-        what = (f"1 thread, shared_weight_gbps: spread {f.spread:.0%} over {f.runs} runs in {f.seconds:.1f} s "
-                f"stayed above {policy.max_spread:.0%} ({describe_load(got.others, last.cpu.cpus if last.cpu else 0, last.loadavg)})")
-        if strict:
-            raise UserError(f"{what}; profile on a quiet machine, or without --strict to write the profile "
-                            "with a warning")
-        details.append(what)
-        unstable.append(f"shared_weight_gbps at 1 thr ({f.spread:.0%})")
+        load = describe_load(got.others, last.cpu.cpus if last.cpu else 0, last.loadavg)
+        _unsettled(f"1 thread, shared_weight_gbps: {_spread_said(f, policy)} ({load})",
+                   f"shared_weight_gbps at 1 thr ({f.spread:.0%})", strict, details, unstable)
     say(f"  shared_weight_gbps {sig(got.gbps):g} GB/s per core with every core streaming")
     return sig(got.gbps)
 
@@ -346,16 +358,10 @@ def _runtime_costs(policy: Policy, quick: bool, strict: bool, say: Callable[[str
     details.extend(notes)
     entries = {}
     for name, f in figures.items():
-        entries[name] = {"runs": f.runs, "rounds": len(f.round_medians), "median_ms": sig(f.median_s * 1e3, 4),
-                         "spread": sig(f.spread, 2) if math.isfinite(f.spread) else 1e9, "stable": f.stable}
+        entries[name] = _entry(f)
         if not f.stable:
-            what = (f"runtime {name}: spread {f.spread:.0%} over {f.runs} runs in {f.seconds:.1f} s stayed above "
-                    f"{policy.max_spread:.0%}")
-            if strict:
-                raise UserError(f"{what}; profile on a quiet machine, or without --strict to write the profile "
-                                "with a warning")
-            details.append(what)
-            unstable.append(f"runtime {name} ({f.spread:.0%})")
+            _unsettled(f"runtime {name}: {_spread_said(f, policy)}", f"runtime {name} ({f.spread:.0%})", strict,
+                       details, unstable)
     say(f"  runtime: {costs['message_ms']:g} ms per message + {costs['message_ms_per_mb']:g} ms per MB, "
         f"{costs['request_ms']:g} ms per request, {costs['run_ms']:g} ms per tile fragment run"
         + (f"; CPU {costs.get('message_cpu_ms_per_mb', 'not measured')} ms per MB, {costs['request_cpu_ms']:g} ms "

@@ -25,13 +25,12 @@ from edgec.compiler.cluster.profile import profile_path
 from edgec.compiler.cost import build_cost_table, evaluate, simulate_manifest
 from edgec.compiler.cost.table import weight_ms
 from edgec.compiler.cost.tiles import SegmentCost, StepModel, host_mates, predict_stage
-from edgec.compiler.emit import assemble_manifest, build_fragments, write_output
 from edgec.compiler.errors import UserError
 from edgec.compiler.plan_types import Plan, Stage
 from edgec.compiler.profile import measure, shared
 from edgec.compiler.profile.timing import QUICK
 from edgec.runtime.manifest import load_manifest
-from tests.compiler.test_tile_copy import SIZE, chain, plan_of, rows_stage
+from tests.compiler.test_tile_copy import SIZE, chain, emit, plan_of, rows_stage
 
 MODELS = Path(os.environ["EDGEC_MODELS_DIR"])
 WEIGHT_GBPS = 0.2  # the shipped profiles measured no weight_gbps: these tests give them one
@@ -89,12 +88,7 @@ def test_tiles_of_one_host_pay_the_shared_rate_and_the_fragments_carry_it(tmp_pa
     assert after["latency_ms"] > before["latency_ms"]
 
     # the emitted tile fragments carry it, and simulate (which replays them) agrees with the prediction
-    plan = plan_of(ing.graph, stage)
-    pred = evaluate(plan, ing.graph, cost)
-    frags = build_fragments(ing, plan, pred)
-    manifest = assemble_manifest(ing, plan, pred, frags, cost.cluster.to_dict(), tmp_path / "out",
-                                 {"strategy": "manual"})
-    write_output(tmp_path / "out", manifest, frags)
+    _, pred, manifest = emit(ing, cost.cluster, plan_of(ing.graph, stage), tmp_path / "out")
     frag_ms = {f["id"]: f["predicted_ms"] for f in manifest["fragments"]}
     for (j, n), ms in after["tile_ms"].items():
         assert frag_ms[f"f0s{j}t{n}"] == round(ms, 4)
