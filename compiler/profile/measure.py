@@ -327,8 +327,9 @@ def _shared_weights(policy: Policy, quick: bool, cores: int, strict: bool, say: 
                     entries: dict, details: list[str], unstable: list[str], probe: LoadProbe | None = None
                     ) -> float | None:
     """shared_weight_gbps (shared.py), its timing added to the 1-thread `entries` like the others' (its
-    other_cpus leave out its own co-runners); None on one core. A co-runner that fails, or a timing that stays
-    unstable, is refused with strict, else a warning (a failed co-runner: the figure left out)."""
+    other_cpus leave out its own co-runners); None on one core. A co-runner that fails, co-runners off the CPU
+    in every round, or a timing that stays unstable, is refused with strict, else a warning (in the first two
+    cases the figure is left out)."""
     try:
         got = measure_shared_weights(policy, quick, cores, say, probe)
     except CoRunnerError as e:
@@ -340,11 +341,20 @@ def _shared_weights(policy: Policy, quick: bool, cores: int, strict: bool, say: 
     if got is None:
         return None
     f, last = got.figure, got.last
+    if got.idle_rounds == len(f.round_medians):  # nothing ran beside it: not the figure at all
+        what = f"shared_weight_gbps not written: a co-runner was off the CPU in every one of its {got.idle_rounds} rounds"
+        if strict:
+            raise UserError(f"{what}; profile on a quiet machine, or without --strict to write the profile without it")
+        details.append(what)
+        unstable.append("shared_weight_gbps (co-runners off the CPU)")
+        return None
     entries["shared_weight_gbps"] = {**_entry(f), "loadavg_1m": last.loadavg[0] if last.loadavg else None,
                                      "other_cpus": None if got.others is None else round(got.others, 2)}
     if not f.stable:
         load = describe_load(got.others, last.cpu.cpus if last.cpu else 0, last.loadavg)
-        _unsettled(f"1 thread, shared_weight_gbps: {_spread_said(f, policy)} ({load})",
+        idle = (f"; {got.idle_rounds} of {len(f.round_medians)} rounds with a co-runner off the CPU, not counted"
+                if got.idle_rounds else "")
+        _unsettled(f"1 thread, shared_weight_gbps: {_spread_said(f, policy)} ({load}{idle})",
                    f"shared_weight_gbps at 1 thr ({f.spread:.0%})", strict, details, unstable)
     say(f"  shared_weight_gbps {sig(got.gbps):g} GB/s per core with every core streaming")
     return sig(got.gbps)

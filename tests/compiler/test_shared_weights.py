@@ -251,3 +251,18 @@ def test_streaming_pipeline_stages_on_machines_of_their_own_pay_as_before(tmp_pa
         graph, cost, plan, _ = _pipeline(tmp_path / str(hosts[1]), hosts)
         free = build_cost_table(graph, cluster(("rpi5", "rpi4"), {}, hosts))
         assert evaluate(plan, graph, cost).period_ms == evaluate(plan, graph, free).period_ms
+
+
+def test_rounds_with_a_co_runner_off_the_cpu_do_not_count(monkeypatch):
+    """A co-runner that did not run during a round (its CPU time did not move) leaves that round out; when no
+    round had one beside it, the figure is not written (a warning; an error with --strict)."""
+    monkeypatch.setattr(shared, "_jiffies", lambda procs: 0)
+    got = shared.measure_shared_weights(QUICK, True, 2, lambda s: None)
+    assert got.idle_rounds == len(got.figure.round_medians) > 0 and not got.figure.stable
+    details, unstable = [], []
+    assert measure._shared_weights(QUICK, True, 2, False, lambda s: None, {}, details, unstable) is None
+    assert details == [f"shared_weight_gbps not written: a co-runner was off the CPU in every one of its "
+                       f"{len(got.figure.round_medians)} rounds"]
+    with pytest.raises(UserError, match="off the CPU"):
+        measure._shared_weights(QUICK, True, 2, True, lambda s: None, {}, [], [])
+    assert _co_runners() == []
