@@ -319,14 +319,21 @@ def _weights_kn(quick: bool) -> int:
     return 2048 if quick else 4096
 
 
-def bench_weights(b: Bench) -> Formula:
-    """A batch-1 MatMul (1 x k by k x n) whose weights (64 MB) no cache holds: its time is reading them in,
-    which is what a layer pays for its weights beyond its FLOPs (cost/table.py weight_ms)."""
-    kn = _weights_kn(b.quick)
-    w = numpy_helper.from_array(rand(b.rng, kn, kn) * 0.05, "b")
+def weights_matmul(rng, quick: bool) -> tuple[bytes, dict, int]:
+    """weight_gbps' model: a batch-1 MatMul (1 x k by k x n) whose weights (64 MB) no cache holds, its feeds
+    and its weights' bytes (shared.py times it beside co-runners too)."""
+    kn = _weights_kn(quick)
+    w = numpy_helper.from_array(rand(rng, kn, kn) * 0.05, "b")
     data = model([helper.make_node("MatMul", ["a", "b"], ["y"])], [vi("a", (1, kn))], [vi("y", (1, kn))], [w])
-    b.add("weight_gbps", data, {"a": rand(b.rng, 1, kn)}, per_pass=DRAM_ROUNDS)
-    return _rate(4 * kn * kn, "weight_gbps")
+    return data, {"a": rand(rng, 1, kn)}, 4 * kn * kn
+
+
+def bench_weights(b: Bench) -> Formula:
+    """weights_matmul: its time is reading the weights in, which is what a layer pays for its weights beyond
+    its FLOPs (cost/table.py weight_ms)."""
+    data, feeds, nbytes = weights_matmul(b.rng, b.quick)
+    b.add("weight_gbps", data, feeds, per_pass=DRAM_ROUNDS)
+    return _rate(nbytes, "weight_gbps")
 
 
 GEMM_COLD_LAYERS = 12  # MatMuls of 1024 x 1024 weights, 48 MB in all: more than this machine's 32 MB L3 holds

@@ -32,11 +32,10 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-from onnx import helper, numpy_helper
 
 from . import bench
 from .load import LoadProbe, LoadSample, parse_self_stat
-from .timing import Figure, Policy, Series, model, rand, settle, time_model, vi
+from .timing import Figure, Policy, Series, settle, time_model
 
 __all__ = ["measure_shared_weights", "Shared", "CoRunnerError", "SHARED_QUANTILE"]
 
@@ -67,15 +66,6 @@ class CoRunnerError(RuntimeError):
     """A co-runner process did not start (its last line of stderr is in the message)."""
 
 
-def _weights_model(quick: bool) -> tuple[bytes, dict, int]:
-    """bench_weights' MatMul: (model, feeds, bytes of weights)."""
-    kn = bench._weights_kn(quick)
-    rng = np.random.default_rng(7)
-    w = numpy_helper.from_array(rand(rng, kn, kn) * 0.05, "b")
-    data = model([helper.make_node("MatMul", ["a", "b"], ["y"])], [vi("a", (1, kn))], [vi("y", (1, kn))], [w])
-    return data, {"a": rand(rng, 1, kn)}, 4 * kn * kn
-
-
 @dataclass(frozen=True)
 class Shared:
     gbps: float
@@ -92,7 +82,7 @@ def measure_shared_weights(policy: Policy, quick: bool, cores: int, say: Callabl
     probe = probe or LoadProbe()
     if cores < 2:
         return None
-    data, feeds, nbytes = _weights_model(quick)
+    data, feeds, nbytes = bench.weights_matmul(np.random.default_rng(7), quick)
     say(f"  shared_weight_gbps: the weights' MatMul at 1 thread beside {cores - 1} other process"
         f"{'es' if cores > 2 else ''} running it")
     folder = Path(tempfile.mkdtemp(prefix="edgec-profile-shared-"))
