@@ -31,7 +31,8 @@ largest count's, for readers that know no thread counts.  Per count:
   - shared_weight_gbps     (top level, at 1 thread) weight_gbps's MatMul while every other core runs it too,
                            each in a process of its own with its own copy of the weights (shared.py): the rate
                            each of several devices on one machine streams its weights at when they compute
-                           at once.  25.5-27.5 GB/s here, back to back, against weight_gbps' 44-45: the cost
+                           at once; weight_gbps times the ratio of its rounds to weight_gbps' rounds beside
+                           them.  22-30 GB/s here, against weight_gbps' 44-45: the cost
                            model prices a tile's weights at it where another device of its host (cluster
                            `hosts:`) runs a tile of the same segment.  Not measured on one core
   - layout_conversions     (top level, a yes/no) whether onnxruntime runs convolutions here in its blocked

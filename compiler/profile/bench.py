@@ -14,7 +14,7 @@ import math
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 import numpy as np
 import onnx
@@ -51,11 +51,15 @@ class Job:
     feeds: dict[str, np.ndarray]
     opt: ort.GraphOptimizationLevel = _ALL
     per_pass: int = 1  # rounds in each pass over the models, spread through it (`pass_order`)
+    pick: float | None = None  # which stable round gives the figure (timing.combine's quantile); None: `quantile`
+    beside: "Beside | None" = None  # processes its rounds run beside (shared.py's co-runners)
 
     @property
     def quantile(self) -> float:
-        """Which stable round gives the figure (timing.combine): the fastest, or for a spread timing the one
-        at SPREAD_QUANTILE."""
+        """Which stable round gives the figure (timing.combine): `pick` if given, else the fastest, or for a
+        spread timing the one at SPREAD_QUANTILE."""
+        if self.pick is not None:
+            return self.pick
         return SPREAD_QUANTILE if self.per_pass > 1 else 0.0
 
 
@@ -80,6 +84,18 @@ SPREAD_QUANTILE = 0.25
 Timer = Callable[[bytes, dict, int, Policy, ort.GraphOptimizationLevel], Series]
 
 
+class Beside(Protocol):
+    """Processes a job's rounds run beside (shared.CoRunners): `timer` times its rounds (resuming them around
+    each), `jiffies` is their CPU time so far (counted as this process's own in the job's load; None where
+    unreadable), and `note` goes into the warning of the job's figure when it is unstable."""
+
+    timer: Timer
+
+    def jiffies(self) -> int | None: ...
+
+    def note(self) -> str: ...
+
+
 class Bench:
     """Collects models (`add`), then times them all in interleaved rounds (`run`), recording each timing
     under its name in `entries`."""
@@ -92,17 +108,20 @@ class Bench:
         self.rng = np.random.default_rng(0)  # fixed: the same inputs and weights in every profile
         self.jobs: list[Job] = []
         self.entries: dict[str, dict] = {}
+        self.figures: dict[str, Figure] = {}  # each timing's, once run
         self.unstable: list[str] = []  # one line per timing whose spread stayed large
         self.unstable_names: list[str] = []  # "<timing> at <threads> thr (<spread>)" for the one-line warning
 
-    def add(self, name: str, data: bytes, feeds: dict, opt=_ALL, per_pass: int = 1) -> None:
+    def add(self, name: str, data: bytes, feeds: dict, opt=_ALL, per_pass: int = 1, *, pick: float | None = None,
+            beside: Beside | None = None) -> None:
         """A model to time under `name`; `per_pass` > 1: that many shorter rounds in each pass, spread through
-        it (for the timings that follow the machine's memory traffic: DRAM_ROUNDS, SPREAD_ROUNDS)."""
+        it (for the timings that follow the machine's memory traffic: DRAM_ROUNDS, SPREAD_ROUNDS). `pick`,
+        `beside`: see Job."""
         if any(j.name == name for j in self.jobs):
             raise ValueError(f"benchmark {name!r} added twice")
         if per_pass < 1:
             raise ValueError(f"benchmark {name!r}: per_pass must be at least 1, got {per_pass}")
-        self.jobs.append(Job(name, data, feeds, opt, per_pass))
+        self.jobs.append(Job(name, data, feeds, opt, per_pass, pick, beside))
 
     def run(self) -> Times:
         """Seconds per run of every added model: policy.rounds rounds, each a pass over all models in the
@@ -116,9 +135,10 @@ class Bench:
                     replace(self.policy, max_seconds=self.policy.max_seconds / j.per_pass) for j in self.jobs}
 
         def one_round(job: Job) -> None:
-            before = self.probe.sample()
-            rounds[job.name].append(self.timer(job.data, job.feeds, self.threads, policies[job.name], job.opt))
-            spans[job.name].append((before, self.probe.sample()))
+            before = self._sample(job)
+            timer = job.beside.timer if job.beside else self.timer
+            rounds[job.name].append(timer(job.data, job.feeds, self.threads, policies[job.name], job.opt))
+            spans[job.name].append((before, self._sample(job)))
 
         for _ in range(self.policy.rounds):
             for job in pass_order(self.jobs):
@@ -129,10 +149,18 @@ class Bench:
                 break
             for job in pass_order(unsettled):
                 one_round(job)
-        return {job.name: self._record(job.name, combine(rounds[job.name], self.policy.max_spread, job.quantile),
+        return {job.name: self._record(job, combine(rounds[job.name], self.policy.max_spread, job.quantile),
                                        spans[job.name]) for job in self.jobs}
 
-    def _record(self, name: str, f: Figure, spans: list[tuple[LoadSample, LoadSample]]) -> float:
+    def _sample(self, job: Job) -> LoadSample:
+        """The probe's reading, the CPU time of the processes the job runs beside counted as this process's own."""
+        s = self.probe.sample()
+        extra = job.beside.jiffies() if job.beside and s.cpu else None
+        return s if extra is None else replace(s, cpu=replace(s.cpu, own=s.cpu.own + extra))
+
+    def _record(self, job: Job, f: Figure, spans: list[tuple[LoadSample, LoadSample]]) -> float:
+        name = job.name
+        self.figures[name] = f
         others = other_cpus_over(spans)
         last = spans[-1][1]
         self.entries[name] = {
@@ -146,15 +174,20 @@ class Bench:
         }
         if not f.stable:
             cpus = last.cpu.cpus if last.cpu else 0
-            what = (f"{threads_label(self.threads)}, {name}: spread {f.spread:.0%} "
-                    f"over {f.runs} runs in {f.seconds:.1f} s stayed above {self.policy.max_spread:.0%} "
-                    f"(fastest round's window {f.window_spread:.0%}, nearest other of {len(f.round_medians)} rounds "
-                    f"{f.rounds_apart:.0%} away; {describe_load(others, cpus, last.loadavg)})")
+            load = describe_load(others, cpus, last.loadavg) + (f"; {job.beside.note()}" if job.beside else "")
+            if f.spread > self.policy.max_spread:
+                said = (f"spread {f.spread:.0%} over {f.runs} runs in {f.seconds:.1f} s stayed above "
+                        f"{self.policy.max_spread:.0%} (its round's window {f.window_spread:.0%}, nearest other of "
+                        f"{len(f.round_medians)} rounds {f.rounds_apart:.0%} away; {load})")
+            else:  # each round agreed with itself, but none counted (a round the Beside left out, a short one)
+                said = f"none of its {len(f.round_medians)} rounds was stable ({f.runs} runs in {f.seconds:.1f} s; {load})"
+            what = f"{threads_label(self.threads)}, {name}: {said}"
             if self.strict:
                 raise UserError(f"{what}; profile on a quiet machine, or without --strict to write the profile "
                                 "with a warning")
             self.unstable.append(what)
-            self.unstable_names.append(f"{name} at {self.threads} thr ({f.spread:.0%})")
+            said_short = f"{f.spread:.0%}" if f.spread > self.policy.max_spread else "no stable round"
+            self.unstable_names.append(f"{name} at {self.threads} thr ({said_short})")
         return f.median_s
 
 
@@ -328,12 +361,15 @@ def weights_matmul(rng, quick: bool) -> tuple[bytes, dict, int]:
     return data, {"a": rand(rng, 1, kn)}, 4 * kn * kn
 
 
+WEIGHTS = "weight_gbps"  # its timing's name (shared.py pairs its own rounds with this one's)
+
+
 def bench_weights(b: Bench) -> Formula:
     """weights_matmul: its time is reading the weights in, which is what a layer pays for its weights beyond
     its FLOPs (cost/table.py weight_ms)."""
     data, feeds, nbytes = weights_matmul(b.rng, b.quick)
-    b.add("weight_gbps", data, feeds, per_pass=DRAM_ROUNDS)
-    return _rate(nbytes, "weight_gbps")
+    b.add(WEIGHTS, data, feeds, per_pass=DRAM_ROUNDS)
+    return _rate(nbytes, WEIGHTS)
 
 
 GEMM_COLD_LAYERS = 12  # MatMuls of 1024 x 1024 weights, 48 MB in all: more than this machine's 32 MB L3 holds
@@ -614,8 +650,10 @@ def gemm_curve(b: Bench) -> Curve:
 # --------------------------------------------------------------------------------------------------
 
 
-def measure_figures(b: Bench) -> dict:
-    """The figures of one thread count, in the profile's format (a `threads:` entry)."""
+def measure_figures(b: Bench, more: dict[str, Callable[[Bench], Formula]] | None = None) -> dict:
+    """The figures of one thread count, in the profile's format (a `threads:` entry), and those of `more`
+    under their names: each adds its timings to the Bench after the others (shared.CoRunners.add_to) and
+    returns its figure's formula."""
     floor = dispatch_floor_us(b)
     small = small_layer_overhead_us(b)
     conv, dw, gemm, other, mem = bench_conv(b), bench_depthwise(b), bench_gemm(b), bench_other(b), bench_memory(b)
@@ -623,6 +661,7 @@ def measure_figures(b: Bench) -> dict:
     gemm_weights = bench_gemm_weights(b)
     ops = op_table(b)
     curves = {"conv_positions": conv_positions_curve(b), "depthwise_conv": depthwise_curve(b), "gemm": gemm_curve(b)}
+    extra = {name: add(b) for name, add in (more or {}).items()}
     n = b.threads
     b.say(f"  {threads_label(n)}: {len(b.jobs)} timings, {b.policy.rounds} interleaved rounds each")
     t = b.run()
@@ -653,4 +692,5 @@ def measure_figures(b: Bench) -> dict:
         **({} if gemm_weight_gbps is None else {"gemm_weight_gbps": sig(gemm_weight_gbps)}),
         "op_ms_per_melem": table,
         "efficiency": eff,
+        **{name: sig(formula(t)) for name, formula in extra.items()},
     }

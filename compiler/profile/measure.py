@@ -2,24 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import logging
 import math
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import onnxruntime as ort
 
 from edgec.compiler.errors import UserError
 
 from . import bench, host
+from . import shared as shared_mod
 from .bench import Bench, measure_figures
 from .fixed import measure_runtime_costs
 from .fixed import source as runtime_source
 from .load import BUSY_FRACTION, LoadProbe, LoadSample, describe_load, is_busy, other_cpus
 from .nodes import measure_layers
-from .shared import CoRunnerError, measure_shared_weights
+from .shared import CoRunnerError, CoRunners
 from .timing import DEFAULT, QUICK, Figure, Policy, rand, session, sig
 
 __all__ = ["measure_host", "thread_counts"]
@@ -145,7 +147,9 @@ def _sources(stamp: str, counts: list[int], quick: bool, policy: Policy, power_g
         "each its own weights (48 MB), less that many runs of one of them with its weights hot: weight bytes / "
         "the extra time (not written when there was none)",
         "shared_weight_gbps: weight_gbps's MatMul at 1 thread while every other core runs it too, each in a process "
-        "of its own with its own copy of the weights, the median round (not written on one core)",
+        f"of its own with its own copy of the weights (paused between rounds), in {bench.DRAM_ROUNDS} rounds per pass "
+        "spread through the 1-thread timings' as weight_gbps' are: weight_gbps times the ratio of each such round's "
+        "time to the weight_gbps round beside it, the pair at the slower quarter (not written on one core)",
         *_relayout_sources(),
         "op_overhead_us: the larger of (a) the dispatch floor, (200-node tiny Relu chain - 1 node) / 199, and (b) small "
         "layers, (chain of 50 x [3x3 Conv 16 ch on 7x7 -> Relu] - one pair - their Conv FLOPs at the measured conv "
@@ -238,14 +242,17 @@ def measure_host(
     entries: dict[int, dict] = {}
     unstable: list[str] = []  # the timings whose spread stayed large, named for the one-line warning
     details: list[str] = []  # the same, each with the load it saw, for measurement.warnings
+    shared = None
     for n in counts:
         b = Bench(n, quick, policy, probe, strict, say)
-        per_thread[n] = measure_figures(b)
+        sharing = n == 1 and shared_weights and host.all_cores(cpu) > 1
+        with _co_runners(host.all_cores(cpu) - 1 if sharing else 0, quick, strict, say, details, unstable) as co:
+            per_thread[n] = measure_figures(b, {shared_mod.NAME: co.add_to} if co else None)
         entries[n] = b.entries
         details.extend(b.unstable)
         unstable.extend(b.unstable_names)
-    shared = (_shared_weights(policy, quick, host.all_cores(cpu), strict, say, entries[1], details, unstable, probe)
-              if shared_weights and 1 in counts else None)
+        if co:
+            shared = _shared_weights(per_thread[n].pop(shared_mod.NAME), co, strict, say, details, unstable)
     conversions = bench.blocked_layout(counts[-1])
     say(f"  onnxruntime runs convolutions in a blocked layout: {'yes' if conversions else 'no'} (layout_conversions)")
     runtime, runtime_entries = _runtime_costs(policy, quick, strict, say, details, unstable) if runtime_costs else ({}, {})
@@ -323,41 +330,42 @@ def _unsettled(what: str, short: str, strict: bool, details: list[str], unstable
     unstable.append(short)
 
 
-def _shared_weights(policy: Policy, quick: bool, cores: int, strict: bool, say: Callable[[str], None],
-                    entries: dict, details: list[str], unstable: list[str], probe: LoadProbe | None = None
-                    ) -> float | None:
-    """shared_weight_gbps (shared.py), its timing added to the 1-thread `entries` like the others' (its
-    other_cpus leave out its own co-runners); None on one core. A co-runner that fails, co-runners off the CPU
-    in every round, or a timing that stays unstable, is refused with strict, else a warning (in the first two
-    cases the figure is left out)."""
+@contextlib.contextmanager
+def _co_runners(count: int, quick: bool, strict: bool, say: Callable[[str], None], details: list[str],
+                unstable: list[str]) -> Iterator[CoRunners | None]:
+    """shared_weight_gbps' co-runners (shared.py) while the 1-thread micro-benchmarks run; None when there are
+    none to start, or when one fails to (refused with strict, else a warning and the figure is left out)."""
+    if count < 1:
+        yield None
+        return
+    say(f"  shared_weight_gbps: the weights' MatMul at 1 thread beside {count} other process"
+        f"{'es' if count > 1 else ''} running it, its rounds among the 1-thread timings'")
     try:
-        got = measure_shared_weights(policy, quick, cores, say, probe)
+        co = CoRunners(count, quick)
     except CoRunnerError as e:
         if strict:
             raise UserError(f"shared_weight_gbps: {e}") from None
         details.append(f"shared_weight_gbps not written: {e}")
         unstable.append("shared_weight_gbps (no co-runner)")
-        return None
-    if got is None:
-        return None
-    f, last = got.figure, got.last
-    if got.idle_rounds == len(f.round_medians):  # nothing ran beside it: not the figure at all
-        what = f"shared_weight_gbps not written: a co-runner was off the CPU in every one of its {got.idle_rounds} rounds"
+        yield None
+        return
+    with co:
+        yield co
+
+
+def _shared_weights(gbps: float, co: CoRunners, strict: bool, say: Callable[[str], None], details: list[str],
+                    unstable: list[str]) -> float | None:
+    """The figure, or None when no round had its co-runners on the CPU: nothing ran beside it (refused with
+    strict, else a warning; the Bench has said it was unstable)."""
+    if co.idle_rounds == co.rounds:
+        what = f"shared_weight_gbps not written: a co-runner was off the CPU in every one of its {co.rounds} rounds"
         if strict:
             raise UserError(f"{what}; profile on a quiet machine, or without --strict to write the profile without it")
         details.append(what)
         unstable.append("shared_weight_gbps (co-runners off the CPU)")
         return None
-    entries["shared_weight_gbps"] = {**_entry(f), "loadavg_1m": last.loadavg[0] if last.loadavg else None,
-                                     "other_cpus": None if got.others is None else round(got.others, 2)}
-    if not f.stable:
-        load = describe_load(got.others, last.cpu.cpus if last.cpu else 0, last.loadavg)
-        idle = (f"; {got.idle_rounds} of {len(f.round_medians)} rounds with a co-runner off the CPU, not counted"
-                if got.idle_rounds else "")
-        _unsettled(f"1 thread, shared_weight_gbps: {_spread_said(f, policy)} ({load}{idle})",
-                   f"shared_weight_gbps at 1 thr ({f.spread:.0%})", strict, details, unstable)
-    say(f"  shared_weight_gbps {sig(got.gbps):g} GB/s per core with every core streaming")
-    return sig(got.gbps)
+    say(f"  shared_weight_gbps {gbps:g} GB/s per core with every core streaming")
+    return gbps
 
 
 def _runtime_costs(policy: Policy, quick: bool, strict: bool, say: Callable[[str], None], details: list[str],

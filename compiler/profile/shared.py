@@ -8,18 +8,30 @@ a second process ran it, where a compute-bound conv ran 1.01x slower; a 7x7 ResN
 of weights) ran 1.12-1.20x slower beside a second one, and in a two-device plan 0.20-0.23 ms over its
 price (cost/table.py prices the weights of such a tile at this figure).
 
-How: cores - 1 other processes (plain Python with onnxruntime, no edgec) each load the same model file into
-their own memory and run it at 1 intra-op thread, back to back, until their stdin closes; meanwhile this
-process times the MatMul at 1 thread the way weight_gbps is timed (bench.py bench_weights), in
-ROUNDS_FACTOR x policy.rounds rounds (more while unstable), the figure the median round's. A round in which
-a co-runner had less than BUSY of a CPU (/proc/PID/stat) is not counted: in one profile of six the figure came
-out at weight_gbps's own rate (45.2 GB/s against 21.9-25.8), as if nothing ran beside it. Five measurements
-back to back gave 24.6-29.0 GB/s with 4 rounds, hence the longer series. Not measured on a machine of one
-core (nothing shares it).
+How: cores - 1 other processes (plain Python with onnxruntime, no edgec; `CoRunners`) each load the MatMul
+into their own memory and wait. The figure is a timing of the 1-thread micro-benchmarks (`CoRunners.add_to`):
+each of its rounds resumes the co-runners, times the MatMul at 1 thread the way weight_gbps is timed while they
+run it back to back, and pauses them again. Its rounds are spread through the micro-benchmarks' passes as
+weight_gbps' are (bench.DRAM_ROUNDS per pass), because the machine gives two streams their share of memory
+in phases. Over 240 s of alternating rounds here (2026-11-26; shared, then weight_gbps alone, 0.5 s apart):
+- the shared rate was 23.7 / 25.0 / 26.1 GB/s (quartiles), 4% of the rounds above 35: one stretch of about
+  10 s at 42-45, weight_gbps' own rate, the co-runner on its CPU throughout. Profiles that timed it in one
+  stretch of 3 s came out at either, 22-29 or 44-45.
+- Over every 48 consecutive rounds (about 24 s, as a profile spreads them) the slower quarter's round lay
+  within 21.3-25.1 GB/s: the other tenants' memory traffic moves it as it moves weight_gbps. The ratio of each
+  shared round to the weight_gbps round beside it moves less, 0.52-0.58 at its slower quarter.
+So the figure is weight_gbps' figure times that ratio (`paired_rate`; 23.1-25.6 GB/s over the same windows),
+at the slower quarter of the pairs (SHARED_QUANTILE: here the lucky moments are the fast, uncontended ones).
+A profile that lies wholly in an uncontended phase still measures it, 39.5 GB/s against 22.3-27.2 in five
+profiles (w25): no rate of this kind can be taken from a moment that does not contend.
+A round in which a co-runner had less than BUSY of a CPU (/proc/PID/schedstat) does not count (marked
+unstable); when none counts, the figure is not written. The co-runners stop when their stdin closes, so none
+outlives the profile. Not measured on a machine of one core (nothing shares it).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import select
 import shutil
@@ -27,27 +39,30 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 from . import bench
-from .load import LoadProbe, LoadSample, parse_self_stat
-from .timing import Figure, Policy, Series, settle, time_model
+from .load import parse_self_stat
+from .timing import Figure, Policy, Series, time_model
 
-__all__ = ["measure_shared_weights", "Shared", "CoRunnerError", "SHARED_QUANTILE"]
+__all__ = ["CoRunners", "CoRunnerError", "SHARED_QUANTILE", "BUSY", "paired_rate"]
 
-SHARED_QUANTILE = 0.5  # the median round
-ROUNDS_FACTOR = 3  # rounds (and time) over the policy's: five measurements back to back gave 24.6-29.0 GB/s
+SHARED_QUANTILE = 0.75  # the round at the slower quarter: phases of uncontended memory (faster) are the lucky ones
 BUSY = 0.8  # a round counts when its co-runners had at least this share of a CPU each meanwhile
+# A running process's CPU time advances at the scheduler's ticks (up to 10 ms apart at HZ 100): in rounds of
+# 20 ms (quick) a co-runner on its CPU throughout read 0.77-1.16 of the round, so that much is not held against it.
+TICK_S = 0.01
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 READY_TIMEOUT_S = 60.0  # a co-runner loads onnxruntime and 64 MB of weights in about a second here
 
-# A co-runner: no edgec import (it runs the weights' model as the benchmark does and nothing else).
+# A co-runner: no edgec import (it runs the weights' model as the benchmark does and nothing else). It reads
+# one byte at a time from stdin: "g" runs the model back to back until the next byte, "p" waits for the next
+# byte, anything else or end of file (the profile closed it, or died) ends it.
 _CO_RUNNER = """
-import select, sys
+import os, select, sys
 import numpy as np
 import onnxruntime as ort
 o = ort.SessionOptions()
@@ -57,8 +72,15 @@ s = ort.InferenceSession(sys.argv[1], o, providers=["CPUExecutionProvider"])
 feeds = {"a": np.ones((1, int(sys.argv[2])), dtype=np.float32)}
 s.run(None, feeds)
 print("ready", flush=True)
-while not select.select([sys.stdin], [], [], 0)[0]:
-    s.run(None, feeds)
+running = False
+while True:
+    if not running or select.select([0], [], [], 0)[0]:
+        c = os.read(0, 1)
+        if c not in (b"g", b"p"):
+            break
+        running = c == b"g"
+    else:
+        s.run(None, feeds)
 """
 
 
@@ -66,72 +88,118 @@ class CoRunnerError(RuntimeError):
     """A co-runner process did not start (its last line of stderr is in the message)."""
 
 
-@dataclass(frozen=True)
-class Shared:
-    gbps: float
-    figure: Figure
-    others: float | None  # CPUs that processes other than this one and its co-runners used meanwhile
-    last: LoadSample  # the machine after the timing
-    idle_rounds: int = 0  # rounds left out because a co-runner was off the CPU for part of them
+NAME = "shared_weight_gbps"
 
 
-def measure_shared_weights(policy: Policy, quick: bool, cores: int, say: Callable[[str], None],
-                           probe: LoadProbe | None = None) -> Shared | None:
-    """The weights' MatMul at 1 thread beside cores - 1 co-runners; None on one core. CoRunnerError when a
-    co-runner fails to start; the co-runners are gone when this returns or raises."""
-    probe = probe or LoadProbe()
-    if cores < 2:
-        return None
-    data, feeds, nbytes = bench.weights_matmul(np.random.default_rng(7), quick)
-    say(f"  shared_weight_gbps: the weights' MatMul at 1 thread beside {cores - 1} other process"
-        f"{'es' if cores > 2 else ''} running it")
-    folder = Path(tempfile.mkdtemp(prefix="edgec-profile-shared-"))
-    procs: list[subprocess.Popen] = []
-    try:
-        path = folder / "weights.onnx"
-        path.write_bytes(data)
-        for _ in range(cores - 1):
-            procs.append(subprocess.Popen([sys.executable, "-c", _CO_RUNNER, str(path), str(feeds["a"].shape[1])],
-                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                          env={**os.environ, "OMP_NUM_THREADS": "1"}))
-        for p in procs:
-            _wait_ready(p)
-        idle: list[bool] = []
-        longer = replace(policy, rounds=policy.rounds * ROUNDS_FACTOR, max_seconds=policy.max_seconds * ROUNDS_FACTOR)
+class CoRunners:
+    """`count` co-runner processes of weight_gbps' MatMul (bench.weights_matmul), started paused, for a
+    bench.Bench job (`add_to`): its `timer` times a round beside them (bench.Beside). A context manager: they
+    are gone when it exits, or when starting one raises CoRunnerError."""
 
-        def take_round() -> Series:
-            j0, t0 = _jiffies(procs), time.monotonic()
-            series = time_model(data, feeds, 1, longer)
-            j1, t1 = _jiffies(procs), time.monotonic()
-            # a co-runner off the CPU for part of the round (the hypervisor, another tenant): not the shared rate
-            off = j0 is not None and j1 is not None and (j1 - j0) < BUSY * (t1 - t0) * _CLK_TCK * len(procs)
-            idle.append(off)
-            return replace(series, stable=False) if off else series
+    def __init__(self, count: int, quick: bool):
+        self.data, self.feeds, self.nbytes = bench.weights_matmul(np.random.default_rng(7), quick)
+        self.rounds = 0  # rounds timed
+        self.idle_rounds = 0  # of those, rounds in which a co-runner was off the CPU for part of the round
+        self.procs: list[subprocess.Popen] = []
+        folder = Path(tempfile.mkdtemp(prefix="edgec-profile-shared-"))
+        try:
+            path = folder / "weights.onnx"
+            path.write_bytes(self.data)
+            width = str(self.feeds["a"].shape[1])
+            for _ in range(count):
+                self.procs.append(subprocess.Popen(
+                    [sys.executable, "-c", _CO_RUNNER, str(path), width], stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"}))
+            for p in self.procs:
+                _wait_ready(p)
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)  # each co-runner has its own copy loaded by now
 
-        before, ran_before = probe.sample(), _jiffies(procs)
-        figure = settle(take_round, longer, SHARED_QUANTILE)
-        after, ran_after = probe.sample(), _jiffies(procs)
-    finally:
-        _stop(procs)
-        shutil.rmtree(folder, ignore_errors=True)
-    others = _others(before, after, None if ran_before is None or ran_after is None else ran_after - ran_before)
-    return Shared(nbytes / figure.median_s / 1e9, figure, others, after, sum(idle))
+    def __enter__(self) -> "CoRunners":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def add_to(self, b: bench.Bench) -> bench.Formula:
+        """Add the timing to the Bench (1 thread: a device beside others runs 1 thread; after weight_gbps'), its
+        rounds spread through the passes like weight_gbps'; returns its formula (GB/s, `paired_rate`)."""
+        b.add(NAME, self.data, self.feeds, per_pass=bench.DRAM_ROUNDS, pick=SHARED_QUANTILE, beside=self)
+        return lambda t: paired_rate(b.figures[NAME], b.figures[bench.WEIGHTS], t[bench.WEIGHTS], self.nbytes)
+
+    def note(self) -> str:
+        return (f"{self.idle_rounds} of {self.rounds} rounds with a co-runner off the CPU, not counted"
+                if self.idle_rounds else "its co-runners on the CPU in every round")
+
+    def _send(self, byte: bytes) -> None:
+        for p in self.procs:
+            try:
+                os.write(p.stdin.fileno(), byte)
+            except OSError:  # it has exited: its CPU time stops, and the rounds say so (idle)
+                pass
+
+    def jiffies(self) -> int | None:
+        """CPU jiffies the co-runners have used (/proc/PID/stat); None where unreadable."""
+        try:
+            return sum(parse_self_stat(Path(f"/proc/{p.pid}/stat").read_text()) for p in self.procs)
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def _ran_s(self) -> float | None:
+        """CPU seconds the co-runners have run: /proc/PID/schedstat (nanoseconds; a round lasts tens of
+        milliseconds, a few jiffies), else their jiffies; None where neither is readable."""
+        try:
+            return sum(int(Path(f"/proc/{p.pid}/schedstat").read_text().split()[0]) for p in self.procs) / 1e9
+        except (OSError, ValueError, IndexError):
+            j = self.jiffies()
+            return None if j is None else j / _CLK_TCK
+
+    def timer(self, data: bytes, feeds: dict, threads: int, policy: Policy, opt) -> Series:
+        """One round of the model (timing.time_model) while the co-runners run theirs; unstable when one of
+        them had less than BUSY of a CPU meanwhile (the hypervisor, another tenant), since the round then
+        did not time the shared rate."""
+        self._send(b"g")
+        try:
+            r0, t0 = self._ran_s(), time.monotonic()
+            series = time_model(data, feeds, threads, policy, opt)
+            r1, t1 = self._ran_s(), time.monotonic()
+        finally:
+            self._send(b"p")
+        off = r0 is not None and r1 is not None and r1 - r0 < (BUSY * (t1 - t0) - TICK_S) * len(self.procs)
+        self.rounds += 1
+        self.idle_rounds += off
+        return replace(series, stable=False) if off else series
+
+    def close(self) -> None:
+        """Close every co-runner's stdin (its signal to stop) and wait for it; kill what does not stop."""
+        for p in self.procs:
+            try:
+                p.stdin.close()
+            except OSError:
+                pass
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+            for stream in (p.stdout, p.stderr):
+                stream.close()
+        self.procs = []
 
 
-def _jiffies(procs: list[subprocess.Popen]) -> int | None:
-    """CPU jiffies the co-runners have used (/proc/PID/stat); None where unreadable."""
-    try:
-        return sum(parse_self_stat(Path(f"/proc/{p.pid}/stat").read_text()) for p in procs)
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _others(a: LoadSample, b: LoadSample, co_runners: int | None) -> float | None:
-    """load.other_cpus between a and b, less what the co-runners took (they are ours); None when unknown."""
-    if co_runners is None or a.cpu is None or b.cpu is None or b.cpu.total <= a.cpu.total:
-        return None
-    others = (b.cpu.busy - a.cpu.busy) - (b.cpu.own - a.cpu.own) - co_runners
-    return max(others, 0) / (b.cpu.total - a.cpu.total) * b.cpu.cpus
+def paired_rate(shared: Figure, solo: Figure, solo_s: float, nbytes: int) -> float:
+    """GB/s: weight_gbps' time (`solo_s`, its figure's) times the ratio of a shared round's time to the
+    weight_gbps round of the same index (pass_order puts the two within one DRAM_ROUNDS-th of a pass of each
+    other), at SHARED_QUANTILE over the pairs of stable rounds; the shared rounds' own figure where no pair is."""
+    ratios = sorted(m / s for m, s, ok_m, ok_s in zip(shared.round_medians, solo.round_medians, shared.round_stable,
+                                                      solo.round_stable) if ok_m and ok_s and s > 0)
+    if not ratios:
+        return nbytes / shared.median_s / 1e9
+    return nbytes / (solo_s * ratios[math.floor(SHARED_QUANTILE * (len(ratios) - 1))]) / 1e9
 
 
 def _wait_ready(p: subprocess.Popen) -> None:
@@ -148,20 +216,3 @@ def _wait_ready(p: subprocess.Popen) -> None:
             err = [s for s in p.stderr.read().decode(errors="replace").splitlines() if s.strip()]
             raise CoRunnerError(f"a co-runner process exited ({p.returncode}): "
                                 f"{err[-1] if err else 'no message'}")
-
-
-def _stop(procs: list[subprocess.Popen]) -> None:
-    """Close every co-runner's stdin (its signal to stop) and wait for it; kill what does not stop."""
-    for p in procs:
-        try:
-            p.stdin.close()
-        except OSError:
-            pass
-    for p in procs:
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-        for stream in (p.stdout, p.stderr):
-            stream.close()

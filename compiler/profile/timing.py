@@ -98,6 +98,7 @@ class Figure:
     runs: int  # samples over all rounds
     seconds: float  # sampling time over all rounds
     stable: bool
+    round_stable: tuple[bool, ...] = ()  # whether each round was, in the order taken
 
 
 def spread(samples: list[float]) -> float:
@@ -153,7 +154,8 @@ def combine(rounds: list[Series], max_spread: float, quantile: float = 0.0) -> F
     total = max(best.spread, apart)
     return Figure(median_s=best.median_s, spread=total, window_spread=best.spread, rounds_apart=apart,
                   round_medians=tuple(r.median_s for r in rounds), runs=sum(r.runs for r in rounds),
-                  seconds=sum(r.seconds for r in rounds), stable=best.stable and apart <= max_spread)
+                  seconds=sum(r.seconds for r in rounds), stable=best.stable and apart <= max_spread,
+                  round_stable=tuple(r.stable for r in rounds))
 
 
 def settle(take_round: Callable[[], Series], policy: Policy, quantile: float = 0.0) -> Figure:

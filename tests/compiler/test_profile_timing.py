@@ -278,6 +278,68 @@ def test_bench_records_a_spread_timings_figure_at_the_quantile():
     assert b.entries["m"]["rounds"] == 6
 
 
+class Companions:
+    """A bench.Beside: its processes take 40 jiffies per round they run; the rounds come from `script`."""
+
+    def __init__(self, script: list[Series]):
+        self.script, self.ran, self.calls = iter(script), 0, []
+
+    def timer(self, data, feeds, threads, policy, opt):
+        self.calls.append(data)
+        self.ran += 40
+        return next(self.script)
+
+    def jiffies(self) -> int:
+        return self.ran
+
+    def note(self) -> str:
+        return "2 of 6 rounds left out"
+
+
+def test_a_job_beside_other_processes_is_timed_by_them_their_cpu_counted_as_ours():
+    """Its rounds go through the Beside's timer (the others' through the Bench's), at the job's own quantile,
+    and the CPU time of the processes beside it is not other processes' load."""
+    beside = Companions([rnd(t) for t in (1.0, 1.2, 1.1, 1.3, 1.25, 1.15)])
+    b, calls = scripted_bench({"a": [rnd(1.0)] * 3})
+    b.add("s", b"s", {}, per_pass=2, pick=0.75, beside=beside)
+    assert b.run()["s"] == 1.2  # the 4th fastest of 6: 1 + floor(0.75 x 5)
+    assert calls == ["a"] * 3 and len(beside.calls) == 6
+    # QuietProbe: others take 0.4 of 2 CPUs (20 jiffies per 100); the companions' 40 per round are ours
+    assert b.entries["a"]["other_cpus"] == 0.4 and b.entries["s"]["other_cpus"] == 0.0
+    assert b.entries["s"]["rounds"] == 6 and b.entries["s"]["stable"]
+
+
+def test_a_job_none_of_whose_rounds_counted_says_so_and_not_that_its_spread_was_large():
+    beside = Companions([rnd(1.0, stable=False) for _ in range(3)])
+    b, _ = scripted_bench({"a": [rnd(1.0) for _ in range(3)]})
+    b.add("s", b"s", {}, beside=beside)
+    b.run()
+    assert b.unstable == ["1 thread, s: none of its 3 rounds was stable (21 runs in 0.3 s; other processes used "
+                          "0.00 of 2 CPUs, load average 0.50 0.50 0.50; 2 of 6 rounds left out)"]
+    assert b.unstable_names == ["s at 1 thr (no stable round)"]
+    b, _ = scripted_bench({"a": [rnd(1.0) for _ in range(3)]}, strict=True)
+    b.add("s", b"s", {}, beside=Companions([rnd(1.0, stable=False) for _ in range(3)]))
+    with pytest.raises(UserError, match=r"^1 thread, s: none of its 3 rounds was stable .*2 of 6 rounds left out\); "):
+        b.run()
+
+
+def test_the_shared_rate_is_weight_gbps_times_the_ratio_of_paired_rounds_at_the_slower_quarter():
+    """Each shared round over the weight_gbps round of the same index (taken beside it), over the pairs of stable
+    rounds, at SHARED_QUANTILE; a common slowdown of both rounds of a pair (another tenant's traffic) cancels."""
+    from edgec.compiler.profile.shared import SHARED_QUANTILE, paired_rate
+    from edgec.compiler.profile.timing import Figure
+
+    def fig(times, stable):
+        return Figure(min(times), 0.01, 0.01, 0.0, tuple(times), 7 * len(times), 1.0, True, tuple(stable))
+
+    solo = fig([1.0, 1.2, 1.0, 1.1, 1.0], [True] * 5)
+    shared = fig([2.0, 2.4, 1.0, 2.2, 2.6], [True, True, False, True, True])  # the unstable 3rd pair is left out
+    assert SHARED_QUANTILE == 0.75
+    # ratios 2.0, 2.0, 2.0, 2.6 sorted; nearest rank 1 + floor(0.75 x 3): the 3rd, 2.0
+    assert paired_rate(shared, solo, 1.0, 4_000_000_000) == pytest.approx(2.0)
+    assert paired_rate(fig([2.0, 2.0], [False, False]), solo, 1.0, 4_000_000_000) == pytest.approx(2.0)  # no pair
+
+
 def test_bench_refuses_a_name_added_twice():
     b, _ = scripted_bench({"a": [rnd(1.0)] * 3})
     with pytest.raises(ValueError, match="added twice"):

@@ -12,8 +12,12 @@ import dataclasses
 import json
 import os
 import subprocess
+import sys
+import time
+import types
 from pathlib import Path
 
+import onnxruntime as ort
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -28,7 +32,9 @@ from edgec.compiler.cost.tiles import SegmentCost, StepModel, host_mates, predic
 from edgec.compiler.errors import UserError
 from edgec.compiler.plan_types import Plan, Stage
 from edgec.compiler.profile import measure, shared
+from edgec.compiler.profile.bench import DRAM_ROUNDS
 from edgec.compiler.profile.timing import QUICK
+from tests.compiler.test_profile_stability import ScriptedProbe
 from edgec.runtime.manifest import load_manifest
 from tests.compiler.test_tile_copy import SIZE, chain, emit, plan_of, rows_stage
 
@@ -164,11 +170,12 @@ def test_a_co_runner_that_fails_is_a_warning_and_an_error_with_strict(monkeypatc
     monkeypatch.setattr(shared, "_CO_RUNNER", "import sys; sys.exit('no onnxruntime here')")
     monkeypatch.setattr(measure.host, "all_cores", lambda cpu: 2)
     p = measure.measure_host(threads=1, quick=True, runtime_costs=False)
-    assert "shared_weight_gbps" not in p
+    assert "shared_weight_gbps" not in p and "shared_weight_gbps" not in p["measurement"]["threads"][1]
     assert any(w.startswith("shared_weight_gbps not written: a co-runner process exited (1): no onnxruntime here")
                for w in p["measurement"]["warnings"])
     with pytest.raises(UserError) as ei:  # --strict: the same failure refuses (measure_host's step alone)
-        measure._shared_weights(QUICK, True, 2, True, lambda s: None, {}, [], [])
+        with measure._co_runners(1, True, True, lambda s: None, [], []):
+            pass
     assert "shared_weight_gbps" in str(ei.value) and "no onnxruntime here" in str(ei.value)
     assert _co_runners() == []
 
@@ -256,13 +263,58 @@ def test_streaming_pipeline_stages_on_machines_of_their_own_pay_as_before(tmp_pa
 def test_rounds_with_a_co_runner_off_the_cpu_do_not_count(monkeypatch):
     """A co-runner that did not run during a round (its CPU time did not move) leaves that round out; when no
     round had one beside it, the figure is not written (a warning; an error with --strict)."""
-    monkeypatch.setattr(shared, "_jiffies", lambda procs: 0)
-    got = shared.measure_shared_weights(QUICK, True, 2, lambda s: None)
-    assert got.idle_rounds == len(got.figure.round_medians) > 0 and not got.figure.stable
-    details, unstable = [], []
-    assert measure._shared_weights(QUICK, True, 2, False, lambda s: None, {}, details, unstable) is None
-    assert details == [f"shared_weight_gbps not written: a co-runner was off the CPU in every one of its "
-                       f"{len(got.figure.round_medians)} rounds"]
-    with pytest.raises(UserError, match="off the CPU"):
-        measure._shared_weights(QUICK, True, 2, True, lambda s: None, {}, [], [])
+    monkeypatch.setattr(shared.CoRunners, "_ran_s", lambda self: 0.0)
+    monkeypatch.setattr(measure.host, "all_cores", lambda cpu: 2)
+    p = measure.measure_host(threads=1, quick=True, runtime_costs=False, probe=ScriptedProbe(0.0))
+    rounds = p["measurement"]["threads"][1]["shared_weight_gbps"]["rounds"]
+    assert "shared_weight_gbps" not in p and rounds == QUICK.rounds * DRAM_ROUNDS
+    assert (f"shared_weight_gbps not written: a co-runner was off the CPU in every one of its {rounds} rounds"
+            in p["measurement"]["warnings"])
+    assert any(w.startswith("1 thread, shared_weight_gbps: ")
+               and w.endswith(f"{rounds} of {rounds} rounds with a co-runner off the CPU, not counted)")
+               for w in p["measurement"]["warnings"])
+    idle = types.SimpleNamespace(rounds=rounds, idle_rounds=rounds)  # --strict: measure_host's step alone
+    with pytest.raises(UserError, match=f"^shared_weight_gbps not written: a co-runner was off the CPU in every one "
+                                        f"of its {rounds} rounds; profile on a quiet machine"):
+        measure._shared_weights(25.0, idle, True, lambda s: None, [], [])
     assert _co_runners() == []
+
+
+def test_co_runners_run_only_in_its_rounds_and_stop_with_the_profile():
+    """Paused, a co-runner takes no CPU; resumed for a round, it takes a CPU; closed, it is gone."""
+    with shared.CoRunners(1, True) as co:
+        before = co._ran_s()
+        time.sleep(0.3)
+        assert co._ran_s() - before < 0.05
+        series = co.timer(co.data, co.feeds, 1, QUICK, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+        assert series.median_s > 0 and co.rounds == 1 and co.idle_rounds == 0
+        paused = co._ran_s()
+        time.sleep(0.3)
+        assert co._ran_s() - paused < 0.05
+        procs = list(co.procs)
+    assert all(p.poll() is not None for p in procs) and _co_runners() == []
+
+
+def test_co_runners_of_a_profile_that_is_killed_stop_too():
+    """A profile killed outright (no clean-up runs) closes its co-runners' stdin with its death: they end, paused
+    or running."""
+    script = ("import os, sys, signal\n"
+              "from edgec.compiler.profile import shared\n"
+              "co = shared.CoRunners(2, True)\n"
+              "co._send(b'g')\n"  # one running, as in a round, when the profile dies
+              "print(' '.join(str(p.pid) for p in co.procs), flush=True)\n"
+              "os.kill(os.getpid(), signal.SIGKILL)\n")
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    pids = [int(p) for p in res.stdout.split()]
+    assert len(pids) == 2 and res.returncode == -9
+
+    def alive(pid: int) -> bool:  # an exited process nobody has reaped yet (a zombie) counts as ended
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except (OSError, IndexError):
+            return False
+
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(alive(pid) for pid in pids):
+        time.sleep(0.1)
+    assert not any(alive(pid) for pid in pids) and _co_runners() == []
