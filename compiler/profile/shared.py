@@ -18,9 +18,9 @@ in phases. Over 240 s of alternating rounds here (2026-11-26; shared, then weigh
   10 s at 42-45, weight_gbps' own rate, the co-runner on its CPU throughout. Profiles that timed it in one
   stretch of 3 s came out at either, 22-29 or 44-45.
 - Over every 48 consecutive rounds (about 24 s, as a profile spreads them) the slower quarter's round lay
-  within 21.3-25.1 GB/s: the other tenants' memory traffic moves it as it moves weight_gbps. The ratio of each
-  shared round to the weight_gbps round beside it moves less, 0.52-0.58 at its slower quarter.
-So the figure is weight_gbps' figure times that ratio (`paired_rate`; 23.1-25.6 GB/s over the same windows),
+  within 21.2-25.1 GB/s: the other tenants' memory traffic moves it as it moves weight_gbps. The ratio of each
+  shared round to the weight_gbps round beside it, 0.52-0.58 at its slower quarter, cancels part of that.
+So the figure is weight_gbps' figure times that ratio (`paired_rate`; 22.8-26.2 GB/s over the same windows),
 at the slower quarter of the pairs (SHARED_QUANTILE: here the lucky moments are the fast, uncontended ones).
 A profile that lies wholly in an uncontended phase still measures it, 39.5 GB/s against 22.3-27.2 in five
 profiles (w25): no rate of this kind can be taken from a moment that does not contend.
