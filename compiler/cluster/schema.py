@@ -180,6 +180,10 @@ class TimingDoc(_Doc):
     stable: bool
     loadavg_1m: NonNegative | None = None
     other_cpus: NonNegative | None = None
+    # shared_weight_gbps' only (profile/shared.py): the pair of rounds behind the figure (its rates, shared over
+    # alone), and the pairs counted
+    paired_ratio: Positive | None = None
+    pairs: NonNegative | None = None
 
 
 class MeasurementDoc(_Doc):

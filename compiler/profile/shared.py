@@ -46,9 +46,9 @@ import numpy as np
 
 from . import bench
 from .load import parse_self_stat
-from .timing import Figure, Policy, Series, time_model
+from .timing import Figure, Policy, Series, sig, time_model
 
-__all__ = ["CoRunners", "CoRunnerError", "SHARED_QUANTILE", "BUSY", "paired_rate"]
+__all__ = ["CoRunners", "CoRunnerError", "SHARED_QUANTILE", "BUSY", "pair_ratio", "paired_rate"]
 
 SHARED_QUANTILE = 0.75  # the round at the slower quarter: phases of uncontended memory (faster) are the lucky ones
 BUSY = 0.8  # a round counts when its co-runners had at least this share of a CPU each meanwhile
@@ -126,9 +126,19 @@ class CoRunners:
 
     def add_to(self, b: bench.Bench) -> bench.Formula:
         """Add the timing to the Bench (1 thread: a device beside others runs 1 thread; after weight_gbps'), its
-        rounds spread through the passes like weight_gbps'; returns its formula (GB/s, `paired_rate`)."""
+        rounds spread through the passes like weight_gbps'; returns its formula (GB/s, `paired_rate`), which also
+        writes the pair's ratio of rates and the pairs counted into the timing's `measurement:` entry (0.48-0.73
+        where the cores contended for memory here, 0.83-1.0 where they did not)."""
         b.add(NAME, self.data, self.feeds, per_pass=bench.DRAM_ROUNDS, pick=SHARED_QUANTILE, beside=self)
-        return lambda t: paired_rate(b.figures[NAME], b.figures[bench.WEIGHTS], t[bench.WEIGHTS], self.nbytes)
+
+        def formula(t: bench.Times) -> float:
+            shared, solo = b.figures[NAME], b.figures[bench.WEIGHTS]
+            ratio, pairs = pair_ratio(shared, solo)
+            # the pair's rates, shared over alone (the reciprocal of its times'): the figure is weight_gbps times it
+            b.entries[NAME].update(pairs=pairs, paired_ratio=None if ratio is None else sig(1 / ratio))
+            return paired_rate(shared, solo, t[bench.WEIGHTS], self.nbytes)
+
+        return formula
 
     def note(self) -> str:
         return (f"{self.idle_rounds} of {self.rounds} rounds with a co-runner off the CPU, not counted"
@@ -191,15 +201,20 @@ class CoRunners:
         self.procs = []
 
 
-def paired_rate(shared: Figure, solo: Figure, solo_s: float, nbytes: int) -> float:
-    """GB/s: weight_gbps' time (`solo_s`, its figure's) times the ratio of a shared round's time to the
-    weight_gbps round of the same index (pass_order puts the two within one DRAM_ROUNDS-th of a pass of each
-    other), at SHARED_QUANTILE over the pairs of stable rounds; the shared rounds' own figure where no pair is."""
+def pair_ratio(shared: Figure, solo: Figure) -> tuple[float | None, int]:
+    """(the ratio of a shared round's time to the weight_gbps round of the same index, at SHARED_QUANTILE over
+    the pairs of stable rounds, or None without any; how many pairs). pass_order puts the two rounds of a pair
+    within one DRAM_ROUNDS-th of a pass of each other."""
     ratios = sorted(m / s for m, s, ok_m, ok_s in zip(shared.round_medians, solo.round_medians, shared.round_stable,
                                                       solo.round_stable) if ok_m and ok_s and s > 0)
-    if not ratios:
-        return nbytes / shared.median_s / 1e9
-    return nbytes / (solo_s * ratios[math.floor(SHARED_QUANTILE * (len(ratios) - 1))]) / 1e9
+    return (ratios[math.floor(SHARED_QUANTILE * (len(ratios) - 1))] if ratios else None), len(ratios)
+
+
+def paired_rate(shared: Figure, solo: Figure, solo_s: float, nbytes: int) -> float:
+    """GB/s: weight_gbps' time (`solo_s`, its figure's) times `pair_ratio`; the shared rounds' own figure where
+    no pair is."""
+    ratio, _ = pair_ratio(shared, solo)
+    return nbytes / (shared.median_s if ratio is None else solo_s * ratio) / 1e9
 
 
 def _wait_ready(p: subprocess.Popen) -> None:

@@ -161,6 +161,9 @@ def test_the_quick_profile_measures_it_and_leaves_no_co_runner():
     assert p["shared_weight_gbps"] > 0
     timing = p["measurement"]["threads"][1]["shared_weight_gbps"]
     assert timing["runs"] >= 3 and timing["median_ms"] > 0
+    # the pair behind the figure: weight_gbps' figure times its ratio of rates, to the figures' 3 digits
+    assert 0 < timing["pairs"] <= timing["rounds"] and timing["paired_ratio"] > 0
+    assert p["shared_weight_gbps"] == pytest.approx(p["weight_gbps"] * timing["paired_ratio"], rel=0.02)
     assert any(s.startswith("shared_weight_gbps: ") for s in p["sources"])
     assert validate_profile_dict(p, "quick.yaml").shared_weight_gbps == p["shared_weight_gbps"]
     assert _co_runners() == []
