@@ -183,7 +183,7 @@ class TimingDoc(_Doc):
     # shared_weight_gbps' only (profile/shared.py): the pair of rounds behind the figure (its rates, shared over
     # alone), and the pairs counted
     paired_ratio: Positive | None = None
-    pairs: NonNegative | None = None
+    pairs: Annotated[int, Field(ge=0, description="a non-negative integer")] | None = None
 
 
 class MeasurementDoc(_Doc):

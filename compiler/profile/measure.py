@@ -356,13 +356,12 @@ def _co_runners(count: int, quick: bool, strict: bool, say: Callable[[str], None
 def _shared_weights(gbps: float, co: CoRunners, strict: bool, say: Callable[[str], None], details: list[str],
                     unstable: list[str]) -> float | None:
     """The figure, or None when no round had its co-runners on the CPU: nothing ran beside it (refused with
-    strict, else a warning; the Bench has said it was unstable)."""
+    strict, else a warning in measurement.warnings; the Bench has listed it as unstable)."""
     if co.idle_rounds == co.rounds:
         what = f"shared_weight_gbps not written: a co-runner was off the CPU in every one of its {co.rounds} rounds"
         if strict:
             raise UserError(f"{what}; profile on a quiet machine, or without --strict to write the profile without it")
-        details.append(what)
-        unstable.append("shared_weight_gbps (co-runners off the CPU)")
+        details.append(what)  # the one-line warning names it already: the Bench found no stable round
         return None
     say(f"  shared_weight_gbps {gbps:g} GB/s per core with every core streaming")
     return gbps

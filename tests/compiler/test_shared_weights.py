@@ -147,6 +147,14 @@ def test_a_profile_reads_the_figure_and_refuses_a_bad_one():
             validate_profile_dict({**doc, "shared_weight_gbps": bad}, "x.yaml")
         assert str(ei.value).startswith("x.yaml: ") and "shared_weight_gbps" in str(ei.value)
         assert "\n" not in str(ei.value)
+    entry = {"runs": 9, "median_ms": 2.7, "spread": 0.05, "stable": True, "paired_ratio": 0.55, "pairs": 18}
+    measured = {**doc, "measurement": {"threads": {1: {"shared_weight_gbps": entry}}}}
+    assert validate_profile_dict(measured, "x.yaml").measurement["threads"][1]["shared_weight_gbps"]["pairs"] == 18
+    for key, bad in (("pairs", 1.5), ("pairs", -1), ("paired_ratio", 0)):
+        with pytest.raises(UserError) as ei:
+            validate_profile_dict({**doc, "measurement": {"threads": {1: {"shared_weight_gbps": {**entry, key: bad}}}}},
+                                  "x.yaml")
+        assert str(ei.value).startswith("x.yaml: ") and key in str(ei.value) and "\n" not in str(ei.value)
 
 
 def _co_runners() -> list[str]:
