@@ -180,10 +180,13 @@ class TimingDoc(_Doc):
     stable: bool
     loadavg_1m: NonNegative | None = None
     other_cpus: NonNegative | None = None
-    # shared_weight_gbps' only (profile/shared.py): the pair of rounds behind the figure (its rates, shared over
-    # alone), and the pairs counted
+    # shared_weight_gbps' only (profile/shared.py): the pair of rounds picked among the micro-benchmarks' (its
+    # rates, shared over alone) and the pairs counted; where those did not contend, the second set's at the
+    # profile's end (the figure is weight_gbps times the lower ratio)
     paired_ratio: Positive | None = None
     pairs: Annotated[int, Field(ge=0, description="a non-negative integer")] | None = None
+    later_paired_ratio: Positive | None = None
+    later_pairs: Annotated[int, Field(ge=0, description="a non-negative integer")] | None = None
 
 
 class MeasurementDoc(_Doc):

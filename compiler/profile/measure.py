@@ -243,20 +243,28 @@ def measure_host(
     unstable: list[str] = []  # the timings whose spread stayed large, named for the one-line warning
     details: list[str] = []  # the same, each with the load it saw, for measurement.warnings
     shared = None
-    for n in counts:
-        b = Bench(n, quick, policy, probe, strict, say)
-        sharing = n == 1 and shared_weights and host.all_cores(cpu) > 1
-        with _co_runners(host.all_cores(cpu) - 1 if sharing else 0, quick, strict, say, details, unstable) as co:
-            per_thread[n] = measure_figures(b, {shared_mod.NAME: co.add_to} if co else None)
-        entries[n] = b.entries
-        details.extend(b.unstable)
-        unstable.extend(b.unstable_names)
+    # shared_weight_gbps' co-runners, paused but alive until the end: CoRunners.later may time more pairs there
+    with contextlib.ExitStack() as stack:
+        co, gbps = None, None
+        for n in counts:
+            b = Bench(n, quick, policy, probe, strict, say)
+            sharing = n == 1 and shared_weights and host.all_cores(cpu) > 1
+            co_n = stack.enter_context(_co_runners(host.all_cores(cpu) - 1 if sharing else 0, quick, strict, say,
+                                                   details, unstable))
+            per_thread[n] = measure_figures(b, {shared_mod.NAME: co_n.add_to} if co_n else None)
+            entries[n] = b.entries
+            details.extend(b.unstable)
+            unstable.extend(b.unstable_names)
+            if co_n:
+                co, gbps = co_n, per_thread[n].pop(shared_mod.NAME)
+        conversions = bench.blocked_layout(counts[-1])
+        say(f"  onnxruntime runs convolutions in a blocked layout: {'yes' if conversions else 'no'} "
+            "(layout_conversions)")
+        runtime, runtime_entries = (_runtime_costs(policy, quick, strict, say, details, unstable) if runtime_costs
+                                    else ({}, {}))
         if co:
-            shared = _shared_weights(per_thread[n].pop(shared_mod.NAME), co, strict, say, details, unstable)
-    conversions = bench.blocked_layout(counts[-1])
-    say(f"  onnxruntime runs convolutions in a blocked layout: {'yes' if conversions else 'no'} (layout_conversions)")
-    runtime, runtime_entries = _runtime_costs(policy, quick, strict, say, details, unstable) if runtime_costs else ({}, {})
-    load.finish()
+            shared = _shared_weights(gbps, co, strict, say, details, unstable)
+    load.finish()  # the co-runners reaped: their CPU is this process's children's, not another's
     _check_load(load.busy_during(), load.said_during(), "was", strict, warnings)
     say(f"  {load.said_during()}")
 
@@ -363,6 +371,13 @@ def _shared_weights(gbps: float, co: CoRunners, strict: bool, say: Callable[[str
             raise UserError(f"{what}; profile on a quiet machine, or without --strict to write the profile without it")
         details.append(what)  # the one-line warning names it already: the Bench found no stable round
         return None
+    later = co.later(say)
+    if later is not None:
+        gbps = sig(later)
+        if co.paired_ratio > shared_mod.UNCONTENDED:
+            details.append(f"shared_weight_gbps: no set of pairs contended for memory (rate ratio "
+                           f"{co.paired_ratio:g}); a machine whose cores share a memory path may give a lower "
+                           "figure when profiled again")
     say(f"  shared_weight_gbps {gbps:g} GB/s per core with every core streaming")
     return gbps
 

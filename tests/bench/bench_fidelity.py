@@ -175,10 +175,14 @@ def profile_load(doc: dict) -> dict:
     load = m.get("load") or {}
     spreads = [t["spread"] for per in (m.get("threads") or {}).values() for t in per.values()]
     unstable = [name for per in (m.get("threads") or {}).values() for name, t in per.items() if not t["stable"]]
+    shared = ((m.get("threads") or {}).get(1) or {}).get("shared_weight_gbps") or {}
     return {"verdict": load.get("verdict"), "other_cpus_before": (load.get("before") or {}).get("other_cpus"),
             "other_cpus_during": (load.get("during") or {}).get("other_cpus"), "max_spread": max(spreads, default=None),
             "median_spread": round(statistics.median(spreads), 4) if spreads else None, "unstable": unstable,
-            "warnings": m.get("warnings") or []}
+            "warnings": m.get("warnings") or [],
+            # shared_weight_gbps' pairs: the ratio picked among the micro-benchmarks' and, where those did not
+            # contend, the later sets' (profile/shared.py)
+            "shared_pairs": {k: shared[k] for k in ("paired_ratio", "later_paired_ratio", "later_pairs") if k in shared}}
 
 
 def top_level_only(doc: dict, folder: Path) -> Path:
@@ -731,7 +735,8 @@ def stability_text(s: dict) -> str:
         lines.append(f"- profile {i}: {a['seconds']} s, load average {a['before']} before, {a['after']} after; "
                      f"other processes used {r['other_cpus_before']} CPUs before and {r['other_cpus_during']} during "
                      f"(verdict {r['verdict']}); timing spread median {r['median_spread']}, worst {r['max_spread']}, "
-                     f"unstable {len(r['unstable'])}")
+                     f"unstable {len(r['unstable'])}"
+                     + "".join(f"; shared_weight_gbps {k} {v:g}" for k, v in (r.get("shared_pairs") or {}).items()))
     lines += ["", "| figure (1 thread) | first | second | difference |", "|---|---:|---:|---:|"]
     for r in s["rows"]:
         flag = "" if abs(r["difference"]) <= PROFILE_TOLERANCE else " (over)"

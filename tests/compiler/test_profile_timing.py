@@ -326,7 +326,7 @@ def test_a_job_none_of_whose_rounds_counted_says_so_and_not_that_its_spread_was_
 def test_the_shared_rate_is_weight_gbps_times_the_ratio_of_paired_rounds_at_the_slower_quarter():
     """Each shared round over the weight_gbps round of the same index (taken beside it), over the pairs of stable
     rounds, at SHARED_QUANTILE; a common slowdown of both rounds of a pair (another tenant's traffic) cancels."""
-    from edgec.compiler.profile.shared import SHARED_QUANTILE, pair_ratio, paired_rate
+    from edgec.compiler.profile.shared import SHARED_QUANTILE, pair_ratios, pick_ratio
     from edgec.compiler.profile.timing import Figure
 
     def fig(times, stable):
@@ -335,10 +335,10 @@ def test_the_shared_rate_is_weight_gbps_times_the_ratio_of_paired_rounds_at_the_
     solo = fig([1.0, 1.2, 1.0, 1.1, 1.0], [True] * 5)
     shared = fig([2.0, 2.4, 1.0, 2.2, 2.6], [True, True, False, True, True])  # the unstable 3rd pair is left out
     assert SHARED_QUANTILE == 0.75
-    # ratios 2.0, 2.0, 2.0, 2.6 sorted; nearest rank 1 + floor(0.75 x 3): the 3rd, 2.0
-    assert paired_rate(shared, solo, 1.0, 4_000_000_000) == pytest.approx(2.0)
-    assert pair_ratio(shared, solo) == (pytest.approx(2.0), 4)
-    assert paired_rate(fig([2.0, 2.0], [False, False]), solo, 1.0, 4_000_000_000) == pytest.approx(2.0)  # no pair
+    assert pair_ratios(shared, solo) == pytest.approx([2.0, 2.0, 2.0, 2.6])
+    # nearest rank 1 + floor(0.75 x 3): the 3rd, 2.0
+    assert pick_ratio(pair_ratios(shared, solo)) == pytest.approx(2.0)
+    assert pair_ratios(fig([2.0, 2.0], [False, False]), solo) == [] and pick_ratio([]) is None  # no pair
 
 
 def test_bench_refuses_a_name_added_twice():
