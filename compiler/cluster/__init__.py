@@ -51,7 +51,7 @@ Profile file (profiles/<name>.yaml)::
     weight_gbps: 6.5               # optional: GB/s at which a layer's weights stream in on top of its compute
                                    #   (edgec profile: a batch-1 MatMul on 64 MB of weights); absent: not priced
     gemm_weight_gbps: 2.8          # optional: the same for a gemm layer of 2 rows or more (edgec profile: 12
-                                   #   MatMuls of 32 rows, 48 MB of weights); absent: weight_gbps prices them
+                                   #   MatMuls of 16 rows, 48 MB of weights); absent: weight_gbps prices them
     shared_weight_gbps: 4.1        # optional: weight_gbps while every other core streams weights of its own
                                    #   (edgec profile: the same MatMul beside cores - 1 processes running it);
                                    #   a tile pays it for its weights while a device on the same host (`hosts:`)

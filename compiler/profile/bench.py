@@ -374,10 +374,13 @@ def bench_weights(b: Bench) -> Formula:
 
 GEMM_COLD_LAYERS = 12  # MatMuls of 1024 x 1024 weights, 48 MB in all: more than this machine's 32 MB L3 holds
 # Rows of its MatMuls: the figure is a difference of two timings, so the fewer the rows, the larger the weights'
-# share of the chain's time and the less the timings' noise moves it (at 32 rows the weights are about 40% of
-# the chain's time and the figure was the 128 rows' one, 23 GB/s; at 128 rows about 16%, and two profiles
-# back to back put the figure 14-16% apart in two pairs of four).
-GEMM_COLD_ROWS = 32
+# share of the chain's time and the less the timings' noise moves it. At 128 rows the weights are about 16% of
+# the chain's time, and two profiles back to back put the figure 14-16% apart in two pairs of four. At 32 rows
+# about 40%: shared_weight_gbps apart, it was the stability target's worst figure in 8 pairs of 15, over 10% in
+# 2. At 16 rows 55%: timed in alternating rounds with 32 for 8 minutes here (2026-11-26, scratch gw/rows.py),
+# windows of 24 rounds at the fastest quarter, consecutive windows lay 1.6% apart (median), none over 10%,
+# against 2.7% and 3 of 83 on 32 rows; the figure came out 5-8% higher (20-24 GB/s against 18-24; 23 on 128).
+GEMM_COLD_ROWS = 16
 _COLD, _HOT = "gemm_weight_gbps.chain", "gemm_weight_gbps.one"
 
 
