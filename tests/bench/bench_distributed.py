@@ -13,6 +13,13 @@ which bounds the predicted throughput. For each case the model is compiled for t
 (predictions from `compile --json`) and run from the coordinator host twice, with --verify:
 - barrier: `edgec run --inflight 1 --repeat N`: median latency and throughput one request at a time;
 - streaming: `edgec run --repeat N` at the default --inflight (the plan's pipeline depth).
+N is --repeat, or enough requests to last a second at the predicted rate where that is more (benchlib's
+`requests_for`, as bench_fidelity times its runs): 20 requests of MobileNetV2's 3 ms two-stage pipeline streamed
+at 0.70-0.80 of its prediction over a 100 Mbps link, 200 at 0.99.
+The links are shaped as bench_fidelity's testbed part shapes them (fidelity_testbed.burst_ms: a 0.5 ms tbf
+bucket up to 100 Mbps, netbed's 4 ms above): with 4 ms, a message that found its link idle crossed at once up
+to 50 KB at 100 Mbps, so MobileNetV2's 31 KB between its stages cost nothing and its latency came out at 0.71
+of its prediction (0.74 for 5 KB at 20 Mbps).
 `pred gain` is what streaming can gain by the plan: predicted throughput x predicted latency (1.0 for a plan
 on one device; up to the number of busy stages, transfers counted, when they take equal time).
 Bytes between the devices per request (the warm-up request included) are reported three ways: predicted
@@ -67,7 +74,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a script: tests.* are imported from the checkout
     sys.path.insert(0, str(ROOT))
 
-from benchlib import brief, on_this_machine, parallel_capacity  # noqa: E402  (tests/bench is sys.path[0])
+from benchlib import brief, on_this_machine, parallel_capacity, requests_for  # noqa: E402  (tests/bench is sys.path[0])
+from fidelity_testbed import burst_ms  # noqa: E402
 from edgec import models  # noqa: E402
 from edgec.runtime.manifest import load_manifest  # noqa: E402
 from edgec.runtime.schedule import working_devices  # noqa: E402
@@ -155,12 +163,13 @@ class Bench:
             f"{summary['predicted_throughput_ips']:.2f}/s, {summary['bytes_transferred']} B between devices")
         return summary
 
-    def run(self, build: Path, *extra: str) -> tuple[dict, dict[str, int]]:
-        """One `edgec run --verify --json`; its report and the bytes each device host put on its shaped links."""
+    def run(self, build: Path, repeat: int, *extra: str) -> tuple[dict, dict[str, int]]:
+        """One `edgec run --verify --json` of `repeat` timed requests; its report and the bytes each device host put
+        on its shaped links."""
         before = {d: shaped_bytes(self.tb, d) for d in DEVICES}
         report, seconds = run_json(self.tb, "coord", ["run", str(build), "--keys", str(self.coord_keys),
-                                                      "--random-inputs", "--verify", "--repeat", str(self.repeat),
-                                                      *extra], timeout=120 + 60 * self.repeat)
+                                                      "--random-inputs", "--verify", "--repeat", str(repeat),
+                                                      *extra], timeout=120 + 60 * repeat)
         wire = {d: shaped_bytes(self.tb, d) - before[d] for d in DEVICES}
         if not report["verify"]["passed"]:
             raise ClusterError(f"outputs did not verify: {report['verify']}")
@@ -171,8 +180,10 @@ class Bench:
     def measure(self, case: Case) -> dict:
         out = self.tmp / f"{case.name}-{self.mbps:g}"
         summary = self.compile(case, out)
-        barrier, wire = self.run(out, "--inflight", "1")
-        stream, _ = self.run(out)
+        timed = {"barrier": requests_for(self.repeat, 1000.0 / summary["predicted_latency_ms"]),
+                 "stream": requests_for(self.repeat, summary["predicted_throughput_ips"])}
+        barrier, wire = self.run(out, timed["barrier"], "--inflight", "1")
+        stream, _ = self.run(out, timed["stream"])
         requests = max(d.get("requests", 0) for d in barrier["devices"].values())
         worker_sent = sum(d.get("bytes_sent", 0) for d in barrier["devices"].values())
         plan, two_stage = plan_summary(summary)
@@ -185,7 +196,7 @@ class Bench:
             "predicted_bytes": summary["bytes_transferred"],
             "worker_bytes": (worker_sent - requests * output_bytes(barrier)) / requests if requests else None,
             "wire_bytes": sum(wire.values()) / requests if requests else None,
-            "requests": requests,
+            "requests": requests, "timed_requests": timed,
         }
         row["latency_ratio"] = row["latency_ms"] / row["predicted_latency_ms"]
         # What streaming can gain by the plan: its throughput over one request at a time (1 / latency).
@@ -198,7 +209,7 @@ class Bench:
 def bench_bandwidth(mbps: float, cases: list[Case], tmp: Path, profile: Path, repeat: int) -> list[dict]:
     """Every case at one bandwidth; a testbed whose workers cannot start fails all of them, with the reason."""
     rows = []
-    with Testbed(["coord", *DEVICES], mbps, unshaped=["coord"]) as tb:
+    with Testbed(["coord", *DEVICES], mbps, unshaped=["coord"], burst_ms=burst_ms(mbps)) as tb:
         try:
             coord_keys, workers = deploy(tb, "coord", DEVICES, tmp, port=PORT, threads=THREADS)
         except ClusterError as exc:
@@ -377,7 +388,7 @@ def bench_failover(mbps: float, tmp: Path, profile: Path) -> dict:
                     "devices": list(FAILOVER_DEVICES), "repeat": FAILOVER_REPEAT, "kill_at": FAILOVER_KILL_AT}
     log(f"failover: {FAILOVER_CASE.name} on {len(FAILOVER_DEVICES)} workers at {mbps:g} Mbps, a worker killed "
         f"after request {FAILOVER_KILL_AT} of {FAILOVER_REPEAT} (load average {' '.join(f'{x:.2f}' for x in loadavg())})")
-    with Testbed(["coord", *FAILOVER_DEVICES], mbps, unshaped=["coord"]) as tb:
+    with Testbed(["coord", *FAILOVER_DEVICES], mbps, unshaped=["coord"], burst_ms=burst_ms(mbps)) as tb:
         try:
             coord_keys, workers = deploy(tb, "coord", FAILOVER_DEVICES, tmp, port=PORT, threads=THREADS)
         except ClusterError as exc:
@@ -574,7 +585,8 @@ def main(argv: list[str] | None = None) -> int:
             failover = bench_failover(args.mbps[0], folder, profile)
     end_load = loadavg()
     summary = summarize(rows)
-    print(f"## edgec run on 2 workers x {THREADS} thread over a shaped network ({args.repeat} timed requests per run)\n")
+    print(f"## edgec run on 2 workers x {THREADS} thread over a shaped network (at least {args.repeat} timed requests "
+          "per run, and a second's worth at the predicted rate)\n")
     print(load_text(start_load, end_load, profile_load, capacity) + "\n")
     print(table(rows) + "\n")
     print(summary_text(summary))

@@ -124,7 +124,7 @@ from typing import Callable
 
 import yaml
 
-from benchlib import brief, parallel_capacity  # tests/bench is sys.path[0] when run as a script
+from benchlib import brief, parallel_capacity, requests_for  # tests/bench is sys.path[0] when run as a script
 from fidelity_testbed import COORDINATOR, DEVICES, SINGLE_DEVICE, THREADS, TestbedCluster, burst_ms  # puts tests.* on sys.path
 from tests import netbed
 from tests.e2e.netbed_cluster import ClusterError
@@ -359,20 +359,6 @@ def add_plan(plans: list[Plan], strategy: str, objective: str, build: Path, summ
 def transfer_ratios(report: Path) -> list[float]:
     doc = json.loads(report.read_text())
     return [t["measured_ms"] / t["predicted_ms"] for t in doc["transfers"] if t["predicted_ms"] > 0]
-
-
-MEASURE_SECONDS = 1.0  # every timed run (parts single, two and testbed) lasts at least this long at the predicted rate
-MAX_REQUESTS = 1000  # the bound on that
-
-
-def requests_for(repeat: int, per_second: float) -> int:
-    """Requests of a timed run: --repeat, or enough to last MEASURE_SECONDS at `per_second` predicted requests
-    a second (at most MAX_REQUESTS), whichever is more.  A throughput is the outputs after the first over the
-    time from the first to the last (coordinator.steady_throughput), so a short stream is a few intervals: 10
-    requests of a two-stage MobileNetV2 (about 3 ms apart) measured 317-376/s in four runs back to back, 200
-    requests 345-349/s.  A latency, the median request, wanders less, but 10 requests of 5 ms are one
-    moment of this machine."""
-    return max(repeat, min(MAX_REQUESTS, int(MEASURE_SECONDS * per_second + 0.999)))
 
 
 def measure_round(single_build: Path, single_pred: dict, plans: list[Plan], single: dict, repeat: int, folder: Path,

@@ -60,6 +60,21 @@ def parallel_capacity(runs: int) -> dict:
     return result
 
 
+MEASURE_SECONDS = 1.0  # every timed run of bench_fidelity and bench_distributed lasts at least this long
+MAX_REQUESTS = 1000  # the bound on that
+
+
+def requests_for(repeat: int, per_second: float) -> int:
+    """Requests of a timed run: --repeat, or enough to last MEASURE_SECONDS at `per_second` predicted requests
+    a second (at most MAX_REQUESTS), whichever is more.  A throughput is the outputs after the first over the
+    time from the first to the last (coordinator.steady_throughput), so a short stream is a few intervals: 10
+    requests of a two-stage MobileNetV2 (about 3 ms apart) measured 317-376/s in four runs back to back, 200
+    requests 345-349/s; over a 100 Mbps testbed link, 20 requests 0.70-0.80 of its prediction, 200 requests
+    0.99 (2026-11-26).  A latency, the median request, wanders less, but 10 requests of 5 ms are one moment
+    of this machine."""
+    return max(repeat, min(MAX_REQUESTS, int(MEASURE_SECONDS * per_second + 0.999)))
+
+
 def on_this_machine(doc: dict, threads: int = 1) -> dict:
     """A cluster document whose device hosts are namespaces of this machine (or local workers): their
     workers (`threads` each) and the coordinator share its cores, which the cluster says (`hosts:`) so that
