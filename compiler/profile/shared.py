@@ -24,14 +24,16 @@ So the figure is weight_gbps' figure times that ratio (`pick_ratio`; 22.8-26.2 G
 at the slower quarter of the pairs (SHARED_QUANTILE: here the lucky moments are the fast, uncontended ones).
 A profile that lies wholly in an uncontended phase measures it: 37.0-43.3 GB/s in 4 profiles of 18 taken in
 pairs back to back (2026-11-26), against 22.5-29.6 in the others, and each time the other profile of its pair
-contended. So when the pairs did not contend (their pick's rate ratio above UNCONTENDED: here 0.48-0.73 where
-the cores contended, 0.83-1.0 where they did not), the profile takes more sets of as many pairs at its end
-(`CoRunners.later`, after the runtime's figures, tens of seconds on), up to LATER_SETS until one contends, and
-the figure is the most contended set's: no rate of this kind can be taken from a moment that does not
-contend. Timed for 10 minutes in alternating rounds (scratch phase.py, 2026-11-26 evening), the uncontended
-stretches lasted 20-75 s, 30% of the time: a machine like that can still fall in one for a whole profile.
-A machine whose cores never contend (no shared memory path) gets the same figure, for the sets' time
-(about 30 s here).
+contended. So when the pairs did not contend (their pick's rate ratio above UNCONTENDED), the profile takes
+more sets of as many pairs at its end (`CoRunners.later`, after the runtime's figures, tens of seconds on), up
+to LATER_SETS until one contends, and the figure is the most contended set's: no rate of this kind can be
+taken from a moment that does not contend. Timed for 10 minutes in alternating rounds (scratch phase.py,
+2026-11-26 evening), the uncontended stretches lasted 20-75 s, 30% of the time: a machine like that can still
+fall in one for a whole profile. A machine whose cores never contend (no shared memory path) gets the same
+figure, for the sets' time (about 30 s here). UNCONTENDED is 0.7: the picks of the 20 profiles of 24 that
+contended lay within 0.54-0.64 here (2026-11-26 evening), those of the 3 uncontended ones within 0.90-0.98,
+and one profile in a partly contended stretch picked 0.78 (32.0 GB/s against 22.9 in the profile after it),
+as 24-pair windows of phase.py's rounds did at 0.77-0.86 in such stretches.
 A round in which a co-runner had less than BUSY of a CPU (/proc/PID/schedstat) does not count (marked
 unstable); when none counts, the figure is not written. The co-runners stop when their stdin closes, so none
 outlives the profile. Not measured on a machine of one core (nothing shares it).
@@ -61,7 +63,7 @@ __all__ = ["CoRunners", "CoRunnerError", "SHARED_QUANTILE", "UNCONTENDED", "LATE
 
 SHARED_QUANTILE = 0.75  # the round at the slower quarter: phases of uncontended memory (faster) are the lucky ones
 # A set of pairs whose pick streamed at more than this share of the solo rate did not contend (module docstring).
-UNCONTENDED = 0.8
+UNCONTENDED = 0.7
 LATER_SETS = 3  # at most this many more sets of pairs (about 10 s each here) where the first did not contend
 BUSY = 0.8  # a round counts when its co-runners had at least this share of a CPU each meanwhile
 # A running process's CPU time advances at the scheduler's ticks (up to 10 ms apart at HZ 100): in rounds of
