@@ -146,7 +146,7 @@ class CoRunners:
         rounds spread through the passes like weight_gbps'; returns its formula (GB/s: weight_gbps' time times
         the pairs' `pick_ratio`), which also writes the pair's ratio of rates and the pairs counted into the
         timing's `measurement:` entry (0.48-0.73 where the cores contended for memory here, 0.83-1.0 where they
-        did not). `later` may take a second set."""
+        did not). `later` may take more sets."""
         b.add(NAME, self.data, self.feeds, per_pass=bench.DRAM_ROUNDS, pick=SHARED_QUANTILE, beside=self)
         self._bench = b
 
