@@ -148,10 +148,13 @@ def test_a_profile_reads_the_figure_and_refuses_a_bad_one():
             validate_profile_dict({**doc, "shared_weight_gbps": bad}, "x.yaml")
         assert str(ei.value).startswith("x.yaml: ") and "shared_weight_gbps" in str(ei.value)
         assert "\n" not in str(ei.value)
-    entry = {"runs": 9, "median_ms": 2.7, "spread": 0.05, "stable": True, "paired_ratio": 0.55, "pairs": 18}
+    entry = {"runs": 9, "median_ms": 2.7, "spread": 0.05, "stable": True, "paired_ratio": 0.95, "pairs": 18,
+             "later_paired_ratio": 0.55, "later_pairs": 20}
     measured = {**doc, "measurement": {"threads": {1: {"shared_weight_gbps": entry}}}}
-    assert validate_profile_dict(measured, "x.yaml").measurement["threads"][1]["shared_weight_gbps"]["pairs"] == 18
-    for key, bad in (("pairs", 1.5), ("pairs", -1), ("paired_ratio", 0)):
+    timing = validate_profile_dict(measured, "x.yaml").measurement["threads"][1]["shared_weight_gbps"]
+    assert (timing["pairs"], timing["later_pairs"]) == (18, 20)
+    for key, bad in (("pairs", 1.5), ("pairs", -1), ("paired_ratio", 0), ("later_pairs", 2.5), ("later_pairs", -3),
+                     ("later_paired_ratio", -0.5)):
         with pytest.raises(UserError) as ei:
             validate_profile_dict({**doc, "measurement": {"threads": {1: {"shared_weight_gbps": {**entry, key: bad}}}}},
                                   "x.yaml")
