@@ -169,7 +169,10 @@ class Bench:
         before = {d: shaped_bytes(self.tb, d) for d in DEVICES}
         report, seconds = run_json(self.tb, "coord", ["run", str(build), "--keys", str(self.coord_keys),
                                                       "--random-inputs", "--verify", "--repeat", str(repeat),
-                                                      *extra], timeout=120 + 60 * repeat)
+                                                      *extra],
+                                   # a minute per request up to --repeat; beyond it (requests_for's second's worth of
+                                   # a fast plan, up to 1000) a second each, not a minute
+                                   timeout=120 + 60 * min(repeat, self.repeat) + max(0, repeat - self.repeat))
         wire = {d: shaped_bytes(self.tb, d) - before[d] for d in DEVICES}
         if not report["verify"]["passed"]:
             raise ClusterError(f"outputs did not verify: {report['verify']}")
