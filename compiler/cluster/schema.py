@@ -189,6 +189,16 @@ class TimingDoc(_Doc):
     later_pairs: Annotated[int, Field(ge=0, description="a non-negative integer")] | None = None
 
 
+class MemoryDriftDoc(_Doc):
+    """The memory Add's rate at the profile's start and end (profile/drift.py)."""
+
+    start_gbps: Positive
+    end_gbps: Positive
+    moved: Annotated[float, Field(allow_inf_nan=False, gt=-1, le=MAX_FIGURE,
+                                  description="a number above -1")]  # end / start - 1
+    seconds: NonNegative
+
+
 class MeasurementDoc(_Doc):
     """How `edgec profile` measured: informational (no prediction reads it), but typed, so that a tool reading
     it can trust its shape."""
@@ -197,6 +207,7 @@ class MeasurementDoc(_Doc):
     window: Count = None
     max_seconds: Positive = None
     load: LoadDoc | None = None
+    memory_drift: MemoryDriftDoc | None = None
     threads: Annotated[dict[ThreadKey, dict[str, TimingDoc]],
                        Field(min_length=1, description="a non-empty mapping of thread counts")] | None = None
     warnings: Annotated[list[str], Field(description="a list of strings")] | None = None

@@ -17,6 +17,8 @@ from edgec.compiler.errors import UserError
 from . import bench, host
 from . import shared as shared_mod
 from .bench import Bench, measure_figures
+from .drift import DRIFT_LIMIT, DriftWatch, MemoryProbe, check_drift
+from .drift import memory_probe as default_memory_probe
 from .fixed import measure_runtime_costs
 from .fixed import source as runtime_source
 from .load import BUSY_FRACTION, LoadProbe, LoadSample, describe_load, is_busy, other_cpus
@@ -170,6 +172,9 @@ def _sources(stamp: str, counts: list[int], quick: bool, policy: Policy, power_g
         + (" (quick mode: depthwise 72 ch, 28 wide; MatMul x 512 x 512)" if quick else ""),
         "memory_mb: MemTotal; usable_memory_fraction: MemAvailable/MemTotal at profiling time, rounded down to 0.05; "
         "runtime_overhead_mb: resident set of the profiling process (python+numpy+onnx+onnxruntime, one small session)",
+        "measurement.memory_drift: the memory Add at 1 thread (memory_gbps' model) timed briefly before the first "
+        "micro-benchmark and after the last figure, GB/s at each; a move beyond "
+        f"{DRIFT_LIMIT:.0%} is a warning (--strict: an error): the DRAM figures followed the machine's memory rate",
         "power_w: not measurable by edgec profile; " + ("given by the caller" if power_given else "null = unknown"),
     ]
 
@@ -208,6 +213,7 @@ def measure_host(
     probe: LoadProbe | None = None,
     runtime_costs: bool = True,
     shared_weights: bool = True,
+    memory_probe: MemoryProbe | None = None,
 ) -> dict[str, Any]:
     """Measure this machine and return a profile dict in the profile file format.
 
@@ -222,6 +228,8 @@ def measure_host(
       has none and the cost model prices them 0.
     shared_weights: also measure shared_weight_gbps (shared.py) where 1 thread is among the counts and the
       machine has 2 cores or more; without, tiles of devices sharing a host pay their weights at weight_gbps.
+    memory_probe: the machine's memory rate now, in GB/s, taken at the start and the end (drift.py; tests
+      script it); None: the memory Add.
     """
     say = progress or (lambda s: None)
     cpu = host.cpuinfo()
@@ -237,6 +245,7 @@ def measure_host(
     load = _Load(probe, quick)
     _check_load(load.busy_before(), load.said_before(), "is", strict, warnings)
     say(f"  {load.said_before()}")
+    watch = DriftWatch(memory_probe or default_memory_probe(quick), say)
     runtime_mb = _runtime_rss_mb()
     per_thread: dict[int, dict] = {}
     entries: dict[int, dict] = {}
@@ -264,6 +273,8 @@ def measure_host(
                                     else ({}, {}))
         if co:
             shared = _shared_weights(gbps, co, strict, say, details, unstable)
+    drift = watch.finish(say)
+    check_drift(drift, strict, warnings)
     load.finish()  # the co-runners reaped: their CPU is this process's children's, not another's
     _check_load(load.busy_during(), load.said_during(), "was", strict, warnings)
     say(f"  {load.said_during()}")
@@ -305,6 +316,7 @@ def measure_host(
             "window": policy.window,
             "max_seconds": policy.max_seconds,
             "load": load.section(),
+            "memory_drift": drift.entry(),
             "threads": entries,
             "warnings": warnings + details,
             **({"runtime": runtime_entries} if runtime_entries else {}),

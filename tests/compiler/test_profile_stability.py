@@ -8,8 +8,9 @@ import logging
 
 import pytest
 
+from edgec.compiler.cluster import validate_profile_dict
 from edgec.compiler.errors import UserError
-from edgec.compiler.profile import measure_host
+from edgec.compiler.profile import drift, measure_host
 from edgec.compiler.profile.load import (CpuTimes, LoadSample, is_busy, other_cpus, parse_loadavg, parse_proc_stat,
                                          parse_self_stat)
 from edgec.compiler.profile.timing import Policy, measure_stable, spread
@@ -170,7 +171,8 @@ def test_strict_refuses_a_timing_whose_spread_stays_large():
 def test_unstable_timings_without_strict_are_one_warning(caplog):
     impossible = Policy(max_spread=1e-9, window=3, max_seconds=0.01, rounds=2, min_sample_s=0.0, warmup=1)
     with caplog.at_level(logging.WARNING, logger="edgec.compiler.profile"):
-        p = measure_host(quick=True, threads=1, policy=impossible, probe=ScriptedProbe(0.0))
+        p = measure_host(quick=True, threads=1, policy=impossible, probe=ScriptedProbe(0.0),
+                         memory_probe=rates(40.0, 40.0))  # a memory rate that held: no warning of its own
     (line,) = [r.getMessage() for r in caplog.records if "spread stayed above" in r.getMessage()]
     timings = p["measurement"]["threads"][1]
     # A sub-microsecond timing can repeat to the nanosecond (spread exactly 0, within even this policy): count
@@ -180,3 +182,79 @@ def test_unstable_timings_without_strict_are_one_warning(caplog):
     unstable += [name for name, t in p["measurement"]["runtime"].items() if not t["stable"]]  # the runtime's costs
     assert f"for {len(unstable)} timings: " in line and "gflops.conv at 1 thr" in line
     assert len(p["measurement"]["warnings"]) == len(unstable)
+
+
+# --------------------------------------------------------------------------------------------------
+# The machine's memory rate at the profile's start and end (drift.py): scripted rates, real micro-benchmarks
+
+CALM = Policy(max_spread=5.0, window=3, max_seconds=0.05, rounds=2, retries=0, min_sample_s=0.0, warmup=1)
+
+
+def rates(*gbps):
+    """A memory probe returning `gbps` in turn (the start's, then the end's)."""
+    it = iter(gbps)
+    return lambda: next(it)
+
+
+def drift_profile(start, end, **kw):
+    return measure_host(quick=True, threads=1, policy=CALM, probe=ScriptedProbe(0.0), runtime_costs=False,
+                        shared_weights=False, memory_probe=rates(start, end), **kw)
+
+
+def test_a_memory_rate_that_held_is_recorded_without_a_warning(caplog):
+    with caplog.at_level(logging.WARNING, logger="edgec.compiler.profile"):
+        p = drift_profile(40.0, 42.0)
+    m = p["measurement"]
+    assert {k: m["memory_drift"][k] for k in ("start_gbps", "end_gbps", "moved")} == \
+        {"start_gbps": 40.0, "end_gbps": 42.0, "moved": 0.05}
+    assert m["memory_drift"]["seconds"] > 0
+    assert not [w for w in m["warnings"] if "memory rate" in w]
+    assert not [r for r in caplog.records if "memory rate" in r.getMessage()]
+    assert any(s.startswith("measurement.memory_drift: ") for s in p["sources"])
+    assert validate_profile_dict(p, "p.yaml").measurement["memory_drift"]["moved"] == 0.05
+
+
+@pytest.mark.parametrize("start, end, said", [(40.0, 46.0, "+15%"), (46.0, 40.0, "-13%")])
+def test_a_memory_rate_that_moved_is_a_warning_and_strict_refuses_it(caplog, start, end, said):
+    with caplog.at_level(logging.WARNING, logger="edgec.compiler.profile"):
+        p = drift_profile(start, end)
+    (w,) = [w for w in p["measurement"]["warnings"] if "memory rate" in w]
+    assert w.startswith(f"the machine's memory rate moved by {said} while profiling ({start:g} GB/s at the start, "
+                        f"{end:g} at the end")
+    assert w.endswith("memory_gbps, weight_gbps, gemm_weight_gbps and shared_weight_gbps may be off by as much")
+    assert [r.getMessage() for r in caplog.records if "memory rate" in r.getMessage()] == [w]
+    assert p["measurement"]["memory_drift"]["moved"] == pytest.approx(end / start - 1, abs=1e-3)
+    with pytest.raises(UserError) as ei:
+        drift_profile(start, end, strict=True)
+    msg = str(ei.value)
+    assert "\n" not in msg and msg.startswith(f"the machine's memory rate moved by {said} while profiling")
+    assert "without --strict" in msg
+
+
+def test_the_limit_is_ten_percent_either_way():
+    moved = lambda s, e: drift.Drift(s, e, 30.0)
+    for s, e, over in ((100, 110, False), (100, 110.2, True), (100, 90, False), (100, 89.8, True)):
+        warnings = []
+        drift.check_drift(moved(s, e), False, warnings)
+        assert bool(warnings) is over, (s, e)
+
+
+def test_the_memory_probe_times_the_memory_add():
+    """The real probe, quick: a rate of the order of the quick profile's memory_gbps (GB/s, not bytes or ms)."""
+    gbps = drift.memory_probe(True)()
+    assert 1 < gbps < 1000
+
+
+def test_a_bad_memory_drift_is_one_line_naming_it():
+    doc = {"name": "x", "memory_mb": 1024, "usable_memory_fraction": 0.8, "runtime_overhead_mb": 100,
+           "op_overhead_us": 5, "gflops": {"conv": 10, "depthwise_conv": 5, "gemm": 10, "other": 2}, "memory_gbps": 5}
+    good = {"start_gbps": 40, "end_gbps": 46, "moved": 0.15, "seconds": 48.2}
+    assert validate_profile_dict({**doc, "measurement": {"memory_drift": good}}, "x.yaml") is not None
+    for key, bad in (("start_gbps", 0), ("end_gbps", "fast"), ("moved", -1.5), ("moved", float("nan")),
+                     ("seconds", -1)):
+        with pytest.raises(UserError) as ei:
+            validate_profile_dict({**doc, "measurement": {"memory_drift": {**good, key: bad}}}, "x.yaml")
+        msg = str(ei.value)
+        assert msg.startswith("x.yaml: ") and key in msg and "\n" not in msg
+    with pytest.raises(UserError, match="memory_drift"):
+        validate_profile_dict({**doc, "measurement": {"memory_drift": {**good, "when": 3}}}, "x.yaml")
