@@ -83,12 +83,16 @@ relative difference (second - first) / first, and the worst.  The tile-efficienc
 .depthwise_conv and .gemm, fractions per output size) are listed too, with their own worst, outside the target.  So
 are the profile's `runtime:` figures (message_ms, message_ms_per_mb, request_ms, run_ms and their CPU twins: the
 runtime's own costs, timed through worker processes), counted apart: on 2026-11-26, in each of six pairs of
-back-to-back profiles, 2 to 5 of them were more than 10% apart.  The load around each profile is printed.  Then what
+back-to-back profiles, 2 to 5 of them were more than 10% apart.  The load around each profile is printed, and its
+memory rate at its start and end (measurement.memory_drift, profile/drift.py): the four probes of a pair show whether
+the machine's memory rate held over it (within 10%) or moved, as it does on this VM from minute to minute, under the
+DRAM figures (memory_gbps, weight_gbps, gemm_weight_gbps, shared_weight_gbps).  Then what
 each profile of the pair predicts for --two-models (`pair_predictions`: the one-device latency, and part two's
 pipeline and spatial plans, each compiled with each profile), side by side: what a figure's difference does to a
 plan's prediction. Target: every figure of the first group within 10%, on a quiet machine. --pairs N takes N such
 pairs one after another (the JSON's "stability" is the first, "stability_pairs" all of them) and says in how many the
-target was met, with each pair's worst figure.
+target was met, with each pair's worst figure and how far apart its memory probes lay, and in how many of the pairs
+whose memory rate held.
 
 Part testbed (issue 11, item 4's testbed cases; needs root and iproute2): part two's cases over a shaped network.
 For each of --testbed-mbps (default 100,1000), in turn, a tests/netbed.py testbed is built as bench_distributed
@@ -180,6 +184,7 @@ def profile_load(doc: dict) -> dict:
             "other_cpus_during": (load.get("during") or {}).get("other_cpus"), "max_spread": max(spreads, default=None),
             "median_spread": round(statistics.median(spreads), 4) if spreads else None, "unstable": unstable,
             "warnings": m.get("warnings") or [],
+            "memory_drift": m.get("memory_drift"),  # the memory rate at its start and end (profile/drift.py)
             # shared_weight_gbps' pairs: the ratio picked among the micro-benchmarks' and, where those did not
             # contend, the later sets' (profile/shared.py)
             "shared_pairs": {k: shared[k] for k in ("paired_ratio", "later_paired_ratio", "later_pairs") if k in shared}}
@@ -711,7 +716,20 @@ def bench_stability(folder: Path, tag: str = "", models: list[str] = ()) -> dict
         del r["figures"]  # the rows hold them
     log(f"stability: what each profile predicts for {', '.join(models)}")
     predictions = pair_predictions(folder, [Path(r["profile"]) for r in runs], list(models), tag) if models else []
-    return {"runs": runs, "rows": rows, "missing": missing, "predictions": predictions}
+    return {"runs": runs, "rows": rows, "missing": missing, "predictions": predictions,
+            "memory": pair_memory(runs)}
+
+
+def pair_memory(runs: list[dict]) -> dict | None:
+    """The machine's memory rate over a pair: both profiles' probes at their start and end (profile/drift.py), and
+    how far apart the extremes lie (max / min - 1); held: within PROFILE_TOLERANCE.  None where a profile has
+    none (an edgec before them)."""
+    drifts = [r.get("memory_drift") for r in runs]
+    if not all(drifts):
+        return None
+    probes = [g for d in drifts for g in (d["start_gbps"], d["end_gbps"])]
+    moved = max(probes) / min(probes) - 1
+    return {"probes_gbps": probes, "moved": round(moved, 4), "held": moved <= PROFILE_TOLERANCE}
 
 
 def stability_text(s: dict) -> str:
@@ -722,7 +740,15 @@ def stability_text(s: dict) -> str:
                      f"other processes used {r['other_cpus_before']} CPUs before and {r['other_cpus_during']} during "
                      f"(verdict {r['verdict']}); timing spread median {r['median_spread']}, worst {r['max_spread']}, "
                      f"unstable {len(r['unstable'])}"
-                     + "".join(f"; shared_weight_gbps {k} {v:g}" for k, v in (r.get("shared_pairs") or {}).items()))
+                     + "".join(f"; shared_weight_gbps {k} {v:g}" for k, v in (r.get("shared_pairs") or {}).items())
+                     + (f"; memory rate {r['memory_drift']['start_gbps']:g} GB/s at its start, "
+                        f"{r['memory_drift']['end_gbps']:g} at its end" if r.get("memory_drift") else ""))
+    if s.get("memory"):
+        mem = s["memory"]
+        lines.append(f"- the machine's memory rate over the pair (the four probes): "
+                     f"{min(mem['probes_gbps']):g}-{max(mem['probes_gbps']):g} GB/s, {mem['moved']:.1%} apart: "
+                     + ("held" if mem["held"] else f"moved by more than {PROFILE_TOLERANCE:.0%}, not a quiet machine "
+                        "for the DRAM figures"))
     lines += ["", "| figure (1 thread) | first | second | difference |", "|---|---:|---:|---:|"]
     for r in s["rows"]:
         flag = "" if abs(r["difference"]) <= PROFILE_TOLERANCE else " (over)"
@@ -765,10 +791,19 @@ def group_worst(s: dict, group: str) -> dict:
 def pairs_summary(pairs: list[dict]) -> str:
     """--pairs N: in how many pairs every figure of the target agreed within the tolerance, and each pair's worst."""
     worst = [group_worst(s, TARGET) for s in pairs]
-    met = sum(abs(w["difference"]) <= PROFILE_TOLERANCE for w in worst)
-    return (f"Pairs: the target (every figure of the first group within {PROFILE_TOLERANCE:.0%}) met in {met} of "
-            f"{len(pairs)}; each pair's worst: "
-            + ", ".join(f"{w['figure']} {w['difference']:+.1%}" for w in worst) + ".")
+    ok = [abs(w["difference"]) <= PROFILE_TOLERANCE for w in worst]
+    held = [bool(s.get("memory") and s["memory"]["held"]) for s in pairs]
+    line = (f"Pairs: the target (every figure of the first group within {PROFILE_TOLERANCE:.0%}) met in {sum(ok)} "
+            f"of {len(pairs)}; each pair's worst: "
+            + ", ".join(f"{w['figure']} {w['difference']:+.1%}"
+                        + ("" if not s.get("memory") else f" (memory rate {s['memory']['moved']:.1%} apart)")
+                        for w, s in zip(worst, pairs)) + ".")
+    if any(s.get("memory") for s in pairs):
+        quiet = [k for k, h in enumerate(held) if h]
+        line += (f" In the {len(quiet)} pair{'s' if len(quiet) != 1 else ''} whose memory rate held within "
+                 f"{PROFILE_TOLERANCE:.0%} (a quiet machine for the DRAM figures): met in "
+                 f"{sum(ok[k] for k in quiet)} of {len(quiet)}.")
+    return line
 
 
 # -- main -------------------------------------------------------------------------------------------------
