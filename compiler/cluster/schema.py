@@ -190,13 +190,14 @@ class TimingDoc(_Doc):
 
 
 class MemoryDriftDoc(_Doc):
-    """The memory Add's rate at the profile's start and end (profile/drift.py)."""
+    """memory_gbps' rate over the first and the second half of its rounds in one thread count's pass
+    (profile/drift.py)."""
 
-    start_gbps: Positive
-    end_gbps: Positive
+    first_gbps: Positive
+    second_gbps: Positive
     moved: Annotated[float, Field(allow_inf_nan=False, gt=-1, le=MAX_FIGURE,
-                                  description="a number above -1")]  # end / start - 1
-    seconds: NonNegative
+                                  description="a number above -1")]  # second / first - 1
+    rounds: Count
 
 
 class MeasurementDoc(_Doc):
@@ -207,7 +208,8 @@ class MeasurementDoc(_Doc):
     window: Count = None
     max_seconds: Positive = None
     load: LoadDoc | None = None
-    memory_drift: MemoryDriftDoc | None = None
+    memory_drift: Annotated[dict[ThreadKey, MemoryDriftDoc],
+                            Field(min_length=1, description="a non-empty mapping of thread counts")] | None = None
     threads: Annotated[dict[ThreadKey, dict[str, TimingDoc]],
                        Field(min_length=1, description="a non-empty mapping of thread counts")] | None = None
     warnings: Annotated[list[str], Field(description="a list of strings")] | None = None

@@ -339,10 +339,15 @@ def bench_other(b: Bench) -> Callable[[Times], tuple[float, float]]:
     return lambda t: (convt(t), lstm(t))
 
 
+def memory_floats(quick: bool) -> int:
+    """Elements of each of memory_gbps' tensors; the Add moves 3 x 4 bytes per element (2 inputs, 1 output)."""
+    return (2 if quick else 8) * 2**20
+
+
 def bench_memory(b: Bench) -> Formula:
     """Elementwise Add of two tensors far larger than any cache (8M floats: 96 MB move per run), so that
     DRAM decides it, not what the caches happen to hold."""
-    n = (2 if b.quick else 8) * 2**20
+    n = memory_floats(b.quick)
     data = model([helper.make_node("Add", ["a", "b"], ["y"])], [vi("a", (n,)), vi("b", (n,))], [vi("y", (n,))])
     b.add("memory_gbps", data, {"a": rand(b.rng, n), "b": rand(b.rng, n)}, per_pass=DRAM_ROUNDS)
     return _rate(3 * 4 * n, "memory_gbps")

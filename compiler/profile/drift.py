@@ -3,108 +3,89 @@
 The DRAM figures (memory_gbps, weight_gbps, gemm_weight_gbps, shared_weight_gbps) follow the memory traffic
 of whatever else shares the machine's memory path: on a virtual machine, other tenants, whose traffic is
 not CPU time of this machine and which the load check (load.py) cannot see.  On this 2-core VM the memory
-Add ran at 38-40 GB/s for 200 s, then at 46-47 from one second to the next (2026-11-26, ten minutes of
-rounds).  A profile that straddles such a step takes some DRAM figures at one rate and some at the other;
-one taken a minute later may find the other rate throughout.  Two back-to-back profiles then disagree by
-the step: the misses of issue 11's stability target that remained (memory_gbps +9.6%, weight_gbps +8.9%,
-gemm_weight_gbps +11.4% in one pair) were such steps, not the profile's sampling.
+Add ran at 38-41 GB/s for 200 s, unsettled, then at 46-47 from one second to the next (2026-11-26, ten
+minutes of rounds).  A profile taken in such a stretch, or across such a step, times its DRAM figures at a
+rate that a profile taken a minute later may not find.
 
-So the profile times the memory Add at 1 thread briefly, before its first micro-benchmark and again after
-its last figure (the runtime's, and shared_weight_gbps' later sets): PROBE_ROUNDS short rounds, the round at
-the fastest quarter as for memory_gbps (bench.py SPREAD_QUANTILE), about 1.3 s.  Such probes back to back
-differed by 2.8% (median; at most 7.0%, 33 probes), and followed the steps (43 -> 47 GB/s within a second);
-with 6 rounds in 0.6 s, by 2.5% but at most 15% (68 probes), too close to the limit.  Both rates go into
-measurement.memory_drift; when they differ by more than DRIFT_LIMIT (10%, the bound two profiles' figures
-are held to), the machine was not quiet in the sense that matters to those figures: a warning, or with
---strict a refusal.  A profile taken wholly within one rate cannot see the next one's; bench_fidelity's
-stability part compares the four probes of a pair for that.
+memory_gbps' rounds are spread through each thread count's pass (bench.DRAM_ROUNDS per pass, 24 in all),
+so they show it: the rate of the rounds in the pass's first half against that of its second half, each at
+the fastest quarter of its stable rounds as the figure picks its round (bench.SPREAD_QUANTILE).  Over those
+ten minutes, two such halves of 12 rounds each lay 1.2% apart (median), 7.5% at the 90th percentile, and
+more than DRIFT_LIMIT (10%, the bound two profiles' figures are held to) in 4% of the windows, all of them in
+the unsettled stretch or across the step.  A move beyond DRIFT_LIMIT is a warning naming the thread count, or
+with --strict a refusal.  It costs no time: the rounds are the figure's own.
+
+Tried first and not kept: timing the Add for about 1.3 s at the profile's start and again at its end.  A
+moment of this VM is not a pass: such probes back to back differed by up to 7%, and in 12 profiles the two
+ends moved by more than 10% in 3 (+23%, -21%, +11%), none of which showed in the profile's figures (the
+pair's memory_gbps within 0.0-2.4%).
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, replace
-from typing import Callable
-
-import numpy as np
-from onnx import helper
+import math
+from dataclasses import dataclass
 
 from edgec.compiler.errors import UserError
 
-from .timing import DEFAULT, QUICK, model, rand, settle, sig, time_model, vi
+from .bench import SPREAD_QUANTILE
+from .timing import Figure, sig
 
-__all__ = ["DRIFT_LIMIT", "Drift", "DriftWatch", "MemoryProbe", "memory_probe", "check_drift"]
+__all__ = ["DRIFT_LIMIT", "MIN_ROUNDS", "Drift", "halves", "check_drift"]
 
 DRIFT_LIMIT = 0.10
-PROBE_ROUNDS = 12
-PROBE_SECONDS = 1.2  # all rounds together; a quick profile's are QUICK's
-PROBE_QUANTILE = 0.25  # bench.py SPREAD_QUANTILE, as memory_gbps picks its round
-
-MemoryProbe = Callable[[], float]  # the memory Add's rate now, GB/s
+MIN_ROUNDS = 4  # fewer rounds cannot be split into halves that each say anything
 
 # The figures that move with the machine's memory rate, named in the warning.
 DRAM_FIGURES = "memory_gbps, weight_gbps, gemm_weight_gbps and shared_weight_gbps"
 
 
-def memory_probe(quick: bool) -> MemoryProbe:
-    """The memory_gbps Add (bench.py bench_memory: 8M floats, quick 2M) at 1 thread: GB/s of its
-    (2 inputs + 1 output) bytes, PROBE_ROUNDS fresh sessions, the round at PROBE_QUANTILE."""
-    n = (2 if quick else 8) * 2**20
-    data = model([helper.make_node("Add", ["a", "b"], ["y"])], [vi("a", (n,)), vi("b", (n,))], [vi("y", (n,))])
-    rng = np.random.default_rng(0)
-    feeds = {"a": rand(rng, n), "b": rand(rng, n)}
-    policy = replace(QUICK if quick else DEFAULT, rounds=PROBE_ROUNDS, retries=0,
-                     max_seconds=QUICK.max_seconds if quick else PROBE_SECONDS)
-
-    def probe() -> float:
-        f = settle(lambda: time_model(data, feeds, 1, policy), policy, PROBE_QUANTILE)
-        return 3 * 4 * n / f.median_s / 1e9
-
-    return probe
-
-
 @dataclass(frozen=True)
 class Drift:
-    start_gbps: float
-    end_gbps: float
-    seconds: float  # from the start probe to the end one
+    first_gbps: float  # memory_gbps' rounds in the first half of the pass
+    second_gbps: float  # ... in the second half
+    rounds: int  # in both halves together
 
     @property
     def moved(self) -> float:
-        """end / start - 1."""
-        return self.end_gbps / self.start_gbps - 1
+        """second / first - 1."""
+        return self.second_gbps / self.first_gbps - 1
 
     def entry(self) -> dict:
-        return {"start_gbps": sig(self.start_gbps), "end_gbps": sig(self.end_gbps), "moved": round(self.moved, 3),
-                "seconds": round(self.seconds, 1)}
+        return {"first_gbps": sig(self.first_gbps), "second_gbps": sig(self.second_gbps),
+                "moved": round(self.moved, 3), "rounds": self.rounds}
 
-    def said(self) -> str:
-        return (f"the machine's memory rate moved by {self.moved:+.0%} while profiling ({self.start_gbps:.3g} GB/s "
-                f"at the start, {self.end_gbps:.3g} at the end, {self.seconds:.0f} s apart: memory traffic of "
-                "something else on this machine's memory path, which the load check cannot see)")
-
-
-class DriftWatch:
-    """The probe at the start (`__init__`) and at the end (`finish`)."""
-
-    def __init__(self, probe: MemoryProbe, say: Callable[[str], None]):
-        self.probe = probe
-        self.t0 = time.perf_counter()
-        self.start = probe()
-        say(f"  memory rate at the start: {self.start:.3g} GB/s (measurement.memory_drift)")
-
-    def finish(self, say: Callable[[str], None]) -> Drift:
-        end = self.probe()
-        drift = Drift(self.start, end, time.perf_counter() - self.t0)
-        say(f"  memory rate at the end: {end:.3g} GB/s ({drift.moved:+.1%})")
-        return drift
+    def said(self, threads: int) -> str:
+        return (f"{threads} thread{'s' if threads > 1 else ''}: the machine's memory rate moved by {self.moved:+.0%} "
+                f"while profiling (memory_gbps' rounds {self.first_gbps:.3g} GB/s in the first half of the pass, "
+                f"{self.second_gbps:.3g} in the second: memory traffic of something else on this machine's memory "
+                "path, which the load check cannot see)")
 
 
-def check_drift(drift: Drift, strict: bool, warnings: list[str]) -> None:
+def _pick(times: list[float], stable: list[bool]) -> float:
+    """The time at SPREAD_QUANTILE (nearest rank) of the stable rounds, or of all where none is."""
+    pool = sorted(t for t, ok in zip(times, stable) if ok) or sorted(times)
+    return pool[math.floor(SPREAD_QUANTILE * (len(pool) - 1))]
+
+
+def halves(f: Figure, bytes_per_run: int) -> Drift | None:
+    """memory_gbps' rate in the first and the second half of its rounds (in the order taken); None with fewer
+    than MIN_ROUNDS."""
+    times = list(f.round_medians)
+    stable = list(f.round_stable) or [True] * len(times)
+    if len(times) < MIN_ROUNDS or min(times) <= 0:
+        return None
+    mid = len(times) // 2
+    first, second = _pick(times[:mid], stable[:mid]), _pick(times[mid:], stable[mid:])
+    return Drift(bytes_per_run / first / 1e9, bytes_per_run / second / 1e9, len(times))
+
+
+def check_drift(drift: Drift, threads: int, strict: bool, warnings: list[str]) -> None:
     """A move beyond DRIFT_LIMIT refuses with strict, else becomes a warning."""
     if abs(round(drift.moved, 9)) <= DRIFT_LIMIT:  # 110 / 100 - 1 is 0.10000000000000009
         return
     if strict:
-        raise UserError(f"{drift.said()}; profile when it holds, or without --strict to write the profile with a "
-                        "warning")
-    warnings.append(f"{drift.said()}; {DRAM_FIGURES} may be off by as much")
+        raise UserError(f"{drift.said(threads)}; profile when it holds, or without --strict to write the profile "
+                        "with a warning")
+    warnings.append(f"{drift.said(threads)}; {DRAM_FIGURES} were timed while it moved, and may differ by as much "
+                    "in a profile taken at another moment")

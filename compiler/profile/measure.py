@@ -17,8 +17,7 @@ from edgec.compiler.errors import UserError
 from . import bench, host
 from . import shared as shared_mod
 from .bench import Bench, measure_figures
-from .drift import DRIFT_LIMIT, DriftWatch, MemoryProbe, check_drift
-from .drift import memory_probe as default_memory_probe
+from .drift import DRIFT_LIMIT, check_drift, halves
 from .fixed import measure_runtime_costs
 from .fixed import source as runtime_source
 from .load import BUSY_FRACTION, LoadProbe, LoadSample, describe_load, is_busy, other_cpus
@@ -172,9 +171,9 @@ def _sources(stamp: str, counts: list[int], quick: bool, policy: Policy, power_g
         + (" (quick mode: depthwise 72 ch, 28 wide; MatMul x 512 x 512)" if quick else ""),
         "memory_mb: MemTotal; usable_memory_fraction: MemAvailable/MemTotal at profiling time, rounded down to 0.05; "
         "runtime_overhead_mb: resident set of the profiling process (python+numpy+onnx+onnxruntime, one small session)",
-        "measurement.memory_drift: the memory Add at 1 thread (memory_gbps' model) timed briefly before the first "
-        "micro-benchmark and after the last figure, GB/s at each; a move beyond "
-        f"{DRIFT_LIMIT:.0%} is a warning (--strict: an error): the DRAM figures followed the machine's memory rate",
+        "measurement.memory_drift: per thread count, memory_gbps' rate over the first and the second half of its "
+        f"rounds (each at the fastest quarter of its stable rounds); a move beyond {DRIFT_LIMIT:.0%} is a warning "
+        "(--strict: an error): the machine's memory rate moved under the DRAM figures",
         "power_w: not measurable by edgec profile; " + ("given by the caller" if power_given else "null = unknown"),
     ]
 
@@ -213,7 +212,6 @@ def measure_host(
     probe: LoadProbe | None = None,
     runtime_costs: bool = True,
     shared_weights: bool = True,
-    memory_probe: MemoryProbe | None = None,
 ) -> dict[str, Any]:
     """Measure this machine and return a profile dict in the profile file format.
 
@@ -228,8 +226,6 @@ def measure_host(
       has none and the cost model prices them 0.
     shared_weights: also measure shared_weight_gbps (shared.py) where 1 thread is among the counts and the
       machine has 2 cores or more; without, tiles of devices sharing a host pay their weights at weight_gbps.
-    memory_probe: the machine's memory rate now, in GB/s, taken at the start and the end (drift.py; tests
-      script it); None: the memory Add.
     """
     say = progress or (lambda s: None)
     cpu = host.cpuinfo()
@@ -245,13 +241,13 @@ def measure_host(
     load = _Load(probe, quick)
     _check_load(load.busy_before(), load.said_before(), "is", strict, warnings)
     say(f"  {load.said_before()}")
-    watch = DriftWatch(memory_probe or default_memory_probe(quick), say)
     runtime_mb = _runtime_rss_mb()
     per_thread: dict[int, dict] = {}
     entries: dict[int, dict] = {}
     unstable: list[str] = []  # the timings whose spread stayed large, named for the one-line warning
     details: list[str] = []  # the same, each with the load it saw, for measurement.warnings
     shared = None
+    drifts: dict[int, dict] = {}  # measurement.memory_drift, per thread count (drift.py)
     # shared_weight_gbps' co-runners, paused but alive until the end: CoRunners.later may time more pairs there
     with contextlib.ExitStack() as stack:
         co, gbps = None, None
@@ -261,6 +257,12 @@ def measure_host(
             co_n = stack.enter_context(_co_runners(host.all_cores(cpu) - 1 if sharing else 0, quick, strict, say,
                                                    details, unstable))
             per_thread[n] = measure_figures(b, {shared_mod.NAME: co_n.add_to} if co_n else None)
+            drift = halves(b.figures["memory_gbps"], 3 * 4 * bench.memory_floats(quick))
+            if drift is not None:
+                drifts[n] = drift.entry()
+                say(f"    memory rate {drift.first_gbps:.3g} GB/s in the first half of the pass, "
+                    f"{drift.second_gbps:.3g} in the second ({drift.moved:+.1%})")
+                check_drift(drift, n, strict, warnings)
             entries[n] = b.entries
             details.extend(b.unstable)
             unstable.extend(b.unstable_names)
@@ -273,8 +275,6 @@ def measure_host(
                                     else ({}, {}))
         if co:
             shared = _shared_weights(gbps, co, strict, say, details, unstable)
-    drift = watch.finish(say)
-    check_drift(drift, strict, warnings)
     load.finish()  # the co-runners reaped: their CPU is this process's children's, not another's
     _check_load(load.busy_during(), load.said_during(), "was", strict, warnings)
     say(f"  {load.said_during()}")
@@ -316,7 +316,7 @@ def measure_host(
             "window": policy.window,
             "max_seconds": policy.max_seconds,
             "load": load.section(),
-            "memory_drift": drift.entry(),
+            **({"memory_drift": drifts} if drifts else {}),
             "threads": entries,
             "warnings": warnings + details,
             **({"runtime": runtime_entries} if runtime_entries else {}),

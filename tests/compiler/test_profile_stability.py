@@ -11,9 +11,10 @@ import pytest
 from edgec.compiler.cluster import validate_profile_dict
 from edgec.compiler.errors import UserError
 from edgec.compiler.profile import drift, measure_host
+from edgec.compiler.profile import measure as measure_mod
 from edgec.compiler.profile.load import (CpuTimes, LoadSample, is_busy, other_cpus, parse_loadavg, parse_proc_stat,
                                          parse_self_stat)
-from edgec.compiler.profile.timing import Policy, measure_stable, spread
+from edgec.compiler.profile.timing import Figure, Policy, measure_stable, spread
 
 # --------------------------------------------------------------------------------------------------
 # The spread rule, with injected timings and an injected clock
@@ -171,8 +172,7 @@ def test_strict_refuses_a_timing_whose_spread_stays_large():
 def test_unstable_timings_without_strict_are_one_warning(caplog):
     impossible = Policy(max_spread=1e-9, window=3, max_seconds=0.01, rounds=2, min_sample_s=0.0, warmup=1)
     with caplog.at_level(logging.WARNING, logger="edgec.compiler.profile"):
-        p = measure_host(quick=True, threads=1, policy=impossible, probe=ScriptedProbe(0.0),
-                         memory_probe=rates(40.0, 40.0))  # a memory rate that held: no warning of its own
+        p = measure_host(quick=True, threads=1, policy=impossible, probe=ScriptedProbe(0.0))
     (line,) = [r.getMessage() for r in caplog.records if "spread stayed above" in r.getMessage()]
     timings = p["measurement"]["threads"][1]
     # A sub-microsecond timing can repeat to the nanosecond (spread exactly 0, within even this policy): count
@@ -181,80 +181,95 @@ def test_unstable_timings_without_strict_are_one_warning(caplog):
     assert len(unstable) >= len(timings) - 2
     unstable += [name for name, t in p["measurement"]["runtime"].items() if not t["stable"]]  # the runtime's costs
     assert f"for {len(unstable)} timings: " in line and "gflops.conv at 1 thr" in line
-    assert len(p["measurement"]["warnings"]) == len(unstable)
+    # a memory rate that moved between the halves of the pass is a warning of its own (drift.py)
+    assert len([w for w in p["measurement"]["warnings"] if "memory rate moved" not in w]) == len(unstable)
 
 
 # --------------------------------------------------------------------------------------------------
-# The machine's memory rate at the profile's start and end (drift.py): scripted rates, real micro-benchmarks
+# The machine's memory rate over each pass (drift.py): memory_gbps' rounds in halves
+
+def rounds_of(ms, stable=None):
+    """A memory_gbps Figure of rounds taking `ms` milliseconds each, in the order taken."""
+    times = tuple(t / 1e3 for t in ms)
+    return Figure(median_s=min(times), spread=0.01, window_spread=0.01, rounds_apart=0.01, round_medians=times,
+                  runs=10 * len(times), seconds=1.0, stable=True,
+                  round_stable=tuple(stable) if stable is not None else (True,) * len(times))
+
+
+def test_halves_pick_each_halfs_fastest_quarter():
+    # 100 MB per run: 2 ms is 50 GB/s; the first half's fastest quarter (nearest rank, 6 rounds: the 2nd fastest)
+    # is 2.0 ms, the second half's 2.5 ms
+    d = drift.halves(rounds_of([1.9, 2.0, 2.2, 2.4, 2.6, 2.8, 2.4, 2.5, 2.6, 2.8, 3.0, 3.2]), 100_000_000)
+    assert (d.first_gbps, d.second_gbps, d.rounds) == (pytest.approx(50.0), pytest.approx(40.0), 12)
+    assert d.moved == pytest.approx(-0.2)
+    assert d.entry() == {"first_gbps": 50.0, "second_gbps": 40.0, "moved": -0.2, "rounds": 12}
+    # unstable rounds do not count where a half has stable ones; a half of none counts all of its own
+    d = drift.halves(rounds_of([1.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0, 2.0], [False] + [True] * 3 + [False] * 4),
+                     100_000_000)
+    assert (d.first_gbps, d.second_gbps) == (pytest.approx(50.0), pytest.approx(50.0))
+    assert drift.halves(rounds_of([2.0, 2.0, 2.0]), 100_000_000) is None  # too few to halve
+
+
+def test_the_limit_is_ten_percent_either_way():
+    for first, second, over in ((100, 110, False), (100, 110.2, True), (100, 90, False), (100, 89.8, True)):
+        warnings = []
+        drift.check_drift(drift.Drift(first, second, 24), 1, False, warnings)
+        assert bool(warnings) is over, (first, second)
+
+
+@pytest.mark.parametrize("first, second, said", [(40.0, 46.0, "+15%"), (46.0, 40.0, "-13%")])
+def test_a_memory_rate_that_moved_is_a_warning_and_strict_refuses_it(caplog, monkeypatch, first, second, said):
+    """Through measure_host: the halves scripted, everything else measured."""
+    monkeypatch.setattr(measure_mod, "halves", lambda f, b: drift.Drift(first, second, len(f.round_medians)))
+    with caplog.at_level(logging.WARNING, logger="edgec.compiler.profile"):
+        p = drift_profile()
+    (w,) = [w for w in p["measurement"]["warnings"] if "memory rate" in w]
+    assert w.startswith(f"1 thread: the machine's memory rate moved by {said} while profiling (memory_gbps' rounds "
+                        f"{first:g} GB/s in the first half of the pass, {second:g} in the second")
+    assert "memory_gbps, weight_gbps, gemm_weight_gbps and shared_weight_gbps were timed while it moved" in w
+    assert [r.getMessage() for r in caplog.records if "memory rate" in r.getMessage()] == [w]
+    entry = p["measurement"]["memory_drift"][1]
+    assert entry["moved"] == pytest.approx(second / first - 1, abs=1e-3) and entry["rounds"] >= drift.MIN_ROUNDS
+    with pytest.raises(UserError) as ei:
+        drift_profile(strict=True)
+    msg = str(ei.value)
+    assert "\n" not in msg and msg.startswith(f"1 thread: the machine's memory rate moved by {said} while profiling")
+    assert "without --strict" in msg
+
 
 CALM = Policy(max_spread=5.0, window=3, max_seconds=0.05, rounds=2, retries=0, min_sample_s=0.0, warmup=1)
 
 
-def rates(*gbps):
-    """A memory probe returning `gbps` in turn (the start's, then the end's)."""
-    it = iter(gbps)
-    return lambda: next(it)
-
-
-def drift_profile(start, end, **kw):
+def drift_profile(**kw):
     return measure_host(quick=True, threads=1, policy=CALM, probe=ScriptedProbe(0.0), runtime_costs=False,
-                        shared_weights=False, memory_probe=rates(start, end), **kw)
+                        shared_weights=False, **kw)
 
 
-def test_a_memory_rate_that_held_is_recorded_without_a_warning(caplog):
-    with caplog.at_level(logging.WARNING, logger="edgec.compiler.profile"):
-        p = drift_profile(40.0, 42.0)
-    m = p["measurement"]
-    assert {k: m["memory_drift"][k] for k in ("start_gbps", "end_gbps", "moved")} == \
-        {"start_gbps": 40.0, "end_gbps": 42.0, "moved": 0.05}
-    assert m["memory_drift"]["seconds"] > 0
-    assert not [w for w in m["warnings"] if "memory rate" in w]
-    assert not [r for r in caplog.records if "memory rate" in r.getMessage()]
+def test_every_pass_records_its_memory_halves():
+    """A real quick profile at 1 and 2 threads: each count's entry, consistent with itself, typed."""
+    p = measure_host(quick=True, threads=[1, 2], policy=CALM, probe=ScriptedProbe(0.0), runtime_costs=False,
+                     shared_weights=False)
+    drifts = p["measurement"]["memory_drift"]
+    assert sorted(drifts) == [1, 2]
+    for n, d in drifts.items():
+        assert d["first_gbps"] > 0 and d["second_gbps"] > 0
+        assert d["moved"] == pytest.approx(d["second_gbps"] / d["first_gbps"] - 1, abs=0.01)
+        assert d["rounds"] == p["measurement"]["threads"][n]["memory_gbps"]["rounds"]
     assert any(s.startswith("measurement.memory_drift: ") for s in p["sources"])
-    assert validate_profile_dict(p, "p.yaml").measurement["memory_drift"]["moved"] == 0.05
-
-
-@pytest.mark.parametrize("start, end, said", [(40.0, 46.0, "+15%"), (46.0, 40.0, "-13%")])
-def test_a_memory_rate_that_moved_is_a_warning_and_strict_refuses_it(caplog, start, end, said):
-    with caplog.at_level(logging.WARNING, logger="edgec.compiler.profile"):
-        p = drift_profile(start, end)
-    (w,) = [w for w in p["measurement"]["warnings"] if "memory rate" in w]
-    assert w.startswith(f"the machine's memory rate moved by {said} while profiling ({start:g} GB/s at the start, "
-                        f"{end:g} at the end")
-    assert w.endswith("memory_gbps, weight_gbps, gemm_weight_gbps and shared_weight_gbps may be off by as much")
-    assert [r.getMessage() for r in caplog.records if "memory rate" in r.getMessage()] == [w]
-    assert p["measurement"]["memory_drift"]["moved"] == pytest.approx(end / start - 1, abs=1e-3)
-    with pytest.raises(UserError) as ei:
-        drift_profile(start, end, strict=True)
-    msg = str(ei.value)
-    assert "\n" not in msg and msg.startswith(f"the machine's memory rate moved by {said} while profiling")
-    assert "without --strict" in msg
-
-
-def test_the_limit_is_ten_percent_either_way():
-    moved = lambda s, e: drift.Drift(s, e, 30.0)
-    for s, e, over in ((100, 110, False), (100, 110.2, True), (100, 90, False), (100, 89.8, True)):
-        warnings = []
-        drift.check_drift(moved(s, e), False, warnings)
-        assert bool(warnings) is over, (s, e)
-
-
-def test_the_memory_probe_times_the_memory_add():
-    """The real probe, quick: a rate of the order of the quick profile's memory_gbps (GB/s, not bytes or ms)."""
-    gbps = drift.memory_probe(True)()
-    assert 1 < gbps < 1000
+    assert validate_profile_dict(p, "p.yaml").measurement["memory_drift"][1]["rounds"] == drifts[1]["rounds"]
 
 
 def test_a_bad_memory_drift_is_one_line_naming_it():
     doc = {"name": "x", "memory_mb": 1024, "usable_memory_fraction": 0.8, "runtime_overhead_mb": 100,
            "op_overhead_us": 5, "gflops": {"conv": 10, "depthwise_conv": 5, "gemm": 10, "other": 2}, "memory_gbps": 5}
-    good = {"start_gbps": 40, "end_gbps": 46, "moved": 0.15, "seconds": 48.2}
-    assert validate_profile_dict({**doc, "measurement": {"memory_drift": good}}, "x.yaml") is not None
-    for key, bad in (("start_gbps", 0), ("end_gbps", "fast"), ("moved", -1.5), ("moved", float("nan")),
-                     ("seconds", -1)):
+    good = {"first_gbps": 40, "second_gbps": 46, "moved": 0.15, "rounds": 24}
+    assert validate_profile_dict({**doc, "measurement": {"memory_drift": {1: good}}}, "x.yaml") is not None
+    for key, bad in (("first_gbps", 0), ("second_gbps", "fast"), ("moved", -1.5), ("moved", float("nan")),
+                     ("rounds", 0), ("rounds", 2.5)):
         with pytest.raises(UserError) as ei:
-            validate_profile_dict({**doc, "measurement": {"memory_drift": {**good, key: bad}}}, "x.yaml")
+            validate_profile_dict({**doc, "measurement": {"memory_drift": {1: {**good, key: bad}}}}, "x.yaml")
         msg = str(ei.value)
         assert msg.startswith("x.yaml: ") and key in msg and "\n" not in msg
-    with pytest.raises(UserError, match="memory_drift"):
-        validate_profile_dict({**doc, "measurement": {"memory_drift": {**good, "when": 3}}}, "x.yaml")
+    for bad in ({1: {**good, "when": 3}}, {0: good}, {}, [good]):
+        with pytest.raises(UserError, match="memory_drift"):
+            validate_profile_dict({**doc, "measurement": {"memory_drift": bad}}, "x.yaml")
