@@ -84,14 +84,14 @@ relative difference (second - first) / first, and the worst.  The tile-efficienc
 are the profile's `runtime:` figures (message_ms, message_ms_per_mb, request_ms, run_ms and their CPU twins: the
 runtime's own costs, timed through worker processes), counted apart: on 2026-11-26, in each of six pairs of
 back-to-back profiles, 2 to 5 of them were more than 10% apart.  The load around each profile is printed, and its
-memory rate at its start and end (measurement.memory_drift, profile/drift.py): the four probes of a pair show whether
-the machine's memory rate held over it (within 10%) or moved, as it does on this VM from minute to minute, under the
-DRAM figures (memory_gbps, weight_gbps, gemm_weight_gbps, shared_weight_gbps).  Then what
+memory rate in the first and second half of its pass (measurement.memory_drift, profile/drift.py): the four halves of a
+pair show whether the machine's memory rate held over it (within 10%) or moved, as it does on this VM from minute to
+minute, under the DRAM figures (memory_gbps, weight_gbps, gemm_weight_gbps, shared_weight_gbps).  Then what
 each profile of the pair predicts for --two-models (`pair_predictions`: the one-device latency, and part two's
 pipeline and spatial plans, each compiled with each profile), side by side: what a figure's difference does to a
 plan's prediction. Target: every figure of the first group within 10%, on a quiet machine. --pairs N takes N such
 pairs one after another (the JSON's "stability" is the first, "stability_pairs" all of them) and says in how many the
-target was met, with each pair's worst figure and how far apart its memory probes lay, and in how many of the pairs
+target was met, with each pair's worst figure and how far apart its memory halves lay, and in how many of the pairs
 whose memory rate held.
 
 Part testbed (issue 11, item 4's testbed cases; needs root and iproute2): part two's cases over a shaped network.
@@ -721,15 +721,15 @@ def bench_stability(folder: Path, tag: str = "", models: list[str] = ()) -> dict
 
 
 def pair_memory(runs: list[dict]) -> dict | None:
-    """The machine's memory rate over a pair: both profiles' probes at their start and end (profile/drift.py), and
-    how far apart the extremes lie (max / min - 1); held: within PROFILE_TOLERANCE.  None where a profile has
-    none (an edgec before them)."""
-    drifts = [r.get("memory_drift") for r in runs]
+    """The machine's memory rate over a pair: each profile's memory_gbps rounds in the first and the second half
+    of its 1-thread pass (measurement.memory_drift, profile/drift.py), and how far apart the extremes of the four
+    lie (max / min - 1); held: within PROFILE_TOLERANCE.  None where a profile has none (an older edgec)."""
+    drifts = [(r.get("memory_drift") or {}).get(1) for r in runs]
     if not all(drifts):
         return None
-    probes = [g for d in drifts for g in (d["start_gbps"], d["end_gbps"])]
-    moved = max(probes) / min(probes) - 1
-    return {"probes_gbps": probes, "moved": round(moved, 4), "held": moved <= PROFILE_TOLERANCE}
+    halves = [g for d in drifts for g in (d["first_gbps"], d["second_gbps"])]
+    moved = max(halves) / min(halves) - 1
+    return {"halves_gbps": halves, "moved": round(moved, 4), "held": moved <= PROFILE_TOLERANCE}
 
 
 def stability_text(s: dict) -> str:
@@ -741,12 +741,13 @@ def stability_text(s: dict) -> str:
                      f"(verdict {r['verdict']}); timing spread median {r['median_spread']}, worst {r['max_spread']}, "
                      f"unstable {len(r['unstable'])}"
                      + "".join(f"; shared_weight_gbps {k} {v:g}" for k, v in (r.get("shared_pairs") or {}).items())
-                     + (f"; memory rate {r['memory_drift']['start_gbps']:g} GB/s at its start, "
-                        f"{r['memory_drift']['end_gbps']:g} at its end" if r.get("memory_drift") else ""))
+                     + (f"; memory rate {r['memory_drift'][1]['first_gbps']:g} GB/s in the first half of its pass, "
+                        f"{r['memory_drift'][1]['second_gbps']:g} in the second"
+                        if (r.get("memory_drift") or {}).get(1) else ""))
     if s.get("memory"):
         mem = s["memory"]
-        lines.append(f"- the machine's memory rate over the pair (the four probes): "
-                     f"{min(mem['probes_gbps']):g}-{max(mem['probes_gbps']):g} GB/s, {mem['moved']:.1%} apart: "
+        lines.append(f"- the machine's memory rate over the pair (the four halves): "
+                     f"{min(mem['halves_gbps']):g}-{max(mem['halves_gbps']):g} GB/s, {mem['moved']:.1%} apart: "
                      + ("held" if mem["held"] else f"moved by more than {PROFILE_TOLERANCE:.0%}, not a quiet machine "
                         "for the DRAM figures"))
     lines += ["", "| figure (1 thread) | first | second | difference |", "|---|---:|---:|---:|"]
