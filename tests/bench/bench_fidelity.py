@@ -184,7 +184,8 @@ def profile_load(doc: dict) -> dict:
             "other_cpus_during": (load.get("during") or {}).get("other_cpus"), "max_spread": max(spreads, default=None),
             "median_spread": round(statistics.median(spreads), 4) if spreads else None, "unstable": unstable,
             "warnings": m.get("warnings") or [],
-            "memory_drift": m.get("memory_drift"),  # the memory rate at its start and end (profile/drift.py)
+            # memory_gbps' rate in each half of each thread count's pass (profile/drift.py)
+            "memory_drift": m.get("memory_drift"),
             # shared_weight_gbps' pairs: the ratio picked among the micro-benchmarks' and, where those did not
             # contend, the later sets' (profile/shared.py)
             "shared_pairs": {k: shared[k] for k in ("paired_ratio", "later_paired_ratio", "later_pairs") if k in shared}}

@@ -30,8 +30,8 @@ THREADS = 1  # each worker's onnxruntime threads: the profile's thread count
 # its price and the spatial plans' halos in 0.42-0.55.  A smaller bucket has to keep the rate while both workers
 # compute: measured here (2026-11-26) with two busy processes on the two cores, 100 Mbps held 0.99-1.01 of its rate
 # on 0.25-4 ms buckets, while 1000 Mbps fell to 0.6 of it on 0.25-0.5 ms (and held on 1-4 ms, whose 130-520 KB
-# hold the halos whole anyway).  So up to SMALL_BURST_MBPS the testbed part (and bench_distributed) shapes with a 0.5 ms bucket, where a 60 KB
-# message took 0.92 of its price and 120 KB 0.96, and keeps netbed's 4 ms above.
+# hold the halos whole anyway).  So up to SMALL_BURST_MBPS the testbed part (and bench_distributed) shapes with a
+# 0.5 ms bucket, where a 60 KB message took 0.92 of its price and 120 KB 0.96, and keeps netbed's 4 ms above.
 SMALL_BURST_MBPS = 100.0
 SMALL_BURST_MS = 0.5
 DEFAULT_BURST_MS = 4.0
