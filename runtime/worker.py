@@ -25,11 +25,16 @@ from .protocol import PROTOCOL_VERSION, DropLog, parse
 from .session import Session, SessionEnd, SessionLost
 from .transport import POLL_MS, BadMessage, pack, recv_message, send_frames
 
-__all__ = ["Daemon", "rss_mb", "main"]
+__all__ = ["Daemon", "rss_mb", "keep_heap", "main"]
 
 logger = logging.getLogger(__name__)
 
 DRAIN_LIMIT = 256  # messages handled per socket per poll: a flooding peer cannot starve the other socket
+
+# glibc's mallopt parameters (malloc.h) and what `keep_heap` sets them to.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+HEAP_BLOCK_BYTES = 32 << 20  # glibc's largest mmap threshold on 64-bit systems
+HEAP_KEEP_BYTES = 64 << 20
 
 
 def edgec_version() -> str:
@@ -58,6 +63,8 @@ class Daemon:
         self.data_port, self.data_host = data_port, data_host or endpoint.host
         self.max_buffer_bytes, self.max_message_bytes = max_buffer_bytes, max_message_bytes
         self.idle_timeout, self.once, self.parent = idle_timeout, once, parent
+        if not keep_heap():
+            logger.debug("not glibc: each large message's buffers may cost fresh pages")
         self.session: Session | None = None
         self.served = 0
         self.version = edgec_version()
@@ -300,6 +307,23 @@ def _trim_heap() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
+
+
+def keep_heap() -> bool:
+    """glibc: serve buffers of up to HEAP_BLOCK_BYTES from the heap, and keep up to HEAP_KEEP_BYTES of it freed,
+    rather than a fresh mmap per buffer and its pages handed back when freed; False where not glibc.
+
+    Every message a worker sends or receives passes through buffers of its size (ZeroMQ's encrypted and plain
+    frames, the decoded tensor, a fragment's outputs). glibc's defaults hand large freed blocks back to the OS,
+    so the next message of that size faults in fresh zeroed pages: a 1 MiB tensor between two local workers
+    took 1.26-1.43 ms (median) with the defaults, 0.99-1.01 ms with this, and its requests' hand-offs, which
+    alternated between about 1.0 and 1.8 ms from one request to the next, stayed within 0.94-1.15 ms (p10-p90)
+    (2026-11-27, this 2-core machine). The heap still goes back to the OS at the end of a run (`_trim_heap`)."""
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, HEAP_BLOCK_BYTES)) and bool(mallopt(_M_TRIM_THRESHOLD, HEAP_KEEP_BYTES))
 
 
 def die_with_parent() -> None:

@@ -7,7 +7,11 @@
   holding the decoded tensor, and the hand-off is the mean of both ways (a worker's clock offset adds to
   one way what it takes from the other, so it cancels). Timed for a 64-byte tensor (the fixed part) and a
   1 MiB one (quick: 256 KiB); the per-MB figure is the difference per 10^6 bytes. Both ends run here, so
-  the figure is both ends' work.
+  the figure is both ends' work. The workers keep their heap (runtime worker.keep_heap), as every worker does:
+  with glibc's defaults each 1 MiB message faulted in fresh pages, and its hand-off alternated between about
+  1.0 and 1.8 ms from one request to the next, so message_large's spread stayed at 26-28% (the profile warned,
+  and `--strict` refused); now 4-10%, and message_ms_per_mb 0.78-0.87 against 1.07-1.26 (5 measurements each,
+  2026-11-27).
   Why two workers and not two sockets in one process: a worker wakes from its poll in its own process and
   runs the runtime's send and receive steps; two sockets echoing inside one process skip both, and
   measured a 64-byte message at less than half of what the runtime pays on this 2-core machine.
