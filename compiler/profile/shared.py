@@ -239,7 +239,9 @@ class CoRunners:
             r1, t1 = self._ran_s(), time.monotonic()
         finally:
             self._send(b"p")
-        off = r0 is not None and r1 is not None and r1 - r0 < (BUSY * (t1 - t0) - TICK_S) * len(self.procs)
+        # a round shorter than TICK_S / BUSY cannot show a shortfall; one in which they did not run at all is off
+        off = r0 is not None and r1 is not None and (r1 - r0 < (BUSY * (t1 - t0) - TICK_S) * len(self.procs)
+                                                     or r1 <= r0)
         self.rounds += 1
         self.idle_rounds += off
         return replace(series, stable=False) if off else series
