@@ -33,9 +33,14 @@
 - message_cpu_ms_per_mb, request_cpu_ms: the same in CPU time, every thread of the coordinator (this
   process) and of its local workers counted (Linux: /proc/PID/task/*/schedstat). ZeroMQ's I/O threads
   encrypt and copy while the sender goes on, so a byte takes more CPU than time: what devices sharing a
-  machine take of its cores. message_cpu_ms_per_mb is half the difference, per 10^6 bytes, between a
-  request exchanging a large tensor (a to b and back) and one exchanging a 64-byte tensor, on the same two
-  workers with the same input and output; request_cpu_ms is a request of the 64-float Relu. The fixed CPU
+  machine take of its cores. message_cpu_ms_per_mb is the difference, per message and per 10^6 bytes,
+  between a request exchanging a large tensor CPU_EXCHANGES times (a to b and back each time) and one
+  exchanging a 64-byte tensor as many times, on the same two workers with the same input and output (the
+  messages' fixed CPU cancels); request_cpu_ms is a request of the 64-float Relu. Why several exchanges: both
+  requests also carry the large input in from the coordinator, whose CPU wandered by as much as one
+  exchange's (2.6-3.3 ms per request, against 1.5-2.1 ms more for one exchange of 1 MiB), and the figure
+  moved by 16-18% between profiles taken back to back with one; with 4, six measurements lay within
+  0.94-1.00 ms per MB, against 0.74-1.04 in nine with one (2026-11-27). The fixed CPU
   of a message is not taken: a difference of two requests' CPU that small (0.1-0.4 ms) drowned in how
   this machine's CPU per request wanders (3.6 to 5.4 ms for the same request, minutes apart); message_ms
   stands in. Left out where /proc cannot say.
@@ -86,6 +91,7 @@ _A, _B = "a", "b"  # the two workers of the message measurement
 RUNTIME_ROUNDS = 8
 RUNTIME_SECONDS = 1.6
 RUNTIME_QUANTILE = 0.5
+CPU_EXCHANGES = 4  # exchanges in each of message_cpu_ms_per_mb's two requests (module docstring)
 CLUSTERS = 4  # the runtime figures' rounds are spread over this many clusters of fresh workers
 
 
@@ -118,7 +124,8 @@ def measure_runtime_costs(policy: Policy, quick: bool, say: Callable[[str], None
         small_cpu, large_cpu = (cpu[k].median_s * 1e3 for k in ("cpu_small", "cpu_large"))
         costs["request_cpu_ms"] = sig(cpu["cpu_request"].median_s * 1e3)
         if large_cpu > small_cpu:
-            costs["message_cpu_ms_per_mb"] = sig((large_cpu - small_cpu) / 2 / (large - SMALL_BYTES) * 1e6)
+            costs["message_cpu_ms_per_mb"] = sig((large_cpu - small_cpu) / (2 * CPU_EXCHANGES) / (large - SMALL_BYTES)
+                                                 * 1e6)
         else:  # the time figure stands in (RuntimeCosts.cpu), as for a profile without CPU figures
             notes.append(f"runtime message_cpu_ms_per_mb not written: a request exchanging the large tensor took "
                          f"{large_cpu:.3g} ms of CPU against {small_cpu:.3g} for the 64-byte one (how much CPU a "
@@ -137,8 +144,9 @@ def source(quick: bool) -> str:
             "run_ms = a 1 ms convolution fragment's run on a worker right after it took a message, less the same "
             "model run hot in one process with its inputs and outputs bound; "
             "message_cpu_ms_per_mb, request_cpu_ms: the same in CPU time of the coordinator and its workers, every "
-            "thread (schedstat): half the CPU difference per 10^6 bytes between a request exchanging a large and "
-            "one exchanging a 64-byte tensor between two workers, and a request of the 64-float Relu")
+            "thread (schedstat): the CPU difference per message and per 10^6 bytes between a request exchanging a "
+            f"large tensor {CPU_EXCHANGES} times and one exchanging a 64-byte tensor as often between two workers, "
+            "and a request of the 64-float Relu")
 
 
 def _rounds(sample: Callable[[], float], policy: Policy) -> Figure:
@@ -203,16 +211,17 @@ def _manifest(folder: Path, frag: Path, devices: list[str], floats: int, transfe
     return path
 
 
-def _exchange_build(folder: Path, large: int, ways: str = "sl") -> Path:
+def _exchange_build(folder: Path, large: int, ways: str = "sl", times: int = 1) -> Path:
     """A two-device build whose request, for each of "s" and "l" in `ways`, sends the first SMALL_BYTES of
     its input ("s") or the whole input (`large` bytes, "l") from a to b and back as a tensor of that name,
-    then runs a Relu on a; returns its manifest.json. (The message and CPU figures' build.)"""
+    then runs a Relu on a; returns its manifest.json. (The message and CPU figures' build.) `times` > 1: each
+    exchange that many times, as "s", "s1", "s2", ... and "l", "l1", "l2", ...."""
     floats, small = large // 4, SMALL_BYTES // 4
     region = [{"axis": 1, "start": 0, "stop": small}]
     transfers, steps_a, steps_b = [], [{"op": "recv", "tensor": "x", "from": "@host"}], []
-    for name, n, r in (("s", small, region), ("l", floats, None)):
-        if name not in ways:
-            continue
+    exchanges = [(f"{way}{i or ''}", n, r) for way, n, r in (("s", small, region), ("l", floats, None)) if way in ways
+                 for i in range(times)]
+    for name, n, r in exchanges:
         transfers += [{"tensor": "x", "src": _A, "dst": _B, "shape": [1, n], "dtype": "float32", "bytes": n * 4,
                        "region": r},
                       {"tensor": name, "src": _B, "dst": _A, "shape": [1, n], "dtype": "float32", "bytes": n * 4,
@@ -318,8 +327,8 @@ def _cpu_sampler(cluster, feeds: dict, policy: Policy) -> Callable[[], float]:
 
 
 def _cpu_figures(policy: Policy, large: int) -> dict[str, Figure] | None:
-    """CPU time per request of the exchange builds ("cpu_small": one exchange of a 64-byte tensor,
-    "cpu_large": one of a large one; each on two workers, so that their own idle work cancels) and of the
+    """CPU time per request of the exchange builds ("cpu_small": CPU_EXCHANGES exchanges of a 64-byte tensor,
+    "cpu_large": as many of a large one; each on two workers, so that their own idle work cancels) and of the
     tiny one ("cpu_request"); None where /proc cannot say (not Linux: the profile then has no CPU figures,
     and says so). Once /proc answered, a failure to read it is an error, not a figure left out."""
     try:
@@ -330,11 +339,10 @@ def _cpu_figures(policy: Policy, large: int) -> dict[str, Figure] | None:
     out: dict[str, Figure] = {}
     try:
         feeds = {"x": np.ones((1, large // 4), dtype=np.float32)}
-        builds = [("cpu_small", "s"), ("cpu_large", "l")]
-        for name, ways in builds:
+        for name, ways in (("cpu_small", "s"), ("cpu_large", "l")):
             sub = folder / name
             sub.mkdir()
-            out.update(_over_clusters(load_manifest(_exchange_build(sub, large, ways)),
+            out.update(_over_clusters(load_manifest(_exchange_build(sub, large, ways, CPU_EXCHANGES)),
                                       {name: lambda c: _cpu_sampler(c, feeds, policy)}, policy))
         sub = folder / "cpu_request"
         sub.mkdir()

@@ -161,6 +161,15 @@ def test_the_exchange_builds_for_cpu_move_the_same_input_and_output(tmp_path: Pa
         assert [t.bytes for t in m.transfers] == sizes
         assert [i.nbytes for i in m.inputs] == [1 << 12] and [o.nbytes for o in m.outputs] == [1 << 12]
         assert working_devices(m) == ("a", "b")  # the same two workers in every build
+    # message_cpu_ms_per_mb's requests: each exchange CPU_EXCHANGES times, every message a tensor of its own
+    for ways, size in (("s", small), ("l", 1 << 12)):
+        folder = tmp_path / f"{ways}-times"
+        folder.mkdir()
+        m = load_manifest(fixed._exchange_build(folder, 1 << 12, ways, fixed.CPU_EXCHANGES))
+        assert [t.bytes for t in m.transfers] == [size] * 2 * fixed.CPU_EXCHANGES
+        names = [ways] + [f"{ways}{i}" for i in range(1, fixed.CPU_EXCHANGES)]
+        assert transfer_keys(m) == [k for n in names for k in (("a", "b", n), ("b", "a", n))]
+        assert [i.nbytes for i in m.inputs] == [1 << 12] and [o.nbytes for o in m.outputs] == [1 << 12]
 
 
 def test_cpu_figures_count_every_process_and_grow_with_the_messages():
