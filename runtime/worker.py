@@ -316,8 +316,8 @@ def keep_heap() -> bool:
     Every message a worker sends or receives passes through buffers of its size (ZeroMQ's encrypted and plain
     frames, the decoded tensor, a fragment's outputs). glibc's defaults hand large freed blocks back to the OS,
     so the next message of that size faults in fresh zeroed pages: a 1 MiB tensor between two local workers
-    took 1.26-1.43 ms (median) with the defaults, 0.99-1.01 ms with this, and its requests' hand-offs, which
-    alternated between about 1.0 and 1.8 ms from one request to the next, stayed within 0.94-1.15 ms (p10-p90)
+    took 1.26-1.43 ms (median) with the defaults, 0.98-1.02 ms with this, and its requests' hand-offs, which
+    alternated between about 1.0 and 1.8 ms from one request to the next, stayed within 0.95-1.12 ms (p10-p90)
     (2026-11-27, this 2-core machine). The heap still goes back to the OS at the end of a run (`_trim_heap`)."""
     try:
         mallopt = ctypes.CDLL("libc.so.6").mallopt
