@@ -340,8 +340,13 @@ def bench_other(b: Bench) -> Callable[[Times], tuple[float, float]]:
 
 
 def memory_floats(quick: bool) -> int:
-    """Elements of each of memory_gbps' tensors; the Add moves 3 x 4 bytes per element (2 inputs, 1 output)."""
+    """Elements of each of memory_gbps' tensors."""
     return (2 if quick else 8) * 2**20
+
+
+def memory_bytes(quick: bool) -> int:
+    """Bytes one run of memory_gbps' Add moves: 3 x 4 per element (2 inputs, 1 output)."""
+    return 3 * 4 * memory_floats(quick)
 
 
 def bench_memory(b: Bench) -> Formula:
@@ -350,7 +355,7 @@ def bench_memory(b: Bench) -> Formula:
     n = memory_floats(b.quick)
     data = model([helper.make_node("Add", ["a", "b"], ["y"])], [vi("a", (n,)), vi("b", (n,))], [vi("y", (n,))])
     b.add("memory_gbps", data, {"a": rand(b.rng, n), "b": rand(b.rng, n)}, per_pass=DRAM_ROUNDS)
-    return _rate(3 * 4 * n, "memory_gbps")
+    return _rate(memory_bytes(b.quick), "memory_gbps")
 
 
 def _weights_kn(quick: bool) -> int:

@@ -257,7 +257,7 @@ def measure_host(
             co_n = stack.enter_context(_co_runners(host.all_cores(cpu) - 1 if sharing else 0, quick, strict, say,
                                                    details, unstable))
             per_thread[n] = measure_figures(b, {shared_mod.NAME: co_n.add_to} if co_n else None)
-            drift = halves(b.figures["memory_gbps"], 3 * 4 * bench.memory_floats(quick))
+            drift = halves(b.figures["memory_gbps"], bench.memory_bytes(quick))
             if drift is not None:
                 drifts[n] = drift.entry()
                 say(f"    memory rate {drift.first_gbps:.3g} GB/s in the first half of the pass, "
