@@ -180,11 +180,12 @@ class TimingDoc(_Doc):
     stable: bool
     loadavg_1m: NonNegative | None = None
     other_cpus: NonNegative | None = None
-    # shared_weight_gbps' only (profile/shared.py): the pair of rounds picked among the micro-benchmarks' (its
-    # rates, shared over alone) and the pairs counted; where those did not contend, the second set's at the
-    # profile's end (the figure is weight_gbps times the lower ratio)
+    # shared_weight_gbps' only (profile/shared.py): the rates the figure is at (shared over alone; the figure is
+    # weight_gbps times it), the micro-benchmarks' pairs counted, the pairs of every set that contended, and the
+    # pairs of the sets taken at the profile's end; later_paired_ratio is in profiles written before 2026-11-27
     paired_ratio: Positive | None = None
     pairs: Annotated[int, Field(ge=0, description="a non-negative integer")] | None = None
+    contended_pairs: Annotated[int, Field(ge=0, description="a non-negative integer")] | None = None
     later_paired_ratio: Positive | None = None
     later_pairs: Annotated[int, Field(ge=0, description="a non-negative integer")] | None = None
 

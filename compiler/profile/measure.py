@@ -150,7 +150,8 @@ def _sources(stamp: str, counts: list[int], quick: bool, policy: Policy, power_g
         "shared_weight_gbps: weight_gbps's MatMul at 1 thread while every other core runs it too, each in a process "
         f"of its own with its own copy of the weights (paused between rounds), in {bench.DRAM_ROUNDS} rounds per pass "
         "spread through the 1-thread timings' as weight_gbps' are: weight_gbps times the ratio of each such round's "
-        "time to the weight_gbps round beside it, the pair at the slower quarter (not written on one core)",
+        "time to the weight_gbps round beside it, the median of the pairs that contended for memory (more sets at "
+        "the profile's end where too few did; not written on one core)",
         *_relayout_sources(),
         "op_overhead_us: the larger of (a) the dispatch floor, (200-node tiny Relu chain - 1 node) / 199, and (b) small "
         "layers, (chain of 50 x [3x3 Conv 16 ch on 7x7 -> Relu] - one pair - their Conv FLOPs at the measured conv "
@@ -386,10 +387,10 @@ def _shared_weights(gbps: float, co: CoRunners, strict: bool, say: Callable[[str
     later = co.later(say)
     if later is not None:
         gbps = sig(later)
-        if co.paired_ratio > shared_mod.UNCONTENDED:
-            details.append(f"shared_weight_gbps: no set of pairs contended for memory (rate ratio "
-                           f"{co.paired_ratio:g}); a machine whose cores share a memory path may give a lower "
-                           "figure when profiled again")
+        if not co.enough:
+            details.append(f"shared_weight_gbps: {co.contended} of its {co.pairs} pairs contended for memory "
+                           f"(rate ratio {co.paired_ratio:g} over all); a machine whose cores share a memory path "
+                           "may give a lower figure when profiled again")
     say(f"  shared_weight_gbps {gbps:g} GB/s per core with every core streaming")
     return gbps
 

@@ -12,28 +12,26 @@ How: cores - 1 other processes (plain Python with onnxruntime, no edgec; `CoRunn
 into their own memory and wait. The figure is a timing of the 1-thread micro-benchmarks (`CoRunners.add_to`):
 each of its rounds resumes the co-runners, times the MatMul at 1 thread the way weight_gbps is timed while they
 run it back to back, and pauses them again. Its rounds are spread through the micro-benchmarks' passes as
-weight_gbps' are (bench.DRAM_ROUNDS per pass), because the machine gives two streams their share of memory
-in phases. Over 240 s of alternating rounds here (2026-11-26; shared, then weight_gbps alone, 0.5 s apart):
-- the shared rate was 23.7 / 25.0 / 26.1 GB/s (quartiles), 4% of the rounds above 35: one stretch of about
-  10 s at 42-45, weight_gbps' own rate, the co-runner on its CPU throughout. Profiles that timed it in one
-  stretch of 3 s came out at either, 22-29 or 44-45.
-- Over every 48 consecutive rounds (about 24 s, as a profile spreads them) the slower quarter's round lay
-  within 21.2-25.1 GB/s: the other tenants' memory traffic moves it as it moves weight_gbps. The ratio of each
-  shared round to the weight_gbps round beside it, 0.52-0.58 at its slower quarter, cancels part of that.
-So the figure is weight_gbps' figure times that ratio (`pick_ratio`; 22.8-26.2 GB/s over the same windows),
-at the slower quarter of the pairs (SHARED_QUANTILE: here the lucky moments are the fast, uncontended ones).
-A profile that lies wholly in an uncontended phase measures it: 37.0-43.3 GB/s in 4 profiles of 18 taken in
-pairs back to back (2026-11-26), against 22.5-29.6 in the others, and each time the other profile of its pair
-contended. So when the pairs did not contend (their pick's rate ratio above UNCONTENDED), the profile takes
-more sets of as many pairs at its end (`CoRunners.later`, after the runtime's figures, tens of seconds on), up
-to LATER_SETS until one contends, and the figure is the most contended set's: no rate of this kind can be
-taken from a moment that does not contend. Timed for 10 minutes in alternating rounds (scratch phase.py,
-2026-11-26 evening), the uncontended stretches lasted 20-75 s, 30% of the time: a machine like that can still
-fall in one for a whole profile. A machine whose cores never contend (no shared memory path) gets the same
-figure, for the sets' time (about 30 s here). UNCONTENDED is 0.7: the picks of the 20 profiles of 24 that
-contended lay within 0.54-0.64 here (2026-11-26 evening), those of the 3 uncontended ones within 0.90-0.98,
-and one profile in a partly contended stretch picked 0.78 (32.0 GB/s against 22.9 in the profile after it),
-as 24-pair windows of phase.py's rounds did at 0.77-0.86 in such stretches.
+weight_gbps' are (bench.DRAM_ROUNDS per pass), and each is paired with the weight_gbps round beside it: the
+other tenants' traffic moves both rounds of a pair alike, and their ratio cancels it.
+
+This machine gives two streams their share of memory in phases. Over 10 minutes of alternating rounds (scratch
+phase.py, 2026-11-26; shared, then weight_gbps alone, 0.5 s apart), in a contended phase a shared round ran at
+0.40-0.69 of the rate of the round beside it (the median over 30 s at 0.55-0.63, drifting by minutes); in an
+uncontended one, 20-75 s long and 30% of the time, at 0.75-1.2; a stretch in between gives both. So the
+figure is weight_gbps' figure times the median ratio of the pairs that contended (a rate ratio at most
+UNCONTENDED; `pick_ratio`), once they are NEED of the pairs: an uncontended pair times a moment in which the
+machine did not share its memory, and any quantile over every pair moved with the share of such pairs. Where
+fewer contended, the profile takes more sets of as many pairs at its end (`CoRunners.later`, after the runtime's
+figures), LATER_GAP_S apart, up to LATER_SETS until the contended pairs over every set are enough, and the
+figure is their median. A machine whose cores never contend (no shared memory path) takes every set (about a
+minute here) and gets the median of all its pairs, with a warning.
+
+Replayed on three such traces (scratch/sq/sim7.py and sim8.py, 2026-11-27), the ratios of two profiles taken
+back to back differed by more than 10% in 8.4%, 2.1% and 0% of the simulated pairs of profiles, against 37.0%,
+23.0% and 1.8% with the previous figure (the slower quarter of every pair, then up to three later sets back to
+back). The later sets took no time in the median profile, and at most 56 s.
+
 A round in which a co-runner had less than BUSY of a CPU (/proc/PID/schedstat) does not count (marked
 unstable); when none counts, the figure is not written. The co-runners stop when their stdin closes, so none
 outlives the profile. Not measured on a machine of one core (nothing shares it).
@@ -45,6 +43,7 @@ import math
 import os
 import select
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -59,12 +58,15 @@ from . import bench
 from .load import parse_self_stat
 from .timing import Figure, Policy, Series, sig, time_model
 
-__all__ = ["CoRunners", "CoRunnerError", "SHARED_QUANTILE", "UNCONTENDED", "LATER_SETS", "BUSY", "pair_ratios", "pick_ratio"]
+__all__ = ["CoRunners", "CoRunnerError", "SHARED_QUANTILE", "UNCONTENDED", "NEED", "LATER_SETS", "LATER_GAP_S",
+           "BUSY", "pair_ratios", "pick_ratio"]
 
-SHARED_QUANTILE = 0.75  # the round at the slower quarter: phases of uncontended memory (faster) are the lucky ones
-# A set of pairs whose pick streamed at more than this share of the solo rate did not contend (module docstring).
+SHARED_QUANTILE = 0.75  # the shared rounds' own figure (where no pair is): the slower quarter's round
+# A pair whose shared round streamed at more than this share of the rate alone did not contend (module docstring).
 UNCONTENDED = 0.7
-LATER_SETS = 3  # at most this many more sets of pairs (about 10 s each here) where the first did not contend
+NEED = 1 / 3  # the figure is the contended pairs' median once they are this share of the micro-benchmarks' pairs
+LATER_SETS = 5  # at most this many more sets of as many pairs (about 3 s each here) where fewer contended
+LATER_GAP_S = 10.0  # between two later sets (none in a quick profile): an uncontended phase lasted 20-75 s here
 BUSY = 0.8  # a round counts when its co-runners had at least this share of a CPU each meanwhile
 # A running process's CPU time advances at the scheduler's ticks (up to 10 ms apart at HZ 100): in rounds of
 # 20 ms (quick) a co-runner on its CPU throughout read 0.77-1.16 of the round, so that much is not held against it.
@@ -116,7 +118,10 @@ class CoRunners:
         self.idle_rounds = 0  # of those, rounds in which a co-runner was off the CPU for part of the round
         self.procs: list[subprocess.Popen] = []
         self._bench: bench.Bench | None = None  # add_to's
-        self._solo_s = 0.0  # weight_gbps' figure's time, and the ratio the figure is at: add_to's formula's
+        self.quick = quick
+        self._solo_s = 0.0  # weight_gbps' figure's time, the pairs' time ratios (sorted), the contended pairs
+        self._ratios: list[float] = []  # the figure wants, and the time ratio it is at: add_to's formula's
+        self._need = 1
         self._ratio: float | None = None
         folder = Path(tempfile.mkdtemp(prefix="edgec-profile-shared-"))
         try:
@@ -144,57 +149,73 @@ class CoRunners:
     def add_to(self, b: bench.Bench) -> bench.Formula:
         """Add the timing to the Bench (1 thread: a device beside others runs 1 thread; after weight_gbps'), its
         rounds spread through the passes like weight_gbps'; returns its formula (GB/s: weight_gbps' time times
-        the pairs' `pick_ratio`), which also writes the pair's ratio of rates and the pairs counted into the
-        timing's `measurement:` entry (0.48-0.73 where the cores contended for memory here, 0.83-1.0 where they
-        did not). `later` may take more sets."""
+        the pairs' `pick_ratio`), which also writes into the timing's `measurement:` entry the pairs counted,
+        those that contended, and the ratio of rates the figure is at (0.55-0.65 where the cores contended for
+        memory here). `later` may take more sets."""
         b.add(NAME, self.data, self.feeds, per_pass=bench.DRAM_ROUNDS, pick=SHARED_QUANTILE, beside=self)
         self._bench = b
 
         def formula(t: bench.Times) -> float:
             self._solo_s = t[bench.WEIGHTS]
-            ratios = pair_ratios(b.figures[NAME], b.figures[bench.WEIGHTS])
-            self._ratio = pick_ratio(ratios)
-            b.entries[NAME].update(pairs=len(ratios), paired_ratio=_rates(self._ratio))
+            self._ratios = pair_ratios(b.figures[NAME], b.figures[bench.WEIGHTS])
+            self._need = max(1, math.ceil(NEED * len(b.figures[NAME].round_medians)))
+            self._ratio = pick_ratio(self._ratios, self._need)
+            b.entries[NAME].update(pairs=len(self._ratios), contended_pairs=self.contended,
+                                   paired_ratio=_rates(self._ratio))
             return self._gbps(self._ratio, b.figures[NAME])
 
         return formula
 
-    def later(self, say: Callable[[str], None]) -> float | None:
-        """When the Bench's pairs did not contend (their rate ratio above UNCONTENDED), up to LATER_SETS more
-        sets of as many pairs now, until one contends, each pair a weight_gbps round alone (the Bench's timer)
-        then one beside the co-runners; returns the figure (GB/s) of the most contended set, and writes
-        `later_pairs` (over the sets) and `later_paired_ratio` (the most contended later set's) into the
-        timing's entry. None when the Bench's pairs contended (their figure stands) or it had none."""
+    @property
+    def pairs(self) -> int:
+        """The pairs counted so far, over every set."""
+        return len(self._ratios)
+
+    @property
+    def contended(self) -> int:
+        """The pairs counted so far that contended for memory."""
+        return sum(r * UNCONTENDED >= 1 for r in self._ratios)
+
+    @property
+    def enough(self) -> bool:
+        """Whether the pairs that contended are NEED of the micro-benchmarks' pairs: the figure is their median."""
+        return self.contended >= self._need
+
+    def later(self, say: Callable[[str], None], sleep: Callable[[float], None] = time.sleep) -> float | None:
+        """When fewer of the Bench's pairs contended than NEED, more sets of as many pairs now, LATER_GAP_S apart
+        (none when quick), up to LATER_SETS until the contended pairs over every set are enough; each pair a
+        weight_gbps round alone (the Bench's timer) then one beside the co-runners. Returns the figure (GB/s) at
+        the pick over every pair, and writes `later_pairs` (over the sets), `contended_pairs` (over every set)
+        and `paired_ratio` (the figure's) into the timing's entry. None when enough contended (the figure
+        stands) or the Bench had no pair."""
         b = self._bench
-        if self._ratio is None or 1 / self._ratio <= UNCONTENDED:
+        if self._ratio is None or self.enough:
             return None
         solo_job = next(j for j in b.jobs if j.name == bench.WEIGHTS)
         policy = replace(b.policy, max_seconds=b.policy.max_seconds / bench.DRAM_ROUNDS)  # a Bench round's
         count = len(b.figures[NAME].round_medians)
-        best, pairs = None, 0
+        pairs = 0
         for k in range(LATER_SETS):
-            say(f"  shared_weight_gbps: its pairs did not contend for memory (rate ratio "
-                f"{1 / (best or self._ratio):.2f}); {count} more pairs ({k + 1} of at most {LATER_SETS})")
-            ratios = []
+            say(f"  shared_weight_gbps: {self.contended} of its {self.pairs} pairs contended for memory, "
+                f"{self._need} wanted; {count} more pairs ({k + 1} of at most {LATER_SETS})")
+            if k and not self.quick:
+                sleep(LATER_GAP_S)
             for _ in range(count):
                 solo = b.timer(solo_job.data, solo_job.feeds, 1, policy, solo_job.opt)
                 beside = self.timer(self.data, self.feeds, 1, policy, solo_job.opt)
                 if solo.stable and beside.stable and solo.median_s > 0:
-                    ratios.append(beside.median_s / solo.median_s)
-            pairs += len(ratios)
-            ratio = pick_ratio(sorted(ratios))
-            if ratio is not None and (best is None or ratio > best):
-                best = ratio
-            if best is not None and 1 / best <= UNCONTENDED:
+                    self._ratios.append(beside.median_s / solo.median_s)
+                    pairs += 1
+            if self.enough:
                 break
-        b.entries[NAME].update(later_pairs=pairs, later_paired_ratio=_rates(best))
-        if best is not None and best > self._ratio:
-            self._ratio = best
+        self._ratios.sort()
+        self._ratio = pick_ratio(self._ratios, self._need)
+        b.entries[NAME].update(later_pairs=pairs, contended_pairs=self.contended, paired_ratio=_rates(self._ratio))
         return self._gbps(self._ratio, b.figures[NAME])
 
     @property
     def paired_ratio(self) -> float | None:
-        """The rates of the pair the figure is at, shared over alone."""
+        """The rates the figure is at, shared over alone."""
         return _rates(self._ratio)
 
     def _gbps(self, ratio: float | None, shared: Figure) -> float:
@@ -272,9 +293,12 @@ def pair_ratios(shared: Figure, solo: Figure) -> list[float]:
                                                     solo.round_stable) if ok_m and ok_s and s > 0)
 
 
-def pick_ratio(ratios: list[float]) -> float | None:
-    """The sorted time ratios' at SHARED_QUANTILE (nearest rank), None without any."""
-    return ratios[math.floor(SHARED_QUANTILE * (len(ratios) - 1))] if ratios else None
+def pick_ratio(ratios: list[float], need: int) -> float | None:
+    """The median of the time ratios of the pairs that contended for memory (a rate ratio at most UNCONTENDED)
+    when there are at least `need` of them, else every pair's median; None without any pair."""
+    contended = [r for r in ratios if r * UNCONTENDED >= 1]
+    chosen = contended if len(contended) >= need else ratios
+    return statistics.median(chosen) if chosen else None
 
 
 def _rates(ratio: float | None) -> float | None:

@@ -186,9 +186,10 @@ def profile_load(doc: dict) -> dict:
             "warnings": m.get("warnings") or [],
             # memory_gbps' rate in each half of each thread count's pass (profile/drift.py)
             "memory_drift": m.get("memory_drift"),
-            # shared_weight_gbps' pairs: the ratio picked among the micro-benchmarks' and, where those did not
-            # contend, the later sets' (profile/shared.py)
-            "shared_pairs": {k: shared[k] for k in ("paired_ratio", "later_paired_ratio", "later_pairs") if k in shared}}
+            # shared_weight_gbps' pairs: the ratio the figure is at, the pairs counted and those that contended, the
+            # later sets' pairs where too few did (profile/shared.py)
+            "shared_pairs": {k: shared[k] for k in ("paired_ratio", "pairs", "contended_pairs", "later_pairs")
+                             if k in shared}}
 
 
 def top_level_only(doc: dict, folder: Path) -> Path:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import subprocess
 import sys
@@ -148,13 +147,15 @@ def test_a_profile_reads_the_figure_and_refuses_a_bad_one():
             validate_profile_dict({**doc, "shared_weight_gbps": bad}, "x.yaml")
         assert str(ei.value).startswith("x.yaml: ") and "shared_weight_gbps" in str(ei.value)
         assert "\n" not in str(ei.value)
-    entry = {"runs": 9, "median_ms": 2.7, "spread": 0.05, "stable": True, "paired_ratio": 0.95, "pairs": 18,
-             "later_paired_ratio": 0.55, "later_pairs": 20}
+    entry = {"runs": 9, "median_ms": 2.7, "spread": 0.05, "stable": True, "paired_ratio": 0.58, "pairs": 42,
+             "contended_pairs": 9, "later_pairs": 24}
     measured = {**doc, "measurement": {"threads": {1: {"shared_weight_gbps": entry}}}}
     timing = validate_profile_dict(measured, "x.yaml").measurement["threads"][1]["shared_weight_gbps"]
-    assert (timing["pairs"], timing["later_pairs"]) == (18, 20)
+    assert (timing["pairs"], timing["contended_pairs"], timing["later_pairs"]) == (42, 9, 24)
+    old = {**doc, "measurement": {"threads": {1: {"shared_weight_gbps": {**entry, "later_paired_ratio": 0.55}}}}}
+    assert validate_profile_dict(old, "x.yaml").shared_weight_gbps == 2.5  # a profile written before 2026-11-27
     for key, bad in (("pairs", 1.5), ("pairs", -1), ("paired_ratio", 0), ("later_pairs", 2.5), ("later_pairs", -3),
-                     ("later_paired_ratio", -0.5)):
+                     ("later_paired_ratio", -0.5), ("contended_pairs", -1), ("contended_pairs", 0.5)):
         with pytest.raises(UserError) as ei:
             validate_profile_dict({**doc, "measurement": {"threads": {1: {"shared_weight_gbps": {**entry, key: bad}}}}},
                                   "x.yaml")
@@ -173,11 +174,11 @@ def test_the_quick_profile_measures_it_and_leaves_no_co_runner():
     assert p["shared_weight_gbps"] > 0
     timing = p["measurement"]["threads"][1]["shared_weight_gbps"]
     assert timing["runs"] >= 3 and timing["median_ms"] > 0
-    # the pair behind the figure: weight_gbps' figure times its ratio of rates, to the figures' 3 digits (the
-    # second set's, where the first did not contend and the second did more)
+    # weight_gbps' figure times the ratio of rates the figure is at, to the figures' 3 digits (over the later sets'
+    # pairs too, where too few of the micro-benchmarks' contended)
     assert 0 < timing["pairs"] <= timing["rounds"] and timing["paired_ratio"] > 0
-    ratio = min(timing["paired_ratio"], timing.get("later_paired_ratio") or math.inf)
-    assert p["shared_weight_gbps"] == pytest.approx(p["weight_gbps"] * ratio, rel=0.02)
+    assert 0 <= timing["contended_pairs"] <= timing["pairs"] + timing.get("later_pairs", 0)
+    assert p["shared_weight_gbps"] == pytest.approx(p["weight_gbps"] * timing["paired_ratio"], rel=0.02)
     assert any(s.startswith("shared_weight_gbps: ") for s in p["sources"])
     assert validate_profile_dict(p, "quick.yaml").shared_weight_gbps == p["shared_weight_gbps"]
     assert _co_runners() == []
@@ -354,44 +355,60 @@ def _bench_pairs(co: shared.CoRunners, solo_s: float, shared_s: float, solo_stab
     return b, value
 
 
-def test_pairs_that_did_not_contend_get_more_sets_and_the_most_contended_set_makes_the_figure():
+def test_too_few_contended_pairs_get_more_sets_and_the_contended_pairs_of_every_set_make_the_figure():
     """The micro-benchmarks' pairs streamed at 0.95 of the rate alone (an uncontended phase): `later` times as
-    many pairs again, each a weight_gbps round alone then one beside the co-runners, until a set contends or
-    LATER_SETS were taken, and the figure is at the most contended set's ratio, the sets in the timing's entry;
-    pairs that contended get no more."""
+    many pairs again, each a weight_gbps round alone then one beside the co-runners, LATER_GAP_S apart, until the
+    contended pairs over every set are NEED of the micro-benchmarks' or LATER_SETS were taken; the figure is at
+    their median, else at every pair's median with a warning. Pairs enough of which contended get no more."""
     from tests.compiler.test_profile_timing import rnd
 
-    with shared.CoRunners(0, True) as co:
+    pairs = 2 * DRAM_ROUNDS  # the scripted Bench's: 4 of them contended are enough
+    with shared.CoRunners(0, True) as co:  # the first later set contends: no gap, no second set
         b, first = _bench_pairs(co, 1.0, 1.05)
         gb = co.nbytes / 1e9
-        assert first == pytest.approx(gb / 1.05)
+        assert first == pytest.approx(gb / 1.05) and (co.contended, co.enough) == (0, False)
         calls = []
         b.timer = lambda *a: (calls.append("alone"), rnd(1.0))[1]
         co.timer = lambda *a: (calls.append("beside"), rnd(2.0))[1]
-        assert co.later(lambda s: None) == pytest.approx(gb / 2.0)
-        assert calls == ["alone", "beside"] * (2 * DRAM_ROUNDS)  # one set: it contended
+        assert co.later(lambda s: None, sleep=lambda s: pytest.fail("slept")) == pytest.approx(gb / 2.0)
+        assert calls == ["alone", "beside"] * pairs
         entry = b.entries[shared.NAME]
-        assert (entry["pairs"], entry["paired_ratio"]) == (2 * DRAM_ROUNDS, pytest.approx(1 / 1.05, rel=1e-3))
-        assert (entry["later_pairs"], entry["later_paired_ratio"]) == (2 * DRAM_ROUNDS, 0.5)
-        assert co.paired_ratio == 0.5
+        assert (entry["pairs"], entry["contended_pairs"], entry["later_pairs"]) == (pairs, pairs, pairs)
+        assert entry["paired_ratio"] == co.paired_ratio == 0.5
 
-    with shared.CoRunners(0, True) as co:  # no set contends: LATER_SETS of them, the most contended set's ratio
+    with shared.CoRunners(0, True) as co:  # 2 of a set contend, then 2 of the next: enough over both sets
         b, first = _bench_pairs(co, 1.0, 1.05)
-        times = iter([1.02] * (2 * DRAM_ROUNDS) + [1.1] * (2 * DRAM_ROUNDS) + [1.01] * (2 * DRAM_ROUNDS))
+        co.quick, sleeps, said = False, [], []
+        times = iter([2.0, 2.2] + [1.0] * (pairs - 2) + [1.9, 2.1] + [1.0] * (pairs - 2))
         co.timer = lambda *a: rnd(next(times))
+        assert co.later(said.append, sleep=sleeps.append) == pytest.approx(gb / 2.05)  # median of 1.9 2.0 2.1 2.2
+        assert next(times, None) is None and sleeps == [shared.LATER_GAP_S]
+        assert said[0] == f"  shared_weight_gbps: 0 of its {pairs} pairs contended for memory, 4 wanted; {pairs} more " \
+                          f"pairs (1 of at most {shared.LATER_SETS})"
+        assert (b.entries[shared.NAME]["contended_pairs"], b.entries[shared.NAME]["later_pairs"]) == (4, 2 * pairs)
+
+    with shared.CoRunners(0, True) as co:  # no set contends: LATER_SETS of them, every pair's median, a warning
+        b, first = _bench_pairs(co, 1.0, 1.05)
+        co.quick, sleeps = False, []
+        later = [1.02, 1.1, 1.01, 1.03, 1.04]
+        times = iter([t for t in later for _ in range(pairs)])
+        co.timer = lambda *a: rnd(next(times))
+        co.later = lambda say, _later=co.later: _later(say, sleep=sleeps.append)
         details = []
-        assert measure._shared_weights(first, co, True, lambda s: None, details, []) == pytest.approx(gb / 1.1, rel=5e-3)
-        assert next(times, None) is None and shared.LATER_SETS == 3
+        # 12 pairs each at 1.01 1.02 1.03 1.04 1.05 1.1: the median is (1.03 + 1.04) / 2
+        assert measure._shared_weights(first, co, True, lambda s: None, details, []) == pytest.approx(gb / 1.035, rel=5e-3)
+        assert next(times, None) is None and shared.LATER_SETS == 5 and sleeps == [shared.LATER_GAP_S] * 4
         entry = b.entries[shared.NAME]
-        assert (entry["later_pairs"], entry["later_paired_ratio"]) == (6 * DRAM_ROUNDS, pytest.approx(1 / 1.1, rel=1e-3))
-        assert details == ["shared_weight_gbps: no set of pairs contended for memory (rate ratio 0.909); a "
-                           "machine whose cores share a memory path may give a lower figure when profiled again"]
+        assert (entry["pairs"], entry["contended_pairs"], entry["later_pairs"]) == (pairs, 0, 5 * pairs)
+        assert details == [f"shared_weight_gbps: 0 of its {6 * pairs} pairs contended for memory (rate ratio 0.966 "
+                           "over all); a machine whose cores share a memory path may give a lower figure when "
+                           "profiled again"]
 
     with shared.CoRunners(0, True) as co:  # contended: the figure stands, nothing more is timed
         b, first = _bench_pairs(co, 1.0, 1.8)
         co.timer = b.timer = lambda *a: pytest.fail("timed a second set")
         assert co.later(lambda s: None) is None and "later_pairs" not in b.entries[shared.NAME]
-        assert first == pytest.approx(gb / 1.8)
+        assert first == pytest.approx(gb / 1.8) and b.entries[shared.NAME]["contended_pairs"] == pairs
 
     with shared.CoRunners(0, True) as co:  # no stable pair: the shared rounds' own figure, and no second set
         b, first = _bench_pairs(co, 1.0, 1.8, solo_stable=False)
@@ -400,17 +417,18 @@ def test_pairs_that_did_not_contend_get_more_sets_and_the_most_contended_set_mak
 
 
 def test_a_quick_profile_whose_pairs_did_not_contend_takes_more_sets(monkeypatch):
-    """End to end with co-runner processes: every set counted as not contending (UNCONTENDED 0), the profile
-    takes LATER_SETS more after the other timings, writes them, and the figure is weight_gbps times the lower
-    ratio."""
+    """End to end with co-runner processes: no pair counted as contending (UNCONTENDED 0), the profile takes
+    LATER_SETS more sets after the other timings (no gap: quick), writes them, and the figure is weight_gbps times
+    every pair's median ratio, with a warning."""
     if (os.cpu_count() or 1) < 2:
         pytest.skip("one core: nothing shares it")
     monkeypatch.setattr(shared, "UNCONTENDED", 0.0)
     p = measure.measure_host(threads=1, quick=True, runtime_costs=False)
     timing = p["measurement"]["threads"][1]["shared_weight_gbps"]
-    assert 0 < timing["later_pairs"] <= shared.LATER_SETS * timing["rounds"] and timing["later_paired_ratio"] > 0
-    ratio = min(timing["paired_ratio"], timing["later_paired_ratio"])
-    assert p["shared_weight_gbps"] == pytest.approx(p["weight_gbps"] * ratio, rel=0.02)
-    assert any(w.startswith("shared_weight_gbps: no set of pairs contended") for w in p["measurement"]["warnings"])
+    assert 0 < timing["later_pairs"] <= shared.LATER_SETS * timing["rounds"] and timing["contended_pairs"] == 0
+    assert 0 < timing["pairs"] <= timing["rounds"] and timing["paired_ratio"] > 0
+    assert p["shared_weight_gbps"] == pytest.approx(p["weight_gbps"] * timing["paired_ratio"], rel=0.02)
+    assert any(w.startswith(f"shared_weight_gbps: 0 of its {timing['pairs'] + timing['later_pairs']} pairs contended")
+               for w in p["measurement"]["warnings"])
     assert validate_profile_dict(p, "quick.yaml").shared_weight_gbps == p["shared_weight_gbps"]
     assert _co_runners() == []
