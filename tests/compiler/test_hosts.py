@@ -151,3 +151,31 @@ def test_a_plan_for_a_shared_machine_runs_and_reproduces_the_model(chain, tmp_pa
     assert set(manifest["predicted"]["hosts"]) == {"box"}
     _, result, checked = execute(tmp_path / "out", random_inputs=True, verify=True, repeat=4, threads=1)
     assert checked is not None and checked.passed and result.completed == 4 and result.lost == 0
+
+
+
+def test_of_a_planners_plans_the_one_predicted_best_is_chosen(chain, tmp_path):
+    """The pipeline DP ranks its top-K by each stage's compute and each cut's transfer; evaluate also prices
+    what it leaves out (the CPU a shared machine's messages take of its cores). The driver orders a planner's
+    plans by their predictions, stably: a plan the planner listed first but predicted slower becomes a
+    runner-up, and a tie keeps the planner's order."""
+    from edgec.compiler.driver import _candidate, _key
+
+    path = write(tmp_path, device_hosts=(None, None))
+    prof = yaml.safe_load((tmp_path / "p.yaml").read_text())
+    prof["gflops"] = {k: 0.05 for k in prof["gflops"]}  # compute, not the messages, bounds the period
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(prof))
+    cost = build_cost_table(chain.graph, load_cluster(path), chain.sha256)
+    n = len(chain.graph.layers)
+    lopsided = Plan("pipeline", "throughput", (Stage("d0", 0, 1), Stage("d1", 1, n))).ensures(chain.graph)
+    balanced = two_stages(chain.graph)
+    c = _candidate("pipeline", chain.graph, cost, [lopsided, balanced], "throughput")
+    assert c.plan == balanced and [p for p, _ in c.runners_up] == [lopsided]
+    assert c.prediction.bottleneck_ms < c.runners_up[0][1].bottleneck_ms
+    assert _key(c, "throughput") < _key(type(c)("pipeline", lopsided, c.runners_up[0][1]), "throughput")
+    # the same stages on the other device (the two are alike) tie: the planner's order stands
+    mirror = Plan("pipeline", "throughput", tuple(Stage(("d1", "d0")[i], s.lo, s.hi)
+                                                 for i, s in enumerate(balanced.stages))).ensures(chain.graph)
+    for first, second in ((mirror, balanced), (balanced, mirror)):
+        c = _candidate("pipeline", chain.graph, cost, [first, second, lopsided], "throughput")
+        assert c.plan == first and [p for p, _ in c.runners_up] == [second, lopsided]
