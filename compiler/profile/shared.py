@@ -118,9 +118,11 @@ class CoRunners:
         self.idle_rounds = 0  # of those, rounds in which a co-runner was off the CPU for part of the round
         self.procs: list[subprocess.Popen] = []
         self._bench: bench.Bench | None = None  # add_to's
-        self.quick = quick
-        self._solo_s = 0.0  # weight_gbps' figure's time, the pairs' time ratios (sorted), the contended pairs
-        self._ratios: list[float] = []  # the figure wants, and the time ratio it is at: add_to's formula's
+        self.quick = quick  # later sets without a gap
+        # add_to's formula's (and later's): weight_gbps' figure's time, every pair's time ratio (sorted), the
+        # contended pairs the figure wants, and the time ratio it is at
+        self._solo_s = 0.0
+        self._ratios: list[float] = []
         self._need = 1
         self._ratio: float | None = None
         folder = Path(tempfile.mkdtemp(prefix="edgec-profile-shared-"))
