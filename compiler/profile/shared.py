@@ -27,10 +27,13 @@ figures), LATER_GAP_S apart, up to LATER_SETS until the contended pairs over eve
 figure is their median. A machine whose cores never contend (no shared memory path) takes every set (about a
 minute here) and gets the median of all its pairs, with a warning.
 
-Replayed on three such traces (scratch/sq/sim7.py and sim8.py, 2026-11-27), the ratios of two profiles taken
-back to back differed by more than 10% in 8.4%, 2.1% and 0% of the simulated pairs of profiles, against 37.0%,
-23.0% and 1.8% with the previous figure (the slower quarter of every pair, then up to three later sets back to
-back). The later sets took no time in the median profile, and at most 56 s.
+Replayed on three such traces (scratch/sq/sim7s.py and sim8s.py, 2026-11-27), the ratios of two profiles taken
+back to back differed by more than 10% in 12.7%, 21.0% and 0% of the simulated pairs of profiles, against 39.0%,
+22.7% and 0% with the previous figure (the slower quarter of every pair, then up to three later sets back to
+back). The later sets took no time in the median profile, and at most 56 s. Those replays count a pair as the
+profile does, only where its rounds settled (`Figure.round_stable`). Counting every round whose co-runners were
+on the CPU instead gave 8.4%, 2.1% and 0% (against 37.0%, 23.0% and 1.8%). In a noisy stretch most rounds do
+not settle: a profile here kept 3 pairs of 24 (2026-11-27, w62), and then took later sets.
 
 A round in which a co-runner had less than BUSY of a CPU (/proc/PID/schedstat) does not count (marked
 unstable); when none counts, the figure is not written. The co-runners stop when their stdin closes, so none
