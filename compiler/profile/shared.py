@@ -27,13 +27,13 @@ figures), LATER_GAP_S apart, up to LATER_SETS until the contended pairs over eve
 figure is their median. A machine whose cores never contend (no shared memory path) takes every set (about a
 minute here) and gets the median of all its pairs, with a warning.
 
-Replayed on three such traces (scratch/sq/sim7s.py and sim8s.py, 2026-11-27), the ratios of two profiles taken
-back to back differed by more than 10% in 12.7%, 21.0% and 0% of the simulated pairs of profiles, against 39.0%,
-22.7% and 0% with the previous figure (the slower quarter of every pair, then up to three later sets back to
-back). The later sets took no time in the median profile, and at most 56 s. Those replays count a pair as the
-profile does, only where its rounds settled (`Figure.round_stable`). Counting every round whose co-runners were
-on the CPU instead gave 8.4%, 2.1% and 0% (against 37.0%, 23.0% and 1.8%). In a noisy stretch most rounds do
-not settle: a profile here kept 3 pairs of 24 (2026-11-27, w62), and then took later sets.
+A pair counts where its shared round had the co-runners on the CPU (below), whether or not the runs of its
+rounds settled (`Figure.round_stable`): in a noisy stretch most rounds do not, and a profile that counted only
+settled pairs kept 3 of 24 here (2026-11-27, w62). Replayed on three such traces (scratch/sq/sim7s.py and
+sim8s.py, 2026-11-27), the ratios of two profiles taken back to back differed by more than 10% in 8.4%, 2.1% and
+0% of the simulated pairs of profiles; counting only settled pairs, 12.7%, 21.0% and 0%; the previous figure (the
+slower quarter of the settled pairs, then up to three later sets back to back), 39.0%, 22.7% and 0%. The later
+sets took no time in the median profile, and at most 56 s.
 
 A round in which a co-runner had less than BUSY of a CPU (/proc/PID/schedstat) does not count (marked
 unstable); when none counts, the figure is not written. The co-runners stop when their stdin closes, so none
@@ -119,6 +119,8 @@ class CoRunners:
         self.data, self.feeds, self.nbytes = bench.weights_matmul(np.random.default_rng(7), quick)
         self.rounds = 0  # rounds timed
         self.idle_rounds = 0  # of those, rounds in which a co-runner was off the CPU for part of the round
+        self.on_cpu: list[bool] = []  # each round's (timer's), in the order taken: its co-runners on the CPU
+        self.time_model = time_model  # what times a round beside them (timing.time_model)
         self.procs: list[subprocess.Popen] = []
         self._bench: bench.Bench | None = None  # add_to's
         self.quick = quick  # later sets without a gap
@@ -162,7 +164,8 @@ class CoRunners:
 
         def formula(t: bench.Times) -> float:
             self._solo_s = t[bench.WEIGHTS]
-            self._ratios = pair_ratios(b.figures[NAME], b.figures[bench.WEIGHTS])
+            shared = b.figures[NAME]
+            self._ratios = pair_ratios(shared, b.figures[bench.WEIGHTS], self.on_cpu[:len(shared.round_medians)])
             self._need = max(1, math.ceil(NEED * len(b.figures[NAME].round_medians)))
             self._ratio = pick_ratio(self._ratios, self._need)
             b.entries[NAME].update(pairs=len(self._ratios), contended_pairs=self.contended,
@@ -208,7 +211,7 @@ class CoRunners:
             for _ in range(count):
                 solo = b.timer(solo_job.data, solo_job.feeds, 1, policy, solo_job.opt)
                 beside = self.timer(self.data, self.feeds, 1, policy, solo_job.opt)
-                if solo.stable and beside.stable and solo.median_s > 0:
+                if self.on_cpu[-1] and solo.median_s > 0:
                     self._ratios.append(beside.median_s / solo.median_s)
                     pairs += 1
             if self.enough:
@@ -255,21 +258,22 @@ class CoRunners:
             return None if j is None else j / _CLK_TCK
 
     def timer(self, data: bytes, feeds: dict, threads: int, policy: Policy, opt) -> Series:
-        """One round of the model (timing.time_model) while the co-runners run theirs; unstable when one of
-        them had less than BUSY of a CPU meanwhile (the hypervisor, another tenant), since the round then
-        did not time the shared rate."""
+        """One round of the model (`time_model`) while the co-runners run theirs; unstable, and not paired
+        (`on_cpu`), when one of them had less than BUSY of a CPU meanwhile (the hypervisor, another tenant),
+        since the round then did not time the shared rate."""
         self._send(b"g")
         try:
             r0, t0 = self._ran_s(), time.monotonic()
-            series = time_model(data, feeds, threads, policy, opt)
+            series = self.time_model(data, feeds, threads, policy, opt)
             r1, t1 = self._ran_s(), time.monotonic()
         finally:
             self._send(b"p")
         # a round shorter than TICK_S / BUSY cannot show a shortfall; one in which they did not run at all is off
-        off = r0 is not None and r1 is not None and (r1 - r0 < (BUSY * (t1 - t0) - TICK_S) * len(self.procs)
-                                                     or r1 <= r0)
+        off = bool(self.procs) and r0 is not None and r1 is not None and (
+            r1 - r0 < (BUSY * (t1 - t0) - TICK_S) * len(self.procs) or r1 <= r0)
         self.rounds += 1
         self.idle_rounds += off
+        self.on_cpu.append(not off)
         return replace(series, stable=False) if off else series
 
     def close(self) -> None:
@@ -290,12 +294,13 @@ class CoRunners:
         self.procs = []
 
 
-def pair_ratios(shared: Figure, solo: Figure) -> list[float]:
-    """The ratios of each shared round's time to the weight_gbps round of the same index, over the pairs of
-    stable rounds, sorted. pass_order puts the two rounds of a pair within one DRAM_ROUNDS-th of a pass of each
-    other."""
-    return sorted(m / s for m, s, ok_m, ok_s in zip(shared.round_medians, solo.round_medians, shared.round_stable,
-                                                    solo.round_stable) if ok_m and ok_s and s > 0)
+def pair_ratios(shared: Figure, solo: Figure, on_cpu: list[bool]) -> list[float]:
+    """The ratios of each shared round's time to the weight_gbps round of the same index, over the pairs whose
+    shared round had its co-runners on the CPU (`on_cpu`, per shared round in the order taken), sorted. A round
+    whose runs did not settle still counts: its median is a time of the shared rate, and the contended pairs'
+    median does not follow one round (module docstring). pass_order puts the two rounds of a pair within one
+    DRAM_ROUNDS-th of a pass of each other."""
+    return sorted(m / s for m, s, ok in zip(shared.round_medians, solo.round_medians, on_cpu) if ok and s > 0)
 
 
 def pick_ratio(ratios: list[float], need: int) -> float | None:

@@ -324,27 +324,28 @@ def test_a_job_none_of_whose_rounds_counted_says_so_and_not_that_its_spread_was_
 
 
 def test_the_shared_rate_is_weight_gbps_times_the_median_ratio_of_the_pairs_that_contended():
-    """Each shared round over the weight_gbps round of the same index (taken beside it), over the pairs of stable
-    rounds; the figure's ratio is the median of those that contended (a rate ratio at most UNCONTENDED) when
-    there are `need` of them, else every pair's median. A common slowdown of both rounds of a pair (another
-    tenant's traffic) cancels, and uncontended pairs (a phase in which the machine did not share its memory)
-    do not move the figure."""
+    """Each shared round over the weight_gbps round of the same index (taken beside it), over the pairs whose
+    shared round had its co-runners on the CPU, settled or not; the figure's ratio is the median of those that
+    contended (a rate ratio at most UNCONTENDED) when there are `need` of them, else every pair's median. A
+    common slowdown of both rounds of a pair (another tenant's traffic) cancels, and uncontended pairs (a phase
+    in which the machine did not share its memory) do not move the figure."""
     from edgec.compiler.profile.shared import UNCONTENDED, pair_ratios, pick_ratio
     from edgec.compiler.profile.timing import Figure
 
     def fig(times, stable):
         return Figure(min(times), 0.01, 0.01, 0.0, tuple(times), 7 * len(times), 1.0, True, tuple(stable))
 
-    solo = fig([1.0, 1.2, 1.0, 1.1, 1.0, 1.0], [True] * 6)
-    shared = fig([2.0, 2.4, 1.0, 1.98, 1.05, 1.7], [True, True, False, True, True, True])  # the 3rd pair is out
+    solo = fig([1.0, 1.2, 1.0, 1.1, 1.0, 1.0], [True, True, True, False, True, True])  # the 4th did not settle
+    shared = fig([2.0, 2.4, 1.0, 1.98, 1.05, 1.7], [True, False, True, True, True, True])  # nor this 2nd
+    on_cpu = [True, True, False, True, True, True]  # the 3rd shared round had a co-runner off the CPU: left out
     assert UNCONTENDED == 0.7
-    assert pair_ratios(shared, solo) == pytest.approx([1.05, 1.7, 1.8, 2.0, 2.0])
+    assert pair_ratios(shared, solo, on_cpu) == pytest.approx([1.05, 1.7, 1.8, 2.0, 2.0])
     # four contended (time ratio 1/0.7 or more): their median, (1.8 + 2.0) / 2; the uncontended 1.05 is out
-    assert pick_ratio(pair_ratios(shared, solo), 4) == pytest.approx(1.9)
+    assert pick_ratio(pair_ratios(shared, solo, on_cpu), 4) == pytest.approx(1.9)
     # fewer than `need` contended: the median of every pair
-    assert pick_ratio(pair_ratios(shared, solo), 5) == pytest.approx(1.8)
+    assert pick_ratio(pair_ratios(shared, solo, on_cpu), 5) == pytest.approx(1.8)
     assert pick_ratio([1.0, 1.1, 1.2], 1) == pytest.approx(1.1)  # none contended: every pair's median
-    assert pair_ratios(fig([2.0] * 6, [False] * 6), solo) == [] and pick_ratio([], 1) is None  # no pair
+    assert pair_ratios(shared, solo, [False] * 6) == [] and pick_ratio([], 1) is None  # no pair
 
 
 def test_bench_refuses_a_name_added_twice():

@@ -305,7 +305,7 @@ def test_co_runners_run_only_in_its_rounds_and_stop_with_the_profile():
         time.sleep(0.3)
         assert co._ran_s() - before < 0.05
         series = co.timer(co.data, co.feeds, 1, QUICK, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
-        assert series.median_s > 0 and co.rounds == 1 and co.idle_rounds == 0
+        assert series.median_s > 0 and co.rounds == 1 and co.idle_rounds == 0 and co.on_cpu == [True]
         paused = co._ran_s()
         time.sleep(0.3)
         assert co._ran_s() - paused < 0.05
@@ -338,9 +338,9 @@ def test_co_runners_of_a_profile_that_is_killed_stop_too():
     assert not any(alive(pid) for pid in pids) and _co_runners() == []
 
 
-def _bench_pairs(co: shared.CoRunners, solo_s: float, shared_s: float, solo_stable: bool = True):
-    """A Bench (2 passes) timing weight_gbps at `solo_s` and the co-runners' job at `shared_s`, scripted; returns
-    it and the shared figure's formula's value."""
+def _bench_pairs(co: shared.CoRunners, solo_s: float, shared_s: float, solo_stable: bool = True, off: bool = False):
+    """A Bench (2 passes) timing weight_gbps at `solo_s` and the co-runners' job at `shared_s`, scripted (`off`:
+    every shared round with a co-runner off the CPU); returns it and the shared figure's formula's value."""
     from tests.compiler.test_profile_timing import QuietProbe, rnd
     from edgec.compiler.profile.bench import WEIGHTS, Bench
     from edgec.compiler.profile.timing import Policy
@@ -349,10 +349,11 @@ def _bench_pairs(co: shared.CoRunners, solo_s: float, shared_s: float, solo_stab
               timer=lambda *a: rnd(solo_s, stable=solo_stable))
     b.add(WEIGHTS, b"w", {}, per_pass=DRAM_ROUNDS)
     formula = co.add_to(b)
-    co.timer = lambda *a: rnd(shared_s)
-    value = formula(b.run())
-    co.rounds = 2 * DRAM_ROUNDS  # the scripted timer's rounds, every co-runner on its CPU
-    return b, value
+    co.time_model = lambda *a: rnd(shared_s)  # CoRunners(0): no co-runner to be off the CPU
+    times = b.run()
+    if off:
+        co.on_cpu = [False] * len(co.on_cpu)
+    return b, formula(times)
 
 
 def test_too_few_contended_pairs_get_more_sets_and_the_contended_pairs_of_every_set_make_the_figure():
@@ -369,7 +370,7 @@ def test_too_few_contended_pairs_get_more_sets_and_the_contended_pairs_of_every_
         assert first == pytest.approx(gb / 1.05) and (co.contended, co.enough) == (0, False)
         calls = []
         b.timer = lambda *a: (calls.append("alone"), rnd(1.0))[1]
-        co.timer = lambda *a: (calls.append("beside"), rnd(2.0))[1]
+        co.time_model = lambda *a: (calls.append("beside"), rnd(2.0))[1]
         assert co.later(lambda s: None, sleep=lambda s: pytest.fail("slept")) == pytest.approx(gb / 2.0)
         assert calls == ["alone", "beside"] * pairs
         entry = b.entries[shared.NAME]
@@ -380,7 +381,7 @@ def test_too_few_contended_pairs_get_more_sets_and_the_contended_pairs_of_every_
         b, first = _bench_pairs(co, 1.0, 1.05)
         co.quick, sleeps, said = False, [], []
         times = iter([2.0, 2.2] + [1.0] * (pairs - 2) + [1.9, 2.1] + [1.0] * (pairs - 2))
-        co.timer = lambda *a: rnd(next(times))
+        co.time_model = lambda *a: rnd(next(times))
         assert co.later(said.append, sleep=sleeps.append) == pytest.approx(gb / 2.05)  # median of 1.9 2.0 2.1 2.2
         assert next(times, None) is None and sleeps == [shared.LATER_GAP_S]
         assert said[0] == f"  shared_weight_gbps: 0 of its {pairs} pairs contended for memory, 4 wanted; {pairs} more " \
@@ -392,7 +393,7 @@ def test_too_few_contended_pairs_get_more_sets_and_the_contended_pairs_of_every_
         co.quick, sleeps = False, []
         later = [1.02, 1.1, 1.01, 1.03, 1.04]
         times = iter([t for t in later for _ in range(pairs)])
-        co.timer = lambda *a: rnd(next(times))
+        co.time_model = lambda *a: rnd(next(times))
         co.later = lambda say, _later=co.later: _later(say, sleep=sleeps.append)
         details = []
         # 12 pairs each at 1.01 1.02 1.03 1.04 1.05 1.1: the median is (1.03 + 1.04) / 2
@@ -410,8 +411,12 @@ def test_too_few_contended_pairs_get_more_sets_and_the_contended_pairs_of_every_
         assert co.later(lambda s: None) is None and "later_pairs" not in b.entries[shared.NAME]
         assert first == pytest.approx(gb / 1.8) and b.entries[shared.NAME]["contended_pairs"] == pairs
 
-    with shared.CoRunners(0, True) as co:  # no stable pair: the shared rounds' own figure, and no second set
+    with shared.CoRunners(0, True) as co:  # rounds that did not settle still count
         b, first = _bench_pairs(co, 1.0, 1.8, solo_stable=False)
+        assert first == pytest.approx(gb / 1.8) and b.entries[shared.NAME]["pairs"] == pairs
+
+    with shared.CoRunners(0, True) as co:  # no pair (a co-runner off the CPU in every round): the shared rounds'
+        b, first = _bench_pairs(co, 1.0, 1.8, off=True)  # own figure, and no second set
         assert first == pytest.approx(gb / 1.8) and b.entries[shared.NAME]["pairs"] == 0
         assert co.later(lambda s: None) is None
 
