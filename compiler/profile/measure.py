@@ -388,7 +388,7 @@ def _shared_weights(gbps: float, co: CoRunners, strict: bool, say: Callable[[str
     if later is not None:
         gbps = sig(later)
         if not co.enough:
-            details.append(f"shared_weight_gbps: {co.contended} of its {co.pairs} pairs contended for memory "
+            details.append(f"shared_weight_gbps: {co.contended} of its {co.counted} pairs contended for memory "
                            f"(rate ratio {co.paired_ratio:g} over all); a machine whose cores share a memory path "
                            "may give a lower figure when profiled again")
     say(f"  shared_weight_gbps {gbps:g} GB/s per core with every core streaming")

@@ -17,7 +17,7 @@ other tenants' traffic moves both rounds of a pair alike, and their ratio cancel
 
 This machine gives two streams their share of memory in phases. Over 10 minutes of alternating rounds (scratch
 phase.py, 2026-11-26; shared, then weight_gbps alone, 0.5 s apart), in a contended phase a shared round ran at
-0.40-0.69 of the rate of the round beside it (the median over 30 s at 0.55-0.63, drifting by minutes); in an
+0.40-0.69 of the rate of the round beside it (the median over 30 s at 0.53-0.65, drifting by minutes); in an
 uncontended one, 20-75 s long and 30% of the time, at 0.75-1.2; a stretch in between gives both. So the
 figure is weight_gbps' figure times the median ratio of the pairs that contended (a rate ratio at most
 UNCONTENDED; `pick_ratio`), once they are NEED of the pairs: an uncontended pair times a moment in which the
@@ -157,8 +157,8 @@ class CoRunners:
         """Add the timing to the Bench (1 thread: a device beside others runs 1 thread; after weight_gbps'), its
         rounds spread through the passes like weight_gbps'; returns its formula (GB/s: weight_gbps' time times
         the pairs' `pick_ratio`), which also writes into the timing's `measurement:` entry the pairs counted,
-        those that contended, and the ratio of rates the figure is at (0.55-0.65 where the cores contended for
-        memory here). `later` may take more sets."""
+        those that contended, and the ratio of rates the figure is at (0.51-0.65 in this machine's profiles of
+        2026-11-27). `later` may take more sets."""
         b.add(NAME, self.data, self.feeds, per_pass=bench.DRAM_ROUNDS, pick=SHARED_QUANTILE, beside=self)
         self._bench = b
 
@@ -166,7 +166,7 @@ class CoRunners:
             self._solo_s = t[bench.WEIGHTS]
             shared = b.figures[NAME]
             self._ratios = pair_ratios(shared, b.figures[bench.WEIGHTS], self.on_cpu[:len(shared.round_medians)])
-            self._need = max(1, math.ceil(NEED * len(b.figures[NAME].round_medians)))
+            self._need = max(1, math.ceil(NEED * len(shared.round_medians)))
             self._ratio = pick_ratio(self._ratios, self._need)
             b.entries[NAME].update(pairs=len(self._ratios), contended_pairs=self.contended,
                                    paired_ratio=_rates(self._ratio))
@@ -175,8 +175,8 @@ class CoRunners:
         return formula
 
     @property
-    def pairs(self) -> int:
-        """The pairs counted so far, over every set."""
+    def counted(self) -> int:
+        """The pairs counted so far, over every set (the entry's `pairs` are the micro-benchmarks' alone)."""
         return len(self._ratios)
 
     @property
@@ -204,7 +204,7 @@ class CoRunners:
         count = len(b.figures[NAME].round_medians)
         pairs = 0
         for k in range(LATER_SETS):
-            say(f"  shared_weight_gbps: {self.contended} of its {self.pairs} pairs contended for memory, "
+            say(f"  shared_weight_gbps: {self.contended} of its {self.counted} pairs contended for memory, "
                 f"{self._need} wanted; {count} more pairs ({k + 1} of at most {LATER_SETS})")
             if k and not self.quick:
                 sleep(LATER_GAP_S)

@@ -388,6 +388,25 @@ def test_too_few_contended_pairs_get_more_sets_and_the_contended_pairs_of_every_
                           f"pairs (1 of at most {shared.LATER_SETS})"
         assert (b.entries[shared.NAME]["contended_pairs"], b.entries[shared.NAME]["later_pairs"]) == (4, 2 * pairs)
 
+    with shared.CoRunners(0, True) as co:  # a later round with a co-runner off the CPU is not paired
+        b, first = _bench_pairs(co, 1.0, 1.05)
+        first_set = [1.5, 1.6, 3.0, 3.0, 3.0, 1.55] + [1.0] * (pairs - 6)
+        times = iter(first_set + [1.5] + [1.0] * (pairs - 1))
+        off = iter([False, False, True, True, True, False] + [False] * (2 * pairs - 6))
+        co.time_model = lambda *a: rnd(next(times))
+        real = co.timer
+
+        def timer(*a):
+            series = real(*a)
+            co.on_cpu[-1] = not next(off)  # as the co-runner check marks a round with a co-runner off the CPU
+            return series
+        co.timer = timer
+        # the rounds at 3.0 are not paired, so the first set gives 3 contended pairs of the 4 wanted and a second
+        # set is taken; its 1.5 makes 4: the median of 1.5 1.5 1.55 1.6 (counted, the 3.0s would have made 2.3)
+        assert co.later(lambda s: None, sleep=lambda s: None) == pytest.approx(gb / 1.525)
+        assert next(times, None) is None and (co.counted, co.contended) == (3 * pairs - 3, 4)
+        assert b.entries[shared.NAME]["later_pairs"] == 2 * pairs - 3
+
     with shared.CoRunners(0, True) as co:  # no set contends: LATER_SETS of them, every pair's median, a warning
         b, first = _bench_pairs(co, 1.0, 1.05)
         co.quick, sleeps = False, []
