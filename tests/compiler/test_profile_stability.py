@@ -181,8 +181,11 @@ def test_unstable_timings_without_strict_are_one_warning(caplog):
     assert len(unstable) >= len(timings) - 2
     unstable += [name for name, t in p["measurement"]["runtime"].items() if not t["stable"]]  # the runtime's costs
     assert f"for {len(unstable)} timings: " in line and "gflops.conv at 1 thr" in line
-    # a memory rate that moved between the halves of the pass is a warning of its own (drift.py)
-    assert len([w for w in p["measurement"]["warnings"] if "memory rate moved" not in w]) == len(unstable)
+    # warnings of their own: a memory rate that moved between the halves of the pass (drift.py), and too few of
+    # shared_weight_gbps' pairs contending for memory, which depends on the moment (shared.py; its rounds count
+    # whether or not they settled, so this policy does not leave it without pairs)
+    own = ("memory rate moved", "pairs contended for memory")
+    assert len([w for w in p["measurement"]["warnings"] if not any(o in w for o in own)]) == len(unstable)
 
 
 # --------------------------------------------------------------------------------------------------
