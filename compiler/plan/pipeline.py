@@ -35,10 +35,11 @@ at least as good under every possible completion, so the k best complete plans a
     rest, so the Pareto step only resolves exact latency ties; when the (k+1)-th best latency differs
     from the k-th, the fast latency DP is already exact and the Pareto pass is skipped.
 
-Symmetry: devices that are interchangeable bit for bit (same block_ms column, memory, and links to and
-from every other device) are only used in index order, which removes relabelled copies of the same
+Symmetry: devices that are interchangeable bit for bit (same block_ms column, memory, machine, and links
+to and from every other device) are only used in index order, which removes relabelled copies of the same
 plan from the search without losing any cost; for top_k > 1 the copies are generated back afterwards
-(they have identical costs), so the result equals the unrestricted search.
+(they have identical costs), so the result equals the unrestricted search.  The planner (`plan_pipeline`)
+asks for none of them back (`copies=False`): its top-K are K distinct plans.
 
 Numerics: stage compute is summed with the same numpy reduction `PipelineProblem.evaluate` uses, and
 transfers with the same expression, so bottleneck values are bit-identical to `evaluate`'s. Latency is
@@ -117,6 +118,10 @@ class PipelineProblem:
     cut_tensor_bytes: tuple[tuple[int, ...], ...] | None = None  # [B-1]: each crossing tensor's bytes
     request_in_ms: np.ndarray | None = None  # [D]: added to a stage that starts at block 0
     request_out_ms: np.ndarray | None = None  # [D]: added to a stage that ends at block B
+    # [D]: the machine each device shares with others (the cluster's `hosts:`), or None.  Not priced here, but
+    # `evaluate` charges a machine's devices for its cores (cost/evaluate.py _host_periods), so two devices
+    # are interchangeable only on the same machine (or neither on a shared one): _device_classes
+    hosts: tuple[str | None, ...] | None = None
 
     def stage_ms(self, lo: int, hi: int, device: int) -> float:
         """A stage's compute, plus the per-request costs of the first and the last stage (in the order
@@ -220,6 +225,7 @@ def pipeline_problem(graph: LayerGraph, cost: CostTable) -> PipelineProblem:
         bandwidth_bytes_per_ms=bw,
         link_latency_ms=lat,
         medium=cluster.medium,
+        hosts=cost.hosts if any(h is not None for h in cost.hosts) else None,
         cut_tensor_bytes=tuple(tuple(graph.tensors[t].nbytes for t in graph.live_across(hi)) for _, hi in blocks[:-1]),
         **_request_costs(cost),
     )
@@ -425,7 +431,8 @@ def _transfer_table(problem: PipelineProblem) -> np.ndarray:
 
 def _device_classes(problem: PipelineProblem) -> np.ndarray:
     """cls[d] = lowest index of the devices interchangeable with d (same block_ms column, memory, per-request
-    costs and links to and from every other device, bit for bit), so swapping them maps plans to equal-cost plans."""
+    costs, machine, and links to and from every other device, bit for bit), so swapping them maps plans to
+    equal-cost plans, here and in `evaluate`."""
     D = problem.n_devices
     bm = np.asarray(problem.block_ms)
     mem = np.asarray(problem.device_mem_bytes)
@@ -436,7 +443,8 @@ def _device_classes(problem: PipelineProblem) -> np.ndarray:
         for r in range(d):
             if cls[r] != r or mem[r] != mem[d] or not np.array_equal(bm[:, r], bm[:, d]):
                 continue
-            if any(x is not None and x[r] != x[d] for x in (problem.request_in_ms, problem.request_out_ms)):
+            if any(x is not None and x[r] != x[d]
+                   for x in (problem.request_in_ms, problem.request_out_ms, problem.hosts)):
                 continue
             perm = np.arange(D)
             perm[[r, d]] = [d, r]
@@ -754,11 +762,12 @@ def plan_pipeline(graph: LayerGraph, cost: CostTable, objective: str, options: P
         return plan_pipeline_energy(graph, cost, options)
     problem = pipeline_problem(graph, cost)
     return [to_plan(sol, "pipeline", objective, graph, problem)
-            for sol in solve_pipeline(problem, objective, top_k=options.top_k)]
+            for sol in solve_pipeline(problem, objective, top_k=options.top_k, copies=False)]
 
 
 def solve_pipeline(
-    problem: PipelineProblem, objective: str = "latency", top_k: int = 1, max_stages: int | None = None
+    problem: PipelineProblem, objective: str = "latency", top_k: int = 1, max_stages: int | None = None,
+    copies: bool = True,
 ) -> list[PipelineSolution]:
     """The `top_k` best distinct placements of the block chain, best first (exact).
 
@@ -767,6 +776,12 @@ def solve_pipeline(
     bottleneck, or bottleneck then latency - with the stages tuple as a final deterministic tie-break
     (which of several exactly-tied plans fill the last slots is deterministic but not otherwise
     specified). Fewer than `top_k` are returned only when fewer placements exist.
+
+    Without `copies`, a placement that only swaps devices interchangeable bit for bit (module docstring:
+    Symmetry) with another is not a placement of its own: the `top_k` best of those classes, each as its
+    canonical member (identical devices in index order). That is what a planner wants of its top-K: on two
+    like devices the exact top 3 is a split, its mirror and a second split, the mirror costing the same by
+    construction, so it leaves the driver's choice (driver._candidate) and `--keep` one real alternative.
     Raises InfeasibleError (message in MB) when nothing fits, ValueError on bad arguments.
     """
     validate_request(problem, objective)
@@ -774,11 +789,11 @@ def solve_pipeline(
         raise ValueError(f"top_k must be >= 1, got {top_k}")
     if max_stages is not None and max_stages < 1:
         raise ValueError(f"max_stages must be >= 1, got {max_stages}")
-    return _solve(problem, _Tables(problem), objective, top_k, max_stages)
+    return _solve(problem, _Tables(problem), objective, top_k, max_stages, copies)
 
 
 def _solve(problem: PipelineProblem, tab: _Tables, objective: str, top_k: int,
-           max_stages: int | None) -> list[PipelineSolution]:
+           max_stages: int | None, copies: bool = True) -> list[PipelineSolution]:
     """solve_pipeline on the problem's tables, built or sliced (PipelineTail)."""
     S = min(tab.D, tab.B, max_stages or tab.D)
     shared = problem.medium == "shared" and tab.B > 1 and S > 1
@@ -788,7 +803,7 @@ def _solve(problem: PipelineProblem, tab: _Tables, objective: str, top_k: int,
         plans = _solve_throughput_shared(tab, top_k, S) if shared else _solve_throughput_switched(tab, top_k, S)
     if not plans:
         raise InfeasibleError(infeasible_message(problem, max_stages))
-    if top_k > 1 and np.any(tab.cls != np.arange(tab.D)):  # the DPs searched canonical device orders only
+    if copies and top_k > 1 and np.any(tab.cls != np.arange(tab.D)):  # the DPs searched canonical orders only
         plans = [q for p in plans for q in _relabelings(tab, p, top_k)]
     sols = [problem.evaluate(tuple(StageChoice(lo, hi, d) for lo, hi, d in p)) for p in plans]
     sols.sort(key=lambda s: solution_sort_key(s, objective))

@@ -179,3 +179,33 @@ def test_of_a_planners_plans_the_one_predicted_best_is_chosen(chain, tmp_path):
     for first, second in ((mirror, balanced), (balanced, mirror)):
         c = _candidate("pipeline", chain.graph, cost, [first, second, lopsided], "throughput")
         assert c.plan == first and [p for p, _ in c.runners_up] == [second, lopsided]
+
+
+def test_like_devices_on_other_machines_are_distinct_plans(chain, tmp_path):
+    """Three alike devices, two on one machine of one core.  The pipeline DP takes interchangeable devices in
+    index order and, for the planner, returns no relabelled copies.  Devices on different machines are not
+    interchangeable (evaluate charges a machine's devices for its cores), so every way to place the best split
+    on the two machines is a plan of the planner's own, and the driver chooses the best of them: here the
+    first stage on the other machine (the DP's device order would put it on the shared one)."""
+    import itertools
+
+    from edgec.compiler.driver import _candidate
+    from edgec.compiler.plan.pipeline import _device_classes, pipeline_problem, plan_pipeline
+    from edgec.compiler.plan.planner import PlanOptions
+
+    path = write(tmp_path, hosts={"box": {"cores": 1, "coordinator": True}, "other": {"cores": 1}},
+                 device_hosts=("box", "box", "other"), threads=(1, 1, 1))
+    prof = yaml.safe_load((tmp_path / "p.yaml").read_text())
+    prof["gflops"] = {k: 0.05 for k in prof["gflops"]}  # compute, not the messages, bounds the period
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(prof))
+    cost = build_cost_table(chain.graph, load_cluster(path), chain.sha256)
+    assert _device_classes(pipeline_problem(chain.graph, cost)).tolist() == [0, 0, 2]
+    plans = plan_pipeline(chain.graph, cost, "throughput", PlanOptions())
+    assert len({p.stages for p in plans}) == len(plans) == 3
+    c = _candidate("pipeline", chain.graph, cost, plans, "throughput")
+    spans = [(s.lo, s.hi) for s in c.plan.stages]
+    every = [evaluate(Plan("pipeline", "throughput", tuple(Stage(d, lo, hi) for d, (lo, hi) in zip(order, spans)))
+                      .ensures(chain.graph), chain.graph, cost).bottleneck_ms
+             for order in itertools.permutations(cost.devices, len(spans))]
+    assert c.prediction.bottleneck_ms == min(every) < max(every)
+    assert c.plan.stages[0].device == "d2"

@@ -64,9 +64,13 @@ def problems(draw, dyadic: bool = True, max_blocks: int = 7, max_devices: int = 
     act = np.array(draw(st.lists(st.integers(0, 4), min_size=B, max_size=B))) * MB
     mem_k = np.array(draw(st.lists(st.integers(2, 40), min_size=nk, max_size=nk))) * MB
     medium = draw(st.sampled_from(["switched", "shared"]))
-    return make_problem(
+    problem = make_problem(
         col[:, kinds], params, act, cut, mem_k[kinds], bw_k[np.ix_(kinds, kinds)], lat_k[np.ix_(kinds, kinds)], medium
     )
+    if draw(st.booleans()):  # machines shared by devices (`hosts:`): alike devices on different ones are not alike
+        hosts = draw(st.lists(st.sampled_from([None, "a", "b"]), min_size=D, max_size=D))
+        problem = replace(problem, hosts=tuple(hosts))
+    return problem
 
 
 def keys(solutions, objective):
@@ -106,6 +110,71 @@ def test_dp_equals_brute_force(problem, max_stages):
         for sol in top:
             check_solution(problem, sol)
             assert max_stages is None or len(sol.stages) <= max_stages
+
+
+def _like(problem: PipelineProblem, r: int, d: int) -> bool:
+    """Whether devices r and d are interchangeable: same column, memory, request costs and machine, and the links
+    of every device to and from them unchanged when they swap."""
+    if problem.device_mem_bytes[r] != problem.device_mem_bytes[d]:
+        return False
+    if not np.array_equal(problem.block_ms[:, r], problem.block_ms[:, d]):
+        return False
+    if any(x is not None and x[r] != x[d] for x in (problem.request_in_ms, problem.request_out_ms, problem.hosts)):
+        return False
+    perm = list(range(problem.n_devices))
+    perm[r], perm[d] = d, r
+    return all(np.asarray(m)[i, j] == np.asarray(m)[perm[i], perm[j]]
+               for m in (problem.bandwidth_bytes_per_ms, problem.link_latency_ms)
+               for i in range(problem.n_devices) for j in range(problem.n_devices) if i != j)
+
+
+def _canonical(problem: PipelineProblem, stages) -> tuple:
+    """The placement with each group of interchangeable devices used lowest index first, in stage order."""
+    groups = [min(r for r in range(d + 1) if r == d or _like(problem, r, d)) for d in range(problem.n_devices)]
+    members = {g: [d for d in range(problem.n_devices) if groups[d] == g] for g in set(groups)}
+    used = {g: 0 for g in members}
+    out = []
+    for s in stages:
+        g = groups[s.device]
+        out.append((s.lo, s.hi, members[g][used[g]]))
+        used[g] += 1
+    return tuple(out)
+
+
+@SETTINGS
+@given(problems(), st.sampled_from([None, 2]))
+def test_without_copies_the_top_k_are_distinct_up_to_swapping_like_devices(problem, max_stages):
+    """copies=False (what plan_pipeline asks): the k best placements once each placement that only swaps
+    interchangeable devices is dropped, each as its canonical member: brute force, deduplicated."""
+    for objective in OBJECTIVES:
+        ref = brute_force(problem, objective, max_stages)
+        if not ref:
+            continue
+        seen, classes = set(), []
+        for sol in ref:
+            c = _canonical(problem, sol.stages)
+            if c not in seen:
+                seen.add(c)
+                classes.append(sol)
+        got = solve_pipeline(problem, objective, top_k=3, max_stages=max_stages, copies=False)
+        assert keys(got, objective) == keys(classes[:3], objective)
+        assert [tuple((s.lo, s.hi, s.device) for s in sol.stages) for sol in got] == \
+            [_canonical(problem, sol.stages) for sol in got]
+        assert len({_canonical(problem, sol.stages) for sol in got}) == len(got)
+        for sol in got:
+            check_solution(problem, sol)
+
+
+def test_two_like_devices_give_three_splits_without_copies():
+    """Two identical devices: the exact top 3 is a split, its mirror and one more split; without copies, three
+    splits."""
+    problem = make_problem([[1.0] * 2] * 4, [MB] * 4, [MB] * 4, [64, 32, 64], [100 * MB] * 2, np.full((2, 2), 64.0))
+    for objective in OBJECTIVES:
+        exact = solve_pipeline(problem, objective, top_k=3)
+        assert len({tuple((s.lo, s.hi) for s in sol.stages) for sol in exact}) == 2
+        distinct = solve_pipeline(problem, objective, top_k=3, copies=False)
+        assert len({tuple((s.lo, s.hi) for s in sol.stages) for sol in distinct}) == 3
+        assert distinct[0].key(objective) == exact[0].key(objective)
 
 
 @st.composite
