@@ -390,6 +390,17 @@ GEMM_COLD_LAYERS = 12  # MatMuls of 1024 x 1024 weights, 48 MB in all: more than
 # 2. At 16 rows 55%: timed in alternating rounds with 32 for 8 minutes here (2026-11-26, scratch gw/rows.py),
 # windows of 24 rounds at the fastest quarter, consecutive windows lay 1.6% apart (median), none over 10%,
 # against 2.7% and 3 of 83 on 32 rows; the figure came out 5-8% higher (20-24 GB/s against 18-24; 23 on 128).
+# How it follows the machine (2026-11-27): timed in turns with memory_gbps' Add and weight_gbps' MatMul for 8
+# minutes (scratch gw/rows2.py), over windows of 24 rounds it moved 2.7 times as much as memory_gbps (log-log
+# slope; weight_gbps 0.8 times): a GEMM waits on each weight panel between its arithmetic, so it pays the memory
+# path's latency as well as its rate.  The move is the machine's moment, not the process's: two processes timing
+# the chain in turns agreed within 2% while both moved 9% over two minutes (gw/procs.py).  No other pick of
+# the rounds did better in all of three such traces (gw/sim.py, back-to-back profiles replayed): the median, the
+# mean, a trimmed mean and the fastest tenth each missed 10% less often than the fastest quarter in some replays
+# and more often in others.  So two profiles whose memory rates lie 4% apart put this figure about 10% apart: the stability
+# benchmark's misses on it (+10.2%, +11.0%) had memory_gbps 1.5-4.9% apart.  At 8 rows it moved 1.75 times as
+# much, but it is another figure (37 GB/s against 25): such a GEMM streams its weights almost as a batch-1
+# MatMul does, and would price the transformer's 128-row MatMuls as if they did.
 GEMM_COLD_ROWS = 16
 _COLD, _HOT = "gemm_weight_gbps.chain", "gemm_weight_gbps.one"
 
