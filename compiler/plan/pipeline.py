@@ -35,8 +35,8 @@ at least as good under every possible completion, so the k best complete plans a
     rest, so the Pareto step only resolves exact latency ties; when the (k+1)-th best latency differs
     from the k-th, the fast latency DP is already exact and the Pareto pass is skipped.
 
-Symmetry: devices that are interchangeable bit for bit (same block_ms column, memory, machine, and links
-to and from every other device) are only used in index order, which removes relabelled copies of the same
+Symmetry: devices that are interchangeable bit for bit (same block_ms column, memory, machine, power figures,
+and links to and from every other device) are only used in index order, which removes relabelled copies of the same
 plan from the search without losing any cost; for top_k > 1 the copies are generated back afterwards
 (they have identical costs), so the result equals the unrestricted search.  The planner (`plan_pipeline`)
 asks for none of them back (`copies=False`): its top-K are K distinct plans.
@@ -118,10 +118,11 @@ class PipelineProblem:
     cut_tensor_bytes: tuple[tuple[int, ...], ...] | None = None  # [B-1]: each crossing tensor's bytes
     request_in_ms: np.ndarray | None = None  # [D]: added to a stage that starts at block 0
     request_out_ms: np.ndarray | None = None  # [D]: added to a stage that ends at block B
-    # [D]: the machine each device shares with others (the cluster's `hosts:`), or None.  Not priced here, but
-    # `evaluate` charges a machine's devices for its cores (cost/evaluate.py _host_periods), so two devices
-    # are interchangeable only on the same machine (or neither on a shared one): _device_classes
-    hosts: tuple[str | None, ...] | None = None
+    # [D]: what `evaluate` prices a device by beyond these arrays, compared for equality only: the machine it
+    # shares with other devices (the cluster's `hosts:`; evaluate charges a machine's devices for its cores,
+    # cost/evaluate.py _host_periods) and its power figures (the energy per request).  Two devices are
+    # interchangeable only where these are equal too (_device_classes).  None: nothing beyond the arrays
+    traits: tuple | None = None
 
     def stage_ms(self, lo: int, hi: int, device: int) -> float:
         """A stage's compute, plus the per-request costs of the first and the last stage (in the order
@@ -225,7 +226,7 @@ def pipeline_problem(graph: LayerGraph, cost: CostTable) -> PipelineProblem:
         bandwidth_bytes_per_ms=bw,
         link_latency_ms=lat,
         medium=cluster.medium,
-        hosts=cost.hosts if any(h is not None for h in cost.hosts) else None,
+        traits=tuple((d.host, d.power) for d in cluster.devices),
         cut_tensor_bytes=tuple(tuple(graph.tensors[t].nbytes for t in graph.live_across(hi)) for _, hi in blocks[:-1]),
         **_request_costs(cost),
     )
@@ -431,8 +432,8 @@ def _transfer_table(problem: PipelineProblem) -> np.ndarray:
 
 def _device_classes(problem: PipelineProblem) -> np.ndarray:
     """cls[d] = lowest index of the devices interchangeable with d (same block_ms column, memory, per-request
-    costs, machine, and links to and from every other device, bit for bit), so swapping them maps plans to
-    equal-cost plans, here and in `evaluate`."""
+    costs, traits (machine, power figures), and links to and from every other device, bit for bit), so swapping
+    them maps plans to equal-cost plans, here and in `evaluate`."""
     D = problem.n_devices
     bm = np.asarray(problem.block_ms)
     mem = np.asarray(problem.device_mem_bytes)
@@ -444,7 +445,7 @@ def _device_classes(problem: PipelineProblem) -> np.ndarray:
             if cls[r] != r or mem[r] != mem[d] or not np.array_equal(bm[:, r], bm[:, d]):
                 continue
             if any(x is not None and x[r] != x[d]
-                   for x in (problem.request_in_ms, problem.request_out_ms, problem.hosts)):
+                   for x in (problem.request_in_ms, problem.request_out_ms, problem.traits)):
                 continue
             perm = np.arange(D)
             perm[[r, d]] = [d, r]

@@ -209,3 +209,17 @@ def test_like_devices_on_other_machines_are_distinct_plans(chain, tmp_path):
              for order in itertools.permutations(cost.devices, len(spans))]
     assert c.prediction.bottleneck_ms == min(every) < max(every)
     assert c.plan.stages[0].device == "d2"
+
+
+def test_devices_alike_but_for_their_power_are_not_interchangeable(chain, tmp_path):
+    """Same figures, different power: swapping them changes a plan's energy, so the DP keeps both orders."""
+    from edgec.compiler.plan.pipeline import _device_classes, pipeline_problem
+
+    path = write(tmp_path, device_hosts=(None, None, None), threads=(1, 1, 1))
+    prof = yaml.safe_load((tmp_path / "p.yaml").read_text())
+    (tmp_path / "q.yaml").write_text(yaml.safe_dump({**prof, "power_w": {"idle": 2.0, "busy": 5.0}}))
+    doc = yaml.safe_load(path.read_text())
+    doc["devices"][2]["profile"] = "q.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    cost = build_cost_table(chain.graph, load_cluster(path), chain.sha256)
+    assert _device_classes(pipeline_problem(chain.graph, cost)).tolist() == [0, 0, 2]

@@ -69,7 +69,7 @@ def problems(draw, dyadic: bool = True, max_blocks: int = 7, max_devices: int = 
     )
     if draw(st.booleans()):  # machines shared by devices (`hosts:`): alike devices on different ones are not alike
         hosts = draw(st.lists(st.sampled_from([None, "a", "b"]), min_size=D, max_size=D))
-        problem = replace(problem, hosts=tuple(hosts))
+        problem = replace(problem, traits=tuple(hosts))
     return problem
 
 
@@ -113,13 +113,13 @@ def test_dp_equals_brute_force(problem, max_stages):
 
 
 def _like(problem: PipelineProblem, r: int, d: int) -> bool:
-    """Whether devices r and d are interchangeable: same column, memory, request costs and machine, and the links
+    """Whether devices r and d are interchangeable: same column, memory, request costs and traits (machine), and the links
     of every device to and from them unchanged when they swap."""
     if problem.device_mem_bytes[r] != problem.device_mem_bytes[d]:
         return False
     if not np.array_equal(problem.block_ms[:, r], problem.block_ms[:, d]):
         return False
-    if any(x is not None and x[r] != x[d] for x in (problem.request_in_ms, problem.request_out_ms, problem.hosts)):
+    if any(x is not None and x[r] != x[d] for x in (problem.request_in_ms, problem.request_out_ms, problem.traits)):
         return False
     perm = list(range(problem.n_devices))
     perm[r], perm[d] = d, r
