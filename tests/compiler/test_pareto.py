@@ -219,3 +219,18 @@ def test_pareto_must_be_a_bool(three, tmp_path):
     with pytest.raises(UserError, match="pareto 'yes'"):
         compile_api(TINY, three, tmp_path / "o", pareto="yes")
     assert not (tmp_path / "o").exists()
+
+
+def test_no_point_is_another_with_alike_devices_swapped(tmp_path):
+    """Two alike devices: a pipeline and its mirror (the same stages, the devices swapped) predict alike, so
+    neither dominates the other; the pipeline planner returns one of each such pair, and the frontier lists
+    no mirror."""
+    doc = PROFILES["mid"]
+    cluster = tmp_path / "cluster.yaml"
+    (tmp_path / "mid.yaml").write_text(yaml.safe_dump(doc))
+    cluster.write_text(yaml.safe_dump({"devices": [{"name": n, "profile": "mid.yaml"} for n in ("a", "b")],
+                                       "network": {"bandwidth_mbps": 1000.0, "latency_ms": 0.2}}))
+    res = _compiled(cluster, tmp_path / "out", "throughput")
+    split = [tuple((s.lo, s.hi) for s in p.plan.stages) for p in res.pareto if p.strategy == "pipeline"]
+    assert any(len(s) > 1 for s in split)
+    assert len(split) == len(set(split)), split
