@@ -35,11 +35,11 @@ at least as good under every possible completion, so the k best complete plans a
     rest, so the Pareto step only resolves exact latency ties; when the (k+1)-th best latency differs
     from the k-th, the fast latency DP is already exact and the Pareto pass is skipped.
 
-Symmetry: devices that are interchangeable bit for bit (same block_ms column, memory, machine, power figures,
-and links to and from every other device) are only used in index order, which removes relabelled copies of the same
-plan from the search without losing any cost; for top_k > 1 the copies are generated back afterwards
-(they have identical costs), so the result equals the unrestricted search.  The planner (`plan_pipeline`)
-asks for none of them back (`copies=False`): its top-K are K distinct plans.
+Symmetry: devices that are interchangeable bit for bit (same block_ms column, memory, machine, power
+figures, and links to and from every other device) are only used in index order, which removes relabelled
+copies of the same plan from the search without losing any cost; for top_k > 1 the copies are generated
+back afterwards (they have identical costs), so the result equals the unrestricted search.  The planner
+(`plan_pipeline`) asks for none of them back (`copies=False`): its top-K are K distinct plans.
 
 Numerics: stage compute is summed with the same numpy reduction `PipelineProblem.evaluate` uses, and
 transfers with the same expression, so bottleneck values are bit-identical to `evaluate`'s. Latency is
