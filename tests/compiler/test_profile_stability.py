@@ -230,6 +230,7 @@ def test_a_memory_rate_that_moved_is_a_warning_and_strict_refuses_it(caplog, mon
     assert w.startswith(f"1 thread: the machine's memory rate moved by {said} while profiling (memory_gbps' rounds "
                         f"{first:g} GB/s in the first half of the pass, {second:g} in the second")
     assert "memory_gbps, weight_gbps, gemm_weight_gbps and shared_weight_gbps were timed while it moved" in w
+    assert "gemm_weight_gbps by more (2.7 times as much as the memory rate" in w
     assert [r.getMessage() for r in caplog.records if "memory rate" in r.getMessage()] == [w]
     entry = p["measurement"]["memory_drift"][1]
     assert entry["moved"] == pytest.approx(second / first - 1, abs=1e-3) and entry["rounds"] >= drift.MIN_ROUNDS
