@@ -223,3 +223,19 @@ def test_devices_alike_but_for_their_power_are_not_interchangeable(chain, tmp_pa
     path.write_text(yaml.safe_dump(doc))
     cost = build_cost_table(chain.graph, load_cluster(path), chain.sha256)
     assert _device_classes(pipeline_problem(chain.graph, cost)).tolist() == [0, 0, 2]
+
+
+def test_the_spatial_searches_group_devices_of_different_machines(chain, tmp_path):
+    """The spatial and hybrid searches take the first k devices of each interchangeable class: alike devices on
+    different machines are different classes, so a group of one device of each machine is searched (two
+    devices of one machine share its memory path and cores)."""
+    from edgec.compiler.plan.spatial import _subsets, device_classes
+
+    path = write(tmp_path, hosts={"box": {"cores": 2}, "other": {"cores": 1}},
+                 device_hosts=("box", "box", "other"), threads=(1, 1, 1))
+    cost = build_cost_table(chain.graph, load_cluster(path), chain.sha256)
+    assert device_classes(cost, cost.devices) == ["d0", "d2"]
+    assert ["d0", "d2"] in _subsets(cost) and ["d0", "d1"] in _subsets(cost)
+    alike = build_cost_table(chain.graph, load_cluster(write(tmp_path, device_hosts=(None, None, None),
+                                                             threads=(1, 1, 1), name="n.yaml")), chain.sha256)
+    assert device_classes(alike, alike.devices) == ["d0"]
