@@ -239,3 +239,15 @@ def test_the_spatial_searches_group_devices_of_different_machines(chain, tmp_pat
     alike = build_cost_table(chain.graph, load_cluster(write(tmp_path, device_hosts=(None, None, None),
                                                              threads=(1, 1, 1), name="n.yaml")), chain.sha256)
     assert device_classes(alike, alike.devices) == ["d0"]
+
+
+def test_allocation_classes_keep_machines_apart(tmp_path):
+    """edgec allocate gives a service a count of devices per class, the first of each: alike devices on
+    different machines are different classes, so a count can take one device of each machine."""
+    from edgec.compiler.allocate.classes import device_classes as allocation_classes
+
+    path = write(tmp_path, hosts={"box": {"cores": 2}, "other": {"cores": 1}},
+                 device_hosts=("box", "box", "other"), threads=(1, 1, 1))
+    assert allocation_classes(load_cluster(path)).members == (("d0", "d1"), ("d2",))
+    alone = write(tmp_path, device_hosts=(None, None, None), threads=(1, 1, 1), name="n.yaml")
+    assert allocation_classes(load_cluster(alone)).members == (("d0", "d1", "d2"),)
