@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import re
 
 import pytest
 
@@ -160,12 +161,14 @@ def test_quiet_machine_has_no_load_warning(caplog):
 
 
 def test_strict_refuses_a_timing_whose_spread_stays_large():
-    """No machine meets a spread of 1e-9: --strict stops at the first timing, after its time bound."""
+    """A spread of 1e-9 is out of reach: --strict stops at the first timing that misses it, after its time bound.
+    Which timing that is, is not certain: the 200-Relu chain's runs can read the same on the clock three times in
+    a row and in both rounds (CI, 2026-11-27: it passed, and the 1-Relu timing after it was refused)."""
     impossible = Policy(max_spread=1e-9, window=3, max_seconds=0.05, rounds=2, min_sample_s=0.0, warmup=1)
     with pytest.raises(UserError) as ei:
         measure_host(quick=True, threads=1, strict=True, policy=impossible, probe=ScriptedProbe(0.0))
     msg = str(ei.value)
-    assert "\n" not in msg and msg.startswith("1 thread, op_overhead_us.relu_chain_200: spread ")
+    assert "\n" not in msg and re.match(r"1 thread, [\w.]+: spread \d+% over \d+ runs", msg), msg
     assert "stayed above 0%" in msg and "other processes used" in msg
 
 
