@@ -397,9 +397,9 @@ GEMM_COLD_LAYERS = 12  # MatMuls of 1024 x 1024 weights, 48 MB in all: more than
 # the chain in turns agreed within 2% while both moved 9% over two minutes (gw/procs.py).  No other pick of
 # the rounds did better in all of three such traces (gw/sim.py, back-to-back profiles replayed): the median, the
 # mean, a trimmed mean and the fastest tenth each missed 10% less often than the fastest quarter in some replays
-# and more often in others.  So two profiles whose memory rates lie 4% apart put this figure about 10% apart: the stability
-# benchmark's misses on it (+10.2%, +11.0%) had memory_gbps 1.5-4.9% apart.  At 8 rows it moved 1.75 times as
-# much, but it is another figure (37 GB/s against 25): such a GEMM streams its weights almost as a batch-1
+# and more often in others.  So two profiles whose memory rates lie 4% apart put this figure about 10% apart:
+# the stability benchmark's misses on it (+10.2%, +11.0%) had memory_gbps 1.5-4.9% apart.  At 8 rows it moved
+# 1.75 times as much, but it is another figure (37 GB/s against 25): such a GEMM streams its weights almost as a batch-1
 # MatMul does, and would price the transformer's 128-row MatMuls as if they did.
 GEMM_COLD_ROWS = 16
 _COLD, _HOT = "gemm_weight_gbps.chain", "gemm_weight_gbps.one"

@@ -113,8 +113,8 @@ def test_dp_equals_brute_force(problem, max_stages):
 
 
 def _like(problem: PipelineProblem, r: int, d: int) -> bool:
-    """Whether devices r and d are interchangeable: same column, memory, request costs and traits (machine), and the links
-    of every device to and from them unchanged when they swap."""
+    """Whether devices r and d are interchangeable: same column, memory, request costs and traits (machine), and
+    the links of every device to and from them unchanged when they swap."""
     if problem.device_mem_bytes[r] != problem.device_mem_bytes[d]:
         return False
     if not np.array_equal(problem.block_ms[:, r], problem.block_ms[:, d]):
