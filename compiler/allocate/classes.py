@@ -41,13 +41,13 @@ class DeviceClasses:
 
 
 def device_classes(cluster: Cluster) -> DeviceClasses:
-    """Devices of one profile file, memory, thread count, power mode and machine (`hosts:`: devices that share
-    one share its cores and memory path, which evaluate prices) form a class; a device that a per-pair link
-    names is a class of its own (its links differ from its peers')."""
+    """Devices of one profile file, memory, thread count, power mode and traits (machine and power figures,
+    DeviceSpec.traits) form a class; a device that a per-pair link names is a class of its own (its links
+    differ from its peers')."""
     linked = {name for pair in cluster.links for name in pair}
     groups: dict[tuple, list[str]] = {}
     for d in cluster.devices:
-        key = ("linked", d.name) if d.name in linked else (d.profile.path, d.memory_mb, d.threads, d.mode, d.host)
+        key = ("linked", d.name) if d.name in linked else (d.profile.path, d.memory_mb, d.threads, d.mode, d.traits)
         groups.setdefault(key, []).append(d.name)
     members = tuple(tuple(g) for g in groups.values())
     labels = tuple(_label(cluster, m) for m in members)

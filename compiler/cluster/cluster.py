@@ -58,6 +58,15 @@ class DeviceSpec:
         return DevicePower(idle, busy, p.radio_tx_nj_per_byte, p.radio_rx_nj_per_byte)
 
     @property
+    def traits(self) -> tuple:
+        """What prices a plan on this device beyond its own times, memory and links: the machine it shares
+        with other devices (`hosts:`; evaluate charges a machine's devices for its cores, and tiles on one
+        machine share its memory path) and its power figures (the energy model). Every planner that treats
+        alike devices as interchangeable (the pipeline DP, the spatial search, allocate's classes) requires
+        their traits to be equal too; compared for equality only."""
+        return (self.host, self.power)
+
+    @property
     def usable_bytes(self) -> int:
         """Bytes edgec may fill with weights and activations on this device."""
         return int(self.memory_mb * self.profile.usable_memory_fraction * MiB) - int(

@@ -118,10 +118,9 @@ class PipelineProblem:
     cut_tensor_bytes: tuple[tuple[int, ...], ...] | None = None  # [B-1]: each crossing tensor's bytes
     request_in_ms: np.ndarray | None = None  # [D]: added to a stage that starts at block 0
     request_out_ms: np.ndarray | None = None  # [D]: added to a stage that ends at block B
-    # [D]: what `evaluate` prices a device by beyond these arrays, compared for equality only: the machine it
-    # shares with other devices (the cluster's `hosts:`; evaluate charges a machine's devices for its cores,
-    # cost/evaluate.py _host_periods) and its power figures (the energy per request).  Two devices are
-    # interchangeable only where these are equal too (_device_classes).  None: nothing beyond the arrays
+    # [D]: what `evaluate` prices a device by beyond these arrays (DeviceSpec.traits: its machine and power
+    # figures), compared for equality only.  Two devices are interchangeable only where these are equal too
+    # (_device_classes).  None: nothing beyond the arrays
     traits: tuple | None = None
 
     def stage_ms(self, lo: int, hi: int, device: int) -> float:
@@ -226,7 +225,7 @@ def pipeline_problem(graph: LayerGraph, cost: CostTable) -> PipelineProblem:
         bandwidth_bytes_per_ms=bw,
         link_latency_ms=lat,
         medium=cluster.medium,
-        traits=tuple((d.host, d.power) for d in cluster.devices),
+        traits=tuple(d.traits for d in cluster.devices),
         cut_tensor_bytes=tuple(tuple(graph.tensors[t].nbytes for t in graph.live_across(hi)) for _, hi in blocks[:-1]),
         **_request_costs(cost),
     )

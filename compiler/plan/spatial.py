@@ -38,15 +38,15 @@ def _classes(cost: CostTable, names) -> dict:
     """Interchangeable devices: class representative -> names, in cluster order.
 
     Two devices are interchangeable when swapping them changes nothing the planner sees: same profile,
-    memory, per-layer times, machine (`hosts:`: tiles of devices that share one pay for its memory path and
-    cores, cost/tiles.py and cost/evaluate.py) and power figures, and equal links to every third device.
+    memory, per-layer times and traits (machine and power figures, DeviceSpec.traits), and equal links to
+    every third device.
     Swaps compose, so any k members of a class are as good as the first k."""
     cl = cost.cluster
 
     def same(x: str, y: str) -> bool:
         dx, dy = cl.device(x), cl.device(y)
-        return ((dx.profile.name, dx.memory_mb, dx.threads, dx.host, dx.power)
-                == (dy.profile.name, dy.memory_mb, dy.threads, dy.host, dy.power)
+        return ((dx.profile.name, dx.memory_mb, dx.threads, dx.traits)
+                == (dy.profile.name, dy.memory_mb, dy.threads, dy.traits)
                 and bool((cost.layer_ms[:, cost.index(x)] == cost.layer_ms[:, cost.index(y)]).all())
                 and all(cl.link(x, z) == cl.link(y, z) for z in cl.device_names if z not in (x, y)))
 
