@@ -39,8 +39,7 @@ def _classes(cost: CostTable, names) -> dict:
 
     Two devices are interchangeable when swapping them changes nothing the planner sees: same profile,
     memory, per-layer times and traits (machine and power figures, DeviceSpec.traits), and equal links to
-    every third device.
-    Swaps compose, so any k members of a class are as good as the first k."""
+    every third device. Swaps compose, so any k members of a class are as good as the first k."""
     cl = cost.cluster
 
     def same(x: str, y: str) -> bool:
