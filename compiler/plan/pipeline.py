@@ -123,6 +123,27 @@ class PipelineProblem:
     # (_device_classes).  None: nothing beyond the arrays
     traits: tuple | None = None
 
+    def __post_init__(self) -> None:
+        """Every per-device array has one entry per device, in the order of `devices`, and every per-block
+        array one per block: a problem that could index past one of them is refused where it is built
+        (ValueError), whoever builds it (pipeline_problem, the energy planner's columns, a suffix, a test)."""
+        B, D = np.shape(self.block_ms)[0] if np.ndim(self.block_ms) == 2 else -1, len(self.devices)
+        if np.ndim(self.block_ms) != 2 or np.shape(self.block_ms)[1] != D:
+            raise ValueError(f"block_ms has shape {np.shape(self.block_ms)}, expected (blocks, {D}) for {D} devices")
+        want = {
+            "block_param_bytes": (B,), "block_peak_act_bytes": (B,), "cut_bytes": (max(B - 1, 0),),
+            "device_mem_bytes": (D,), "bandwidth_bytes_per_ms": (D, D), "link_latency_ms": (D, D),
+            "request_in_ms": (D,), "request_out_ms": (D,),
+        }
+        for name, shape in want.items():
+            value = getattr(self, name)
+            if value is not None and np.shape(value) != shape:
+                raise ValueError(f"{name} has shape {np.shape(value)}, expected {shape}")
+        if self.traits is not None and len(self.traits) != D:
+            raise ValueError(f"traits has {len(self.traits)} entries, expected one per device ({D})")
+        if self.cut_tensor_bytes is not None and len(self.cut_tensor_bytes) != max(B - 1, 0):
+            raise ValueError(f"cut_tensor_bytes has {len(self.cut_tensor_bytes)} cuts, expected {max(B - 1, 0)}")
+
     def stage_ms(self, lo: int, hi: int, device: int) -> float:
         """A stage's compute, plus the per-request costs of the first and the last stage (in the order
         `evaluate` and the DP tables add them)."""
@@ -257,22 +278,9 @@ def validate_request(problem: PipelineProblem, objective: str) -> None:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
     if problem.medium not in ("switched", "shared"):
         raise ValueError(f"medium must be 'switched' or 'shared', got {problem.medium!r}")
-    B, D = problem.n_blocks, problem.n_devices
+    B, D = problem.n_blocks, problem.n_devices  # the shapes agree: PipelineProblem checked them
     if B < 1 or D < 1:
         raise ValueError(f"need at least one block and one device, got B={B}, D={D}")
-    if len(problem.devices) != D:
-        raise ValueError(f"{len(problem.devices)} device names for block_ms with {D} columns")
-    shapes = {
-        "block_param_bytes": (np.shape(problem.block_param_bytes), (B,)),
-        "block_peak_act_bytes": (np.shape(problem.block_peak_act_bytes), (B,)),
-        "cut_bytes": (np.shape(problem.cut_bytes), (B - 1,)),
-        "device_mem_bytes": (np.shape(problem.device_mem_bytes), (D,)),
-        "bandwidth_bytes_per_ms": (np.shape(problem.bandwidth_bytes_per_ms), (D, D)),
-        "link_latency_ms": (np.shape(problem.link_latency_ms), (D, D)),
-    }
-    for name, (got, want) in shapes.items():
-        if got != want:
-            raise ValueError(f"{name} has shape {got}, expected {want}")
     for name in ("block_ms", "block_param_bytes", "block_peak_act_bytes", "cut_bytes", "link_latency_ms"):
         arr = np.asarray(getattr(problem, name))
         if arr.size and (np.isnan(arr).any() or (arr < 0).any()):
@@ -287,8 +295,6 @@ def _validate_cut_tensors(problem: PipelineProblem) -> None:
     per_cut = problem.cut_tensor_bytes
     if per_cut is None:
         return
-    if len(per_cut) != problem.n_blocks - 1:
-        raise ValueError(f"cut_tensor_bytes has {len(per_cut)} cuts, expected {problem.n_blocks - 1}")
     for c, sizes in enumerate(per_cut):
         if any(b < 0 for b in sizes):
             raise ValueError(f"cut_tensor_bytes[{c}] must be non-negative, got {sizes}")

@@ -94,9 +94,12 @@ def _column_problem(base: PipelineProblem, cost: CostTable, graph: LayerGraph, c
     bw = base.bandwidth_bytes_per_ms[np.ix_(idx, idx)].copy()
     bw[idx[:, None] == idx[None, :]] = 0.0
     bw[np.arange(len(idx)), np.arange(len(idx))] = 1.0
+    # every per-device array follows the columns (PipelineProblem refuses one that does not); a column's
+    # traits are its device's in that mode, so two alike devices' columns of one mode stay interchangeable
     return replace(base, devices=tuple(f"{cost.devices[c.device]}@{c.mode}" for c in columns), block_ms=block_ms,
                    device_mem_bytes=base.device_mem_bytes[idx], bandwidth_bytes_per_ms=bw,
-                   link_latency_ms=base.link_latency_ms[np.ix_(idx, idx)], request_in_ms=None, request_out_ms=None)
+                   link_latency_ms=base.link_latency_ms[np.ix_(idx, idx)], request_in_ms=None, request_out_ms=None,
+                   traits=tuple(c.cost.cluster.devices[c.device].traits for c in columns))
 
 
 def device_columns(cost: CostTable, columns: list[_Column] | None = None) -> EnergyColumns:

@@ -262,3 +262,29 @@ def test_auto_bounds_the_searches_by_the_best_energy_so_far(tmp_path, monkeypatc
     best = min(_key(c, "energy", goal)[0] for c in before)
     assert seen["objective"] == "latency"
     assert seen["incumbent"] == pytest.approx(goal.latency_bound(best, 0.5)) and seen["incumbent"] < 1e6
+
+
+def test_energy_on_power_modes_beside_alike_devices(tmp_path):
+    """A laptop, a Jetson with power modes and two alike phones (issue 37): the energy objective, the
+    pipeline strategy and --pareto all plan (the power-mode columns kept `traits` one per column), the
+    energy plan meets its SLA and costs less energy than the latency plan."""
+    path = tmp_path / "mixed.yaml"
+    path.write_text(yaml.safe_dump({
+        "devices": [{"name": "laptop", "profile": "laptop"}, {"name": "orin", "profile": "jetson-orin-nano-cuda"},
+                    {"name": "phone-a", "profile": "phone"}, {"name": "phone-b", "profile": "phone"}],
+        "network": {"bandwidth_mbps": 200, "latency_ms": 1}}))
+    model = MODELS / "squeezenet.onnx"
+    figures = {}
+    for objective in ("latency", "energy"):
+        extra = ["--sla-ms", 30] if objective == "energy" else []
+        res = invoke("compile", model, "--devices", path, "-o", tmp_path / objective, "--objective", objective,
+                     *extra, "--json")
+        assert res.exit_code == 0, res.output
+        figures[objective] = json.loads(res.stdout)
+    assert figures["energy"]["predicted_latency_ms"] <= 30
+    assert figures["energy"]["predicted_energy_mj"] < figures["latency"]["predicted_energy_mj"]
+    res = invoke("compile", model, "--devices", path, "-o", tmp_path / "pipe", "--objective", "energy", "--sla-ms", 30,
+                 "--strategy", "pipeline")
+    assert res.exit_code == 0, res.output
+    res = invoke("compile", model, "--devices", path, "-o", tmp_path / "front", "--pareto")
+    assert res.exit_code == 0, res.output
