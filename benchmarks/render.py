@@ -67,11 +67,16 @@ def load(results: Path = RESULTS) -> dict[str, dict]:
     return out
 
 
-def _cell(v) -> str:
+def _decimals(column: list) -> int:
+    """The decimals of a column's most precise number: 1.0 beside 0.96 shows as 1.00, as the bench printed it."""
+    return max((len(repr(v).split(".")[1]) for v in column if isinstance(v, float) and "e" not in repr(v)), default=0)
+
+
+def _cell(v, decimals: int = 0) -> str:
     if v is None:
         return "-"
     if isinstance(v, float):
-        return f"{v:g}"
+        return f"{v:.{decimals}f}" if "e" not in repr(v) else f"{v:g}"
     return str(v).replace("|", "\\|")
 
 
@@ -110,7 +115,9 @@ def page(name: str, doc: dict, link_prefix: str = "../") -> str:
         if t.get("title"):
             out += [f"## {t['title']}", ""]
         out += ["| " + " | ".join(_cell(c) for c in t["columns"]) + " |", "|" + "---|" * len(t["columns"])]
-        out += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in t["rows"]]
+        decimals = [_decimals([row[i] for row in t["rows"] if i < len(row)]) for i in range(len(t["columns"]))]
+        out += ["| " + " | ".join(_cell(c, decimals[i] if i < len(decimals) else 0) for i, c in enumerate(row)) + " |"
+                for row in t["rows"]]
         out.append("")
     notes = [n for n in doc.get("notes", []) if not n.startswith("#")]
     if notes:
