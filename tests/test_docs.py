@@ -9,16 +9,27 @@ import subprocess
 import sys
 from pathlib import Path
 
+import importlib.util
+
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "tests" / "bench"
-sys.path[:0] = [str(BENCH), str(ROOT / "benchmarks"), str(ROOT / "docs" / "gen")]
 
-import benchlib  # noqa: E402
-import reference  # noqa: E402
-import render  # noqa: E402
-from meanings import MEANINGS  # noqa: E402
+
+def _load(path: Path, name: str):
+    """A module of the checkout that is no package (tests/bench, benchmarks, docs/gen), under its own name,
+    without putting its folder on sys.path for the other tests."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+benchlib = _load(BENCH / "benchlib.py", "edgec_test_benchlib")
+reference = _load(ROOT / "docs" / "gen" / "reference.py", "edgec_docs_reference")
+render = _load(ROOT / "benchmarks" / "render.py", "edgec_docs_render")
+MEANINGS = _load(ROOT / "docs" / "gen" / "meanings.py", "edgec_docs_meanings").MEANINGS
 
 PROVENANCE = ("bench", "date", "commit", "command", "machine", "load", "tables")
 
