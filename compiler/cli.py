@@ -59,7 +59,7 @@ class _Group(OneLineErrors, click.Group):
 
 
 @click.group(cls=_Group, epilog=_EPILOG, context_settings={"show_default": True})
-@click.version_option(package_name="edgec")
+@click.version_option(None, "-V", "--version", package_name="edgec")
 def cli() -> None:
     """Compile an ONNX model so that several edge devices run it together."""
 

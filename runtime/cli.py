@@ -27,7 +27,7 @@ from .interrupts import Interrupted, interrupt_on_signals
 from .keys import COORDINATOR, Keyring, keygen as write_keys, names_from_file
 from .manifest import Manifest
 from .net import parse_endpoint
-from .worker import Daemon, die_with_parent
+from .worker import Daemon, die_with_parent, edgec_version
 
 __all__ = ["run", "run_all", "worker", "keygen", "main", "worker_main", "device_main", "OneLineErrors", "quiet_broken_pipe",
            "EXIT_OK", "EXIT_VERIFY_FAILED", "EXIT_INPUT", "EXIT_RUN", "EXIT_PIPE", "MAX_THREADS"]
@@ -456,7 +456,7 @@ class _DeviceGroup(OneLineErrors, click.Group):
 
 
 @click.group("edgec", cls=_DeviceGroup, context_settings={"show_default": True})
-@click.version_option(package_name="edgec-runtime")
+@click.version_option(edgec_version(), "-V", "--version")
 def device_cli() -> None:
     """edgec on a device that only runs builds (the distribution edgec-runtime, without the compiler)."""
 

@@ -39,6 +39,19 @@ def test_every_source_package_is_listed():
     assert found | {"edgec", "edgec.profiles"} == listed
 
 
+def test_repository_folders_beside_the_package_do_not_install():
+    """docs/, examples/, benchmarks/ and deploy/ stay in the checkout: no package maps to them, and an installed
+    edgec has none of them (nor a top-level package of that name)."""
+    project = _pyproject(ROOT / "pyproject.toml")["tool"]["setuptools"]
+    outside = ("docs", "examples", "benchmarks", "deploy")
+    assert not [d for d in project["package-dir"].values() if d.split("/")[0] in outside]
+    assert not [p for p in project["packages"] if p.split(".")[-1] in outside]
+    installed = Path(edgec.__file__).resolve().parent
+    assert not [f for f in outside if (installed / f).exists()]
+    files = metadata.distribution("edgec").files or []
+    assert not [f for f in files if str(f).split("/")[0] in outside], "a repository folder was installed"
+
+
 def test_one_top_level_package():
     dist = metadata.distribution("edgec")
     assert dist.read_text("top_level.txt").split() == ["edgec"]

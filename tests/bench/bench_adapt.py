@@ -39,6 +39,7 @@ import yaml
 import edgec
 from edgec.runtime.manifest import load_alternative, load_fallback, load_manifest
 from edgec.runtime.replay import Drift, replay
+import benchlib  # noqa: E402  (tests/bench is sys.path[0] when a script runs)
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = REPO / "models" / "build"
@@ -157,4 +158,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(benchlib.recorded(main))

@@ -39,6 +39,7 @@ from edgec.compiler.allocate.services import load_services  # noqa: E402
 from edgec.compiler.allocate.solve import brute_force, solve  # noqa: E402
 from edgec.compiler.cluster import load_cluster  # noqa: E402
 from edgec.compiler.errors import UserError  # noqa: E402
+import benchlib  # noqa: E402  (tests/bench is sys.path[0] when a script runs)
 
 NET = {"bandwidth_mbps": 100, "latency_ms": 1, "medium": "switched"}
 SIX = [("pi5-a", "rpi5"), ("pi5-b", "rpi5"), ("pi4-a", "rpi4"), ("pi4-b", "rpi4"), ("orin", "jetson-orin-nano"),
@@ -178,4 +179,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(benchlib.recorded(main))

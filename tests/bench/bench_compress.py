@@ -28,6 +28,7 @@ from onnx import TensorProto, helper
 
 from edgec.models.inputs import example_inputs
 from edgec.runtime import compress as C
+import benchlib  # noqa: E402  (tests/bench is sys.path[0] when a script runs)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -195,4 +196,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(benchlib.recorded(main))

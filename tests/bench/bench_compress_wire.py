@@ -47,6 +47,7 @@ from tests import netbed  # noqa: E402
 from tests.e2e.netbed_cluster import (ClusterError, cluster_doc, deal_keys, keygen, run_json, shaped_bytes,  # noqa: E402
                                       start_workers, write_yaml)
 from tests.netbed import Testbed  # noqa: E402
+import benchlib  # noqa: E402  (tests/bench is sys.path[0] when a script runs)
 
 DEVICES = ("dev-a", "dev-b")
 PORT = 7100
@@ -232,4 +233,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(benchlib.recorded(main))

@@ -35,6 +35,7 @@ from edgec.compiler.driver import plan_model
 from edgec.compiler.errors import UserError
 from edgec.compiler.ingest import load_model
 from edgec.compiler.plan.planner import InfeasibleError
+import benchlib  # noqa: E402  (tests/bench is sys.path[0] when a script runs)
 
 MODELS = ["vgg16", "resnet50", "yolo_focus", "inception_v1", "mobilenetv2"]
 QUICK_MODELS = ["vgg16", "yolo_focus"]
@@ -209,4 +210,4 @@ def pipeline_rows(names: list[str], tmp: Path) -> list[dict]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(benchlib.recorded(main))

@@ -74,7 +74,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a script: tests.* are imported from the checkout
     sys.path.insert(0, str(ROOT))
 
-from benchlib import brief, on_this_machine, parallel_capacity, requests_for  # noqa: E402  (tests/bench is sys.path[0])
+from benchlib import brief, on_this_machine, parallel_capacity, recorded, requests_for  # noqa: E402  (tests/bench is sys.path[0])
 from fidelity_testbed import burst_ms  # noqa: E402
 from edgec import models  # noqa: E402
 from edgec.runtime.manifest import load_manifest  # noqa: E402
@@ -605,4 +605,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(recorded(main))

@@ -43,6 +43,7 @@ import edgec
 from edgec.compiler.cost import simulate_manifest
 from edgec.runtime.emulate import suggest_dilate
 from edgec.runtime.manifest import load_manifest
+import benchlib  # noqa: E402  (tests/bench is sys.path[0] when a script runs)
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = REPO / "models" / "build"
@@ -142,4 +143,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(benchlib.recorded(main))

@@ -27,6 +27,7 @@ from edgec.compiler.cost import build_cost_table
 from edgec.compiler.driver import plan_model
 from edgec.compiler.ingest import load_model
 from edgec.compiler.plan.planner import EnergyGoal, PlanOptions
+import benchlib  # noqa: E402  (tests/bench is sys.path[0] when a script runs)
 
 MODELS = ["resnet50", "mobilenetv2", "vgg16", "inception_v1", "transformer"]
 WIFI = {"bandwidth_mbps": 200, "latency_ms": 2, "medium": "shared"}
@@ -116,4 +117,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(benchlib.recorded(main))

@@ -47,6 +47,7 @@ from edgec.compiler.cost.network import Network
 from edgec.compiler.profile import fixed  # the profile's own two-worker builds: _manifest, _relu, _evict
 from edgec.runtime.coordinator import Cluster
 from edgec.runtime.manifest import load_manifest
+import benchlib  # noqa: E402  (tests/bench is sys.path[0] when a script runs)
 
 EDGEC = [sys.executable, "-m", "edgec.compiler"]  # `edgec profile`, as bench_fidelity runs it
 NETWORK = {"bandwidth_mbps": 10000, "latency_ms": 0, "medium": "switched"}  # as bench_fidelity's part two
@@ -216,4 +217,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(benchlib.recorded(main))

@@ -128,7 +128,7 @@ from typing import Callable
 
 import yaml
 
-from benchlib import brief, parallel_capacity, requests_for  # tests/bench is sys.path[0] when run as a script
+from benchlib import brief, parallel_capacity, recorded, requests_for  # tests/bench is sys.path[0] when run as a script
 from fidelity_testbed import COORDINATOR, DEVICES, SINGLE_DEVICE, THREADS, TestbedCluster, burst_ms  # puts tests.* on sys.path
 from tests import netbed
 from tests.e2e.netbed_cluster import ClusterError
@@ -948,4 +948,4 @@ def run_parts(args: argparse.Namespace, folder: Path) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(recorded(main))

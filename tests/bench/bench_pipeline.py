@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 from edgec import models
 from edgec.compiler.driver import compile_model
+import benchlib  # noqa: E402  (tests/bench is sys.path[0] when a script runs)
 
 MODELS = ["resnet50", "vgg19", "inception_v1", "densenet121", "transformer"]
 CLUSTERS = {
@@ -99,4 +100,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(benchlib.recorded(main))

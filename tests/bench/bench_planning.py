@@ -33,6 +33,7 @@ from edgec.compiler.cost import build_cost_table
 from edgec.compiler.driver import plan_model
 from edgec.compiler.ingest import load_model
 from edgec.compiler.plan.planner import PlanOptions
+import benchlib  # noqa: E402  (tests/bench is sys.path[0] when a script runs)
 
 MODELS = ["resnet50", "inception_v2", "densenet121", "transformer", "yolo_focus", "ocr_rec"]
 QUICK_MODELS = ["resnet50", "ocr_rec"]
@@ -136,4 +137,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(benchlib.recorded(main))

@@ -25,6 +25,7 @@ from onnx import TensorProto, helper, numpy_helper
 REPO = Path(__file__).resolve().parents[2]
 
 from edgec.runtime.executor import session_options
+import benchlib  # noqa: E402  (tests/bench is sys.path[0] when a script runs)
 
 
 def resnet18_like(seed: int = 0) -> onnx.ModelProto:
@@ -155,4 +156,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(benchlib.recorded(main))

@@ -33,6 +33,7 @@ from edgec.compiler.plan.spatial_search import SpatialSearch
 from edgec.compiler.plan.spatial_baselines import bbgrap, deepthings, edgeflow
 from edgec.compiler.plan_types import Plan
 from edgec.compiler.spatial import spatial_cuts
+import benchlib  # noqa: E402  (tests/bench is sys.path[0] when a script runs)
 
 MODELS = ["alexnet", "vgg16", "vgg19", "mobilenetv2", "inception_v1", "resnet50"]
 QUICK_MODELS = ["alexnet", "inception_v1", "mobilenetv2"]
@@ -241,4 +242,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(benchlib.recorded(main))
