@@ -25,10 +25,14 @@ from .protocol import PROTOCOL_VERSION, DropLog, parse
 from .session import Session, SessionEnd, SessionLost
 from .transport import POLL_MS, BadMessage, pack, recv_message, send_frames
 
-__all__ = ["Daemon", "rss_mb", "keep_heap", "main"]
+__all__ = ["Daemon", "rss_mb", "keep_heap", "main", "MAX_IDLE_TIMEOUT_S", "MAX_BUFFER_MB"]
 
 logger = logging.getLogger(__name__)
 
+# The worker's option bounds: a silent coordinator loses its claim after --idle-timeout, so that must stay
+# bounded; zmq's largest message size is an int64 of bytes, and no device holds a terabyte of tensors.
+MAX_IDLE_TIMEOUT_S = 3600.0
+MAX_BUFFER_MB = 1 << 20
 DRAIN_LIMIT = 256  # messages handled per socket per poll: a flooding peer cannot starve the other socket
 
 # glibc's mallopt parameters (malloc.h) and what `keep_heap` sets them to.
