@@ -40,6 +40,7 @@ from .manifest import HOST, Fragment, Manifest, check_fragment_files, load_fallb
 from .net import Endpoint, outward_host, parse_endpoint
 from .protocol import BLOB_CHUNK, BLOB_WINDOW, MAX_TIMED_STEPS, PROTOCOL_VERSION, DropLog, parse
 from .schedule import host_collects, host_feeds, pipeline_depth, recv_keys, send_targets, working_devices
+from .signatures import check_signatures
 from .trace import Trace
 from .transport import POLL_MS, BadMessage, decode_tensor, pack, recv_message, send_frames, send_tensor
 
@@ -893,6 +894,7 @@ class FailoverCluster:
         old.close(grace=old.timeout)
         self._keep_report(old, lost)
         check_fragment_files(manifest)
+        check_signatures(manifest)
         addresses = {name: a for name, a in self.addresses.items() if name in manifest.device_names}
         self.cluster = self._open(manifest, addresses)
 
