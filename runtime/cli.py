@@ -397,28 +397,41 @@ _WORKER_EPILOG = ("Exit codes: 0 stopped by SIGTERM or SIGINT (the run in progre
                    f"silent keeps it (coordinators send a ping every second); at most {MAX_IDLE_TIMEOUT_S:g}.")
 @click.option("--once", is_flag=True, hidden=True, help="Exit after one run (local workers of `edgec run`).")
 @click.option("--exit-with-parent", is_flag=True, hidden=True, help="Stop when the starting process dies.")
+@click.option("--parent", "parent_pid", type=click.IntRange(min=1), hidden=True,
+              help="With --exit-with-parent: the starting process's pid (if it is already gone, stop at once).")
+@click.option("--keys-stdin", is_flag=True, hidden=True,
+              help="Read this worker's keys as one line of JSON on stdin (local workers of `edgec run`, whose "
+                   "keys live in memory only).")
 @click.option("--data-host", hidden=True, help="Bind the data socket on this host instead of the --listen host.")
 @click.option("-v", "--verbose", is_flag=True, help="Log every dropped message and connection detail.")
 @click.pass_context
 def worker(ctx: click.Context, listen, keys_dir, key_name, cache_dir, cache_max_mb, threads, data_port,
-           max_buffer_mb, max_message_mb, idle_timeout, once, exit_with_parent, data_host, verbose) -> None:
+           max_buffer_mb, max_message_mb, idle_timeout, once, exit_with_parent, parent_pid, keys_stdin, data_host,
+           verbose) -> None:
     """Serve runs for one device: fragments arrive from the coordinator of each run (kept in a cache), and
     the device's steps run for every request. One coordinator at a time; SIGTERM stops it cleanly."""
     with _worker_logging(verbose), interrupt_on_signals():
+        parent = None
         if exit_with_parent:  # Ctrl-C reaches the whole process group: the coordinator decides when we stop
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             die_with_parent()
+            parent = parent_pid or os.getppid()
+            if os.getppid() != parent:  # it died before the death signal was armed
+                ctx.exit(EXIT_OK)
         daemon, code, why = None, EXIT_OK, "stopped"
         try:
             if key_name and not keys_dir:
                 raise InputError("--name NAME picks a key in the --keys folder; give --keys DIR too")
+            if keys_stdin and keys_dir:
+                raise InputError("--keys-stdin and --keys DIR: give one")
             endpoint = parse_endpoint(listen, "--listen", allow_any_port=True)
-            keys = Keyring.load(keys_dir, key_name) if keys_dir else None
+            keys = Keyring.load(keys_dir, key_name) if keys_dir else \
+                Keyring.from_json(sys.stdin.buffer.readline(1 << 16)) if keys_stdin else None
             cache = FragmentCache(cache_dir or default_cache_dir(), cache_max_mb << 20)
             daemon = Daemon(endpoint, cache=cache, keys=keys, threads=threads, data_port=data_port,
                             data_host=data_host, max_buffer_bytes=max_buffer_mb << 20,
                             max_message_bytes=max_message_mb << 20, idle_timeout=idle_timeout, once=once,
-                            parent=os.getppid() if exit_with_parent else None)
+                            parent=parent)
             daemon.serve()
         except EdgecRuntimeError as exc:
             click.echo(f"edgec: {exc}", err=True)
