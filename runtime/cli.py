@@ -151,7 +151,9 @@ _EPILOG = ("Exit codes: 0 ok, 1 verification failed, 2 bad input, 3 run failure 
               help="Reach device NAME's `edgec worker` there, instead of the manifest's address (repeatable).")
 @click.option("--keys", "keys_dir", type=click.Path(file_okay=False), metavar="DIR",
               help="The cluster's keys folder (`edgec keygen`): every connection is encrypted and only workers "
-                   f"holding the cluster's keys are accepted. This machine uses DIR/private/{COORDINATOR}.key_secret.")
+                   f"holding the cluster's keys are accepted. This machine uses DIR/private/{COORDINATOR}.key_secret, "
+                   "the only key workers take runs from. Without --keys, a run whose workers are all started here "
+                   "makes keys of its own, in memory only.")
 @click.option("--inflight", type=click.IntRange(min=1, max=MAX_INFLIGHT), default=None,
               show_default="the plan's pipeline depth",
               help="Requests kept in flight through the stages (outputs still come back in request order); 1 "
@@ -375,7 +377,9 @@ _WORKER_EPILOG = ("Exit codes: 0 stopped by SIGTERM or SIGINT (the run in progre
               help="Where coordinators connect (port 0: any free port). Anything but a loopback address needs --keys.")
 @click.option("--keys", "keys_dir", type=click.Path(file_okay=False), metavar="DIR",
               help="The cluster's keys folder: this machine's DIR/private/NAME.key_secret and everyone's "
-                   "DIR/public/*.key. Only peers holding one of those public keys get in.")
+                   "DIR/public/*.key. Only peers holding one of those public keys get in, and only the key named "
+                   f"'{COORDINATOR}' (DIR/public/{COORDINATOR}.key, required) may start a run; the devices' keys "
+                   "only send tensors between workers.")
 @click.option("--name", "key_name", metavar="NAME", show_default="the only key in DIR/private",
               help="This machine's key (the device's name in cluster.yaml).")
 @click.option("--cache", "cache_dir", type=click.Path(file_okay=False), metavar="DIR",
@@ -457,7 +461,10 @@ def worker_main(prog_name: str = "edgec worker") -> None:
 
 @click.command("keygen", cls=_RunCommand, context_settings={"show_default": True},
                epilog="Copy DIR/public/ to every machine, and DIR/private/NAME.key_secret to machine NAME only. "
-                      "Run again with more names to add members; existing keys are kept, never overwritten.")
+                      f"Workers accept runs only from the '{COORDINATOR}' key: give "
+                      f"DIR/private/{COORDINATOR}.key_secret to the machines that run `edgec run --keys DIR`, and to "
+                      "no device. Run again with more names to add members; existing keys are kept, never "
+                      "overwritten.")
 @click.argument("folder", type=click.Path(file_okay=False))
 @click.option("--name", "names", multiple=True, metavar="NAME", help="A device to make a key pair for (repeatable).")
 @click.option("--devices", "devices_file", type=click.Path(), metavar="CLUSTER.yaml|manifest.json",
