@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 import edgec
-from edgec.runtime.api import MAX_REPEAT, MAX_TIMEOUT_S, check_options
+from edgec.runtime.api import MAX_TIMEOUT_S, check_options
 from edgec.runtime.cli import run, run_all, worker
 from edgec.runtime.errors import InputError
 
@@ -38,7 +38,7 @@ def test_run_timeout_bound_is_in_the_help():
 @pytest.mark.parametrize("option,values", [
     ("--tolerance", ("inf", "nan", "-1")),
     ("--seed", ("-1",)),
-    ("--repeat", (HUGE, str(MAX_REPEAT + 1), "0", "-1")),
+    ("--repeat", ("0", "-1")),  # a huge count is a run until interrupted (tests do that)
     ("--warmup", (HUGE, "-1")),
     ("--threads", (HUGE, "-1")),
     ("--inflight", (HUGE, "0", "-1")),
@@ -53,7 +53,7 @@ def test_run_numeric_options(tmp_path, option, values):
     ("--timeout", ("3000000", "inf", "nan", "0", "-1")),
     ("--tolerance", ("inf", "nan", "-1")),
     ("--seed", ("-1",)),
-    ("--repeat", (HUGE, "0")),
+    ("--repeat", ("0", "-1")),
     ("--warmup", (HUGE, "-1")),
     ("--threads", (HUGE, "-1")),
 ])
@@ -76,11 +76,11 @@ def test_worker_numeric_options(option, values):
 
 
 @pytest.mark.parametrize("kwargs", [dict(timeout=1e9), dict(timeout=float("inf")), dict(timeout=float("nan")),
-                                    dict(tolerance=float("inf")), dict(seed=-1), dict(repeat=MAX_REPEAT + 1)])
+                                    dict(tolerance=float("inf")), dict(seed=-1), dict(repeat=0)])
 def test_api_refuses_the_same(tmp_path, kwargs):
     with pytest.raises(InputError):
         edgec.run(tmp_path, random_inputs=True, **kwargs)
 
 
 def test_check_options_accepts_the_bounds():
-    check_options(MAX_REPEAT, 0, MAX_TIMEOUT_S, 0.0, seed=2**70)
+    check_options(10**30, 0, MAX_TIMEOUT_S, 0.0, seed=2**70)
