@@ -143,3 +143,16 @@ def test_a_run_with_the_coordinators_key_still_works(worker, keys, tmp_path):
     edgec.compile(MODELS / "tinychain.onnx", CLUSTERS / "two.yaml", out)
     report = edgec.run(out, random_inputs=True, verify=True, keys=keys, addresses={"pi5-a": address}, timeout=60)
     assert report["verify"]["passed"]
+
+
+def test_keys_on_stdin_must_be_keys(tmp_path):
+    from click.testing import CliRunner
+
+    from edgec.runtime.cli import worker as worker_cmd
+
+    for given in ("garbage\n", '{"name": "a", "public": "x", "secret": "y", "trusted": {}}\n'):
+        res = CliRunner().invoke(worker_cmd, ["--listen", "tcp://127.0.0.1:0", "--keys-stdin", "--once", "--cache",
+                                              str(tmp_path / "cache")], input=given)
+        lines = res.stderr.splitlines()
+        assert res.exit_code == 2 and len(lines) == 1, res.output
+        assert lines[0].startswith("edgec: stdin: not the keys of `edgec worker --keys-stdin`"), lines

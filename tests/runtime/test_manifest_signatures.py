@@ -151,3 +151,8 @@ def test_a_file_that_is_not_onnx(tmp_path):
         bad.write_bytes(data)
         with pytest.raises(InputError, match="not an ONNX model"):
             read_signature(bad)
+
+
+def test_fragment_names_must_be_its_graphs(pipeline, tmp_path):
+    line = refused(edited(pipeline, tmp_path, lambda d: d["fragments"][0]["outputs"].append("ghost")))
+    assert "fragment f0" in line and "output 'ghost' is not an output of its graph" in line
