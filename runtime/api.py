@@ -26,7 +26,8 @@ from .trace import check_trace_path, write_trace
 from .verify import VerifyResult, check_model, compare_outputs, reference_outputs
 
 __all__ = ["run", "execute", "report", "write_npz", "parse_addresses", "parse_slow", "check_options", "Checker",
-           "RequestsChecked", "MAX_THREADS", "MAX_INFLIGHT", "MIN_HEARTBEAT_MS", "MAX_HEARTBEAT_MS", "MAX_DILATE"]
+           "RequestsChecked", "MAX_THREADS", "MAX_INFLIGHT", "MIN_HEARTBEAT_MS", "MAX_HEARTBEAT_MS", "MAX_DILATE",
+           "MAX_TIMEOUT_S"]
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +36,8 @@ MAX_THREADS = 4 * available_cores()
 # Faster than 10 ms, heartbeats only add traffic; slower than a minute, a hung device stalls the run for long.
 MIN_HEARTBEAT_MS, MAX_HEARTBEAT_MS = 10, 60_000
 MAX_WARMUP = 1000
+# zmq takes its send timeout in int32 milliseconds (24.8 days): a day is far beyond any start-up or request.
+MAX_TIMEOUT_S = 86_400.0
 
 
 def run(manifest: str | os.PathLike, *, inputs: str | os.PathLike | Mapping[str, np.ndarray] | None = None,
@@ -106,7 +109,7 @@ def execute(manifest: str | os.PathLike, *, npz: str | None = None, pairs: Itera
     """Load, check and run a manifest on its inputs; verify every request's outputs when asked; write the
     accuracy report to `report` (result.accuracy holds it) and the measured timeline to `trace`
     (result.trace). What `edgec run` and `run` share."""
-    check_options(repeat, threads, timeout, tolerance, inflight, heartbeat_ms, warmup)
+    check_options(repeat, threads, timeout, tolerance, inflight, heartbeat_ms, warmup, seed)
     dilate = _check_dilate(dilate, emulate)
     if report is not None:  # before the run: a report that cannot be written fails in a second
         check_report_path(report)
@@ -265,7 +268,9 @@ def _check_dilate(dilate: float | None, emulate: bool) -> float:
 
 
 def check_options(repeat: int, threads: int | None, timeout: float, tolerance: float,
-                   inflight: int | None = None, heartbeat_ms: int = HEARTBEAT_MS, warmup: int = 1) -> None:
+                  inflight: int | None = None, heartbeat_ms: int = HEARTBEAT_MS, warmup: int = 1,
+                  seed: int = 0) -> None:
+    """InputError (one line) for an option outside what a run can take: the CLI's ranges, for API callers."""
     if not isinstance(heartbeat_ms, int) or isinstance(heartbeat_ms, bool) \
             or not MIN_HEARTBEAT_MS <= heartbeat_ms <= MAX_HEARTBEAT_MS:
         raise InputError(f"heartbeat_ms {heartbeat_ms!r}: expected {MIN_HEARTBEAT_MS} to {MAX_HEARTBEAT_MS} "
@@ -273,17 +278,23 @@ def check_options(repeat: int, threads: int | None, timeout: float, tolerance: f
     if inflight is not None and (not isinstance(inflight, int) or isinstance(inflight, bool)
                                  or not 1 <= inflight <= MAX_INFLIGHT):
         raise InputError(f"inflight {inflight!r}: expected 1 (one request at a time) to {MAX_INFLIGHT}")
-    if not isinstance(repeat, int) or repeat < 1:
+    if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 1:
         raise InputError(f"repeat {repeat!r}: expected a positive integer")
     if not isinstance(warmup, int) or isinstance(warmup, bool) or not 0 <= warmup <= MAX_WARMUP:
         raise InputError(f"warmup {warmup!r}: expected 0 to {MAX_WARMUP} untimed requests")
     if threads is not None and (not isinstance(threads, int) or not 0 <= threads <= MAX_THREADS):
         raise InputError(f"threads {threads!r}: expected 0 (onnxruntime's default) to {MAX_THREADS} "
                          "(4 x this machine's cores)")
-    if not timeout > 0:
-        raise InputError(f"timeout {timeout!r}: expected a positive number of seconds")
-    if not tolerance >= 0:
-        raise InputError(f"tolerance {tolerance!r}: expected a non-negative number")
+    if not _number(timeout) or not 0 < timeout <= MAX_TIMEOUT_S:
+        raise InputError(f"timeout {timeout!r}: expected a number of seconds above 0, at most {MAX_TIMEOUT_S:g}")
+    if not _number(tolerance) or not 0 <= tolerance < math.inf:
+        raise InputError(f"tolerance {tolerance!r}: expected a finite number >= 0")
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise InputError(f"seed {seed!r}: expected an integer >= 0")
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def report(manifest: Manifest, result: RunResult, checked: VerifyResult | None) -> dict:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import signal
 import statistics
@@ -17,8 +18,8 @@ import numpy as np
 
 from .accuracy import summary_lines
 from .adapt import THRESHOLD
-from .api import MAX_DILATE, MAX_HEARTBEAT_MS, MAX_INFLIGHT, MAX_THREADS, MAX_WARMUP, MIN_HEARTBEAT_MS, \
-    RequestsChecked, execute, parse_addresses, parse_slow, report, write_npz
+from .api import MAX_DILATE, MAX_HEARTBEAT_MS, MAX_INFLIGHT, MAX_THREADS, MAX_TIMEOUT_S, MAX_WARMUP, \
+    MIN_HEARTBEAT_MS, RequestsChecked, execute, parse_addresses, parse_slow, report, write_npz
 from .cache import FragmentCache, default_cache_dir
 from .compress import MODES as COMPRESS_MODES
 from .coordinator import HEARTBEAT_MISSES, HEARTBEAT_MS, RunResult
@@ -27,7 +28,7 @@ from .interrupts import Interrupted, interrupt_on_signals
 from .keys import COORDINATOR, Keyring, keygen as write_keys, names_from_file
 from .manifest import Manifest
 from .net import parse_endpoint
-from .worker import Daemon, die_with_parent, edgec_version
+from .worker import MAX_BUFFER_MB, MAX_IDLE_TIMEOUT_S, Daemon, die_with_parent, edgec_version
 
 __all__ = ["run", "run_all", "worker", "keygen", "main", "worker_main", "device_main", "OneLineErrors", "quiet_broken_pipe",
            "EXIT_OK", "EXIT_VERIFY_FAILED", "EXIT_INPUT", "EXIT_RUN", "EXIT_PIPE", "MAX_THREADS"]
@@ -92,6 +93,21 @@ class _RunCommand(OneLineErrors, click.Command):
     pass
 
 
+class _Finite(click.FloatRange):
+    """A FloatRange that also refuses nan (which compares false with every bound) and infinities."""
+
+    def convert(self, value, param, ctx):
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return rv
+
+
+_TIMEOUT = _Finite(min=0, min_open=True, max=MAX_TIMEOUT_S)
+_TOLERANCE = _Finite(min=0)
+_SEED = click.IntRange(min=0)
+
+
 _EPILOG = ("Exit codes: 0 ok, 1 verification failed, 2 bad input, 3 run failure (a worker failed, died or timed "
            f"out), {EXIT_PIPE} stdout closed before the report was written (e.g. piped into head), 128+N "
            "stopped by signal N (130 SIGINT, 143 SIGTERM).")
@@ -102,12 +118,12 @@ _EPILOG = ("Exit codes: 0 ok, 1 verification failed, 2 bad input, 3 run failure 
 @click.option("--inputs", "inputs_file", metavar="FILE.npz", help="All model inputs, by name (np.savez).")
 @click.option("--input", "input_pairs", multiple=True, metavar="NAME=FILE.npy", help="One model input (repeatable).")
 @click.option("--random-inputs", is_flag=True, help="Random inputs of the manifest's shapes and dtypes.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed for --random-inputs.")
+@click.option("--seed", type=_SEED, default=0, show_default=True, help="Seed for --random-inputs.")
 @click.option("--verify", is_flag=True, help="Compare against the source model run whole in onnxruntime.")
 @click.option("--model", "model_file", metavar="MODEL.onnx", show_default="the manifest's model path",
               help="The source model for --verify, when the build folder was moved away from it; its sha256 "
                    "must match the manifest's.")
-@click.option("--tolerance", type=click.FloatRange(min=0), default=1e-4, show_default=True,
+@click.option("--tolerance", type=_TOLERANCE, default=1e-4, show_default=True,
               help="Pass when max|a-b| <= tolerance * max(1, max|reference|) for every output.")
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
               help="Timed requests (after the --warmup ones).")
@@ -128,13 +144,16 @@ _EPILOG = ("Exit codes: 0 ok, 1 verification failed, 2 bad input, 3 run failure 
                    "every reported time by K, so a host slower than the devices still keeps their time (the run "
                    "takes K times longer: raise --timeout to match). Fragment runs that overrun their padding are "
                    "named on stderr with a K that would leave room.")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
-              help="Seconds allowed for start-up (reaching every worker included) and for each request.")
+@click.option("--timeout", type=_TIMEOUT, default=60.0, show_default=True,
+              help="Seconds allowed for start-up (reaching every worker included) and for each request; at most "
+                   f"{MAX_TIMEOUT_S:g} (a day).")
 @click.option("--addresses", "address_pairs", multiple=True, metavar="NAME=tcp://HOST:PORT",
               help="Reach device NAME's `edgec worker` there, instead of the manifest's address (repeatable).")
 @click.option("--keys", "keys_dir", type=click.Path(file_okay=False), metavar="DIR",
               help="The cluster's keys folder (`edgec keygen`): every connection is encrypted and only workers "
-                   f"holding the cluster's keys are accepted. This machine uses DIR/private/{COORDINATOR}.key_secret.")
+                   f"holding the cluster's keys are accepted. This machine uses DIR/private/{COORDINATOR}.key_secret, "
+                   "the only key workers take runs from. Without --keys, a run whose workers are all started here "
+                   "makes keys of its own, in memory only.")
 @click.option("--inflight", type=click.IntRange(min=1, max=MAX_INFLIGHT), default=None,
               show_default="the plan's pipeline depth",
               help="Requests kept in flight through the stages (outputs still come back in request order); 1 "
@@ -306,13 +325,13 @@ _RUN_ALL_EPILOG = ("Exit codes: 0 ok (a missed SLA is reported, not an error), 1
 @click.option("--warmup", type=click.IntRange(min=0, max=MAX_WARMUP), default=1, show_default=True,
               help="Untimed requests each service runs one at a time first, as `edgec run --warmup`.")
 @click.option("--verify", is_flag=True, help="Compare every service's outputs with its source model run whole.")
-@click.option("--tolerance", type=click.FloatRange(min=0), default=1e-4, help="As `edgec run --tolerance`.")
-@click.option("--seed", type=int, default=0, help="Seed of the random inputs.")
+@click.option("--tolerance", type=_TOLERANCE, default=1e-4, help="As `edgec run --tolerance`.")
+@click.option("--seed", type=_SEED, default=0, help="Seed of the random inputs.")
 @click.option("--threads", type=click.IntRange(min=0, max=MAX_THREADS), default=None,
               show_default="cores / all the services' devices", help="onnxruntime intra-op threads per worker.")
 @click.option("--emulate", is_flag=True, help="As `edgec run --emulate`: every service as on its planned devices.")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=60.0,
-              help="Seconds allowed for each service's start-up and for each request.")
+@click.option("--timeout", type=_TIMEOUT, default=60.0,
+              help=f"Seconds allowed for each service's start-up and for each request; at most {MAX_TIMEOUT_S:g}.")
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object on stdout.")
 @click.pass_context
 def run_all(ctx: click.Context, outdir, repeat, warmup, verify, tolerance, seed, threads, emulate, timeout,
@@ -357,7 +376,9 @@ _WORKER_EPILOG = ("Exit codes: 0 stopped by SIGTERM or SIGINT (the run in progre
               help="Where coordinators connect (port 0: any free port). Anything but a loopback address needs --keys.")
 @click.option("--keys", "keys_dir", type=click.Path(file_okay=False), metavar="DIR",
               help="The cluster's keys folder: this machine's DIR/private/NAME.key_secret and everyone's "
-                   "DIR/public/*.key. Only peers holding one of those public keys get in.")
+                   "DIR/public/*.key. Only peers holding one of those public keys get in, and only the key named "
+                   f"'{COORDINATOR}' (DIR/public/{COORDINATOR}.key, required) may start a run; the devices' keys "
+                   "only send tensors between workers.")
 @click.option("--name", "key_name", metavar="NAME", show_default="the only key in DIR/private",
               help="This machine's key (the device's name in cluster.yaml).")
 @click.option("--cache", "cache_dir", type=click.Path(file_okay=False), metavar="DIR",
@@ -369,36 +390,51 @@ _WORKER_EPILOG = ("Exit codes: 0 stopped by SIGTERM or SIGINT (the run in progre
               help="onnxruntime intra-op threads, 0 for onnxruntime's default (all cores).")
 @click.option("--data-port", type=click.IntRange(min=0, max=65535), default=0,
               help="Port for tensors from other devices (on the --listen host), 0 for any free one.")
-@click.option("--max-buffer-mb", type=click.IntRange(min=1), default=1024,
+@click.option("--max-buffer-mb", type=click.IntRange(min=1, max=MAX_BUFFER_MB), default=1024,
               help="Tensors held for later steps and requests, at most (a run needing more fails, naming this).")
-@click.option("--max-message-mb", type=click.IntRange(min=1), default=1024,
+@click.option("--max-message-mb", type=click.IntRange(min=1, max=MAX_BUFFER_MB), default=1024,
               help="Largest tensor accepted; a peer sending a larger message is disconnected.")
-@click.option("--idle-timeout", type=click.FloatRange(min=1), default=30.0,
-              help="Seconds of silence from the coordinator after which its run is abandoned.")
+@click.option("--idle-timeout", type=_Finite(min=1, max=MAX_IDLE_TIMEOUT_S), default=30.0,
+              help="Seconds of silence from the coordinator after which its run is abandoned and the worker is free "
+                   "for another coordinator: the longest a coordinator that claimed this worker and then went "
+                   f"silent keeps it (coordinators send a ping every second); at most {MAX_IDLE_TIMEOUT_S:g}.")
 @click.option("--once", is_flag=True, hidden=True, help="Exit after one run (local workers of `edgec run`).")
 @click.option("--exit-with-parent", is_flag=True, hidden=True, help="Stop when the starting process dies.")
+@click.option("--parent", "parent_pid", type=click.IntRange(min=1), hidden=True,
+              help="With --exit-with-parent: the starting process's pid (if it is already gone, stop at once).")
+@click.option("--keys-stdin", is_flag=True, hidden=True,
+              help="Read this worker's keys as one line of JSON on stdin (local workers of `edgec run`, whose "
+                   "keys live in memory only).")
 @click.option("--data-host", hidden=True, help="Bind the data socket on this host instead of the --listen host.")
 @click.option("-v", "--verbose", is_flag=True, help="Log every dropped message and connection detail.")
 @click.pass_context
 def worker(ctx: click.Context, listen, keys_dir, key_name, cache_dir, cache_max_mb, threads, data_port,
-           max_buffer_mb, max_message_mb, idle_timeout, once, exit_with_parent, data_host, verbose) -> None:
+           max_buffer_mb, max_message_mb, idle_timeout, once, exit_with_parent, parent_pid, keys_stdin, data_host,
+           verbose) -> None:
     """Serve runs for one device: fragments arrive from the coordinator of each run (kept in a cache), and
     the device's steps run for every request. One coordinator at a time; SIGTERM stops it cleanly."""
     with _worker_logging(verbose), interrupt_on_signals():
+        parent = None
         if exit_with_parent:  # Ctrl-C reaches the whole process group: the coordinator decides when we stop
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             die_with_parent()
+            parent = parent_pid or os.getppid()
+            if os.getppid() != parent:  # it died before the death signal was armed
+                ctx.exit(EXIT_OK)
         daemon, code, why = None, EXIT_OK, "stopped"
         try:
             if key_name and not keys_dir:
                 raise InputError("--name NAME picks a key in the --keys folder; give --keys DIR too")
+            if keys_stdin and keys_dir:
+                raise InputError("--keys-stdin and --keys DIR: give one")
             endpoint = parse_endpoint(listen, "--listen", allow_any_port=True)
-            keys = Keyring.load(keys_dir, key_name) if keys_dir else None
+            keys = Keyring.load(keys_dir, key_name) if keys_dir else \
+                Keyring.from_json(sys.stdin.buffer.readline(1 << 16)) if keys_stdin else None
             cache = FragmentCache(cache_dir or default_cache_dir(), cache_max_mb << 20)
             daemon = Daemon(endpoint, cache=cache, keys=keys, threads=threads, data_port=data_port,
                             data_host=data_host, max_buffer_bytes=max_buffer_mb << 20,
                             max_message_bytes=max_message_mb << 20, idle_timeout=idle_timeout, once=once,
-                            parent=os.getppid() if exit_with_parent else None)
+                            parent=parent)
             daemon.serve()
         except EdgecRuntimeError as exc:
             click.echo(f"edgec: {exc}", err=True)
@@ -424,7 +460,10 @@ def worker_main(prog_name: str = "edgec worker") -> None:
 
 @click.command("keygen", cls=_RunCommand, context_settings={"show_default": True},
                epilog="Copy DIR/public/ to every machine, and DIR/private/NAME.key_secret to machine NAME only. "
-                      "Run again with more names to add members; existing keys are kept, never overwritten.")
+                      f"Workers accept runs only from the '{COORDINATOR}' key: give "
+                      f"DIR/private/{COORDINATOR}.key_secret to the machines that run `edgec run --keys DIR`, and to "
+                      "no device. Run again with more names to add members; existing keys are kept, never "
+                      "overwritten.")
 @click.argument("folder", type=click.Path(file_okay=False))
 @click.option("--name", "names", multiple=True, metavar="NAME", help="A device to make a key pair for (repeatable).")
 @click.option("--devices", "devices_file", type=click.Path(), metavar="CLUSTER.yaml|manifest.json",

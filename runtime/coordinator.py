@@ -13,7 +13,6 @@ import logging
 import os
 import re
 import select
-import shutil
 import statistics
 import subprocess
 import sys
@@ -40,6 +39,7 @@ from .manifest import HOST, Fragment, Manifest, check_fragment_files, load_fallb
 from .net import Endpoint, outward_host, parse_endpoint
 from .protocol import BLOB_CHUNK, BLOB_WINDOW, MAX_TIMED_STEPS, PROTOCOL_VERSION, DropLog, parse
 from .schedule import host_collects, host_feeds, pipeline_depth, recv_keys, send_targets, working_devices
+from .signatures import check_signatures
 from .trace import Trace
 from .transport import POLL_MS, BadMessage, decode_tensor, pack, recv_message, send_frames, send_tensor
 
@@ -188,7 +188,7 @@ class Cluster:
         # with a trace too, which also records each request's timeline from those timings (trace.py).
         self.samples = _samples(manifest) if timings or trace is not None else None
         self.trace = trace
-        self.ephemeral_keys: Path | None = None  # the folder of keys made for this run alone (start, close)
+        self.ephemeral = False  # whether `keys` were made in memory for this run alone (start, close)
         self.heartbeat_ms = heartbeat_ms
         self.compress = parse_mode(compress)  # how the workers send tensors to each other (compress.py)
         endpoints = resolve_endpoints(manifest, addresses)
@@ -239,7 +239,7 @@ class Cluster:
             # Every worker is ours: keys made for this run make their sockets CURVE too, so another process on
             # this machine cannot feed them tensors. (A keyless remote worker takes no CURVE: then loopback only.)
             self.keys = ephemeral_keyring(self.workers)
-            self.ephemeral_keys = self.keys.folder
+            self.ephemeral = True
         for w in self.workers.values():
             if w.local:
                 self._spawn(w)
@@ -267,15 +267,25 @@ class Cluster:
 
     def _spawn(self, w: _Worker) -> None:
         cmd = [sys.executable, "-m", "edgec.runtime.worker", "--listen", "tcp://127.0.0.1:0", "--threads",
-               str(self.device_threads.get(w.name, self.threads)), "--once", "--exit-with-parent"]
-        if self.keys is not None:
-            own = (self.keys.folder / "private" / f"{w.name}.key_secret").is_file()
-            cmd += ["--keys", str(self.keys.folder), "--name", w.name if own else self.keys.name]
+               str(self.device_threads.get(w.name, self.threads)), "--once", "--exit-with-parent",
+               "--parent", str(os.getpid())]
+        in_memory = self.keys is not None and self.keys.folder is None
+        if in_memory:  # the worker reads its key pair on stdin: no key file a killed run could leave behind
+            cmd += ["--keys-stdin"]
+        elif self.keys is not None:
+            cmd += ["--keys", str(self.keys.folder), "--name", self.keys.serves_as(w.name)]
         data_host = self._local_data_host(w.name)
         if data_host is not None:
             cmd += ["--data-host", data_host]
         w.log = tempfile.TemporaryFile()
-        w.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=w.log)
+        w.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE if in_memory else subprocess.DEVNULL,
+                                  stdout=subprocess.PIPE, stderr=w.log)
+        if in_memory:
+            try:  # one line, far below a pipe's buffer: never blocks
+                w.proc.stdin.write(self.keys.member_json(self.keys.serves_as(w.name)))
+                w.proc.stdin.close()
+            except OSError:  # the worker already exited: _await_listening reports why
+                pass
         logger.debug("started a local worker for %s (pid %d)", w.name, w.proc.pid)
 
     def _local_data_host(self, name: str) -> str | None:
@@ -335,10 +345,7 @@ class Cluster:
 
     def _server_key(self, w: _Worker) -> bytes:
         """A remote worker serves with its device's key; a local one with the key it was started with."""
-        if not w.local:
-            return self.keys.key_of(w.name)
-        own = (self.keys.folder / "private" / f"{w.name}.key_secret").is_file()
-        return self.keys.key_of(w.name) if own else self.keys.public
+        return self.keys.key_of(w.name if not w.local else self.keys.serves_as(w.name))
 
     # -- messages ----------------------------------------------------------------------------------------
     def _send(self, w: _Worker, msg: dict, payload=None) -> None:
@@ -421,7 +428,7 @@ class Cluster:
                 raise InputError(f"{w.where}: the secure handshake failed: "
                                  + ("the worker requires keys; pass --keys DIR" if self.keys is None else
                                     "the keys do not match (the worker does not hold this cluster's keys, or "
-                                    f"{self.keys.folder}/public/{w.name}.key is not that worker's key)"))
+                                    f"{self.keys.where}/{w.name}.key is not that worker's key)"))
             elif event == zmq.EVENT_DISCONNECTED and w.phase == "ready":
                 self._lost(w, f"{w.where}: lost the connection to the worker (it closed, or answered no "
                               f"heartbeat for {self.heartbeat_ms * HEARTBEAT_MISSES / 1000:g} s)")
@@ -709,9 +716,8 @@ class Cluster:
                 w.log.close()
         self.ctx.destroy(linger=0)
         self.ctx = None
-        if self.ephemeral_keys is not None:
-            shutil.rmtree(self.ephemeral_keys, ignore_errors=True)
-            self.keys, self.ephemeral_keys = None, None
+        if self.ephemeral:
+            self.keys, self.ephemeral = None, False
 
     def _drain_quietly(self, w: _Worker) -> None:
         """While closing: only the final counts matter; late outputs and errors are ignored."""
@@ -893,6 +899,7 @@ class FailoverCluster:
         old.close(grace=old.timeout)
         self._keep_report(old, lost)
         check_fragment_files(manifest)
+        check_signatures(manifest)
         addresses = {name: a for name, a in self.addresses.items() if name in manifest.device_names}
         self.cluster = self._open(manifest, addresses)
 

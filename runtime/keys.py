@@ -10,10 +10,20 @@ Layout of a keys folder (`edgec keygen DIR --name pi5-a --name pi5-b ...` writes
 Members are the devices, by their name in cluster.yaml (a worker's key must carry the name of the device it
 serves: the coordinator authenticates the worker at a device's address with DIR/public/DEVICE.key), and
 "coordinator", the machine that runs `edgec run --keys DIR`.
+
+Roles: the key named "coordinator" (DIR/public/coordinator.key) is the only one a worker accepts a run from
+(start a session, push fragments, run requests). The devices' keys only carry tensors between workers: a
+device holding its own secret key cannot take over another device's worker. A worker's keys folder must
+therefore hold public/coordinator.key. Machines that each run `edgec run` share the coordinator's pair.
+
+A run whose workers are all processes it starts (no --keys, no worker addresses) makes its keys in memory
+(`ephemeral_keyring`) and hands each local worker its pair through the worker's stdin: no key touches the
+disk, so a run killed with SIGKILL leaves none behind.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -76,17 +86,15 @@ def keygen(folder: str | os.PathLike, names: Iterable[str]) -> list[tuple[str, b
 
 
 def ephemeral_keyring(members: Iterable[str]) -> Keyring:
-    """Fresh key pairs for the coordinator and `members`, in a new private temporary folder (mode 0700), loaded
-    as the coordinator's keyring. For a run whose workers are all processes this one starts: their sockets are
-    then CURVE like any other, so no other process on the machine can feed them tensors. The caller removes
-    `Keyring.folder` when the run ends (the workers read their keys when they start)."""
-    folder = Path(tempfile.mkdtemp(prefix="edgec-run-keys-"))
-    try:
-        keygen(folder, [COORDINATOR, *members])
-        return Keyring.load(folder, COORDINATOR)
-    except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)
-        raise
+    """Fresh key pairs for the coordinator and `members`, made and kept in memory (never written to disk),
+    as the coordinator's keyring; `member_json(name)` is what the local worker of `name` reads on its stdin
+    (`edgec worker --keys-stdin`). For a run whose workers are all processes this one starts: their sockets
+    are then CURVE like any other, so no other process on the machine can feed them tensors."""
+    pairs = {name: zmq.curve_keypair() for name in [COORDINATOR, *members]}
+    public, secret = pairs.pop(COORDINATOR)
+    return Keyring(None, COORDINATOR, public, secret,
+                   {COORDINATOR: public, **{name: pub for name, (pub, _) in pairs.items()}},
+                   {name: sec for name, (_, sec) in pairs.items()})
 
 
 def _create_pair(root: Path, name: str) -> None:
@@ -142,13 +150,16 @@ def _load_structured(p: Path, text: str):
 
 @dataclass
 class Keyring:
-    """This machine's key pair (`name`) and the public keys it trusts (every DIR/public/*.key)."""
+    """This machine's key pair (`name`) and the public keys it trusts (every DIR/public/*.key); `folder` is
+    None for keys that live in memory only (`ephemeral_keyring`, `from_json`). `secrets` holds the secret
+    keys of other members that this keyring hands to the local workers it starts (ephemeral keys only)."""
 
-    folder: Path
+    folder: Path | None
     name: str
     public: bytes  # z85, as zmq's socket options take it
     secret: bytes
     trusted: dict[str, bytes] = field(default_factory=dict)  # member name -> z85 public key
+    secrets: dict[str, bytes] = field(default_factory=dict, repr=False)  # member name -> z85 secret key
 
     @classmethod
     def load(cls, folder: str | os.PathLike, name: str | None = None) -> "Keyring":
@@ -173,9 +184,61 @@ class Keyring:
             raise InputError(f"{public / (name + '.key')}: missing or not the public half of {secret_file}")
         return cls(root, name, own_public, secret, trusted)
 
+    @property
+    def where(self) -> str:
+        """Where the public keys come from, for messages."""
+        return f"{self.folder / PUBLIC}" if self.folder is not None else "the run's own keys"
+
+    def coordinator_key(self) -> bytes:
+        """The public key a worker accepts runs from (DIR/public/coordinator.key); InputError without one."""
+        key = self.trusted.get(COORDINATOR)
+        if key is None:
+            where = self.folder / PUBLIC / f"{COORDINATOR}.key" if self.folder is not None else "the keys given"
+            raise InputError(f"{where}: missing; a worker accepts runs only from the coordinator's key (copy "
+                             "the cluster's whole public/ folder, made by `edgec keygen`, to this machine)")
+        return key
+
+    def serves_as(self, member: str) -> str:
+        """The key a worker started here for `member` serves with: the member's own when this machine holds
+        its secret (in memory, or DIR/private/MEMBER.key_secret), else this machine's."""
+        if member in self.secrets:
+            return member
+        own = self.folder is not None and (self.folder / PRIVATE / f"{member}.key_secret").is_file()
+        return member if own else self.name
+
+    def member(self, name: str) -> "Keyring":
+        """The keyring of member `name`, whose secret this keyring holds (in memory, or in its folder)."""
+        if name == self.name:
+            return self
+        if name in self.secrets:
+            return Keyring(None, name, self.trusted[name], self.secrets[name], dict(self.trusted))
+        return Keyring.load(self.folder, name)
+
+    def member_json(self, name: str) -> bytes:
+        """`member(name)` as one line of JSON: what `edgec worker --keys-stdin` reads."""
+        ring = self.member(name)
+        return json.dumps({"name": ring.name, "public": ring.public.decode(), "secret": ring.secret.decode(),
+                           "trusted": {n: k.decode() for n, k in ring.trusted.items()}}).encode() + b"\n"
+
+    @classmethod
+    def from_json(cls, line: bytes | str, where: str = "stdin") -> "Keyring":
+        """The keyring `member_json` wrote (InputError naming `where` if it is not one)."""
+        try:
+            doc = json.loads(line)
+            ring = cls(None, check_member_name(doc["name"]), doc["public"].encode(), doc["secret"].encode(),
+                       {check_member_name(n): k.encode() for n, k in doc["trusted"].items()})
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise InputError(f"{where}: not the keys of `edgec worker --keys-stdin` ({type(exc).__name__})") from None
+        keys = [ring.public, ring.secret, *ring.trusted.values()]
+        if any(len(k) != 40 for k in keys) or ring.trusted.get(ring.name) != ring.public:
+            raise InputError(f"{where}: not the keys of `edgec worker --keys-stdin` (keys are 40 z85 characters)")
+        return ring
+
     def key_of(self, member: str) -> bytes:
         key = self.trusted.get(member)
         if key is None:
+            if self.folder is None:
+                raise InputError(f"no key for {member!r} among the run's own keys")
             raise InputError(f"{self.folder / PUBLIC / (member + '.key')}: no public key for {member!r} (create it "
                              f"with `edgec keygen {self.folder} --name {member}` and copy it to every machine)")
         return key
@@ -197,11 +260,22 @@ class Keyring:
         sock.curve_serverkey = server_key
 
     def authenticator(self, ctx: zmq.Context) -> ThreadAuthenticator:
-        """Started ZAP handler for `ctx`: CURVE clients must hold a key from DIR/public (stop it when done)."""
+        """Started ZAP handler for `ctx`: CURVE clients must hold one of the trusted keys (DIR/public, as read
+        when this keyring was loaded); stop it when done. A frame's "User-Id" is then its sender's z85 key."""
         auth = ThreadAuthenticator(ctx, log=logging.getLogger("edgec.runtime.auth"))
         auth.start()
-        auth.configure_curve(domain="*", location=str(self.folder / PUBLIC))
+        auth.configure_curve_callback(domain="*", credentials_provider=_Trusted(frozenset(self.trusted.values())))
         return auth
+
+
+@dataclass(frozen=True)
+class _Trusted:
+    """pyzmq's credentials provider: a CURVE client is let in when its public key is one of `keys` (z85)."""
+
+    keys: frozenset
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        return key in self.keys
 
 
 def _own_name(private: Path, name: str | None) -> str:

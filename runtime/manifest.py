@@ -44,8 +44,8 @@ are ignored):
               must equal the graph's inputs and `outputs` be among its outputs (checked when a worker
               loads it). `--emulate` pads each run of the fragment to `predicted_ms` (x --dilate K).
   transfers   [{"tensor": str, "src": device, "dst": device, "shape": [...], "dtype": str, "bytes": int >= 0,
-                "region": null | region}]: informational summary of the device-to-device sends (checked
-              for well-formedness only).
+                "region": null | region}]: a summary of the device-to-device sends: each entry names a send
+              step (of `tensor` on src, to dst, with that region), whose shape and dtype it must match.
   region      the part of a tensor a send moves: one range {"axis": int, "start": int, "stop": int}
               (elements [start, stop) along axis), or a non-empty list of such ranges on distinct axes,
               the box they span (a 2-D tile: [{"axis": 2, ...}, {"axis": 3, ...}]; added after the first
@@ -64,7 +64,7 @@ are ignored):
                 {"op": "slice", "tensor": t, "axis": int, "start": int, "stop": int, "as": name}
                 {"op": "concat", "parts": [names], "axis": int, "as": name}
                 {"op": "free", "tensors": [names]}   drop tensors from the store.
-              Region ranges and slices need 0 <= start < stop (stop past the axis end is a run failure);
+              Region ranges and slices need 0 <= start < stop <= the axis's size;
               concat needs at least one part.
   predicted   optional {"latency_ms": number, "throughput_ips": number, "devices": {device: {...}}};
               optional "energy_mj" (per request, null when a device has no power figures), and per
@@ -102,7 +102,13 @@ device's store when a step reads it, and a name may not be stored twice without 
 matches exactly one recv and vice versa, on (src, dst, name-as-received); a recv from "@host" names a
 model input; every model output is sent to "@host" exactly once, by its declared device; the schedule
 cannot deadlock (sends never block); each fragment file exists and matches its sha256 (checked before any
-session loads it).
+session loads it); and, when the coordinator loads a build (load_manifest with check_files, and every
+fallback or alternative build loaded with check_files, as `edgec run` does before switching to one), every tensor against the fragments' own graph signatures (signatures.py):
+each fragment input's shape and dtype as it reaches the device (a model input as `inputs` declares it, a
+fragment output as its graph declares it, a received tensor as sent, cut by regions and slices, joined by
+concats; a region or slice past the end of its axis is refused), each model output as `outputs` declares it,
+and each `transfers` entry against the send it describes (src, dst, tensor and region), its shape, dtype and
+bytes.
 """
 
 from __future__ import annotations
@@ -120,6 +126,7 @@ from .manifest_types import (DTYPES, HOST, Alternative, Concat, Device, Fallback
                              Network, OutputSpec, Recv, Region, Regions, Run, Send, Slice, Step, TensorSpec, Transfer,
                              region_ranges)
 from .schedule import validate_schedule
+from .signatures import check_signatures
 
 __all__ = [
     "HOST", "DTYPES", "TensorSpec", "OutputSpec", "Device", "Link", "Network", "Fragment", "Region", "Regions",
@@ -148,11 +155,14 @@ def file_sha256(path: Path) -> str:
 
 def load_manifest(path: str | Path, *, check_files: bool = True, devices: Iterable[str] | None = None) -> Manifest:
     """Read, parse and validate manifest.json; with check_files, verify fragment files (of `devices` only,
-    when given) exist and match their sha256."""
+    when given) exist and match their sha256, and (all devices) that the manifest's tensors agree with the
+    fragments' own graph inputs and outputs (signatures.py)."""
     path = Path(path).absolute()
     manifest = parse_manifest(read_manifest_json(path), path)
     if check_files:
         check_fragment_files(manifest, devices)
+        if devices is None:
+            check_signatures(manifest)
     return manifest
 
 
@@ -201,6 +211,7 @@ def _load_extra_build(main: Manifest, file: str, sha256: str, where: str, option
     _check_same_model(main, extra, without, where)
     if check_files:
         check_fragment_files(extra)
+        check_signatures(extra)
     else:
         check_fragment_paths(extra, extra.fragments.values())
         for frag in extra.fragments.values():

@@ -8,11 +8,13 @@ Sockets (W = a worker, C = the coordinator):
   For a run, W binds a PULL (data) on the same host (port --data-port, or any free one) when some other
   device sends it tensors; each W connects a PUSH to every device it sends to. Tensors go device to device.
   With keys, every one of these sockets is CURVE: W is the server on its ROUTER and its PULL, C and the
-  sending workers are clients, and W accepts only clients whose public key is in its keys folder.
+  sending workers are clients, and W accepts only clients whose public key is in its keys folder; on its
+  ROUTER, only the coordinator's key (public/coordinator.key, keys.py "Roles"): a hello from another key is
+  refused (code "role") and anything else from it dropped.
 
 A session (one run), in order:
   C hello {protocol, edgec}            -> W welcome {protocol, edgec, pid, threads, cores, key}
-                                          or refused {code: "version" | "busy", reason, protocol}
+                                          or refused {code: "version" | "busy" | "role", reason, protocol}
   C open {device, manifest (its JSON), path (for messages), inflight, emulate, compress, dilate}
                                        -> W opened {data_port, need: [sha256 of fragments not in its cache]}
   C blob {sha256, offset, size} + bytes (chunks, at most BLOB_WINDOW unacknowledged)

@@ -212,7 +212,7 @@ def run_all(outdir: str | Path, *, repeat: int = 1, verify: bool = False, tolera
     service's thread at its next step; each closes its coordinator and workers, and then it is raised."""
     from .api import check_options  # api imports the coordinator's whole stack: only when running
 
-    check_options(repeat, threads, timeout, tolerance, warmup=warmup)
+    check_options(repeat, threads, timeout, tolerance, warmup=warmup, seed=seed)
     allocation = load_allocation(outdir)
     check_builds(allocation)
     threads = default_threads(allocation) if threads is None else threads

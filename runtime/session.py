@@ -250,7 +250,7 @@ class Session:
                 raise InputError(f"device {self.device}: the coordinator sent no data address for peer {name}")
             parse_endpoint(addr, f"peer {name}")
         if self.d.keys is not None and not (isinstance(key, str) and self.d.keys.is_trusted(key)):
-            raise InputError(f"device {self.device}: peer {name}'s key is not in {self.d.keys.folder}/public")
+            raise InputError(f"device {self.device}: peer {name}'s key is not in {self.d.keys.where}")
         return addr, key
 
     def _on_run(self, msg: dict, payload) -> None:

@@ -19,16 +19,20 @@ import zmq
 
 from .cache import FragmentCache
 from .errors import EdgecRuntimeError, InputError, one_line
-from .keys import Keyring
+from .keys import COORDINATOR, Keyring
 from .net import Endpoint
 from .protocol import PROTOCOL_VERSION, DropLog, parse
 from .session import Session, SessionEnd, SessionLost
-from .transport import POLL_MS, BadMessage, pack, recv_message, send_frames
+from .transport import POLL_MS, BadMessage, frame_sender, pack, recv_message, send_frames
 
-__all__ = ["Daemon", "rss_mb", "keep_heap", "main"]
+__all__ = ["Daemon", "rss_mb", "keep_heap", "main", "MAX_IDLE_TIMEOUT_S", "MAX_BUFFER_MB"]
 
 logger = logging.getLogger(__name__)
 
+# The worker's option bounds: a silent coordinator loses its claim after --idle-timeout, so that must stay
+# bounded; zmq's largest message size is an int64 of bytes, and no device holds a terabyte of tensors.
+MAX_IDLE_TIMEOUT_S = 3600.0
+MAX_BUFFER_MB = 1 << 20
 DRAIN_LIMIT = 256  # messages handled per socket per poll: a flooding peer cannot starve the other socket
 
 # glibc's mallopt parameters (malloc.h) and what `keep_heap` sets them to.
@@ -60,6 +64,8 @@ class Daemon:
                 raise InputError(f"--listen {endpoint}: refusing to listen on {host.host}, which other machines can "
                                  "reach, without --keys (create them with `edgec keygen`)")
         self.keys, self.cache, self.threads = keys, cache, threads
+        # The one key a run is accepted from (keys.py, "Roles"): a device's key only carries tensors.
+        self.coordinator = keys.coordinator_key() if keys is not None else None
         self.data_port, self.data_host = data_port, data_host or endpoint.host
         self.max_buffer_bytes, self.max_message_bytes = max_buffer_bytes, max_message_bytes
         self.idle_timeout, self.once, self.parent = idle_timeout, once, parent
@@ -150,6 +156,9 @@ class Daemon:
 
     def _on_control(self, frames: list[zmq.Frame]) -> None:
         peer, body = frames[0].bytes, frames[1:]
+        if self.coordinator is not None and frame_sender(frames[-1]) != self.coordinator.decode():
+            self._not_coordinator(peer, body)
+            return
         if self.session is not None and peer == self.session.owner:
             self.session.on_control(body)
             return
@@ -175,6 +184,22 @@ class Daemon:
             self.send_to(peer, [pack({"t": "welcome", "protocol": PROTOCOL_VERSION, "edgec": self.version,
                                       "pid": os.getpid(), "threads": self.threads, "cores": _cores(),
                                       "key": None if self.keys is None else self.keys.public.decode()})])
+
+    def _not_coordinator(self, peer: bytes, body: list[zmq.Frame]) -> None:
+        """A control message from a key other than the coordinator's (a device's, say): dropped; a hello is
+        told why, so that a misconfigured coordinator fails in one line rather than timing out."""
+        try:
+            parse(body, {"hello"})
+        except BadMessage:
+            self.drops.drop("control message from a key that is not the coordinator's")
+            return
+        sender = frame_sender(body[0]) or "?"
+        member = next((n for n, k in self.keys.trusted.items() if k.decode() == sender), None)
+        logger.warning("refused a run from %s: only the coordinator's key may start runs", _peer_address(body[0])
+                       + (f" (key of {member})" if member else ""))
+        self._refuse(peer, "role", f"the worker accepts runs only from the key named '{COORDINATOR}' "
+                                   f"({self.keys.where}/{COORDINATOR}.key), and this one is "
+                                   + (f"{member!r}'s" if member else "not it"))
 
     def _refuse(self, peer: bytes, code: str, reason: str) -> None:
         self.send_to(peer, [pack({"t": "refused", "code": code, "reason": reason, "protocol": PROTOCOL_VERSION})])

@@ -169,6 +169,13 @@ def failing_head() -> onnx.ModelProto:
                   [_init("shape", np.array([7, -1], dtype=np.int64))])
 
 
+def symbolic_stem() -> onnx.ModelProto:
+    """chain's f0 with symbolic dims in and out: a model input of any size matches its graph."""
+    w = np.ones((4, 3, 3, 3), np.float32)
+    nodes = [helper.make_node("Conv", ["data", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["t1"])]
+    return _model(nodes, [_vi("data", ["n", 3, "h", "w"])], [_vi("t1", ["n", 4, "h", "w"])], [_init("w", w)])
+
+
 @pytest.fixture
 def chain(tmp_path) -> Case:
     return build_chain(tmp_path)
@@ -182,3 +189,8 @@ def spatial(tmp_path) -> Case:
 @pytest.fixture
 def make_failing_head():
     return failing_head
+
+
+@pytest.fixture
+def make_symbolic_stem():
+    return symbolic_stem

@@ -27,7 +27,6 @@ from edgec.runtime.api import execute
 from edgec.runtime.cli import run as run_cmd
 from edgec.runtime.coordinator import Cluster
 from edgec.runtime.errors import InputError
-from edgec.runtime.keys import Keyring
 from edgec.runtime.inputs import random_inputs
 from edgec.runtime.manifest import load_manifest
 from edgec.runtime.transport import BadMessage, decode_tensor, pack, tensor_frames, tensor_header
@@ -152,7 +151,7 @@ def test_a_forged_payload_of_the_wrong_size_is_dropped_and_the_run_goes_on(chain
         push = c.ctx.socket(zmq.PUSH)
         push.setsockopt(zmq.LINGER, 0)
         # The run made its own keys (no --keys): pose as pi5-a with pi5-a's, to reach the payload checks.
-        Keyring.load(c.keys.folder, "pi5-a").connect_to(push, c.workers["pi4-a"].key)
+        c.keys.member("pi5-a").connect_to(push, c.workers["pi4-a"].key)
         push.connect(c.workers["pi4-a"].data_addr)
         for frames in messages:
             push.send_multipart(frames)
