@@ -20,6 +20,7 @@ from edgec.runtime.errors import InputError, one_line
 from edgec.runtime.files import default_mode
 from edgec.runtime.interrupts import check_interrupted
 from edgec.runtime.manifest import load_manifest
+from edgec.runtime.signatures import check_signatures
 
 from ..errors import UserError
 from .fragments import EmittedFragment, safe_name
@@ -137,10 +138,11 @@ def _check_extras_named(manifest: dict, extras: list[ExtraBuild]) -> None:
 
 def _ensure_runtime_accepts(path: Path) -> None:
     """The emitter's postcondition, checked before the build is swapped into place: the runtime's own
-    parser (which owns the schema) accepts the manifest as written, schedule included. The fragment
-    hashes are not recomputed: they were taken from the very bytes written."""
+    parser (which owns the schema) accepts the manifest as written, schedule included, and every tensor it
+    names agrees with the fragments' own graph signatures, as `edgec run` checks before it starts. The
+    fragment hashes are not recomputed: they were taken from the very bytes written."""
     try:
-        load_manifest(path, check_files=False)
+        check_signatures(load_manifest(path, check_files=False))
     except InputError as exc:
         raise RuntimeError(f"the emitter wrote a manifest the runtime refuses: {exc}") from None
 
