@@ -215,6 +215,9 @@ def _thread_list(ctx, param, value: str | None) -> list[int] | None:
     return sorted(set(counts))
 
 
+_WATTS = click.FloatRange(min=0, min_open=True, max=1e6)  # what a profile's power_w accepts, and then some
+
+
 @cli.command("profile", epilog=_EPILOG)
 @click.option("-o", "--output", "output", required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--model", type=click.Path(dir_okay=False, path_type=Path), show_default="the standard kernels only",
@@ -227,10 +230,9 @@ def _thread_list(ctx, param, value: str | None) -> list[int] | None:
               help="refuse (exit 2) when the machine is busy or a timing's spread stays above 10%, instead of "
                    "warning")
 @click.option("--quick", is_flag=True, help="small benchmarks, short timings: noisy figures, for tests")
-@click.option("--power-idle", type=click.FloatRange(min=0), default=None, show_default="unknown",
-              help="idle watts, if known")
-@click.option("--power-busy", type=click.FloatRange(min=0), default=None, show_default="unknown",
-              help="busy watts, if known")
+@click.option("--power-idle", type=_WATTS, default=None, show_default="unknown", help="idle watts, if known")
+@click.option("--power-busy", type=_WATTS, default=None, show_default="unknown",
+              help="busy watts, if known (at least --power-idle)")
 @click.option("--refine", "refine", type=click.Path(dir_okay=False, path_type=Path), metavar="REPORT.json",
               help="measure nothing: fold the measured fragment times of an `edgec run --report` file into the "
                    "device's profile as a per-node table for the model, written to -o")
@@ -245,6 +247,8 @@ def profile_cmd(output, model, threads, strict, quick, power_idle, power_busy, r
     machine is checked before and during.  A busy machine or a figure that stays noisy is a warning, or
     with --strict an error.  With --refine, a run's accuracy report refines an existing profile instead."""
     from .profile import measure_host, refine_profile, write_profile
+    from .profile.nodes import check_model
+    from .profile.output import check_output_path
 
     if refine is not None:
         given = [flag for flag, v in (("--model", model), ("--threads", threads), ("--strict", strict),
@@ -252,14 +256,18 @@ def profile_cmd(output, model, threads, strict, quick, power_idle, power_busy, r
                                       ("--power-busy", power_busy)) if v not in (None, False)]
         if given:
             raise UserError(f"{given[0]} measures this machine; --refine measures nothing")
+        check_output_path(output)
         click.echo(f"edgec: {refine_profile(refine, output, profile=profile_ref, device=device, note=_progress)}",
                    err=True)
         click.echo(str(output))
         return
     if profile_ref is not None or device is not None:
         raise UserError(f"{'--profile' if profile_ref is not None else '--device'} goes with --refine REPORT.json")
-    if model is not None and not model.is_file():
-        raise UserError("no such ONNX file", str(model))
+    check_output_path(output)  # every argument checked before minutes of measuring
+    if power_idle is not None and power_busy is not None and power_busy < power_idle:
+        raise UserError(f"--power-busy {power_busy:g} is below --power-idle {power_idle:g}")
+    if model is not None:
+        check_model(model)
     prof = measure_host(model_path=str(model) if model else None, threads=threads, progress=_progress,
                         quick=quick, strict=strict, power_idle_w=power_idle, power_busy_w=power_busy)
     write_profile(prof, output)

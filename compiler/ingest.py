@@ -14,6 +14,7 @@ import onnx
 from google.protobuf.message import Message
 from onnx import TensorProto, helper, numpy_helper, shape_inference
 
+from edgec.runtime.errors import one_line
 from edgec.runtime.manifest import file_sha256  # the runtime owns the hashes it checks
 
 from .errors import UserError
@@ -72,16 +73,18 @@ def _read(path: Path) -> onnx.ModelProto:
     try:
         model = onnx.load(str(path), load_external_data=True)
     except Exception as exc:  # protobuf DecodeError, missing external data, ...
-        raise UserError(f"not a readable ONNX model ({_first_line(exc)})", str(path)) from None
+        raise UserError(f"not a readable ONNX model ({_message(exc)})", str(path)) from None
     if not model.graph.node:
         raise UserError("not an ONNX model with a graph (no nodes)", str(path))
     _check_text(model, path)
     _check_operators(model, path)
     _check_tensors(model, path)
+    _check_node_names(model.graph, path)
+    _check_order(model.graph, path)
     try:
         onnx.checker.check_model(skeleton(model), full_check=False)
     except Exception as exc:
-        raise UserError(f"invalid ONNX model: {_first_line(exc)}", str(path)) from None
+        raise UserError(f"invalid ONNX model: {_message(exc)}", str(path)) from None
     return model
 
 
@@ -301,9 +304,67 @@ def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     return sk
 
 
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+def _message(exc: Exception) -> str:
+    """The exception's message as one line: onnx's checker puts what it names (a node, a tensor) on the
+    lines after the first, so they are joined, not dropped."""
+    return one_line(exc) or type(exc).__name__
+
+
+def _check_node_names(graph: onnx.GraphProto, path: Path) -> None:
+    """Two nodes of one graph with the same name: onnxruntime refuses the model (so `run --verify` could not
+    load it), so the compile does too. Unnamed nodes are named later (node_keys)."""
+    seen: set[str] = set()
+    for node in graph.node:
+        if node.name and node.name in seen:
+            raise UserError(f"two nodes are named {node.name!r}; onnxruntime refuses a model whose node names "
+                            "repeat: rename one", str(path))
+        seen.add(node.name)
+
+
+def _check_order(graph: onnx.GraphProto, path: Path) -> None:
+    """Every node reads only tensors produced before it (inputs, initializers, earlier nodes). Otherwise the
+    graph has a cycle or is out of order: either is refused naming the node(s), which onnx's checker puts
+    on a line of its own."""
+    producer = {o: k for k, n in enumerate(graph.node) for o in n.output if o}
+    for k, node in enumerate(graph.node):
+        later = next((t for t in node.input if producer.get(t, -1) >= k), None)
+        if later is None:
+            continue
+        cycle = _cycle_nodes(graph, producer)
+        if cycle:
+            names = ", ".join(repr(graph.node[i].name or graph.node[i].op_type) for i in cycle[:6])
+            more = f" and {len(cycle) - 6} more" if len(cycle) > 6 else ""
+            raise UserError(f"the graph has a cycle through node(s) {names}{more}", str(path))
+        by = graph.node[producer[later]]
+        raise UserError(f"node {node.name or node.op_type!r} reads {later!r} before node {by.name or by.op_type!r} "
+                        "produces it: the nodes are not in topological order", str(path))
+
+
+def _cycle_nodes(graph: onnx.GraphProto, producer: dict[str, int]) -> list[int]:
+    """Indices of the nodes on a cycle, in file order (empty if the graph is acyclic): what is left after
+    repeatedly removing nodes whose inputs all come from outside or from removed nodes (Kahn), and then
+    nodes that only read from a cycle."""
+    deps = [{producer[t] for t in n.input if t in producer} for n in graph.node]
+    readers: dict[int, list[int]] = {}
+    for k, d in enumerate(deps):
+        for j in d:
+            readers.setdefault(j, []).append(k)
+    left = [len(d) for d in deps]
+    ready = [k for k, n in enumerate(left) if n == 0]
+    done = set(ready)
+    while ready:
+        j = ready.pop()
+        for k in readers.get(j, ()):
+            left[k] -= 1
+            if left[k] == 0 and k not in done:
+                done.add(k)
+                ready.append(k)
+    left_over = {k for k in range(len(deps)) if k not in done}
+    while True:  # then drop what only hangs below a cycle: nodes no remaining node reads
+        tails = {k for k in left_over if not any(r in left_over for r in readers.get(k, ()))}
+        if not tails:
+            return sorted(left_over)
+        left_over -= tails
 
 
 def _opset(model: onnx.ModelProto) -> int:
@@ -316,12 +377,13 @@ def _normalise(model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
         try:
             model = onnx.version_converter.convert_version(model, CONVERT_TO)
         except Exception as exc:
-            raise UserError(f"cannot convert opset {_opset(model)} to {CONVERT_TO}: {_first_line(exc)}", str(path)) from None
+            raise UserError(f"cannot convert opset {_opset(model)} to {CONVERT_TO}: {_message(exc)}", str(path)) from None
     out = model  # normalised in place: the caller's proto is ours
     _name_nodes(out)  # before folding, so names follow the file's node indices
     _fold_constants(out, path)
     out.ir_version = max(out.ir_version, 4)  # IR 3 needs initializers listed as inputs; we list none
     _drop_identities(out.graph)
+    _constant_outputs_as_identities(out.graph)
     return out
 
 
@@ -362,7 +424,7 @@ def _output_nbytes(light: onnx.ModelProto, path: Path) -> dict[str, int]:
     try:
         shaped = shape_inference.infer_shapes(light, data_prop=True)
     except Exception as exc:  # onnx's inference errors (malformed attributes, ...) have no common type
-        raise UserError(f"shape inference failed: {_first_line(exc)}", str(path)) from None
+        raise UserError(f"shape inference failed: {_message(exc)}", str(path)) from None
     sizes = {}
     for vi in shaped.graph.value_info:
         tt = vi.type.tensor_type
@@ -424,7 +486,7 @@ def _fold_with_graphsurgeon(light: onnx.ModelProto, never: Callable, path: Path)
                 graph.fold_constants(fold_shapes=False, recurse_subgraphs=False, flatten_subgraphs=False,
                                      recurse_functions=False, error_ok=False, should_exclude_node=never)
             except _onnxruntime_errors() as exc:  # onnxruntime could not evaluate the model's constants
-                raise UserError(f"cannot evaluate the model's constant nodes: {_first_line(exc)}", str(path)) from None
+                raise UserError(f"cannot evaluate the model's constant nodes: {_message(exc)}", str(path)) from None
             graph.cleanup()
             return gs.export_onnx(graph, do_type_check=False).graph
     finally:
@@ -475,6 +537,45 @@ def _drop_identities(graph: onnx.GraphProto) -> None:
                 node.input[i] = rename[name]
     del graph.node[:]
     graph.node.extend(keep)
+
+
+def _constant_outputs_as_identities(graph: onnx.GraphProto) -> None:
+    """A graph output that is an initializer (a weight, or a Constant folded into one) is produced by no
+    operator, so no fragment would hold it to send: the initializer is renamed (its readers follow) and an
+    Identity of it, appended after the other nodes (their indices stay), produces the output."""
+    inits = {i.name: i for i in graph.initializer}
+    produced = {o for n in graph.node for o in n.output}
+    taken = set(inits) | produced | {i.name for i in graph.input} | {n.name for n in graph.node}
+    for name in dict.fromkeys(o.name for o in graph.output):
+        if name not in inits or name in produced:
+            continue
+        inits[name].name = new = _fresh(f"{name}.const", taken)
+        _rename_reads(graph.node, name, new)
+        graph.node.append(helper.make_node("Identity", [new], [name], name=_fresh(f"{name}.output", taken)))
+
+
+def _fresh(base: str, taken: set[str]) -> str:
+    name, k = base, 1
+    while name in taken:
+        name, k = f"{base}{k}", k + 1
+    taken.add(name)
+    return name
+
+
+def _rename_reads(nodes, old: str, new: str) -> None:
+    """Point every read of `old` by `nodes` (and by their subgraphs, where no local name shadows it) at `new`."""
+    for node in nodes:
+        for i, name in enumerate(node.input):
+            if name == old:
+                node.input[i] = new
+        for a in node.attribute:
+            for g in [a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs:
+                local = {i.name for i in g.input} | {i.name for i in g.initializer} | {o for n in g.node for o in n.output}
+                if old not in local:
+                    _rename_reads(g.node, old, new)
+                    for o in g.output:
+                        if o.name == old:
+                            o.name = new
 
 
 def node_keys(model: onnx.ModelProto) -> list[str]:
@@ -543,7 +644,7 @@ def _infer_shapes(model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
         # instead of compiling and failing when a device loads its fragment
         shaped = shape_inference.infer_shapes(skeleton(model), check_type=True, strict_mode=True, data_prop=True)
     except Exception as exc:
-        raise UserError(f"shape inference failed: {_first_line(exc)}", str(path)) from None
+        raise UserError(f"shape inference failed: {_message(exc)}", str(path)) from None
     inferred = model
     del inferred.graph.value_info[:]
     inferred.graph.value_info.extend(shaped.graph.value_info)
@@ -629,7 +730,7 @@ def _measure_shapes(model: onnx.ModelProto, names: list[str], path: Path) -> Non
         }
         results = sess.run(names, feeds)
     except Exception as exc:
-        raise UserError(f"cannot determine static shapes of {len(names)} tensors: {_first_line(exc)}", str(path)) from None
+        raise UserError(f"cannot determine static shapes of {len(names)} tensors: {_message(exc)}", str(path)) from None
     by_name = {vi.name: vi for vi in model.graph.value_info}
     for name, value in zip(names, results):
         value = np.asarray(value)

@@ -377,7 +377,8 @@ def build_layer_graph(model: onnx.ModelProto) -> LayerGraph:
         tail_group.update({o: gi for o in node.output if o})
     layers = tuple(_make_layer(i, grp, g, inits, tensors, shapes, graph_outputs, users) for i, grp in enumerate(groups))
     inputs = tuple(i.name for i in g.input if i.name not in inits)
-    return LayerGraph(layers=layers, tensors=tensors, inputs=inputs, outputs=tuple(graph_outputs))
+    # a model may list an output twice: it is one tensor, returned once
+    return LayerGraph(layers=layers, tensors=tensors, inputs=inputs, outputs=tuple(dict.fromkeys(graph_outputs)))
 
 
 def _make_layer(index, group, g, inits, tensors, shapes, graph_outputs, users) -> Layer:

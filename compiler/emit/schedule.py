@@ -82,6 +82,9 @@ def assemble_manifest(ing: Ingested, plan: Plan, pred: Prediction, frags: list[E
             src = HOST if t in graph.inputs else into[t, k]
             if src != dev:  # consecutive stages on one device share its store
                 sched.steps[dev].append({"op": "recv", "tensor": t, "from": src})
+            if src == HOST and t in graph.outputs and t not in out_dev:  # an input that is also an output
+                sched.send(dev, HOST, t, t)
+                out_dev[t] = dev
         if layout is None:
             sched.steps[dev].append({"op": "run", "fragment": f"f{k}"})
         else:
@@ -89,6 +92,7 @@ def assemble_manifest(ing: Ingested, plan: Plan, pred: Prediction, frags: list[E
             _spatial_steps(sched, stage, layout, keep_input=inputs[0] in later, order=pred.send_order.get(k))
         _stage_sends(sched, dev, outputs, [(t, d) for t, d in _burst(pred, stage_dev, k) if d != dev])
         out_dev.update((t, dev) for t in outputs if t in graph.outputs)
+    _passthrough_outputs(sched, graph, plan.stages[0].device, out_dev)
     model_path = _relative_or_absolute(ing.path, outdir)
     return {
         "format": MANIFEST_FORMAT,
@@ -105,6 +109,18 @@ def assemble_manifest(ing: Ingested, plan: Plan, pred: Prediction, frags: list[E
         "predicted": pred.to_dict(),
         "plan": plan_info,
     }
+
+
+def _passthrough_outputs(sched: _Schedule, graph: LayerGraph, dev: str, out_dev: dict[str, str]) -> None:
+    """Model inputs that are also outputs and that no layer reads: `dev` receives each from the host and
+    returns it, first thing (an input a layer reads is returned where it arrives, in assemble_manifest)."""
+    steps = []
+    for t in graph.outputs:
+        if t not in out_dev and t in graph.inputs:
+            steps += [{"op": "recv", "tensor": t, "from": HOST}, {"op": "send", "tensor": t, "to": HOST},
+                      {"op": "free", "tensors": [t]}]
+            out_dev[t] = dev
+    sched.steps[dev][:0] = steps
 
 
 def _burst(pred: Prediction, stage_dev: list[str], k: int) -> list[tuple[str, str]]:

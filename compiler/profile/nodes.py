@@ -15,11 +15,12 @@ import onnx
 import onnxruntime as ort
 
 from edgec.compiler.errors import UserError
+from edgec.runtime.errors import one_line
 from edgec.compiler.ingest import file_sha256, node_keys
 
 from .timing import sig as _sig
 
-__all__ = ["measure_layers"]
+__all__ = ["measure_layers", "check_model"]
 
 
 def _map_optimized(orig: onnx.ModelProto, keys: list[str], opt: onnx.ModelProto) -> dict[str, str]:
@@ -101,6 +102,45 @@ def _feeds(sess: ort.InferenceSession, path: Path) -> dict[str, np.ndarray]:
     return feeds
 
 
+def check_model(model_path: str | Path) -> None:
+    """UserError (one line) unless the model is a file that onnxruntime loads and random inputs can be made
+    for: what measure_layers needs, checked in a second or so before minutes of measuring."""
+    path = Path(model_path)
+    if not path.is_file():
+        raise UserError("no such ONNX file", path=str(path))
+    _, model = _read(path)
+    keys = node_keys(model)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    try:
+        if keys != [n.name for n in model.graph.node]:  # onnxruntime refuses repeated names: as measure_layers runs it
+            named = onnx.load(str(path))
+            for k, n in zip(keys, named.graph.node):
+                n.name = k
+            sess = ort.InferenceSession(named.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        else:
+            sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    except UserError:
+        raise
+    except Exception as e:  # onnxruntime's pybind errors, protobuf's, onnx's: no common base
+        raise UserError(f"onnxruntime cannot load the model: {one_line(e, 200)}", path=str(path)) from None
+    _feeds(sess, path)
+
+
+def _read(path: Path) -> tuple[str, onnx.ModelProto]:
+    """(sha256 of the file, its graph without external weights), or UserError."""
+    try:
+        digest = file_sha256(path)
+        model = onnx.load(str(path), load_external_data=False)  # graph structure only
+    except OSError as e:
+        raise UserError(f"cannot read model: {e.strerror or e}", path=str(path)) from None
+    except Exception as e:  # protobuf DecodeError and friends
+        raise UserError(f"not an ONNX model: {one_line(e, 200) or type(e).__name__}", path=str(path)) from None
+    if not model.graph.node:
+        raise UserError("not an ONNX model with a graph (no nodes)", path=str(path))
+    return digest, model
+
+
 def measure_layers(
     model_path: str | Path, threads: int | None = None, runs: int = 5, progress: Callable[[str], None] | None = None
 ) -> tuple[str, dict[str, float]]:
@@ -110,13 +150,7 @@ def measure_layers(
     fixed become 1).  The optimised graph is written to a temporary folder (weights included) to map
     fused and renamed nodes back to the original ones."""
     path = Path(model_path)
-    try:
-        digest = file_sha256(path)
-        model = onnx.load(str(path), load_external_data=False)  # graph structure only
-    except OSError as e:
-        raise UserError(f"cannot read model: {e.strerror or e}", path=str(path)) from None
-    except Exception as e:  # protobuf DecodeError and friends
-        raise UserError(f"not an ONNX model: {str(e).splitlines()[0] if str(e) else type(e).__name__}", path=str(path)) from None
+    digest, model = _read(path)
     keys = node_keys(model)
     warmup = 2
     with tempfile.TemporaryDirectory(prefix="edgec-profile-") as tmp:
@@ -140,7 +174,7 @@ def measure_layers(
         try:
             sess = ort.InferenceSession(run_path, so, providers=["CPUExecutionProvider"])
         except Exception as e:
-            raise UserError(f"onnxruntime cannot load the model: {str(e).splitlines()[0]}", path=str(path)) from None
+            raise UserError(f"onnxruntime cannot load the model: {one_line(e, 200)}", path=str(path)) from None
         feeds = _feeds(sess, path)
         for i in range(warmup + runs):
             sess.run(None, feeds)

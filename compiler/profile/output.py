@@ -13,7 +13,7 @@ from edgec.compiler.cluster import validate_profile_dict
 from edgec.runtime.files import default_mode
 from edgec.compiler.errors import UserError
 
-__all__ = ["write_profile"]
+__all__ = ["write_profile", "check_output_path"]
 
 
 class _Dumper(yaml.SafeDumper):
@@ -35,6 +35,19 @@ _Dumper.add_representer(dict, _flow_small_dicts)
 _Dumper.add_representer(list, _flow_number_lists)
 
 
+def check_output_path(path: str | Path) -> None:
+    """UserError unless a profile can be written at `path`: a file (or nothing yet) in a folder that exists
+    and that this user may write into. Checked before measuring, and again when writing."""
+    p = Path(path)
+    folder = p.parent if str(p.parent) else Path(".")
+    if p.is_dir():
+        raise UserError("is a folder; give a file name for the profile", path=str(p))
+    if not folder.is_dir():
+        raise UserError(f"folder {str(folder)!r} does not exist (create it first)", path=str(p))
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write into folder {str(folder)!r} (permission denied)", path=str(p))
+
+
 def write_profile(profile: dict[str, Any], path: str | Path) -> None:
     """Write a profile dict as YAML, atomically (temp file in the same folder + os.replace).
 
@@ -42,9 +55,9 @@ def write_profile(profile: dict[str, Any], path: str | Path) -> None:
     p = Path(path)
     validate_profile_dict(profile, str(p))
     text = yaml.dump(profile, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=1 << 16)
+    check_output_path(p)
     folder = p.parent if str(p.parent) else Path(".")
     try:
-        folder.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=folder)
     except OSError as e:
         raise UserError(f"cannot write profile: {e.strerror or e}", path=str(p)) from None

@@ -172,13 +172,50 @@ def test_inconsistent_shapes_fail_at_ingest(tmp_path):
 
 
 def test_unique_node_names_even_when_a_suffix_collides(tmp_path):
+    """An unnamed node is named <op>_<index>; where the file already uses that name, _<index> is appended
+    (again while it still repeats one)."""
     m = conv_chain_model()
-    for node, name in zip(m.graph.node[:3], ["a_2", "a", "a"]):
+    for node, name in zip(m.graph.node[:4], ["Relu_3", "Relu_3_3", "c1", ""]):
         node.name = name
     p = tmp_path / "m.onnx"
     onnx.save(m, p)
     names = [n.name for n in load_model(p).model.graph.node]
-    assert names[:3] == ["a_2", "a", "a_2_2"] and len(set(names)) == len(names)  # the third was "a_2" twice
+    assert names[:4] == ["Relu_3", "Relu_3_3", "c1", "Relu_3_3_3"] and len(set(names)) == len(names)
+
+
+def test_repeated_node_names_are_refused(tmp_path):
+    """onnxruntime refuses a model whose node names repeat (so `run --verify` could not load it): so does
+    the compile, naming the name."""
+    m = conv_chain_model()
+    m.graph.node[3].name = m.graph.node[0].name
+    with pytest.raises(onnxruntime_error()):
+        import onnxruntime as ort
+        ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert _load_error(tmp_path, m.SerializeToString()) == (
+        f"{tmp_path / 'corrupt.onnx'}: two nodes are named 'conv0'; onnxruntime refuses a model whose node names repeat: "
+        "rename one")
+
+
+def onnxruntime_error():
+    from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
+
+    return tuple(v for v in vars(ort_state).values() if isinstance(v, type) and issubclass(v, Exception))
+
+
+def test_a_cycle_is_refused_naming_its_nodes(tmp_path):
+    m = conv_chain_model(n=3)
+    m.graph.node[2].input[0] = "r2"  # conv1 reads relu2's output: conv1 -> relu1 -> conv2 -> relu2 -> conv1
+    msg = _load_error(tmp_path, m.SerializeToString())
+    assert msg.endswith("the graph has a cycle through node(s) 'conv1', 'relu1', 'conv2', 'relu2'"), msg
+
+
+def test_a_node_out_of_order_is_refused_naming_both_nodes(tmp_path):
+    m = conv_chain_model(n=2)
+    relu = m.graph.node.pop(1)
+    m.graph.node.insert(2, relu)  # conv1 now reads r0 before relu0 produces it: no cycle, just the order
+    msg = _load_error(tmp_path, m.SerializeToString())
+    assert msg.endswith("node 'conv1' reads 'r0' before node 'relu0' produces it: the nodes are not in "
+                        "topological order"), msg
 
 
 # --- operators onnxruntime cannot run are rejected at compile time -------------------------------------------

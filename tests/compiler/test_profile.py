@@ -120,6 +120,7 @@ def test_measure_host_quick_measurement_section(quick_profile):
 def test_written_profile_loads(quick_profile, tmp_path):
     p, _ = quick_profile
     out = tmp_path / "profiles" / "host.yaml"
+    out.parent.mkdir()  # write_profile creates no folder (a typo in -o is refused before measuring)
     write_profile(p, out)
     assert sorted(os.listdir(out.parent)) == ["host.yaml"]  # no temp file left behind
     loaded = load_profile(str(out))
