@@ -161,7 +161,7 @@ def test_help_shows_the_defaults():
     text = help_text("profile")
     assert "one per physical core" in text and "default: (unknown)" in text
     text = help_text("run")
-    for default in ("[default: 0]", "default: 60.0", "cores / devices", "the manifest's model path"):
+    for default in ("[default: 0; x>=0]", "default: 60.0", "cores / devices", "the manifest's model path"):
         assert default in text, default
 
 
