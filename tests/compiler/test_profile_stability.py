@@ -18,6 +18,7 @@ from edgec.compiler.profile import measure as measure_mod
 from edgec.compiler.profile.load import (CpuTimes, LoadSample, is_busy, other_cpus, parse_loadavg, parse_proc_stat,
                                          parse_self_stat)
 from edgec.compiler.profile.timing import Figure, Policy, measure_stable, spread
+from tests.compiler.profile_scripted import script_runtime_costs, script_timings
 
 # --------------------------------------------------------------------------------------------------
 # The spread rule, with injected timings and an injected clock
@@ -135,10 +136,7 @@ class ScriptedProbe:
 
 @pytest.fixture
 def scripted_timings(monkeypatch):
-    """measure_host on scripted micro-benchmarks and runtime costs (imported here: profile_scripted imports
-    this module's ScriptedProbe's users, not the other way round)."""
-    from tests.compiler.profile_scripted import script_runtime_costs, script_timings
-
+    """measure_host on scripted micro-benchmarks and runtime costs (profile_scripted.py)."""
     script_timings(monkeypatch)
     script_runtime_costs(monkeypatch)
 
