@@ -135,6 +135,7 @@ def test_the_run_build_times_a_run_right_after_a_message(tmp_path: Path):
     assert set(manifest.fragments) == {"f0", "evict-a", "evict-b", fixed.RUN_FRAGMENT}
 
 
+@pytest.mark.slow  # times the runtime's workers on this machine: its figures' bounds and order are the machine's
 def test_two_real_workers_time_a_run_in_a_plan():
     """Through the runtime's own workers: both run figures positive, of the same fragment (within 2x)."""
     figures = fixed._run_figures(QUICK)
@@ -142,6 +143,7 @@ def test_two_real_workers_time_a_run_in_a_plan():
     assert 0 < alone < 1.0 and 0 < in_plan < 1.0 and 0.5 < in_plan / alone < 2.0
 
 
+@pytest.mark.slow  # times the runtime's workers on this machine: its figures' bounds and order are the machine's
 def test_two_real_workers_hand_off_a_larger_tensor_slower():
     """Through the runtime's own workers (two processes, CURVE): positive figures, the larger tensor slower."""
     figures = fixed._message_figures(QUICK, 1 << 20)
@@ -172,6 +174,7 @@ def test_the_exchange_builds_for_cpu_move_the_same_input_and_output(tmp_path: Pa
         assert [i.nbytes for i in m.inputs] == [1 << 12] and [o.nbytes for o in m.outputs] == [1 << 12]
 
 
+@pytest.mark.slow  # times the runtime's workers on this machine: its figures' bounds and order are the machine's
 def test_cpu_figures_count_every_process_and_grow_with_the_messages():
     """Through the runtime's own workers: a request with messages takes more CPU than without, larger ones more."""
     figures = fixed._cpu_figures(QUICK, 1 << 20)

@@ -14,9 +14,9 @@ import pytest
 from edgec.compiler.cluster import validate_profile_dict
 from edgec.compiler.errors import UserError
 from edgec.compiler.profile import bench, measure
-from edgec.compiler.profile.bench import Bench
 from edgec.compiler.profile.load import CpuTimes, LoadSample
 from edgec.compiler.profile.timing import Series
+from tests.compiler.profile_scripted import script_timings
 
 FIGURES = {"op_overhead_us": 5, "gflops": {"conv": 70, "depthwise_conv": 20, "gemm": 60, "other": 30},
            "memory_gbps": 12}
@@ -89,17 +89,14 @@ class _Probe:
         pass
 
 
-def _scripted(make_bench=Bench):
-    """Makes Benches whose timer answers every timing with 1 ms (nothing is timed)."""
-    def make(threads, quick, policy, probe, strict, say):
-        return make_bench(threads, quick, policy, probe, strict, say,
-                          timer=lambda data, feeds, n, pol, opt: Series(1e-3, 0.01, 7, 0.01, True))
-    return make
+def _one_ms(data, feeds, n, pol, opt) -> Series:
+    """Every timing answered with 1 ms (nothing is timed)."""
+    return Series(1e-3, 0.01, 7, 0.01, True)
 
 
 @pytest.mark.parametrize("blocked", [True, False])
 def test_the_profile_writes_and_says_whether_the_runtime_converts(monkeypatch, blocked):
-    monkeypatch.setattr(measure, "Bench", _scripted())
+    script_timings(monkeypatch, timer=_one_ms, beside=_one_ms)  # the co-runners' rounds too
     monkeypatch.setattr(bench, "blocked_layout", lambda threads: blocked)
     lines: list[str] = []
     p = measure.measure_host(threads=1, quick=True, probe=_Probe(), runtime_costs=False, progress=lines.append)

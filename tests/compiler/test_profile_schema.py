@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from edgec import models
 from edgec.compiler.cli import cli
 from edgec.compiler.cluster import load_profile, validate_profile_dict
+from tests.compiler.profile_scripted import script_runtime_costs, script_timings
 
 ROOT = Path(__file__).resolve().parents[2]
 FIGURES = {
@@ -119,8 +120,28 @@ def edgec(*args, cwd):
                           timeout=300, cwd=cwd)
 
 
+def test_quick_profile_through_the_cli_is_accepted_by_compile(tmp_path, monkeypatch):
+    """`edgec profile --quick` (in process, its timings scripted: profile_scripted.py) writes a profile (warnings
+    about load allowed) that `edgec compile` uses."""
+    script_timings(monkeypatch)
+    script_runtime_costs(monkeypatch)
+    out_yaml = tmp_path / "host.yaml"
+    res = CliRunner().invoke(cli, ["profile", "--quick", "--threads", "1", "-o", str(out_yaml)], prog_name="edgec")
+    assert res.exit_code == 0, res.output
+    assert res.stdout.strip() == str(out_yaml) and "Traceback" not in res.output
+    loaded = load_profile(str(out_yaml))
+    assert list(loaded.threads) == [1] and loaded.op_ms_per_melem and set(loaded.efficiency) == {"conv_positions", "depthwise_conv", "gemm"}
+    (tmp_path / "c.yaml").write_text("devices: [{name: me, profile: host.yaml}]\n")
+    out = CliRunner().invoke(cli, ["compile", str(models.ensure("tinychain")), "--devices", str(tmp_path / "c.yaml"),
+                                   "-o", str(tmp_path / "build"), "--json"], prog_name="edgec")
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout)["predicted_latency_ms"] > 0
+
+
+@pytest.mark.slow
 def test_quick_profile_end_to_end_is_accepted_by_compile(tmp_path):
-    """`edgec profile --quick` writes a profile (warnings about load allowed) that `edgec compile` uses."""
+    """`edgec profile --quick` writes a profile (warnings about load allowed) that `edgec compile` uses.  Slow:
+    its micro-benchmarks time this machine (20 s on a busy one)."""
     prof = edgec("profile", "--quick", "--threads", "1", "-o", "host.yaml", cwd=tmp_path)
     assert prof.returncode == 0, prof.stderr
     assert prof.stdout.strip() == "host.yaml" and "Traceback" not in prof.stderr

@@ -34,6 +34,7 @@ from edgec.compiler.plan_types import Plan, Stage
 from edgec.compiler.profile import measure, shared
 from edgec.compiler.profile.bench import DRAM_ROUNDS
 from edgec.compiler.profile.timing import QUICK
+from tests.compiler.profile_scripted import script_timings
 from tests.compiler.test_profile_stability import ScriptedProbe
 from edgec.runtime.manifest import load_manifest
 from tests.compiler.test_tile_copy import SIZE, chain, emit, plan_of, rows_stage
@@ -167,10 +168,24 @@ def _co_runners() -> list[str]:
     return [line for line in out.splitlines() if "edgec-profile-shared-" in line]
 
 
-def test_the_quick_profile_measures_it_and_leaves_no_co_runner():
-    p = measure.measure_host(threads=1, quick=True, runtime_costs=False)
+# Through measure_host: on scripted timings (profile_scripted.py: co-runner processes real, what their rounds
+# time scripted) in the README's test command, and timed for real in the slow set (on a busy machine a co-runner
+# may be off the CPU in every round, and the figure is then rightly not written).
+MODES = ["scripted", pytest.param("measured", marks=pytest.mark.slow)]
+
+
+def _quick_profile(monkeypatch, mode: str) -> dict:
+    if mode == "scripted":
+        script_timings(monkeypatch)
+        return measure.measure_host(threads=1, quick=True, runtime_costs=False, probe=ScriptedProbe(0.0))
+    return measure.measure_host(threads=1, quick=True, runtime_costs=False)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_quick_profile_measures_it_and_leaves_no_co_runner(monkeypatch, mode):
     if (os.cpu_count() or 1) < 2:
         pytest.skip("one core: nothing shares it")
+    p = _quick_profile(monkeypatch, mode)
     assert p["shared_weight_gbps"] > 0
     timing = p["measurement"]["threads"][1]["shared_weight_gbps"]
     assert timing["runs"] >= 3 and timing["median_ms"] > 0
@@ -187,7 +202,8 @@ def test_the_quick_profile_measures_it_and_leaves_no_co_runner():
 def test_a_co_runner_that_fails_is_a_warning_and_an_error_with_strict(monkeypatch):
     monkeypatch.setattr(shared, "_CO_RUNNER", "import sys; sys.exit('no onnxruntime here')")
     monkeypatch.setattr(measure.host, "all_cores", lambda cpu: 2)
-    p = measure.measure_host(threads=1, quick=True, runtime_costs=False)
+    script_timings(monkeypatch)  # the other timings: nothing of them is tested here
+    p = measure.measure_host(threads=1, quick=True, runtime_costs=False, probe=ScriptedProbe(0.0))
     assert "shared_weight_gbps" not in p and "shared_weight_gbps" not in p["measurement"]["threads"][1]
     assert any(w.startswith("shared_weight_gbps not written: a co-runner process exited (1): no onnxruntime here")
                for w in p["measurement"]["warnings"])
@@ -281,6 +297,7 @@ def test_streaming_pipeline_stages_on_machines_of_their_own_pay_as_before(tmp_pa
 def test_rounds_with_a_co_runner_off_the_cpu_do_not_count(monkeypatch):
     """A co-runner that did not run during a round (its CPU time did not move) leaves that round out; when no
     round had one beside it, the figure is not written (a warning; an error with --strict)."""
+    script_timings(monkeypatch, co_runners_on_cpu=False)
     monkeypatch.setattr(shared.CoRunners, "_ran_s", lambda self: 0.0)
     monkeypatch.setattr(measure.host, "all_cores", lambda cpu: 2)
     p = measure.measure_host(threads=1, quick=True, runtime_costs=False, probe=ScriptedProbe(0.0))
@@ -298,8 +315,32 @@ def test_rounds_with_a_co_runner_off_the_cpu_do_not_count(monkeypatch):
     assert _co_runners() == []
 
 
+def test_co_runners_run_only_when_resumed_and_stop_with_the_profile():
+    """Paused, a co-runner takes no CPU; resumed, it runs (waited for: on a busy machine it may take a while to
+    get a CPU); paused again, it stops taking CPU; closed, it is gone."""
+    with shared.CoRunners(1, True) as co:
+        before = co._ran_s()
+        time.sleep(0.3)
+        assert co._ran_s() - before < 0.05
+        co._send(b"g")
+        deadline = time.monotonic() + 60
+        while co._ran_s() - before < 0.05 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        co._send(b"p")
+        assert co._ran_s() - before >= 0.05
+        time.sleep(0.1)  # the run under way when it read the pause
+        paused = co._ran_s()
+        time.sleep(0.3)
+        assert co._ran_s() - paused < 0.05
+        procs = list(co.procs)
+    assert all(p.poll() is not None for p in procs) and _co_runners() == []
+
+
+@pytest.mark.slow
 def test_co_runners_run_only_in_its_rounds_and_stop_with_the_profile():
-    """Paused, a co-runner takes no CPU; resumed for a round, it takes a CPU; closed, it is gone."""
+    """Paused, a co-runner takes no CPU; resumed for a round, it takes a CPU; closed, it is gone.  Slow: a round
+    lasts milliseconds, within which a co-runner on a busy machine may not get a CPU (then the round rightly
+    counts it off the CPU)."""
     with shared.CoRunners(1, True) as co:
         before = co._ran_s()
         time.sleep(0.3)
@@ -440,14 +481,15 @@ def test_too_few_contended_pairs_get_more_sets_and_the_contended_pairs_of_every_
         assert co.later(lambda s: None) is None
 
 
-def test_a_quick_profile_whose_pairs_did_not_contend_takes_more_sets(monkeypatch):
+@pytest.mark.parametrize("mode", MODES)
+def test_a_quick_profile_whose_pairs_did_not_contend_takes_more_sets(monkeypatch, mode):
     """End to end with co-runner processes: no pair counted as contending (UNCONTENDED 0), the profile takes
     LATER_SETS more sets after the other timings (no gap: quick), writes them, and the figure is weight_gbps times
     every pair's median ratio, with a warning."""
     if (os.cpu_count() or 1) < 2:
         pytest.skip("one core: nothing shares it")
     monkeypatch.setattr(shared, "UNCONTENDED", 0.0)
-    p = measure.measure_host(threads=1, quick=True, runtime_costs=False)
+    p = _quick_profile(monkeypatch, mode)
     timing = p["measurement"]["threads"][1]["shared_weight_gbps"]
     assert 0 < timing["later_pairs"] <= shared.LATER_SETS * timing["rounds"] and timing["contended_pairs"] == 0
     assert 0 < timing["pairs"] <= timing["rounds"] and timing["paired_ratio"] > 0

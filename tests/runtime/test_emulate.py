@@ -69,7 +69,7 @@ def _predicted_ms(path: Path) -> float:
 
 # -- dilation ----------------------------------------------------------------------------------------------------
 
-def test_dilate_stretches_the_run_and_divides_what_it_reports(tinychain, tmp_path):
+def test_dilate_stretches_the_run_and_divides_what_it_reports(tinychain, tmp_path, late):
     def slow(m):
         m["network"]["links"] = [{"a": "pi5-a", "b": "pi5-b", "bandwidth_mbps": 2.0, "latency_ms": 5.0}]
         for f in m["fragments"]:
@@ -82,16 +82,23 @@ def test_dilate_stretches_the_run_and_divides_what_it_reports(tinychain, tmp_pat
     start = time.monotonic()
     _, result, _ = execute(build, random_inputs=True, repeat=3, inflight=1, emulate=True, dilate=4, report=acc)
     wall_s = time.monotonic() - start
-    assert _emulated(result.latency_ms, predicted, over=0.10)
+    assert _emulated(result.latency_ms, predicted, late, over=0.10)
     assert wall_s >= 4 * 4 * predicted / 1000.0 * 0.97  # the warm-up and 3 requests, each 4 x longer in real time
-    assert _emulated(1000.0 / result.throughput_ips, predicted, over=0.15)
-    for ms in result.device_run_ms.values():
-        assert ms and all(x == pytest.approx(6.0, rel=0.02) for x in ms)
-    assert result.emulation == {"dilate": 4.0, "overruns": []}
+    assert _emulated(1000.0 / result.throughput_ips, predicted, late, over=0.15)
     accuracy = json.loads(acc.read_text())
-    assert all(f["measured_ms"] == pytest.approx(6.0, rel=0.02) for f in accuracy["fragments"])
     (t,) = accuracy["transfers"]
-    assert t["measured_ms"] == pytest.approx(t["predicted_ms"], rel=0.05)
+    if late:  # padded to 24 ms of real time each, reported as 6
+        for ms in result.device_run_ms.values():
+            assert ms and all(x == pytest.approx(6.0, rel=0.02) for x in ms)
+        assert result.emulation == {"dilate": 4.0, "overruns": []}
+        assert all(f["measured_ms"] == pytest.approx(6.0, rel=0.02) for f in accuracy["fragments"])
+        assert t["measured_ms"] == pytest.approx(t["predicted_ms"], rel=0.05)
+    else:  # never early (the padding is a floor); an overrun, if any, is a busy moment's
+        for ms in result.device_run_ms.values():
+            assert ms and all(x >= 6.0 * 0.98 for x in ms)
+        assert result.emulation["dilate"] == 4.0
+        assert all(f["measured_ms"] >= 6.0 * 0.98 for f in accuracy["fragments"])
+        assert t["measured_ms"] >= t["predicted_ms"] * 0.95
 
 
 @pytest.mark.parametrize("args, problem", [
@@ -180,11 +187,18 @@ def test_pad_run_dilates():
     assert pad_run(frag, 0.040, dilate=3.0) == 0.040
 
 
-def _emulated(measured_ms: float, predicted_ms: float, over: float = 0.20) -> bool:
-    """Emulation keeps the predicted time: never more than 4% early (padding and link delays are floors), and
-    late by at most `over` (what a loaded test machine adds; the benchmark, not this test, measures fidelity).
-    The cases below are built so that the wrong semantics would be at least 25% early."""
-    return 0.96 * predicted_ms <= measured_ms <= (1.0 + over) * predicted_ms
+def _emulated(measured_ms: float, predicted_ms: float, late: bool, over: float = 0.20) -> bool:
+    """Emulation keeps the predicted time: never more than 4% early (padding and link delays are floors), and,
+    with `late`, late by at most `over` (what a loaded test machine adds; the benchmark, not this test, measures
+    fidelity). The cases below are built so that the wrong semantics would be at least 25% early."""
+    return 0.96 * predicted_ms <= measured_ms and (not late or measured_ms <= (1.0 + over) * predicted_ms)
+
+
+@pytest.fixture(params=["early", pytest.param("late", marks=pytest.mark.slow)])
+def late(request) -> bool:
+    """Whether an emulated run's test also bounds how late it is: the wall clock's upper bounds, which the other
+    jobs of a busy machine can push past, are in the slow set; the floors (never early) hold under any load."""
+    return request.param == "late"
 
 
 # -- the network: the planner's semantics ----------------------------------------------------------------------
@@ -220,25 +234,25 @@ def _fan_out(spatial, medium: str, fb_ms: float):
     return spatial
 
 
-def test_switched_sender_sends_to_two_peers_one_after_another(spatial):
+def test_switched_sender_sends_to_two_peers_one_after_another(spatial, late):
     case = _fan_out(spatial, "switched", 1.0)
     predicted = _predicted_ms(case.path)
     assert predicted == pytest.approx(122.0, abs=0.1)  # with a lane per destination it would be 82
     _, result, _ = execute(case.path, random_inputs=True, repeat=2, inflight=1, emulate=True)
-    assert _emulated(result.latency_ms, predicted)
+    assert _emulated(result.latency_ms, predicted, late)
 
 
-def test_shared_medium_second_sender_waits_for_the_first(spatial):
+def test_shared_medium_second_sender_waits_for_the_first(spatial, late):
     # b gets its rows at 40 ms, c at 80 ms; fb takes 41 ms, so both tiles are ready at 81 ms and both senders ask
     # for the one channel at once: one sends from 81 to 121 ms, the other from 121 to 161 ms.
     case = _fan_out(spatial, "shared", 41.0)
     predicted = _predicted_ms(case.path)
     assert predicted == pytest.approx(162.0, abs=0.1)  # a lane per sender would give 122
     _, result, _ = execute(case.path, random_inputs=True, repeat=2, inflight=1, emulate=True, dilate=1.5)
-    assert _emulated(result.latency_ms, predicted)
+    assert _emulated(result.latency_ms, predicted, late)
 
 
-def test_the_sender_runs_its_next_fragment_once_its_sends_are_done(tinyconv, tmp_path):
+def test_the_sender_runs_its_next_fragment_once_its_sends_are_done(tinyconv, tmp_path, late):
     def change(m):
         m["network"]["links"] = [{"a": "pi5-a", "b": "pi5-b", "bandwidth_mbps": 1000.0, "latency_ms": 30.0}]
         for f in m["fragments"]:
@@ -250,7 +264,7 @@ def test_the_sender_runs_its_next_fragment_once_its_sends_are_done(tinyconv, tmp
     predicted = _predicted_ms(build)
     assert predicted == pytest.approx(81.0, abs=0.2)  # 30 (send) + 50 (own tile) + 1; not waiting: 62
     _, result, _ = execute(build, random_inputs=True, repeat=2, inflight=1, emulate=True)
-    assert _emulated(result.latency_ms, predicted)
+    assert _emulated(result.latency_ms, predicted, late)
 
 
 # -- --verify checks every request -------------------------------------------------------------------------------

@@ -218,8 +218,15 @@ def test_timeout_exits_3_and_kills_workers(chain):
     assert not workers_of(chain.path)
 
 
-def test_emulate_follows_predicted_ms_and_links(chain):
-    plain = json.loads(invoke(chain.path, "--random-inputs", "--json").stdout)["latency_ms"]
+@pytest.fixture(params=["early", pytest.param("late", marks=pytest.mark.slow)])
+def late(request) -> bool:
+    """Whether the emulated run's test also bounds it from above: the wall clock's upper bounds, which the other
+    jobs of a busy machine can push past, are in the slow set; the floors hold under any load."""
+    return request.param == "late"
+
+
+def test_emulate_follows_predicted_ms_and_links(chain, late):
+    plain = json.loads(invoke(chain.path, "--random-inputs", "--json").stdout)["latency_ms"] if late else None
     chain.fragment("f0")["predicted_ms"] = 120.0
     chain.manifest["network"]["links"] = [{"a": "pi4-a", "b": "pi5-a", "bandwidth_mbps": 1.0, "latency_ms": 40.0}]
     chain.write()
@@ -227,8 +234,10 @@ def test_emulate_follows_predicted_ms_and_links(chain):
     assert res.exit_code == 0, res.stderr
     report = json.loads(res.stdout)
     # 120 ms run + 1024 B at 1 Mbit/s (8.2 ms) + 40 ms link latency
-    assert 168.0 <= report["latency_ms"] < 168.0 + 300.0  # generous: the machine may be shared
-    assert plain < 60.0
+    assert 168.0 <= report["latency_ms"]
+    if late:
+        assert report["latency_ms"] < 168.0 + 300.0  # generous: the machine may be shared
+        assert plain < 60.0
     assert report["devices"]["pi5-a"]["fragments_run_ms"] >= 120.0
 
 
