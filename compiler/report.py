@@ -205,7 +205,10 @@ def idle_devices_hint(s: dict) -> str | None:
     if not idle:
         return None
     names = ", ".join(idle[:3]) + (f" and {len(idle) - 3} more" if len(idle) > 3 else "")
-    return f"{len(idle)} of {len(s['devices'])} devices idle ({names}): {_IDLE_WHY[s['objective']]}"
+    ran = s.get("candidates") or []
+    why = (_IDLE_WHY[s["objective"]] if len(ran) != 1 else
+           f"--strategy {s['strategy']} planned it so (--strategy auto weighs every planner's plans)")
+    return f"{len(idle)} of {len(s['devices'])} devices idle ({names}): {why}"
 
 
 def _alternative_table(alternatives: list[dict]) -> str:

@@ -85,9 +85,13 @@ def test_a_plan_that_leaves_devices_idle_says_why_in_one_line(tmp_path):
 def test_the_hint_names_the_idle_devices_and_the_objective_s_reason(objective, says):
     devices = [{"name": n, "fragments": f} for n, f in
                [("a", ["a.f0.onnx"]), ("b", []), ("c", []), ("d", []), ("e", [])]]
-    hint = idle_devices_hint({"devices": devices, "objective": objective})
+    ran = [{"strategy": "pipeline"}, {"strategy": "single"}]
+    hint = idle_devices_hint({"devices": devices, "objective": objective, "strategy": "single", "candidates": ran})
     assert hint.startswith("4 of 5 devices idle (b, c, d and 1 more): ") and hint.endswith(says)
-    assert idle_devices_hint({"devices": devices[:1], "objective": objective}) is None
+    assert idle_devices_hint({"devices": devices[:1], "objective": objective, "candidates": ran}) is None
+    forced = idle_devices_hint({"devices": devices, "objective": objective, "strategy": "single",
+                                "candidates": ran[1:]})
+    assert forced.endswith(": --strategy single planned it so (--strategy auto weighs every planner's plans)")
 
 
 def test_help_explains_every_strategy():
