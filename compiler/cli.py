@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import traceback
@@ -102,12 +103,25 @@ def cli() -> None:
 @click.option("--json", "as_json", is_flag=True, help="print one JSON summary object on stdout")
 def compile_cmd(model, devices, outdir, strategy, objective, sla_ms, sla_soft, lam, shapes, search_threshold,
                 deepthings_grid, deepthings_layers, jobs, fallbacks, pareto, keep, shifts, as_json):
-    """Compile MODEL for the devices in CLUSTER.yaml into OUTDIR (fragments + manifest.json)."""
+    """Compile MODEL for the devices in CLUSTER.yaml into OUTDIR (fragments + manifest.json).
+
+    \b
+    Strategies (--strategy):
+      auto          run every planner below, keep the best predicted plan
+      pipeline      exact search: consecutive layers per device, each stage on its own device
+      single        the whole model on the one best device
+      even          EdgeShard-like: devices in list order, stages of equal compute
+      neurosurgeon  Neurosurgeon: one cut between two devices
+      spatial       ADaPS: the first layers cut into row (or column) tiles over devices
+      hybrid        spatial tiles first, then pipeline stages on the rest of the model
+      bbgrap        BBGraP: every block split equally, gathered and re-scattered after each
+      edgeflow      EdgeFlow: one split per block, chosen against the previous block's
+      deepthings    DeepThings: a fixed grid of fused tiles over the first layers, one per device"""
     from .api import compile as compile_api
     from .emit import check_output_dir
     from .ingest import parse_shape_option
     from .progress import for_stderr
-    from .report import format_compile
+    from .report import format_compile, idle_devices_hint
 
     check_output_dir(outdir)  # a folder that will be refused is refused now, not after the planning
     grid = None
@@ -122,6 +136,9 @@ def compile_cmd(model, devices, outdir, strategy, objective, sla_ms, sla_soft, l
                               deepthings_grid=grid, deepthings_layers=deepthings_layers, jobs=jobs,
                               progress=progress, fallbacks=fallbacks, sla_ms=sla_ms, sla_soft=sla_soft, lam=lam,
                               pareto=pareto, keep=keep, shifts=shifts)
+    hint = idle_devices_hint(summary)
+    if hint:
+        _progress(f"hint: {hint}")
     click.echo(json.dumps(summary, indent=1, sort_keys=True) if as_json else format_compile(summary))
 
 
@@ -240,7 +257,10 @@ _WATTS = click.FloatRange(min=0, min_open=True, max=1e6)  # what a profile's pow
               help="with --refine: the profile to refine")
 @click.option("--device", "device", metavar="NAME", show_default="every device of the report, if they share a profile",
               help="with --refine: the device whose fragment times to fold in")
-def profile_cmd(output, model, threads, strict, quick, power_idle, power_busy, refine, profile_ref, device):
+@click.option("-v", "--verbose", is_flag=True,
+              help="print each warning whole (which timings stayed noisy, the load seen, ...), not just its first "
+                   "line")
+def profile_cmd(output, model, threads, strict, quick, power_idle, power_busy, refine, profile_ref, device, verbose):
     """Measure this machine and write a device profile (the format of profiles/*.yaml).
 
     Each figure is measured per thread count and repeated until its spread is small; the load of the
@@ -249,6 +269,9 @@ def profile_cmd(output, model, threads, strict, quick, power_idle, power_busy, r
     from .profile import measure_host, refine_profile, write_profile
     from .profile.nodes import check_model
     from .profile.output import check_output_path
+
+    if verbose:
+        logging.getLogger("edgec.compiler.profile").setLevel(logging.INFO)
 
     if refine is not None:
         given = [flag for flag, v in (("--model", model), ("--threads", threads), ("--strict", strict),
@@ -318,9 +341,18 @@ def _add_runtime_commands() -> None:
 _add_runtime_commands()
 
 
-def main() -> None:
-    import logging
+class _LevelFormatter(logging.Formatter):
+    """`edgec: warning: ...` for warnings and errors, `edgec:   ...` (a detail) below them."""
 
-    # Warnings from the passes (e.g. a measured table that does not cover the model) reach the user.
-    logging.basicConfig(level=logging.WARNING, format="edgec: warning: %(message)s", stream=sys.stderr)
+    def format(self, record: logging.LogRecord) -> str:
+        kind = "warning: " if record.levelno >= logging.WARNING else "  "
+        return f"edgec: {kind}{record.getMessage()}"
+
+
+def main() -> None:
+    # Warnings from the passes (e.g. a measured table that does not cover the model) reach the user, and
+    # what a --verbose option lets through below them (e.g. a profile warning's details)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_LevelFormatter())
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
     cli(prog_name="edgec")

@@ -26,6 +26,7 @@ from .plan.shifts import boundary_shifts
 from .plan.stats import UNITS, recording
 from .plan_types import Plan, Stage
 from .progress import Progress
+from .units import MiB
 
 __all__ = ["CompileResult", "Candidate", "PlanOptions", "compile_model", "plan_model", "pareto_points", "pareto_info",
            "build_alternatives", "kept_points", "shift_candidates", "OBJECTIVES"]
@@ -114,6 +115,7 @@ def plan_model(graph: LayerGraph, cost: CostTable, strategy: str, objective: str
     auto is a branch and bound over the registry's planners: the cheap ones run first and the best
     latency so far bounds the searching planners, which run last and share their searches."""
     names = [s for s in STRATEGIES if s != "auto"] if strategy == "auto" else [strategy]
+    _check_whole_tensors_fit(graph, cost)
     done: dict[str, Candidate] = {}
     for group in schedule(names):
         check_interrupted()
@@ -145,6 +147,20 @@ def plan_model(graph: LayerGraph, cost: CostTable, strategy: str, objective: str
     if chosen is None:
         raise _sla_missed(graph, cost, strategy, options)
     return chosen, tuple(candidates)
+
+
+def _check_whole_tensors_fit(graph: LayerGraph, cost: CostTable) -> None:
+    """Every plan holds each model input and output whole on one device (the host sends and receives them
+    whole): one too large for every device is refused before any search (a spatial search over the rows
+    of such a tensor would take hours to find that no plan fits)."""
+    largest = max(cost.cluster.devices, key=lambda d: d.usable_bytes)
+    for role, names in (("input", graph.inputs), ("output", graph.outputs)):
+        for t in names:
+            nbytes = graph.tensors[t].nbytes
+            if nbytes > largest.usable_bytes:
+                raise UserError(f"model {role} {t!r} takes {nbytes / MiB:,.0f} MB, more than any device can hold "
+                                f"(the most: {largest.name}, {largest.usable_bytes / MiB:,.0f} MB usable); every plan "
+                                "holds the model's inputs and outputs whole on one device", cost.cluster.path)
 
 
 def _planned(c: Candidate, seconds: float) -> str:

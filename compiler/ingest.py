@@ -618,6 +618,10 @@ def _pin_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], path
                     raise UserError(f"--shape {name}: dimension {d.dim_value} is fixed by the model, not {v}", str(path))
                 d.Clear()
                 d.dim_value = v
+        if any(d.HasField("dim_value") and d.dim_value == 0 for d in dims):
+            shape = [d.dim_value if d.HasField("dim_value") else d.dim_param or "?" for d in dims]
+            raise UserError(f"input {name!r} has a dimension of size 0 (shape {shape}): it holds no data to "
+                            "split among devices", str(path))
         unknown = [d for d in dims if not _is_fixed(d)]
         if unknown or not vi.type.tensor_type.HasField("shape"):
             syms = [d.dim_param or (str(d.dim_value) if d.HasField("dim_value") else "?") for d in unknown]

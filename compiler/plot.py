@@ -6,7 +6,9 @@ prices it: each of compiler/cost/evaluate.py simulate_manifest's events names th
 its fragment or its tensor, sender and receiver, which the bars are drawn from. On a switched network that is
 each sender's uplink, right below its device (a device sends its messages one after another, whatever their
 destinations), and on a shared medium one channel for all the sends. A receive bar spans its transfer, on the
-receiver's row. The predicted latency is a dashed line. The overlay is the run's median request (by latency):
+receiver's row, in a lane of its own below the device's runs (one lane for each receive that overlaps
+another). Every bar is labelled: inside it where its label fits, else with a number (narrow bars side by
+side share one) that the key below the chart explains. The predicted latency is a dashed line. The overlay is the run's median request (by latency):
 its runs and transfers as thinner bars below the predicted ones, on the same rows, and its latency as a dotted
 line; all its times count from that request's start, as the prediction's count from the request's.
 
@@ -34,11 +36,17 @@ __all__ = ["FORMATS", "Bar", "Measured", "check_plot_path", "require_matplotlib"
 FORMATS = {".svg": "svg", ".png": "png"}
 INSTALL = "pip install 'edgec[plot]'"
 
+# One colour per kind of bar, each opaque: a device's receives have a lane of their own below its runs (and
+# receives that overlap, one lane each), so no bar is drawn over another and no blend makes a colour the
+# legend does not explain.
 COLORS = {"compute": "#4C72B0", "send": "#DD8452", "receive": "#55A868"}
-ALPHA = {"receive": 0.55}  # light: a receive bar may lie under a run of its device
 LEGEND = {"compute": "compute (fragment)", "send": "send (tensor)", "receive": "receive (tensor)"}
+PLURAL = {"compute": "runs", "send": "sends", "receive": "receives"}
 FONT_PT = 7  # bar labels
 ROW_IN, WIDTH_IN, DPI = 0.42, 12.0, 150
+RECEIVE_SHARE = 0.4  # of a device row's band, for its receives (below its runs)
+GROUP_GAP_IN = 0.25  # bars too narrow for their label closer than this on one lane share one number
+KEY_LINE_IN = 0.16  # a line of the key below the chart
 
 
 @dataclass(frozen=True)
@@ -204,22 +212,25 @@ def plot_schedule(sim: Mapping, path: str | os.PathLike, *, title: str, measured
     rows = _rows(sim, predicted + list(measured.bars if measured else ()))
     label_in = max(len(text) for _, text in rows) * FONT_PT * 0.6 / 72 + 0.3
     left_in, right_in, top_in, bottom_in = label_in, 0.25, 0.75 if measured else 0.55, 0.95
-    height_in = ROW_IN * len(rows) + top_in + bottom_in
     ends = [b.end_ms for b in predicted] + [b.end_ms for b in (measured.bars if measured else ())]
     xmax = max([float(sim["latency_ms"]), *(ends or [0.0]), measured.latency_ms if measured else 0.0]) * 1.06 or 1.0
     in_per_ms = (WIDTH_IN - left_in - right_in) / xmax
+    y_of = {row: len(rows) - 1 - i for i, (row, _) in enumerate(rows)}
+    band = (0.42, 0.46) if measured else (0.15, 0.7)  # (bottom, height) within a row
+    places = _lanes(predicted, y_of, band)
+    key_lines = _key_lines(_groups(predicted, places, in_per_ms), dict(rows))
+    bottom_in += KEY_LINE_IN * len(key_lines) + (0.1 if key_lines else 0.0)
+    height_in = ROW_IN * len(rows) + top_in + bottom_in
 
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "edgec", "font.size": 8}):
         fig = Figure(figsize=(WIDTH_IN, height_in), dpi=DPI)
         FigureCanvasAgg(fig)
         ax = fig.add_axes((left_in / WIDTH_IN, bottom_in / height_in, 1 - (left_in + right_in) / WIDTH_IN,
                            ROW_IN * len(rows) / height_in))
-        y_of = {row: len(rows) - 1 - i for i, (row, _) in enumerate(rows)}
-        band = (0.42, 0.46) if measured else (0.15, 0.7)  # (bottom, height) within a row
-        _bars(ax, predicted, y_of, band, edge="white")
-        _labels(ax, predicted, y_of, band, in_per_ms)
+        _bars(ax, predicted, places, edge="white")
+        _labels(ax, predicted, places, in_per_ms)
         if measured:
-            _bars(ax, list(measured.bars), y_of, (0.1, 0.24), edge="black")
+            _bars(ax, list(measured.bars), _lanes(list(measured.bars), y_of, (0.1, 0.24)), edge="black")
         ax.set_xlim(0, xmax)
         ax.set_ylim(0, len(rows))
         ax.set_yticks([y + 0.5 for y in y_of.values()], [text for _, text in rows])
@@ -228,39 +239,119 @@ def plot_schedule(sim: Mapping, path: str | os.PathLike, *, title: str, measured
             ax.axhline(y, color="#dddddd", lw=0.6, zorder=0)
         ax.set_xlabel("ms since the request started")
         _latency(ax, float(sim["latency_ms"]), "predicted", "--", "right")
-        handles = [Patch(facecolor=COLORS[k], alpha=ALPHA.get(k, 1.0), label=LEGEND[k]) for k in COLORS]
+        handles = [Patch(facecolor=COLORS[k], label=LEGEND[k]) for k in COLORS]
         if measured:
             _latency(ax, measured.latency_ms, "measured", ":", "left")
             handles.append(Patch(facecolor="#bbbbbb", edgecolor="black", lw=0.5,
                                  label=f"measured: request {measured.request} (thin, below)"))
             title += (f"\nmeasured: request {measured.request} of {measured.requests}, the median latency, "
                       f"from {Path(measured.source).name}")
-        fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False)
+        legend_y = (KEY_LINE_IN * len(key_lines) + (0.1 if key_lines else 0.0)) / height_in
+        fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False, bbox_to_anchor=(0.5, legend_y))
+        for k, line in enumerate(key_lines):
+            fig.text(left_in / WIDTH_IN, (KEY_LINE_IN * (len(key_lines) - k) - 0.05) / height_in, line,
+                     fontsize=FONT_PT, family="monospace", va="bottom")
         fig.suptitle(title, y=1 - 0.1 / height_in, va="top", fontsize=9)
         _save(fig, path, fmt)
 
 
-def _bars(ax, bars: list[Bar], y_of: dict, band: tuple[float, float], edge: str) -> None:
-    """Receive bars under compute bars: a device may get a tensor while it computes."""
-    for kind, z in (("receive", 2), ("send", 3), ("compute", 3)):
+def _lanes(bars: list[Bar], y_of: dict, band: tuple[float, float]) -> dict[Bar, tuple[float, float]]:
+    """Each bar's (bottom, height) on the chart. A device row that receives splits its band: its receives
+    below (RECEIVE_SHARE of it, one lane per receive that overlaps another), its runs above; other rows
+    (uplinks, the channel: one message at a time) use the whole band."""
+    places: dict[Bar, tuple[float, float]] = {}
+    by_row: dict[tuple[str, str], list[Bar]] = {}
+    for b in bars:
+        by_row.setdefault(b.row, []).append(b)
+    for row, mine in by_row.items():
+        y, (bottom, height) = y_of[row], band
+        receives = sorted((b for b in mine if b.kind == "receive"), key=lambda b: (b.start_ms, b.end_ms))
+        low = height * RECEIVE_SHARE if receives else 0.0
+        lane_ends: list[float] = []
+        lane_of = {}
+        for b in receives:  # interval partitioning: the first lane free when the receive starts
+            k = next((i for i, end in enumerate(lane_ends) if end <= b.start_ms + 1e-12), len(lane_ends))
+            lane_ends[k:k + 1] = [b.end_ms]
+            lane_of[b] = k
+        for b in mine:
+            if b.kind == "receive":
+                h = low / len(lane_ends)
+                places[b] = (y + bottom + h * (len(lane_ends) - 1 - lane_of[b]), h)
+            else:
+                places[b] = (y + bottom + low, height - low)
+    return places
+
+
+def _bars(ax, bars: list[Bar], places: dict, edge: str) -> None:
+    for kind in ("receive", "send", "compute"):
         mine = [b for b in bars if b.kind == kind]
         if mine:
-            ax.barh([y_of[b.row] + band[0] for b in mine], [b.end_ms - b.start_ms for b in mine],
-                    left=[b.start_ms for b in mine], height=band[1], align="edge", color=COLORS[kind],
-                    alpha=ALPHA.get(kind, 1.0), edgecolor=edge, linewidth=0.4, zorder=z)
+            ax.barh([places[b][0] for b in mine], [b.end_ms - b.start_ms for b in mine],
+                    left=[b.start_ms for b in mine], height=[places[b][1] for b in mine], align="edge",
+                    color=COLORS[kind], edgecolor=edge, linewidth=0.4, zorder=3)
 
 
-def _labels(ax, bars: list[Bar], y_of: dict, band: tuple[float, float], in_per_ms: float) -> None:
-    """Each bar's label where it fits inside the bar, else its short label, else none: a plan with a hundred
-    transfers stays readable."""
-    char_in = FONT_PT * 0.6 / 72
+def _fits(b: Bar, in_per_ms: float, places: dict) -> str | None:
+    """The bar's label, or its short label, if one fits inside it (its length, and a line's height in the
+    bar's lane); else None."""
+    if places[b][1] * ROW_IN < (FONT_PT + 1) / 72:
+        return None
+    room = (b.end_ms - b.start_ms) * in_per_ms - 0.06
+    return next((t for t in (b.label, b.short) if t and len(t) * FONT_PT * 0.6 / 72 <= room), None)
+
+
+def _groups(bars: list[Bar], places: dict, in_per_ms: float) -> list[list[Bar]]:
+    """The bars too small for their label, grouped: on one lane, each within GROUP_GAP_IN of the previous
+    one of its group. In the chart's order: rows from the top, then time."""
+    narrow = sorted((b for b in bars if _fits(b, in_per_ms, places) is None),
+                    key=lambda b: (-places[b][0], b.start_ms, b.end_ms))
+    groups: list[list[Bar]] = []
+    for b in narrow:
+        last = groups[-1][-1] if groups else None
+        if (last is not None and places[last] == places[b]
+                and (b.start_ms - max(x.end_ms for x in groups[-1])) * in_per_ms <= GROUP_GAP_IN):
+            groups[-1].append(b)
+        else:
+            groups.append([b])
+    return groups
+
+
+def _describe(group: list[Bar]) -> str:
+    """What a numbered group holds: its bars' labels, or for many, how many and the first and last."""
+    if len(group) <= 3:
+        return ", ".join(b.label or b.short for b in group)
+    return f"{len(group)} {PLURAL[group[0].kind]}: {group[0].label} ... {group[-1].label}"
+
+
+def _key_lines(groups: list[list[Bar]], row_text: dict) -> list[str]:
+    """The key below the chart: `n  row: what` for every numbered group, as many per line as fit."""
+    entries = [f"{n}  {row_text[g[0].row]}: {_describe(g)}" for n, g in enumerate(groups, 1)]
+    per_line = int(WIDTH_IN * 0.85 * 72 / (FONT_PT * 0.6))
+    lines: list[str] = []
+    for e in entries:
+        if lines and len(lines[-1]) + 5 + len(e) <= per_line:
+            lines[-1] += "     " + e
+        else:
+            lines.append(e)
+    return lines
+
+
+def _labels(ax, bars: list[Bar], places: dict, in_per_ms: float) -> None:
+    """Every bar labelled: inside it where its label (or short label) fits; else it is numbered, with the
+    narrow bars next to it on its lane (a plan with a hundred transfers stays readable), the number
+    explained in the key below the chart (`_key_lines` of the same groups)."""
     for b in bars:
-        room = (b.end_ms - b.start_ms) * in_per_ms - 0.06
-        text = next((t for t in (b.label, b.short) if t and len(t) * char_in <= room), None)
+        text = _fits(b, in_per_ms, places)
         if text:
-            ax.text((b.start_ms + b.end_ms) / 2, y_of[b.row] + band[0] + band[1] / 2, text, ha="center",
-                    va="center", fontsize=FONT_PT, color="white" if b.kind != "receive" else "black", zorder=4,
-                    clip_on=True)
+            bottom, height = places[b]
+            ax.text((b.start_ms + b.end_ms) / 2, bottom + height / 2, text, ha="center", va="center",
+                    fontsize=FONT_PT, color="white", zorder=4, clip_on=True)
+    groups = _groups(bars, places, in_per_ms)
+    for n, g in enumerate(groups, 1):
+        bottom, height = places[g[0]]
+        ax.text((g[0].start_ms + max(b.end_ms for b in g)) / 2, bottom + height / 2, str(n), ha="center",
+                va="center", fontsize=FONT_PT - 1, color="black", zorder=6, clip_on=False,
+                bbox={"boxstyle": "round,pad=0.15", "facecolor": "white", "edgecolor": "#555555", "lw": 0.4})
 
 
 def _latency(ax, ms: float, who: str, style: str, side: str) -> None:

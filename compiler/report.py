@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -16,16 +17,51 @@ from .errors import UserError
 from .cost.memory import device_memory_bytes
 from .units import MiB
 
-__all__ = ["compile_summary", "format_compile", "inspect_summary", "format_inspect", "format_simulation",
+__all__ = ["WIDTH", "fit", "idle_devices_hint", "compile_summary", "format_compile", "inspect_summary", "format_inspect", "format_simulation",
            "ManifestFile", "load_manifest_json", "PlanSection", "read_plan", "plan_summary", "format_plan", "table"]
 
 
-def table(headers: list[str], rows: list[list]) -> str:
+WIDTH = 100  # every table and line the commands print fits a terminal this wide
+MIN_COLUMN = 10  # a column narrowed to fit is never narrower than this
+
+
+def table(headers: list[str], rows: list[list], width: int = WIDTH) -> str:
+    """Columns of cells, the first left-aligned and the others right-aligned. Wider than `width`, the widest
+    columns are narrowed (to MIN_COLUMN at least) and their cells wrapped onto further lines, left-aligned."""
     cells = [[str(h) for h in headers]] + [[_fmt(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    wrapped: set[int] = set()
+    while sum(widths) + 2 * (len(widths) - 1) > width:
+        i = max(range(len(widths)), key=lambda k: widths[k])
+        if widths[i] <= MIN_COLUMN:
+            break
+        widths[i] -= 1
+        wrapped.add(i)
+    lines = []
+    for n, r in enumerate(cells):
+        parts = [_wrap(c, w) if i in wrapped else [c] for i, (c, w) in enumerate(zip(r, widths))]
+        for k in range(max(len(p) for p in parts)):
+            row = [p[k] if k < len(p) else "" for p in parts]
+            line = "  ".join(c.ljust(w) if i == 0 or i in wrapped else c.rjust(w)
+                             for i, (c, w) in enumerate(zip(row, widths)))
+            lines.append(line.rstrip() if wrapped else line)  # unwrapped tables print as they always did
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    """`text` in lines of at most `width`: broken at spaces, and inside a word longer than a line."""
+    return textwrap.wrap(text, width, break_on_hyphens=False) or [""]
+
+
+def fit(text: str, width: int = WIDTH) -> str:
+    """Every line of `text` longer than `width` wrapped at spaces, its continuation indented by two."""
+    out = []
+    for line in text.split("\n"):
+        out.extend([line] if len(line) <= width else
+                   textwrap.wrap(line, width, subsequent_indent="  ", break_on_hyphens=False, break_long_words=False))
+    return "\n".join(out)
 
 
 def _fmt(v) -> str:
@@ -136,7 +172,7 @@ def format_compile(s: dict) -> str:
                  d["predicted_busy_ms"], d.get("predicted_energy_mj"), d.get("mode")] for d in s["devices"]]
     stage_rows = [[i, st["device"], f"{st['layers'][0]}-{st['layers'][1] - 1}", st["first_layer"], st["last_layer"],
                    _tiling(st)] for i, st in enumerate(s["stages"])]
-    return "\n\n".join([
+    return fit("\n\n".join([
         f"{s['model']}: {s['layers']} layers in {s['blocks']} serial blocks; objective {s['objective']}",
         table(["strategy", "latency ms", "throughput/s", ""], rows),
         table(["stage", "device", "layers", "first", "last", "tiles"], stage_rows),
@@ -150,7 +186,29 @@ def format_compile(s: dict) -> str:
         *([f"--keep: {s['alternatives_missing']} fewer alternative(s) than asked: no more plans of the frontier qualify"]
           if s.get("alternatives_missing") else []),
         *([_pareto_table(s)] if "pareto" in s else []),
-    ])
+    ]))
+
+
+# Why the objective's best plan leaves devices out, as the hint after compile says it.
+_IDLE_WHY = {
+    "latency": "the plans found using them predict slower requests (transfers outweigh shared compute); "
+               "--objective throughput plans for streamed requests",
+    "throughput": "no plan found using them predicts more requests per second",
+    "energy": "leaving them out predicts the least energy within --sla-ms",
+}
+
+
+def idle_devices_hint(s: dict) -> str | None:
+    """One short line when the chosen plan leaves devices of the cluster idle: which, and why the objective
+    chose so. None when the plan uses every device."""
+    idle = [d["name"] for d in s["devices"] if not d["fragments"]]
+    if not idle:
+        return None
+    names = ", ".join(idle[:3]) + (f" and {len(idle) - 3} more" if len(idle) > 3 else "")
+    ran = s.get("candidates") or []
+    why = (_IDLE_WHY[s["objective"]] if len(ran) != 1 else
+           f"--strategy {s['strategy']} planned it so (--strategy auto weighs every planner's plans)")
+    return f"{len(idle)} of {len(s['devices'])} devices idle ({names}): {why}"
 
 
 def _alternative_table(alternatives: list[dict]) -> str:
@@ -243,7 +301,7 @@ def format_inspect(s: dict) -> str:
         head += f"\npipeline cuts carrying several tensors: {', '.join(several)}"
     tail = "\n".join(f"{d['name']}: {d['total_ms']:.3f} ms for the whole model" + (" (measured)" if d["measured"] else "")
                      for d in s.get("devices", []))
-    return "\n".join(x for x in (head, body, tail) if x)
+    return fit("\n".join(x for x in (head, body, tail) if x))
 
 
 @dataclass(frozen=True)
@@ -514,7 +572,7 @@ def format_plan(s: dict) -> str:
                                       for f in s["fallbacks"]]))
     if s.get("alternatives"):
         parts.append(_alternative_table(s["alternatives"]))
-    return "\n\n".join(parts)
+    return fit("\n\n".join(parts))
 
 
 def _region_text(region: dict | list | None) -> str:
@@ -528,12 +586,12 @@ def _region_text(region: dict | list | None) -> str:
 def format_simulation(sim: dict) -> str:
     rows = [[e["device"], e["kind"], e["what"], e["start_ms"], e["end_ms"]] for e in sim["timeline"]]
     devs = [[d, v["busy_ms"], v["finish_ms"], v.get("predicted_energy_mj")] for d, v in sim["devices"].items()]
-    return "\n\n".join([
+    return fit("\n\n".join([
         table(["device", "kind", "what", "start ms", "end ms"], rows),
         table(["device", "busy ms", "finish ms", "energy mJ"], devs),
         f"predicted latency {sim['latency_ms']:.3f} ms, {_energy_text(sim.get('predicted_energy_mj'))} per input; "
         f"{sim['bytes_transferred']} bytes between devices per input",
-    ])
+    ]))
 
 
 def load_manifest_json(path: Path) -> ManifestFile:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ..report import fit as fit_width
+
 __all__ = ["format_allocation"]
 
 
@@ -22,4 +24,4 @@ def format_allocation(a: dict, outdir: str) -> str:
     for d in a["dropped"]:
         lines.append(f"  dropped {d['name']}: {d['reason']}")
     lines.append(f"builds: {outdir}/<service>/manifest.json; run them all with `edgec run-all {outdir}`")
-    return "\n".join(lines)
+    return fit_width("\n".join(lines))

@@ -327,10 +327,12 @@ class SegmentCost:
         return self._cache["lists"]
 
     def need_floor(self) -> list[int]:
-        """need_floor[r]: fewest input rows any r-row tile reads."""
+        """need_floor[r]: fewest input rows any r-row tile reads. One numpy pass per r: the table is
+        quadratic in the rows, which in Python loops took minutes for a 20,000-row map."""
         if "need" not in self._cache:
-            m, (_, _, _, first, end) = self.rows, self.lists
-            self._cache["need"] = [0] + [min(end[a + r] - first[a] for a in range(m + 1 - r)) for r in range(1, m + 1)]
+            m, maps = self.rows, self.maps
+            first, end = maps.first[maps.input][: m + 1], maps.end[maps.input][: m + 1]
+            self._cache["need"] = [0] + [int(np.min(end[r:] - first[: m + 1 - r])) for r in range(1, m + 1)]
         return self._cache["need"]
 
     def floor(self, d: int) -> list[float]:

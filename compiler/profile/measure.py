@@ -101,6 +101,25 @@ def _avg(s: LoadSample | None) -> list[float] | None:
     return None if s is None or s.loadavg is None else [round(v, 2) for v in s.loadavg]
 
 
+SHORT = 100  # a warning's first line: the rest is logged at INFO, which `edgec profile --verbose` prints
+
+
+def warn(text: str) -> None:
+    """`text` as a warning line of at most SHORT characters: cut, when longer, after its last clause that
+    fits (at "; ", ": ", " (" or ", "), or else a word; the whole text is then logged at INFO after it."""
+    if len(text) <= SHORT:
+        logger.warning(text)
+        return
+    room = SHORT - len(MORE)
+    cuts = [i for sep in ("; ", ": ", " (", ", ") for i in [text.rfind(sep, 0, room)] if i >= 10]
+    head = text[:max(cuts)] if cuts else text[:room].rsplit(" ", 1)[0]
+    logger.warning(head + MORE)
+    logger.info(text)
+
+
+MORE = " (more with --verbose)"
+
+
 def _check_load(busy: bool, said: str, tense: str, strict: bool, warnings: list[str]) -> None:
     """A busy machine (before or during the run) refuses with --strict, else becomes a warning."""
     if not busy:
@@ -284,11 +303,10 @@ def measure_host(
     sources = _sources(stamp, counts, quick, policy, power_idle_w is not None or power_busy_w is not None)
     layers = {} if model_path is None else _layers_per_thread(model_path, counts, quick, per_thread, sources, say)
     for w in warnings:
-        logger.warning(w)
+        warn(w)
     if unstable:  # one line for all of them; measurement.warnings has each with the load it saw
-        logger.warning(f"spread stayed above {policy.max_spread:.0%} for {len(unstable)} timing"
-                       f"{'s' if len(unstable) > 1 else ''}: {', '.join(unstable)}; those figures may be off "
-                       "(see measurement: in the profile)")
+        warn(f"spread stayed above {policy.max_spread:.0%} for {len(unstable)} timing{'s' if len(unstable) > 1 else ''}; "
+             f"those figures may be off: {', '.join(unstable)} (measurement.warnings in the profile says more)")
     say(f"  done in {time.perf_counter() - started:.1f} s")
 
     frac = 0.75

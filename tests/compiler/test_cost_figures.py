@@ -424,6 +424,27 @@ def test_segment_cost_follows_the_tile_model_and_its_floor_bounds_every_tile(tmp
     assert sc.comp(1, 0, 6) > sc.comp(0, 0, 6)  # the curve prices a half tile above its linear share
 
 
+def test_need_floor_is_the_fewest_input_rows_of_any_tile_of_r_rows(tmp_path):
+    """need_floor (numpy per r: the Python double loop took minutes on a 20,000-row map) against the
+    definition, on a stride-2 chain whose tiles at the edges read fewer rows (the padding)."""
+    m = conv_chain_model(n=2, channels=4, size=16)
+    m.graph.node[2].attribute.append(helper.make_attribute("strides", [2, 2]))
+    m.graph.output[0].type.tensor_type.shape.dim[1].dim_value = 10
+    fw = next(i for i in m.graph.initializer if i.name == "fw")
+    fw.CopyFrom(numpy_helper.from_array(np.zeros((4 * 8 * 8, 10), np.float32), "fw"))
+    ing = load_model(save(m, tmp_path / "m.onnx"))
+    path = write_cluster(tmp_path, [{"name": "s", "profile": write_profile(tmp_path, "fast", **FAST)}])
+    cost = build_cost_table(ing.graph, load_cluster(path), ing.sha256)
+    sc = SegmentCost.build(ing.graph, cost, 0, 2, 2)  # the two conv layers
+    rows = sc.rows
+    assert rows == 8  # the stride-2 conv's output rows
+    need = sc.need_floor()
+    assert need[0] == 0 and len(need) == rows + 1
+    for r in range(1, rows + 1):
+        assert need[r] == min(sc.need(a, a + r)[1] - sc.need(a, a + r)[0] for a in range(rows + 1 - r))
+    assert need[1] < need[2] < need[rows] == 16
+
+
 def test_the_floor_bounds_tiles_whose_time_falls_with_more_rows(tmp_path):
     ing = load_model(save(conv_chain_model(n=3, channels=4, size=8), tmp_path / "m.onnx"))
     path = write_cluster(tmp_path, [{"name": "s", "profile": write_profile(tmp_path, "steep", **STEEP)}])

@@ -144,8 +144,9 @@ def test_an_event_on_an_unknown_resource_is_refused():
         schedule_bars(sim)
 
 
-def test_dense_plans_label_only_wide_bars(tmp_path):
-    """90 transfers of 0.2 ms in a 100 ms schedule: the fragments are labelled, no transfer is."""
+def test_dense_plans_label_wide_bars_and_number_the_narrow_ones_in_groups(tmp_path):
+    """90 transfers of 0.2 ms in a 100 ms schedule: the fragments are labelled; the sends, too narrow, are one
+    numbered group, and so are the receives, each explained in the key below the chart."""
     timeline = [_compute("a", "fa", 0.0, 50.0)]
     timeline += [_transfer("a", "b", f"act{i}", 50 + 0.2 * i, 50 + 0.2 * (i + 1)) for i in range(90)]
     timeline.append(_compute("b", "fb", 68.0, 100.0))
@@ -153,8 +154,33 @@ def test_dense_plans_label_only_wide_bars(tmp_path):
     target = tmp_path / "dense.svg"
     plot_schedule(sim, target, title="dense")
     texts = _svg_text(target)
-    assert "fa" in texts and "fb" in texts
-    assert not [t for t in texts if "act" in t]
+    assert "fa" in texts and "fb" in texts and "1" in texts and "2" in texts and "3" not in texts
+    assert not [t for t in texts if t.startswith("act")]  # no bar carries a transfer's own label
+    key = [t for t in texts if "act" in t]
+    assert key == ["1  a uplink: 90 sends: act0 → b ... act89 → b     2  b: 90 receives: act0 ← a ... act89 ← a"]
+
+
+def test_every_bar_is_labelled_and_every_colour_is_in_the_legend(tmp_path):
+    """Two receives overlapping on one device (a halo from both sides) get a lane each, opaque: no blend of
+    greens the legend does not explain. Every bar's label is inside it or in the key."""
+    timeline = [_compute("m", "f0s0t1", 0.0, 4.0), _compute("a", "f0s0t0", 0.0, 5.0), _compute("b", "f0s0t2", 0.0, 5.0),
+                _transfer("a", "m", "halo_top", 5.0, 5.3), _transfer("b", "m", "halo_bottom", 5.1, 5.4),
+                _compute("m", "f0s1t1", 5.4, 9.0)]
+    sim = {"latency_ms": 9.0, "devices": {"a": {}, "m": {}, "b": {}}, "timeline": timeline}
+    target = tmp_path / "halo.svg"
+    plot_schedule(sim, target, title="halo")
+    svg = target.read_text()
+    texts = _svg_text(target)
+    legend = {"compute (fragment)", "send (tensor)", "receive (tensor)"}
+    assert legend <= set(texts)
+    import re
+    fills = {f.lower() for f in re.findall(r"fill: ?(#[0-9a-fA-F]{6})", svg)}
+    from edgec.compiler.plot import COLORS
+    assert fills - {"#ffffff", "#000000", "#dddddd", "#555555"} == {c.lower() for c in COLORS.values()}
+    assert "fill-opacity" not in svg and "opacity: 0.55" not in svg
+    every = " ".join(texts)
+    for name in ("f0s0t1", "f0s0t0", "f0s0t2", "f0s1t1", "halo_top", "halo_bottom"):
+        assert name in every, name
 
 
 # -- errors: one line, exit 2, nothing written ---------------------------------------------------------------------

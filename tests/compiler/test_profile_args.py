@@ -126,3 +126,51 @@ def test_refine_checks_its_output_folder_too(tmp_path):
     res = profile("--refine", tmp_path / "report.json", "-o", tmp_path / "no" / "p.yaml")
     assert res.exit_code == 2 and "does not exist" in res.stderr, res.output
     assert not Path(tmp_path / "no").exists()
+
+
+# --- warnings: one short line each, the whole text with --verbose ---------------------------------------------
+
+LONG = ("spread stayed above 10% for 30 timings; those figures may be off: "
+        + ", ".join(f"gflops.conv at {k} thr (14%)" for k in range(30)) + " (measurement.warnings says more)")
+
+
+def test_a_long_warning_is_one_short_line_and_its_whole_text_a_detail(caplog):
+    import logging
+
+    from edgec.compiler.profile.measure import SHORT, warn
+
+    with caplog.at_level(logging.INFO, logger="edgec.compiler.profile"):
+        warn(LONG)
+        warn("the machine is busy")
+    (head, short), (detail,) = ([r.getMessage() for r in caplog.records if r.levelno == logging.WARNING],
+                                [r.getMessage() for r in caplog.records if r.levelno == logging.INFO])
+    assert head == "spread stayed above 10% for 30 timings; those figures may be off (more with --verbose)"
+    assert len(head) <= SHORT and short == "the machine is busy" and detail == LONG
+
+
+FAKE_PROFILE = """
+import sys, yaml
+import edgec.compiler.profile as p
+from edgec.compiler.cluster import profiles_dir
+from edgec.compiler.profile.measure import warn
+def fake(**kwargs):
+    warn({long!r})
+    return yaml.safe_load((profiles_dir() / "rpi5.yaml").read_text())
+p.measure_host = lambda *a, **k: fake(**k)
+from edgec.compiler.cli import main
+sys.argv = ["edgec", "profile", "-o", {out!r}, *{extra!r}]
+main()
+"""
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_the_command_prints_the_short_line_and_with_verbose_the_detail(tmp_path, verbose):
+    import subprocess
+    import sys
+
+    code = FAKE_PROFILE.format(long=LONG, out=str(tmp_path / "p.yaml"), extra=["--verbose"] if verbose else [])
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if "spread stayed" in ln]
+    head = "edgec: warning: spread stayed above 10% for 30 timings; those figures may be off (more with --verbose)"
+    assert lines == ([head, f"edgec:   {LONG}"] if verbose else [head])

@@ -1,5 +1,6 @@
-"""Graph outputs no operator produces (a model input, a weight, a Constant) or listed twice: they compile,
-and the build returns them as onnxruntime does on the whole model."""
+"""Odd models a hostile user tried: graph outputs no operator produces (a model input, a weight, a Constant)
+or listed twice compile, and the build returns them as onnxruntime does on the whole model; inputs too large
+for any device, or of size 0, are refused in one line before planning."""
 
 from __future__ import annotations
 
@@ -75,3 +76,44 @@ def test_odd_outputs_compile_and_verify(tmp_path, strategy):
     np.testing.assert_array_equal(got["k"], np.arange(4, dtype=np.float32))
     w1 = next(i for i in odd_outputs_model().graph.initializer if i.name == "w1")
     np.testing.assert_array_equal(got["w1"], numpy_helper.to_array(w1))
+
+
+def _relu_model(shape) -> onnx.ModelProto:
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="r0"), helper.make_node("Relu", ["r"], ["y"], name="r1")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    return m
+
+
+def one_line(res) -> str:
+    assert res.exit_code == 2, res.output
+    assert "Traceback" not in res.output and res.stdout == ""
+    return res.stderr.splitlines()[-1]
+
+
+def test_an_input_no_device_can_hold_is_refused_before_planning(tmp_path, monkeypatch):
+    """A 1x3x100000x100000 input (120 GB): every spatial search ran for hours over its 100,000 rows before
+    finding that nothing fits. Refused before any planner runs."""
+    from edgec.compiler.plan import registry
+
+    def no_planning(*a, **k):
+        raise AssertionError("planned")
+
+    monkeypatch.setattr(registry, "run_group", no_planning)
+    monkeypatch.setattr("edgec.compiler.driver.run_group", no_planning)
+    path = tmp_path / "huge.onnx"
+    onnx.save(_relu_model([1, 3, 100_000, 100_000]), path)
+    line = one_line(invoke("compile", path, "--devices", TWO, "-o", tmp_path / "out"))
+    assert line.startswith(f"edgec: {TWO}: model input 'x' takes 114,441 MB, more than any device can hold "
+                           "(the most: pi5-a,"), line
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_input_of_size_zero_is_refused_as_such(tmp_path):
+    path = tmp_path / "zero.onnx"
+    onnx.save(_relu_model([1, 0, 4]), path)
+    line = one_line(invoke("compile", path, "--devices", TWO, "-o", tmp_path / "out"))
+    assert line == (f"edgec: {path}: input 'x' has a dimension of size 0 (shape [1, 0, 4]): it holds no data to "
+                    "split among devices")
