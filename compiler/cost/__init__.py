@@ -2,7 +2,8 @@
 
 - table.py: `CostTable`, every layer's time on every device (measured tables, or the roofline model with
   the op table), from the profile's figures for the thread count the device's worker runs.
-- network.py: `Network`, the links between devices; the compiler's one Mbps -> bytes/ms conversion.
+- network.py: `Network`, the links between devices, priced by the runtime's link model
+  (runtime/linkmodel.py: the one Mbps -> bytes/ms conversion and message time).
 - tiles.py: the tile cost model of spatial stages (tile compute with the figures' tile efficiency, halo,
   scatter and gather transfers).
 - order.py: the send order of each spatial exchange that gives the shortest predicted stage (never worse
@@ -19,9 +20,9 @@ on the cost model, never the other way round.
 
 from .memory import device_memory_bytes
 from .evaluate import Event, Prediction, Transfer, crossing_tensors, evaluate, simulate_manifest
-from .network import Network, bytes_per_ms, message_ms
+from .network import Network
 from .table import CostTable, build_cost_table, layer_ms
 
-__all__ = ["CostTable", "build_cost_table", "layer_ms", "Network", "bytes_per_ms", "message_ms", "Prediction",
+__all__ = ["CostTable", "build_cost_table", "layer_ms", "Network", "Prediction",
            "Transfer", "Event", "crossing_tensors", "evaluate", "simulate_manifest",
            "device_memory_bytes"]

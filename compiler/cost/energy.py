@@ -22,9 +22,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DevicePower", "DeviceEnergy", "Energy", "request_energy"]
+__all__ = ["DevicePower", "DeviceEnergy", "Energy", "request_energy", "device_mj", "link_mj"]
 
 NJ_PER_MJ = 1e6
+
+
+def device_mj(busy_w: float, idle_w: float, busy_ms: float, span_ms: float) -> tuple[float, float]:
+    """(compute mJ, idle mJ) of a device busy `busy_ms` of a request's `span_ms` (module docstring); numbers
+    or numpy arrays, element by element."""
+    return busy_w * busy_ms, idle_w * (span_ms - busy_ms)
+
+
+def link_mj(nbytes, tx_nj_per_byte, rx_nj_per_byte):
+    """The radio energy of `nbytes` sent at tx_nj_per_byte and received at rx_nj_per_byte, in mJ; numbers or
+    numpy arrays, element by element."""
+    return nbytes * (tx_nj_per_byte + rx_nj_per_byte) / NJ_PER_MJ
 
 
 @dataclass(frozen=True)
@@ -101,7 +113,7 @@ def request_energy(span_ms: float, busy_ms: dict[str, float], sent: dict[str, fl
             unknown.append(d)
             continue
         busy = min(busy_ms.get(d, 0.0), span_ms)
-        devices[d] = DeviceEnergy(p.busy_w * busy, p.idle_w * (span_ms - busy),
+        devices[d] = DeviceEnergy(*device_mj(p.busy_w, p.idle_w, busy, span_ms),
                                   p.radio_mj(sent.get(d, 0.0), received.get(d, 0.0)))
     total = None if unknown else sum(e.total_mj for e in devices.values())
     idle = {d: p.idle_w for d, p in power.items() if d not in used}

@@ -57,6 +57,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from edgec.runtime.linkmodel import message_ms, wire_ms
+
 from ..cost import CostTable
 from ..graph import LayerGraph
 from ..plan_types import Plan, Stage
@@ -164,11 +166,11 @@ class PipelineProblem:
 
     def transfer_ms(self, cut: int, src: int, dst: int) -> float:
         bw, lat = self.bandwidth_bytes_per_ms[src, dst], self.link_latency_ms[src, dst]
-        if self.cut_tensor_bytes is None:
-            return float(self.cut_bytes[cut] / bw + lat)
+        if self.cut_tensor_bytes is None:  # one message of the cut's bytes
+            return float(wire_ms(self.cut_bytes[cut], bw, lat))
         total = 0.0
         for nbytes in self.cut_tensor_bytes[cut]:
-            total += nbytes / bw + lat if nbytes > 0 else 0.0
+            total += message_ms(nbytes, bw, lat)
         return float(total)
 
     def stage_memory(self, lo: int, hi: int) -> int:
@@ -417,7 +419,7 @@ def _transfer_table(problem: PipelineProblem) -> np.ndarray:
     lat = np.asarray(problem.link_latency_ms, dtype=np.float64)[None]
     with np.errstate(divide="ignore", invalid="ignore"):
         if problem.cut_tensor_bytes is None:
-            T = np.asarray(problem.cut_bytes)[:, None, None] / bw + lat
+            T = wire_ms(np.asarray(problem.cut_bytes)[:, None, None], bw, lat)
         else:
             per_cut = problem.cut_tensor_bytes
             sizes = np.zeros((len(per_cut), max(map(len, per_cut), default=0)))
@@ -426,7 +428,7 @@ def _transfer_table(problem: PipelineProblem) -> np.ndarray:
             T = np.zeros((len(per_cut), *bw.shape[1:]))
             for i in range(sizes.shape[1]):
                 nb = sizes[:, i, None, None]
-                T = T + np.where(nb > 0, nb / bw + lat, 0.0)
+                T = T + np.where(nb > 0, wire_ms(nb, bw, lat), 0.0)  # message_ms, element by element
     T = np.asarray(T, dtype=np.float64)
     T[~np.isfinite(T)] = np.inf
     T[:, bw[0] == 0] = np.inf  # zero bandwidth: no link

@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..cost import CostTable
+from ..cost.energy import device_mj, link_mj
 from ..graph import LayerGraph
 from ..plan_types import Plan, Stage
 from .pipeline import PipelineProblem, StageChoice, _memory_feasible, _Tables, infeasible_message, pipeline_problem
@@ -173,9 +174,10 @@ def energy_of(problem: PipelineProblem, cols: EnergyColumns, stages: tuple[Stage
                + float(cols.request_out_ms[stages[-1].device]))
     energy = 0.0
     for s, c in zip(stages, compute):
-        energy += cols.busy_w[s.device] * c + cols.idle_w[s.device] * (latency - c)
+        busy, idle = device_mj(cols.busy_w[s.device], cols.idle_w[s.device], c, latency)
+        energy += busy + idle
     for a, b in zip(stages, stages[1:]):
-        energy += problem.cut_bytes[a.hi - 1] * (cols.tx_nj[a.device] + cols.rx_nj[b.device]) / 1e6
+        energy += link_mj(problem.cut_bytes[a.hi - 1], cols.tx_nj[a.device], cols.rx_nj[b.device])
     return latency, float(energy)
 
 
@@ -206,7 +208,7 @@ class _EnergyDP:
         self.dyn = np.asarray(cols.busy_w, dtype=np.float64) - np.asarray(cols.idle_w, dtype=np.float64)
         cut = np.asarray(problem.cut_bytes, dtype=np.float64)
         tx, rx = np.asarray(cols.tx_nj, dtype=np.float64), np.asarray(cols.rx_nj, dtype=np.float64)
-        self.R = cut[:, None, None] * (tx[None, :, None] + rx[None, None, :]) / 1e6  # mJ of cut c, a -> b
+        self.R = link_mj(cut[:, None, None], tx[None, :, None], rx[None, None, :])  # mJ of cut c, a -> b
         self.rest = tab.lat_rest  # least compute of blocks j.. (each on its fastest column)
         self.least_out = float(np.min(cols.request_out_ms))
         self.best: EnergySolution | None = None
