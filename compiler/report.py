@@ -14,6 +14,7 @@ from edgec.runtime.manifest import (Alternative, Fallback, Manifest, Recv, Regio
 
 from .errors import UserError
 from .cost.memory import device_memory_bytes
+from .plan.views import pareto_info
 from .units import MiB
 
 __all__ = ["compile_summary", "format_compile", "inspect_summary", "format_inspect", "format_simulation",
@@ -78,8 +79,7 @@ def compile_summary(result, outdir: Path, seconds: float) -> dict:
 
 
 def _pareto_summary(result) -> dict:
-    """compile --pareto's keys (driver.pareto_info)."""
-    from .driver import pareto_info  # the planner's side: only a --pareto summary needs it
+    """compile --pareto's keys (plan/views.py pareto_info)."""
 
     return pareto_info(result.pareto, result.pareto_energy, result.ingested.graph)
 
@@ -292,7 +292,7 @@ class PlanStage:
 
 @dataclass(frozen=True)
 class PlanSection:
-    """The manifest's `plan` section (written by driver.plan_info), as far as inspect reads it."""
+    """The manifest's `plan` section (written by plan/views.py plan_info), as far as inspect reads it."""
 
     strategy: str
     stages: tuple[PlanStage, ...]

@@ -14,7 +14,9 @@ from edgec.runtime.interrupts import check_interrupted
 
 from .. import cluster as cluster_mod
 from ..cost import CostTable, device_memory_bytes, evaluate
-from ..driver import Candidate, PlanOptions, plan_info
+from ..plan.choose import Candidate
+from ..plan.planner import PlanOptions
+from ..plan.views import plan_info
 from ..emit import assemble_manifest, build_fragments
 from ..errors import UserError
 from ..ingest import Ingested

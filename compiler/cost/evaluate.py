@@ -11,7 +11,8 @@ from edgec.runtime.replay import replay
 
 from ..graph import LayerGraph
 from ..plan_types import Plan
-from .energy import DevicePower, Energy, request_energy
+from ..cluster.power import DevicePower
+from .energy import Energy, request_energy
 from .order import Message, better, order_bursts, order_stage
 from .table import CostTable
 from .tiles import host_mates, predict_stage

@@ -11,7 +11,7 @@ from edgec.compiler.cluster import load_cluster
 from edgec.compiler.cost import build_cost_table
 from edgec.compiler.ingest import load_model
 from edgec.compiler.layers import build_layer_graph
-from edgec.compiler.plan.pipeline import pipeline_problem
+from edgec.compiler.plan.pipeline_problem import pipeline_problem
 from edgec.runtime.linkmodel import mbps_to_bytes_per_ms, message_ms
 from edgec.compiler.profile import measure_host, write_profile
 from tests.compiler.profile_scripted import script_runtime_costs, script_timings

@@ -13,7 +13,8 @@ from click.testing import CliRunner
 
 import edgec
 from edgec.compiler.cli import cli
-from edgec.compiler.driver import _key, build_alternatives, compile_model
+from edgec.compiler.driver import build_alternatives, compile_model
+from edgec.compiler.plan.choose import _key
 from edgec.compiler.emit import output
 from edgec.compiler.errors import UserError
 from edgec.compiler.plan.frontier import plan_key
