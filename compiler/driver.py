@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from edgec.runtime.interrupts import check_interrupted
+from edgec.runtime.manifest_types import OBJECTIVES  # the plan objectives the manifest format knows
 
 from . import cluster as cluster_mod
 from .cost import CostTable, build_cost_table
@@ -26,7 +27,6 @@ from .progress import Progress
 __all__ = ["CompileResult", "compile_model", "build_alternatives", "plan_fallbacks", "OBJECTIVES"]
 
 logger = logging.getLogger(__name__)
-OBJECTIVES = ("latency", "throughput", "energy")  # energy: under PlanOptions.energy (an SLA)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from edgec.compiler.errors import UserError
 from edgec.compiler.units import MiB
 
 from .power import DevicePower
-from .profile import Figures, Profile, RuntimeCosts, profile_path, read_profile, unknown_profile
+from .profile import Figures, Profile, RuntimeFigures, profile_path, read_profile, unknown_profile
 from .quote import show
 from .yamlio import read_yaml
 
@@ -38,7 +38,7 @@ class DeviceSpec:
         return self.profile.figures(self.threads) if self.mode is None else self.profile.mode_figures(self.mode, self.threads)
 
     @property
-    def runtime(self) -> RuntimeCosts:
+    def runtime(self) -> RuntimeFigures:
         """The runtime's own costs on this device (the profile's `runtime:`, zeros where not measured)."""
         return self.profile.runtime
 

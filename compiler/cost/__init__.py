@@ -2,7 +2,7 @@
 
 - table.py: `CostTable`, every layer's time on every device (measured tables, or the roofline model with
   the op table), from the profile's figures for the thread count the device's worker runs.
-- network.py: `Network`, the links between devices, priced by the runtime's link model
+- network.py: `NetworkModel`, the links between devices, priced by the runtime's link model
   (runtime/linkmodel.py: the one Mbps -> bytes/ms conversion and message time).
 - tiles.py, tile_steps.py, stage_timeline.py: the tile cost model of spatial stages (a tile's compute with the
   figures' tile efficiency; the spatial search's step score; a stage's timeline with its halo,
@@ -23,9 +23,9 @@ on the cost model, never the other way round.
 from .memory import device_memory_bytes
 from .evaluate import Event, Prediction, Transfer, crossing_tensors, evaluate
 from .simulate import simulate_manifest
-from .network import Network
+from .network import NetworkModel
 from .table import CostTable, build_cost_table, layer_ms
 
-__all__ = ["CostTable", "build_cost_table", "layer_ms", "Network", "Prediction",
+__all__ = ["CostTable", "build_cost_table", "layer_ms", "NetworkModel", "Prediction",
            "Transfer", "Event", "crossing_tensors", "evaluate", "simulate_manifest",
            "device_memory_bytes"]

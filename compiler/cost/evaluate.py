@@ -328,7 +328,7 @@ def _host_periods(plan: Plan, graph: LayerGraph, cost: CostTable, busy: dict[str
     end (network.runtime_ms: encoding, CURVE, copies, which the profiles measured with both ends on one
     machine); and each request's cost at the devices taking model inputs and giving outputs, half to the
     device's machine and half to the coordinator's (`coordinator: true`), both of which do that hand-off.
-    The runtime's costs are its CPU figures where the profiles measured them (RuntimeCosts.cpu).
+    The runtime's costs are its CPU figures where the profiles measured them (RuntimeFigures.cpu).
     Measured on a 2-core machine running two 1-thread workers and the coordinator, a two-stage MobileNetV2
     streamed at 165/s where the devices' own periods said 215/s: 10.5 ms of CPU per request on 2 cores."""
     hosts = cost.cluster.hosts

@@ -1,4 +1,4 @@
-"""Network model: how long a message takes between two devices, on the runtime's one link model.
+"""The network model: how long a message takes between two devices, on the runtime's one link model.
 
 The formulas (Mbps as bytes per ms, a message's time, the runtime's own cost of a message folded into a
 link's figures) live in runtime/linkmodel.py, which the runtime's replay and emulation use too; this module
@@ -15,10 +15,10 @@ from edgec.runtime.linkmodel import (link, message_fixed_ms, message_ms, message
 
 from ..cluster import Cluster
 
-__all__ = ["Network"]
+__all__ = ["NetworkModel"]
 
 
-class Network:
+class NetworkModel:
     """The cluster's links between named devices, priced in bytes per ms and ms.
 
     `bytes_per_ms(a, b)` and `latency_ms(a, b)` describe a message between two distinct devices, the
@@ -59,7 +59,7 @@ class Network:
 
     def runtime_ms(self, nbytes: float, src: str, dst: str) -> float:
         """The runtime's own work on a message of `nbytes` from src to dst (both ends together), without
-        the wire's time, in CPU time where the profiles measured it (RuntimeCosts.cpu): what its hand-off
+        the wire's time, in CPU time where the profiles measured it (RuntimeFigures.cpu): what its hand-off
         costs the machines' cores (evaluate.py `_host_periods`)."""
         if src == dst:
             return 0.0
@@ -74,5 +74,5 @@ class Network:
 
     def _request_ms(self, device: str, nbytes: int, cpu: bool = False) -> float:
         """Half the request's fixed cost plus the bytes at the per-byte message cost; with `cpu`, in CPU time
-        where measured (RuntimeCosts.cpu)."""
+        where measured (RuntimeFigures.cpu)."""
         return request_half_ms(self._costs[device].cpu() if cpu else self._costs[device], nbytes)

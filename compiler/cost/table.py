@@ -67,9 +67,9 @@ from ..cluster import Cluster, DeviceSpec, Figures
 from ..graph import Layer, LayerGraph
 from ..layers import POINTWISE, cost_class
 from ..units import gbps_to_bytes_per_ms, gflops_to_flops_per_ms, per_million_ms, us_to_ms
-from .network import Network
+from .network import NetworkModel
 
-__all__ = ["CostTable", "build_cost_table", "layer_ms", "weight_ms", "shared_weight_ms", "node_keys", "layer_out_elems",
+__all__ = ["CostTable", "build_cost_table", "layer_ms", "weight_ms", "shared_weight_ms", "price_keys", "layer_out_elems",
            "op_overhead_ms", "node_price", "node_ms",
            "layer_out_positions", "priced_ms", "TileCurve", "efficiency"]
 
@@ -148,12 +148,12 @@ class CostTable:
         return build_cost_table(graph, self.cluster.with_modes(modes), sha, model)
 
     @cached_property
-    def network(self) -> Network:
+    def network(self) -> NetworkModel:
         """The cluster's links (network.py): the one place bandwidth becomes bytes per ms."""
         if self.source is None:
-            return Network(self.cluster)
+            return NetworkModel(self.cluster)
         graph = self.source[0]
-        return Network(self.cluster, (sum(graph.tensors[t].nbytes for t in graph.inputs),
+        return NetworkModel(self.cluster, (sum(graph.tensors[t].nbytes for t in graph.inputs),
                                       sum(graph.tensors[t].nbytes for t in graph.outputs)))
 
     def transfer_ms(self, nbytes: int, src: str, dst: str) -> float:
@@ -194,7 +194,7 @@ SKIP_NORM = "LayerNormalization:skip"
 
 
 def model_context(model: onnx.ModelProto) -> tuple[dict, dict]:
-    """({tensor: the node producing it}, {tensor: its static shape}) of a shape-inferred model, for node_keys."""
+    """({tensor: the node producing it}, {tensor: its static shape}) of a shape-inferred model, for price_keys."""
     producers = {o: n for n in model.graph.node for o in n.output}
     shapes = {}
     for v in (*model.graph.input, *model.graph.value_info, *model.graph.output):
@@ -217,7 +217,7 @@ def _skip_norm(node: onnx.NodeProto, producers: dict, shapes: dict) -> bool:
     return a is not None and a == b
 
 
-def node_keys(layer: Layer, model: onnx.ModelProto | None = None,
+def price_keys(layer: Layer, model: onnx.ModelProto | None = None,
               context: tuple[dict, dict] | None = None) -> tuple[tuple[str, ...], ...]:
     """Per node of the layer, the op-table keys to try in order: "<op type>:<mode>" for a node with a
     `mode` attribute, SKIP_NORM for a LayerNormalization onnxruntime fuses with the residual Add before it
@@ -359,7 +359,7 @@ def build_cost_table(graph: LayerGraph, cluster: Cluster, model_sha256: str | No
     only adds the op-table keys of node modes ("Resize:linear"); without it such nodes take their op
     type's price."""
     context = None if model is None else model_context(model)
-    keys = [node_keys(layer, model, context) for layer in graph.layers]
+    keys = [price_keys(layer, model, context) for layer in graph.layers]
     elems = np.array([layer_out_elems(graph, layer) for layer in graph.layers], dtype=np.float64)
     positions = [layer_out_positions(graph, layer) for layer in graph.layers]
     cols, measured, priced, overhead, shared = [], [], [], [], []

@@ -28,7 +28,7 @@ at least as good under every possible completion, so the k best complete plans a
     best latencies at level t.
   - shared medium: the link term is the SUM of the transfers, so the bottleneck max(max compute,
     transfer sum) is not decomposable. A label is (latency, max compute, transfer sum) and each state
-    keeps its k-Pareto set (entries dominated by fewer than k others; pareto.py). The search is bounded with an
+    keeps its k-Pareto set (entries dominated by fewer than k others; pipeline_pareto.py). The search is bounded with an
     exact lower bound on the bottleneck (a parametric search over compute caps: min over c of
     max(c, least transfer sum with every stage <= c)) and an upper bound from plans already known.
     States that have used too many devices to cover the remaining blocks within the bound are dropped.
@@ -56,7 +56,7 @@ import itertools
 import numpy as np
 
 from ..units import MB
-from .pareto import pareto_dp
+from .pipeline_pareto import pareto_dp
 from .pipeline_problem import PipelineProblem, PipelineSolution, StageChoice, solution_sort_key, validate_request
 from .pipeline_tables import Span, StageTables
 from .planner import InfeasibleError

@@ -31,7 +31,7 @@ from edgec.runtime.errors import EdgecRuntimeError
 from edgec.runtime.manifest import Fragment, Manifest, load_manifest
 
 from ..cluster import Cluster, DeviceSpec, Profile, load_profile
-from ..cost.table import (build_cost_table, layer_out_elems, model_context, node_keys, node_ms, node_price,
+from ..cost.table import (build_cost_table, layer_out_elems, model_context, price_keys, node_ms, node_price,
                           op_overhead_ms)
 from ..errors import UserError
 from ..ingest import Ingested, load_model
@@ -162,7 +162,7 @@ def node_predictions(ing: Ingested, spec: DeviceSpec) -> dict[str, float]:
     for layer, ms in zip(ing.graph.layers, layer_ms):
         elems = layer_out_elems(ing.graph, layer)
         parts = [overhead + node_ms(elems, node_price(figures, keys) or 0.0)
-                 for keys in node_keys(layer, ing.model, context)]
+                 for keys in price_keys(layer, ing.model, context)]
         parts[0] += max(float(ms) - sum(parts), 0.0)
         out.update(zip(layer.node_names, parts))
     return out
