@@ -21,7 +21,7 @@ from .plan.choose import (Candidate, alternative_candidate, kept_points, pareto_
 from .plan.frontier import Point, pareto_front
 from .plan.planner import PlanOptions
 from .plan.registry import STRATEGIES
-from .plan.views import plan_info
+from .plan.views import plan_sections
 from .progress import Progress
 
 __all__ = ["CompileResult", "compile_model", "build_alternatives", "plan_fallbacks", "OBJECTIVES"]
@@ -96,8 +96,7 @@ def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, st
     else:
         step("plan", "building the fragments")
     frags = build_fragments(ing, chosen.plan, chosen.prediction)
-    manifest = assemble_manifest(ing, chosen.plan, chosen.prediction, frags, _run_on(chosen, cluster).to_dict(), Path(outdir),
-                                 plan_info(chosen, candidates, ing.graph))
+    manifest = _assemble(ing, chosen, candidates, frags, _run_on(chosen, cluster), Path(outdir))
     done = "emit"  # the step that ends next
     alts: list[ExtraBuild] = []
     if keep or shifts:
@@ -135,8 +134,7 @@ def build_alternatives(ing: Ingested, cluster: cluster_mod.Cluster, cost: CostTa
     for k, (alt, variant) in enumerate(alts, 1):
         check_interrupted()
         frags = build_fragments(ing, alt.plan, alt.prediction)
-        data = assemble_manifest(ing, alt.plan, alt.prediction, frags, _run_on(alt, cluster).to_dict(),
-                                 outdir / alternative_folder(k), plan_info(alt, candidates, ing.graph))
+        data = _assemble(ing, alt, candidates, frags, _run_on(alt, cluster), outdir / alternative_folder(k))
         builds.append(alternative_build(k, data, frags, variant))
     return builds
 
@@ -183,14 +181,20 @@ def plan_fallbacks(ing: Ingested, cluster: cluster_mod.Cluster, manifest: dict, 
             continue
         frags = build_fragments(ing, chosen.plan, chosen.prediction)
         folder = fallback_build(device).folder
-        data = assemble_manifest(ing, chosen.plan, chosen.prediction, frags, _run_on(chosen, rest).to_dict(), outdir / folder,
-                                 plan_info(chosen, candidates, ing.graph))
+        data = _assemble(ing, chosen, candidates, frags, _run_on(chosen, rest), outdir / folder)
         builds.append(fallback_build(device, data, frags))
         used = sum(1 for steps in data["steps"].values() if steps)
         progress.note(f"fallback without {device}: {chosen.strategy} on {used} device(s), "
                       f"latency {chosen.prediction.latency_ms:.1f} ms, throughput "
                       f"{chosen.prediction.throughput_ips:.2f}/s")
     return builds
+
+
+def _assemble(ing: Ingested, chosen: Candidate, candidates, frags, run_on: cluster_mod.Cluster, outdir: Path) -> dict:
+    """The manifest of a build of `chosen`, with the sections about its plan (plan/views.py plan_sections)."""
+    sections = plan_sections(chosen, candidates, ing.graph)
+    manifest = assemble_manifest(ing, chosen.plan, chosen.prediction, frags, run_on.to_dict(), outdir, sections.pop("plan"))
+    return manifest | sections
 
 
 def _run_on(chosen: Candidate, cluster: cluster_mod.Cluster) -> cluster_mod.Cluster:

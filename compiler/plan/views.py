@@ -1,43 +1,57 @@
-"""Plain-data views of the chosen plan and the candidates: the manifest's informational `plan` section
-(`plan_info`) and compile --pareto's `--json` keys (`pareto_info`)."""
+"""What a build records about its plan, and the readable views of a plan's stages.
+
+The manifest's `plan` section is the chosen Plan itself (`Plan.to_dict`, read back by `Plan.from_dict`);
+beside it, `planning` holds every candidate's predicted figures and the chosen planner's runners-up, and
+`layers` the layer names that the plan's `lo`/`hi` index (`plan_sections`). `stage_view` is a stage as
+`edgec compile --json`, `edgec inspect` and `--pareto` show it: layer spans and names, the spatial axis by
+name, tiles by rows (and columns).
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from ..graph import LayerGraph
-from ..plan_types import Stage
+from ..plan_types import Plan, Stage
 
 if TYPE_CHECKING:  # for the annotations only: the views are read without loading the planners
     from .choose import Candidate
 
-__all__ = ["plan_info", "pareto_info"]
+__all__ = ["plan_sections", "stage_view", "stages_view", "planning_info", "pareto_info"]
 
 
-def _stage_info(s: Stage, graph: LayerGraph) -> dict:
-    info = {"device": s.device, "layers": [s.lo, s.hi], "first_layer": graph.layers[s.lo].name,
-            "last_layer": graph.layers[s.hi - 1].name, "spatial": None}
+def plan_sections(chosen: Candidate, candidates, graph: LayerGraph) -> dict:
+    """The manifest's sections about the plan (module docstring): {"plan", "planning", "layers"}."""
+    return {"plan": chosen.plan.to_dict(), "planning": planning_info(chosen, candidates),
+            "layers": [layer.name for layer in graph.layers]}
+
+
+def stage_view(s: Stage, names: Sequence[str]) -> dict:
+    """A stage as the reports show it; `names` are the layer names its lo and hi index."""
+    info = {"device": s.device, "layers": [s.lo, s.hi], "first_layer": names[s.lo], "last_layer": names[s.hi - 1],
+            "spatial": None}
     if s.spatial is not None:
         info["spatial"] = {
             "axis": "height" if s.spatial.axis == 2 else "width",
             "devices": list(s.spatial.devices),
-            "segments": [{"layers": [g.lo, g.hi], "tiles": [_tile_info(t) for t in g.tiles]}
+            "segments": [{"layers": [g.lo, g.hi], "tiles": [_tile_view(t) for t in g.tiles]}
                          for g in s.spatial.segments],
         }
     return info
 
 
-def _tile_info(t) -> dict:
+def stages_view(plan: Plan, names: Sequence[str]) -> list[dict]:
+    return [stage_view(s, names) for s in plan.stages]
+
+
+def _tile_view(t) -> dict:
     """A tile's rows, and for a grid tile (DeepThings N x M) its columns too."""
     return {"device": t.device, "rows": [t.start, t.stop]} | ({"cols": list(t.cols)} if t.cols is not None else {})
 
 
-def plan_info(chosen: Candidate, candidates, graph: LayerGraph) -> dict:
-    """The manifest's informational `plan` section: stages and the predicted numbers of every candidate."""
+def planning_info(chosen: Candidate, candidates) -> dict:
+    """Every candidate's outcome and predicted figures, and the chosen planner's next-best plans."""
     return {
-        "strategy": chosen.strategy,
-        "objective": chosen.plan.objective,
-        "stages": [_stage_info(s, graph) for s in chosen.plan.stages],
         "candidates": [
             {"strategy": c.strategy, "feasible": c.plan is not None, "pruned": c.pruned, "error": c.error,
              "latency_ms": round(c.prediction.latency_ms, 4) if c.prediction else None,
@@ -56,7 +70,8 @@ def pareto_info(front, with_energy: bool, graph: LayerGraph) -> dict:
     """compile --pareto's `--json` keys: the frontier, sorted by latency, each plan's stages as in `stages`
     (and the power modes it runs devices in), and the axes it is taken over: energy only when every plan's
     energy is known, which `pareto_energy_unknown` says."""
-    points = [{"strategy": p.strategy, "stages": [_stage_info(s, graph) for s in p.plan.stages],
+    names = [layer.name for layer in graph.layers]
+    points = [{"strategy": p.strategy, "stages": stages_view(p.plan, names),
                "modes": dict(p.plan.modes),
                "predicted_latency_ms": round(p.latency_ms, 4),
                "predicted_throughput_ips": round(p.throughput_ips, 4),

@@ -35,7 +35,7 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 
 
 def stages(manifest: dict) -> list:
-    return [(s["device"], s["layers"]) for s in manifest["plan"]["stages"]]
+    return [(s["device"], [s["lo"], s["hi"]]) for s in manifest["plan"]["stages"]]
 
 
 def test_keep_writes_the_next_best_plans_as_builds_the_runtime_runs(three, tmp_path):
