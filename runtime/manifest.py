@@ -72,9 +72,9 @@ are ignored):
   plan        optional, free-form; the runtime reads only `plan.objective` when it is "latency", "throughput" or
               "energy" (what the plan was compiled for: `edgec run --adapt` re-costs kept plans by it). The
               compiler writes its Plan there (compiler/plan_types.py Plan.to_dict: strategy, objective, stages
-              with layer indices lo/hi and spatial groups, modes), and beside it `planning` (every planner's
-              predicted figures and the runners-up) and `layers` (the layer names lo/hi index), which the
-              runtime ignores too.
+              with layer indices lo/hi and spatial groups, modes), and beside it `candidates` (every planner's
+              outcome and predicted figures), `runners_up` (the chosen planner's next-best plans) and
+              `layers` (the layer names lo/hi index), which the runtime ignores too.
   fallbacks   optional (written by `edgec compile --fallbacks`; absent or null: none)
               [{"without": device, "manifest": str or null, "sha256": hex str or null, "error"?: str}]: for each
               device the plan uses, the plan of the same model on the cluster without that device. `manifest`

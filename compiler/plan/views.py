@@ -1,8 +1,9 @@
 """What a build records about its plan, and the readable views of a plan's stages.
 
 The manifest's `plan` section is the chosen Plan itself (`Plan.to_dict`, read back by `Plan.from_dict`);
-beside it, `planning` holds every candidate's predicted figures and the chosen planner's runners-up, and
-`layers` the layer names that the plan's `lo`/`hi` index (`plan_sections`). `stage_view` is a stage as
+beside it, `candidates` holds every planner's outcome and predicted figures, `runners_up` the chosen
+planner's next-best plans (both as `edgec compile --json` gives them), and `layers` the layer names that
+the plan's `lo`/`hi` index (`plan_sections`). `stage_view` is a stage as
 `edgec compile --json`, `edgec inspect` and `--pareto` show it: layer spans and names, the spatial axis by
 name, tiles by rows (and columns).
 """
@@ -21,8 +22,9 @@ __all__ = ["plan_sections", "stage_view", "stages_view", "planning_info", "paret
 
 
 def plan_sections(chosen: Candidate, candidates, graph: LayerGraph) -> dict:
-    """The manifest's sections about the plan (module docstring): {"plan", "planning", "layers"}."""
-    return {"plan": chosen.plan.to_dict(), "planning": planning_info(chosen, candidates),
+    """The manifest's sections about the plan (module docstring): {"plan", "candidates", "runners_up",
+    "layers"}."""
+    return {"plan": chosen.plan.to_dict(), **planning_info(chosen, candidates),
             "layers": [layer.name for layer in graph.layers]}
 
 
@@ -50,7 +52,8 @@ def _tile_view(t) -> dict:
 
 
 def planning_info(chosen: Candidate, candidates) -> dict:
-    """Every candidate's outcome and predicted figures, and the chosen planner's next-best plans."""
+    """{"candidates": every planner's outcome and predicted figures, "runners_up": the chosen planner's
+    next-best plans}."""
     return {
         "candidates": [
             {"strategy": c.strategy, "feasible": c.plan is not None, "pruned": c.pruned, "error": c.error,
