@@ -32,7 +32,9 @@ from .transport import POLL_MS, BadMessage, frame_sender, pack, recv_message, se
 
 __all__ = ["Daemon", "rss_mb", "keep_heap", "worker", "worker_main", "main", "MAX_IDLE_TIMEOUT_S", "MAX_BUFFER_MB"]
 
-logger = logging.getLogger(__name__)
+# by name, not __name__: `python -m edgec.runtime.worker` runs this file as __main__, whose records the
+# "edgec.runtime" handler of the worker command would not see
+logger = logging.getLogger("edgec.runtime.worker")
 
 # The worker's option bounds: a silent coordinator loses its claim after --idle-timeout, so that must stay
 # bounded; zmq's largest message size is an int64 of bytes, and no device holds a terabyte of tensors.

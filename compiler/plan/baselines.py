@@ -20,8 +20,8 @@ from ..graph import LayerGraph
 from ..plan_types import Plan
 from ..units import MB
 from .pipeline_dp import infeasible_message
-from .pipeline_problem import (PipelineProblem, PipelineSolution, StageChoice, pipeline_problem, solution_sort_key, to_plan,
-                               validate_request)
+from .pipeline_problem import (PipelineProblem, PipelineSolution, StageChoice, pipeline_problem, solution_sort_key,
+                               to_plan, validate_request)
 from .pipeline_tables import StageTables
 from .planner import InfeasibleError, PlanOptions
 from .stats import count as count_work
