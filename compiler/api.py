@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from .driver import PlanOptions, compile_model
+from .driver import compile_model
 from .errors import UserError
-from .plan.planner import DEFAULT_LAMBDA, EnergyGoal
+from .plan.planner import DEFAULT_LAMBDA, EnergyGoal, PlanOptions
 from .progress import Progress
 from .report import compile_summary
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import click
 
-from edgec.runtime.cli import EXIT_PIPE, MAX_THREADS, OneLineErrors, quiet_broken_pipe
+from edgec.runtime.command import EXIT_PIPE, OneLineErrors, quiet_broken_pipe
+from edgec.runtime.machine import MAX_THREADS_HERE
 from edgec.runtime.interrupts import Interrupted, interrupt_on_signals
 
 from .errors import UserError
@@ -219,15 +220,15 @@ def simulate_cmd(manifest, as_json, plot_file, trace_file):
 
 
 def _thread_list(ctx, param, value: str | None) -> list[int] | None:
-    """--threads 1,2: distinct counts, each 1 .. MAX_THREADS."""
+    """--threads 1,2: distinct counts, each 1 .. MAX_THREADS_HERE."""
     if value is None:
         return None
     counts = []
     for item in value.split(","):
         item = item.strip()
-        if not item.isdigit() or not 1 <= int(item) <= MAX_THREADS:
+        if not item.isdigit() or not 1 <= int(item) <= MAX_THREADS_HERE:
             raise click.BadParameter(f"{value!r}: expected a comma-separated list of thread counts, each 1 to "
-                                     f"{MAX_THREADS}, e.g. 1,2")
+                                     f"{MAX_THREADS_HERE}, e.g. 1,2")
         counts.append(int(item))
     return sorted(set(counts))
 
@@ -242,7 +243,7 @@ _WATTS = click.FloatRange(min=0, min_open=True, max=1e6)  # what a profile's pow
 @click.option("--threads", "threads", metavar="N[,N...]", callback=_thread_list, default=None,
               show_default="1 and one per physical core",
               help=f"onnxruntime intra-op thread counts to measure, each at most 4 x this machine's cores "
-                   f"({MAX_THREADS} here): more only oversubscribe them; the top-level figures are the largest's")
+                   f"({MAX_THREADS_HERE} here): more only oversubscribe them; the top-level figures are the largest's")
 @click.option("--strict", is_flag=True,
               help="refuse (exit 2) when the machine is busy or a timing's spread stays above 10%, instead of "
                    "warning")
@@ -320,7 +321,7 @@ def allocate_cmd(services, devices, outdir, fairness, best_effort, share, time_l
     from .allocate import allocate
     from .allocate.output import allocation_text
     from .allocate.report import format_allocation
-    from .driver import PlanOptions
+    from .plan.planner import PlanOptions
     from .progress import for_stderr
 
     with for_stderr(live=not as_json) as progress:

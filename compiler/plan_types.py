@@ -8,7 +8,9 @@ name what a plan is.
 from __future__ import annotations
 
 import itertools
+import numbers
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from .graph import LayerGraph
 
@@ -111,25 +113,82 @@ class Plan:
         return out
 
     def to_dict(self) -> dict:
+        """The plan as plain data (the manifest's `plan` section): what `from_dict` reads back."""
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Plan":
-        return cls(d["strategy"], d["objective"], tuple(_stage_from_dict(s) for s in d["stages"]))
+    def from_dict(cls, d: Any) -> "Plan":
+        """The plan `to_dict` gave, also as JSON reads it back (lists for tuples). ValueError at the first
+        thing that does not fit, naming its JSON location: "plan.stages[0].lo: expected an integer"."""
+        d = _obj(d, "plan")
+        stages = _seq(d.get("stages"), "plan.stages")
+        modes = _seq(d.get("modes", ()), "plan.modes")
+        return cls(_str(d, "strategy", "plan"), _str(d, "objective", "plan"),
+                   tuple(_stage_from_dict(s, f"plan.stages[{i}]") for i, s in enumerate(stages)),
+                   tuple(_mode_from_dict(m, f"plan.modes[{k}]") for k, m in enumerate(modes)))
 
 
-def _stage_from_dict(d: dict) -> Stage:
-    sp = d.get("spatial")
-    group = None
+def _need(ok: bool, where: str, what: str) -> None:
+    if not ok:
+        raise ValueError(f"{where}: expected {what}")
+
+
+def _obj(v: Any, where: str, what: str = "an object") -> dict:
+    _need(isinstance(v, dict), where, what)
+    return v
+
+
+def _seq(v: Any, where: str) -> list | tuple:
+    _need(isinstance(v, (list, tuple)), where, "a list")
+    return v
+
+
+def _str(d: dict, key: str, where: str) -> str:
+    _need(isinstance(d.get(key), str), f"{where}.{key}", "a string")
+    return d[key]
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _int(d: dict, key: str, where: str) -> int:
+    _need(_is_int(d.get(key)), f"{where}.{key}", "an integer")
+    return int(d[key])
+
+
+def _mode_from_dict(m: Any, where: str) -> tuple[str, str]:
+    _need(isinstance(m, (list, tuple)) and len(m) == 2 and all(isinstance(x, str) for x in m), where,
+          "[device, mode] strings")
+    return (m[0], m[1])
+
+
+def _stage_from_dict(d: Any, where: str) -> Stage:
+    d = _obj(d, where)
+    sp, group = d.get("spatial"), None
     if sp is not None:
-        segs = tuple(Segment(g["lo"], g["hi"], tuple(_tile_from_dict(t) for t in g["tiles"])) for g in sp["segments"])
-        group = SpatialGroup(sp["axis"], segs)
-    return Stage(d["device"], d["lo"], d["hi"], group)
+        sp = _obj(sp, f"{where}.spatial", "an object or null")
+        segments = _seq(sp.get("segments"), f"{where}.spatial.segments")
+        group = SpatialGroup(_int(sp, "axis", f"{where}.spatial"),
+                             tuple(_segment_from_dict(g, f"{where}.spatial.segments[{j}]") for j, g in enumerate(segments)))
+    return Stage(_str(d, "device", where), _int(d, "lo", where), _int(d, "hi", where), group)
 
 
-def _tile_from_dict(t: dict) -> Tile:
+def _segment_from_dict(g: Any, where: str) -> Segment:
+    g = _obj(g, where)
+    tiles = _seq(g.get("tiles"), f"{where}.tiles")
+    return Segment(_int(g, "lo", where), _int(g, "hi", where),
+                   tuple(_tile_from_dict(t, f"{where}.tiles[{k}]") for k, t in enumerate(tiles)))
+
+
+def _tile_from_dict(t: Any, where: str) -> Tile:
+    t = _obj(t, where)
     cols = t.get("cols")
-    return Tile(t["device"], t["start"], t["stop"], None if cols is None else (int(cols[0]), int(cols[1])))
+    if cols is not None:
+        _need(isinstance(cols, (list, tuple)) and len(cols) == 2 and all(_is_int(c) for c in cols),
+              f"{where}.cols", "[start, stop] integers or null")
+        cols = (int(cols[0]), int(cols[1]))
+    return Tile(_str(t, "device", where), _int(t, "start", where), _int(t, "stop", where), cols)
 
 
 def _check_group(stage: Stage, graph: LayerGraph) -> None:

@@ -15,10 +15,13 @@ from edgec.runtime.manifest import (Alternative, Fallback, Manifest, Recv, Regio
 
 from .errors import UserError
 from .cost.memory import device_memory_bytes
+from .plan.views import pareto_info, stages_view
+from .plan_types import Plan
 from .units import MiB
 
-__all__ = ["WIDTH", "fit", "idle_devices_hint", "compile_summary", "format_compile", "inspect_summary", "format_inspect", "format_simulation",
-           "ManifestFile", "load_manifest_json", "PlanSection", "read_plan", "plan_summary", "format_plan", "table"]
+__all__ = ["WIDTH", "fit", "idle_devices_hint", "compile_summary", "format_compile", "inspect_summary", "format_inspect",
+           "format_simulation", "ManifestFile", "load_manifest_json", "read_plan", "read_layer_names", "plan_summary",
+           "format_plan", "table"]
 
 
 WIDTH = 100  # every table and line the commands print fits a terminal this wide
@@ -102,9 +105,9 @@ def compile_summary(result, outdir: Path, seconds: float) -> dict:
         "layers": len(graph.layers),
         "blocks": len(graph.blocks),
         "devices": devices,
-        "stages": result.manifest["plan"]["stages"],
-        "candidates": result.manifest["plan"]["candidates"],
-        "runners_up": result.manifest["plan"]["runners_up"],
+        "stages": stages_view(plan, [layer.name for layer in graph.layers]),
+        "candidates": result.manifest["candidates"],
+        "runners_up": result.manifest["runners_up"],
         "fallbacks": [_fallback_summary(b, Path(outdir)) for b in result.fallbacks],
         "alternatives": [_alternative_summary(b, Path(outdir)) for b in result.alternatives],
         "alternatives_missing": result.alternatives_missing,
@@ -114,8 +117,7 @@ def compile_summary(result, outdir: Path, seconds: float) -> dict:
 
 
 def _pareto_summary(result) -> dict:
-    """compile --pareto's keys (driver.pareto_info)."""
-    from .driver import pareto_info  # the planner's side: only a --pareto summary needs it
+    """compile --pareto's keys (plan/views.py pareto_info)."""
 
     return pareto_info(result.pareto, result.pareto_energy, result.ingested.graph)
 
@@ -307,58 +309,18 @@ def format_inspect(s: dict) -> str:
 @dataclass(frozen=True)
 class ManifestFile:
     """A manifest read for inspect and simulate: the runtime's parsed Manifest, and what the runtime does not
-    keep as written: the model's path as recorded (Manifest.model_path is resolved) and the `plan` section
-    (free-form to the runtime; read_plan reads it)."""
+    keep as written: the model's path as recorded (Manifest.model_path is resolved), the `plan` section
+    (free-form to the runtime; read_plan reads it) and the layer names it indexes."""
 
     manifest: Manifest
     model_path: str
     plan: Any
-
-
-@dataclass(frozen=True)
-class PlanTile:
-    device: str
-    rows: tuple[int, int]
-    cols: tuple[int, int] | None  # a grid tile's columns; None: all of them
-
-
-@dataclass(frozen=True)
-class PlanSegment:
-    layers: tuple[int, int]
-    tiles: tuple[PlanTile, ...]
-
-
-@dataclass(frozen=True)
-class PlanSpatial:
-    axis: str
-    devices: tuple[str, ...]
-    segments: tuple[PlanSegment, ...]
-
-    @property
-    def axis_text(self) -> str:
-        return _axis_text(self.axis, any(t.cols is not None for g in self.segments for t in g.tiles))
-
-
-@dataclass(frozen=True)
-class PlanStage:
-    device: str
-    layers: tuple[int, int]
-    first_layer: str
-    last_layer: str
-    spatial: PlanSpatial | None
-
-
-@dataclass(frozen=True)
-class PlanSection:
-    """The manifest's `plan` section (written by driver.plan_info), as far as inspect reads it."""
-
-    strategy: str
-    stages: tuple[PlanStage, ...]
+    layers: Any = None  # the manifest's `layers`: the names its plan's lo and hi index (read_layer_names)
 
 
 class _PlanReader:
-    """Typed access to the plan section's JSON; the first thing that does not fit is a UserError naming the
-    manifest and the JSON location. The runtime ignores this section, so this is its only check."""
+    """Checks of what inspect reads beside the runtime's schema; the first thing that does not fit is a
+    UserError naming the manifest and the JSON location."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -371,27 +333,24 @@ class _PlanReader:
         self.need(isinstance(v, dict), where, what)
         return v
 
-    def list(self, v: Any, where: str) -> list:
-        self.need(isinstance(v, list), where, "a list")
-        return v
 
-    def string(self, d: dict, key: str, where: str) -> str:
-        self.need(isinstance(d.get(key), str), f"{where}.{key}", "a string")
-        return d[key]
-
-    def span(self, v: Any, where: str) -> tuple[int, int]:
-        self.need(isinstance(v, list) and len(v) == 2 and all(type(x) is int for x in v), where,
-                  "[start, stop] integers")
-        return (v[0], v[1])
+def read_plan(data: Any, path: Path) -> Plan:
+    """The plan section `data` of the manifest at `path` (Plan.to_dict), read back by Plan.from_dict;
+    UserError at the first thing that does not fit. The runtime ignores this section, so this is its only
+    check."""
+    try:
+        return Plan.from_dict(data)
+    except ValueError as exc:
+        raise UserError(f"not a valid edgec manifest: {exc}", str(path)) from None
 
 
-def read_plan(data: Any, path: Path) -> PlanSection:
-    """The plan section `data` of the manifest at `path`, parsed; UserError at the first thing that does not fit."""
-    r = _PlanReader(path)
-    plan = r.obj(data, "plan")
-    strategy = r.string(plan, "strategy", "plan")
-    stages = r.list(plan.get("stages"), "plan.stages")
-    return PlanSection(strategy, tuple(_plan_stage(r, st, f"plan.stages[{i}]") for i, st in enumerate(stages)))
+def read_layer_names(data: Any, plan: Plan, path: Path) -> list[str]:
+    """The manifest's `layers` (the layer names its plan's lo and hi index); UserError when it is not a
+    list of strings covering every layer the plan names."""
+    _PlanReader(path).need(isinstance(data, list) and all(isinstance(n, str) for n in data)
+                           and len(data) >= max(s.hi for s in plan.stages), "layers",
+                           "a list of the model's layer names, one per layer the plan places")
+    return data
 
 
 def read_predicted_energy(predicted: dict, path: Path) -> dict[str | None, float | None]:
@@ -410,37 +369,6 @@ def read_predicted_energy(predicted: dict, path: Path) -> dict[str | None, float
     for name, entry in devices.items():
         out[name] = mj(r.obj(entry, f"predicted.devices.{name}"), f"predicted.devices.{name}")
     return out
-
-
-def _plan_stage(r: _PlanReader, st: Any, w: str) -> PlanStage:
-    st = r.obj(st, w)
-    device, first, last = (r.string(st, k, w) for k in ("device", "first_layer", "last_layer"))
-    layers = r.span(st.get("layers"), f"{w}.layers")
-    sp = st.get("spatial")
-    return PlanStage(device, layers, first, last, None if sp is None else _plan_spatial(r, sp, f"{w}.spatial"))
-
-
-def _plan_spatial(r: _PlanReader, sp: Any, w: str) -> PlanSpatial:
-    sp = r.obj(sp, w, "an object or null")
-    axis = r.string(sp, "axis", w)
-    devices = sp.get("devices")
-    r.need(isinstance(devices, list) and all(isinstance(d, str) for d in devices), f"{w}.devices", "a list of strings")
-    segments = r.list(sp.get("segments"), f"{w}.segments")
-    return PlanSpatial(axis, tuple(devices), tuple(_plan_segment(r, g, f"{w}.segments[{j}]") for j, g in enumerate(segments)))
-
-
-def _plan_segment(r: _PlanReader, seg: Any, w: str) -> PlanSegment:
-    seg = r.obj(seg, w)
-    layers = r.span(seg.get("layers"), f"{w}.layers")
-    tiles = r.list(seg.get("tiles"), f"{w}.tiles")
-    return PlanSegment(layers, tuple(_plan_tile(r, t, f"{w}.tiles[{k}]") for k, t in enumerate(tiles)))
-
-
-def _plan_tile(r: _PlanReader, t: Any, w: str) -> PlanTile:
-    t = r.obj(t, w)
-    device = r.string(t, "device", w)
-    rows = r.span(t.get("rows"), f"{w}.rows")
-    return PlanTile(device, rows, None if t.get("cols") is None else r.span(t["cols"], f"{w}.cols"))
 
 
 def _exchange_kind(t: Transfer, passed_on: set[tuple[str, str, str]]) -> str:
@@ -476,6 +404,7 @@ def plan_summary(doc: ManifestFile) -> dict:
     tensors of a cut that carries several, one row each."""
     m = doc.manifest
     plan = read_plan(doc.plan, m.path)
+    stages = stages_view(plan, read_layer_names(doc.layers, plan, m.path))
     by_device: dict[str, list] = {}
     for f in m.fragments.values():
         by_device.setdefault(f.device, []).append(f)
@@ -483,11 +412,11 @@ def plan_summary(doc: ManifestFile) -> dict:
     for si, st in enumerate(plan.stages):
         for gi, seg in enumerate(st.spatial.segments if st.spatial else ()):
             for t in seg.tiles:
-                suffix = f"@{t.device}[{_span_text(t.rows, t.cols)}]"
+                suffix = f"@{t.device}[{_span_text((t.start, t.stop), t.cols)}]"
                 frag = next((f.id for f in by_device.get(t.device, [])
                              if any(o.endswith(suffix) for o in f.outputs) and f.id.startswith(f"f{si}s{gi}t")), None)
-                entry = {"stage": si, "segment": gi, "layers": list(seg.layers), "axis": st.spatial.axis_text,
-                         "device": t.device, "rows": list(t.rows), "fragment": frag}
+                entry = {"stage": si, "segment": gi, "layers": [seg.lo, seg.hi], "axis": _axis(stages[si]["spatial"]),
+                         "device": t.device, "rows": [t.start, t.stop], "fragment": frag}
                 tiles.append(entry | ({"cols": list(t.cols)} if t.cols is not None else {}))
     energy = read_predicted_energy(m.predicted, m.path)
     passed_on = _passed_on(m)
@@ -497,7 +426,7 @@ def plan_summary(doc: ManifestFile) -> dict:
     for e in exchanges:
         totals[e["kind"]] = totals.get(e["kind"], 0) + e["bytes"]
     return {"manifest": str(m.path), "model": doc.model_path, "strategy": plan.strategy,
-            "stages": doc.plan["stages"],  # as written: inspect --json echoes the manifest's stages
+            "stages": stages,
             "tiles": tiles, "exchanges": exchanges, "bytes_by_kind": totals, "predicted": m.predicted,
             "predicted_energy_mj": energy.get(None),
             "devices": [{"name": d.name, "profile": d.profile, "mode": d.mode, "predicted_energy_mj": energy.get(d.name)}
@@ -609,4 +538,4 @@ def load_manifest_json(path: Path) -> ManifestFile:
         manifest = parse_manifest(data, path)
     except InputError as exc:
         raise UserError(str(exc)) from None
-    return ManifestFile(manifest, data["model"]["path"], data.get("plan"))
+    return ManifestFile(manifest, data["model"]["path"], data.get("plan"), data.get("layers"))

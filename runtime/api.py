@@ -15,10 +15,11 @@ import numpy as np
 from .accuracy import check_report_path, write_report
 from .adapt import THRESHOLD, Adapter, Option
 from .compress import parse_mode
-from .coordinator import HEARTBEAT_MS, RunResult, available_cores, load_keys, run_manifest
+from .coordinator import HEARTBEAT_MS, RunResult, load_keys, run_manifest
 from .errors import InputError
 from .files import write_atomically
 from .inputs import check_inputs, check_memory, load_inputs
+from .machine import MAX_THREADS_HERE
 from .manifest import Manifest, load_alternative, load_fallback, load_manifest
 from .protocol import MAX_DILATE
 from .session import MAX_INFLIGHT
@@ -26,13 +27,10 @@ from .trace import check_trace_path, write_trace
 from .verify import VerifyResult, check_model, compare_outputs, reference_outputs
 
 __all__ = ["run", "execute", "report", "write_npz", "parse_addresses", "parse_slow", "check_options", "Checker",
-           "RequestsChecked", "MAX_THREADS", "MAX_INFLIGHT", "MIN_HEARTBEAT_MS", "MAX_HEARTBEAT_MS", "MAX_DILATE",
-           "MAX_TIMEOUT_S"]
+           "RequestsChecked", "MAX_INFLIGHT", "MIN_HEARTBEAT_MS", "MAX_HEARTBEAT_MS", "MAX_DILATE", "MAX_TIMEOUT_S"]
 
 logger = logging.getLogger(__name__)
 
-# More onnxruntime threads than this only oversubscribe the cores; 100000 would stall start-up past --timeout.
-MAX_THREADS = 4 * available_cores()
 # Faster than 10 ms, heartbeats only add traffic; slower than a minute, a hung device stalls the run for long.
 MIN_HEARTBEAT_MS, MAX_HEARTBEAT_MS = 10, 60_000
 MAX_WARMUP = 1000
@@ -282,8 +280,8 @@ def check_options(repeat: int, threads: int | None, timeout: float, tolerance: f
         raise InputError(f"repeat {repeat!r}: expected a positive integer")
     if not isinstance(warmup, int) or isinstance(warmup, bool) or not 0 <= warmup <= MAX_WARMUP:
         raise InputError(f"warmup {warmup!r}: expected 0 to {MAX_WARMUP} untimed requests")
-    if threads is not None and (not isinstance(threads, int) or not 0 <= threads <= MAX_THREADS):
-        raise InputError(f"threads {threads!r}: expected 0 (onnxruntime's default) to {MAX_THREADS} "
+    if threads is not None and (not isinstance(threads, int) or not 0 <= threads <= MAX_THREADS_HERE):
+        raise InputError(f"threads {threads!r}: expected 0 (onnxruntime's default) to {MAX_THREADS_HERE} "
                          "(4 x this machine's cores)")
     if not _number(timeout) or not 0 < timeout <= MAX_TIMEOUT_S:
         raise InputError(f"timeout {timeout!r}: expected a number of seconds above 0, at most {MAX_TIMEOUT_S:g}")

@@ -3,14 +3,11 @@ verify it), `edgec worker` (the daemon on each device) and `edgec keygen` (the c
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import math
 import os
 import signal
 import statistics
-import sys
 from typing import Callable
 
 import click
@@ -18,93 +15,26 @@ import numpy as np
 
 from .accuracy import summary_lines
 from .adapt import THRESHOLD
-from .api import MAX_DILATE, MAX_HEARTBEAT_MS, MAX_INFLIGHT, MAX_THREADS, MAX_TIMEOUT_S, MAX_WARMUP, \
+from .api import MAX_DILATE, MAX_HEARTBEAT_MS, MAX_INFLIGHT, MAX_TIMEOUT_S, MAX_WARMUP, \
     MIN_HEARTBEAT_MS, RequestsChecked, execute, parse_addresses, parse_slow, report, write_npz
-from .cache import FragmentCache, default_cache_dir
+from .command import (EXIT_INPUT, EXIT_OK, EXIT_PIPE, EXIT_RUN, EXIT_VERIFY_FAILED, Finite, OneLineErrors, RunCommand,
+                      quiet_broken_pipe, runtime_log_to_stderr)
 from .compress import MODES as COMPRESS_MODES
 from .coordinator import HEARTBEAT_MISSES, HEARTBEAT_MS, RunResult
-from .errors import EdgecRuntimeError, InputError, one_line
+from .errors import EdgecRuntimeError, InputError
 from .interrupts import Interrupted, interrupt_on_signals
-from .keys import COORDINATOR, Keyring, keygen as write_keys, names_from_file
+from .keys import COORDINATOR, keygen as write_keys, names_from_file
 from .manifest import Manifest
-from .net import parse_endpoint
-from .worker import MAX_BUFFER_MB, MAX_IDLE_TIMEOUT_S, Daemon, die_with_parent, edgec_version
+from .machine import MAX_THREADS_HERE, edgec_version
+from .worker import worker, worker_main
 
 __all__ = ["run", "run_all", "worker", "keygen", "main", "worker_main", "device_main", "OneLineErrors", "quiet_broken_pipe",
-           "EXIT_OK", "EXIT_VERIFY_FAILED", "EXIT_INPUT", "EXIT_RUN", "EXIT_PIPE", "MAX_THREADS"]
+           "EXIT_OK", "EXIT_VERIFY_FAILED", "EXIT_INPUT", "EXIT_RUN", "EXIT_PIPE", "MAX_THREADS_HERE"]
 
 logger = logging.getLogger(__name__)
 
-EXIT_OK, EXIT_VERIFY_FAILED, EXIT_INPUT, EXIT_RUN = 0, 1, 2, 3
-# What a shell reports for a writer killed by SIGPIPE (128 + 13): `edgec ... | head` behaves like any
-# other Unix filter whose reader went away.
-EXIT_PIPE = 128 + 13
-
-
-def quiet_broken_pipe() -> int:
-    """Python's recipe for a reader that closed stdout early: point stdout at devnull, so that the flush
-    at exit cannot raise again, and exit EXIT_PIPE without a traceback."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError, AttributeError):  # no file descriptor (a test runner's captured stdout)
-        pass
-    return EXIT_PIPE
-
-
-class OneLineErrors:
-    """Mixin for a click Command or Group run standalone: a usage error is one line
-    `edgec: <message> (see 'COMMAND --help')` and exit 2; stdout closed early exits EXIT_PIPE quietly."""
-
-    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
-        if not standalone_mode:
-            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
-        try:
-            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-            code = code if isinstance(code, int) else EXIT_OK
-            sys.stdout.flush()  # inside the try: what is still buffered may meet the closed pipe too
-        except click.exceptions.NoArgsIsHelpError as exc:  # the bare command: its help, not an error
-            exc.show()
-            code = exc.exit_code
-        except click.ClickException as exc:
-            click.echo(f"edgec: {_usage_line(exc)}", err=True)
-            code = EXIT_INPUT
-        except click.exceptions.Abort:  # click's form of KeyboardInterrupt outside a command
-            click.echo("edgec: interrupted", err=True)
-            code = 128 + signal.SIGINT
-        except BrokenPipeError:
-            code = quiet_broken_pipe()
-        sys.exit(code)
-
-    def make_context(self, *args, **kwargs):
-        try:  # --help and --version print while the context is made
-            return super().make_context(*args, **kwargs)
-        except BrokenPipeError:  # handled here: click's own handling would exit 1
-            raise click.exceptions.Exit(quiet_broken_pipe()) from None
-
-
-def _usage_line(exc: click.ClickException) -> str:
-    message = one_line(exc.format_message(), 500)
-    ctx = getattr(exc, "ctx", None)
-    return f"{message} (see '{ctx.command_path} --help')" if ctx is not None else message
-
-
-class _RunCommand(OneLineErrors, click.Command):
-    pass
-
-
-class _Finite(click.FloatRange):
-    """A FloatRange that also refuses nan (which compares false with every bound) and infinities."""
-
-    def convert(self, value, param, ctx):
-        rv = super().convert(value, param, ctx)
-        if not math.isfinite(rv):
-            self.fail(f"{value!r} is not a finite number", param, ctx)
-        return rv
-
-
-_TIMEOUT = _Finite(min=0, min_open=True, max=MAX_TIMEOUT_S)
-_TOLERANCE = _Finite(min=0)
+_TIMEOUT = Finite(min=0, min_open=True, max=MAX_TIMEOUT_S)
+_TOLERANCE = Finite(min=0)
 _SEED = click.IntRange(min=0)
 
 
@@ -113,7 +43,7 @@ _EPILOG = ("Exit codes: 0 ok, 1 verification failed, 2 bad input, 3 run failure 
            "stopped by signal N (130 SIGINT, 143 SIGTERM).")
 
 
-@click.command("run", cls=_RunCommand, epilog=_EPILOG, context_settings={"show_default": True})
+@click.command("run", cls=RunCommand, epilog=_EPILOG, context_settings={"show_default": True})
 @click.argument("manifest", type=click.Path(dir_okay=True))
 @click.option("--inputs", "inputs_file", metavar="FILE.npz", help="All model inputs, by name (np.savez).")
 @click.option("--input", "input_pairs", multiple=True, metavar="NAME=FILE.npy", help="One model input (repeatable).")
@@ -131,10 +61,10 @@ _EPILOG = ("Exit codes: 0 ok, 1 verification failed, 2 bad input, 3 run failure 
               help="Untimed requests run one at a time first (first runs allocate and fill caches); raise it to "
                    "measure the steady state.")
 @click.option("--output", "output_file", metavar="FILE.npz", help="Write the outputs here (atomically).")
-@click.option("--threads", type=click.IntRange(min=0, max=MAX_THREADS), default=None,
+@click.option("--threads", type=click.IntRange(min=0, max=MAX_THREADS_HERE), default=None,
               show_default="cores / devices; all cores for one device",
               help="onnxruntime intra-op threads per worker, 0 for onnxruntime's own default (all cores); at "
-                   f"most 4 x this machine's cores ({MAX_THREADS} here): more only oversubscribe them.")
+                   f"most 4 x this machine's cores ({MAX_THREADS_HERE} here): more only oversubscribe them.")
 @click.option("--emulate", is_flag=True,
               help="Run as on the plan's devices and network: pad each fragment run to its predicted_ms and hold "
                    "each device-to-device send for its transfer time (one uplink per device on a switched medium, "
@@ -226,29 +156,9 @@ class _ProgressFormatter(logging.Formatter):
         return f"edgec: warning: {text}" if record.levelno >= logging.WARNING else f"edgec: {text}"
 
 
-@contextlib.contextmanager
-def _runtime_log_to_stderr(formatter: logging.Formatter, level: int):
-    """The runtime's log records on stderr, each once: the "edgec.runtime" logger stops propagating
-    meanwhile, so a root handler (`edgec`'s own, for the compiler's warnings) does not print them a
-    second time. stderr is looked up now, so test runners that swap it capture it."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(formatter)
-    log = logging.getLogger("edgec.runtime")
-    saved = log.level, log.propagate
-    log.addHandler(handler)
-    log.setLevel(level)
-    log.propagate = False
-    try:
-        yield
-    finally:
-        log.removeHandler(handler)
-        log.setLevel(saved[0])
-        log.propagate = saved[1]
-
-
 def _progress_to_stderr():
     """`edgec run`'s progress (`edgec: ...`) and warnings (`edgec: warning: ...`)."""
-    return _runtime_log_to_stderr(_ProgressFormatter("%(message)s"), logging.INFO)
+    return runtime_log_to_stderr(_ProgressFormatter("%(message)s"), logging.INFO)
 
 
 def _run(manifest_arg, inputs_file, input_pairs, random_inputs, seed, verify, model_file, tolerance, repeat,
@@ -319,7 +229,7 @@ _RUN_ALL_EPILOG = ("Exit codes: 0 ok (a missed SLA is reported, not an error), 1
                    f"3 run failure of a service, {EXIT_PIPE} stdout closed early, 128+N stopped by signal N.")
 
 
-@click.command("run-all", cls=_RunCommand, epilog=_RUN_ALL_EPILOG, context_settings={"show_default": True})
+@click.command("run-all", cls=RunCommand, epilog=_RUN_ALL_EPILOG, context_settings={"show_default": True})
 @click.argument("outdir", type=click.Path(file_okay=False))
 @click.option("--repeat", type=click.IntRange(min=1), default=1, help="Timed requests per service (after the --warmup ones).")
 @click.option("--warmup", type=click.IntRange(min=0, max=MAX_WARMUP), default=1, show_default=True,
@@ -327,7 +237,7 @@ _RUN_ALL_EPILOG = ("Exit codes: 0 ok (a missed SLA is reported, not an error), 1
 @click.option("--verify", is_flag=True, help="Compare every service's outputs with its source model run whole.")
 @click.option("--tolerance", type=_TOLERANCE, default=1e-4, help="As `edgec run --tolerance`.")
 @click.option("--seed", type=_SEED, default=0, help="Seed of the random inputs.")
-@click.option("--threads", type=click.IntRange(min=0, max=MAX_THREADS), default=None,
+@click.option("--threads", type=click.IntRange(min=0, max=MAX_THREADS_HERE), default=None,
               show_default="cores / all the services' devices", help="onnxruntime intra-op threads per worker.")
 @click.option("--emulate", is_flag=True, help="As `edgec run --emulate`: every service as on its planned devices.")
 @click.option("--timeout", type=_TIMEOUT, default=60.0,
@@ -365,100 +275,7 @@ def main() -> None:
     run.main(prog_name="python -m edgec.runtime")
 
 
-_WORKER_EPILOG = ("Exit codes: 0 stopped by SIGTERM or SIGINT (the run in progress, if any, is ended and its "
-                  "coordinator told why; nothing is left behind), 2 bad input (an address it cannot listen on, "
-                  "a non-loopback address without --keys, a bad keys folder). Prints `edgec worker: listening on "
-                  "tcp://HOST:PORT` on stdout once it listens, then logs on stderr.")
-
-
-@click.command("worker", cls=_RunCommand, epilog=_WORKER_EPILOG, context_settings={"show_default": True})
-@click.option("--listen", required=True, metavar="tcp://HOST:PORT",
-              help="Where coordinators connect (port 0: any free port). Anything but a loopback address needs --keys.")
-@click.option("--keys", "keys_dir", type=click.Path(file_okay=False), metavar="DIR",
-              help="The cluster's keys folder: this machine's DIR/private/NAME.key_secret and everyone's "
-                   "DIR/public/*.key. Only peers holding one of those public keys get in, and only the key named "
-                   f"'{COORDINATOR}' (DIR/public/{COORDINATOR}.key, required) may start a run; the devices' keys "
-                   "only send tensors between workers.")
-@click.option("--name", "key_name", metavar="NAME", show_default="the only key in DIR/private",
-              help="This machine's key (the device's name in cluster.yaml).")
-@click.option("--cache", "cache_dir", type=click.Path(file_okay=False), metavar="DIR",
-              show_default="$EDGEC_CACHE_DIR, else ~/.cache/edgec/fragments",
-              help="Fragment files received, by sha256: a second run of the same build transfers nothing.")
-@click.option("--cache-max-mb", type=click.IntRange(min=0), default=4096,
-              help="Least recently used fragments are deleted past this size (never those of the last run).")
-@click.option("--threads", type=click.IntRange(min=0, max=MAX_THREADS), default=0,
-              help="onnxruntime intra-op threads, 0 for onnxruntime's default (all cores).")
-@click.option("--data-port", type=click.IntRange(min=0, max=65535), default=0,
-              help="Port for tensors from other devices (on the --listen host), 0 for any free one.")
-@click.option("--max-buffer-mb", type=click.IntRange(min=1, max=MAX_BUFFER_MB), default=1024,
-              help="Tensors held for later steps and requests, at most (a run needing more fails, naming this).")
-@click.option("--max-message-mb", type=click.IntRange(min=1, max=MAX_BUFFER_MB), default=1024,
-              help="Largest tensor accepted; a peer sending a larger message is disconnected.")
-@click.option("--idle-timeout", type=_Finite(min=1, max=MAX_IDLE_TIMEOUT_S), default=30.0,
-              help="Seconds of silence from the coordinator after which its run is abandoned and the worker is free "
-                   "for another coordinator: the longest a coordinator that claimed this worker and then went "
-                   f"silent keeps it (coordinators send a ping every second); at most {MAX_IDLE_TIMEOUT_S:g}.")
-@click.option("--once", is_flag=True, hidden=True, help="Exit after one run (local workers of `edgec run`).")
-@click.option("--exit-with-parent", is_flag=True, hidden=True, help="Stop when the starting process dies.")
-@click.option("--parent", "parent_pid", type=click.IntRange(min=1), hidden=True,
-              help="With --exit-with-parent: the starting process's pid (if it is already gone, stop at once).")
-@click.option("--keys-stdin", is_flag=True, hidden=True,
-              help="Read this worker's keys as one line of JSON on stdin (local workers of `edgec run`, whose "
-                   "keys live in memory only).")
-@click.option("--data-host", hidden=True, help="Bind the data socket on this host instead of the --listen host.")
-@click.option("-v", "--verbose", is_flag=True, help="Log every dropped message and connection detail.")
-@click.pass_context
-def worker(ctx: click.Context, listen, keys_dir, key_name, cache_dir, cache_max_mb, threads, data_port,
-           max_buffer_mb, max_message_mb, idle_timeout, once, exit_with_parent, parent_pid, keys_stdin, data_host,
-           verbose) -> None:
-    """Serve runs for one device: fragments arrive from the coordinator of each run (kept in a cache), and
-    the device's steps run for every request. One coordinator at a time; SIGTERM stops it cleanly."""
-    with _worker_logging(verbose), interrupt_on_signals():
-        parent = None
-        if exit_with_parent:  # Ctrl-C reaches the whole process group: the coordinator decides when we stop
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            die_with_parent()
-            parent = parent_pid or os.getppid()
-            if os.getppid() != parent:  # it died before the death signal was armed
-                ctx.exit(EXIT_OK)
-        daemon, code, why = None, EXIT_OK, "stopped"
-        try:
-            if key_name and not keys_dir:
-                raise InputError("--name NAME picks a key in the --keys folder; give --keys DIR too")
-            if keys_stdin and keys_dir:
-                raise InputError("--keys-stdin and --keys DIR: give one")
-            endpoint = parse_endpoint(listen, "--listen", allow_any_port=True)
-            keys = Keyring.load(keys_dir, key_name) if keys_dir else \
-                Keyring.from_json(sys.stdin.buffer.readline(1 << 16)) if keys_stdin else None
-            cache = FragmentCache(cache_dir or default_cache_dir(), cache_max_mb << 20)
-            daemon = Daemon(endpoint, cache=cache, keys=keys, threads=threads, data_port=data_port,
-                            data_host=data_host, max_buffer_bytes=max_buffer_mb << 20,
-                            max_message_bytes=max_message_mb << 20, idle_timeout=idle_timeout, once=once,
-                            parent=parent)
-            daemon.serve()
-        except EdgecRuntimeError as exc:
-            click.echo(f"edgec: {exc}", err=True)
-            code = exc.exit_code
-        except Interrupted as exc:
-            why = str(exc)
-            logging.getLogger("edgec.runtime").info("%s: stopping", why)
-        finally:
-            if daemon is not None:
-                daemon.stop(why)
-    ctx.exit(code)
-
-
-def _worker_logging(verbose: bool):
-    """A worker's log, timestamped; every dropped message too with --verbose."""
-    formatter = logging.Formatter("%(asctime)s edgec worker: %(levelname)s %(message)s", "%H:%M:%S")
-    return _runtime_log_to_stderr(formatter, logging.DEBUG if verbose else logging.INFO)
-
-
-def worker_main(prog_name: str = "edgec worker") -> None:
-    worker.main(prog_name=prog_name)
-
-
-@click.command("keygen", cls=_RunCommand, context_settings={"show_default": True},
+@click.command("keygen", cls=RunCommand, context_settings={"show_default": True},
                epilog="Copy DIR/public/ to every machine, and DIR/private/NAME.key_secret to machine NAME only. "
                       f"Workers accept runs only from the '{COORDINATOR}' key: give "
                       f"DIR/private/{COORDINATOR}.key_secret to the machines that run `edgec run --keys DIR`, and to "

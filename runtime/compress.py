@@ -37,7 +37,7 @@ import numpy as np
 import zstandard
 
 from .errors import EdgecRuntimeError, InputError
-from .manifest_types import bytes_per_s
+from .linkmodel import mbps_to_bytes_per_s
 
 __all__ = [
     "CODECS", "MODES", "ZSTD_LEVEL", "LZ4_MAX_INPUT", "PayloadError", "parse_mode", "encode", "decode",
@@ -456,7 +456,7 @@ class Chooser:
 
     def predict(self, nbytes: int, codec: str, ratio: float, bandwidth_mbps: float) -> float:
         """Seconds to move `nbytes` with `codec` at `ratio`: compress + wire + decompress."""
-        wire_bps = bytes_per_s(bandwidth_mbps)
+        wire_bps = mbps_to_bytes_per_s(bandwidth_mbps)
         if codec == "none":
             return nbytes / wire_bps
         c_per_byte, _ = self.calibration.costs(codec, ratio)

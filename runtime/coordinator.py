@@ -35,6 +35,7 @@ from .compress import parse_mode
 from .emulate import Channel, Overruns, undilated_offsets, undilated_starts, undilated_times
 from .errors import InputError, RunError, one_line
 from .keys import COORDINATOR, Keyring, ephemeral_keyring
+from .machine import MAX_THREADS_HERE, available_cores, edgec_version
 from .manifest import HOST, Fragment, Manifest, check_fragment_files, load_fallback, manifest_json
 from .net import Endpoint, outward_host, parse_endpoint
 from .protocol import BLOB_CHUNK, BLOB_WINDOW, MAX_TIMED_STEPS, PROTOCOL_VERSION, DropLog, parse
@@ -44,7 +45,7 @@ from .trace import Trace
 from .transport import POLL_MS, BadMessage, decode_tensor, pack, recv_message, send_frames, send_tensor
 
 __all__ = ["RunResult", "Cluster", "LocalCluster", "FailoverCluster", "DeviceLost", "run_manifest", "steady_throughput", "default_threads",
-           "available_cores", "resolve_endpoints", "HEARTBEAT_MS", "HEARTBEAT_MISSES"]
+           "resolve_endpoints", "HEARTBEAT_MS", "HEARTBEAT_MISSES"]
 
 logger = logging.getLogger(__name__)
 
@@ -91,13 +92,6 @@ class RunResult:
     @property
     def latency_ms(self) -> float:
         return statistics.median(self.latencies_ms)
-
-
-def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def default_threads(manifest: Manifest, local: Iterable[str] | None = None) -> int:
@@ -198,7 +192,7 @@ class Cluster:
         # Without --threads, a device whose plan was priced at a thread count (cluster.yaml `threads`) runs its
         # local worker at that count, within what `edgec worker --threads` accepts.
         self.device_threads = {} if threads is not None else {
-            d.name: min(d.threads, 4 * available_cores()) for d in manifest.devices if d.threads is not None}
+            d.name: min(d.threads, MAX_THREADS_HERE) for d in manifest.devices if d.threads is not None}
         self.inflight = pipeline_depth(manifest) if inflight is None else inflight
         self.feeds = host_feeds(manifest)
         self.collects = host_collects(manifest)
@@ -248,7 +242,7 @@ class Cluster:
                 w.endpoint = self._await_listening(w, deadline)
             self._connect(w)
         for w in self.workers.values():
-            self._send_first(w, {"t": "hello", "protocol": PROTOCOL_VERSION, "edgec": _version()}, deadline)
+            self._send_first(w, {"t": "hello", "protocol": PROTOCOL_VERSION, "edgec": edgec_version()}, deadline)
         self._pump(deadline, lambda: self._all("welcomed"), "connecting")
         raw, path = manifest_json(self.manifest), str(self.manifest.path)
         for w in self.workers.values():
@@ -928,12 +922,6 @@ class FailoverCluster:
             cluster, self.cluster = self.cluster, None
             cluster.close()
             self._keep_report(cluster)
-
-
-def _version() -> str:
-    from .worker import edgec_version
-
-    return edgec_version()
 
 
 def _samples(manifest: Manifest) -> Samples:

@@ -70,7 +70,11 @@ are ignored):
               optional "energy_mj" (per request, null when a device has no power figures), and per
               device "energy_mj".
   plan        optional, free-form; the runtime reads only `plan.objective` when it is "latency", "throughput" or
-              "energy" (what the plan was compiled for: `edgec run --adapt` re-costs kept plans by it).
+              "energy" (what the plan was compiled for: `edgec run --adapt` re-costs kept plans by it). The
+              compiler writes its Plan there (compiler/plan_types.py Plan.to_dict: strategy, objective, stages
+              with layer indices lo/hi and spatial groups, modes), and beside it `candidates` (every planner's
+              outcome and predicted figures), `runners_up` (the chosen planner's next-best plans) and
+              `layers` (the layer names lo/hi index), which the runtime ignores too.
   fallbacks   optional (written by `edgec compile --fallbacks`; absent or null: none)
               [{"without": device, "manifest": str or null, "sha256": hex str or null, "error"?: str}]: for each
               device the plan uses, the plan of the same model on the cluster without that device. `manifest`

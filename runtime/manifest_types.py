@@ -10,8 +10,10 @@ from typing import Any, Union
 
 import numpy as np
 
+from .linkmodel import link as link_figures
+from .linkmodel import wire_ms
+
 __all__ = [
-    "bytes_per_s",
     "HOST", "DTYPES", "TensorSpec", "OutputSpec", "Device", "Link", "RuntimeCosts", "Network", "Fragment", "Region", "Regions",
     "region_ranges", "Transfer", "Run", "Send", "Recv", "Slice", "Concat", "Free", "Step", "Fallback", "Alternative", "Manifest",
 ]
@@ -57,11 +59,6 @@ class Device:
     mode: str | None = None  # the power mode the plan needs the device to run in; None: its only one
 
 
-def bytes_per_s(bandwidth_mbps: float) -> float:
-    """A link's bandwidth in bytes per second (Mbps are 10^6 bit/s): the runtime's one Mbps conversion."""
-    return bandwidth_mbps * 1e6 / 8
-
-
 @dataclass(frozen=True)
 class Link:
     a: str
@@ -94,25 +91,23 @@ class Network:
     def cost(self, device: str) -> RuntimeCosts:
         return self.costs.get(device, _NO_COSTS)
 
-    def message_costs(self, a: str, b: str) -> tuple[float, float]:
-        """(fixed ms, ms per byte) the runtime adds to a message from a to b: each end does half the work,
-        so half of each end's figures (the compiler's network model, compiler/cost/network.py)."""
-        ca, cb = self.cost(a), self.cost(b)
-        return (ca.message_ms + cb.message_ms) / 2.0, (ca.message_ms_per_mb + cb.message_ms_per_mb) / 2.0 / 1e6
-
     def link(self, a: str, b: str) -> tuple[float, float]:
-        """(bandwidth_mbps, latency_ms) between two devices; a link entry overrides the defaults."""
-        for lk in self.links:
+        """(bandwidth_mbps, latency_ms) between two devices; a link entry overrides the defaults (the last
+        entry for a pair, as when the manifest is read as JSON)."""
+        for lk in reversed(self.links):
             if {lk.a, lk.b} == {a, b}:
                 return lk.bandwidth_mbps, lk.latency_ms
         return self.bandwidth_mbps, self.latency_ms
 
+    def message_link(self, a: str, b: str) -> tuple[float, float]:
+        """(bytes per ms, latency ms) of a message from a to b under the link model (linkmodel.link): the
+        link's figures with the runtime's cost of a message at both ends folded in."""
+        return link_figures(*self.link(a, b), self.cost(a), self.cost(b))
+
     def transfer_s(self, a: str, b: str, nbytes: int) -> float:
-        """Seconds to move nbytes from a to b: bytes / bandwidth + latency, plus the runtime's cost of a
-        message (`message_costs`): the compiler's cost model."""
-        mbps, ms = self.link(a, b)
-        fixed_ms, per_byte_ms = self.message_costs(a, b)
-        return nbytes / bytes_per_s(mbps) + (ms + fixed_ms + nbytes * per_byte_ms) / 1000.0
+        """Seconds to move nbytes from a to b under the link model (`message_link`): a message the runtime
+        sends takes the link's latency even with no bytes (linkmodel.wire_ms)."""
+        return wire_ms(nbytes, *self.message_link(a, b)) / 1000.0
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,9 @@
 
 A discrete-event replay in time order: each device executes its steps in order; a `run` takes the
 fragment's predicted_ms; a burst of consecutive `send`s occupies the sender (and, on a shared medium, the one
-channel, which bursts take first come first served, ties in `transfers` order) for bytes / bandwidth +
-latency per message, plus the runtime's cost of a message (network.costs); a `recv` waits for the matching
+channel, which bursts take first come first served, ties in `transfers` order) for each message's time under
+the link model (linkmodel.py: bytes / bandwidth + latency with the runtime's cost of a message from
+network.costs folded in; a send step is a message, so one of no bytes takes the latency); a `recv` waits for the matching
 send to finish; slice, concat and free are free, as in the planner. Host transfers cost the runtime's
 per-request cost (network.costs' request_ms, half in, half out, each with the bytes of the device's model
 inputs or outputs at its per-byte message cost), once per device and request, as the planner charges it: the input half before the device's first run or send after it received from the host,
@@ -20,23 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from .linkmodel import request_half_ms, wire_ms
 from .manifest_types import HOST, Manifest, Recv, Run, Send
 
-__all__ = ["Drift", "Timeline", "replay", "message_ms", "effective_bytes_per_ms"]
-
-
-def effective_bytes_per_ms(bw: float, ms_per_byte: float) -> float:
-    """A link's bytes per ms once the runtime's per-byte cost is added to the wire's (bw itself when that
-    cost is 0, so that the figures of profiles without it are the link's, bit for bit)."""
-    return bw if ms_per_byte == 0.0 else 1.0 / (1.0 / bw + ms_per_byte)
-
-
-def message_ms(nbytes: float, bandwidth_mbps: float, latency_ms: float, fixed_ms: float = 0.0,
-               ms_per_byte: float = 0.0) -> float:
-    """One message of `nbytes` over a link: transmission at the link's bandwidth (1 Mbit/s = 125 bytes/ms),
-    then its latency, plus the runtime's fixed and per-byte cost of a message (Network.message_costs). The
-    compiler's network model (compiler/cost/network.py) prices messages with this very function."""
-    return nbytes / effective_bytes_per_ms(bandwidth_mbps * 125.0, ms_per_byte) + latency_ms + fixed_ms
+__all__ = ["Drift", "Timeline", "replay"]
 
 
 @dataclass(frozen=True)
@@ -95,8 +83,6 @@ class _Replay:
         self.net = manifest.network
         self.shared = self.net.medium == "shared"
         self.drift = drift
-        # a later entry for the same pair wins, as when the manifest was read as JSON
-        self.links = {frozenset((lk.a, lk.b)): (lk.bandwidth_mbps, lk.latency_ms) for lk in self.net.links}
         self.frag_ms = {f.id: f.predicted_ms * drift.compute.get(f.device, 1.0) for f in manifest.fragments.values()}
         self.sizes: dict[tuple, int] = {}
         self.rank: dict[tuple, int] = {}
@@ -124,8 +110,7 @@ class _Replay:
     def _request_ms(self, dev: str, which: int) -> float:
         """Half the device's per-request cost, plus its host inputs' (which 0) or outputs' (1) bytes at its
         per-byte message cost: what the planner charges (compiler/cost/network.py request_in_ms)."""
-        c = self.net.cost(dev)
-        return c.request_ms / 2.0 + self.host_bytes[dev][which] * c.message_ms_per_mb / 1e6
+        return request_half_ms(self.net.cost(dev), self.host_bytes[dev][which])
 
     def _in_ms(self, dev: str) -> float:
         return self._request_ms(dev, 0) if dev in self.owe_in else 0.0
@@ -183,9 +168,8 @@ class _Replay:
     def _send(self, dev: str, burst: list[Send], t: float) -> None:
         """Messages of a burst back to back from t (holding the channel on a shared medium)."""
         for b in burst:
-            mbps, latency = self.links.get(frozenset((dev, b.to)), (self.net.bandwidth_mbps, self.net.latency_ms))
             nbytes = self.sizes.get(self._key(dev, b), 0)
-            ms = message_ms(nbytes, mbps, latency, *self.net.message_costs(dev, b.to))
+            ms = wire_ms(nbytes, *self.net.message_link(dev, b.to))  # a send step is a message, even of no bytes
             ms *= self.drift.transfer.get((dev, b.to), 1.0)
             self.sent[dev] = self.sent.get(dev, 0.0) + nbytes
             self.received[b.to] = self.received.get(b.to, 0.0) + nbytes

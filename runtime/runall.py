@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable
 
-from .coordinator import available_cores
+from .machine import available_cores
 from .errors import EdgecRuntimeError, InputError
 from .interrupts import Interrupted, check_interrupted
 from .manifest import load_manifest

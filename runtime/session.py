@@ -25,13 +25,13 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
 import numpy as np
 import zmq
 
 from .accuracy import timed_steps
-from .cache import Incoming, check_sha256
+from .cache import FragmentCache, Incoming, check_sha256
 from .compress import Chooser, calibrate, parse_mode
 from .emulate import DelayedLinks, pad_run
 from .errors import InputError, RunError, one_line
@@ -39,16 +39,14 @@ from .executor import Executor
 from .inbox import FULL, Inbox
 from .manifest import HOST, Concat, Free, Manifest, Recv, Run, Send, Slice, decode_manifest_json, parse_manifest, \
     region_ranges
-from .net import parse_endpoint
+from .keys import Keyring
+from .net import Endpoint, parse_endpoint
 from .protocol import MAX_TIMED_STEPS, DropLog, parse
 from .schedule import recv_keys, send_targets
 from .transport import POLL_MS, BadMessage, TensorHeader, TensorMsg, contiguous, decode_tensor, frame_sender, pack, \
     send_tensor, tensor_header
 
-if TYPE_CHECKING:
-    from .worker import Daemon
-
-__all__ = ["Session", "SessionEnd", "SessionLost", "MAX_INFLIGHT"]
+__all__ = ["Session", "SessionEnd", "SessionLost", "SessionHost", "MAX_INFLIGHT"]
 
 logger = logging.getLogger(__name__)
 
@@ -72,8 +70,33 @@ class SessionLost(Exception):
     """The coordinator went silent: the session is abandoned."""
 
 
+class SessionHost(Protocol):
+    """What a session needs of the worker that runs it (worker.py's Daemon): its sockets, fragment cache,
+    keys and limits."""
+
+    endpoint: Endpoint
+    ctx: zmq.Context
+    control: zmq.Socket
+    cache: FragmentCache
+    keys: Keyring | None
+    threads: int
+    max_buffer_bytes: int
+    max_message_bytes: int
+    idle_timeout: float
+
+    def bind_data(self) -> zmq.Socket: ...
+
+    def unbind_data(self, sock: zmq.Socket) -> None: ...
+
+    def trim(self) -> None: ...
+
+    def send_to(self, peer: bytes, frames: list) -> None: ...
+
+    def pump(self, timeout_ms: int = ...) -> None: ...
+
+
 class Session:
-    def __init__(self, daemon: "Daemon", owner: bytes, peer: str):
+    def __init__(self, daemon: SessionHost, owner: bytes, peer: str):
         self.d = daemon
         self.owner, self.peer = owner, peer
         self.started = time.time()

@@ -2,7 +2,8 @@
 time, receives the device's fragments into its cache, executes the device's steps for every request and
 frees everything when the run ends. The protocol is in protocol.py; the per-run state in session.py.
 
-`python -m edgec.runtime.worker ...` is the same command (the coordinator starts local workers that way).
+The command itself (`worker`) is here too, so that `python -m edgec.runtime.worker ...` is the same
+command (the coordinator starts local workers that way) without reaching up to cli.py.
 """
 
 from __future__ import annotations
@@ -15,19 +16,25 @@ import signal
 import sys
 import time
 
+import click
 import zmq
 
-from .cache import FragmentCache
+from .cache import FragmentCache, default_cache_dir
+from .command import EXIT_OK, Finite, RunCommand, runtime_log_to_stderr
 from .errors import EdgecRuntimeError, InputError, one_line
+from .interrupts import Interrupted, interrupt_on_signals
 from .keys import COORDINATOR, Keyring
-from .net import Endpoint
+from .machine import MAX_THREADS_HERE, edgec_version
+from .net import Endpoint, parse_endpoint
 from .protocol import PROTOCOL_VERSION, DropLog, parse
 from .session import Session, SessionEnd, SessionLost
 from .transport import POLL_MS, BadMessage, frame_sender, pack, recv_message, send_frames
 
-__all__ = ["Daemon", "rss_mb", "keep_heap", "main", "MAX_IDLE_TIMEOUT_S", "MAX_BUFFER_MB"]
+__all__ = ["Daemon", "rss_mb", "keep_heap", "worker", "worker_main", "main", "MAX_IDLE_TIMEOUT_S", "MAX_BUFFER_MB"]
 
-logger = logging.getLogger(__name__)
+# by name, not __name__: `python -m edgec.runtime.worker` runs this file as __main__, whose records the
+# "edgec.runtime" handler of the worker command would not see
+logger = logging.getLogger("edgec.runtime.worker")
 
 # The worker's option bounds: a silent coordinator loses its claim after --idle-timeout, so that must stay
 # bounded; zmq's largest message size is an int64 of bytes, and no device holds a terabyte of tensors.
@@ -39,17 +46,6 @@ DRAIN_LIMIT = 256  # messages handled per socket per poll: a flooding peer canno
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 HEAP_BLOCK_BYTES = 32 << 20  # glibc's largest mmap threshold on 64-bit systems
 HEAP_KEEP_BYTES = 64 << 20
-
-
-def edgec_version() -> str:
-    from importlib import metadata
-
-    for dist in ("edgec", "edgec-runtime"):
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return "unknown"
 
 
 class Daemon:
@@ -359,9 +355,100 @@ def die_with_parent() -> None:
         pass
 
 
-def main() -> None:
-    from .cli import worker_main
+_WORKER_EPILOG = ("Exit codes: 0 stopped by SIGTERM or SIGINT (the run in progress, if any, is ended and its "
+                  "coordinator told why; nothing is left behind), 2 bad input (an address it cannot listen on, "
+                  "a non-loopback address without --keys, a bad keys folder). Prints `edgec worker: listening on "
+                  "tcp://HOST:PORT` on stdout once it listens, then logs on stderr.")
 
+
+@click.command("worker", cls=RunCommand, epilog=_WORKER_EPILOG, context_settings={"show_default": True})
+@click.option("--listen", required=True, metavar="tcp://HOST:PORT",
+              help="Where coordinators connect (port 0: any free port). Anything but a loopback address needs --keys.")
+@click.option("--keys", "keys_dir", type=click.Path(file_okay=False), metavar="DIR",
+              help="The cluster's keys folder: this machine's DIR/private/NAME.key_secret and everyone's "
+                   "DIR/public/*.key. Only peers holding one of those public keys get in, and only the key named "
+                   f"'{COORDINATOR}' (DIR/public/{COORDINATOR}.key, required) may start a run; the devices' keys "
+                   "only send tensors between workers.")
+@click.option("--name", "key_name", metavar="NAME", show_default="the only key in DIR/private",
+              help="This machine's key (the device's name in cluster.yaml).")
+@click.option("--cache", "cache_dir", type=click.Path(file_okay=False), metavar="DIR",
+              show_default="$EDGEC_CACHE_DIR, else ~/.cache/edgec/fragments",
+              help="Fragment files received, by sha256: a second run of the same build transfers nothing.")
+@click.option("--cache-max-mb", type=click.IntRange(min=0), default=4096,
+              help="Least recently used fragments are deleted past this size (never those of the last run).")
+@click.option("--threads", type=click.IntRange(min=0, max=MAX_THREADS_HERE), default=0,
+              help="onnxruntime intra-op threads, 0 for onnxruntime's default (all cores).")
+@click.option("--data-port", type=click.IntRange(min=0, max=65535), default=0,
+              help="Port for tensors from other devices (on the --listen host), 0 for any free one.")
+@click.option("--max-buffer-mb", type=click.IntRange(min=1, max=MAX_BUFFER_MB), default=1024,
+              help="Tensors held for later steps and requests, at most (a run needing more fails, naming this).")
+@click.option("--max-message-mb", type=click.IntRange(min=1, max=MAX_BUFFER_MB), default=1024,
+              help="Largest tensor accepted; a peer sending a larger message is disconnected.")
+@click.option("--idle-timeout", type=Finite(min=1, max=MAX_IDLE_TIMEOUT_S), default=30.0,
+              help="Seconds of silence from the coordinator after which its run is abandoned and the worker is free "
+                   "for another coordinator: the longest a coordinator that claimed this worker and then went "
+                   f"silent keeps it (coordinators send a ping every second); at most {MAX_IDLE_TIMEOUT_S:g}.")
+@click.option("--once", is_flag=True, hidden=True, help="Exit after one run (local workers of `edgec run`).")
+@click.option("--exit-with-parent", is_flag=True, hidden=True, help="Stop when the starting process dies.")
+@click.option("--parent", "parent_pid", type=click.IntRange(min=1), hidden=True,
+              help="With --exit-with-parent: the starting process's pid (if it is already gone, stop at once).")
+@click.option("--keys-stdin", is_flag=True, hidden=True,
+              help="Read this worker's keys as one line of JSON on stdin (local workers of `edgec run`, whose "
+                   "keys live in memory only).")
+@click.option("--data-host", hidden=True, help="Bind the data socket on this host instead of the --listen host.")
+@click.option("-v", "--verbose", is_flag=True, help="Log every dropped message and connection detail.")
+@click.pass_context
+def worker(ctx: click.Context, listen, keys_dir, key_name, cache_dir, cache_max_mb, threads, data_port,
+           max_buffer_mb, max_message_mb, idle_timeout, once, exit_with_parent, parent_pid, keys_stdin, data_host,
+           verbose) -> None:
+    """Serve runs for one device: fragments arrive from the coordinator of each run (kept in a cache), and
+    the device's steps run for every request. One coordinator at a time; SIGTERM stops it cleanly."""
+    with _worker_logging(verbose), interrupt_on_signals():
+        parent = None
+        if exit_with_parent:  # Ctrl-C reaches the whole process group: the coordinator decides when we stop
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            die_with_parent()
+            parent = parent_pid or os.getppid()
+            if os.getppid() != parent:  # it died before the death signal was armed
+                ctx.exit(EXIT_OK)
+        daemon, code, why = None, EXIT_OK, "stopped"
+        try:
+            if key_name and not keys_dir:
+                raise InputError("--name NAME picks a key in the --keys folder; give --keys DIR too")
+            if keys_stdin and keys_dir:
+                raise InputError("--keys-stdin and --keys DIR: give one")
+            endpoint = parse_endpoint(listen, "--listen", allow_any_port=True)
+            keys = Keyring.load(keys_dir, key_name) if keys_dir else \
+                Keyring.from_json(sys.stdin.buffer.readline(1 << 16)) if keys_stdin else None
+            cache = FragmentCache(cache_dir or default_cache_dir(), cache_max_mb << 20)
+            daemon = Daemon(endpoint, cache=cache, keys=keys, threads=threads, data_port=data_port,
+                            data_host=data_host, max_buffer_bytes=max_buffer_mb << 20,
+                            max_message_bytes=max_message_mb << 20, idle_timeout=idle_timeout, once=once,
+                            parent=parent)
+            daemon.serve()
+        except EdgecRuntimeError as exc:
+            click.echo(f"edgec: {exc}", err=True)
+            code = exc.exit_code
+        except Interrupted as exc:
+            why = str(exc)
+            logging.getLogger("edgec.runtime").info("%s: stopping", why)
+        finally:
+            if daemon is not None:
+                daemon.stop(why)
+    ctx.exit(code)
+
+
+def _worker_logging(verbose: bool):
+    """A worker's log, timestamped; every dropped message too with --verbose."""
+    formatter = logging.Formatter("%(asctime)s edgec worker: %(levelname)s %(message)s", "%H:%M:%S")
+    return runtime_log_to_stderr(formatter, logging.DEBUG if verbose else logging.INFO)
+
+
+def worker_main(prog_name: str = "edgec worker") -> None:
+    worker.main(prog_name=prog_name)
+
+
+def main() -> None:
     worker_main(prog_name="python -m edgec.runtime.worker")
 
 

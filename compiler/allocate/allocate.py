@@ -14,7 +14,9 @@ from edgec.runtime.interrupts import check_interrupted
 
 from .. import cluster as cluster_mod
 from ..cost import CostTable, device_memory_bytes, evaluate
-from ..driver import Candidate, PlanOptions, plan_info
+from ..plan.choose import Candidate
+from ..plan.planner import PlanOptions
+from ..plan.views import plan_sections
 from ..emit import assemble_manifest, build_fragments
 from ..errors import UserError
 from ..ingest import Ingested
@@ -221,10 +223,10 @@ def _emit(choice: Choice, classes: DeviceClasses, cluster: cluster_mod.Cluster, 
             raise RuntimeError(f"{p.service.name}: the plan moved onto {sub.device_names} predicts "
                                f"{pred.latency_ms} ms, not {o.prediction.latency_ms} ms: classes differ")
         frags = build_fragments(p.ingested, plan, pred)
-        info = plan_info(Candidate(plan.strategy, plan, pred), (Candidate(plan.strategy, plan, pred),),
-                         p.ingested.graph)
+        sections = plan_sections(Candidate(plan.strategy, plan, pred), (Candidate(plan.strategy, plan, pred),),
+                                 p.ingested.graph)
         manifest = assemble_manifest(p.ingested, plan, pred, frags, sub.to_dict(), outdir.resolve() / p.service.name,
-                                     info)
+                                     sections.pop("plan")) | sections
         builds.append(ServiceBuild(p.service.name, manifest, tuple(frags)))
         services[p.service.name] = _entry(p, o, plan, pred, sub)
     sol = choice.solution

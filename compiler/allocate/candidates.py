@@ -11,7 +11,7 @@ instead the shares are visited largest first and two monotonicity rules skip mos
 A one-device share is planned by the pipeline DP alone: on one device every planner places the whole
 model there.
 
-Each share is planned by auto bounded by the SLA (PlanOptions.incumbent: compiler/driver.py plan_model
+Each share is planned by auto bounded by the SLA (PlanOptions.incumbent: compiler/plan/choose.py plan_model
 bounds its searches by the lower of it and the cheap planners' best latency). This drops no option, as
 an option is a plan within the SLA:
 - when the cheap planners' best meets the SLA, it is the bound, as it is without the SLA: the same runs;
@@ -35,7 +35,8 @@ from dataclasses import dataclass, replace
 from edgec.runtime.interrupts import check_interrupted
 
 from ..cost import CostTable, Prediction, device_memory_bytes
-from ..driver import PlanOptions, plan_model
+from ..plan.choose import plan_model
+from ..plan.planner import PlanOptions
 from ..errors import UserError
 from ..graph import LayerGraph
 from ..plan_types import Plan

@@ -25,7 +25,7 @@ from edgec.runtime.interrupts import check_interrupted
 
 from .. import cluster as cluster_mod
 from ..cost import CostTable, build_cost_table, evaluate
-from ..driver import PlanOptions
+from ..plan.planner import PlanOptions
 from ..ingest import Ingested, load_model
 from ..plan.lanes import available_workers, run_lanes
 from ..plan_types import Plan

@@ -116,17 +116,17 @@ and `Cluster` the compiler uses; keys.py names the fixed keys both sides read.
 """
 
 from .cluster import Cluster, DeviceSpec, HostSpec, LinkSpec, load_cluster
-from .profile import (NO_RUNTIME_COSTS, PROFILES_DIR, Figures, Profile, RuntimeCosts, available_profiles, load_profile, profiles_dir,
+from .profile import (NO_RUNTIME_FIGURES, PROFILES_DIR, Figures, Profile, RuntimeFigures, available_profiles, load_profile, profiles_dir,
                       validate_profile_dict)
-from .keys import EFFICIENCY_KEYS, GFLOPS_KEYS, MEDIUMS
+from .format_names import EFFICIENCY_KEYS, GFLOPS_KEYS, MEDIUMS
 
 __all__ = [
     "PROFILES_DIR",
     "GFLOPS_KEYS",
     "EFFICIENCY_KEYS",
     "Figures",
-    "RuntimeCosts",
-    "NO_RUNTIME_COSTS",
+    "RuntimeFigures",
+    "NO_RUNTIME_FIGURES",
     "MEDIUMS",
     "Profile",
     "DeviceSpec",

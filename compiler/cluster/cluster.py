@@ -10,13 +10,12 @@ from typing import TYPE_CHECKING, Any
 from edgec.compiler.errors import UserError
 from edgec.compiler.units import MiB
 
-from .profile import Figures, Profile, RuntimeCosts, profile_path, read_profile, unknown_profile
+from .power import DevicePower
+from .profile import Figures, Profile, RuntimeFigures, profile_path, read_profile, unknown_profile
 from .quote import show
 from .yamlio import read_yaml
 
 if TYPE_CHECKING:
-    from edgec.compiler.cost.energy import DevicePower
-
     from .schema import DeviceDoc, NetworkDoc
 
 __all__ = ["DeviceSpec", "LinkSpec", "HostSpec", "Cluster", "load_cluster"]
@@ -39,7 +38,7 @@ class DeviceSpec:
         return self.profile.figures(self.threads) if self.mode is None else self.profile.mode_figures(self.mode, self.threads)
 
     @property
-    def runtime(self) -> RuntimeCosts:
+    def runtime(self) -> RuntimeFigures:
         """The runtime's own costs on this device (the profile's `runtime:`, zeros where not measured)."""
         return self.profile.runtime
 
@@ -50,9 +49,8 @@ class DeviceSpec:
         return self.mode or (self.profile.top_mode if self.profile.modes else None)
 
     @property
-    def power(self) -> "DevicePower":
+    def power(self) -> DevicePower:
         """Its power figures (the profile's `power_w` and `radio_nj_per_byte`), for the energy model."""
-        from edgec.compiler.cost.energy import DevicePower  # the cost model builds on the cluster, not back
         p = self.profile
         idle, busy = (p.power_idle_w, p.power_busy_w) if self.mode is None else p.mode_power(self.mode)
         return DevicePower(idle, busy, p.radio_tx_nj_per_byte, p.radio_rx_nj_per_byte)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgec.compiler.errors import UserError
 
-from .keys import GFLOPS_KEYS
+from .format_names import GFLOPS_KEYS
 from .quote import show
 from .yamlio import read_yaml
 
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from .schema import FiguresDoc, ProfileDoc
 
 __all__ = [
-    "PROFILES_DIR", "Figures", "Mode", "DEFAULT_MODE", "RuntimeCosts", "NO_RUNTIME_COSTS", "Profile", "profiles_dir", "available_profiles", "load_profile", "validate_profile_dict",
+    "PROFILES_DIR", "Figures", "Mode", "DEFAULT_MODE", "RuntimeFigures", "NO_RUNTIME_FIGURES", "Profile", "profiles_dir", "available_profiles", "load_profile", "validate_profile_dict",
     "profile_path", "unknown_profile", "read_profile",
 ]
 
@@ -44,7 +44,7 @@ class Figures:
 
 
 @dataclass(frozen=True)
-class RuntimeCosts:
+class RuntimeFigures:
     """What edgec's runtime itself costs on a device, in ms (the profile's `runtime:`; 0 where unmeasured).
 
     message_ms: one device-to-device message beyond its bytes on the wire: encoding, CURVE encryption, the
@@ -73,12 +73,12 @@ class RuntimeCosts:
     def __bool__(self) -> bool:
         return any((self.message_ms, self.message_ms_per_mb, self.request_ms, self.run_ms))
 
-    def cpu(self) -> "RuntimeCosts":
+    def cpu(self) -> "RuntimeFigures":
         """The CPU figures as message_ms, message_ms_per_mb and request_ms (each time figure where its CPU
         figure was not measured)."""
         def pick(cpu: float | None, time_ms: float) -> float:
             return time_ms if cpu is None else cpu
-        return RuntimeCosts(pick(self.message_cpu_ms, self.message_ms),
+        return RuntimeFigures(pick(self.message_cpu_ms, self.message_ms),
                             pick(self.message_cpu_ms_per_mb, self.message_ms_per_mb),
                             pick(self.request_cpu_ms, self.request_ms))
 
@@ -87,7 +87,7 @@ class RuntimeCosts:
                 "request_ms": self.request_ms}
 
 
-NO_RUNTIME_COSTS = RuntimeCosts()
+NO_RUNTIME_FIGURES = RuntimeFigures()
 DEFAULT_MODE = "default"  # the top level's operating point, when the profile does not name it (`mode:`)
 
 
@@ -123,7 +123,7 @@ class Profile:
     efficiency: dict[str, tuple[tuple[float, float], ...]] = field(default_factory=dict, hash=False)
     threads: dict[int, Figures] = field(default_factory=dict, hash=False, repr=False)  # per intra-op thread count
     measurement: dict[str, Any] = field(default_factory=dict, hash=False, repr=False)  # how it was measured (informational)
-    runtime: RuntimeCosts = NO_RUNTIME_COSTS  # the runtime's fixed costs (not per thread count: no onnxruntime in them)
+    runtime: RuntimeFigures = NO_RUNTIME_FIGURES  # the runtime's fixed costs (not per thread count: no onnxruntime in them)
     radio_tx_nj_per_byte: float | None = None  # the network interface's energy per byte sent; None: unknown
     radio_rx_nj_per_byte: float | None = None  # ... per byte received
     modes: dict[str, Mode] = field(default_factory=dict, hash=False, repr=False)  # power modes besides the top level's
@@ -252,7 +252,7 @@ def validate_profile_dict(data: Any, path: str) -> Profile:
         threads={n: _figures(entry) for n, entry in (doc.threads or {}).items()},
         # Informational: kept as written (the schema checked its shape), for the tools that read it.
         measurement=data["measurement"] if doc.measurement is not None else {},
-        runtime=NO_RUNTIME_COSTS if doc.runtime is None else RuntimeCosts(
+        runtime=NO_RUNTIME_FIGURES if doc.runtime is None else RuntimeFigures(
             doc.runtime.message_ms, doc.runtime.message_ms_per_mb, doc.runtime.request_ms,
             doc.runtime.message_cpu_ms, doc.runtime.message_cpu_ms_per_mb, doc.runtime.request_cpu_ms,
             doc.runtime.run_ms),

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, NamedTuple
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic_core import PydanticCustomError, PydanticKnownError
 
-from .keys import EFFICIENCY_KEYS, MEDIUMS
+from .format_names import EFFICIENCY_KEYS, MEDIUMS
 
 __all__ = ["DEVICE_NAME", "MAX_FIGURE", "MIN_POSITIVE", "MAX_THREADS", "MAX_EFFICIENCY", "MAX_FIXED_MS", "ProfileDoc",
            "FiguresDoc", "RuntimeDoc", "ClusterDoc", "DeviceDoc", "LinkDoc", "NetworkDoc"]

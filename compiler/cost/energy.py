@@ -22,36 +22,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DevicePower", "DeviceEnergy", "Energy", "request_energy"]
+from ..cluster.power import DevicePower
+
+__all__ = ["DeviceEnergy", "Energy", "request_energy", "device_mj", "link_mj", "radio_mj"]
 
 NJ_PER_MJ = 1e6
 
 
-@dataclass(frozen=True)
-class DevicePower:
-    """A device's power figures (its profile's, or its mode's): watts, and nJ per byte on its network
-    interface. None: unknown."""
+def device_mj(busy_w: float, idle_w: float, busy_ms: float, span_ms: float) -> tuple[float, float]:
+    """(compute mJ, idle mJ) of a device busy `busy_ms` of a request's `span_ms` (module docstring); numbers
+    or numpy arrays, element by element."""
+    return busy_w * busy_ms, idle_w * (span_ms - busy_ms)
 
-    idle_w: float | None = None
-    busy_w: float | None = None
-    tx_nj_per_byte: float | None = None
-    rx_nj_per_byte: float | None = None
 
-    @property
-    def known(self) -> bool:
-        return self.idle_w is not None and self.busy_w is not None
+def link_mj(nbytes, tx_nj_per_byte, rx_nj_per_byte):
+    """The radio energy of `nbytes` sent at tx_nj_per_byte and received at rx_nj_per_byte, in mJ; numbers or
+    numpy arrays, element by element."""
+    return nbytes * (tx_nj_per_byte + rx_nj_per_byte) / NJ_PER_MJ
 
-    def radio_mj(self, sent: float, received: float) -> float:
-        return ((self.tx_nj_per_byte or 0.0) * sent + (self.rx_nj_per_byte or 0.0) * received) / NJ_PER_MJ
 
-    def to_dict(self) -> dict:
-        """The manifest's per-device figures (only those known)."""
-        out = {}
-        if self.idle_w is not None or self.busy_w is not None:
-            out["power_w"] = {"idle": self.idle_w, "busy": self.busy_w}
-        if self.tx_nj_per_byte is not None or self.rx_nj_per_byte is not None:
-            out["radio_nj_per_byte"] = {"tx": self.tx_nj_per_byte, "rx": self.rx_nj_per_byte}
-        return out
+def radio_mj(power: DevicePower, sent: float, received: float) -> float:
+    """A device's radio energy for `sent` and `received` bytes, in mJ (0 for figures its profile lacks)."""
+    return ((power.tx_nj_per_byte or 0.0) * sent + (power.rx_nj_per_byte or 0.0) * received) / NJ_PER_MJ
 
 
 @dataclass(frozen=True)
@@ -101,8 +93,8 @@ def request_energy(span_ms: float, busy_ms: dict[str, float], sent: dict[str, fl
             unknown.append(d)
             continue
         busy = min(busy_ms.get(d, 0.0), span_ms)
-        devices[d] = DeviceEnergy(p.busy_w * busy, p.idle_w * (span_ms - busy),
-                                  p.radio_mj(sent.get(d, 0.0), received.get(d, 0.0)))
+        devices[d] = DeviceEnergy(*device_mj(p.busy_w, p.idle_w, busy, span_ms),
+                                  radio_mj(p, sent.get(d, 0.0), received.get(d, 0.0)))
     total = None if unknown else sum(e.total_mj for e in devices.values())
     idle = {d: p.idle_w for d, p in power.items() if d not in used}
     return Energy(total, devices, tuple(unknown), idle, span_ms)

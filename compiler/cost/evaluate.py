@@ -1,22 +1,21 @@
-"""Evaluate: Plan -> Prediction, the per-device timeline, latency, throughput and traffic under the cost model;
-and the replay of a manifest's static schedule (`simulate_manifest`)."""
+"""Evaluate: Plan -> Prediction, the per-device timeline, latency, throughput and traffic under the cost model
+(the replay of a manifest's static schedule is simulate.py)."""
 
 from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field, replace
 
-from edgec.runtime.manifest_types import Manifest
-from edgec.runtime.replay import replay
-
 from ..graph import LayerGraph
 from ..plan_types import Plan
-from .energy import DevicePower, Energy, request_energy
+from ..cluster.power import DevicePower
+from .energy import Energy, request_energy
 from .order import Message, better, order_bursts, order_stage
 from .table import CostTable
-from .tiles import host_mates, predict_stage
+from .stage_timeline import predict_stage
+from .tiles import host_mates
 
-__all__ = ["Transfer", "Event", "Prediction", "Hop", "crossing_tensors", "tensor_hops", "evaluate", "simulate_manifest"]
+__all__ = ["Transfer", "Event", "Prediction", "Hop", "crossing_tensors", "tensor_hops", "evaluate"]
 
 Hop = tuple[str, int, int]  # (tensor, sending stage, receiving stage)
 
@@ -170,7 +169,7 @@ def evaluate(plan: Plan, graph: LayerGraph, cost: CostTable, contention_order: b
     `bottleneck_ms`), under what the runtime does: each device runs its steps for one input before the
     next input's, and hands a message to ZeroMQ, which sends it while the device goes on.
     - A device is held, per stage it works in: a pipeline stage, for its compute; a spatial stage, for
-      its span in the stage's timeline (tiles.py `_spans`: the stage's device from scatter to gather, a
+      its span in the stage's timeline (stage_timeline.py `_spans`: the stage's device from scatter to gather, a
       tile device from its first tile to the end of its last, with the halo sends and the waits for halo
       rows between them, which the latency model, the emulator and the runtime all make it wait for).
     - The coordinator is held for the runtime's per-request cost, all of a request's model inputs in and
@@ -329,7 +328,7 @@ def _host_periods(plan: Plan, graph: LayerGraph, cost: CostTable, busy: dict[str
     end (network.runtime_ms: encoding, CURVE, copies, which the profiles measured with both ends on one
     machine); and each request's cost at the devices taking model inputs and giving outputs, half to the
     device's machine and half to the coordinator's (`coordinator: true`), both of which do that hand-off.
-    The runtime's costs are its CPU figures where the profiles measured them (RuntimeCosts.cpu).
+    The runtime's costs are its CPU figures where the profiles measured them (RuntimeFigures.cpu).
     Measured on a 2-core machine running two 1-thread workers and the coordinator, a two-stage MobileNetV2
     streamed at 165/s where the devices' own periods said 215/s: 10.5 ms of CPU per request on 2 cores."""
     hosts = cost.cluster.hosts
@@ -475,34 +474,3 @@ def _request_costs(plan: Plan, graph: LayerGraph, cost: CostTable,
 
     return ({k: ms for d, k in taken.items() if (ms := net.request_in_ms(d, nbytes(reads[d]), cpu)) > 0},
             {k: ms for d, k in given.items() if (ms := net.request_out_ms(d, nbytes(gives[d]), cpu)) > 0})
-
-
-def simulate_manifest(manifest: Manifest) -> dict:
-    """Replay a manifest's static schedule with its predicted fragment times and its network: the runtime's
-    replay (runtime/replay.py, the planner's timeline), with the energy of the request.
-
-    `manifest` is the runtime's parsed Manifest (parse_manifest or load_manifest), so the schedule has
-    been validated: every fragment a run names exists, and no recv waits for a send that never comes.
-    """
-    t = replay(manifest)
-    busy = {d: t.busy_ms(d) for d in t.finish_ms}
-    latency = t.latency_ms
-    energy = request_energy(latency, busy, t.sent, t.received, manifest_power(manifest))
-    return {
-        "latency_ms": latency,
-        "devices": {d: {"busy_ms": busy[d], "finish_ms": t.finish_ms[d], **_energy_of(energy, d)} for d in t.finish_ms},
-        "bytes_transferred": t.bytes_transferred,
-        "predicted_energy_mj": energy.total_mj,
-        "energy": energy.to_dict(),
-        "timeline": t.events,
-    }
-
-
-def manifest_power(manifest: Manifest) -> dict[str, DevicePower]:
-    """{device: the power figures the manifest was compiled with}."""
-    return {d.name: DevicePower(d.idle_w, d.busy_w, d.tx_nj_per_byte, d.rx_nj_per_byte) for d in manifest.devices}
-
-
-def _energy_of(energy: Energy, device: str) -> dict:
-    e = energy.devices.get(device)
-    return {"predicted_energy_mj": None if e is None else e.total_mj}

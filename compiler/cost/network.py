@@ -1,42 +1,24 @@
-"""Network model: how long a message takes between two devices. The compiler's one Mbps conversion.
+"""The network model: how long a message takes between two devices, on the runtime's one link model.
 
-A link carries bandwidth_mbps (10^6 bit/s) after a fixed latency_ms: `nbytes` cost
-nbytes / bytes_per_ms(bandwidth_mbps) + latency_ms. On a "switched" medium every pair has its own link;
-on a "shared" medium one channel carries every transfer (the planners and `evaluate` queue them).
-
-The runtime's own cost of a message (the profiles' `runtime:` figures: encoding, CURVE, the ZeroMQ hand-off,
-decoding, host copies) is part of every message's time: each end does half the work, so a message from a to
-b pays the mean of a's and b's `message_ms`, and per byte the mean of their `message_ms_per_mb` / 10^6. It is
-folded into the link's figures here (`latency_ms` holds the fixed part, `bytes_per_ms` the per-byte part), so
-every planner, which reads either those or `transfer_ms`, and `evaluate` price a message alike. A device
-without the figures adds 0: the links of profiles without them are exactly the cluster's.
+The formulas (Mbps as bytes per ms, a message's time, the runtime's own cost of a message folded into a
+link's figures) live in runtime/linkmodel.py, which the runtime's replay and emulation use too; this module
+puts them on the cluster's named devices. On a "switched" medium every pair has its own link; on a "shared"
+medium one channel carries every transfer (the planners and `evaluate` queue them). Every planner, which
+reads either `bytes_per_ms`/`latency_ms` or `transfer_ms`, and `evaluate` price a message alike. A device
+without the runtime's figures adds 0: the links of profiles without them are exactly the cluster's.
 """
 
 from __future__ import annotations
 
-from edgec.runtime.replay import effective_bytes_per_ms, message_ms
+from edgec.runtime.linkmodel import (link, message_fixed_ms, message_ms, message_ms_per_byte, mbps_to_bytes_per_ms,
+                                     request_half_ms)
 
-from ..cluster import Cluster, RuntimeCosts
+from ..cluster import Cluster
 
-__all__ = ["bytes_per_ms", "message_ms", "fixed_message_ms", "per_byte_ms", "Network"]
-
-
-def bytes_per_ms(bandwidth_mbps: float) -> float:
-    """Megabits per second as bytes per millisecond: 1 Mbit/s = 10^6 / 8 bytes/s = 125 bytes/ms."""
-    return bandwidth_mbps * 125.0
+__all__ = ["NetworkModel"]
 
 
-def fixed_message_ms(a: RuntimeCosts, b: RuntimeCosts) -> float:
-    """The runtime's fixed cost of one message between devices of these costs: half of each end's figure."""
-    return (a.message_ms + b.message_ms) / 2.0
-
-
-def per_byte_ms(a: RuntimeCosts, b: RuntimeCosts) -> float:
-    """The runtime's cost per byte of one message between devices of these costs: half of each end's."""
-    return (a.message_ms_per_mb + b.message_ms_per_mb) / 2.0 / 1e6
-
-
-class Network:
+class NetworkModel:
     """The cluster's links between named devices, priced in bytes per ms and ms.
 
     `bytes_per_ms(a, b)` and `latency_ms(a, b)` describe a message between two distinct devices, the
@@ -57,12 +39,11 @@ class Network:
         self._links: dict[tuple[str, str], tuple[float, float]] = {}
         for a in self.devices:
             for b in self.devices:
-                link = cluster.link(a, b)
-                bw, lat = bytes_per_ms(link.bandwidth_mbps), link.latency_ms
-                if a != b:
-                    ca, cb = self._costs[a], self._costs[b]
-                    bw, lat = effective_bytes_per_ms(bw, per_byte_ms(ca, cb)), lat + fixed_message_ms(ca, cb)
-                self._links[a, b] = (bw, lat)
+                lk = cluster.link(a, b)
+                if a == b:  # never priced (transfer_ms is 0 on one device): the bare link
+                    self._links[a, b] = (mbps_to_bytes_per_ms(lk.bandwidth_mbps), lk.latency_ms)
+                else:
+                    self._links[a, b] = link(lk.bandwidth_mbps, lk.latency_ms, self._costs[a], self._costs[b])
 
     def bytes_per_ms(self, src: str, dst: str) -> float:
         return self._links[src, dst][0]
@@ -72,19 +53,18 @@ class Network:
 
     def transfer_ms(self, nbytes: float, src: str, dst: str) -> float:
         """`nbytes` from src to dst: 0 on the same device or for nothing, else bytes / bandwidth + latency."""
-        if src == dst or nbytes == 0:
+        if src == dst:
             return 0.0
-        bw, lat = self._links[src, dst]
-        return nbytes / bw + lat
+        return message_ms(nbytes, *self._links[src, dst])
 
     def runtime_ms(self, nbytes: float, src: str, dst: str) -> float:
         """The runtime's own work on a message of `nbytes` from src to dst (both ends together), without
-        the wire's time, in CPU time where the profiles measured it (RuntimeCosts.cpu): what its hand-off
+        the wire's time, in CPU time where the profiles measured it (RuntimeFigures.cpu): what its hand-off
         costs the machines' cores (evaluate.py `_host_periods`)."""
         if src == dst:
             return 0.0
         a, b = self._costs[src].cpu(), self._costs[dst].cpu()
-        return fixed_message_ms(a, b) + nbytes * per_byte_ms(a, b)
+        return message_fixed_ms(a, b) + nbytes * message_ms_per_byte(a, b)
 
     def request_in_ms(self, device: str, nbytes: int | None = None, cpu: bool = False) -> float:
         return self._request_ms(device, self.io_bytes[0] if nbytes is None else nbytes, cpu)
@@ -94,6 +74,5 @@ class Network:
 
     def _request_ms(self, device: str, nbytes: int, cpu: bool = False) -> float:
         """Half the request's fixed cost plus the bytes at the per-byte message cost; with `cpu`, in CPU time
-        where measured (RuntimeCosts.cpu)."""
-        c = self._costs[device].cpu() if cpu else self._costs[device]
-        return c.request_ms / 2.0 + nbytes * c.message_ms_per_mb / 1e6
+        where measured (RuntimeFigures.cpu)."""
+        return request_half_ms(self._costs[device].cpu() if cpu else self._costs[device], nbytes)

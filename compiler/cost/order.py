@@ -7,7 +7,7 @@ Which receiver a holder serves first decides when each tile can start: the need 
 the emitter used to fix can leave the slowest tile device waiting behind messages to devices that finish
 early anyway.
 
-The decision, exchange by exchange in the stage's timeline (tiles.run_stage), greedy with a look at the
+The decision, exchange by exchange in the stage's timeline (stage_timeline.run_stage), greedy with a look at the
 whole stage: at each exchange a few candidate orders are timed over the whole stage (the exchanges after
 it in need order) and the best stays, need order on ties. The candidates:
 - The exchange's own best (`exchange_order`), for this objective: max over the stage's devices of (when
@@ -54,7 +54,7 @@ branch placed on a slower device than the branch before it.
 
 Across senders nothing is decided statically: on a shared medium, bursts take the channel in the order
 their holders are ready (the coordinator arbitrates first come first served at run time, runtime/emulate.py),
-which a static order cannot change; the timelines model it so (tiles.py within a spatial stage, evaluate's
+which a static order cannot change; the timelines model it so (stage_timeline.py within a spatial stage, evaluate's
 `_Flow` between stages, runtime/replay.py for the manifest).
 
 Guarantee: a candidate is kept only when the result is better with it: a lower latency and no device held
@@ -73,7 +73,7 @@ from typing import Callable, NamedTuple, Sequence
 from ..graph import LayerGraph
 from ..plan_types import Stage
 from .table import CostTable
-from .tiles import StageWork, run_stage
+from .stage_timeline import StageWork, run_stage
 
 __all__ = ["EXACT_LIMIT", "Message", "better", "order_bursts", "order_stage", "exchange_order"]
 

@@ -66,9 +66,11 @@ from onnx import helper
 from ..cluster import Cluster, DeviceSpec, Figures
 from ..graph import Layer, LayerGraph
 from ..layers import POINTWISE, cost_class
-from .network import Network
+from ..units import gbps_to_bytes_per_ms, gflops_to_flops_per_ms, per_million_ms, us_to_ms
+from .network import NetworkModel
 
-__all__ = ["CostTable", "build_cost_table", "layer_ms", "weight_ms", "shared_weight_ms", "node_keys", "layer_out_elems",
+__all__ = ["CostTable", "build_cost_table", "layer_ms", "weight_ms", "shared_weight_ms", "price_keys", "layer_out_elems",
+           "op_overhead_ms", "node_price", "node_ms",
            "layer_out_positions", "priced_ms", "TileCurve", "efficiency"]
 
 logger = logging.getLogger(__name__)
@@ -146,12 +148,12 @@ class CostTable:
         return build_cost_table(graph, self.cluster.with_modes(modes), sha, model)
 
     @cached_property
-    def network(self) -> Network:
+    def network(self) -> NetworkModel:
         """The cluster's links (network.py): the one place bandwidth becomes bytes per ms."""
         if self.source is None:
-            return Network(self.cluster)
+            return NetworkModel(self.cluster)
         graph = self.source[0]
-        return Network(self.cluster, (sum(graph.tensors[t].nbytes for t in graph.inputs),
+        return NetworkModel(self.cluster, (sum(graph.tensors[t].nbytes for t in graph.inputs),
                                       sum(graph.tensors[t].nbytes for t in graph.outputs)))
 
     def transfer_ms(self, nbytes: int, src: str, dst: str) -> float:
@@ -161,7 +163,7 @@ class CostTable:
     def memory_bytes_per_ms(self) -> tuple[float, ...]:
         """Per device, its figures' memory bandwidth (memory_gbps) in bytes per ms: what a copy in memory,
         such as assembling a tile's input from its parts (tiles.py), moves at."""
-        return tuple(dev.figures.memory_gbps * 1e6 for dev in self.cluster.devices)  # GB/s = 1e6 bytes/ms
+        return tuple(gbps_to_bytes_per_ms(dev.figures.memory_gbps) for dev in self.cluster.devices)
 
     @cached_property
     def run_ms(self) -> tuple[float, ...]:
@@ -192,7 +194,7 @@ SKIP_NORM = "LayerNormalization:skip"
 
 
 def model_context(model: onnx.ModelProto) -> tuple[dict, dict]:
-    """({tensor: the node producing it}, {tensor: its static shape}) of a shape-inferred model, for node_keys."""
+    """({tensor: the node producing it}, {tensor: its static shape}) of a shape-inferred model, for price_keys."""
     producers = {o: n for n in model.graph.node for o in n.output}
     shapes = {}
     for v in (*model.graph.input, *model.graph.value_info, *model.graph.output):
@@ -215,7 +217,7 @@ def _skip_norm(node: onnx.NodeProto, producers: dict, shapes: dict) -> bool:
     return a is not None and a == b
 
 
-def node_keys(layer: Layer, model: onnx.ModelProto | None = None,
+def price_keys(layer: Layer, model: onnx.ModelProto | None = None,
               context: tuple[dict, dict] | None = None) -> tuple[tuple[str, ...], ...]:
     """Per node of the layer, the op-table keys to try in order: "<op type>:<mode>" for a node with a
     `mode` attribute, SKIP_NORM for a LayerNormalization onnxruntime fuses with the residual Add before it
@@ -258,16 +260,32 @@ def _op_class(op: str) -> str:
     return cost_class(helper.make_node(op, ["x"], ["y"]), {})
 
 
+def op_overhead_ms(figures: Figures, ops: int = 1) -> float:
+    """The figures' per-operator overhead (op_overhead_us) of `ops` operators, in ms."""
+    return us_to_ms(ops * figures.op_overhead_us)
+
+
+def node_price(figures: Figures, keys: tuple[str, ...]) -> float | None:
+    """A node's op-table price (ms per 10^6 output elements): that of its first key the table lists, or
+    None when it lists none."""
+    return next((figures.op_ms_per_melem[k] for k in keys if k in figures.op_ms_per_melem), None)
+
+
+def node_ms(elems: float, price: float) -> float:
+    """A priced node's time: its output elements at `price` ms per 10^6 of them."""
+    return per_million_ms(elems, price)
+
+
 def priced_ms(layer: Layer, figures: Figures, keys: tuple[tuple[str, ...], ...], elems: int) -> tuple[float, bool]:
     """(The op-table share of the layer's time, whether the prices replace the layer's roofline: its
     leading operator is priced and every other operator is pointwise)."""
     total, lead, rest_pointwise = 0.0, False, True
     for op, cands in zip(layer.op_types, keys):
-        price = next((figures.op_ms_per_melem[k] for k in cands if k in figures.op_ms_per_melem), None)
+        price = node_price(figures, cands)
         if price is None:
             rest_pointwise &= op in POINTWISE
         else:
-            total += elems * price / 1e6
+            total += node_ms(elems, price)
             lead |= _op_class(op) == layer.cost_class
     return total, lead and rest_pointwise
 
@@ -287,7 +305,7 @@ def weight_ms(layer: Layer, figures: Figures) -> float:
     gbps = figures.weight_gbps
     if figures.gemm_weight_gbps is not None and layer.cost_class == "gemm" and gemm_rows(layer) >= 2:
         gbps = figures.gemm_weight_gbps
-    return 0.0 if gbps is None else layer.read_param_bytes / (gbps * 1e6)  # GB/s = 1e6 bytes/ms
+    return 0.0 if gbps is None else layer.read_param_bytes / gbps_to_bytes_per_ms(gbps)
 
 
 def shared_weight_ms(layer: Layer, figures: Figures, device: DeviceSpec) -> float:
@@ -298,7 +316,7 @@ def shared_weight_ms(layer: Layer, figures: Figures, device: DeviceSpec) -> floa
     alone = weight_ms(layer, figures)
     if device.host is None or gbps is None or alone == 0.0:
         return 0.0
-    return max(0.0, layer.read_param_bytes / (gbps * 1e6) - alone)  # GB/s = 1e6 bytes/ms
+    return max(0.0, layer.read_param_bytes / gbps_to_bytes_per_ms(gbps) - alone)
 
 
 def layer_ms(layer: Layer, device: DeviceSpec, priced: tuple[float, bool] = (0.0, False), positions: int = 0) -> float:
@@ -307,13 +325,13 @@ def layer_ms(layer: Layer, device: DeviceSpec, priced: tuple[float, bool] = (0.0
     (`weight_ms`; see the module docstring).  A conv layer's compute runs at its output `positions`' fraction
     of gflops.conv where the figures measured `efficiency.conv_positions`."""
     p = device.figures
-    overhead = len(layer.op_types) * p.op_overhead_us / 1000.0
+    overhead = op_overhead_ms(p, len(layer.op_types))
     ms, lead = priced
     if lead:
         return overhead + ms
     stream = weight_ms(layer, p)
     moved = layer.input_bytes + layer.output_bytes + (0 if stream else layer.read_param_bytes)
-    mem_ms = moved / (p.memory_gbps * 1e6)  # GB/s = 1e6 bytes/ms
+    mem_ms = moved / gbps_to_bytes_per_ms(p.memory_gbps)
     if layer.cost_class in MEMORY_BOUND:
         roof = mem_ms
     else:
@@ -321,7 +339,7 @@ def layer_ms(layer: Layer, device: DeviceSpec, priced: tuple[float, bool] = (0.0
         curve = p.efficiency.get("conv_positions") if layer.cost_class == "conv" else None
         if curve is not None and positions > 0:
             gflops *= float(efficiency(curve, positions))
-        roof = max(layer.flops / (gflops * 1e6), mem_ms) + stream
+        roof = max(layer.flops / gflops_to_flops_per_ms(gflops), mem_ms) + stream
     return overhead + roof if ms == 0.0 else overhead + ms + roof
 
 
@@ -341,7 +359,7 @@ def build_cost_table(graph: LayerGraph, cluster: Cluster, model_sha256: str | No
     only adds the op-table keys of node modes ("Resize:linear"); without it such nodes take their op
     type's price."""
     context = None if model is None else model_context(model)
-    keys = [node_keys(layer, model, context) for layer in graph.layers]
+    keys = [price_keys(layer, model, context) for layer in graph.layers]
     elems = np.array([layer_out_elems(graph, layer) for layer in graph.layers], dtype=np.float64)
     positions = [layer_out_positions(graph, layer) for layer in graph.layers]
     cols, measured, priced, overhead, shared = [], [], [], [], []
@@ -363,7 +381,7 @@ def build_cost_table(graph: LayerGraph, cluster: Cluster, model_sha256: str | No
         cols.append(col)
         # What every tile pays again, however few rows it computes: its operators' dispatch and, priced by
         # the roofline, streaming in all of the layer's weights.
-        overhead.append([min(len(layer.op_types) * fig.op_overhead_us / 1000.0
+        overhead.append([min(op_overhead_ms(fig, len(layer.op_types))
                              + (0.0 if measured[-1] or pr[1] else weight_ms(layer, fig)), ms)
                          for layer, ms, pr in zip(graph.layers, col, prices)])
         shared.append([0.0 if measured[-1] or pr[1] else shared_weight_ms(layer, fig, dev)

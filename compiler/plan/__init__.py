@@ -2,7 +2,7 @@
 best first (planner.py: `(graph, cost, objective, options) -> list[Plan]`); none touches ONNX.
 
 - pipeline.py: the exact pipeline planner and its problem (the chain of blocks between pipeline cuts priced per
-  device); pareto.py: its Pareto DP for the shared medium; baselines.py: single, even, neurosurgeon.
+  device); pipeline_pareto.py: its Pareto DP for the shared medium; baselines.py: single, even, neurosurgeon.
 - spatial.py, spatial_search.py: the ADaPS-style spatial and hybrid searches (lanes.py runs them side
   by side); spatial_baselines.py: BBGraP, EdgeFlow, DeepThings.
 - registry.py: strategy name -> planner, and the order auto runs them in.

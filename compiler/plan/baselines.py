@@ -19,10 +19,10 @@ from ..cost import CostTable
 from ..graph import LayerGraph
 from ..plan_types import Plan
 from ..units import MB
-from .pipeline import (
-    PipelineProblem, PipelineSolution, StageChoice, _Tables, infeasible_message, pipeline_problem, solution_sort_key,
-    to_plan, validate_request,
-)
+from .pipeline_dp import infeasible_message
+from .pipeline_problem import (PipelineProblem, PipelineSolution, StageChoice, pipeline_problem, solution_sort_key,
+                               to_plan, validate_request)
+from .pipeline_tables import StageTables
 from .planner import InfeasibleError, PlanOptions
 from .stats import count as count_work
 
@@ -58,7 +58,7 @@ def _solve(problem: PipelineProblem, stages: list[tuple[int, int, int]]) -> Pipe
     return problem.evaluate(tuple(StageChoice(lo, hi, d) for lo, hi, d in stages))
 
 
-def _candidate_keys(tab: _Tables, objective: str, max_stages: int | None):
+def _candidate_keys(tab: StageTables, objective: str, max_stages: int | None):
     """Every plan with one stage, or two stages on distinct devices, as (sort key, stages), fitting memory.
 
     Keys are computed with evaluate's exact arithmetic: latency = (sum of computes) + (sum of transfers).
@@ -161,7 +161,7 @@ def solve_neurosurgeon(
     """The best split point between two devices: every ordered pair (a, b), every cut, plus every
     single-device plan; the best that fits (ties: smaller stages tuple)."""
     validate_request(problem, objective)
-    cands = _candidate_keys(_Tables(problem), objective, max_stages)
+    cands = _candidate_keys(StageTables(problem), objective, max_stages)
     if not cands:
         raise InfeasibleError(
             f"no single device or two-device split fits: {infeasible_message(problem, min(2, max_stages or 2))}"

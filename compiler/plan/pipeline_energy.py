@@ -1,6 +1,6 @@
 """The pipeline planner for `--objective energy`: the least energy per request under a latency SLA, exact.
 
-The problem is the pipeline planner's (pipeline.py `PipelineProblem`: contiguous stages of the block
+The problem is the pipeline planner's (pipeline_problem.py `PipelineProblem`: contiguous stages of the block
 chain, each on its own device) whose columns are operating points: a column is a device in one of its
 power modes (`EnergyColumns.device`; without modes, one column per device), and a plan uses at most
 one column of each device. Energy per request is cost/energy.py's, with the span the plan's latency L:
@@ -33,9 +33,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..cost import CostTable
+from ..cost.energy import device_mj, link_mj
 from ..graph import LayerGraph
 from ..plan_types import Plan, Stage
-from .pipeline import PipelineProblem, StageChoice, _memory_feasible, _Tables, infeasible_message, pipeline_problem
+from .pipeline_dp import infeasible_message, memory_feasible
+from .pipeline_problem import PipelineProblem, StageChoice, pipeline_problem
+from .pipeline_tables import StageTables
 from .planner import EnergyGoal, InfeasibleError, PlanOptions
 from .stats import count as count_work
 
@@ -138,7 +141,7 @@ def plan_pipeline_energy(graph: LayerGraph, cost: CostTable, options: PlanOption
     try:
         sol = solve_energy(problem, cols, goal)
     except InfeasibleError as exc:
-        if not _memory_feasible(base, None):
+        if not memory_feasible(base, None):
             raise
         fastest = min(energy_of(problem, cols, s.stages)[0] for s in _fastest(problem, cols))
         raise InfeasibleError(f"{exc}: the fastest pipeline plan takes {fastest:.3f} ms") from None
@@ -173,9 +176,10 @@ def energy_of(problem: PipelineProblem, cols: EnergyColumns, stages: tuple[Stage
                + float(cols.request_out_ms[stages[-1].device]))
     energy = 0.0
     for s, c in zip(stages, compute):
-        energy += cols.busy_w[s.device] * c + cols.idle_w[s.device] * (latency - c)
+        busy, idle = device_mj(cols.busy_w[s.device], cols.idle_w[s.device], c, latency)
+        energy += busy + idle
     for a, b in zip(stages, stages[1:]):
-        energy += problem.cut_bytes[a.hi - 1] * (cols.tx_nj[a.device] + cols.rx_nj[b.device]) / 1e6
+        energy += link_mj(problem.cut_bytes[a.hi - 1], cols.tx_nj[a.device], cols.rx_nj[b.device])
     return latency, float(energy)
 
 
@@ -185,11 +189,11 @@ def solve_energy(problem: PipelineProblem, cols: EnergyColumns, goal: EnergyGoal
     latency of the placements that fit)."""
     # the per-request costs are idle time, not compute: the columns carry them, the tables do not
     problem = replace(problem, request_in_ms=None, request_out_ms=None)
-    tab = _Tables(problem)
+    tab = StageTables(problem)
     dp = _EnergyDP(problem, tab, cols, goal)
     best = dp.run()
     if best is None:
-        if not _memory_feasible(problem, None):
+        if not memory_feasible(problem, None):
             raise InfeasibleError(infeasible_message(problem))
         raise InfeasibleError(f"no pipeline placement is predicted within the SLA of {goal.sla_ms:g} ms")
     return best
@@ -199,14 +203,14 @@ class _EnergyDP:
     """The label DP of the module docstring. States are (blocks done, column mask, last column): column
     masks, not device masks, so that P(m) is known; a device's other columns are excluded by its bit."""
 
-    def __init__(self, problem: PipelineProblem, tab: _Tables, cols: EnergyColumns, goal: EnergyGoal):
+    def __init__(self, problem: PipelineProblem, tab: StageTables, cols: EnergyColumns, goal: EnergyGoal):
         self.p, self.tab, self.cols, self.goal = problem, tab, cols, goal
         self.B, self.K = tab.B, tab.D
         self.bit = [1 << int(d) for d in cols.device]
         self.dyn = np.asarray(cols.busy_w, dtype=np.float64) - np.asarray(cols.idle_w, dtype=np.float64)
         cut = np.asarray(problem.cut_bytes, dtype=np.float64)
         tx, rx = np.asarray(cols.tx_nj, dtype=np.float64), np.asarray(cols.rx_nj, dtype=np.float64)
-        self.R = cut[:, None, None] * (tx[None, :, None] + rx[None, None, :]) / 1e6  # mJ of cut c, a -> b
+        self.R = link_mj(cut[:, None, None], tx[None, :, None], rx[None, None, :])  # mJ of cut c, a -> b
         self.rest = tab.lat_rest  # least compute of blocks j.. (each on its fastest column)
         self.least_out = float(np.min(cols.request_out_ms))
         self.best: EnergySolution | None = None
@@ -332,7 +336,7 @@ def energy_frontier(graph: LayerGraph, cost: CostTable, goal: EnergyGoal) -> lis
     columns = _columns(cost)
     cols = device_columns(cost, columns)
     problem = replace(_column_problem(base, cost, graph, columns), request_in_ms=None, request_out_ms=None)
-    dp = _FrontierDP(problem, _Tables(problem), cols, goal)
+    dp = _FrontierDP(problem, StageTables(problem), cols, goal)
     dp.run()
     labels = dp.final_labels()
     if not labels:

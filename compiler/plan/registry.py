@@ -1,7 +1,7 @@
 """The planner registry: strategy name -> planner, every one `(graph, cost, objective, options) -> list[Plan]`.
 
 `auto` is no planner of its own: the driver runs the planners of `schedule(PLANNERS)` in order and keeps
-the best predicted plan (a branch and bound, see compiler.driver.plan_model). The schedule runs the
+the best predicted plan (a branch and bound, see compiler/plan/choose.py plan_model). The schedule runs the
 cheap planners first, in registry order, and the searching planners (SEARCHES) last, as one group:
 they share their searches (`plan_jointly`), bounded by the best plan found before them.
 """

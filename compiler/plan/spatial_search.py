@@ -3,7 +3,7 @@
 Search space: per cut, tile sizes within ADaPS's bounds (Eq. 1-3: a window around the speed-proportional
 share, width threshold * (max size - share)); any subset of block cuts as segment boundaries; any start
 among the planner's entry cuts (the model input, or any cut after a stem the planner prices); any end of
-the spatial group. Each choice is scored with the tile cost model's StepModel (compiler.cost.tiles): the
+the spatial group. Each choice is scored with the tile cost model's StepModel (compiler.cost.tile_steps): the
 group starts with its input on the gather device (a scatter), every segment costs its slowest device
 (rows received + tile compute), the group ends with a gather, and the layers after it cost `rest`
 (given by the planner).
@@ -18,6 +18,10 @@ and sub-tree reuse (nodes whose remaining problem is no better than k seen ones 
 Exact when unbounded (beam=None, branch=None, budget=None: tests compare with `exhaustive`); by default
 the DP keeps `beam` states per cut, `branch` partitions per transition, and each partition search stops
 after `budget` nodes with the best partitions found so far (SearchStats.exact says whether any limit bit).
+
+One algorithm, kept whole (over 500 lines): the DP over cuts, the partition search of one transition and
+their shared caches and bounds (the incumbent, the lower bounds, the reuse of partitions and sub-trees) work
+on one state and read best side by side; split, each half would need the other's invariants restated.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..cost import CostTable
-from ..cost.tiles import SegmentCost, Step, StepModel
+from ..cost.tile_steps import Step, StepModel
+from ..cost.tiles import SegmentCost
 from ..graph import LayerGraph
 from ..plan_types import Segment, SpatialGroup, Stage, Tile
 

@@ -31,7 +31,7 @@ from edgec.compiler.errors import UserError
 from .bench import SPREAD_QUANTILE
 from .timing import Figure, sig
 
-__all__ = ["DRIFT_LIMIT", "MIN_ROUNDS", "Drift", "halves", "check_drift"]
+__all__ = ["DRIFT_LIMIT", "MIN_ROUNDS", "MemoryDrift", "halves", "check_drift"]
 
 DRIFT_LIMIT = 0.10
 MIN_ROUNDS = 4  # fewer rounds cannot be split into halves that each say anything
@@ -43,7 +43,7 @@ GEMM_SENSITIVITY = "2.7 times as much as the memory rate, on the machine edgec w
 
 
 @dataclass(frozen=True)
-class Drift:
+class MemoryDrift:
     first_gbps: float  # memory_gbps' rounds in the first half of the pass
     second_gbps: float  # ... in the second half
     rounds: int  # in both halves together
@@ -70,7 +70,7 @@ def _pick(times: list[float], stable: list[bool]) -> float:
     return pool[math.floor(SPREAD_QUANTILE * (len(pool) - 1))]
 
 
-def halves(f: Figure, bytes_per_run: int) -> Drift | None:
+def halves(f: Figure, bytes_per_run: int) -> MemoryDrift | None:
     """memory_gbps' rate in the first and the second half of its rounds (in the order taken); None with fewer
     than MIN_ROUNDS."""
     times = list(f.round_medians)
@@ -79,10 +79,10 @@ def halves(f: Figure, bytes_per_run: int) -> Drift | None:
         return None
     mid = len(times) // 2
     first, second = _pick(times[:mid], stable[:mid]), _pick(times[mid:], stable[mid:])
-    return Drift(bytes_per_run / first / 1e9, bytes_per_run / second / 1e9, len(times))
+    return MemoryDrift(bytes_per_run / first / 1e9, bytes_per_run / second / 1e9, len(times))
 
 
-def check_drift(drift: Drift, threads: int, strict: bool, warnings: list[str]) -> None:
+def check_drift(drift: MemoryDrift, threads: int, strict: bool, warnings: list[str]) -> None:
     """A move beyond DRIFT_LIMIT refuses with strict, else becomes a warning."""
     if abs(round(drift.moved, 9)) <= DRIFT_LIMIT:  # 110 / 100 - 1 is 0.10000000000000009
         return

@@ -126,7 +126,7 @@ def measure_runtime_costs(policy: Policy, quick: bool, say: Callable[[str], None
         if large_cpu > small_cpu:
             costs["message_cpu_ms_per_mb"] = sig((large_cpu - small_cpu) / (2 * CPU_EXCHANGES) / (large - SMALL_BYTES)
                                                  * 1e6)
-        else:  # the time figure stands in (RuntimeCosts.cpu), as for a profile without CPU figures
+        else:  # the time figure stands in (RuntimeFigures.cpu), as for a profile without CPU figures
             notes.append(f"runtime message_cpu_ms_per_mb not written: a request exchanging the large tensor took "
                          f"{large_cpu:.3g} ms of CPU against {small_cpu:.3g} for the 64-byte one (how much CPU a "
                          "request takes wandered more than its bytes cost); message_ms_per_mb stands in")

@@ -31,7 +31,8 @@ from edgec.runtime.errors import EdgecRuntimeError
 from edgec.runtime.manifest import Fragment, Manifest, load_manifest
 
 from ..cluster import Cluster, DeviceSpec, Profile, load_profile
-from ..cost.table import build_cost_table, model_context, node_keys
+from ..cost.table import (build_cost_table, layer_out_elems, model_context, price_keys, node_ms, node_price,
+                          op_overhead_ms)
 from ..errors import UserError
 from ..ingest import Ingested, load_model
 from .output import write_profile
@@ -156,19 +157,15 @@ def node_predictions(ing: Ingested, spec: DeviceSpec) -> dict[str, float]:
                       path="(refine)")
     layer_ms = build_cost_table(ing.graph, cluster, None, ing.model).layer_ms[:, 0]
     context = model_context(ing.model)
-    overhead = figures.op_overhead_us / 1000.0
+    overhead = op_overhead_ms(figures)
     out: dict[str, float] = {}
     for layer, ms in zip(ing.graph.layers, layer_ms):
-        elems = max((math.prod(ing.graph.tensors[t].shape) for t in layer.outputs if t in ing.graph.tensors), default=0)
-        parts = [overhead + _price(figures.op_ms_per_melem, keys) * elems / 1e6
-                 for keys in node_keys(layer, ing.model, context)]
+        elems = layer_out_elems(ing.graph, layer)
+        parts = [overhead + node_ms(elems, node_price(figures, keys) or 0.0)
+                 for keys in price_keys(layer, ing.model, context)]
         parts[0] += max(float(ms) - sum(parts), 0.0)
         out.update(zip(layer.node_names, parts))
     return out
-
-
-def _price(prices: dict[str, float], keys: tuple[str, ...]) -> float:
-    return next((prices[k] for k in keys if k in prices), 0.0)
 
 
 def _fragment_nodes(manifest: Manifest, frag: Fragment, ing: Ingested) -> list[str] | None:

@@ -43,7 +43,7 @@ import yaml
 
 from edgec.compiler.cluster import load_cluster, load_profile
 from edgec.compiler.errors import UserError
-from edgec.compiler.cost.network import Network
+from edgec.compiler.cost.network import NetworkModel
 from edgec.compiler.profile import fixed  # the profile's own two-worker builds: _manifest, _relu, _evict
 from edgec.runtime.coordinator import Cluster
 from edgec.runtime.manifest import load_manifest
@@ -141,7 +141,7 @@ def pricer(profile: Path, folder: Path):
            "network": NETWORK}
     path = folder / "cluster.yaml"
     path.write_text(yaml.safe_dump(doc))
-    net = Network(load_cluster(path))
+    net = NetworkModel(load_cluster(path))
     return lambda nbytes: net.transfer_ms(nbytes, "a", "b")
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import itertools
 
-from edgec.compiler.plan.pipeline import solution_sort_key
-from edgec.compiler.plan.pipeline import PipelineProblem, PipelineSolution, StageChoice
+from edgec.compiler.plan.pipeline_problem import solution_sort_key
+from edgec.compiler.plan.pipeline_problem import PipelineProblem, PipelineSolution, StageChoice
 
 
 def brute_force(problem: PipelineProblem, objective: str, max_stages: int | None = None) -> list[PipelineSolution]:

@@ -313,7 +313,7 @@ def _alexnet_cluster(tmp_path):
 
 def test_the_sla_bound_keeps_every_option_of_unbounded_auto(tmp_path, monkeypatch):
     from edgec.compiler.allocate import candidates
-    from edgec.compiler.driver import plan_model
+    from edgec.compiler.plan.choose import plan_model
 
     cluster, ing, cost = _alexnet_cluster(tmp_path)
     classes = device_classes(cluster)
@@ -341,7 +341,7 @@ def test_the_sla_bound_keeps_every_option_of_unbounded_auto(tmp_path, monkeypatc
 
 def test_a_service_no_share_serves_reports_its_unbounded_best(tmp_path):
     cluster, ing, cost = _alexnet_cluster(tmp_path)
-    from edgec.compiler.driver import plan_model
+    from edgec.compiler.plan.choose import plan_model
 
     best = plan_model(ing.graph, cost, "auto", "latency")[0].prediction.latency_ms
     got = plan_service(_service(best * 0.5), ing.graph, cost, device_classes(cluster))
@@ -350,7 +350,7 @@ def test_a_service_no_share_serves_reports_its_unbounded_best(tmp_path):
 
 def test_alike_services_plan_once_and_processes_do_not_change_the_options(tmp_path, monkeypatch):
     from edgec.compiler.allocate import candidates, planning
-    from edgec.compiler.driver import PlanOptions
+    from edgec.compiler.plan.planner import PlanOptions
 
     cluster = load_cluster(cluster_file(tmp_path, [("a", "rpi5"), ("b", "rpi4"), ("c", "phone")]))
     classes = device_classes(cluster)

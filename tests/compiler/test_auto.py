@@ -9,7 +9,7 @@ import pytest
 from edgec import models
 from edgec.compiler.cluster import load_cluster
 from edgec.compiler.cost import build_cost_table
-from edgec.compiler.driver import plan_model
+from edgec.compiler.plan.choose import plan_model
 from edgec.compiler.ingest import load_model
 
 CLUSTERS = Path(__file__).resolve().parents[1] / "e2e/clusters"
@@ -25,7 +25,7 @@ def test_pruned_candidates_cannot_beat_auto(name, cluster, prunes):
     cost = build_cost_table(ing.graph, load_cluster(CLUSTERS / f"{cluster}.yaml"), ing.sha256)
     best, cands = plan_model(ing.graph, cost, "auto", "latency")
     assert best.prediction.latency_ms == pytest.approx(min(c.prediction.latency_ms for c in cands if c.plan is not None),
-                                                       rel=1e-9)  # equal to 10 digits is a tie (driver._key)
+                                                       rel=1e-9)  # equal to 10 digits is a tie (plan/choose.py _key)
     pruned = [c for c in cands if c.pruned]
     # where a pipeline plan wins both searches stop early; hybrid's plan bounds spatial's (a superset)
     assert {c.strategy for c in pruned} == prunes
@@ -44,7 +44,7 @@ def test_a_tie_to_rounding_goes_to_the_plan_with_fewer_fragment_runs():
     14.7 ms measured against 7.7 ms whole). Figures equal to 10 digits tie; fewer fragment runs win."""
     from types import SimpleNamespace
 
-    from edgec.compiler.driver import _choose
+    from edgec.compiler.plan.choose import _choose
     from edgec.compiler.plan_types import Plan, Segment, SpatialGroup, Stage, Tile
 
     one = Plan("pipeline", "latency", (Stage("d", 0, 33),))

@@ -10,9 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edgec.compiler.plan.baselines import even_boundaries, solve_even, solve_neurosurgeon, solve_single
-from edgec.compiler.plan.pipeline import solve_pipeline
+from edgec.compiler.plan.pipeline_dp import solve_pipeline
 from pipeline_reference import brute_force
-from edgec.compiler.plan.pipeline import PipelineProblem, PipelineSolution, StageChoice
+from edgec.compiler.plan.pipeline_problem import PipelineProblem, PipelineSolution, StageChoice
 from edgec.compiler.plan.planner import InfeasibleError
 
 MB = 1_000_000

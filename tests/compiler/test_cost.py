@@ -8,10 +8,11 @@ import pytest
 import yaml
 
 from edgec.compiler.cluster import load_cluster
-from edgec.compiler.cost import build_cost_table, bytes_per_ms, message_ms
+from edgec.compiler.cost import build_cost_table
 from edgec.compiler.ingest import load_model
 from edgec.compiler.layers import build_layer_graph
-from edgec.compiler.plan.pipeline import pipeline_problem
+from edgec.compiler.plan.pipeline_problem import pipeline_problem
+from edgec.runtime.linkmodel import mbps_to_bytes_per_ms, message_ms
 from edgec.compiler.profile import measure_host, write_profile
 from tests.compiler.profile_scripted import script_runtime_costs, script_timings
 from tests.compiler.test_profile_stability import ScriptedProbe
@@ -27,8 +28,8 @@ def cluster_file(tmp_path, profiles):
 
 
 def test_network_model_converts_mbps_once(tmp_path):
-    assert bytes_per_ms(8) == 1000.0  # 8 Mbit/s = 1 MB/s = 1000 bytes/ms
-    assert message_ms(3000, 8, 0.5) == 3.5
+    assert mbps_to_bytes_per_ms(8) == 1000.0  # 8 Mbit/s = 1 MB/s = 1000 bytes/ms
+    assert message_ms(3000, mbps_to_bytes_per_ms(8), 0.5) == 3.5 and message_ms(0, 1000.0, 0.5) == 0.0
     doc = {"devices": [{"name": n, "profile": "rpi5"} for n in ("a", "b", "c")],
            "network": {"bandwidth_mbps": 80, "latency_ms": 2, "links": [{"a": "a", "b": "c", "bandwidth_mbps": 8}]}}
     path = tmp_path / "c.yaml"

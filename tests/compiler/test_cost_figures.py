@@ -245,13 +245,13 @@ def test_a_layer_norm_after_a_residual_add_takes_the_fused_price(tmp_path):
     """onnxruntime fuses a residual Add (two inputs of one shape) and the LayerNormalization after it into
     SkipLayerNormalization, ten times slower here: that LayerNormalization takes "LayerNormalization:skip";
     one after a bias Add (broadcast: not fused) the plain price; without the model (no shapes) the plain one."""
-    from edgec.compiler.cost.table import SKIP_NORM, node_keys
+    from edgec.compiler.cost.table import SKIP_NORM, price_keys
 
     ing = load_model(save(norm_model(), tmp_path / "m.onnx"))
     lns = [layer for layer in ing.graph.layers if layer.op_types[0] == "LayerNormalization"]
-    assert [node_keys(layer, ing.model)[0] for layer in lns] == [(SKIP_NORM, "LayerNormalization"),
+    assert [price_keys(layer, ing.model)[0] for layer in lns] == [(SKIP_NORM, "LayerNormalization"),
                                                                     ("LayerNormalization",)]
-    assert node_keys(lns[0])[0] == ("LayerNormalization",)
+    assert price_keys(lns[0])[0] == ("LayerNormalization",)
     prof = write_profile(tmp_path, "ln", op_ms_per_melem={"LayerNormalization": 0.4, SKIP_NORM: 4.0})
     cost = build_cost_table(ing.graph, load_cluster(write_cluster(tmp_path, [{"name": "d", "profile": prof}])),
                             ing.sha256, model=ing.model)

@@ -16,7 +16,8 @@ from edgec.compiler.cli import cli
 from edgec.compiler.cluster import load_cluster
 from edgec.compiler.cluster.profile import validate_profile_dict
 from edgec.compiler.cost import build_cost_table, evaluate, simulate_manifest
-from edgec.compiler.cost.energy import DevicePower, request_energy
+from edgec.compiler.cluster.power import DevicePower
+from edgec.compiler.cost.energy import request_energy
 from edgec.compiler.errors import UserError
 from edgec.compiler.ingest import load_model
 from edgec.compiler.plan_types import Plan, Stage
@@ -241,7 +242,7 @@ def test_latency_bound_is_where_idle_power_alone_spends_the_incumbent():
 def test_auto_bounds_the_searches_by_the_best_energy_so_far(tmp_path, monkeypatch):
     """The searching planners run last, bounded by the latency at which the least idle power alone spends
     what the best plan before them did (or the SLA, if lower)."""
-    from edgec.compiler.driver import _key, plan_model
+    from edgec.compiler.plan.choose import _key, plan_model
     from edgec.compiler.plan import registry
     from edgec.compiler.plan.planner import EnergyGoal, PlanOptions
 

@@ -159,7 +159,7 @@ def test_of_a_planners_plans_the_one_predicted_best_is_chosen(chain, tmp_path):
     what it leaves out (the CPU a shared machine's messages take of its cores). The driver orders a planner's
     plans by their predictions, stably: a plan the planner listed first but predicted slower becomes a
     runner-up, and a tie keeps the planner's order."""
-    from edgec.compiler.driver import _candidate, _key
+    from edgec.compiler.plan.choose import _candidate, _key
 
     path = write(tmp_path, device_hosts=(None, None))
     prof = yaml.safe_load((tmp_path / "p.yaml").read_text())
@@ -189,8 +189,10 @@ def test_like_devices_on_other_machines_are_distinct_plans(chain, tmp_path):
     first stage on the other machine (the DP's device order would put it on the shared one)."""
     import itertools
 
-    from edgec.compiler.driver import _candidate
-    from edgec.compiler.plan.pipeline import _device_classes, pipeline_problem, plan_pipeline
+    from edgec.compiler.plan.choose import _candidate
+    from edgec.compiler.plan.pipeline import plan_pipeline
+    from edgec.compiler.plan.pipeline_problem import pipeline_problem
+    from edgec.compiler.plan.pipeline_tables import device_classes
     from edgec.compiler.plan.planner import PlanOptions
 
     path = write(tmp_path, hosts={"box": {"cores": 1, "coordinator": True}, "other": {"cores": 1}},
@@ -199,7 +201,7 @@ def test_like_devices_on_other_machines_are_distinct_plans(chain, tmp_path):
     prof["gflops"] = {k: 0.05 for k in prof["gflops"]}  # compute, not the messages, bounds the period
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(prof))
     cost = build_cost_table(chain.graph, load_cluster(path), chain.sha256)
-    assert _device_classes(pipeline_problem(chain.graph, cost)).tolist() == [0, 0, 2]
+    assert device_classes(pipeline_problem(chain.graph, cost)).tolist() == [0, 0, 2]
     plans = plan_pipeline(chain.graph, cost, "throughput", PlanOptions())
     assert len({p.stages for p in plans}) == len(plans) == 3
     c = _candidate("pipeline", chain.graph, cost, plans, "throughput")
@@ -213,7 +215,8 @@ def test_like_devices_on_other_machines_are_distinct_plans(chain, tmp_path):
 
 def test_devices_alike_but_for_their_power_are_not_interchangeable(chain, tmp_path):
     """Same figures, different power: swapping them changes a plan's energy, so the DP keeps both orders."""
-    from edgec.compiler.plan.pipeline import _device_classes, pipeline_problem
+    from edgec.compiler.plan.pipeline_problem import pipeline_problem
+    from edgec.compiler.plan.pipeline_tables import device_classes
 
     path = write(tmp_path, device_hosts=(None, None, None), threads=(1, 1, 1))
     prof = yaml.safe_load((tmp_path / "p.yaml").read_text())
@@ -222,7 +225,7 @@ def test_devices_alike_but_for_their_power_are_not_interchangeable(chain, tmp_pa
     doc["devices"][2]["profile"] = "q.yaml"
     path.write_text(yaml.safe_dump(doc))
     cost = build_cost_table(chain.graph, load_cluster(path), chain.sha256)
-    assert _device_classes(pipeline_problem(chain.graph, cost)).tolist() == [0, 0, 2]
+    assert device_classes(pipeline_problem(chain.graph, cost)).tolist() == [0, 0, 2]
 
 
 def test_the_spatial_searches_group_devices_of_different_machines(chain, tmp_path):

@@ -13,7 +13,8 @@ from click.testing import CliRunner
 
 import edgec
 from edgec.compiler.cli import cli
-from edgec.compiler.driver import _key, build_alternatives, compile_model
+from edgec.compiler.driver import build_alternatives, compile_model
+from edgec.compiler.plan.choose import _key
 from edgec.compiler.emit import output
 from edgec.compiler.errors import UserError
 from edgec.compiler.plan.frontier import plan_key
@@ -34,7 +35,7 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 
 
 def stages(manifest: dict) -> list:
-    return [(s["device"], s["layers"]) for s in manifest["plan"]["stages"]]
+    return [(s["device"], [s["lo"], s["hi"]]) for s in manifest["plan"]["stages"]]
 
 
 def test_keep_writes_the_next_best_plans_as_builds_the_runtime_runs(three, tmp_path):

@@ -18,7 +18,7 @@ from edgec.compiler.cluster import load_cluster
 from edgec.compiler.cost import build_cost_table, evaluate, simulate_manifest
 from edgec.compiler.cost.evaluate import _predict
 from edgec.compiler.cost.order import EXACT_LIMIT, exchange_order
-from edgec.compiler.cost.tiles import _Timeline, predict_stage
+from edgec.compiler.cost.stage_timeline import _Timeline, predict_stage
 from edgec.compiler.emit import assemble_manifest, build_fragments, write_output
 from edgec.compiler.ingest import load_model
 from edgec.compiler.plan_types import Plan, Stage

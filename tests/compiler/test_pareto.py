@@ -18,7 +18,8 @@ from click.testing import CliRunner
 from edgec.compiler.api import compile as compile_api
 from edgec.compiler.cli import cli
 from edgec.compiler.cost import evaluate
-from edgec.compiler.driver import compile_model, pareto_points
+from edgec.compiler.driver import compile_model
+from edgec.compiler.plan.choose import pareto_points
 from edgec.compiler.errors import UserError
 from edgec.compiler.plan.frontier import Point, pareto_front, plan_key
 from edgec.compiler.plan.pipeline_energy import energy_frontier

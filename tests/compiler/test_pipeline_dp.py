@@ -11,9 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edgec.compiler.plan.baselines import solve_single
-from edgec.compiler.plan.pipeline import solution_sort_key, solve_pipeline
+from edgec.compiler.plan.pipeline_dp import solve_pipeline
+from edgec.compiler.plan.pipeline_problem import solution_sort_key
 from pipeline_reference import brute_force
-from edgec.compiler.plan.pipeline import PipelineProblem, PipelineSolution
+from edgec.compiler.plan.pipeline_problem import PipelineProblem, PipelineSolution
 from edgec.compiler.plan.planner import InfeasibleError
 
 MB = 1_000_000

@@ -20,7 +20,8 @@ from edgec.compiler.cluster import load_cluster
 from edgec.compiler.cost import build_cost_table, evaluate
 from edgec.compiler.cost.evaluate import tensor_hops
 from edgec.compiler.ingest import load_model
-from edgec.compiler.plan.pipeline import pipeline_problem, solve_pipeline, to_plan, validate_request
+from edgec.compiler.plan.pipeline_dp import solve_pipeline
+from edgec.compiler.plan.pipeline_problem import pipeline_problem, to_plan, validate_request
 from edgec.compiler.plan.planner import InfeasibleError
 from pipeline_reference import brute_force, brute_force_layers
 from test_pipeline_dp import OBJECTIVES, check_solution, keys, problems

@@ -12,7 +12,7 @@ from onnx import shape_inference
 
 import edgec
 from edgec.compiler.cost import build_cost_table
-from edgec.compiler.driver import plan_model
+from edgec.compiler.plan.choose import plan_model
 from edgec.compiler.layers import build_layer_graph
 from edgec.compiler.plan import stats
 from edgec.compiler.plan.planner import PlanOptions

@@ -11,7 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edgec.compiler.cost import build_cost_table
-from edgec.compiler.plan.pipeline import PipelineTail, _select_k, _solve, _Tables, solve_pipeline
+from edgec.compiler.plan.pipeline import PipelineTail
+from edgec.compiler.plan.pipeline_dp import _select_k, solve_on_tables, solve_pipeline
+from edgec.compiler.plan.pipeline_tables import StageTables
 from tests.compiler.test_pipeline_dp import problems
 from tests.compiler.test_spatial import graph_of, make_cluster
 from tests.conftest import residual_model
@@ -22,10 +24,10 @@ FIELDS = ("C", "mem_ok", "T", "lat_rest", "max_rest", "cls", "lower_same")
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problem=problems(dyadic=False, max_blocks=8), objective=st.sampled_from(["latency", "throughput"]))
 def test_sliced_suffix_tables_are_the_suffix_tables(problem, objective):
-    full = _Tables(problem)
+    full = StageTables(problem)
     for first in range(problem.n_blocks):
         sub = problem.suffix(first)
-        sliced, own = _Tables(sub, full, first), _Tables(sub)
+        sliced, own = StageTables(sub, full, first), StageTables(sub)
         assert (sliced.B, sliced.D) == (own.B, own.D)
         for name in FIELDS:
             assert np.array_equal(getattr(sliced, name), getattr(own, name)), (first, name)
@@ -34,7 +36,7 @@ def test_sliced_suffix_tables_are_the_suffix_tables(problem, objective):
         except Exception as exc:  # the same refusal either way
             want = type(exc)
         try:
-            got = _solve(sub, sliced, objective, 3, None)
+            got = solve_on_tables(sub, sliced, objective, 3, None)
         except Exception as exc:
             got = type(exc)
         assert got == want

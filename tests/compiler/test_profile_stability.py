@@ -236,7 +236,7 @@ def test_halves_pick_each_halfs_fastest_quarter():
 def test_the_limit_is_ten_percent_either_way():
     for first, second, over in ((100, 110, False), (100, 110.2, True), (100, 90, False), (100, 89.8, True)):
         warnings = []
-        drift.check_drift(drift.Drift(first, second, 24), 1, False, warnings)
+        drift.check_drift(drift.MemoryDrift(first, second, 24), 1, False, warnings)
         assert bool(warnings) is over, (first, second)
 
 
@@ -244,7 +244,7 @@ def test_the_limit_is_ten_percent_either_way():
 def test_a_memory_rate_that_moved_is_a_warning_and_strict_refuses_it(caplog, monkeypatch, first, second, said,
                                                                     scripted_timings):
     """Through measure_host: the halves scripted, and the timings they come from (profile_scripted.py)."""
-    monkeypatch.setattr(measure_mod, "halves", lambda f, b: drift.Drift(first, second, len(f.round_medians)))
+    monkeypatch.setattr(measure_mod, "halves", lambda f, b: drift.MemoryDrift(first, second, len(f.round_medians)))
     with caplog.at_level(logging.INFO, logger="edgec.compiler.profile"):
         p = drift_profile()
     (w,) = [w for w in p["measurement"]["warnings"] if "memory rate" in w]

@@ -28,7 +28,9 @@ from edgec.compiler.cluster.cluster import HostSpec
 from edgec.compiler.cluster.profile import profile_path
 from edgec.compiler.cost import build_cost_table, evaluate, simulate_manifest
 from edgec.compiler.cost.table import weight_ms
-from edgec.compiler.cost.tiles import SegmentCost, StepModel, host_mates, predict_stage
+from edgec.compiler.cost.stage_timeline import predict_stage
+from edgec.compiler.cost.tile_steps import StepModel
+from edgec.compiler.cost.tiles import SegmentCost, host_mates
 from edgec.compiler.errors import UserError
 from edgec.compiler.plan_types import Plan, Stage
 from edgec.compiler.profile import measure, shared

@@ -153,7 +153,7 @@ def test_shifts_are_written_after_keep_and_each_runs_as_the_whole_model(shifted)
         assert alt.variant.startswith("shift stage ") and listed["variant"] == alt.variant
         assert f"alternative {alt.manifest.split('/')[0]}: {alt.variant}, latency" in stderr  # the progress note
         m = load_alternative(main, alt, check_files=True)
-        stages = [(s["device"], s["layers"]) for s in json.loads(m.path.read_text())["plan"]["stages"]]
+        stages = [(s["device"], [s["lo"], s["hi"]]) for s in json.loads(m.path.read_text())["plan"]["stages"]]
         assert [d for d, _ in stages] == [d for d, _ in chosen]  # same devices, one boundary one layer off
         (was, now), (was_next, now_next) = [(a, b) for (_, a), (_, b) in zip(chosen, stages) if a != b]
         assert abs(was[1] - now[1]) == 1 and now[1] == now_next[0] and was[1] == was_next[0]

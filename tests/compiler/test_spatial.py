@@ -16,7 +16,8 @@ from edgec.compiler.ingest import load_model
 from edgec.compiler.layers import build_layer_graph
 from edgec.compiler.plan.spatial import search_hybrid, search_spatial
 from edgec.compiler.plan.spatial_search import INF, SpatialSearch, windows
-from edgec.compiler.cost.tiles import SegmentCost, predict_stage, tile_ms
+from edgec.compiler.cost.stage_timeline import predict_stage
+from edgec.compiler.cost.tiles import SegmentCost, tile_ms
 from edgec.compiler.plan_types import Plan
 from edgec.compiler.cost import evaluate
 from edgec.compiler.spatial import spatial_cuts

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from edgec.compiler.cost import build_cost_table, evaluate
-from edgec.compiler.cost.tiles import predict_stage
+from edgec.compiler.cost.stage_timeline import predict_stage
 from edgec.compiler.plan.spatial import regions, search_hybrid, search_spatial
 from edgec.compiler.plan.spatial_search import SpatialSearch
 from edgec.compiler.spatial import spatial_cuts, tileable

@@ -14,7 +14,9 @@ from onnx import shape_inference
 
 from edgec.compiler.cluster import Cluster, DeviceSpec, load_profile
 from edgec.compiler.cost import build_cost_table, evaluate, simulate_manifest
-from edgec.compiler.cost.tiles import SegmentCost, StepModel, assembly_cells, predict_stage
+from edgec.compiler.cost.stage_timeline import assembly_cells, predict_stage
+from edgec.compiler.cost.tile_steps import StepModel
+from edgec.compiler.cost.tiles import SegmentCost
 from edgec.compiler.emit import assemble_manifest, build_fragments, write_output
 from edgec.compiler.ingest import load_model
 from edgec.compiler.plan_types import Plan, Segment, SpatialGroup, Stage, Tile

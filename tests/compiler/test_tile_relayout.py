@@ -17,7 +17,9 @@ from onnx import shape_inference
 from edgec.compiler import api
 from edgec.compiler.cluster import Cluster, DeviceSpec, load_cluster, load_profile
 from edgec.compiler.cost import build_cost_table, evaluate, simulate_manifest
-from edgec.compiler.cost.tiles import Relayout, SegmentCost, StepModel, predict_stage
+from edgec.compiler.cost.stage_timeline import predict_stage
+from edgec.compiler.cost.tile_steps import StepModel
+from edgec.compiler.cost.tiles import Relayout, SegmentCost
 from edgec.compiler.emit import assemble_manifest, build_fragments, write_output
 from edgec.compiler.ingest import load_model
 from edgec.compiler.plan_types import Plan, Segment, SpatialGroup, Stage, Tile
@@ -150,7 +152,7 @@ def test_the_crops_are_the_emitters_slices_on_real_models(tmp_path, name):
                        "network: {bandwidth_mbps: 1000, latency_ms: 0.1}\n")
     out = tmp_path / "out"
     summary = api.compile(model, devices, out, strategy="spatial", objective="latency")
-    stage = next(s for s in json.loads((out / "manifest.json").read_text())["plan"]["stages"] if s.get("spatial"))
+    stage = next(s for s in summary["stages"] if s.get("spatial"))
     ing = load_model(model)
     cost = build_cost_table(ing.graph, load_cluster(devices), ing.sha256)
     slices = 0

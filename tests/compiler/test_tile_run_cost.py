@@ -19,7 +19,9 @@ from edgec.compiler.cluster import Cluster, DeviceSpec, load_profile, validate_p
 from edgec.compiler.cluster.profile import profile_path
 from edgec.compiler.errors import UserError
 from edgec.compiler.cost import build_cost_table, evaluate, simulate_manifest
-from edgec.compiler.cost.tiles import SegmentCost, StepModel, predict_stage
+from edgec.compiler.cost.stage_timeline import predict_stage
+from edgec.compiler.cost.tile_steps import StepModel
+from edgec.compiler.cost.tiles import SegmentCost
 from edgec.compiler.emit import assemble_manifest, build_fragments, write_output
 from edgec.compiler.plan_types import Plan, Stage
 from edgec.runtime.manifest import load_manifest

@@ -18,7 +18,8 @@ import pytest
 from click.testing import CliRunner
 from numpy.lib import format as npy_format
 
-from edgec.runtime.cli import MAX_THREADS, run
+from edgec.runtime.cli import run
+from edgec.runtime.machine import MAX_THREADS_HERE
 from edgec.runtime.errors import InputError
 from edgec.runtime.inputs import check_memory, load_inputs
 from edgec.runtime.manifest import load_manifest
@@ -125,7 +126,7 @@ def test_inputs_read_from_npz_and_npy_are_exact(chain, tmp_path):
 
 def test_absurd_thread_counts_are_refused_and_zero_still_means_the_default(tmp_path):
     line = error_line(invoke(tmp_path / "m.json", "--threads", "100000"))
-    assert "--threads" in line and f"0<=x<={MAX_THREADS}" in line
+    assert "--threads" in line and f"0<=x<={MAX_THREADS_HERE}" in line
     assert "manifest not found" in error_line(invoke(tmp_path / "m.json", "--threads", "0", "--random-inputs"))
 
 

@@ -67,7 +67,7 @@ def pareto_dp(
     """k best plans for the shared medium as (latency, bottleneck, stages), best first.
 
     `tab` holds the stage and transfer tables and `sp` the device masks to visit, with at most S
-    stages (pipeline.py's _Tables and _Space).
+    stages (pipeline_tables.py's StageTables and pipeline_dp.py's _Space).
 
     `ub` is (latency, bottleneck) of the k-th best plan already known (inf if fewer are known) and
     `lb_bn` a lower bound on every plan's bottleneck; both only prune, the result stays exact.

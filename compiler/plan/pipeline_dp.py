@@ -1,0 +1,438 @@
+"""The exact pipeline DP: a dynamic program over (blocks done, devices used, last device).
+
+One algorithm, kept whole (its kernel, the memory-feasibility check and the per-objective passes share the
+state space and its invariants, and read best together). The planner around it is pipeline.py
+(`plan_pipeline`); its problem is pipeline_problem.py, its tables pipeline_tables.py.
+
+`solve_pipeline` splits the chain of blocks 0..B-1 into contiguous stages, gives every stage its own
+device (any subset of the devices, in any order) and returns the `top_k` best placements that fit
+memory, under the cost model of `PipelineProblem`. The pipeline baselines (baselines.py) and the
+pipeline tails of hybrid plans (`PipelineTail`, for spatial.py) solve the same problem.
+
+Formulation. A state is (j, m, a): blocks 0..j-1 are placed, `m` is the bitmask of the devices used and
+`a` ran the last stage, which ends at j. A transition appends the stage [j, h) on a device b not in m:
+it pays the transfer of cut j-1 from a to b and the compute of blocks j..h-1 on b. Device order is part
+of the state, so every ordered subset of devices is searched; the answer is the best state with j = B.
+Each state keeps labels, and a label is dropped only when at least k other labels of the same state are
+at least as good under every possible completion, so the k best complete plans are exact:
+
+  - latency, switched medium: a label is (latency, bottleneck), compared lexicographically. Latency is
+    additive and the bottleneck a running max, so a lexicographically smaller label stays smaller after
+    any common extension. The k smallest labels per state are kept (vectorised over all states of a
+    given j with numpy).
+  - throughput, switched medium: the objective (max term, latency) is not monotone under extension (a
+    later large stage can hide an earlier difference in bottleneck), so it is solved in two exact passes
+    of the same vectorised DP: (1) the k best bottleneck values (a min-max DP, which is monotone) give
+    the bottleneck levels of the answer; every plan strictly below the highest level t is in the answer
+    and comes out of that pass; (2) the latency DP restricted to stages and transfers <= t gives the
+    best latencies at level t.
+  - shared medium: the link term is the SUM of the transfers, so the bottleneck max(max compute,
+    transfer sum) is not decomposable. A label is (latency, max compute, transfer sum) and each state
+    keeps its k-Pareto set (entries dominated by fewer than k others; pipeline_pareto.py). The search is bounded with an
+    exact lower bound on the bottleneck (a parametric search over compute caps: min over c of
+    max(c, least transfer sum with every stage <= c)) and an upper bound from plans already known.
+    States that have used too many devices to cover the remaining blocks within the bound are dropped.
+    With the latency objective, a label with a strictly smaller latency dominates regardless of the
+    rest, so the Pareto step only resolves exact latency ties; when the (k+1)-th best latency differs
+    from the k-th, the fast latency DP is already exact and the Pareto pass is skipped.
+
+Symmetry: devices that are interchangeable bit for bit (same block_ms column, memory, machine, power
+figures, and links to and from every other device) are only used in index order, which removes relabelled
+copies of the same plan from the search without losing any cost; for top_k > 1 the copies are generated
+back afterwards (they have identical costs), so the result equals the unrestricted search.  The planner
+(`plan_pipeline`) asks for none of them back (`copies=False`): its top-K are K distinct plans.
+
+Numerics: stage compute is summed with the same numpy reduction `PipelineProblem.evaluate` uses, and
+transfers with the same expression, so bottleneck values are bit-identical to `evaluate`'s. Latency is
+accumulated in a different order than `evaluate` (rounding differences ~1e-16 relative); returned plans
+are always re-scored with `evaluate`. Transfers over a pair with zero bandwidth are treated as missing
+links (never used).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from ..units import MB
+from .pipeline_pareto import pareto_dp
+from .pipeline_problem import PipelineProblem, PipelineSolution, StageChoice, solution_sort_key, validate_request
+from .pipeline_tables import Span, StageTables
+from .planner import InfeasibleError
+from .stats import count as count_work
+
+__all__ = ["solve_pipeline", "solve_on_tables", "memory_feasible", "infeasible_message"]
+
+
+class _Space:
+    """The device masks the DPs visit: at most S devices, and identical devices taken in index order
+    (a plan using a later copy of a device before an earlier one is a relabelling of a canonical plan)."""
+
+    def __init__(self, tab: "StageTables", S: int):
+        D = tab.D
+        masks = np.arange(1 << D)
+        pc = _popcount(masks)
+        bits = 1 << np.arange(D)
+        has = (masks[:, None] & bits[None, :]) != 0  # [M, D]
+        low = tab.lower_same[None, :]
+        canon = np.all(~has | ((masks[:, None] & low) == low), axis=1) & (pc <= S)
+        self.masks = masks[canon]
+        self.mid = np.full(1 << D, -1)
+        self.mid[self.masks] = np.arange(self.masks.size)
+        self.pc = pc[self.masks]
+        self.has = has[self.masks]
+        # can device b start the next stage after the devices in m?
+        self.add_ok = ~self.has & ((self.masks[:, None] & low) == low) & (self.pc[:, None] < S)  # [nM, D]
+        # (m, b) pairs a stage can end in: b in m and m without b is a mask that may add b
+        pm, pb = np.nonzero(self.has)
+        src = self.mid[self.masks[pm] ^ bits[pb]]
+        ok = src >= 0
+        ok[ok] = self.add_ok[src[ok], pb[ok]]
+        self.pm, self.pb, self.psrc = pm[ok], pb[ok], src[ok]
+        self.start = self.add_ok[self.mid[0]]  # devices that may run the first stage
+
+
+def _popcount(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.int64)
+    n = np.zeros_like(x)
+    while np.any(x):
+        n += x & 1
+        x = x >> 1
+    return n
+
+
+# ----------------------------------------------------------------------------------------------------
+# vectorised lexicographic k-best DP
+
+
+def _select_k(p: np.ndarray, s: np.ndarray, K: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The K lexicographically smallest (p, s) along the last axis: (indices, p, s), each [..., K].
+
+    Exhausted slots come back with p = s = inf. Ties go to the lower index (deterministic).
+    """
+    n = p.shape[-1]
+    if K == 1 or n == 1:
+        pm = p.min(axis=-1, keepdims=True)
+        idx = np.where(p == pm, s, np.inf).argmin(axis=-1)[..., None]
+        out_p = np.take_along_axis(p, idx, -1)
+        out_s = np.where(np.isfinite(out_p), np.take_along_axis(s, idx, -1), np.inf)
+        if K > 1:  # n == 1: pad
+            pad = p.shape[:-1] + (K - 1,)
+            idx = np.concatenate([idx, np.zeros(pad, dtype=idx.dtype)], -1)
+            out_p = np.concatenate([out_p, np.full(pad, np.inf)], -1)
+            out_s = np.concatenate([out_s, np.full(pad, np.inf)], -1)
+        return idx, out_p, out_s
+    # one stable sort by (p, s) instead of K rounds of min and mask: the same picks, index ties included
+    idx = np.lexsort((s, p), axis=-1)[..., :K]
+    out_p = np.take_along_axis(p, idx, -1)
+    out_s = np.where(np.isfinite(out_p), np.take_along_axis(s, idx, -1), np.inf)
+    if n < K:  # fewer candidates than slots: the rest are exhausted
+        pad = p.shape[:-1] + (K - n,)
+        idx = np.concatenate([idx, np.zeros(pad, dtype=idx.dtype)], -1)
+        out_p = np.concatenate([out_p, np.full(pad, np.inf)], -1)
+        out_s = np.concatenate([out_s, np.full(pad, np.inf)], -1)
+    return idx, out_p, out_s
+
+
+def _lex_dp(
+    tab: StageTables,
+    K: int,
+    S: int,
+    Cp: np.ndarray,
+    Cs: np.ndarray,
+    Tp: np.ndarray,
+    Ts: np.ndarray,
+    op_p,
+    op_s,
+) -> list[tuple[float, float, list[Span]]]:
+    """K best plans by the lexicographic label (p, s), best first, as (p, s, stages).
+
+    A stage [lo, hi) on d contributes Cp/Cs[lo, hi, d], a transfer over cut c from a to b Tp/Ts[c, a, b];
+    labels combine with op_p / op_s (np.add or np.maximum). inf in Cp or Tp forbids that stage/transfer.
+    Exact for the multiset of the K best p values, and for (p, s) whenever extension preserves the
+    lexicographic order (p additive, s a running max). At most S stages; canonical device orders only.
+    """
+    B, D = tab.B, tab.D
+    sp = _Space(tab, S)
+    nM = sp.masks.size
+    pm, pb, psrc = sp.pm, sp.pb, sp.psrc
+    P = pm.size
+    # W[m, b, j, q]: label after the transfer into b at block j (b not in m); V[m, a, h, r]: after a stage
+    # on a ending at h. Masks are indices into sp.masks.
+    Wp = np.full((nM, D, B, K), np.inf)
+    Ws = np.full((nM, D, B, K), np.inf)
+    Wa = np.zeros((nM, D, B, K), dtype=np.int32)
+    Wr = np.zeros((nM, D, B, K), dtype=np.int32)
+    Vp = np.full((nM, D, B + 1, K), np.inf)
+    Vs = np.full((nM, D, B + 1, K), np.inf)
+    Vi = np.zeros((nM, D, B + 1, K), dtype=np.int32)
+    Vq = np.zeros((nM, D, B + 1, K), dtype=np.int32)
+    Wp[sp.mid[0], sp.start, 0, 0] = 0.0
+    Ws[sp.mid[0], sp.start, 0, 0] = 0.0
+    w_forbid = ~sp.add_ok[:, :, None]  # [nM, D(b), 1]
+    CpT = np.ascontiguousarray(Cp.transpose(2, 1, 0))  # [d, hi, lo]
+    CsT = np.ascontiguousarray(Cs.transpose(2, 1, 0))
+    # stages [j, h) allowed on some device: j >= jlo[h] (shrinking a stage keeps it allowed)
+    allowed = np.isfinite(Cp).any(axis=2)  # [lo, hi]
+    jlo = np.where(allowed.any(axis=0), allowed.argmax(axis=0), np.arange(B + 1))
+    labels = 0
+    for h in range(1, B + 1):
+        j0 = int(jlo[h])
+        n = h - j0
+        if n == 0:
+            continue
+        cand_p = op_p(Wp[psrc, pb, j0:h, :], CpT[pb, h, j0:h, None]).reshape(P, n * K)
+        labels += cand_p.size
+        cand_s = op_s(Ws[psrc, pb, j0:h, :], CsT[pb, h, j0:h, None]).reshape(P, n * K)
+        idx, vp, vs = _select_k(cand_p, cand_s, K)
+        Vp[pm, pb, h] = vp
+        Vs[pm, pb, h] = vs
+        Vi[pm, pb, h] = j0 + idx // K
+        Vq[pm, pb, h] = idx % K
+        if h == B:
+            break
+        tp = Tp[h - 1]  # [D(a), D(b)]
+        ts = Ts[h - 1]
+        cand_p = op_p(Vp[:, :, h, None, :], tp[None, :, :, None])  # [nM, a, b, K]
+        cand_s = op_s(Vs[:, :, h, None, :], ts[None, :, :, None])
+        cand_p = cand_p.transpose(0, 2, 1, 3).reshape(nM, D, D * K)
+        cand_s = cand_s.transpose(0, 2, 1, 3).reshape(nM, D, D * K)
+        cand_p = np.where(w_forbid, np.inf, cand_p)
+        labels += cand_p.size
+        idx, wp_, ws_ = _select_k(cand_p, cand_s, K)
+        Wp[:, :, h], Ws[:, :, h] = wp_, ws_
+        Wa[:, :, h], Wr[:, :, h] = idx // K, idx % K
+    count_work("labels", labels)
+    # best final labels over all (m, b)
+    fp = Vp[pm, pb, B].reshape(P * K)
+    fs = Vs[pm, pb, B].reshape(P * K)
+    idx, vp, vs = _select_k(fp, fs, K)
+    out = []
+    for i, p_val, s_val in zip(idx.tolist(), vp.tolist(), vs.tolist()):
+        if not np.isfinite(p_val):
+            break
+        m, b, r = int(pm[i // K]), int(pb[i // K]), i % K
+        h, stages = B, []
+        while True:
+            j, q = int(Vi[m, b, h, r]), int(Vq[m, b, h, r])
+            stages.append((j, h, b))
+            if j == 0:
+                break
+            m = int(sp.mid[sp.masks[m] ^ (1 << b)])
+            b, r, h = int(Wa[m, b, j, q]), int(Wr[m, b, j, q]), j
+        out.append((p_val, s_val, stages[::-1]))
+    return out
+
+
+def _latency_dp(tab: StageTables, K: int, S: int, cap: float = np.inf) -> list[tuple[float, float, list[Span]]]:
+    """K best (latency, switched bottleneck); stages and transfers above `cap` are forbidden."""
+    C = tab.C if cap == np.inf else np.where(tab.C <= cap, tab.C, np.inf)
+    T = tab.T if cap == np.inf else np.where(tab.T <= cap, tab.T, np.inf)
+    return _lex_dp(tab, K, S, C, C, T, T, np.add, np.maximum)
+
+
+def _bottleneck_dp(tab: StageTables, K: int, S: int) -> list[tuple[float, float, list[Span]]]:
+    """K best switched bottlenecks (min-max DP; latency only as a tie-break that may be inexact)."""
+    return _lex_dp(tab, K, S, tab.C, tab.C, tab.T, tab.T, np.maximum, np.add)
+
+
+def _transfer_sum_dp(tab: StageTables, S: int, cap: float) -> list[tuple[float, float, list[Span]]]:
+    """Least transfer sum over plans whose every stage computes in <= cap ms."""
+    Cp = np.where(tab.C <= cap, 0.0, np.inf)
+    return _lex_dp(tab, 1, S, Cp, tab.C, tab.T, tab.T, np.add, np.add)
+
+
+def memory_feasible(problem: PipelineProblem, max_stages: int | None) -> bool:
+    tab = StageTables(problem)
+    S = min(tab.D, tab.B, max_stages or tab.D)
+    zero = np.where(np.isfinite(tab.C), 0.0, np.inf)
+    return bool(_lex_dp(tab, 1, S, zero, zero, np.zeros_like(tab.T), np.zeros_like(tab.T), np.add, np.add))
+
+
+def infeasible_message(problem: PipelineProblem, max_stages: int | None = None) -> str:
+    """One line saying how much memory the model needs and how much the cluster offers."""
+    params = np.asarray(problem.block_param_bytes, dtype=np.float64)
+    act = np.asarray(problem.block_peak_act_bytes, dtype=np.float64)
+    mem = np.asarray(problem.device_mem_bytes, dtype=np.float64)
+    weights, peak = float(params.sum()), float(act.max())
+    need, total, largest = weights + peak, float(mem.sum()), float(mem.max())
+    offer = f"the devices offer {total / MB:.1f} MB in total (largest {largest / MB:.1f} MB)"
+    block_mem = np.array([problem.stage_memory(i, i + 1) for i in range(problem.n_blocks)], dtype=np.float64)
+    worst = int(np.argmax(block_mem))
+    if block_mem[worst] > largest:
+        return (
+            f"block {worst} alone needs {block_mem[worst] / MB:.1f} MB (weights {params[worst] / MB:.1f} MB"
+            f" + activations {act[worst] / MB:.1f} MB) but the largest device offers {largest / MB:.1f} MB,"
+            f" so no split can fit it (the whole model needs at least {need / MB:.1f} MB; {offer})"
+        )
+    base = (
+        f"model needs at least {need / MB:.1f} MB (weights {weights / MB:.1f} MB + peak activations"
+        f" {peak / MB:.1f} MB) to fit across the cluster; {offer}"
+    )
+    if need > total:
+        return base
+    limit = f"at most {max_stages} " if max_stages is not None and max_stages < problem.n_devices else ""
+    if memory_feasible(problem, max_stages):
+        return f"{base}; placements that fit memory exist but every one needs a missing link (zero bandwidth)"
+    return f"{base}, but no split into {limit}contiguous stages fits each stage on its own device"
+
+
+# ----------------------------------------------------------------------------------------------------
+# objectives
+
+
+def _solve_latency_switched(tab, k, S):
+    return [st for _, _, st in _latency_dp(tab, k, S)]
+
+
+def _solve_throughput_switched(tab, k, S):
+    levels = _bottleneck_dp(tab, k, S)
+    if len(levels) < k:  # fewer than k plans exist: all of them
+        return [st for _, _, st in levels]
+    t = levels[-1][0]
+    below = [st for bn, _, st in levels if bn < t]
+    at_t = [st for _, bn, st in _latency_dp(tab, k, S, cap=t) if bn == t]
+    return below + at_t[: k - len(below)]
+
+
+def _shared_key(tab, stages, objective):
+    lat, mc, _, st = tab.replay(stages)
+    bn = max(mc, st)
+    return (lat, bn) if objective == "latency" else (bn, lat)
+
+
+def _upper_bound(tab, plans, k, objective):
+    """(latency, bottleneck) of the k-th best of the distinct known plans, or infs."""
+    uniq = {tuple(p): _shared_key(tab, p, objective) for p in plans}
+    if len(uniq) < k:
+        return (np.inf, np.inf)
+    key = sorted(uniq.values())[k - 1]
+    return key if objective == "latency" else (key[1], key[0])
+
+
+def _solve_latency_shared(tab, k, S):
+    fast = _latency_dp(tab, k + 1, S)
+    if len(fast) <= k or fast[k][0] > fast[k - 1][0]:
+        return [st for _, _, st in fast[:k]]  # the k best latencies are unique at the boundary: exact
+    plans = [st for _, _, st in fast[:k]]
+    ub = _upper_bound(tab, plans, k, "latency")
+    return [st for _, _, st in pareto_dp(tab, _Space(tab, S), k, S, "latency", ub, 0.0)]
+
+
+def _min_shared_bottleneck(tab, S, lower: float, upper: float):
+    """Exact least shared-medium bottleneck: min over compute caps c of max(c, least transfer sum with
+    every stage <= c). The least sum only falls as c grows, so the crossing is found by bisection over
+    the distinct stage times in [lower, upper] (bounds on the answer). Returns (value, plans seen)."""
+    caps = np.unique(tab.C[np.isfinite(tab.C)])
+    plans = []
+
+    def least(i):
+        res = _transfer_sum_dp(tab, S, float(caps[i]))
+        if res:
+            plans.append(res[0][2])
+            return res[0][0]
+        return np.inf
+
+    # first i with least(i) <= caps[i]; none below `lower`, and caps[i] >= upper qualifies
+    lo = int(np.searchsorted(caps, lower, side="left"))
+    hi = int(np.searchsorted(caps, upper, side="left"))
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if least(mid) <= caps[mid]:
+            hi = mid
+        else:
+            lo = mid + 1
+    best = upper
+    if lo < caps.size:
+        best = min(best, float(caps[lo]))
+    if lo > 0:
+        best = min(best, least(lo - 1))
+    return best, plans
+
+
+def _solve_throughput_shared(tab, k, S):
+    sw = _bottleneck_dp(tab, 1, S)  # switched bottleneck <= shared bottleneck for every plan
+    if not sw:
+        return []
+    cheap = [sw[0][2]] + [st for _, _, st in _latency_dp(tab, k, S)]
+    upper = min(_shared_key(tab, p, "throughput")[0] for p in cheap)
+    lb, plans = _min_shared_bottleneck(tab, S, sw[0][0], upper)
+    ub = _upper_bound(tab, cheap + plans, k, "throughput")
+    return [st for _, _, st in pareto_dp(tab, _Space(tab, S), k, S, "throughput", ub, lb)]
+
+
+def _relabelings(tab: StageTables, plan: list[Span], limit: int) -> list[list[Span]]:
+    """Up to `limit` plans of identical cost: `plan` (canonical, first) with identical devices permuted."""
+    positions: dict[int, list[int]] = {}
+    for pos, (_, _, d) in enumerate(plan):
+        positions.setdefault(int(tab.cls[d]), []).append(pos)
+    groups = [(pos, np.flatnonzero(tab.cls == c).tolist()) for c, pos in positions.items()]
+    out: list[list[Span]] = []
+    devices = [d for _, _, d in plan]
+
+    def rec(g: int):
+        if len(out) >= limit:
+            return
+        if g == len(groups):
+            out.append([(lo, hi, devices[i]) for i, (lo, hi, _) in enumerate(plan)])
+            return
+        pos, members = groups[g]
+        for choice in itertools.permutations(members, len(pos)):
+            for i, d in zip(pos, choice):
+                devices[i] = d
+            rec(g + 1)
+            if len(out) >= limit:
+                return
+
+    rec(0)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# entry points
+
+
+def solve_pipeline(
+    problem: PipelineProblem, objective: str = "latency", top_k: int = 1, max_stages: int | None = None,
+    copies: bool = True,
+) -> list[PipelineSolution]:
+    """The `top_k` best distinct placements of the block chain, best first (exact).
+
+    Stages are contiguous, each on its own device (any subset, any order), each fitting its device's
+    memory; at most `max_stages` stages if given. Ranked by `solution.key(objective)` - latency then
+    bottleneck, or bottleneck then latency - with the stages tuple as a final deterministic tie-break
+    (which of several exactly-tied plans fill the last slots is deterministic but not otherwise
+    specified). Fewer than `top_k` are returned only when fewer placements exist.
+
+    Without `copies`, a placement that only swaps devices interchangeable bit for bit (module docstring:
+    Symmetry) with another is not a placement of its own: the `top_k` best of those classes, each as its
+    canonical member (identical devices in index order). That is what a planner wants of its top-K: on two
+    like devices the exact top 3 is a split, its mirror and a second split, the mirror costing the same by
+    construction, so it leaves the driver's choice (plan/choose.py _candidate) and `--keep` one real alternative.
+    Raises InfeasibleError (message in MB) when nothing fits, ValueError on bad arguments.
+    """
+    validate_request(problem, objective)
+    if top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}")
+    if max_stages is not None and max_stages < 1:
+        raise ValueError(f"max_stages must be >= 1, got {max_stages}")
+    return solve_on_tables(problem, StageTables(problem), objective, top_k, max_stages, copies)
+
+
+def solve_on_tables(problem: PipelineProblem, tab: StageTables, objective: str, top_k: int,
+           max_stages: int | None, copies: bool = True) -> list[PipelineSolution]:
+    """solve_pipeline on the problem's tables, built or sliced (PipelineTail)."""
+    S = min(tab.D, tab.B, max_stages or tab.D)
+    shared = problem.medium == "shared" and tab.B > 1 and S > 1
+    if objective == "latency":
+        plans = _solve_latency_shared(tab, top_k, S) if shared else _solve_latency_switched(tab, top_k, S)
+    else:
+        plans = _solve_throughput_shared(tab, top_k, S) if shared else _solve_throughput_switched(tab, top_k, S)
+    if not plans:
+        raise InfeasibleError(infeasible_message(problem, max_stages))
+    if copies and top_k > 1 and np.any(tab.cls != np.arange(tab.D)):  # the DPs searched canonical orders only
+        plans = [q for p in plans for q in _relabelings(tab, p, top_k)]
+    sols = [problem.evaluate(tuple(StageChoice(lo, hi, d) for lo, hi, d in p)) for p in plans]
+    sols.sort(key=lambda s: solution_sort_key(s, objective))
+    return sols[:top_k]
