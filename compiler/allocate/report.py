@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..report import fit as fit_width
+from ..text import fit as fit_width
 
 __all__ = ["format_allocation"]
 

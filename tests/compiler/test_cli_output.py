@@ -11,7 +11,8 @@ from click.testing import CliRunner
 
 from edgec.compiler.cli import cli
 from edgec.compiler.plan.registry import STRATEGIES
-from edgec.compiler.report import fit, idle_devices_hint, table
+from edgec.compiler.report import idle_devices_hint
+from edgec.compiler.text import fit, table
 from tests.compiler.test_allocate import _two, cluster_file
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -102,7 +102,7 @@ def test_an_input_no_device_can_hold_is_refused_before_planning(tmp_path, monkey
         raise AssertionError("planned")
 
     monkeypatch.setattr(registry, "run_group", no_planning)
-    monkeypatch.setattr("edgec.compiler.driver.run_group", no_planning)
+    monkeypatch.setattr("edgec.compiler.plan.choose.run_group", no_planning)
     path = tmp_path / "huge.onnx"
     onnx.save(_relu_model([1, 3, 100_000, 100_000]), path)
     line = one_line(invoke("compile", path, "--devices", TWO, "-o", tmp_path / "out"))
