@@ -279,7 +279,11 @@ class WorkerPool:
         if data_host is not None:
             cmd += ["--data-host", data_host]
         w.log = tempfile.TemporaryFile()
-        w.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=w.log)
+        # A session of its own: Ctrl-C in a terminal (SIGINT to the foreground group) reaches the coordinator
+        # alone, which then ends the run on its workers (edgec serve answers what it accepted first); the
+        # worker still dies with its parent (--exit-with-parent).
+        w.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=w.log,
+                                  start_new_session=True)
         logger.debug("started a local worker for %s (pid %d)", w.name, w.proc.pid)
 
     def _local_data_host(self, name: str) -> str | None:
