@@ -94,7 +94,7 @@ def serve_forever(builds: Mapping[str, str | Path], *, http: str = "127.0.0.1:80
 
 
 def _start_fronts(front: Front, binds: dict, figures, version: str, stack: contextlib.ExitStack) -> list[str]:
-    from .http import start_http
+    from .http_front import start_http
 
     host, port = binds["--http"]
     try:
@@ -110,7 +110,7 @@ def _start_fronts(front: Front, binds: dict, figures, version: str, stack: conte
     bound = server.server_address
     where = [f"http://{_host(bound[0])}:{bound[1]}/v2/models/{name}" for name in front.models]
     if "--grpc" in binds:
-        from .grpc import start_grpc
+        from .grpc_front import start_grpc
 
         ghost, gport = binds["--grpc"]
         gserver, gbound = start_grpc(ghost, gport, front, version)
