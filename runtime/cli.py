@@ -376,9 +376,11 @@ _SERVE_EPILOG = ("Exit codes: 0 stopped by SIGTERM or SIGINT (every request acce
 @click.option("--heartbeat-ms", type=click.IntRange(min=MIN_HEARTBEAT_MS, max=MAX_HEARTBEAT_MS),
               default=HEARTBEAT_MS, help="As `edgec run --heartbeat-ms`.")
 @click.option("--adapt", is_flag=True, help="As `edgec run --adapt`: switch between the build's kept plans.")
+@click.option("--status-every", type=click.FloatRange(min=0.1), default=60.0, hidden=True,
+              help="Seconds between status lines (tests shorten it).")
 @click.pass_context
 def serve(ctx: click.Context, build, http_bind, grpc_bind, model_name, token_file, max_body_mb, queue, threads,
-          timeout, address_pairs, keys_dir, inflight, compress, heartbeat_ms, adapt) -> None:
+          timeout, address_pairs, keys_dir, inflight, compress, heartbeat_ms, adapt, status_every) -> None:
     """Serve BUILD (a build folder, or an `edgec allocate` folder: every service at its own
     /v2/models/NAME) with the Open Inference Protocol (KServe v2) over HTTP, and gRPC with --grpc, until
     SIGTERM or SIGINT. Binds 127.0.0.1 unless told otherwise."""
@@ -390,7 +392,7 @@ def serve(ctx: click.Context, build, http_bind, grpc_bind, model_name, token_fil
             raise InputError(f"--addresses: {build} is an allocation; its builds carry their devices' addresses")
         return serve_forever(builds, http=http_bind, grpc=grpc_bind, token_file=token_file,
                              max_body=None if max_body_mb is None else int(max_body_mb * (1 << 20)),
-                             version=_edgec_version(), threads=threads, timeout=timeout,
+                             version=_edgec_version(), status_every=status_every, threads=threads, timeout=timeout,
                              addresses=parse_addresses(address_pairs), keys=keys_dir,
                              inflight=inflight, compress=compress, heartbeat_ms=heartbeat_ms, adapt=adapt, queue=queue)
 

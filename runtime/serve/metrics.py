@@ -84,8 +84,8 @@ class Figures:
             self.ready.labels(name).set(1 if status["ready"] else 0)
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
-    def status_line(self) -> str:
-        """Requests since the last line, their p50/p99, errors; the window starts over."""
+    def status_line(self, period_s: float = 60.0) -> str:
+        """Requests since the last line (`period_s` ago), their p50/p99, errors; the window starts over."""
         with self._lock:
             window, errors, total = self._window, self._window_errors, self._total
             self._window, self._window_errors = [], 0
@@ -94,8 +94,8 @@ class Figures:
             p50, p99 = cuts[49], cuts[98]
         else:
             p50 = p99 = window[0] if window else 0.0
-        return (f"{len(window)} request(s) in the last minute ({total} in all), p50 {p50:.2f} ms, p99 {p99:.2f} ms, "
-                f"{errors} error(s)")
+        return (f"{len(window)} request(s) in the last {period_s:g} s ({total} in all), p50 {p50:.2f} ms, "
+                f"p99 {p99:.2f} ms, {errors} error(s)")
 
 
 _LINKS: dict[str, dict] = {}  # per plan's manifest path: a session switches among a few plans

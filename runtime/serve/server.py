@@ -84,7 +84,7 @@ def serve_forever(builds: Mapping[str, str | Path], *, http: str = "127.0.0.1:80
         with _on_signals(stop):
             logger.info("ready: %s", "; ".join(servers))
             while not stop.wait(status_every):
-                logger.info("%s", figures.status_line())
+                logger.info("%s", figures.status_line(status_every))
             logger.info("stopping: answering the requests accepted, then stopping the workers")
             front.accepting = False
         # ExitStack unwinds: the fronts stop accepting, then the sessions answer what they accepted and close.

@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.client
 import json
 import subprocess
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -14,7 +15,9 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from edgec.runtime.runall import load_allocation
 from tests.runtime.conftest import build_chain
+from tests.runtime.test_run_all import allocation  # noqa: F401 - the fixture: two services, a device each
 from tests.runtime.serve_helpers import EDGEC, Server, assert_close, reference
 
 
@@ -147,15 +150,43 @@ def test_a_token_is_required_when_given_and_off_loopback(build, tmp_path):
 
 
 def test_sigterm_answers_what_was_accepted_and_exits_0(build):
-    s = Server(build, "--model-name", "chain")
+    s = Server(build, "--model-name", "chain", "--status-every", "0.5")
     client = httpclient.InferenceServerClient(s.http, concurrency=4)
     x = _inputs(3)
     given = httpclient.InferInput("data", [1, 3, 8, 8], "FP32")
     given.set_data_from_numpy(x["data"])
     pending = [client.async_infer("chain", [given]) for _ in range(8)]
     answered = [p.get_result().as_numpy("prob") for p in pending]
+    time.sleep(1.2)  # a status line or two
     assert s.stop() == 0, "".join(s.lines)
     ref = reference(build, x)["prob"]
     for got in answered:
         assert_close(got, ref)
     assert any("stopped" in ln for ln in s.lines) and not any("Traceback" in ln for ln in s.lines)
+    status = [ln for ln in s.lines if "request(s) in the last 0.5 s" in ln]
+    assert status and all(" p50 " in ln and " p99 " in ln and "error(s)" in ln for ln in status), s.lines
+
+
+
+def test_an_allocation_serves_every_service_at_its_own_name(allocation):  # noqa: F811
+    """An `edgec allocate` folder: tinychain and tinyconv, each on its own device, each at /v2/models/NAME."""
+    services = {svc.name: svc.manifest.parent for svc in load_allocation(allocation).services}
+    s = Server(allocation)
+    try:
+        client = httpclient.InferenceServerClient(s.http)
+        assert set(services) == {"chain", "conv"}
+        for name, folder in services.items():
+            meta = client.get_model_metadata(name)
+            given, feed = [], {}
+            for t in meta["inputs"]:
+                x = np.random.default_rng(0).standard_normal(t["shape"]).astype(np.float32)
+                i = httpclient.InferInput(t["name"], t["shape"], t["datatype"])
+                i.set_data_from_numpy(x)
+                given.append(i)
+                feed[t["name"]] = x
+            result = client.infer(name, given)
+            ref = reference(folder, feed)
+            for o in meta["outputs"]:
+                assert_close(result.as_numpy(o["name"]), ref[o["name"]])
+    finally:
+        assert s.stop() == 0, "".join(s.lines)
