@@ -14,13 +14,14 @@ outputs arrive, in order. Any thread may `submit`; a full queue raises QueueFull
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
@@ -98,6 +99,7 @@ class Cluster:
         self._calls: queue.Queue = queue.Queue()  # (fn, Future): run on the I/O thread between requests
         self._handed: deque[Future] = deque()  # handed to the devices, answered in this order
         self._lock = threading.Lock()
+        self._room = threading.Condition(self._lock)  # notified as the I/O thread takes a request off the queue
         self._accepting, self._closing, self._drain = True, False, True
         self._error: BaseException | None = None
         self._ready = False
@@ -149,15 +151,17 @@ class Cluster:
         given = _arrays(inputs)
         check_inputs(self.manifest, given, {}, origin="inputs")
         future: Future = Future()
-        while True:
-            self._check_open()
-            try:
-                self._queue.put((given, future), block=block, timeout=_JOIN_S)
-                break
-            except queue.Full:
-                if not block:
-                    raise QueueFull(f"the queue is full ({self.queue_size} request(s) waiting, "
-                                    f"{len(self._handed)} in the devices): retry later") from None
+        with self._room:  # under the lock close() takes: nothing is queued once the session stops accepting
+            while True:
+                self._check_open()
+                try:
+                    self._queue.put_nowait((given, future))
+                    break
+                except queue.Full:
+                    if not block:
+                        raise QueueFull(f"the queue is full ({self.queue_size} request(s) waiting, "
+                                        f"{len(self._handed)} in the devices): retry later") from None
+                self._room.wait(_JOIN_S)
         self._wake()
         return future
 
@@ -176,10 +180,11 @@ class Cluster:
     def close(self, drain: bool = True) -> None:
         """Accept no more; answer every accepted request (with `drain=False`, those still queued fail with
         SessionClosed and only those in the devices are answered); stop the workers. Idempotent."""
-        with self._lock:
+        with self._room:
             self._accepting = False
             self._drain = self._drain and drain
             self._closing = True
+            self._room.notify_all()  # a submit waiting for room learns that there will be none
         self._wake()
         self._join()
         for fd in (self._wake_r, self._wake_w):
@@ -255,6 +260,8 @@ class Cluster:
                     return
                 yield IDLE
                 continue
+            with self._room:
+                self._room.notify()
             if future.set_running_or_notify_cancel():
                 self._handed.append(future)
                 yield inputs
@@ -279,24 +286,26 @@ class Cluster:
 
     def _fail(self, exc: BaseException) -> None:
         """Fail every accepted request not answered: those in the devices, then those queued."""
-        if not isinstance(exc, SessionClosed):
-            self._error = exc
-        self._accepting = False
-        while self._handed:
-            self._handed.popleft().set_exception(exc)
-        while True:
-            try:
-                _, future = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if future.set_running_or_notify_cancel():
+        with self._room:
+            if not isinstance(exc, SessionClosed):
+                self._error = exc
+            self._accepting = False
+            self._room.notify_all()
+            doomed = list(self._handed)
+            self._handed.clear()
+            while True:
+                try:
+                    doomed.append(self._queue.get_nowait()[1])
+                except queue.Empty:
+                    break
+            while True:
+                try:
+                    doomed.append(self._calls.get_nowait()[1])
+                except queue.Empty:
+                    break
+        for future in doomed:  # outside the lock: a done-callback may submit again (and be refused)
+            with contextlib.suppress(InvalidStateError):  # cancelled by its caller meanwhile
                 future.set_exception(exc)
-        while True:
-            try:
-                _, future = self._calls.get_nowait()
-            except queue.Empty:
-                return
-            future.set_exception(exc)
 
 
 def _arrays(inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -111,7 +111,9 @@ def test_a_device_lost_without_fallback_fails_the_accepted_requests_naming_it(ch
 def test_a_device_killed_mid_session_with_a_fallback_answers_every_request(build):  # noqa: F811
     m = load_manifest(build / "manifest.json")
     requests = [random_inputs(m.inputs, seed) for seed in range(60)]
+    events: list[str] = []
     with edgec.Cluster(build, inflight=2, timeout=30) as cluster:
+        cluster.listen(lambda event, _figures: events.append(event))
         futures = [cluster.submit(x, block=True) for x in requests[:30]]
         [f.result(timeout=30) for f in futures[:5]]
         os.kill(cluster.pool.workers["pi5-b"].proc.pid, signal.SIGKILL)
@@ -119,6 +121,7 @@ def test_a_device_killed_mid_session_with_a_fallback_answers_every_request(build
         outputs = [f.result(timeout=60) for f in futures]
         assert cluster.ready
         assert [s["device"] for s in cluster.pool.failovers] == ["pi5-b"]
+    assert events.count("failover") == 1 and events.count("done") == len(requests)
     for x, got in zip(requests, outputs, strict=True):
         assert _close(got, _reference(m, x))
 
