@@ -361,7 +361,7 @@ _SERVE_EPILOG = ("Exit codes: 0 stopped by SIGTERM or SIGINT (every request acce
 @click.option("--max-body-mb", type=click.FloatRange(min=0, min_open=True), default=None,
               show_default="sized from the model's inputs", help="Larger request bodies are refused unread (413).")
 @click.option("--queue", type=click.IntRange(min=1, max=100_000), default=None,
-              show_default="4 x --inflight", help="Requests waiting behind those in flight; more get 429.")
+              show_default="4 x --inflight, at least 64", help="Requests waiting behind those in flight; more get 429.")
 @click.option("--threads", type=click.IntRange(min=0, max=MAX_THREADS), default=None,
               show_default="cores / local devices", help="onnxruntime intra-op threads per local worker.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=60.0,

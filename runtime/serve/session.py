@@ -36,13 +36,14 @@ from ..manifest import Manifest, load_manifest
 from ..session import MAX_INFLIGHT
 from ..schedule import pipeline_depth
 
-__all__ = ["Cluster", "QueueFull", "SessionClosed", "QUEUE_PER_SLOT"]
+__all__ = ["Cluster", "QueueFull", "SessionClosed", "QUEUE_PER_SLOT", "MIN_QUEUE"]
 
 logger = logging.getLogger(__name__)
 
-# The queue behind the devices holds this many requests per request in flight: enough to keep the pipeline
-# fed across a client's round trip, little enough that a queued request waits a few requests' time, not minutes.
-QUEUE_PER_SLOT = 4
+# The queue behind the devices holds this many requests per request in flight, and at least MIN_QUEUE: enough to
+# keep the pipeline fed across the clients' round trips (16 closed-loop clients on a 3-deep pipeline met 429s
+# with 12), little enough that a queued request waits some requests' time, not minutes.
+QUEUE_PER_SLOT, MIN_QUEUE = 4, 64
 _JOIN_S = 0.2  # waits in slices: a signal handler's exception must reach the main thread
 
 
@@ -61,7 +62,7 @@ class Cluster:
     `keys`) and loads their fragments once; then `infer(inputs)` answers one request and `submit(inputs)`
     queues one and returns a concurrent.futures.Future of its outputs ({output name: array}, in the model's
     dtypes and shapes). Up to `inflight` requests (default: the plan's pipeline depth) are in the devices at
-    once and up to `queue` (default QUEUE_PER_SLOT x inflight) wait behind them. A bad input raises
+    once and up to `queue` (default QUEUE_PER_SLOT x inflight, at least MIN_QUEUE) wait behind them. A bad input raises
     InputError from submit/infer, for that request only. With `adapt`, the session switches between the
     plans the build kept as the measured figures drift (`edgec run --adapt`); a device lost mid-session is
     replaced by the build's fallback plan without it (`edgec compile --fallbacks`), re-running what it had
@@ -94,7 +95,7 @@ class Cluster:
     def _open(self, manifest: Manifest, queue_size: int | None, pool_options: dict) -> None:
         self.manifest = manifest
         inflight = pool_options.get("inflight") or pipeline_depth(manifest)
-        self.queue_size = queue_size or QUEUE_PER_SLOT * inflight
+        self.queue_size = queue_size or max(MIN_QUEUE, QUEUE_PER_SLOT * inflight)
         self._queue: queue.Queue = queue.Queue(self.queue_size)  # (inputs, Future)
         self._calls: queue.Queue = queue.Queue()  # (fn, Future): run on the I/O thread between requests
         self._handed: deque[Future] = deque()  # handed to the devices, answered in this order
