@@ -69,7 +69,13 @@ def serve_forever(builds: Mapping[str, str | Path], *, http: str = "127.0.0.1:80
     if grpc is not None:
         binds["--grpc"] = parse_bind(grpc, "--grpc")
     token = read_token(token_file, binds)
-    from .metrics import Figures  # prometheus-client: the `serve` extra
+    try:
+        from .metrics import Figures  # prometheus-client: the `serve` extra
+        if grpc is not None:
+            from . import grpc_front  # noqa: F401 - grpcio and protobuf: the `serve` extra
+    except ImportError as exc:
+        raise InputError(f"edgec serve needs {exc.name or 'its dependencies'}: pip install 'edgec[serve]' (or "
+                         "'edgec-runtime[serve]' on a device)") from None
 
     with contextlib.ExitStack() as stack:
         sessions: dict[str, Cluster] = {}

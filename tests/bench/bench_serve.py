@@ -243,12 +243,14 @@ def descendants(pid: int) -> list[int]:
     found, frontier = [], [pid]
     while frontier:
         parent = frontier.pop()
-        try:
-            children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
-        except OSError:
-            children = []
-        found += [int(c) for c in children]
-        frontier += [int(c) for c in children]
+        children = []
+        for task in Path(f"/proc/{parent}/task").glob("*"):  # the session's I/O thread starts the workers
+            try:
+                children += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                pass
+        found += children
+        frontier += children
     return found
 
 

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
+import signal
 import subprocess
 import time
+from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -188,5 +191,53 @@ def test_an_allocation_serves_every_service_at_its_own_name(allocation):  # noqa
             ref = reference(folder, feed)
             for o in meta["outputs"]:
                 assert_close(result.as_numpy(o["name"]), ref[o["name"]])
+    finally:
+        assert s.stop() == 0, "".join(s.lines)
+
+
+def _children(pid: int) -> list[int]:
+    """The processes below `pid`, whichever of its threads started them (the session's I/O thread does)."""
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        kids = []
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            try:
+                kids += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                pass
+        found += kids
+        frontier += kids
+    return found
+
+
+def test_a_full_queue_is_429_and_a_lost_device_503_naming_it(build):
+    s = Server(build, "--model-name", "chain", "--queue", "1", "--inflight", "1", "--heartbeat-ms", "100")
+    try:
+        x = _inputs(5)
+        body = json.dumps({"inputs": [{"name": "data", "shape": [1, 3, 8, 8], "datatype": "FP32",
+                                       "data": x["data"].reshape(-1).tolist()}]}).encode()
+        seen: set[int] = set()
+        with ThreadPoolExecutor(16) as pool:
+            for _ in range(20):  # bursts of 16 at a queue of 1: some find it full
+                seen |= {code for code, _ in pool.map(lambda _i: _post(s, "/v2/models/chain/infer", body), range(16))}
+                if 429 in seen:
+                    break
+        assert 429 in seen and seen <= {200, 429}, seen
+        workers = _children(s.proc.pid)
+        assert workers
+        for pid in workers:  # every local worker: the build has no fallback
+            os.kill(pid, signal.SIGKILL)
+        code, doc = 0, {}
+        for _ in range(100):
+            code, doc = _post(s, "/v2/models/chain/infer", body)
+            if code == 503:
+                break
+            time.sleep(0.1)
+        assert code == 503 and ("pi5-a" in doc["error"] or "pi4-a" in doc["error"]), doc
+        conn = http.client.HTTPConnection("127.0.0.1", s.http_port, timeout=30)
+        conn.request("GET", "/v2/health/ready")
+        assert conn.getresponse().status == 503
+        conn.close()
     finally:
         assert s.stop() == 0, "".join(s.lines)
