@@ -7,7 +7,7 @@ The Python API for build scripts, the same as the command line:
     report = edgec.run("build/", random_inputs=True, verify=True)       # what `edgec run --json` prints
     assert report["verify"]["passed"]
     with edgec.Cluster("build/") as cluster:                            # a session serving requests
-        outputs = cluster.infer({"x": x})
+        outputs = cluster.infer({"input": x})                           # {output name: array}
 
 This file is the ``edgec`` package of the full distribution. pyproject.toml maps it here
 (``package-dir``), so that the repository's top level holds only its folders: compiler/, runtime/,

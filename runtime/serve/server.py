@@ -80,9 +80,10 @@ def serve_forever(builds: Mapping[str, str | Path], *, http: str = "127.0.0.1:80
     with contextlib.ExitStack() as stack:
         sessions: dict[str, Cluster] = {}
         for name, build in builds.items():
-            logger.info("%s: starting the workers of %s", name, build)
             sessions[name] = Cluster(build, **session_options)
             stack.callback(sessions[name].close)
+            logger.info("%s: %s, %d worker(s) ready, up to %d request(s) in flight", name, build,
+                        len(sessions[name].pool.workers), sessions[name].inflight)
         figures = Figures(sessions)
         front = Front(sessions, token=token, figures=figures, max_body=max_body)
         servers = _start_fronts(front, binds, figures, version, stack)

@@ -6,9 +6,10 @@ FailoverCluster, up to `inflight` in the devices at once, and resolves each requ
 outputs arrive, in order. Any thread may `submit`; a full queue raises QueueFull at once rather than grow.
 
     >>> import edgec, numpy as np
+    >>> x = np.zeros((1, 3, 32, 32), np.float32)
     >>> with edgec.Cluster("build/tinychain") as cluster:                        # doctest: +SKIP
-    ...     outputs = cluster.infer({"x": np.zeros((1, 16), np.float32)})
-    ...     futures = [cluster.submit({"x": np.ones((1, 16), np.float32)}) for _ in range(8)]
+    ...     outputs = cluster.infer({"input": x})                                # {"logits": array}
+    ...     futures = [cluster.submit({"input": x}) for _ in range(8)]          # pipelined
     ...     results = [f.result() for f in futures]
 """
 
