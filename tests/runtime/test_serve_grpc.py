@@ -4,6 +4,8 @@ errors carry the protocol's status codes and the server goes on; the .proto keep
 
 from __future__ import annotations
 
+import signal
+
 import grpc
 import numpy as np
 import pytest
@@ -74,3 +76,19 @@ def test_errors_carry_the_protocols_status_codes_and_the_server_goes_on(server, 
     with pytest.raises(InferenceServerException, match="datatype 'INT32'"):
         client.infer("chain", [wrong])
     assert_close(client.infer("chain", [_input(x)]).as_numpy("prob"), reference(build, {"data": x})["prob"])
+
+
+def test_a_token_guards_grpc_too_and_sigint_stops_cleanly(build, tmp_path):
+    token = tmp_path / "token"
+    token.write_text("grpc-token-0123456789abcdef\n")
+    s = Server(build, "--grpc", "127.0.0.1:0", "--model-name", "chain", "--token-file", str(token))
+    try:
+        client = grpcclient.InferenceServerClient(s.grpc)
+        with pytest.raises(InferenceServerException, match="bearer token") as refused:
+            client.get_model_metadata("chain")
+        assert refused.value.status() == str(grpc.StatusCode.UNAUTHENTICATED)
+        x = np.ones((1, 3, 8, 8), np.float32)
+        result = client.infer("chain", [_input(x)], headers={"authorization": "Bearer grpc-token-0123456789abcdef"})
+        assert_close(result.as_numpy("prob"), reference(build, {"data": x})["prob"])
+    finally:
+        assert s.stop(signal.SIGINT) == 0, "".join(s.lines)
