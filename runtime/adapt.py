@@ -34,10 +34,12 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from .accuracy import TransferKey, transfer_keys
+from .errors import InputError
+from .manifest import load_alternative, load_fallback
 from .manifest_types import Manifest
 from .replay import Drift, Timeline, replay
 
-__all__ = ["WINDOW", "THRESHOLD", "MARGIN", "Option", "Measured", "Decision", "Adapter", "busiest_ms"]
+__all__ = ["WINDOW", "THRESHOLD", "MARGIN", "Option", "Measured", "Decision", "Adapter", "busiest_ms", "kept_plans"]
 
 WINDOW = 5  # requests per figure: the median moves once 3 of the last 5 agree, so one or two odd requests do not
 THRESHOLD = 0.25  # default relative change of a figure that is drift (measurement noise stays well inside)
@@ -221,3 +223,25 @@ class Adapter:
         """Drop what was measured so far (the warm-up's first runs allocate: they are no figure)."""
         self.measured = Measured(self.window)
         self.since_switch = 0
+
+
+def kept_plans(m: Manifest, threshold: float = THRESHOLD, objective: str | None = None) -> Adapter:
+    """The adapter over every plan the build kept, the main one first, re-costing by `objective` or the
+    build's own; bad input without any kept plan, or for a build compiled for energy without `objective`."""
+    if objective is None:
+        objective = m.objective or "latency"
+        if objective == "energy":
+            raise InputError(f"{m.path}: the build was compiled for energy, which --adapt does not re-cost; choose "
+                             "what to adapt for with --adapt-for latency or --adapt-for throughput")
+    if objective not in ("latency", "throughput"):
+        raise InputError(f"--adapt-for {objective!r}: expected latency or throughput")
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold < 10:
+        raise InputError(f"--adapt-threshold {threshold!r}: expected a relative change above 0 (0.25: 25%) and below 10")
+    fallbacks = [fb for fb in m.fallbacks if fb.manifest is not None]
+    if not m.alternatives and not fallbacks:
+        raise InputError(f"{m.path}: --adapt switches between the plans a build kept, and this one kept none; compile "
+                         "with --keep N, --shifts and/or --fallbacks")
+    options = [Option(m, m.path.name)]
+    options += [Option(load_alternative(m, alt), alt.manifest) for alt in m.alternatives]
+    options += [Option(load_fallback(m, fb, check_files=False), fb.manifest) for fb in fallbacks]
+    return Adapter(options, objective=objective, threshold=float(threshold))

@@ -7,27 +7,33 @@ import logging
 import math
 import os
 import statistics
+import time
+from collections import deque
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
-from .accuracy import check_report_path, write_report
-from .adapt import THRESHOLD, Adapter, Option
+from .accuracy import build_report, check_report_path, write_report
+from .adapt import THRESHOLD, Adapter, kept_plans
 from .compress import parse_mode
-from .coordinator import HEARTBEAT_MS, RunResult, load_keys, run_manifest
+from .coordinator import HEARTBEAT_MS, FailoverCluster, RunResult, load_keys, steady_throughput
+from .emulate import Overruns, undilated_offsets
 from .errors import InputError
 from .files import write_atomically
 from .inputs import check_inputs, check_memory, load_inputs
 from .machine import MAX_THREADS_HERE
 from .manifest import Manifest, load_alternative, load_fallback, load_manifest
+from .keys import Keyring
 from .protocol import MAX_DILATE
+from .serve.session import Cluster
 from .session import MAX_INFLIGHT
-from .trace import check_trace_path, write_trace
+from .trace import Trace, check_trace_path, write_trace
 from .verify import VerifyResult, check_model, compare_outputs, reference_outputs
 
 __all__ = ["run", "execute", "report", "write_npz", "parse_addresses", "parse_slow", "check_options", "Checker",
-           "RequestsChecked", "MAX_INFLIGHT", "MIN_HEARTBEAT_MS", "MAX_HEARTBEAT_MS", "MAX_DILATE", "MAX_TIMEOUT_S"]
+           "RequestsChecked", "run_manifest", "MAX_INFLIGHT", "MIN_HEARTBEAT_MS", "MAX_HEARTBEAT_MS", "MAX_DILATE",
+           "MAX_TIMEOUT_S"]
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +130,7 @@ def execute(manifest: str | os.PathLike, *, npz: str | None = None, pairs: Itera
     if verify:  # before the run: a moved or changed model fails in a second, not after the whole run
         check_model(m)
     slow = _check_slow(slow, m, emulate)
-    adapter = _adapter(m, adapt_threshold, adapt_for) if adapt else None
+    adapter = kept_plans(m, adapt_threshold, adapt_for) if adapt else None
     if arrays is not None:
         if random_inputs:
             raise InputError("random inputs cannot be combined with given inputs")
@@ -147,6 +153,97 @@ def execute(manifest: str | os.PathLike, *, npz: str | None = None, pairs: Itera
     if trace is not None:
         write_trace(trace, result.trace)
     return m, result, None if checker is None else checker.result()
+
+
+def run_manifest(manifest: Manifest, inputs: Mapping[str, np.ndarray], *, repeat: int = 1, threads: int | None = None,
+                 emulate: bool = False, timeout: float = 60.0, warmup: int = 1,
+                 progress: Callable[[str], None] | None = None, addresses: Mapping[str, str] | None = None,
+                 keys: Keyring | None = None, inflight: int | None = None, compress: str = "none",
+                 heartbeat_ms: int = HEARTBEAT_MS, timings: bool = False, dilate: float = 1.0,
+                 check: Callable[[dict[str, np.ndarray]], None] | None = None, trace: bool = False,
+                 adapter: Adapter | None = None, slow: Mapping[str, tuple[int, float]] | None = None) -> RunResult:
+    """A run as a client of the serving session (edgec.Cluster): reach the workers, run `warmup` untimed
+    requests one at a time and then `repeat` timed requests with up to `inflight` in flight (default: the
+    plan's pipeline depth), end the run. A device lost on the way is replaced by the manifest's fallback
+    plan without it, when there is one (FailoverCluster). With `timings`, `result.accuracy` is the --report
+    object (accuracy.py) of the timed requests; with `trace`, `result.trace` is the --trace object (trace.py)
+    of the same requests. `check` is called with every request's outputs as they arrive (the warm-up's too).
+    With `emulate`, every time is stretched by `dilate` during the run and reported divided by it
+    (emulate.py); fragment runs that overran their padding are logged as warnings and listed in
+    `result.emulation`. With an `adapter`, the run switches between the build's kept plans as the measured
+    figures drift (adapt.py), and `result.adaptations` lists its decisions; `slow` ({device: (timed request
+    index, factor)}, with `emulate`) slows a device down from that request on."""
+    say = progress or (lambda _msg: None)
+    overruns = Overruns(dilate) if emulate else None
+    recorder = Trace(emulated=emulate) if trace else None
+    with Cluster.open(manifest, threads=threads, emulate=emulate, timeout=timeout, addresses=addresses, keys=keys,
+                      inflight=inflight, compress=compress, heartbeat_ms=heartbeat_ms,
+                      timings=timings or adapter is not None, dilate=dilate, overruns=overruns, trace=recorder,
+                      adapter=adapter, slow=slow) as session:
+        pool = session.pool
+        say(f"{len(pool.workers)} worker(s) ready ({sum(w.local for w in pool.workers.values())} local), "
+            f"up to {pool.inflight} request(s) in flight")
+        for i in range(warmup):  # first runs allocate and fill caches: they are no steady-state figure
+            say(f"warm-up request {i + 1}/{warmup}")
+            outputs = session.infer(inputs)
+            if check is not None:
+                check(outputs)
+        session.call(lambda p: _forget_warmup(p, adapter, recorder, overruns)).result()
+        result = RunResult(outputs={}, latencies_ms=[], device_run_ms={n: [] for n in pool.workers},
+                           threads=pool.threads, inflight=pool.inflight, compress=pool.compress, warmup=warmup)
+        start = time.perf_counter()
+        done_at: list[float] = []  # when each timed request's outputs came back
+        waiting: deque = deque()
+        outstanding = session.queue_size + pool.inflight  # futures held at once: memory stays bounded
+
+        def take() -> None:
+            future = waiting.popleft()
+            outputs = future.result()
+            done_at.append(future.done_at)
+            if check is not None:
+                check(outputs)
+            result.outputs = outputs
+            result.latencies_ms.append(future.latency_ms / dilate)
+            for name, ms in future.run_ms.items():
+                result.device_run_ms.setdefault(name, []).append(ms / dilate)  # a fallback may bring in a device
+            say(f"request {len(done_at)}/{repeat}: {future.latency_ms / dilate:.2f} ms")
+
+        for _ in range(repeat):
+            while waiting and (waiting[0].done() or len(waiting) >= outstanding):
+                take()
+            waiting.append(session.submit(inputs, block=True))
+        while waiting:
+            take()
+        result.throughput_ips = steady_throughput(start, done_at) * dilate
+        result.completed, result.lost = len(done_at), repeat - len(done_at)
+        result.failovers = list(pool.failovers)
+        result.adaptations = [] if adapter is None else adapter.as_json()
+        if timings:
+            result.accuracy = session.call(lambda p: build_report(
+                p.manifest, repeat=repeat, latency_ms=result.latency_ms, throughput_ips=result.throughput_ips,
+                samples=p.samples, offsets=undilated_offsets(p.offsets, dilate), failovers=result.failovers)).result()
+        if recorder is not None:
+            result.trace = recorder.as_json()
+    result.devices = pool.device_report()
+    if overruns is not None:
+        result.emulation = overruns.as_json()
+        for line in overruns.warnings():
+            logger.warning("%s", line)
+    return result
+
+
+def _forget_warmup(pool: FailoverCluster, adapter: Adapter | None, recorder: Trace | None,
+                   overruns: Overruns | None) -> None:
+    """On the session's I/O thread, between requests: the warm-up is neither counted, timed nor judged."""
+    pool.completed = pool.handed = 0  # completed, handed and at_request count the timed requests
+    if adapter is not None:
+        adapter.forget()
+    if pool.samples is not None:
+        pool.samples.clear()
+    if recorder is not None:
+        recorder.clear()
+    if overruns is not None:
+        overruns.clear()  # first runs allocate
 
 
 @dataclasses.dataclass
@@ -230,28 +327,6 @@ def _check_slow(slow: Mapping[str, tuple[int, float]] | None, m: Manifest, emula
         if isinstance(request, bool) or not isinstance(request, int) or request < 0:
             raise InputError(f"--slow {name}: request {request!r}, expected a timed request's index, from 0")
     return {name: (int(r), float(f)) for name, (r, f) in slow.items()}
-
-
-def _adapter(m: Manifest, threshold: float, objective: str | None) -> Adapter:
-    """The adapter over every plan the build kept, the main one first, re-costing by `objective` or the
-    build's own; bad input without any kept plan, or for a build compiled for energy without `objective`."""
-    if objective is None:
-        objective = m.objective or "latency"
-        if objective == "energy":
-            raise InputError(f"{m.path}: the build was compiled for energy, which --adapt does not re-cost; choose "
-                             "what to adapt for with --adapt-for latency or --adapt-for throughput")
-    if objective not in ("latency", "throughput"):
-        raise InputError(f"--adapt-for {objective!r}: expected latency or throughput")
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold < 10:
-        raise InputError(f"--adapt-threshold {threshold!r}: expected a relative change above 0 (0.25: 25%) and below 10")
-    fallbacks = [fb for fb in m.fallbacks if fb.manifest is not None]
-    if not m.alternatives and not fallbacks:
-        raise InputError(f"{m.path}: --adapt switches between the plans a build kept, and this one kept none; compile "
-                         "with --keep N, --shifts and/or --fallbacks")
-    options = [Option(m, m.path.name)]
-    options += [Option(load_alternative(m, alt), alt.manifest) for alt in m.alternatives]
-    options += [Option(load_fallback(m, fb, check_files=False), fb.manifest) for fb in fallbacks]
-    return Adapter(options, objective=objective, threshold=float(threshold))
 
 
 def _check_dilate(dilate: float | None, emulate: bool) -> float:

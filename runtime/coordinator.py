@@ -3,13 +3,14 @@ it starts on this machine), hands out the fragments, streams requests through th
 the outputs in request order. The protocol is in protocol.py.
 
 A device lost mid-run (its worker exits, its connection drops, or it leaves HEARTBEAT_MISSES heartbeats
-unanswered) raises DeviceLost; FailoverCluster, which run_manifest uses, then finishes the run on the build's
+unanswered) raises DeviceLost; FailoverCluster (which the serving session, edgec.Cluster, uses) then finishes the run on the build's
 fallback plan without that device (`edgec compile --fallbacks`), re-running the requests not completed."""
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import re
 import select
@@ -30,7 +31,7 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from .adapt import Adapter, Option
-from .accuracy import SYNC_ROUNDS, ClockOffset, Samples, build_report, estimate_offset
+from .accuracy import SYNC_ROUNDS, ClockOffset, Samples, estimate_offset
 from .compress import parse_mode
 from .emulate import Channel, Overruns, undilated_offsets, undilated_starts, undilated_times
 from .errors import InputError, RunError, one_line
@@ -44,8 +45,8 @@ from .signatures import check_signatures
 from .trace import Trace
 from .transport import POLL_MS, BadMessage, decode_tensor, pack, recv_message, send_frames, send_tensor
 
-__all__ = ["RunResult", "Cluster", "LocalCluster", "FailoverCluster", "DeviceLost", "run_manifest", "steady_throughput", "default_threads",
-           "resolve_endpoints", "HEARTBEAT_MS", "HEARTBEAT_MISSES"]
+__all__ = ["RunResult", "WorkerPool", "LocalCluster", "FailoverCluster", "DeviceLost", "IDLE", "steady_throughput",
+           "default_threads", "resolve_endpoints", "HEARTBEAT_MS", "HEARTBEAT_MISSES"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ _HANDSHAKE_FAILED = {zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_F
                      zmq.EVENT_HANDSHAKE_FAILED_AUTH}
 _FROM_WORKER = frozenset({"welcome", "refused", "opened", "ack", "loaded", "ready", "synced", "done", "tensor", "error",
                           "bye", "channel", "overrun"})
+IDLE = object()  # what a request source yields when it has no request at hand (WorkerPool.stream)
 _LISTENING = re.compile(r"edgec worker: listening on (tcp://\S+)")
 
 
@@ -77,7 +79,7 @@ class RunResult:
     device_run_ms: dict[str, list[float]] = field(default_factory=dict)  # per device, one entry per request
     threads: int = 0  # onnxruntime intra-op threads per local worker (0 = onnxruntime's default)
     inflight: int = 1
-    throughput_ips: float = 0.0  # steady-state: outputs after the first / (last output - first output); see run_manifest
+    throughput_ips: float = 0.0  # steady-state: outputs after the first / (last output - first output); see api.run_manifest
     devices: dict[str, dict] = field(default_factory=dict)  # per worker: address, bytes counted, memory
     compress: str = "none"  # the --compress mode of device-to-device tensors
     completed: int = 0  # timed requests whose outputs came back (the warm-up is not counted)
@@ -160,7 +162,7 @@ class _Worker:
         return f"device {self.name} ({'local worker' if self.local else 'worker'} at {self.endpoint})"
 
 
-class Cluster:
+class WorkerPool:
     """The workers of a manifest's working devices; use as a context manager.
 
     `stream(inputs)` keeps up to `inflight` requests in flight and yields results in request order; `infer`
@@ -211,8 +213,10 @@ class Cluster:
         self.last_timed: tuple[dict, dict] | None = None  # the last completed request's measured times
         self.last_ping = 0.0
         self.drops = DropLog("coordinator")
+        self.wake_fd: int | None = None  # watch(): a pipe whose byte ends stream()'s waits for requests
+        self.woken = False
 
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> "WorkerPool":
         try:
             self.start()
             if self.samples is not None:
@@ -272,8 +276,11 @@ class Cluster:
         if data_host is not None:
             cmd += ["--data-host", data_host]
         w.log = tempfile.TemporaryFile()
+        # A session of its own: Ctrl-C in a terminal (SIGINT to the foreground group) reaches the coordinator
+        # alone, which then ends the run on its workers (edgec serve answers what it accepted first); the
+        # worker still dies with its parent (--parent).
         w.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE if in_memory else subprocess.DEVNULL,
-                                  stdout=subprocess.PIPE, stderr=w.log)
+                                  stdout=subprocess.PIPE, stderr=w.log, start_new_session=True)
         if in_memory:
             try:  # one line, far below a pipe's buffer: never blocks
                 w.proc.stdin.write(self.keys.member_json(self.keys.serves_as(w.name)))
@@ -374,6 +381,9 @@ class Cluster:
             if remaining <= 0:
                 self._timed_out(what)
             for sock, _ in self.poller.poll(min(remaining * 1000.0, POLL_MS)):
+                if sock == self.wake_fd:
+                    self._on_wake()
+                    continue
                 w, is_monitor = self.by_socket[sock]
                 if is_monitor:
                     self._on_monitor(w)
@@ -381,6 +391,18 @@ class Cluster:
                     self._drain(w)
             self._check_alive(what)
             self._ping()
+
+    def watch(self, wake_fd: int) -> None:
+        """Wake stream()'s waits when `wake_fd` (a pipe's read end, owned by the caller) is readable."""
+        self.wake_fd = wake_fd
+        self.poller.register(wake_fd, zmq.POLLIN)
+
+    def _on_wake(self) -> None:
+        try:
+            os.read(self.wake_fd, 4096)
+        except BlockingIOError:
+            pass
+        self.woken = True
 
     def _timed_out(self, what: str):
         """An unreachable worker is bad input (exit 2, naming device and address); a worker that stops
@@ -613,24 +635,42 @@ class Cluster:
     def stream(self, requests: Iterable[Mapping[str, np.ndarray]], inflight: int | None = None
                ) -> Iterator[tuple[dict[str, np.ndarray], float, dict[str, float]]]:
         """(outputs, latency ms, fragment run ms per device) for each request, in request order, keeping up
-        to `inflight` (default: the cluster's) requests in flight."""
+        to `inflight` (default: the cluster's) requests in flight.
+
+        A long-lived source (the serving session's queue) yields IDLE when it has no request at hand: the
+        pool then waits on its workers (heartbeats, outputs) until `wake_fd` is readable, which the source's
+        producer writes a byte to when it hands over a request, or a poll interval passes."""
         window = min(self.inflight, inflight or self.inflight)
         pending: deque[_Request] = deque()
         source = iter(requests)
         exhausted = False
+        deadlines: dict[int, float] = {}  # per request at the head: when it times out
         while pending or not exhausted:
-            while not exhausted and len(pending) < window:
+            idle = False
+            while not exhausted and not idle and len(pending) < window:
                 inputs = next(source, None)
                 if inputs is None:
                     exhausted = True
+                elif inputs is IDLE:
+                    idle = True
                 else:
                     pending.append(self._issue(inputs))
             if not pending:
-                return
+                if idle:  # nothing in flight, nothing at hand: wait for either
+                    self.woken = False
+                    self._pump(math.inf, lambda: self.woken, "waiting for requests")
+                continue
             head = pending[0]
-            self._pump(time.monotonic() + self.timeout, lambda: self._complete(head), f"in request {head.req}")
+            deadline = deadlines.setdefault(head.req, time.monotonic() + self.timeout)
+            if idle and len(pending) < window:  # a request handed over meanwhile goes in at once
+                self.woken = False
+                self._pump(deadline, lambda: self._complete(head) or self.woken, f"in request {head.req}")
+                if not self._complete(head):
+                    continue
+            else:
+                self._pump(deadline, lambda: self._complete(head), f"in request {head.req}")
             pending.popleft()
-            del self.open[head.req]
+            del self.open[head.req], deadlines[head.req]
             latency = ((head.t_outputs or time.perf_counter()) - head.t_sent) * 1000.0
             if self.samples is not None:  # on the emulated clock (dilation 1 outside emulation)
                 times, offsets = undilated_times(head.times, self.dilate), undilated_offsets(self.offsets, self.dilate)
@@ -684,6 +724,9 @@ class Cluster:
         local workers; idempotent."""
         if self.ctx is None:
             return
+        if self.wake_fd is not None:  # the caller's pipe: nothing to wait for any more
+            self.poller.unregister(self.wake_fd)
+            self.wake_fd = None
         talking = [w for w in self.workers.values() if w.sock is not None and w.phase not in ("connecting", "ended")]
         for w in talking:
             try:
@@ -726,11 +769,11 @@ class Cluster:
                 w.phase = "ended"
 
 
-LocalCluster = Cluster  # the name before workers could be remote
+LocalCluster = WorkerPool  # the name before workers could be remote
 
 
 class FailoverCluster:
-    """A Cluster that survives the loss of a working device (DeviceLost) when the manifest has a fallback
+    """A WorkerPool that survives the loss of a working device (DeviceLost) when the manifest has a fallback
     plan without it (`edgec compile --fallbacks`): it ends the run on the other workers, starts the
     fallback's (a remote worker serves the new run, a local one is started afresh), and re-runs every request
     that had not completed, so that outputs still come in request order and none is lost. One failover per
@@ -741,7 +784,7 @@ class FailoverCluster:
     not counted again (the caller may reset both, as run_manifest does after the warm-up); `failovers` lists
     the switches as [{device, at_request, plan}], at_request being `completed` at the time. The fallbacks are
     checked on construction, so a broken one is bad input before any worker starts. Use as a context
-    manager, like Cluster.
+    manager, like WorkerPool.
 
     With an `adapter` (adapt.py: `edgec run --adapt`; the cluster must time requests, `timings`), every
     completed request's measured times go to it, and when it decides on another kept plan the cluster stops
@@ -755,12 +798,13 @@ class FailoverCluster:
         self.main = manifest
         self.addresses = dict(addresses or {})
         self.inflight_option = inflight
-        self.options = options  # the other Cluster arguments, the same for every plan
+        self.options = options  # the other WorkerPool arguments, the same for every plan
         self.fallbacks = {fb.without: load_fallback(manifest, fb, check_files=False)
                           for fb in manifest.fallbacks if fb.manifest is not None}
         self.adapter = adapter
         self.slow = dict(slow or {})
-        self.cluster: Cluster | None = None
+        self.cluster: WorkerPool | None = None
+        self.wake_fd: int | None = None
         self.completed = 0
         self.handed = 0
         self.failovers: list[dict] = []
@@ -773,9 +817,18 @@ class FailoverCluster:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _open(self, manifest: Manifest, addresses: Mapping[str, str]) -> Cluster:
-        cluster = Cluster(manifest, addresses=addresses, inflight=self.inflight_option, **self.options)
-        return cluster.__enter__()
+    def _open(self, manifest: Manifest, addresses: Mapping[str, str]) -> WorkerPool:
+        cluster = WorkerPool(manifest, addresses=addresses, inflight=self.inflight_option, **self.options)
+        cluster = cluster.__enter__()
+        if self.wake_fd is not None:
+            cluster.watch(self.wake_fd)
+        return cluster
+
+    def watch(self, wake_fd: int) -> None:
+        """WorkerPool.watch, on the plan in use and every plan switched to."""
+        self.wake_fd = wake_fd
+        if self.cluster is not None:
+            self.cluster.watch(wake_fd)
 
     # what run_manifest reads of the cluster in use
     @property
@@ -809,7 +862,7 @@ class FailoverCluster:
 
     def stream(self, requests: Iterable[Mapping[str, np.ndarray]], inflight: int | None = None
                ) -> Iterator[tuple[dict[str, np.ndarray], float, dict[str, float]]]:
-        """Cluster.stream, switching to the fallback plan when a device is lost and re-running, first and
+        """WorkerPool.stream, switching to the fallback plan when a device is lost and re-running, first and
         in order, the requests it had been given and had not completed."""
         source = ((None, item) for item in requests)  # (index handed at, inputs); None: not handed yet
         retry: list = []
@@ -841,6 +894,9 @@ class FailoverCluster:
             if entry is None:
                 return
             index, inputs = entry
+            if inputs is IDLE:  # nothing at hand now: not a request
+                yield IDLE
+                continue
             if index is None:
                 index, self.handed = self.handed, self.handed + 1
             issued.append((index, inputs))
@@ -907,7 +963,7 @@ class FailoverCluster:
         return f" (no fallback plan without it: {entry.error})" if entry is not None else \
             f" (the build has no fallback plan without {device})"
 
-    def _keep_report(self, cluster: Cluster, lost: str | None = None) -> None:
+    def _keep_report(self, cluster: WorkerPool, lost: str | None = None) -> None:
         """Each device's figures from the last run it took part in; a lost device is marked so."""
         report = cluster.device_report()
         if lost is not None:
@@ -966,79 +1022,6 @@ def steady_throughput(start: float, done_at: list[float]) -> float:
     if len(done_at) >= 2 and done_at[-1] > done_at[0]:
         return (len(done_at) - 1) / (done_at[-1] - done_at[0])
     return len(done_at) / max((done_at[-1] if done_at else time.perf_counter()) - start, 1e-9)
-
-
-def run_manifest(manifest: Manifest, inputs: Mapping[str, np.ndarray], *, repeat: int = 1, threads: int | None = None,
-                 emulate: bool = False, timeout: float = 60.0, warmup: int = 1,
-                 progress: Callable[[str], None] | None = None, addresses: Mapping[str, str] | None = None,
-                 keys: Keyring | None = None, inflight: int | None = None, compress: str = "none",
-                 heartbeat_ms: int = HEARTBEAT_MS, timings: bool = False, dilate: float = 1.0,
-                 check: Callable[[dict[str, np.ndarray]], None] | None = None, trace: bool = False,
-                 adapter: Adapter | None = None, slow: Mapping[str, tuple[int, float]] | None = None) -> RunResult:
-    """Reach the workers, run `warmup` untimed requests one at a time and then `repeat` timed requests with up to
-    `inflight` in flight (default: the plan's pipeline depth), end the run. A device lost on the way is
-    replaced by the manifest's fallback plan without it, when there is one (FailoverCluster). With
-    `timings`, `result.accuracy` is the --report object (accuracy.py) of the timed requests; with `trace`,
-    `result.trace` is the --trace object (trace.py) of the same requests. `check` is
-    called with every request's outputs as they arrive (the warm-up's too). With `emulate`, every time is
-    stretched by `dilate` during the run and reported divided by it (emulate.py); fragment runs that
-    overran their padding are logged as warnings and listed in `result.emulation`. With an `adapter`, the
-    run switches between the build's kept plans as the measured figures drift (adapt.py), and
-    `result.adaptations` lists its decisions; `slow` ({device: (timed request index, factor)}, with
-    `emulate`) slows a device down from that request on."""
-    say = progress or (lambda _msg: None)
-    overruns = Overruns(dilate) if emulate else None
-    recorder = Trace(emulated=emulate) if trace else None
-    with FailoverCluster(manifest, threads=threads, emulate=emulate, timeout=timeout, addresses=addresses, keys=keys,
-                         inflight=inflight, compress=compress, heartbeat_ms=heartbeat_ms,
-                         timings=timings or adapter is not None, dilate=dilate, overruns=overruns, trace=recorder,
-                         adapter=adapter, slow=slow) as cluster:
-        say(f"{len(cluster.workers)} worker(s) ready ({sum(w.local for w in cluster.workers.values())} local), "
-            f"up to {cluster.inflight} request(s) in flight")
-        for i in range(warmup):  # first runs allocate and fill caches: they are no steady-state figure
-            say(f"warm-up request {i + 1}/{warmup}")
-            outputs, _, _ = cluster.infer(inputs)
-            if check is not None:
-                check(outputs)
-        cluster.completed = cluster.handed = 0  # completed, handed and at_request count the timed requests
-        if adapter is not None:
-            adapter.forget()
-        if cluster.samples is not None:
-            cluster.samples.clear()  # the warm-up is not timed
-        if recorder is not None:
-            recorder.clear()
-        if overruns is not None:
-            overruns.clear()  # nor judged: first runs allocate
-        result = RunResult(outputs={}, latencies_ms=[], device_run_ms={n: [] for n in cluster.workers},
-                           threads=cluster.threads, inflight=cluster.inflight, compress=cluster.compress, warmup=warmup)
-        start = time.perf_counter()
-        done_at: list[float] = []  # when each timed request's outputs came back
-        for i, (outputs, latency, run_ms) in enumerate(cluster.stream(inputs for _ in range(repeat))):
-            done_at.append(time.perf_counter())
-            if check is not None:
-                check(outputs)
-            result.outputs = outputs
-            result.latencies_ms.append(latency / dilate)
-            for name, ms in run_ms.items():
-                result.device_run_ms.setdefault(name, []).append(ms / dilate)  # a fallback may bring in a device
-            say(f"request {i + 1}/{repeat}: {latency / dilate:.2f} ms")
-        result.throughput_ips = steady_throughput(start, done_at) * dilate
-        result.completed, result.lost = cluster.completed, repeat - cluster.completed
-        result.failovers = list(cluster.failovers)
-        result.adaptations = [] if adapter is None else adapter.as_json()
-        if timings:
-            result.accuracy = build_report(cluster.manifest, repeat=repeat, latency_ms=result.latency_ms,
-                                           throughput_ips=result.throughput_ips, samples=cluster.samples,
-                                           offsets=undilated_offsets(cluster.offsets, dilate),
-                                           failovers=result.failovers)
-        if recorder is not None:
-            result.trace = recorder.as_json()
-    result.devices = cluster.device_report()
-    if overruns is not None:
-        result.emulation = overruns.as_json()
-        for line in overruns.warnings():
-            logger.warning("%s", line)
-    return result
 
 
 def load_keys(folder: str | os.PathLike | None) -> Keyring | None:

@@ -268,7 +268,7 @@ def _run_service(s: ServiceEntry, stop: threading.Event, *, repeat: int, verify:
     and a stop check at every step: `stop` set (the main thread was interrupted) raises Interrupted here,
     which unwinds run_manifest's cluster (its workers closed)."""
     from .api import Checker, report
-    from .coordinator import run_manifest
+    from .api import run_manifest
     from .inputs import load_inputs
     from .verify import check_model, reference_outputs
 

@@ -6,6 +6,8 @@ The Python API for build scripts, the same as the command line:
     summary = edgec.compile("model.onnx", "cluster.yaml", "build/")      # what `edgec compile --json` prints
     report = edgec.run("build/", random_inputs=True, verify=True)       # what `edgec run --json` prints
     assert report["verify"]["passed"]
+    with edgec.Cluster("build/") as cluster:                            # a session serving requests
+        outputs = cluster.infer({"input": x})                           # {output name: array}
 
 This file is the ``edgec`` package of the full distribution. pyproject.toml maps it here
 (``package-dir``), so that the repository's top level holds only its folders: compiler/, runtime/,
@@ -16,13 +18,13 @@ models/ and profiles/ install as ``edgec.compiler``, ``edgec.runtime``, ``edgec.
 
 from importlib import metadata as _metadata
 
-__all__ = ["compile", "run", "__version__"]
+__all__ = ["compile", "run", "Cluster", "__version__"]
 
 __version__ = _metadata.version("edgec")
 
 
 def __getattr__(name: str):
-    """`edgec.compile` and `edgec.run`, imported on first use: `import edgec` stays light."""
+    """`edgec.compile`, `edgec.run` and `edgec.Cluster`, imported on first use: `import edgec` stays light."""
     if name == "compile":
         from edgec.compiler.api import compile
 
@@ -31,4 +33,8 @@ def __getattr__(name: str):
         from edgec.runtime.api import run
 
         return run
+    if name == "Cluster":
+        from edgec.runtime.serve.session import Cluster
+
+        return Cluster
     raise AttributeError(f"module 'edgec' has no attribute {name!r}")

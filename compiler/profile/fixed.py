@@ -157,13 +157,13 @@ def _over_clusters(manifest, samplers: dict[str, Callable], policy: Policy, timi
     """{name: Figure} of `samplers` ({name: cluster -> sampler}), their rounds spread over CLUSTERS runtime
     clusters of `manifest` started one after another (fresh workers each), the figures' rounds in turn
     within each, and each figure the round at RUNTIME_QUANTILE (module docstring)."""
-    from edgec.runtime.coordinator import Cluster
+    from edgec.runtime.coordinator import WorkerPool
 
     clusters = max(1, min(CLUSTERS, policy.rounds // 2))
     rounds: dict[str, list] = {name: [] for name in samplers}
     for k in range(clusters):
         per = policy.rounds // clusters + (k < policy.rounds % clusters)
-        with Cluster(manifest, threads=1, timeout=30.0, timings=timings) as cluster:
+        with WorkerPool(manifest, threads=1, timeout=30.0, timings=timings) as cluster:
             made = {name: make(cluster) for name, make in samplers.items()}
             for _ in range(per):
                 for name, sample in made.items():

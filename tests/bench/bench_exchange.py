@@ -45,7 +45,7 @@ from edgec.compiler.cluster import load_cluster, load_profile
 from edgec.compiler.errors import UserError
 from edgec.compiler.cost.network import NetworkModel
 from edgec.compiler.profile import fixed  # the profile's own two-worker builds: _manifest, _relu, _evict
-from edgec.runtime.coordinator import Cluster
+from edgec.runtime.coordinator import WorkerPool
 from edgec.runtime.manifest import load_manifest
 import benchlib  # noqa: E402  (tests/bench is sys.path[0] when a script runs)
 
@@ -109,8 +109,8 @@ def measure(channels: int, halo: int, requests: int, runs_before: int = 1) -> di
             f.mkdir()
         manifests = [load_manifest(build(folders[0], channels, halo, False, runs_before)),
                      load_manifest(build(folders[1], channels, halo, True, runs_before))]
-        with Cluster(manifests[0], threads=1, timeout=60.0) as without, \
-                Cluster(manifests[1], threads=1, timeout=60.0) as with_:
+        with WorkerPool(manifests[0], threads=1, timeout=60.0) as without, \
+                WorkerPool(manifests[1], threads=1, timeout=60.0) as with_:
             clusters = (without, with_)
             for _ in range(WARMUP):
                 for c in clusters:

@@ -19,7 +19,7 @@ from edgec.compiler.plan_types import Plan, Segment, SpatialGroup, Stage, Tile
 from edgec.compiler.cost import evaluate, simulate_manifest
 from edgec.compiler.spatial import segment_io, spatial_cuts
 from edgec.compiler.spatial.tiles import stage_layout, tile_name
-from edgec.runtime.coordinator import run_manifest
+from edgec.runtime.api import run_manifest
 from edgec.runtime.inputs import random_inputs
 from edgec.runtime.manifest import load_manifest
 from edgec.runtime.verify import verify_outputs

@@ -183,7 +183,7 @@ def test_the_json_lists_no_adaptations_without_adapt(build):
 
 def test_fallbacks_are_plans_to_adapt_to(tmp_path):
     """A fallback is the plan for the cluster without one device: when that device is slow rather than gone."""
-    from edgec.runtime.api import _adapter
+    from edgec.runtime.adapt import kept_plans as _adapter
 
     out = tmp_path / "build"
     res = CliRunner().invoke(cli, ["compile", str(TINYCONV), "--devices", str(_cluster(tmp_path, PROFILES)), "-o",

@@ -25,7 +25,7 @@ from click.testing import CliRunner
 import edgec
 from edgec.runtime.api import execute
 from edgec.runtime.cli import run as run_cmd
-from edgec.runtime.coordinator import Cluster
+from edgec.runtime.coordinator import WorkerPool
 from edgec.runtime.errors import InputError
 from edgec.runtime.inputs import random_inputs
 from edgec.runtime.manifest import load_manifest
@@ -62,7 +62,7 @@ def with_link(build: Path, dest: Path, mbps: float) -> Path:
 
 def run_all(build: Path, requests: list[dict], mode: str) -> tuple[list[dict], dict]:
     """Outputs of every request (local workers), and the per-device report."""
-    with Cluster(load_manifest(build / "manifest.json"), timeout=60, compress=mode) as c:
+    with WorkerPool(load_manifest(build / "manifest.json"), timeout=60, compress=mode) as c:
         outputs = [out for out, _, _ in c.stream(requests)]
     return outputs, c.device_report()
 
@@ -158,7 +158,7 @@ def test_a_forged_payload_of_the_wrong_size_is_dropped_and_the_run_goes_on(chain
     m = load_manifest(chain.path)
     requests = [random_inputs(m.inputs, seed) for seed in range(3)]
     messages = forged(0, "pi5-a", "t1", (1, 4, 8, 8))
-    with Cluster(m, timeout=60, compress="zstd") as c:
+    with WorkerPool(m, timeout=60, compress="zstd") as c:
         push = c.ctx.socket(zmq.PUSH)
         push.setsockopt(zmq.LINGER, 0)
         # The run made its own keys (no --keys): pose as pi5-a with pi5-a's, to reach the payload checks.

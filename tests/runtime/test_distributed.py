@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 import edgec
 from edgec.runtime.cli import keygen as keygen_cmd, run as run_cmd, worker as worker_cmd
-from edgec.runtime.coordinator import Cluster, load_keys
+from edgec.runtime.coordinator import WorkerPool, load_keys
 from edgec.runtime.errors import InputError
 from edgec.runtime.inputs import random_inputs
 from edgec.runtime.keys import Keyring, keygen
@@ -140,8 +140,8 @@ def one_line_error(proc: subprocess.CompletedProcess, code: int = 2) -> str:
     return lines[0]
 
 
-def cluster(build: Path, keys: Path | None, **kwargs) -> Cluster:
-    return Cluster(load_manifest(build / "manifest.json"), keys=load_keys(keys), timeout=30, **kwargs)
+def cluster(build: Path, keys: Path | None, **kwargs) -> WorkerPool:
+    return WorkerPool(load_manifest(build / "manifest.json"), keys=load_keys(keys), timeout=30, **kwargs)
 
 
 # -- runs across workers --------------------------------------------------------------------------------------
@@ -269,17 +269,17 @@ def test_a_handshake_that_fails_before_the_first_message_is_reported_as_such(pip
     which leaves the socket no pipe to send on: the hello must wait watching the connection's monitor, and
     report the handshake (exit 2), not wait out the timeout and report that nothing was accepted (CI saw it)."""
     a, b = keyed(start_worker, keys, "pi5-a"), keyed(start_worker, keys, "pi5-b")
-    connect = Cluster._connect
+    connect = WorkerPool._connect
 
     def connect_then_wait(self, w):
         connect(self, w)
         time.sleep(0.5)  # the handshake fails meanwhile, on loopback within milliseconds
 
-    monkeypatch.setattr(Cluster, "_connect", connect_then_wait)
+    monkeypatch.setattr(WorkerPool, "_connect", connect_then_wait)
     start = time.monotonic()
     with pytest.raises(InputError, match="the worker requires keys"):
-        with Cluster(load_manifest(pipeline / "manifest.json"), timeout=20,
-                     addresses={"pi5-a": a.address, "pi5-b": b.address}):
+        with WorkerPool(load_manifest(pipeline / "manifest.json"), timeout=20,
+                        addresses={"pi5-a": a.address, "pi5-b": b.address}):
             pass
     assert time.monotonic() - start < 10
 
@@ -558,7 +558,7 @@ def test_a_fragment_outside_the_build_folder_exits_2_without_a_hash(pipeline, tm
 def test_streaming_returns_the_same_outputs_in_request_order(pipeline):
     m = load_manifest(pipeline / "manifest.json")
     requests = [random_inputs(m.inputs, seed) for seed in range(12)]
-    with Cluster(m, inflight=4, timeout=30) as c:
+    with WorkerPool(m, inflight=4, timeout=30) as c:
         assert c.inflight == 4
         streamed = [out for out, _, _ in c.stream(requests)]
         one_by_one = [c.infer(x)[0] for x in requests]

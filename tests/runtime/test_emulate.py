@@ -270,7 +270,7 @@ def test_the_sender_runs_its_next_fragment_once_its_sends_are_done(tinyconv, tmp
 # -- --verify checks every request -------------------------------------------------------------------------------
 
 def test_verify_fails_when_any_request_differs(chain, monkeypatch):
-    stream = coordinator.Cluster.stream
+    stream = coordinator.WorkerPool.stream
     seen = {"n": 0}
 
     def corrupt_the_third_timed(self, requests, inflight=None):
@@ -283,7 +283,7 @@ def test_verify_fails_when_any_request_differs(chain, monkeypatch):
     m, result, checked = execute(chain.path, random_inputs=True, verify=True, repeat=5)
     assert checked.passed and checked.requests_checked == 6
     assert report(m, result, checked)["verify"]["requests_checked"] == 6
-    monkeypatch.setattr(coordinator.Cluster, "stream", corrupt_the_third_timed)
+    monkeypatch.setattr(coordinator.WorkerPool, "stream", corrupt_the_third_timed)
     _, _, checked = execute(chain.path, random_inputs=True, verify=True, repeat=5)
     assert seen["n"] == 6
     assert not checked.passed and checked.worst_output == "prob" and checked.requests_checked == 6

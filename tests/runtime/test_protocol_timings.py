@@ -14,7 +14,7 @@ import msgpack
 import pytest
 import zmq
 
-from edgec.runtime.coordinator import Cluster, _Request
+from edgec.runtime.coordinator import WorkerPool, _Request
 from edgec.runtime.errors import InputError
 from edgec.runtime.manifest import Run, load_manifest
 from edgec.runtime.protocol import MAX_TIMED_STEPS, PROTOCOL_VERSION, parse
@@ -95,8 +95,8 @@ class _Socket:
         return self.waiting.pop(0)
 
 
-def _tracing_cluster(chain) -> tuple[Cluster, _Request]:
-    cluster = Cluster(load_manifest(chain.path), trace=Trace())
+def _tracing_cluster(chain) -> tuple[WorkerPool, _Request]:
+    cluster = WorkerPool(load_manifest(chain.path), trace=Trace())
     request = cluster.open[0] = _Request(0)
     return cluster, request
 

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 import edgec
 from edgec.runtime.accuracy import ClockOffset, Samples, build_report, estimate_offset
 from edgec.runtime.cli import run as run_cmd
-from edgec.runtime.coordinator import Cluster
+from edgec.runtime.coordinator import WorkerPool
 from edgec.runtime.errors import RunError
 from edgec.runtime.inputs import random_inputs
 from edgec.runtime.manifest import load_manifest
@@ -94,7 +94,7 @@ def test_a_report_path_that_cannot_be_written_fails_before_the_run(pipeline, tmp
 def test_local_workers_share_the_coordinator_clock_within_the_bound(pipeline):
     """Local workers read the same monotonic clock: Cristian's estimate is within its bound of 0."""
     m = load_manifest(pipeline / "manifest.json")
-    with Cluster(m, timings=True) as c:
+    with WorkerPool(m, timings=True) as c:
         assert set(c.offsets) == {"pi5-a", "pi5-b"}
         for off in c.offsets.values():
             assert abs(off.offset_s) <= off.bound_s and off.bound_s < 0.5

@@ -13,7 +13,7 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
-from edgec.runtime.coordinator import Cluster
+from edgec.runtime.coordinator import WorkerPool
 from edgec.runtime.manifest import load_manifest
 from edgec.runtime.transport import BadMessage, bind_local, recv_message, send_frames, tensor_header
 
@@ -80,7 +80,7 @@ def test_a_tensor_header_with_a_dtype_that_is_no_name_is_a_bad_message(dtype):
 
 def test_the_coordinator_sends_a_request_inputs_before_its_run(chain, ctx):
     """A worker woken by `run` alone would sleep again until the inputs are decrypted: inputs go first."""
-    cluster = Cluster(load_manifest(chain.write()))
+    cluster = WorkerPool(load_manifest(chain.write()))
     pull = ctx.socket(zmq.PULL)
     address = bind_local(pull)
     for w in cluster.workers.values():

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from edgec.compiler.profile.fixed import _exchange_build
-from edgec.runtime.coordinator import Cluster
+from edgec.runtime.coordinator import WorkerPool
 from edgec.runtime.manifest import load_manifest
 
 pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc" or not Path("/proc/self/stat").exists(),
@@ -57,7 +57,7 @@ def test_workers_exchanging_a_1_mib_tensor_take_no_fresh_pages_per_request(tmp_p
     large = 1 << 20
     manifest = load_manifest(_exchange_build(tmp_path, large, "l"))
     feeds = {"x": np.random.default_rng(0).standard_normal((1, large // 4)).astype(np.float32)}
-    with Cluster(manifest, threads=1, timeout=30.0) as cluster:
+    with WorkerPool(manifest, threads=1, timeout=30.0) as cluster:
         for _ in range(5):
             cluster.infer(feeds)
         pids = [w.proc.pid for w in cluster.workers.values()]

@@ -1,20 +1,25 @@
 """edgec on a device: the package root of the device-only distribution (edgec-runtime, runtime/dist).
 
-`edgec.run(...)` runs a compiled build, as `edgec run --json` does (see `edgec.runtime.api.run`). The
+`edgec.run(...)` runs a compiled build, as `edgec run --json` does (see `edgec.runtime.api.run`), and
+`edgec.Cluster(...)` serves it request by request (`edgec.runtime.serve.session.Cluster`). The
 compiler is not installed here: the full distribution's root (compiler/_root) adds `edgec.compile`.
 """
 
 from importlib import metadata as _metadata
 
-__all__ = ["run", "__version__"]
+__all__ = ["run", "Cluster", "__version__"]
 
 __version__ = _metadata.version("edgec-runtime")
 
 
 def __getattr__(name: str):
-    """`edgec.run`, imported on first use so that `import edgec` stays light."""
+    """`edgec.run` and `edgec.Cluster`, imported on first use so that `import edgec` stays light."""
     if name == "run":
         from edgec.runtime.api import run
 
         return run
+    if name == "Cluster":
+        from edgec.runtime.serve.session import Cluster
+
+        return Cluster
     raise AttributeError(f"module 'edgec' has no attribute {name!r} (the device-only distribution has no compiler)")
