@@ -16,7 +16,7 @@ from .errors import UserError
 from .cost.memory import device_memory_bytes
 from .plan.views import pareto_info, stages_view
 from .plan_types import Plan
-from .text import WIDTH, fit, fmt_cell as _fmt, table
+from .text import fit, table
 from .units import MiB
 
 __all__ = ["idle_devices_hint", "compile_summary", "format_compile", "inspect_summary", "format_inspect",

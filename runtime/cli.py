@@ -277,7 +277,7 @@ _SERVE_EPILOG = ("Exit codes: 0 stopped by SIGTERM or SIGINT (every request acce
                  "a minute.")
 
 
-@click.command("serve", cls=_RunCommand, epilog=_SERVE_EPILOG, context_settings={"show_default": True})
+@click.command("serve", cls=RunCommand, epilog=_SERVE_EPILOG, context_settings={"show_default": True})
 @click.argument("build", type=click.Path())
 @click.option("--http", "http_bind", default="127.0.0.1:8000", metavar="HOST:PORT",
               help="Where the Open Inference Protocol's REST endpoints listen (port 0: any free port).")
@@ -291,7 +291,7 @@ _SERVE_EPILOG = ("Exit codes: 0 stopped by SIGTERM or SIGINT (every request acce
               show_default="sized from the model's inputs", help="Larger request bodies are refused unread (413).")
 @click.option("--queue", type=click.IntRange(min=1, max=100_000), default=None,
               show_default="4 x --inflight, at least 64", help="Requests waiting behind those in flight; more get 429.")
-@click.option("--threads", type=click.IntRange(min=0, max=MAX_THREADS), default=None,
+@click.option("--threads", type=click.IntRange(min=0, max=MAX_THREADS_HERE), default=None,
               show_default="cores / local devices", help="onnxruntime intra-op threads per local worker.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=60.0,
               help="Seconds allowed for start-up and for each request in the devices.")
@@ -321,7 +321,7 @@ def serve(ctx: click.Context, build, http_bind, grpc_bind, model_name, token_fil
             raise InputError(f"--addresses: {build} is an allocation; its builds carry their devices' addresses")
         return serve_forever(builds, http=http_bind, grpc=grpc_bind, token_file=token_file,
                              max_body=None if max_body_mb is None else int(max_body_mb * (1 << 20)),
-                             version=_edgec_version(), status_every=status_every, threads=threads, timeout=timeout,
+                             version=edgec_version(), status_every=status_every, threads=threads, timeout=timeout,
                              addresses=parse_addresses(address_pairs), keys=keys_dir,
                              inflight=inflight, compress=compress, heartbeat_ms=heartbeat_ms, adapt=adapt, queue=queue)
 
@@ -342,12 +342,6 @@ def _served_builds(build: str, model_name: str | None) -> dict[str, str]:
     if not name or "/" in name:
         raise InputError(f"--model-name {name!r}: expected a name without '/'")
     return {name: build}
-
-
-def _edgec_version() -> str:
-    from .worker import edgec_version
-
-    return edgec_version()
 
 
 def main() -> None:
