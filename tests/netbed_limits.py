@@ -179,7 +179,7 @@ def create(name: str, limits: HostLimits, found: Mapping[str, Controller], made:
                 raise CgroupError(f"cannot create cgroup {path}: {e.strerror or e}") from None
             made.append(path)
             dirs.append(path)
-        for file, value in settings(limits, ctl, exists=lambda f: (ctl.root / f).exists()):
+        for file, value in settings(limits, ctl, exists=lambda f: (path / f).exists()):  # v2's root lacks them
             _write(path / file, value)
     return dirs
 
