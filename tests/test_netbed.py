@@ -351,6 +351,20 @@ def test_cgroup_files_per_version():
     assert netbed_limits.settings(HostLimits(memory_mb=64), v2) == []  # no CPU limit, nothing to write
 
 
+def test_join_argv_moves_the_process_itself(tmp_path):
+    """The wrapper writes its own pid and execs in place: the pid written is the command's. (Plain files stand in
+    for cgroup.procs, so no root is needed.)"""
+    dirs = [tmp_path / "cpu", tmp_path / "memory"]
+    for d in dirs:
+        d.mkdir()
+    done = subprocess.run(netbed_limits.join_argv(dirs, ["sh", "-c", "echo $$"]), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert [(d / "cgroup.procs").read_text().strip() for d in dirs] == [done.stdout.strip()] * 2
+    assert netbed_limits.join_argv([], ["true"]) == ["true"]
+    missing = subprocess.run(netbed_limits.join_argv([tmp_path / "gone"], ["true"]), capture_output=True, text=True)
+    assert missing.returncode == 125 and "cannot join cgroup" in missing.stderr
+
+
 def test_limited_host_runs_in_its_cgroups():
     netbed.skip_unless_available(limits=True)
     with Testbed(["a", "b"], 50, limits={"a": HostLimits(cpus=0.25, memory_mb=256)}) as tb:
