@@ -1,11 +1,13 @@
-"""A device that runs out of memory is a lost device (issue 41, item 3): on the testbed (tests/netbed.py), dev-b's
-host is limited to 300 MiB while the cluster file promises it a Raspberry Pi 5's 8 GB, so the plan gives it
-AlexNet's fully connected layers (a 234 MB fragment). Its worker is killed by the OOM killer while it takes the
-fragment in; `edgec run` must say so in one line (exit 3) without fallbacks, and finish on the plan without dev-b
-when the build has them.
+"""A memory limit is the planner's problem (issue 41, item 3), on the testbed (tests/netbed.py) with dev-b's host
+limited to 300 MiB.
 
-Slow: AlexNet is compiled twice and its 234-244 MB fragments cross the testbed (about 35 s here). Needs root,
-iproute2, namespaces and the cpu and memory cgroup controllers; elsewhere it skips with the reason
+- Told a Raspberry Pi 5's 8 GB instead, the plan gives dev-b AlexNet's fully connected layers (a 234 MB
+  fragment); the OOM killer ends its worker as it takes the fragment in, and `edgec run` says so in one line
+  naming the device (exit 3) without fallbacks, or finishes on the plan without dev-b when the build has them.
+- Told the truth (memory_mb: 300), the planner keeps the large fragment off dev-b and the run completes.
+
+Slow: AlexNet is compiled three times and its 234-244 MB fragments cross the testbed (about 30 s here). Needs
+root, iproute2, namespaces and the cpu and memory cgroup controllers; elsewhere it skips with the reason
 (EDGEC_REQUIRE_NETBED=1 makes that a failure).
 """
 
@@ -89,3 +91,32 @@ def test_an_oom_killed_worker_is_a_lost_device(tmp_path):
             finally:
                 for w in workers.values():
                     w.stop()
+
+
+def test_a_plan_told_the_limit_runs_within_it(tmp_path):
+    """The same host and model, with cluster.yaml saying the truth (memory_mb: 300): the planner keeps the large
+    fragment off dev-b, and its worker runs every request without being killed."""
+    netbed.skip_unless_available(limits=True)
+    with Testbed(["coord", *DEVICES], MBPS, unshaped=["coord"],
+                 limits={VICTIM: HostLimits(memory_mb=LIMIT_MB)}) as tb:
+        keygen(tb, "coord", tmp_path / "keys", DEVICES)
+        dealt = deal_keys(tmp_path / "keys", tmp_path / "machines", ["coordinator", *DEVICES])
+        doc = cluster_doc(tb, {d: "rpi5" for d in DEVICES}, MBPS, PORT)
+        doc["devices"][DEVICES.index(VICTIM)]["memory_mb"] = LIMIT_MB
+        cluster = write_yaml(tmp_path / "cluster.yaml", doc)
+        summary, _ = run_json(tb, "coord", ["compile", str(MODELS / "alexnet.onnx"), "--devices", str(cluster), "-o",
+                                            str(tmp_path / "build"), "--strategy", "pipeline", "--objective",
+                                            "throughput"], timeout=TIMEOUT)
+        need = {d["name"]: d["memory_mb"] for d in summary["devices"]}
+        assert 0 < need[VICTIM] < LIMIT_MB / 4, need  # a stage still, but not the fully connected layers
+        workers = {d: Worker(tb, d, dealt[d], tmp_path / f"worker-{d}", port=PORT, threads=1) for d in DEVICES}
+        try:
+            kills = _oom_kills(tb, VICTIM)
+            done = _run(tb, tmp_path / "build", dealt["coordinator"])
+            assert done.returncode == 0, done.stderr
+            report = json.loads(done.stdout)
+            assert report["verify"]["passed"] and report["failovers"] == []
+            assert workers[VICTIM].proc.poll() is None and _oom_kills(tb, VICTIM) == kills
+        finally:
+            codes = {d: w.stop() for d, w in workers.items()}
+        assert codes == {d: 0 for d in DEVICES}, codes
