@@ -347,7 +347,8 @@ class Testbed:
 
     def exec_argv(self, host: str, argv: Sequence[str]) -> list[str]:
         """argv prefixed so that it runs inside the host's namespace (and its cgroups, joined first)."""
-        return netbed_limits.join_argv(self._cgroups.get(host, []), ["ip", "netns", "exec", self.namespace(host), *argv])
+        enter = ["ip", "netns", "exec", self.namespace(host), *argv]
+        return netbed_limits.join_argv(self._cgroups.get(host, []), enter)
 
     def cgroups(self, host: str) -> list[Path]:
         """The cgroup directories of a limited host (v1: one per hierarchy, cpu/ and memory/; v2: one); [] when

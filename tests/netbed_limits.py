@@ -34,10 +34,11 @@ machine (2 cores shared with other jobs, load 2-3), in a 0.25-core host, wall ms
 (a Python loop needing 2 ms of CPU, back to back: 10.3 / 17.4 / 20.9 ms at 5 ms, 7.3 / 18.1 / 29.4 at 10 ms,
 2.0 / 2.1 / 77.6 at 100 ms, against 8 ms at a quarter core). The share holds at every period; what the period
 sets is how a run's time scatters around its share: at 100 ms most runs are full speed and some stall 75 ms,
-at 4-5 ms sustained runs take about the quarter-core time. A run after idle still starts at full speed at any
-period (the kernel hands out runtime in per-CPU slices that outlive a period), which a device warm from earlier
-requests does not see. PERIOD_US is 5 ms: as close as 4 ms within this machine's noise, and it allows shares
-down to 0.2 cores (the quota cannot be under 1 ms).
+at 4-5 ms sustained runs take about the quarter-core time. After idle, a run gets up to about two quotas at
+full speed before its first stall (the period's own and what a CPU kept from an earlier one: the kernel hands
+runtime out in per-CPU slices that outlive a period), so a short run alone is faster than the share says:
+2.1-2.3 ms for the 2 ms loop after 30 ms idle, at every period. PERIOD_US is 5 ms: as close as 4 ms within
+this machine's noise, and it allows shares down to 0.2 cores (the quota cannot be under 1 ms).
 
 Needs root and the cpu and memory controllers; `unavailable_reason()` says why not in one line.
 """
