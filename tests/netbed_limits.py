@@ -165,15 +165,17 @@ def create(name: str, limits: HostLimits, found: Mapping[str, Controller], made:
     """Make cgroup `name` in each hierarchy `limits` needs and write the limits; every directory made is
     appended to `made` as soon as it exists (so a failure half-way leaves nothing the caller cannot remove).
     Returns the directories whose cgroup.procs a process must join."""
+    missing = [c for c in limits.controllers() if c not in found]
+    if missing:
+        raise CgroupError(f"no {' or '.join(missing)} cgroup controller mounted (see /proc/self/mounts)")
+    for cname in limits.controllers():  # all before the directory: a v2 cgroup gets the files its parent enables
+        if found[cname].version == 2:
+            _enable_v2(found[cname])
     dirs: list[Path] = []
     for cname in limits.controllers():
-        ctl = found.get(cname)
-        if ctl is None:
-            raise CgroupError(f"no {cname} cgroup controller mounted (see /proc/self/mounts)")
+        ctl = found[cname]
         path = ctl.root / name
         if path not in dirs:
-            if ctl.version == 2:
-                _enable_v2(ctl)
             try:
                 path.mkdir()
             except OSError as e:

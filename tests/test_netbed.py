@@ -351,6 +351,20 @@ def test_cgroup_files_per_version():
     assert netbed_limits.settings(HostLimits(memory_mb=64), v2) == []  # no CPU limit, nothing to write
 
 
+def test_v2_hosts_get_one_cgroup_with_both_controllers(tmp_path):
+    """cgroup v2 (not mounted here): one directory holds both limits, after the root's subtree_control offers the
+    controllers. A plain folder stands in for the hierarchy, so only the files written are checked."""
+    (tmp_path / "cgroup.subtree_control").write_text("")
+    found = {c: netbed_limits.Controller(c, 2, tmp_path) for c in netbed_limits.CONTROLLERS}
+    made: list[Path] = []
+    dirs = netbed_limits.create("netbed-1-0-h0", HostLimits(cpus=0.5, memory_mb=64), found, made)
+    assert dirs == made == [tmp_path / "netbed-1-0-h0"]
+    assert (tmp_path / "cgroup.subtree_control").read_text() == "+memory"  # "+cpu" first: a file keeps the last
+    assert (dirs[0] / "cpu.max").read_text() == f"{netbed_limits.PERIOD_US // 2} {netbed_limits.PERIOD_US}"
+    assert (dirs[0] / "memory.max").read_text() == str(64 << 20)
+    assert netbed_limits.join_argv(dirs, ["true"])[-2:] == [str(dirs[0] / "cgroup.procs"), "true"]
+
+
 def test_join_argv_moves_the_process_itself(tmp_path):
     """The wrapper writes its own pid and execs in place: the pid written is the command's. (Plain files stand in
     for cgroup.procs, so no root is needed.)"""
