@@ -740,11 +740,10 @@ LocalCluster = Cluster  # the name before workers could be remote
 
 class FailoverCluster:
     """A Cluster that survives the loss of a working device (DeviceLost, mid-run or as the run starts) when the
-    manifest has a fallback
-    plan without it (`edgec compile --fallbacks`): it ends the run on the other workers, starts the
-    fallback's (a remote worker serves the new run, a local one is started afresh), and re-runs every request
-    that had not completed, so that outputs still come in request order and none is lost. One failover per
-    run (fallback plans have no fallbacks of their own), from whichever plan is in use: the main one or one
+    manifest has a fallback plan without it (`edgec compile --fallbacks`): it ends the run on the other workers,
+    starts the fallback's (a remote worker serves the new run, a local one is started afresh), and re-runs every
+    request that had not completed, so that outputs still come in request order and none is lost. One failover
+    per run (fallback plans have no fallbacks of their own), from whichever plan is in use: the main one or one
     --adapt switched to. Without a fallback the DeviceLost error stands.
 
     `completed` counts the requests whose outputs were yielded and `handed` those handed to a plan, re-runs

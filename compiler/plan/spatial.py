@@ -21,16 +21,16 @@ from ..cost import CostTable, evaluate
 from ..cost.memory import device_memory_bytes
 from ..graph import LayerGraph
 from ..plan_types import Plan, Stage
-from ..units import MB
 from ..spatial.regions import spatial_cuts
+from ..units import MB
 from .lanes import run_lanes
 from .pipeline import PipelineTail
 from .planner import Dominated, InfeasibleError, PlanOptions
 from .spatial_search import INF, SearchStats, SpatialSearch, build_segments
 from .stats import count as count_work, detail, suspended
 
-__all__ = ["plan_spatial", "plan_hybrid", "plan_jointly", "search_spatial", "search_hybrid", "plan_searches", "fits", "overflow",
-           "best_plan", "best_of_phases", "device_classes", "regions", "SearchStats"]
+__all__ = ["plan_spatial", "plan_hybrid", "plan_jointly", "search_spatial", "search_hybrid", "plan_searches", "fits",
+           "overflow", "best_plan", "best_of_phases", "device_classes", "regions", "SearchStats"]
 
 logger = logging.getLogger(__name__)
 
