@@ -189,7 +189,8 @@ def run_manifest(manifest: Manifest, inputs: Mapping[str, np.ndarray], *, repeat
             if check is not None:
                 check(outputs)
         session.call(lambda p: _forget_warmup(p, adapter, recorder, overruns)).result()
-        result = RunResult(outputs={}, latencies_ms=[], device_run_ms={n: [] for n in pool.workers},
+        # device_report, not workers: a device lost as the run started is reported too
+        result = RunResult(outputs={}, latencies_ms=[], device_run_ms={n: [] for n in pool.device_report()},
                            threads=pool.threads, inflight=pool.inflight, compress=pool.compress, warmup=warmup)
         start = time.perf_counter()
         done_at: list[float] = []  # when each timed request's outputs came back

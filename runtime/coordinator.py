@@ -65,7 +65,8 @@ _LISTENING = re.compile(r"edgec worker: listening on (tcp://\S+)")
 
 class DeviceLost(RunError):
     """A working device stopped answering mid-run: its worker process exited, its connection dropped, or it
-    left HEARTBEAT_MISSES heartbeats unanswered. FailoverCluster switches to the fallback plan without it."""
+    left HEARTBEAT_MISSES heartbeats unanswered; or its worker, having answered, died as the run started (killed
+    out of memory loading its fragments, say). FailoverCluster switches to the fallback plan without it."""
 
     def __init__(self, device: str, message: str):
         super().__init__(message)
@@ -449,7 +450,9 @@ class WorkerPool:
                 self._lost(w, f"{w.where}: lost the connection to the worker (it closed, or answered no "
                               f"heartbeat for {self.heartbeat_ms * HEARTBEAT_MISSES / 1000:g} s)")
             elif event == zmq.EVENT_DISCONNECTED and w.phase not in ("connecting", "ended"):
-                raise RunError(f"{w.where}: lost the connection to the worker")
+                # Past its welcome, a worker whose connection drops is gone (killed, out of memory as it loads
+                # its fragments, powered off): as lost as one that dies mid-run.
+                self._lost(w, f"{w.where}: lost the connection to the worker while the run started")
 
     def _on_welcome(self, w: _Worker, msg: dict, payload) -> None:
         if w.phase != "connecting":
@@ -614,7 +617,7 @@ class WorkerPool:
             if code is not None and w.phase != "ended":
                 tail = _tail(w.log)
                 message = f"the local worker for {w.name} exited with code {code} {what}{': ' + tail if tail else ''}"
-                if w.phase == "ready":
+                if w.phase != "connecting":  # it had answered: dying now (out of memory, say) loses the device
                     self._lost(w, message)
                 raise RunError(message)
 
@@ -773,11 +776,12 @@ LocalCluster = WorkerPool  # the name before workers could be remote
 
 
 class FailoverCluster:
-    """A WorkerPool that survives the loss of a working device (DeviceLost) when the manifest has a fallback
-    plan without it (`edgec compile --fallbacks`): it ends the run on the other workers, starts the
-    fallback's (a remote worker serves the new run, a local one is started afresh), and re-runs every request
-    that had not completed, so that outputs still come in request order and none is lost. One failover per
-    run (fallback plans have no fallbacks of their own), from whichever plan is in use: the main one or one
+    """A WorkerPool that survives the loss of a working device (DeviceLost, mid-run or as the run starts) when
+    the manifest has a fallback plan without it (`edgec compile --fallbacks`): it ends the run on the other
+    workers, starts the fallback's (a remote worker serves the new run, a local one is started afresh), and
+    re-runs every request that had not completed, so that outputs still come in request order and none is lost.
+    One failover per run (fallback plans have no fallbacks of their own), from whichever plan is in use: the
+    main one or one
     --adapt switched to. Without a fallback the DeviceLost error stands.
 
     `completed` counts the requests whose outputs were yielded and `handed` those handed to a plan, re-runs
@@ -811,7 +815,12 @@ class FailoverCluster:
         self.reports: dict[str, dict] = {}
 
     def __enter__(self) -> "FailoverCluster":
-        self.cluster = self._open(self.main, self.addresses)
+        cluster = Cluster(self.main, addresses=self.addresses, inflight=self.inflight_option, **self.options)
+        try:
+            self.cluster = cluster.__enter__()
+        except DeviceLost as lost:  # a worker died as the run started (Cluster.__enter__ closed the rest)
+            self._keep_report(cluster, lost.device)
+            self._switch(lost, 0)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -946,8 +955,9 @@ class FailoverCluster:
         """End the run of the plan in use and start `manifest`'s. The old workers end their session before the
         new one's opens (a worker serves one at a time), so wait for their goodbye as long as a request may take."""
         old, self.cluster = self.cluster, None
-        old.close(grace=old.timeout)
-        self._keep_report(old, lost)
+        if old is not None:  # None: lost while the first plan started, already closed
+            old.close(grace=old.timeout)
+            self._keep_report(old, lost)
         check_fragment_files(manifest)
         check_signatures(manifest)
         addresses = {name: a for name, a in self.addresses.items() if name in manifest.device_names}

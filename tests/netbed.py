@@ -39,15 +39,21 @@ tbf parameters (see `tbf_params`), chosen for 10-1000 Mbps:
   packets; drops mean retransmissions and stalls the planner does not model. The limit also bounds how
   long a small message (a heartbeat) can wait behind a bulk transfer on the same link.
 
+CPU and memory: `limits={"a": HostLimits(cpus=0.25, memory_mb=512)}` puts host a's processes in cgroups with
+a CFS quota of a quarter core and a 512 MiB memory limit (tests/netbed_limits.py: which files, the CFS period
+and why); everything started through `popen`/`run`/`exec_argv` joins them before entering the namespace.
+
 Cleanup: `__exit__` ends the processes started through the testbed (and anything else still inside
-its namespaces), then deletes the namespaces, which takes their veths, bridge, ifb and qdiscs with
-them; it runs when the body raises or is interrupted too. Names are netbed-<pid>-<seq>-<role>, so
-runs in parallel never clash, and `remove_stale()` (called on every entry) deletes the namespaces of
-runs whose process is gone (a killed pytest).
+its namespaces or cgroups), then deletes the namespaces, which takes their veths, bridge, ifb and qdiscs
+with them, and the cgroups; it runs when the body raises or is interrupted too. Names are
+netbed-<pid>-<seq>-<role> (a host's cgroups are named as its namespace), so runs in parallel never clash,
+and `remove_stale()` (called on every entry) deletes the namespaces and cgroups of runs whose process is
+gone (a killed pytest).
 
 Use `unavailable_reason()` (or `skip_unless_available()` inside pytest) before building one: it needs
 root, iproute2 (`apt-get install -y iproute2`) and a kernel with network namespaces, veth, bridge, HTB,
-tbf and u32 (plus ifb, the ingress qdisc and mirred for a shared medium).
+tbf and u32 (plus ifb, the ingress qdisc and mirred for a shared medium); with `limits=True`, also the cpu
+and memory cgroup controllers.
 """
 
 from __future__ import annotations
@@ -64,7 +70,14 @@ import subprocess
 import time
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterable, Mapping, Sequence
+
+from tests import netbed_limits
+from tests.netbed_limits import CgroupError, HostLimits
+
+__all__ = ["HostLimits", "Testbed", "TestbedError", "remove_stale", "skip_unless_available", "tbf_params",
+           "unavailable_reason"]
 
 PREFIX = "netbed"
 MEDIUMS = ("switched", "shared")
@@ -150,18 +163,28 @@ def _delete_ns(ns: str) -> None:
     _cmd(["ip", "netns", "del", ns], f"delete namespace {ns}")
 
 
+def _is_stale(name: str) -> bool:
+    m = _NAME_RE.match(name)
+    return bool(m) and not _pid_alive(int(m.group(1)))
+
+
 def remove_stale() -> list[str]:
-    """Delete this fixture's namespaces left by processes that no longer exist; return their names."""
+    """Delete this fixture's namespaces and cgroups left by processes that no longer exist; return the
+    namespaces' names and the cgroups' paths."""
     removed = []
-    for ns in _netns_list():
-        m = _NAME_RE.match(ns)
-        if m and not _pid_alive(int(m.group(1))):
-            try:
-                _delete_ns(ns)
-            except TestbedError:
-                if ns in _netns_list():  # not a concurrent run that removed it first
-                    raise
-            removed.append(ns)
+    for ns in filter(_is_stale, _netns_list()):
+        try:
+            _delete_ns(ns)
+        except TestbedError:
+            if ns in _netns_list():  # not a concurrent run that removed it first
+                raise
+        removed.append(ns)
+    try:
+        for path in netbed_limits.stale(_is_stale):
+            netbed_limits.remove(path)
+            removed.append(str(path))
+    except CgroupError as e:
+        raise TestbedError(f"remove a stale cgroup: {e}") from None
     return removed
 
 
@@ -200,8 +223,9 @@ def _probe(medium: str) -> str | None:
             _delete_ns(ns)
 
 
-def unavailable_reason(medium: str = "switched") -> str | None:
-    """One line saying why a Testbed of this medium cannot be built here, or None when it can."""
+def unavailable_reason(medium: str = "switched", *, limits: bool = False) -> str | None:
+    """One line saying why a Testbed of this medium (with host limits if `limits`) cannot be built here, or
+    None when it can."""
     if medium not in MEDIUMS:
         raise ValueError(f"medium must be one of {MEDIUMS}, not {medium!r}")
     if os.name != "posix" or not hasattr(os, "geteuid") or os.geteuid() != 0:
@@ -212,15 +236,15 @@ def unavailable_reason(medium: str = "switched") -> str | None:
     if medium not in _PROBED:
         remove_stale()
         _PROBED[medium] = _probe(medium)
-    return _PROBED[medium]
+    return _PROBED[medium] or (netbed_limits.unavailable_reason() if limits else None)
 
 
-def skip_unless_available(medium: str = "switched") -> None:
+def skip_unless_available(medium: str = "switched", *, limits: bool = False) -> None:
     """pytest.skip with the one-line reason when a testbed cannot be built; EDGEC_REQUIRE_NETBED=1 (CI, where
     the testbed must run) turns that skip into a failure."""
     import pytest
 
-    reason = unavailable_reason(medium)
+    reason = unavailable_reason(medium, limits=limits)
     if reason is None:
         return
     if os.environ.get("EDGEC_REQUIRE_NETBED") == "1":
@@ -241,14 +265,16 @@ class Testbed:
     a dict {(a, b): mbps} naming every pair of shaped hosts once; a pair's rate holds in both directions.
     medium: "switched" (each pair its own link) or "shared" (one channel). unshaped: hosts whose traffic,
     to and from anyone, is not shaped. subnet: a private IPv4 network; host i gets its (i+1)-th address.
-    burst_ms, queue_ms, payload_rate: the tbf parameters (`tbf_params`).
+    burst_ms, queue_ms, payload_rate: the tbf parameters (`tbf_params`). limits: {host: HostLimits}, the CPU
+    share and memory of the hosts named (the others are unlimited).
     """
 
     __test__ = False  # a library class, not a pytest test class
 
     def __init__(self, hosts: Sequence[str], bandwidth_mbps: float | Mapping[tuple[str, str], float], *,
                  medium: str = "switched", unshaped: Iterable[str] = (), subnet: str = "10.241.0.0/24",
-                 burst_ms: float = 4.0, queue_ms: float = 200.0, payload_rate: bool = True):
+                 burst_ms: float = 4.0, queue_ms: float = 200.0, payload_rate: bool = True,
+                 limits: Mapping[str, HostLimits] | None = None):
         self.hosts = list(hosts)
         if not self.hosts or any(not isinstance(h, str) or not h for h in self.hosts):
             raise ValueError(f"hosts must be a non-empty list of non-empty names, not {hosts!r}")
@@ -274,6 +300,14 @@ class Testbed:
         self._host_ns = {h: f"{tag}-h{i}" for i, h in enumerate(self.hosts)}
         self._procs: list[subprocess.Popen] = []
         self._created: list[str] = []
+        self.limits = dict(limits or {})
+        if not set(self.limits) <= set(self.hosts):
+            raise ValueError(f"limits names unknown hosts: {sorted(set(self.limits) - set(self.hosts))}")
+        for host, lim in self.limits.items():
+            if not isinstance(lim, HostLimits):
+                raise ValueError(f"limits[{host!r}] must be a HostLimits, not {lim!r}")
+        self._cgroups: dict[str, list[Path]] = {}  # host -> the cgroups its processes join
+        self._cgroups_made: list[Path] = []
 
     def _pair_rates(self, bandwidth: float | Mapping[tuple[str, str], float]) -> dict[frozenset, float]:
         """Rate of every shaped pair; a shared medium keeps its one rate under the key frozenset()."""
@@ -312,8 +346,14 @@ class Testbed:
         return self._rates[frozenset() if self.medium == "shared" else frozenset((a, b))]
 
     def exec_argv(self, host: str, argv: Sequence[str]) -> list[str]:
-        """argv prefixed so that it runs inside the host's namespace."""
-        return ["ip", "netns", "exec", self.namespace(host), *argv]
+        """argv prefixed so that it runs inside the host's namespace (and its cgroups, joined first)."""
+        enter = ["ip", "netns", "exec", self.namespace(host), *argv]
+        return netbed_limits.join_argv(self._cgroups.get(host, []), enter)
+
+    def cgroups(self, host: str) -> list[Path]:
+        """The cgroup directories of a limited host (v1: one per hierarchy, cpu/ and memory/; v2: one); [] when
+        the host has no limits."""
+        return list(self._cgroups.get(self._known(host), []))
 
     def popen(self, host: str, argv: Sequence[str], **kw) -> subprocess.Popen:
         """Start argv inside the host's namespace (subprocess.Popen keywords pass through); the testbed
@@ -368,7 +408,7 @@ class Testbed:
             warnings.warn(f"testbed teardown after an error in its body: {e}", RuntimeWarning, stacklevel=2)
 
     def close(self) -> None:
-        """End the testbed's processes and delete its namespaces; safe to call twice."""
+        """End the testbed's processes and delete its namespaces and cgroups; safe to call twice."""
         self._stop_processes()
         errors = []
         for ns in reversed(self._created):
@@ -376,10 +416,16 @@ class Testbed:
                 _delete_ns(ns)
             except TestbedError as e:
                 errors.append(str(e))
+        for path in reversed(self._cgroups_made):
+            try:
+                netbed_limits.remove(path)
+            except CgroupError as e:
+                errors.append(str(e))
         left = set(self._created) & set(_netns_list())
         self._created = [ns for ns in self._created if ns in left]
-        if errors or left:
-            raise TestbedError("; ".join(errors) or f"namespaces still present: {sorted(left)}")
+        self._cgroups_made = [p for p in self._cgroups_made if p.exists()]
+        if errors or left or self._cgroups_made:
+            raise TestbedError("; ".join(errors) or f"still present: {sorted(left)} {self._cgroups_made}")
 
     def _stop_processes(self) -> None:
         for proc in self._procs:
@@ -399,6 +445,13 @@ class Testbed:
         self._created.append(ns)
 
     def _build(self) -> None:
+        if self.limits:
+            found = netbed_limits.find_controllers()
+            for host, lim in self.limits.items():
+                try:
+                    self._cgroups[host] = netbed_limits.create(self._host_ns[host], lim, found, self._cgroups_made)
+                except CgroupError as e:
+                    raise TestbedError(f"limit {host}: {e}") from None
         sw = self._switch_ns
         self._add_ns(sw)
         _cmd(["ip", "-n", sw, "link", "add", "br0", "type", "bridge"], "create the bridge")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import selectors
+import signal
 import subprocess
 import sys
 import textwrap
@@ -19,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import netbed
-from tests.netbed import Testbed
+from tests import netbed, netbed_limits
+from tests.netbed import HostLimits, Testbed
 
 TOLERANCE = 0.15  # measured payload rate within 15% of the shaped rate
 PORT = 5555
@@ -272,3 +273,221 @@ def test_shared_medium_splits_one_rate(tmp_path):
     # both move: a shared channel, not one won by a single flow; TCP does not share a FIFO queue fairly
     # (one flow took 83% once under load), so "both move" is at least a tenth each
     assert all(0.1 * 40 <= r <= 0.9 * 40 for r in rates.values()), rates
+
+
+# -- host limits: CPU share and memory through cgroups (tests/netbed_limits.py) ----------------------------
+V1_MOUNTS = """tmpfs /sys/fs/cgroup tmpfs rw,relatime,mode=755 0 0
+cgroup /sys/fs/cgroup/cpu,cpuacct cgroup rw,relatime,cpu,cpuacct 0 0
+cgroup /sys/fs/cgroup/cpuset cgroup rw,relatime,cpuset 0 0
+cgroup /sys/fs/cgroup/memory cgroup rw,relatime,memory 0 0
+cgroup2 /nonexistent/unified cgroup2 rw,relatime 0 0
+"""
+
+# Burns CPU for `seconds` of wall time, then prints the CPU time it got.
+SPIN = "import sys, time\ncpu, end = time.process_time(), time.monotonic() + float(sys.argv[1])\n" \
+       "while time.monotonic() < end: pass\nprint(time.process_time() - cpu, flush=True)\n"
+# Touches `mb` MiB, 8 MiB at a time, then says it survived.
+HOG = "import sys\nheld = [bytearray(8 << 20) for _ in range(int(sys.argv[1]) // 8)]\nprint('survived', flush=True)\n"
+
+
+def _cgroup_values(tb: Testbed, host: str) -> dict[str, str]:
+    names = {"cpu.cfs_period_us", "cpu.cfs_quota_us", "cpu.max", "memory.limit_in_bytes",
+             "memory.memsw.limit_in_bytes", "memory.max"}
+    return {f.name: f.read_text().strip() for d in tb.cgroups(host) for f in d.iterdir() if f.name in names}
+
+
+def _counter(tb: Testbed, host: str, files: tuple[str, ...], key: str) -> int:
+    """A `key value` line of a cgroup stat file (cpu.stat, memory.oom_control, memory.events)."""
+    for d in tb.cgroups(host):
+        for name in files:
+            if (d / name).exists():
+                for line in (d / name).read_text().splitlines():
+                    k, _, v = line.partition(" ")
+                    if k == key:
+                        return int(v)
+    raise AssertionError(f"no {key} in {files} of {tb.cgroups(host)}")
+
+
+def _wait_joined(pid: int, dirs: list[Path]) -> None:
+    """popen returns before the wrapper has moved itself into the cgroups: wait (10 s at most) for it."""
+    deadline = time.monotonic() + 10
+    while not all(pid in netbed_limits.pids(d) for d in dirs) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert all(pid in netbed_limits.pids(d) for d in dirs), (pid, [netbed_limits.pids(d) for d in dirs])
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(cpus=0), "cpus"), (dict(cpus=-0.5), "cpus"), (dict(cpus=float("inf")), "cpus"), (dict(cpus=True), "cpus"),
+    (dict(cpus=0.1), "at least 0.2"), (dict(memory_mb=0), "memory_mb"), (dict(memory_mb="512"), "memory_mb"),
+])
+def test_bad_host_limits_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        HostLimits(**kwargs)
+
+
+def test_limits_name_known_hosts():
+    with pytest.raises(ValueError, match="unknown hosts"):
+        Testbed(["a", "b"], 10, limits={"z": HostLimits(cpus=0.5)})
+    with pytest.raises(ValueError, match="HostLimits"):
+        Testbed(["a", "b"], 10, limits={"a": {"cpus": 0.5}})
+
+
+def test_cgroup_files_per_version():
+    found = netbed_limits.find_controllers(V1_MOUNTS)
+    assert found["cpu"] == netbed_limits.Controller("cpu", 1, Path("/sys/fs/cgroup/cpu,cpuacct"))
+    assert found["memory"] == netbed_limits.Controller("memory", 1, Path("/sys/fs/cgroup/memory"))
+    lim = HostLimits(cpus=0.25, memory_mb=300)
+    period = netbed_limits.PERIOD_US
+    assert netbed_limits.settings(lim, found["cpu"]) == [("cpu.cfs_period_us", str(period)),
+                                                         ("cpu.cfs_quota_us", str(period // 4))]
+    assert netbed_limits.settings(lim, found["memory"]) == [("memory.limit_in_bytes", str(300 << 20)),
+                                                            ("memory.memsw.limit_in_bytes", str(300 << 20))]
+    assert netbed_limits.settings(lim, found["memory"], exists=lambda f: False) == [
+        ("memory.limit_in_bytes", str(300 << 20)), ("memory.swappiness", "0")]
+    v2 = netbed_limits.Controller("cpu", 2, Path("/sys/fs/cgroup"))
+    assert netbed_limits.settings(HostLimits(cpus=1.5), v2) == [("cpu.max", f"{3 * period // 2} {period}")]
+    assert netbed_limits.settings(lim, netbed_limits.Controller("memory", 2, Path("/sys/fs/cgroup"))) == [
+        ("memory.max", str(300 << 20)), ("memory.swap.max", "0")]
+    assert netbed_limits.settings(HostLimits(memory_mb=64), v2) == []  # no CPU limit, nothing to write
+
+
+def test_v2_hosts_get_one_cgroup_with_both_controllers(tmp_path):
+    """cgroup v2 (not mounted here): one directory holds both limits, after the root's subtree_control offers the
+    controllers. A plain folder stands in for the hierarchy, so only the files written are checked."""
+    (tmp_path / "cgroup.subtree_control").write_text("")
+    found = {c: netbed_limits.Controller(c, 2, tmp_path) for c in netbed_limits.CONTROLLERS}
+    made: list[Path] = []
+    dirs = netbed_limits.create("netbed-1-0-h0", HostLimits(cpus=0.5, memory_mb=64), found, made)
+    assert dirs == made == [tmp_path / "netbed-1-0-h0"]
+    assert (tmp_path / "cgroup.subtree_control").read_text() == "+memory"  # "+cpu" first: a file keeps the last
+    assert (dirs[0] / "cpu.max").read_text() == f"{netbed_limits.PERIOD_US // 2} {netbed_limits.PERIOD_US}"
+    assert (dirs[0] / "memory.max").read_text() == str(64 << 20)
+    assert netbed_limits.join_argv(dirs, ["true"])[-2:] == [str(dirs[0] / "cgroup.procs"), "true"]
+
+
+def test_join_argv_moves_the_process_itself(tmp_path):
+    """The wrapper writes its own pid and execs in place: the pid written is the command's. (Plain files stand in
+    for cgroup.procs, so no root is needed.)"""
+    dirs = [tmp_path / "cpu", tmp_path / "memory"]
+    for d in dirs:
+        d.mkdir()
+    done = subprocess.run(netbed_limits.join_argv(dirs, ["sh", "-c", "echo $$"]), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert [(d / "cgroup.procs").read_text().strip() for d in dirs] == [done.stdout.strip()] * 2
+    assert netbed_limits.join_argv([], ["true"]) == ["true"]
+    missing = subprocess.run(netbed_limits.join_argv([tmp_path / "gone"], ["true"]), capture_output=True, text=True)
+    assert missing.returncode == 125 and "cannot join cgroup" in missing.stderr
+
+
+def test_limited_host_runs_in_its_cgroups():
+    netbed.skip_unless_available(limits=True)
+    with Testbed(["a", "b"], 50, limits={"a": HostLimits(cpus=0.25, memory_mb=256)}) as tb:
+        dirs = tb.cgroups("a")
+        assert dirs and all(d.name == tb.namespace("a") for d in dirs)
+        assert tb.cgroups("b") == []
+        values = _cgroup_values(tb, "a")
+        period = netbed_limits.PERIOD_US
+        assert values.get("cpu.max", f"{values.get('cpu.cfs_quota_us')} {values.get('cpu.cfs_period_us')}") \
+            == f"{period // 4} {period}"
+        assert values.get("memory.max", values.get("memory.limit_in_bytes")) == str(256 << 20)
+        if "memory.memsw.limit_in_bytes" in values:
+            assert values["memory.memsw.limit_in_bytes"] == str(256 << 20)
+        sleeper = tb.popen("a", ["sleep", "60"])
+        _wait_joined(sleeper.pid, dirs)
+        # ...and inside the namespace: it sees only the testbed's interface.
+        inside = tb.run("a", ["cat", "/proc/self/cgroup", "/proc/net/dev"], capture_output=True, text=True, check=True)
+        assert tb.namespace("a") in inside.stdout and netbed.HOST_IF in inside.stdout
+        plain = tb.run("b", ["cat", "/proc/self/cgroup"], capture_output=True, text=True, check=True)
+        assert "netbed" not in plain.stdout
+    assert sleeper.poll() is not None
+    assert not any(d.exists() for d in dirs)
+
+
+def test_exception_inside_removes_cgroups():
+    netbed.skip_unless_available(limits=True)
+    with pytest.raises(RuntimeError, match="boom"):
+        with Testbed(["a", "b"], 20, limits={"b": HostLimits(memory_mb=128)}) as tb:
+            dirs = tb.cgroups("b")
+            sleeper = tb.popen("b", ["sleep", "60"])
+            raise RuntimeError("boom")
+    assert sleeper.poll() is not None
+    assert dirs and not any(d.exists() for d in dirs)
+
+
+def _cpu_share(tmp_path: Path, cpus: float, seconds: float) -> tuple[float, int]:
+    """The cores a busy loop got in a host limited to `cpus`, and how often its cgroup was throttled."""
+    (tmp_path / "spin.py").write_text(SPIN)
+    with Testbed(["a", "b"], 50, limits={"a": HostLimits(cpus=cpus)}) as tb:
+        done = tb.run("a", [sys.executable, str(tmp_path / "spin.py"), str(seconds)], capture_output=True, text=True,
+                      check=True)
+        throttled = _counter(tb, "a", ("cpu.stat",), "nr_throttled")
+    return float(done.stdout) / seconds, throttled
+
+
+def test_cpu_quota_caps_a_busy_loop(tmp_path):
+    """The quota is a ceiling the kernel enforces: a busy loop never gets more, however idle the machine
+    (how close it comes to the share depends on the machine's load: see the slow test below)."""
+    netbed.skip_unless_available(limits=True)
+    share, throttled = _cpu_share(tmp_path, 0.25, 1.0)
+    print(f"\n0.25-core host: a busy loop got {share:.3f} cores over 1 s, throttled {throttled} times")
+    assert share <= 0.25 * 1.1, share
+    assert throttled > 0
+
+
+@pytest.mark.slow
+def test_cpu_share_is_about_the_quota(tmp_path):
+    netbed.skip_unless_available(limits=True)
+    share, _ = _cpu_share(tmp_path, 0.25, 2.0)
+    print(f"\n0.25-core host: a busy loop got {share:.3f} cores over 2 s")
+    assert 0.25 * 0.85 <= share <= 0.25 * 1.1, share
+
+
+def test_memory_limit_oom_kills(tmp_path):
+    netbed.skip_unless_available(limits=True)
+    (tmp_path / "hog.py").write_text(HOG)
+    with Testbed(["a", "b"], 50, limits={"a": HostLimits(memory_mb=64)}) as tb:
+        hog = tb.run("a", [sys.executable, str(tmp_path / "hog.py"), "256"], capture_output=True, text=True)
+        kills = _counter(tb, "a", ("memory.oom_control", "memory.events"), "oom_kill")
+        fits = tb.run("a", [sys.executable, str(tmp_path / "hog.py"), "16"], capture_output=True, text=True)
+    assert hog.returncode == -signal.SIGKILL and "survived" not in hog.stdout, (hog.returncode, hog.stderr[-500:])
+    assert kills >= 1
+    assert fits.returncode == 0 and fits.stdout.strip() == "survived", fits.stderr[-500:]
+
+
+# A run that dies without cleaning up: builds a limited testbed, starts a sleeper in it, says where both are.
+CRASHER = textwrap.dedent("""
+    import json, sys
+    sys.path.insert(0, sys.argv[1])
+    from tests.netbed import HostLimits, Testbed
+    tb = Testbed(["a", "b"], 20, limits={"a": HostLimits(cpus=0.5, memory_mb=128)}).__enter__()
+    sleeper = tb.popen("a", ["sleep", "600"])
+    print(json.dumps({"ns": tb.namespaces, "cgroups": [str(d) for d in tb.cgroups("a")], "pid": sleeper.pid}),
+          flush=True)
+    sys.stdin.readline()
+""")
+
+
+def test_stale_cgroups_of_dead_runs_are_removed(tmp_path):
+    netbed.skip_unless_available(limits=True)
+    (tmp_path / "crash.py").write_text(CRASHER)
+    root = Path(__file__).resolve().parent.parent
+    run = subprocess.Popen([sys.executable, str(tmp_path / "crash.py"), str(root)], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        left = json.loads(_readline(run, 60))
+    finally:
+        run.kill()  # as a killed pytest: no __exit__
+        run.wait()
+    cgroups = [Path(d) for d in left["cgroups"]]
+    assert cgroups and all(d.exists() for d in cgroups)
+    _wait_joined(left["pid"], cgroups)
+    removed = netbed.remove_stale()
+    assert set(left["ns"]) | {str(d) for d in cgroups} <= set(removed)
+    assert not any(d.exists() for d in cgroups)
+    present = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    assert not set(left["ns"]) & set(present)
+    # The sleeper was killed (its cgroups could not be removed otherwise): once reaped, its pid is gone.
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{left['pid']}").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not Path(f"/proc/{left['pid']}").exists()

@@ -257,13 +257,14 @@ def infeasible_message(problem: PipelineProblem, max_stages: int | None = None) 
     mem = np.asarray(problem.device_mem_bytes, dtype=np.float64)
     weights, peak = float(params.sum()), float(act.max())
     need, total, largest = weights + peak, float(mem.sum()), float(mem.max())
-    offer = f"the devices offer {total / MB:.1f} MB in total (largest {largest / MB:.1f} MB)"
+    name = problem.devices[int(np.argmax(mem))]
+    offer = f"the devices offer {total / MB:.1f} MB in total (largest {name}, {largest / MB:.1f} MB)"
     block_mem = np.array([problem.stage_memory(i, i + 1) for i in range(problem.n_blocks)], dtype=np.float64)
     worst = int(np.argmax(block_mem))
     if block_mem[worst] > largest:
         return (
             f"block {worst} alone needs {block_mem[worst] / MB:.1f} MB (weights {params[worst] / MB:.1f} MB"
-            f" + activations {act[worst] / MB:.1f} MB) but the largest device offers {largest / MB:.1f} MB,"
+            f" + activations {act[worst] / MB:.1f} MB) but the largest device ({name}) offers {largest / MB:.1f} MB,"
             f" so no split can fit it (the whole model needs at least {need / MB:.1f} MB; {offer})"
         )
     base = (

@@ -22,6 +22,7 @@ from ..cost.memory import device_memory_bytes
 from ..graph import LayerGraph
 from ..plan_types import Plan, Stage
 from ..spatial.regions import spatial_cuts
+from ..units import MB
 from .lanes import run_lanes
 from .pipeline import PipelineTail
 from .planner import Dominated, InfeasibleError, PlanOptions
@@ -29,7 +30,7 @@ from .spatial_search import INF, SearchStats, SpatialSearch, build_segments
 from .stats import count as count_work, detail, suspended
 
 __all__ = ["plan_spatial", "plan_hybrid", "plan_jointly", "search_spatial", "search_hybrid", "plan_searches", "fits",
-           "best_plan", "best_of_phases", "device_classes", "regions", "SearchStats"]
+           "overflow", "best_plan", "best_of_phases", "device_classes", "regions", "SearchStats"]
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +93,17 @@ def _search(graph, cost, axis, order, cuts, rest, opts: dict, cache: dict, incum
 
 def fits(plan: Plan, graph: LayerGraph, cost: CostTable) -> bool:
     """Every device holds what `device_memory_bytes` says it needs."""
-    return all(n <= cost.cluster.device(d).usable_bytes for d, n in device_memory_bytes(plan, graph).items())
+    return overflow(plan, graph, cost) is None
+
+
+def overflow(plan: Plan, graph: LayerGraph, cost: CostTable) -> str | None:
+    """None when the plan fits; else which device it overfills most, as "device D needs N MB but offers M MB"."""
+    over = max(((n - cost.cluster.device(d).usable_bytes, d, n) for d, n in device_memory_bytes(plan, graph).items()),
+               default=None)
+    if over is None or over[0] <= 0:
+        return None
+    _, name, need = over
+    return f"device {name} needs {need / MB:.1f} MB but offers {cost.cluster.device(name).usable_bytes / MB:.1f} MB"
 
 
 def best_plan(cands: list[tuple[float, Plan]], graph: LayerGraph, cost: CostTable, objective: str, top: int = 6,
@@ -108,15 +119,19 @@ def _scored_best(cands, graph: LayerGraph, cost: CostTable, objective: str, top:
             raise Dominated(f"no plan predicted within {BOUND_SLACK:.0%} of {incumbent:.4g} ms, the best plan of "
                             "another planner")
         raise InfeasibleError("no tileable region spreads over two or more devices")
-    scored = []
+    scored, overfilled = [], []
     for total, plan in sorted(cands, key=lambda c: c[0])[:top]:
         plan.ensures(graph)
-        if fits(plan, graph, cost):
+        too_big = overflow(plan, graph, cost)
+        if too_big is None:
             count_work("plans", 1)
             p = evaluate(plan, graph, cost)
             scored.append(((p.latency_ms, p.bottleneck_ms) if objective == "latency" else (p.bottleneck_ms, p.latency_ms), plan))
+        else:
+            overfilled.append(too_big)
     if not scored:
-        raise InfeasibleError("no spatial plan fits the devices' memory")
+        raise InfeasibleError("no spatial plan fits the devices' memory"
+                              + (f" (in the best one, {overfilled[0]})" if overfilled else ""))
     return min(scored, key=lambda s: s[0])
 
 

@@ -23,7 +23,7 @@ from ..cost import CostTable
 from ..graph import LayerGraph
 from ..plan_types import Plan, Segment, SpatialGroup, Stage, Tile
 from .planner import InfeasibleError, PlanOptions
-from .spatial import _cuts, _order, best_plan, fits
+from .spatial import _cuts, _order, best_plan, overflow
 from .spatial_search import INF, SpatialSearch
 from .stats import count as count_work
 
@@ -143,8 +143,9 @@ def _checked(name: str, make, graph: LayerGraph, cost: CostTable) -> list[Plan]:
     except InfeasibleError as exc:
         raise type(exc)(f"{name}: {exc}") from None
     plan.ensures(graph)
-    if not fits(plan, graph, cost):
-        raise InfeasibleError(f"{name}: the plan does not fit the devices' memory")
+    too_big = overflow(plan, graph, cost)
+    if too_big is not None:
+        raise InfeasibleError(f"{name}: the plan does not fit the devices' memory ({too_big})")
     return [plan]
 
 

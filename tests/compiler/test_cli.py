@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -111,6 +112,19 @@ def test_bad_cluster(tmp_path, cluster, msg):
     assert "c.yaml" in line and msg in line
     assert not (tmp_path / "out").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["c.yaml"]  # no temporary folder left behind
+
+
+@pytest.mark.parametrize("strategy", ["auto", "single", "even", "spatial", "edgeflow"])
+def test_plan_over_a_device_memory_is_refused_naming_the_device(tmp_path, strategy):
+    """A plan needs more than the devices hold (tinychain's 0.25 MB of weights; 106.9 MB x 0.75 less rpi4's
+    80 MB runtime overhead is 0.175 MB usable): refused at compile, one line naming the device."""
+    path = write(tmp_path / "c.yaml", "devices: [{name: small-a, profile: rpi4, memory_mb: 106.8},\n"
+                                      "          {name: small-b, profile: rpi4, memory_mb: 106.9}]\n"
+                                      "network: {bandwidth_mbps: 100, latency_ms: 1}\n")
+    line = one_error_line(edgec("compile", models.ensure("tinychain"), "--devices", path, "-o", tmp_path / "out",
+                                "--strategy", strategy))
+    assert "c.yaml" in line and re.search(r"\bsmall-[ab]\b", line) and "MB" in line, line
+    assert not (tmp_path / "out").exists()
 
 
 def test_bad_model_files(tmp_path):

@@ -350,10 +350,10 @@ def test_infeasible_messages_name_sizes():
     big_block = make_problem(
         [[1.0, 1.0]] * 2, [100 * MB, 10 * MB], [5 * MB] * 2, [1], [50 * MB, 60 * MB], np.ones((2, 2))
     )
-    with pytest.raises(InfeasibleError, match=r"block 0 .*105\.0 MB.*largest device offers 60\.0 MB"):
+    with pytest.raises(InfeasibleError, match=r"block 0 .*105\.0 MB.*largest device \(dev1\) offers 60\.0 MB"):
         solve_pipeline(big_block, "latency")
     too_small = make_problem([[1.0, 1.0]] * 3, [30 * MB] * 3, [2 * MB] * 3, [1, 1], [40 * MB, 40 * MB], np.ones((2, 2)))
-    with pytest.raises(InfeasibleError, match=r"needs at least 92\.0 MB .*offer 80\.0 MB in total \(largest 40\.0 MB"):
+    with pytest.raises(InfeasibleError, match=r"needs at least 92\.0 MB .*offer 80\.0 MB in total \(largest dev0, 40\.0 MB"):
         solve_pipeline(too_small, "throughput")
 
 

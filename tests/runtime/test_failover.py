@@ -19,7 +19,7 @@ import onnxruntime as ort
 import pytest
 
 import edgec
-from edgec.runtime.coordinator import FailoverCluster
+from edgec.runtime.coordinator import Cluster, DeviceLost, FailoverCluster
 from edgec.runtime.errors import InputError
 from edgec.runtime.inputs import random_inputs
 from edgec.runtime.manifest import load_manifest
@@ -175,6 +175,41 @@ def test_without_fallbacks_a_lost_device_fails_the_run_naming_it(plain_build, wo
     assert code == 3 and stdout == "", stderr
     last = stderr.splitlines()[-1]
     assert last.startswith("edgec: device pi5-b") and "compile with --fallbacks" in last and "Traceback" not in stderr
+
+
+def _kill_once_welcomed(monkeypatch, workers, victim: str) -> None:
+    """Fault injection: SIGKILL the victim's worker as soon as it has answered the coordinator's hello, before
+    its fragments are loaded (tests/e2e/test_oom_netbed.py has the OOM killer do it for real)."""
+    welcome = Cluster._on_welcome
+
+    def welcome_then_kill(self, w, msg, payload):
+        welcome(self, w, msg, payload)
+        if w.name == victim and workers[victim].proc.poll() is None:
+            workers[victim].proc.kill()
+            workers[victim].proc.wait()
+
+    monkeypatch.setattr(Cluster, "_on_welcome", welcome_then_kill)
+
+
+def test_a_worker_dying_as_the_run_starts_is_a_lost_device(build, workers, monkeypatch):
+    _kill_once_welcomed(monkeypatch, workers, "pi5-b")
+    m = load_manifest(build / "manifest.json")
+    inputs = random_inputs(m.inputs, 3)
+    with FailoverCluster(m, addresses={n: w.address for n, w in workers.items()}, inflight=1, timeout=30) as cluster:
+        assert len(list(cluster.stream([inputs] * 3))) == 3
+        assert cluster.failovers == [{"device": "pi5-b", "at_request": 0,
+                                      "plan": str(build / "fallback-pi5-b" / "manifest.json")}]
+        assert set(cluster.workers) == {"pi5-a", "pi5-c"}
+    report = cluster.device_report()  # the workers' counts come with their goodbye, on close
+    assert report["pi5-b"]["lost"] is True and report["pi5-c"]["requests"] == 3
+
+
+def test_without_fallbacks_a_worker_dying_as_the_run_starts_fails_naming_it(plain_build, workers, monkeypatch):
+    _kill_once_welcomed(monkeypatch, workers, "pi5-b")
+    m = load_manifest(plain_build / "manifest.json")
+    with pytest.raises(DeviceLost, match=r"^device pi5-b .*lost the connection.*compile with --fallbacks"):
+        with FailoverCluster(m, addresses={n: w.address for n, w in workers.items()}, timeout=30):
+            pass
 
 
 def test_a_broken_fallback_is_bad_input_before_the_run(build, tmp_path):
