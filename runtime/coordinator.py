@@ -815,10 +815,10 @@ class FailoverCluster:
         self.reports: dict[str, dict] = {}
 
     def __enter__(self) -> "FailoverCluster":
-        cluster = Cluster(self.main, addresses=self.addresses, inflight=self.inflight_option, **self.options)
+        cluster = WorkerPool(self.main, addresses=self.addresses, inflight=self.inflight_option, **self.options)
         try:
-            self.cluster = cluster.__enter__()
-        except DeviceLost as lost:  # a worker died as the run started (Cluster.__enter__ closed the rest)
+            self.cluster = self._started(cluster)
+        except DeviceLost as lost:  # a worker died as the run started (WorkerPool.__enter__ closed the rest)
             self._keep_report(cluster, lost.device)
             self._switch(lost, 0)
         return self
@@ -827,7 +827,9 @@ class FailoverCluster:
         self.close()
 
     def _open(self, manifest: Manifest, addresses: Mapping[str, str]) -> WorkerPool:
-        cluster = WorkerPool(manifest, addresses=addresses, inflight=self.inflight_option, **self.options)
+        return self._started(WorkerPool(manifest, addresses=addresses, inflight=self.inflight_option, **self.options))
+
+    def _started(self, cluster: WorkerPool) -> WorkerPool:
         cluster = cluster.__enter__()
         if self.wake_fd is not None:
             cluster.watch(self.wake_fd)

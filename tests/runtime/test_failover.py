@@ -19,7 +19,7 @@ import onnxruntime as ort
 import pytest
 
 import edgec
-from edgec.runtime.coordinator import Cluster, DeviceLost, FailoverCluster
+from edgec.runtime.coordinator import DeviceLost, FailoverCluster, WorkerPool
 from edgec.runtime.errors import InputError
 from edgec.runtime.inputs import random_inputs
 from edgec.runtime.manifest import load_manifest
@@ -180,7 +180,7 @@ def test_without_fallbacks_a_lost_device_fails_the_run_naming_it(plain_build, wo
 def _kill_once_welcomed(monkeypatch, workers, victim: str) -> None:
     """Fault injection: SIGKILL the victim's worker as soon as it has answered the coordinator's hello, before
     its fragments are loaded (tests/e2e/test_oom_netbed.py has the OOM killer do it for real)."""
-    welcome = Cluster._on_welcome
+    welcome = WorkerPool._on_welcome
 
     def welcome_then_kill(self, w, msg, payload):
         welcome(self, w, msg, payload)
@@ -188,7 +188,7 @@ def _kill_once_welcomed(monkeypatch, workers, victim: str) -> None:
             workers[victim].proc.kill()
             workers[victim].proc.wait()
 
-    monkeypatch.setattr(Cluster, "_on_welcome", welcome_then_kill)
+    monkeypatch.setattr(WorkerPool, "_on_welcome", welcome_then_kill)
 
 
 def test_a_worker_dying_as_the_run_starts_is_a_lost_device(build, workers, monkeypatch):
