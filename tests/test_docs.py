@@ -37,7 +37,7 @@ PROVENANCE = ("bench", "date", "commit", "command", "machine", "load", "tables")
 def test_every_bench_script_records_its_results():
     for script in sorted(BENCH.glob("bench_*.py")):
         text = script.read_text(encoding="utf-8")
-        assert re.search(r'if __name__ == "__main__":\n    sys\.exit\((benchlib\.)?recorded\(main\)\)', text), script.name
+        assert re.search(r'if __name__ == "__main__":\n(    .*\n)*    sys\.exit\((benchlib\.)?recorded\(main\)\)', text), script.name
 
 
 def test_write_results_keeps_provenance_and_tables(tmp_path, monkeypatch):

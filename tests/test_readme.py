@@ -63,8 +63,13 @@ def _layout_like_checkout(tmp_path: Path, names: list[str]) -> None:
         (tmp_path / folder).symlink_to(ROOT / folder)
 
 
+def _python_block(marker: str) -> str:
+    (block,) = [b for b in _fenced("python") if marker in b]
+    return block
+
+
 def test_python_api_example_runs(tmp_path, monkeypatch, capsys):
-    (block,) = _fenced("python")
+    block = _python_block("edgec.compile(")
     _layout_like_checkout(tmp_path, ["tinychain"])
     monkeypatch.chdir(tmp_path)
     exec(compile(block, "README.md", "exec"), {})
@@ -72,6 +77,42 @@ def test_python_api_example_runs(tmp_path, monkeypatch, capsys):
     assert out.startswith("pipeline ") and "median latency" in out
     assert (tmp_path / "build" / "tinychain" / "manifest.json").is_file()
     assert os.listdir(tmp_path / "build") == ["tinychain"]
+
+
+def _tinychain_build(tmp_path: Path) -> None:
+    """build/tinychain as README's Python example compiles it."""
+    _layout_like_checkout(tmp_path, ["tinychain"])
+    subprocess.run([str(Path(sys.executable).parent / "edgec"), "compile", "models/build/tinychain.onnx", "--devices",
+                    "tests/e2e/clusters/two.yaml", "-o", "build/tinychain", "--strategy", "pipeline"],
+                   cwd=tmp_path, check=True, capture_output=True, timeout=300)
+
+
+def test_session_example_runs(tmp_path, monkeypatch, capsys):
+    _tinychain_build(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    exec(compile(_python_block("edgec.Cluster("), "README.md", "exec"), {})
+    assert capsys.readouterr().out.splitlines() == ["(1, 10)", "[" + ", ".join(["(1, 10)"] * 8) + "]"]
+
+
+def test_serve_command_and_client_run_as_written(tmp_path):
+    """README's `edgec serve` line, started as shown (in the background), answers README's client block."""
+    _tinychain_build(tmp_path)
+    (line,) = [b for b in _indented() if b.startswith("edgec serve ")]
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    server = subprocess.Popen(shlex.split(line), cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        for err in server.stderr:  # `edgec: ready: ...` once it serves
+            if "ready: http" in err:
+                break
+        else:
+            pytest.fail(f"edgec serve exited {server.wait()} before it was ready")
+        client = subprocess.run([sys.executable, "-c", _python_block("tritonclient")], cwd=tmp_path,
+                                capture_output=True, text=True, timeout=120)
+        assert client.returncode == 0, client.stderr[-2000:]
+        assert client.stdout == "(1, 10)\n"
+    finally:
+        server.terminate()
+        assert server.wait(timeout=60) == 0  # SIGTERM: answers what it accepted, stops the workers, exits 0
 
 
 def test_tour_runs_as_written(tmp_path):

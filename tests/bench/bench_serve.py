@@ -52,6 +52,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a script: tests.* are imported from the checkout
     sys.path.insert(0, str(ROOT))
 
+from benchlib import recorded  # noqa: E402  (tests/bench is sys.path[0] when a script runs)
+
 DEVICES = ("dev-a", "dev-b", "dev-c")
 PORT, HTTP_PORT, GRPC_PORT = 7000, 8000, 8001
 THREADS = 1
@@ -492,4 +494,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    if sys.argv[1:2] == ["load"]:  # a load generator the bench started: its figures go to the bench, not a file
+        sys.exit(main())
+    sys.exit(recorded(main))
