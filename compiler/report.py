@@ -25,7 +25,7 @@ __all__ = ["idle_devices_hint", "compile_summary", "format_compile", "inspect_su
 
 
 def compile_summary(result, outdir: Path, seconds: float) -> dict:
-    """The `edgec compile --json` object (documented in README; keys are stable)."""
+    """The `edgec compile --json` object (keys are stable; documented by docs/gen/jsonout.py)."""
     graph = result.ingested.graph
     plan, pred = result.chosen.plan, result.chosen.prediction
     frags = {f["device"]: [] for f in result.manifest["fragments"]}

@@ -213,7 +213,7 @@ class Adapter:
         return best
 
     def as_json(self) -> list[dict]:
-        """The decisions, for `edgec run --json`'s `adaptations` (README documents the keys)."""
+        """The decisions, for `edgec run --json`'s `adaptations` (docs/gen/jsonout.py documents the keys)."""
         return [{"at_request": d.at_request, "reason": d.reason, "from": d.current, "to": d.best,
                  "switched_at": d.switched_at, "objective": self.objective,
                  "recosted_ms": {k: round(v, 4) for k, v in d.recosted_ms.items()}}

@@ -372,7 +372,7 @@ def _number(v) -> bool:
 
 
 def report(manifest: Manifest, result: RunResult, checked: VerifyResult | None) -> dict:
-    """The `edgec run --json` object (documented in README; keys are stable)."""
+    """The `edgec run --json` object (keys are stable; documented by docs/gen/jsonout.py)."""
     return {
         "manifest": str(manifest.path),
         "latency_ms": result.latency_ms,

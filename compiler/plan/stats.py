@@ -14,7 +14,7 @@ from typing import Iterator
 
 __all__ = ["UNITS", "count", "detail", "recording", "suspended"]
 
-# unit -> what one of it is (README: the `planning` key of `edgec compile --json`)
+# unit -> what one of it is (the `planning` key of `edgec compile --json`; reference: docs/gen/jsonout.py)
 UNITS = {
     "labels": "pipeline DP labels built (per state: its candidate stages, or transfers, times the top-k slots) "
               "before each state keeps its k best",

@@ -22,7 +22,7 @@ def pi5_cluster(tmp: Path, n: int, mbps: float) -> Path:
 @pytest.mark.parametrize("strategy", ["spatial", "hybrid"])
 def test_focus_detector_tiles_on_two_devices_and_verifies(strategy, tmp_path):
     # at 1000 Mbps the detector is worth tiling on two rpi5 (at 100 Mbps the scatter of its 1.2 MB input
-    # costs more than the tiles save: see README). Its Focus stem tiles too (strided Slices), so the tiled
+    # costs more than the tiles save). Its Focus stem tiles too (strided Slices), so the tiled
     # region may start at the model input; test_spatial_stem covers a region after an untileable stem.
     summary, run = compile_and_verify(models.ensure("yolo_focus"), pi5_cluster(tmp_path, 2, 1000), tmp_path / "out",
                                       "--strategy", strategy)
