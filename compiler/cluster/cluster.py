@@ -18,7 +18,9 @@ from .yamlio import read_yaml
 if TYPE_CHECKING:
     from .schema import DeviceDoc, NetworkDoc
 
-__all__ = ["DeviceSpec", "LinkSpec", "HostSpec", "Cluster", "load_cluster"]
+__all__ = ["DeviceSpec", "LinkSpec", "HostSpec", "Cluster", "load_cluster", "LOCAL"]
+
+LOCAL = "local"  # `address: local`: the device runs as a worker process on the coordinator's machine
 
 
 @dataclass(frozen=True)
@@ -230,13 +232,27 @@ def _devices(docs: list[DeviceDoc], base_dir: Path, shown: str) -> tuple[DeviceS
             profiles[dv.profile] = read_profile(pp)
         prof = profiles[dv.profile]
         memory_mb = prof.memory_mb if dv.memory_mb is None else dv.memory_mb
-        device = DeviceSpec(name=dv.name, profile=prof, memory_mb=memory_mb, address=dv.address, threads=dv.threads,
+        address = None if dv.address == LOCAL else dv.address
+        device = DeviceSpec(name=dv.name, profile=prof, memory_mb=memory_mb, address=address, threads=dv.threads,
                             host=dv.host)
         if device.usable_bytes <= 0:
             raise UserError(f"{where}: no usable memory ({memory_mb:g} MB x {prof.usable_memory_fraction:g} "
                             f"- {prof.runtime_overhead_mb:g} MB runtime overhead)", path=shown)
         devices.append(device)
+    _no_silent_local(docs, shown)
     return tuple(devices)
+
+
+def _no_silent_local(docs: list[DeviceDoc], shown: str) -> None:
+    """In a cluster whose devices have addresses, a device without one would run as a process on the
+    coordinator's machine, unnoticed: it must say so (`address: local`) or be given its worker's address."""
+    remote = [dv.name for dv in docs if dv.address not in (None, LOCAL)]
+    silent = [dv.name for dv in docs if dv.address is None]
+    if remote and silent:
+        raise UserError(f"device {silent[0]!r} has no address while {', '.join(map(repr, remote[:3]))}"
+                        f"{' ...' if len(remote) > 3 else ''} {'have' if len(remote) > 1 else 'has'} one: give it its "
+                        "`edgec worker`'s address, or `address: local` to run it as a process on the machine that runs "
+                        "`edgec run`", path=shown)
 
 
 def _links(net: NetworkDoc, devices: tuple[DeviceSpec, ...], shown: str) -> dict[frozenset[str], LinkSpec]:

@@ -10,7 +10,7 @@ MEANINGS = {
     "DeviceDoc.name": "the device's name (it becomes file names: fragments, keys)",
     "DeviceDoc.profile": "a shipped profile by name (`rpi5`, ...) or a path to a profile file, relative to cluster.yaml",
     "DeviceDoc.memory_mb": "overrides the profile's memory",
-    "DeviceDoc.address": "`tcp://HOST:PORT` of its `edgec worker`; absent: a worker process on the coordinator's machine",
+    "DeviceDoc.address": "`tcp://HOST:PORT` of its `edgec worker`, or `local`: a worker process on the coordinator's machine; absent: local too, allowed only when no device has an address (a cluster of remote devices names its local ones)",
     "DeviceDoc.threads": "the worker's intra-op threads; the cost model prices the profile's figures for that count",
     "DeviceDoc.host": "a `hosts:` entry: the machine this worker shares with others",
     "NetworkDoc.bandwidth_mbps": "every pair's bandwidth in megabits per second, unless a link says otherwise",

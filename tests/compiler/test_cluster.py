@@ -130,8 +130,10 @@ devices:
     address: tcp://192.168.1.20:7000
   - name: pi4-a
     profile: rpi4
+    address: local
   - name: orin
     profile: jetson-orin-nano
+    address: tcp://192.168.1.22:7000
 network:
   bandwidth_mbps: 100
   latency_ms: 1
@@ -474,3 +476,15 @@ def test_yaml_merge_keys_work(tmp_path):
                          "network: {bandwidth_mbps: 5, latency_ms: 1}\n")
     c = load_cluster(f)
     assert [d.memory_mb for d in c.devices] == [512, 512] and c.device_names == ("a", "b")
+
+
+def test_a_device_without_address_beside_remote_ones_must_say_local(tmp_path):
+    """A device with no address in a cluster whose other devices have one would run on the coordinator's
+    machine unnoticed ("3 worker(s) ready (1 local)"): refused in one line naming it, unless `address: local`."""
+    text = VALID.replace("    address: local\n", "")
+    with pytest.raises(UserError, match=r"device 'pi4-a' has no address while 'pi5-a', 'orin' have one: .*address: local"):
+        load_cluster(_write(tmp_path, text))
+    assert load_cluster(_write(tmp_path, VALID)).device("pi4-a").address is None  # local: no address in the manifest
+    everywhere_local = VALID.replace("    address: tcp://192.168.1.20:7000\n", "").replace(
+        "    address: tcp://192.168.1.22:7000\n", "")
+    assert all(d.address is None for d in load_cluster(_write(tmp_path, everywhere_local)).devices)
