@@ -36,6 +36,9 @@ __all__ = ["run", "execute", "report", "write_npz", "parse_addresses", "parse_sl
            "MAX_TIMEOUT_S"]
 
 logger = logging.getLogger(__name__)
+# One record per timed request ("request N/REPEAT: LATENCY ms", with `done` and `total`): `edgec run` prints
+# them with --verbose, draws a progress bar from them on a terminal, and leaves them out otherwise.
+request_log = logging.getLogger("edgec.runtime.requests")
 
 # Faster than 10 ms, heartbeats only add traffic; slower than a minute, a hung device stalls the run for long.
 MIN_HEARTBEAT_MS, MAX_HEARTBEAT_MS = 10, 60_000
@@ -207,7 +210,8 @@ def run_manifest(manifest: Manifest, inputs: Mapping[str, np.ndarray], *, repeat
             result.latencies_ms.append(future.latency_ms / dilate)
             for name, ms in future.run_ms.items():
                 result.device_run_ms.setdefault(name, []).append(ms / dilate)  # a fallback may bring in a device
-            say(f"request {len(done_at)}/{repeat}: {future.latency_ms / dilate:.2f} ms")
+            request_log.info("request %d/%d: %.2f ms", len(done_at), repeat, future.latency_ms / dilate,
+                             extra={"done": len(done_at), "total": repeat})
 
         for _ in range(repeat):
             while waiting and (waiting[0].done() or len(waiting) >= outstanding):

@@ -3,11 +3,13 @@ verify it), `edgec worker` (the daemon on each device) and `edgec keygen` (the c
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import signal
 import statistics
+import sys
 from typing import Callable
 
 import click
@@ -120,18 +122,67 @@ _EPILOG = ("Exit codes: 0 ok, 1 verification failed, 2 bad input, 3 run failure 
               help="With --emulate: from the REQUEST-th timed request (from 0; default 0) on, device NAME's fragment "
                    "runs take FACTOR x their predicted time, as if it slowed down (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object on stdout.")
+@click.option("-v", "--verbose", is_flag=True,
+              help="A line per timed request on stderr (on a terminal, a progress bar stands in for them).")
 @click.pass_context
 def run(ctx: click.Context, manifest: str, inputs_file, input_pairs, random_inputs, seed, verify, model_file,
         tolerance, repeat, warmup, output_file, threads, emulate, dilate, timeout, address_pairs, keys_dir, inflight,
         compress, heartbeat_ms, report_file, trace_file, adapt, adapt_threshold, adapt_for, slow_specs,
-        as_json) -> None:
+        as_json, verbose) -> None:
     """Run MANIFEST (a manifest.json, or the folder holding one) on the devices' workers: at each device's
     address (or --addresses), or in a worker process started on this machine for a device without one."""
-    ctx.exit(_exit_code(lambda: _run(
+    with _request_lines(verbose):
+        ctx.exit(_exit_code(lambda: _run(
         manifest, inputs_file, input_pairs, random_inputs, seed, verify, model_file, tolerance, repeat, output_file,
         threads, emulate, timeout, as_json, address_pairs, keys_dir, inflight, compress=compress,
         heartbeat_ms=heartbeat_ms, report_file=report_file, dilate=dilate, trace_file=trace_file, adapt=adapt,
         adapt_threshold=adapt_threshold, adapt_for=adapt_for, slow_specs=slow_specs, warmup=warmup)))
+
+
+@contextlib.contextmanager
+def _request_lines(verbose: bool):
+    """The per-request records (api.request_log): printed with --verbose; else a progress bar (rich) on a
+    terminal, nothing elsewhere (a log file does not want a line per request)."""
+    log = logging.getLogger("edgec.runtime.requests")
+    saved = log.propagate
+    bar = None if verbose or not sys.stderr.isatty() else _RequestBar()
+    log.propagate = verbose
+    if bar is not None:
+        log.addHandler(bar)
+    try:
+        yield
+    finally:
+        log.propagate = saved
+        if bar is not None:
+            log.removeHandler(bar)
+            bar.stop()
+
+
+class _RequestBar(logging.Handler):
+    """A rich progress bar over the timed requests, redrawn from each request's record."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.progress = self.task = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        done, total = getattr(record, "done", None), getattr(record, "total", None)
+        if done is None or total is None:
+            return
+        if self.progress is None:
+            self.progress = Progress(TextColumn("edgec: requests"), BarColumn(), MofNCompleteColumn(),
+                                     TextColumn("{task.fields[last]}"), TimeRemainingColumn(),
+                                     console=Console(file=sys.stderr), transient=True)
+            self.task = self.progress.add_task("requests", total=total, last="")
+            self.progress.start()
+        self.progress.update(self.task, completed=done, last=record.getMessage().split(": ", 1)[-1])
+
+    def stop(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
 
 
 def _exit_code(body: Callable[[], int]) -> int:
@@ -193,6 +244,9 @@ def _stats(a: np.ndarray) -> str:
     return f"  min {v.min():.4g}  max {v.max():.4g}  mean {v.mean():.4g}"
 
 
+MIN_THROUGHPUT_REQUESTS = 5  # fewer timed requests measure start-up and hand-offs, not a rate
+
+
 def _print_human(manifest: Manifest, result: RunResult, checked: RequestsChecked | None) -> None:
     click.echo("outputs:")
     for spec in manifest.outputs:
@@ -203,7 +257,11 @@ def _print_human(manifest: Manifest, result: RunResult, checked: RequestsChecked
                f"(after {result.warmup} warm-up)" + (f"; with up to {result.inflight} in flight a request also waits "
                                                       "for those ahead of it (--inflight 1: a lone request's)"
                                                       if result.inflight > 1 else ""))
-    click.echo(f"throughput: {result.throughput_ips:.2f} requests/s with up to {result.inflight} in flight")
+    if len(lat) >= MIN_THROUGHPUT_REQUESTS:
+        click.echo(f"throughput: {result.throughput_ips:.2f} requests/s with up to {result.inflight} in flight")
+    else:
+        click.echo(f"throughput: not measured over {len(lat)} request(s) (--repeat {MIN_THROUGHPUT_REQUESTS} or more "
+                   "measures it)")
     for f in result.failovers:
         click.echo(f"failover: device {f['device']} lost after {f['at_request']} request(s); finished on {f['plan']} "
                    f"({result.completed} completed, {result.lost} lost)")

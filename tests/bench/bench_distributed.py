@@ -340,7 +340,7 @@ def _failover_run(tb: Testbed, tmp: Path, coord_keys: Path, workers: dict[str, W
     log(f"  compiled with --fallbacks in {seconds:.1f} s: {out['plan']}; killing {victim} (fallback: "
         f"{fallback['strategy']} on {'+'.join(fallback['devices'])})")
     argv = edgec_argv("run", str(build), "--keys", str(coord_keys), "--random-inputs", "--verify",
-                      "--repeat", str(FAILOVER_REPEAT), "--json")
+                      "--repeat", str(FAILOVER_REPEAT), "--json", "--verbose")
     ran = run_and_kill(tb, argv, workers[victim], repeat=FAILOVER_REPEAT, kill_at=FAILOVER_KILL_AT,
                        timeout=120 + 5 * FAILOVER_REPEAT)
     report = ran.pop("report")

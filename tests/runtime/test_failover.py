@@ -78,7 +78,7 @@ def _run_and_kill(build: Path, workers, victim: str, *extra: str, sig: int = sig
     """`edgec run --repeat 200 --inflight 2`, signalling the victim's worker (SIGKILL: it dies; SIGTERM: it stops
     cleanly, telling the coordinator) once request 100 is reported."""
     cmd = [sys.executable, "-m", "edgec.runtime", str(build), "--random-inputs", "--repeat", str(REPEAT),
-           "--inflight", "2", "--timeout", "30", *_addresses(workers), *extra]
+           "--inflight", "2", "--timeout", "30", "--verbose", *_addresses(workers), *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     stderr = []
     for line in proc.stderr:

@@ -59,7 +59,7 @@ def test_a_killed_run_leaves_no_keys_and_no_workers(pipeline, tmp_path):
     tmp.mkdir()
     env = {**os.environ, "TMPDIR": str(tmp), "EDGEC_CACHE_DIR": str(tmp_path / "cache")}
     proc = subprocess.Popen([sys.executable, "-m", "edgec.runtime", str(pipeline), "--random-inputs", "--repeat",
-                             "1000000", "--inflight", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             "1000000", "--inflight", "1", "--verbose"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             env=env, cwd=REPO)
     try:
         deadline, seen = time.monotonic() + WAIT_S, b""
