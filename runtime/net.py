@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from .errors import InputError
 
-__all__ = ["Endpoint", "parse_endpoint", "outward_host"]
+__all__ = ["Endpoint", "parse_endpoint", "outward_host", "is_loopback"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,13 +39,17 @@ class Endpoint:
     @property
     def loopback(self) -> bool:
         """Only this machine can reach it (a wildcard address, 0.0.0.0 or *, is reachable from anywhere)."""
-        host = self.bare_host
-        if host == "localhost":
-            return True
-        try:
-            return ipaddress.ip_address(host).is_loopback
-        except ValueError:
-            return False
+        return is_loopback(self.bare_host)
+
+
+def is_loopback(host: str) -> bool:
+    """A host name or address (without brackets) only this machine can reach."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def parse_endpoint(text: str, where: str, allow_any_port: bool = False) -> Endpoint:

@@ -7,7 +7,6 @@ process exits 0. A status line (requests, p50/p99, errors) goes to the log every
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import logging
 import signal
 import threading
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Mapping
 
 from ..errors import InputError
+from ..net import is_loopback
 from .front import Front
 from .session import Cluster
 
@@ -35,20 +35,11 @@ def parse_bind(value: str, option: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def read_token(path: str | None, binds: Mapping[str, tuple[str, int]]) -> bytes | None:
     """The bearer token of --token-file; InputError for a non-loopback bind without one, or an empty file."""
     if path is None:
         for option, (host, _) in binds.items():
-            if not _loopback(host):
+            if not is_loopback(host):
                 raise InputError(f"{option} {host}: a non-loopback address needs --token-file FILE (clients then send "
                                  "Authorization: Bearer TOKEN)")
         return None

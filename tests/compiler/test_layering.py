@@ -47,6 +47,7 @@ RUNTIME_LAYERS = [
     ["session"],
     ["worker"],
     ["coordinator"],
+    ["serve"],  # the long-lived session and the network front over it
     ["api"],
     ["runall"],
     ["cli"],
