@@ -69,7 +69,7 @@ def test_a_message_is_the_mean_of_both_ways_between_two_workers(monkeypatch):
     import edgec.runtime.coordinator as coordinator
 
     FakeCluster.manifests = []
-    monkeypatch.setattr(coordinator, "Cluster", FakeCluster)
+    monkeypatch.setattr(coordinator, "WorkerPool", FakeCluster)
     monkeypatch.setattr(fixed, "_cpu_figures", lambda policy, large: None)  # timed below, on real workers
     monkeypatch.setattr(fixed, "_run_alone", _scripted_run_alone)
     costs, figures, notes = fixed.measure_runtime_costs(QUICK, True, lambda s: None)
@@ -96,7 +96,7 @@ def test_a_cpu_difference_swamped_by_noise_is_left_out_and_said(monkeypatch):
     message_cpu_ms_per_mb is written (the time figure stands in) and a note says why, with the figures."""
     import edgec.runtime.coordinator as coordinator
 
-    monkeypatch.setattr(coordinator, "Cluster", FakeCluster)
+    monkeypatch.setattr(coordinator, "WorkerPool", FakeCluster)
     monkeypatch.setattr(fixed, "_run_alone", _scripted_run_alone)
     for small, large, written in ((4.0, 5.0, True), (4.0, 3.9, False)):
         monkeypatch.setattr(fixed, "_cpu_figures", lambda policy, size, small=small, large=large: {
@@ -198,7 +198,7 @@ def test_runtime_figures_spread_their_rounds_over_fresh_clusters_and_take_the_me
             super().__init__(manifest, **kw)
             started.append(self)
 
-    monkeypatch.setattr(coordinator, "Cluster", Counting)
+    monkeypatch.setattr(coordinator, "WorkerPool", Counting)
     policy = Policy(rounds=2 * fixed.CLUSTERS, max_seconds=0.08, window=3, min_sample_s=1e-5, warmup=0, warmup_s=0.0)
     seen: list = []
 
