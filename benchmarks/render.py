@@ -42,6 +42,9 @@ BENCHES = {
     "bench_distributed": ("Across machines on a shaped network", "Two workers in network namespaces on shaped "
                           "links: predicted against measured latency and throughput, and a failover.",
                           "explanation/fidelity.md"),
+    "bench_serve": ("Serving", "`edgec serve` under stock Open Inference Protocol clients (HTTP binary and gRPC) on "
+                    "the network testbed: closed and open loops, a soak with malformed requests mixed in, RSS, and "
+                    "a worker killed mid-load, beside `edgec run` streaming the same build.", "how-to/serve.md"),
     "bench_compress": ("Compression codecs", "lz4 and zstd on the zoo's real activations.", "explanation/cost-model.md"),
     "bench_compress_wire": ("Compressed transfers", "`--compress` on a shaped link, measured.",
                             "explanation/cost-model.md"),
