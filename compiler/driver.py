@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from edgec.runtime.interrupts import check_interrupted
-from edgec.runtime.manifest_types import OBJECTIVES  # the plan objectives the manifest format knows
+from edgec.runtime.manifest.types import OBJECTIVES  # the plan objectives the manifest format knows
 
 from . import cluster as cluster_mod
 from .cost import CostTable, build_cost_table

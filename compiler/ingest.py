@@ -15,7 +15,7 @@ from google.protobuf.message import Message
 from onnx import TensorProto, helper, numpy_helper, shape_inference
 
 from edgec.runtime.errors import one_line
-from edgec.runtime.manifest import file_sha256  # the runtime owns the hashes it checks
+from edgec.runtime.manifest.load import file_sha256  # the runtime owns the hashes it checks
 
 from .errors import UserError
 from .graph import LayerGraph

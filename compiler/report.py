@@ -9,8 +9,9 @@ from typing import Any
 
 from edgec.runtime import MANIFEST_FORMAT
 from edgec.runtime.errors import InputError
-from edgec.runtime.manifest import (Alternative, Fallback, Manifest, Recv, Region, Regions, Send, Transfer,
-                                    load_alternative, load_fallback, parse_manifest, read_manifest_json, region_ranges)
+from edgec.runtime.manifest.types import (Alternative, Fallback, Manifest, Recv, Region, Regions, Send, Transfer,
+                                          region_ranges)
+from edgec.runtime.manifest.load import load_alternative, load_fallback, parse_manifest, read_manifest_json
 
 from .errors import UserError
 from .cost.memory import device_memory_bytes

@@ -27,7 +27,7 @@ step of the schedule matches, and then its error. Milliseconds are rounded to 4 
   fastest of SYNC_ROUNDS rounds. `clock_bound_ms` is that bound of the sender plus the receiver's (about
   0.1 ms for workers on this machine, which share one clock anyway). Clocks drifting apart during a long
   run (a few parts per million) add to it. The prediction is the cost model's: bytes / bandwidth + latency
-  of the manifest's network link between src and dst (runtime's one Mbps conversion, manifest_types.py).
+  of the manifest's network link between src and dst (runtime's one Mbps conversion, manifest/types.py).
 - Latency is the median request latency; its prediction, the manifest's `predicted.latency_ms`, is a lone
   request's: with more than one request in flight the measured latency includes queueing. Throughput is
   the steady-state rate of the timed requests (the outputs after the first over the time from the first
@@ -52,7 +52,7 @@ from typing import Iterable, Iterator, Mapping
 
 from .errors import InputError, RunError
 from .files import write_atomically
-from .manifest_types import HOST, Manifest, Recv, Run, Send, Step, region_ranges
+from .manifest.types import HOST, Manifest, Recv, Run, Send, Step, region_ranges
 
 __all__ = ["MAX_SAMPLES", "SYNC_ROUNDS", "ClockOffset", "estimate_offset", "is_timed", "timed_steps", "Samples",
            "transfer_keys", "build_report", "summary_lines", "check_output_file", "check_report_path", "write_report"]

@@ -35,9 +35,9 @@ from typing import Mapping
 
 from .accuracy import TransferKey, transfer_keys
 from .errors import InputError
-from .manifest import load_alternative, load_fallback
-from .manifest_types import Manifest
-from .replay import Drift, Timeline, replay
+from .manifest.load import load_alternative, load_fallback
+from .manifest.types import Manifest
+from .manifest.replay import Drift, Timeline, replay
 
 __all__ = ["WINDOW", "THRESHOLD", "MARGIN", "Option", "Measured", "Decision", "Adapter", "busiest_ms", "kept_plans"]
 

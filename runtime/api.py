@@ -23,7 +23,8 @@ from .errors import InputError
 from .files import write_atomically
 from .inputs import check_inputs, check_memory, load_inputs
 from .machine import MAX_THREADS_HERE
-from .manifest import Manifest, load_manifest
+from .manifest.types import Manifest
+from .manifest.load import load_manifest
 from .keys import Keyring
 from .protocol import MAX_DILATE
 from .serve.session import Cluster

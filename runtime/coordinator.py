@@ -37,11 +37,12 @@ from .emulate import Channel, Overruns, undilated_offsets, undilated_starts, und
 from .errors import InputError, RunError, one_line
 from .keys import COORDINATOR, Keyring, ephemeral_keyring
 from .machine import MAX_THREADS_HERE, available_cores, edgec_version
-from .manifest import HOST, Fragment, Manifest, check_fragment_files, load_fallback, manifest_json
+from .manifest.types import HOST, Fragment, Manifest
+from .manifest.load import check_fragment_files, load_fallback, manifest_json
 from .net import Endpoint, outward_host, parse_endpoint
 from .protocol import BLOB_CHUNK, BLOB_WINDOW, MAX_TIMED_STEPS, PROTOCOL_VERSION, DropLog, parse
-from .schedule import host_collects, host_feeds, pipeline_depth, recv_keys, send_targets, working_devices
-from .signatures import check_signatures
+from .manifest.schedule import host_collects, host_feeds, pipeline_depth, recv_keys, send_targets, working_devices
+from .manifest.signatures import check_signatures
 from .trace import Trace
 from .transport import POLL_MS, BadMessage, decode_tensor, pack, recv_message, send_frames, send_tensor
 

@@ -4,7 +4,7 @@ Time stretches by K (K >= 1): each fragment run is padded to K x its predicted_m
 message takes K x (bytes / bandwidth + latency) of its link; the coordinator divides every time it reports
 by K, so a host slower than the emulated devices still reproduces their timeline exactly, given room.
 
-The network is the planner's (runtime/replay.py, which the compiler's simulate uses, tiles.py predict_stage):
+The network is the planner's (runtime/manifest/replay.py, which the compiler's simulate uses, tiles.py predict_stage):
 - a device's consecutive `send` steps form a burst; its messages leave one after another, in step order,
   on the sender's uplink (switched medium) or on the one channel every device shares (shared medium, first
   come first served: the coordinator's Channel arbitrates, and a burst holds the channel to its end);
@@ -29,7 +29,7 @@ from typing import Callable, Mapping
 
 from .accuracy import ClockOffset
 from .errors import RunError
-from .manifest import Fragment, Manifest
+from .manifest.types import Fragment, Manifest
 from .protocol import MAX_DILATE
 
 __all__ = ["MAX_DILATE", "ROOM", "pad_run", "DelayedLinks", "Channel", "Overruns", "suggest_dilate",

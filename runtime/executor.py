@@ -11,7 +11,8 @@ import numpy as np
 import onnxruntime as ort
 
 from .errors import InputError, RunError, one_line
-from .manifest import Fragment, Manifest, file_sha256
+from .manifest.types import Fragment, Manifest
+from .manifest.load import file_sha256
 
 __all__ = ["Executor", "session_options"]
 

@@ -41,7 +41,7 @@ from typing import Any, Callable
 from .machine import available_cores
 from .errors import EdgecRuntimeError, InputError
 from .interrupts import Interrupted, check_interrupted
-from .manifest import load_manifest
+from .manifest.load import load_manifest
 
 __all__ = ["ALLOCATION_FORMAT", "Allocation", "ServiceEntry", "load_allocation", "parse_allocation", "run_all"]
 

@@ -37,14 +37,14 @@ from .emulate import DelayedLinks, pad_run
 from .errors import InputError, RunError, one_line
 from .executor import Executor
 from .inbox import FULL, Inbox
-from .manifest import HOST, Concat, Free, Manifest, Recv, Run, Send, Slice, decode_manifest_json, parse_manifest, \
-    region_ranges
+from .manifest.types import HOST, Concat, Free, Manifest, Recv, Run, Send, Slice, region_ranges
+from .manifest.load import decode_manifest_json, parse_manifest
 from .keys import Keyring
 from .net import Endpoint, parse_endpoint
 from .protocol import MAX_TIMED_STEPS, DropLog, parse
-from .schedule import recv_keys, send_targets
-from .transport import POLL_MS, BadMessage, TensorHeader, TensorMsg, contiguous, decode_tensor, frame_sender, pack, \
-    send_tensor, tensor_header
+from .manifest.schedule import recv_keys, send_targets
+from .transport import (POLL_MS, BadMessage, TensorHeader, TensorMsg, contiguous, decode_tensor, frame_sender, pack,
+                        send_tensor, tensor_header)
 
 __all__ = ["Session", "SessionEnd", "SessionLost", "SessionHost", "MAX_INFLIGHT"]
 

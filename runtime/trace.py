@@ -49,7 +49,7 @@ from typing import Mapping
 from .accuracy import MAX_SAMPLES, ClockOffset, check_output_file, is_timed
 from .errors import RunError
 from .files import write_atomically
-from .manifest_types import Manifest, Recv, Run, Send
+from .manifest.types import Manifest, Recv, Run, Send
 
 __all__ = ["MAX_REQUESTS", "Trace", "check_trace_path", "write_trace"]
 

@@ -11,7 +11,8 @@ import onnxruntime as ort
 
 from .errors import InputError, one_line
 from .executor import session_options
-from .manifest import Manifest, file_sha256
+from .manifest.types import Manifest
+from .manifest.load import file_sha256
 
 __all__ = ["VerifyResult", "check_model", "reference_outputs", "compare_outputs", "verify_outputs"]
 

@@ -363,7 +363,7 @@ class _Flow:
     """One input's way through the stages for a given set of hops: a stage starts when its inputs have
     arrived, computes, then sends its messages as one burst, one after another on its uplink (switched) or
     on the one channel (shared medium), which bursts take first come first served (ties in stage order),
-    as the runtime's coordinator grants it and the replay of the manifest (runtime/replay.py) times it.
+    as the runtime's coordinator grants it and the replay of the manifest (runtime/manifest/replay.py) times it.
 
     A stage's burst is its hops in `hops` order, or in its `burst_order`: the indices of its messages
     (the hops it sends, in `hops` order) in send order. Both `_predict` and the burst order search
@@ -452,7 +452,7 @@ def _request_costs(plan: Plan, graph: LayerGraph, cost: CostTable,
     first stage that reads a model input, and its request_out_ms at its first stage that gives a model
     output (after that stage's sends: the manifest sends outputs to the host in the same burst), each for
     the bytes of every model input it reads / output it gives (the host sends them all at the request's
-    start; runtime/replay.py charges the same). Empty when no device has the figures."""
+    start; runtime/manifest/replay.py charges the same). Empty when no device has the figures."""
     net = cost.network
     taken: dict[str, int] = {}
     given: dict[str, int] = {}

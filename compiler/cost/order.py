@@ -55,7 +55,7 @@ branch placed on a slower device than the branch before it.
 Across senders nothing is decided statically: on a shared medium, bursts take the channel in the order
 their holders are ready (the coordinator arbitrates first come first served at run time, runtime/emulate.py),
 which a static order cannot change; the timelines model it so (stage_timeline.py within a spatial stage, evaluate's
-`_Flow` between stages, runtime/replay.py for the manifest).
+`_Flow` between stages, runtime/manifest/replay.py for the manifest).
 
 Guarantee: a candidate is kept only when the result is better with it: a lower latency and no device held
 longer (`span_ms` for a stage, `bottleneck_ms` for the plan: what throughput sees), or the same latency and

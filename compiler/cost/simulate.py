@@ -1,10 +1,10 @@
 """`edgec simulate`: a manifest's static schedule replayed with its predicted fragment times and its
-network (the runtime's replay, runtime/replay.py), with the energy of the request."""
+network (the runtime's replay, runtime/manifest/replay.py), with the energy of the request."""
 
 from __future__ import annotations
 
-from edgec.runtime.manifest_types import Manifest
-from edgec.runtime.replay import replay
+from edgec.runtime.manifest.types import Manifest
+from edgec.runtime.manifest.replay import replay
 
 from ..cluster.power import DevicePower
 from .energy import Energy, request_energy
@@ -14,7 +14,7 @@ __all__ = ["simulate_manifest", "manifest_power"]
 
 def simulate_manifest(manifest: Manifest) -> dict:
     """Replay a manifest's static schedule with its predicted fragment times and its network: the runtime's
-    replay (runtime/replay.py, the planner's timeline), with the energy of the request.
+    replay (runtime/manifest/replay.py, the planner's timeline), with the energy of the request.
 
     `manifest` is the runtime's parsed Manifest (parse_manifest or load_manifest), so the schedule has
     been validated: every fragment a run names exists, and no recv waits for a send that never comes.

@@ -33,7 +33,7 @@ machine (the cluster's `hosts:`) runs a tile of the same segment, its weights' s
 (CostTable.shared_weights): in predict_stage per segment, in StepModel.finish once the busy devices are known.  A first
 segment's tiles read one holder's tensor (the scatter) and copy nothing.  The gather's concatenation
 of the tiles' outputs on the stage's device is not priced: no fragment run carries it, and simulate
-(runtime/replay.py) counts a manifest's concat steps as free, so pricing it here alone would part the
+(runtime/manifest/replay.py) counts a manifest's concat steps as free, so pricing it here alone would part the
 prediction from the replay.
 """
 

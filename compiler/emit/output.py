@@ -19,8 +19,8 @@ from edgec.runtime import MANIFEST_FORMAT
 from edgec.runtime.errors import InputError, one_line
 from edgec.runtime.files import default_mode
 from edgec.runtime.interrupts import check_interrupted
-from edgec.runtime.manifest import load_manifest
-from edgec.runtime.signatures import check_signatures
+from edgec.runtime.manifest.load import load_manifest
+from edgec.runtime.manifest.signatures import check_signatures
 
 from ..errors import UserError
 from .fragments import EmittedFragment, safe_name

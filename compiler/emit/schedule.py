@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from edgec.runtime import MANIFEST_FORMAT, MANIFEST_VERSION
-from edgec.runtime.manifest_types import HOST
+from edgec.runtime.manifest.types import HOST
 
 from ..cost import Prediction, crossing_tensors
 from ..graph import LayerGraph

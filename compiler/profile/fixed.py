@@ -76,7 +76,7 @@ from typing import Callable
 
 import numpy as np
 
-from edgec.runtime.manifest import file_sha256, load_manifest
+from edgec.runtime.manifest.load import file_sha256, load_manifest
 
 from .timing import DEFAULT, Figure, Policy, bound_run, combine, measure_stable, model, session, settle, sig, vi
 

@@ -28,7 +28,8 @@ import onnx
 import yaml
 
 from edgec.runtime.errors import EdgecRuntimeError
-from edgec.runtime.manifest import Fragment, Manifest, load_manifest
+from edgec.runtime.manifest.types import Fragment, Manifest
+from edgec.runtime.manifest.load import load_manifest
 
 from ..cluster import Cluster, DeviceSpec, Profile, load_profile
 from ..cost.table import (build_cost_table, layer_out_elems, model_context, price_keys, node_ms, node_price,

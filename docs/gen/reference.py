@@ -161,18 +161,19 @@ def schema_page(title: str, intro: str, root: type[BaseModel], meanings: dict[st
 
 
 def manifest_page() -> str:
-    from edgec.runtime import MANIFEST_FORMAT, MANIFEST_VERSION, manifest, manifest_types
+    from edgec.runtime import MANIFEST_FORMAT, MANIFEST_VERSION
+    from edgec.runtime.manifest import load, types
 
     out = ["# Manifest", "",
            f"The manifest (`manifest.json`, format `{MANIFEST_FORMAT}`, version {MANIFEST_VERSION}) is the contract "
            "between compiler and runtime. The runtime owns its schema and validates a manifest before running "
            "anything; a manifest over 64 MiB or nested more than 64 levels is refused unread. This page is "
-           "generated from the runtime: the schema as runtime/manifest.py documents it, then the parser's types "
-           "(runtime/manifest_types.py).", "", "## Keys", "", "```text", inspect.getdoc(manifest).split("\n", 2)[2].strip(),
+           "generated from the runtime: the schema as runtime/manifest/load.py documents it, then the parser's types "
+           "(runtime/manifest/types.py).", "", "## Keys", "", "```text", inspect.getdoc(load).split("\n", 2)[2].strip(),
            "```", "", "## Parser types", "",
            "What the runtime parses a manifest into (Python dataclasses; JSON keys map to these fields).", ""]
-    for name in manifest_types.__all__:
-        obj = getattr(manifest_types, name)
+    for name in types.__all__:
+        obj = getattr(types, name)
         if not (inspect.isclass(obj) and dataclasses.is_dataclass(obj)):
             continue
         out += [f"### {name}", ""]
@@ -188,7 +189,7 @@ def manifest_page() -> str:
                 default = f"`{f.default_factory()!r}`"
             else:
                 default = "required"
-            t = str(hints.get(f.name, f.type)).replace("typing.", "").replace("edgec.runtime.manifest_types.", "")
+            t = str(hints.get(f.name, f.type)).replace("typing.", "").replace("edgec.runtime.manifest.types.", "")
             t = t.replace("|", "\\|").replace("<class '", "").replace("'>", "")
             out.append(f"| `{f.name}` | `{t}` | {default} |")
         out.append("")

@@ -12,7 +12,7 @@ from typing import Mapping
 import numpy as np
 
 from ..errors import EdgecRuntimeError, InputError, one_line
-from ..manifest import Manifest
+from ..manifest.types import Manifest
 from .oip import BadRequest, InferRequest, NotFound, body_limit
 from .session import Cluster, QueueFull, SessionClosed
 

@@ -9,8 +9,8 @@ from typing import Mapping
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from ..manifest import HOST, Manifest
-from ..schedule import host_collects, host_feeds
+from ..manifest.types import HOST, Manifest
+from ..manifest.schedule import host_collects, host_feeds
 from .session import Cluster
 
 __all__ = ["Figures"]

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import InputError
-from ..manifest import Manifest, TensorSpec
+from ..manifest.types import Manifest, TensorSpec
 
 __all__ = ["DATATYPES", "datatype", "BadRequest", "InferRequest", "parse_infer", "decode_tensor", "encode_response",
            "model_metadata", "server_metadata", "body_limit"]

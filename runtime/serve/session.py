@@ -33,9 +33,10 @@ from ..compress import parse_mode
 from ..coordinator import HEARTBEAT_MS, IDLE, FailoverCluster, load_keys
 from ..errors import InputError, RunError
 from ..inputs import check_inputs, check_memory
-from ..manifest import Manifest, load_manifest
+from ..manifest.types import Manifest
+from ..manifest.load import load_manifest
 from ..session import MAX_INFLIGHT
-from ..schedule import pipeline_depth
+from ..manifest.schedule import pipeline_depth
 
 __all__ = ["Cluster", "QueueFull", "SessionClosed", "QUEUE_PER_SLOT", "MIN_QUEUE"]
 

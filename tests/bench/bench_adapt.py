@@ -37,8 +37,8 @@ from pathlib import Path
 import yaml
 
 import edgec
-from edgec.runtime.manifest import load_alternative, load_fallback, load_manifest
-from edgec.runtime.replay import Drift, replay
+from edgec.runtime.manifest.load import load_alternative, load_fallback, load_manifest
+from edgec.runtime.manifest.replay import Drift, replay
 import benchlib  # noqa: E402  (tests/bench is sys.path[0] when a script runs)
 
 REPO = Path(__file__).resolve().parents[2]

@@ -77,8 +77,8 @@ if str(ROOT) not in sys.path:  # run as a script: tests.* are imported from the 
 from benchlib import brief, on_this_machine, parallel_capacity, recorded, requests_for  # noqa: E402  (tests/bench is sys.path[0])
 from fidelity_testbed import burst_ms  # noqa: E402
 from edgec import models  # noqa: E402
-from edgec.runtime.manifest import load_manifest  # noqa: E402
-from edgec.runtime.schedule import working_devices  # noqa: E402
+from edgec.runtime.manifest.load import load_manifest  # noqa: E402
+from edgec.runtime.manifest.schedule import working_devices  # noqa: E402
 from tests import netbed  # noqa: E402
 from tests.e2e.netbed_cluster import (ClusterError, Worker, cluster_doc, deploy, edgec_argv, run_json,  # noqa: E402
                                       shaped_bytes, write_yaml)

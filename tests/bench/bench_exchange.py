@@ -46,7 +46,7 @@ from edgec.compiler.errors import UserError
 from edgec.compiler.cost.network import NetworkModel
 from edgec.compiler.profile import fixed  # the profile's own two-worker builds: _manifest, _relu, _evict
 from edgec.runtime.coordinator import WorkerPool
-from edgec.runtime.manifest import load_manifest
+from edgec.runtime.manifest.load import load_manifest
 import benchlib  # noqa: E402  (tests/bench is sys.path[0] when a script runs)
 
 EDGEC = [sys.executable, "-m", "edgec.compiler"]  # `edgec profile`, as bench_fidelity runs it

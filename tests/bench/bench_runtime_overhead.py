@@ -118,7 +118,7 @@ def interleaved_ms(manifest: Path, repeat: int, threads: int) -> tuple[list[floa
     import onnxruntime as ort
 
     from edgec.runtime.coordinator import LocalCluster
-    from edgec.runtime.manifest import load_manifest
+    from edgec.runtime.manifest.load import load_manifest
 
     m = load_manifest(manifest)
     sess = ort.InferenceSession(str(m.model_path), session_options(threads), providers=["CPUExecutionProvider"])

@@ -28,7 +28,7 @@ import edgec
 from edgec.compiler.cli import cli
 from edgec.compiler.cluster.profile import available_profiles
 from edgec.compiler.plan.registry import STRATEGIES
-from edgec.runtime.manifest import load_manifest
+from edgec.runtime.manifest.load import load_manifest
 
 
 MODELS = Path(os.environ["EDGEC_MODELS_DIR"])

@@ -94,7 +94,8 @@ def test_simulated_events_name_what_they_occupy(tmp_path, medium):
     """Every timeline event names its resource, and a compute event its fragment, a transfer its tensor (the
     sender's name), src and dst, beside the keys it always had."""
     from edgec.compiler.cost import simulate_manifest
-    from edgec.runtime.manifest import HOST, Send, load_manifest
+    from edgec.runtime.manifest.types import HOST, Send
+    from edgec.runtime.manifest.load import load_manifest
     from tests.runtime.conftest import build_spatial
 
     case = build_spatial(tmp_path)

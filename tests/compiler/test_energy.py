@@ -22,7 +22,7 @@ from edgec.compiler.errors import UserError
 from edgec.compiler.ingest import load_model
 from edgec.compiler.plan_types import Plan, Stage
 from edgec.runtime.errors import InputError
-from edgec.runtime.manifest import load_manifest, parse_manifest
+from edgec.runtime.manifest.load import load_manifest, parse_manifest
 
 MODELS = Path(os.environ["EDGEC_MODELS_DIR"])
 TINY = MODELS / "tinychain.onnx"

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 import edgec
 from edgec.compiler.cli import cli
 from edgec.compiler.errors import UserError
-from edgec.runtime.manifest import load_fallback, load_manifest
+from edgec.runtime.manifest.load import load_fallback, load_manifest
 
 MODELS = Path(os.environ["EDGEC_MODELS_DIR"])
 THREE = """devices:

@@ -18,7 +18,7 @@ from edgec.compiler.cluster.profile import profiles_dir
 from edgec.compiler.cost import build_cost_table, evaluate, simulate_manifest
 from edgec.compiler.ingest import load_model
 from edgec.compiler.plan_types import Plan, Stage
-from edgec.runtime.manifest import load_manifest
+from edgec.runtime.manifest.load import load_manifest
 from tests.compiler.test_tiles import blocks_net, emit, plan_of, spatial_stage
 
 MODELS = Path(os.environ["EDGEC_MODELS_DIR"])
@@ -119,7 +119,7 @@ def test_simulate_replays_the_compiled_prediction_with_the_figures(tmp_path, med
     assert m.network.transfer_s("d0", "d1", 1000) * 1e3 == pytest.approx(
         build_cost_table(load_model(model).graph, load_cluster(cluster_path(tmp_path, [A, B, None], medium)))
         .transfer_ms(1000, "d0", "d1"))
-    from edgec.runtime.manifest import manifest_json, parse_manifest
+    from edgec.runtime.manifest.load import manifest_json, parse_manifest
     assert parse_manifest(json.loads(manifest_json(m)), tmp_path / "o/manifest.json").network == m.network  # what workers receive
     sim = simulate_manifest(m)
     assert sim["latency_ms"] == pytest.approx(pred.latency_ms, rel=1e-4)  # fragment times are rounded to 4 places

@@ -20,7 +20,7 @@ from edgec.compiler.errors import UserError
 from edgec.compiler.plan.frontier import plan_key
 from edgec.compiler.plan.planner import EnergyGoal, PlanOptions
 from edgec.runtime.errors import InputError
-from edgec.runtime.manifest import load_fallback, load_manifest, parse_manifest
+from edgec.runtime.manifest.load import load_fallback, load_manifest, parse_manifest
 from tests.compiler.test_pareto import PROFILES, TINY, _cluster
 
 

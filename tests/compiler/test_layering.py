@@ -36,9 +36,7 @@ COMPILER_LAYERS = [
 RUNTIME_LAYERS = [
     ["", "errors", "interrupts", "linkmodel", "machine"],  # "": the edgec.runtime package (format constants)
     ["files", "net", "keys", "command"],
-    ["manifest_types"],
-    ["schedule", "manifest_parse", "replay", "signatures"],
-    ["manifest"],
+    ["manifest"],  # the contract: types, parsing, schedule checks, signatures, the planner's replay
     ["compress"],
     ["transport"],
     ["protocol", "inbox"],

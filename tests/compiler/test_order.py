@@ -22,7 +22,7 @@ from edgec.compiler.cost.stage_timeline import _Timeline, predict_stage
 from edgec.compiler.emit import assemble_manifest, build_fragments, write_output
 from edgec.compiler.ingest import load_model
 from edgec.compiler.plan_types import Plan, Stage
-from edgec.runtime.manifest import load_manifest
+from edgec.runtime.manifest.load import load_manifest
 from tests.compiler.test_tiles import Net, blocks_net, plan_of, run_verified, spatial_stage
 from tests.conftest import conv_chain_model
 

@@ -12,8 +12,8 @@ import pytest
 from edgec.compiler.profile import fixed
 from edgec.compiler.profile.timing import QUICK, Figure
 from edgec.runtime.accuracy import transfer_keys
-from edgec.runtime.manifest import load_manifest
-from edgec.runtime.schedule import working_devices
+from edgec.runtime.manifest.load import load_manifest
+from edgec.runtime.manifest.schedule import working_devices
 
 # what a fake pair of workers takes per way (ms), and how far worker b's clock is off: the figure must not see it
 SMALL_MS = {("a", "b"): 0.30, ("b", "a"): 0.10}

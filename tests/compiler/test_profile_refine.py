@@ -15,7 +15,7 @@ from click.testing import CliRunner
 import edgec
 from edgec.compiler.cli import cli
 from edgec.compiler.cluster import load_profile, profiles_dir
-from edgec.runtime.manifest import load_manifest
+from edgec.runtime.manifest.load import load_manifest
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = Path(os.environ["EDGEC_MODELS_DIR"])

@@ -17,7 +17,7 @@ from edgec.compiler.cost.memory import device_memory_bytes
 from edgec.compiler.plan.spatial import fits
 from edgec.compiler.cost import simulate_manifest
 from edgec.compiler.units import MiB
-from edgec.runtime.manifest import load_manifest
+from edgec.runtime.manifest.load import load_manifest
 
 ROOT = Path(__file__).resolve().parents[2]
 FOUR = ROOT / "tests/e2e/clusters/four.yaml"

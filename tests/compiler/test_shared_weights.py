@@ -38,7 +38,7 @@ from edgec.compiler.profile.bench import DRAM_ROUNDS
 from edgec.compiler.profile.timing import QUICK
 from tests.compiler.profile_scripted import script_timings
 from tests.compiler.test_profile_stability import ScriptedProbe
-from edgec.runtime.manifest import load_manifest
+from edgec.runtime.manifest.load import load_manifest
 from tests.compiler.test_tile_copy import SIZE, chain, emit, plan_of, rows_stage
 
 MODELS = Path(os.environ["EDGEC_MODELS_DIR"])

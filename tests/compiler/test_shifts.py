@@ -25,7 +25,7 @@ from edgec.compiler.plan.shifts import boundary_shifts
 from edgec.compiler.plan_types import Plan, Segment, SpatialGroup, Stage, Tile
 from edgec.compiler.progress import LineProgress
 from edgec.compiler.units import MiB
-from edgec.runtime.manifest import load_alternative, load_manifest
+from edgec.runtime.manifest.load import load_alternative, load_manifest
 from tests.compiler.test_pareto import PROFILES, _cluster
 from tests.conftest import conv_chain_model
 

@@ -22,7 +22,7 @@ from edgec.compiler.ingest import load_model
 from edgec.compiler.plan_types import Plan, Segment, SpatialGroup, Stage, Tile
 from edgec.compiler.spatial import spatial_cuts
 from edgec.compiler.spatial.tiles import stage_layout
-from edgec.runtime.manifest import load_manifest
+from edgec.runtime.manifest.load import load_manifest
 from tests.conftest import conv_chain_model
 
 PROFILES = {n: load_profile(n) for n in ("rpi5", "rpi4")}

@@ -24,7 +24,7 @@ from edgec.compiler.emit import assemble_manifest, build_fragments, write_output
 from edgec.compiler.ingest import load_model
 from edgec.compiler.plan_types import Plan, Segment, SpatialGroup, Stage, Tile
 from edgec.compiler.spatial.regions import segment_maps
-from edgec.runtime.manifest import load_manifest
+from edgec.runtime.manifest.load import load_manifest
 from tests.conftest import residual_model
 
 BASE = load_profile("rpi5")

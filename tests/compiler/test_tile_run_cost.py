@@ -24,7 +24,7 @@ from edgec.compiler.cost.tile_steps import StepModel
 from edgec.compiler.cost.tiles import SegmentCost
 from edgec.compiler.emit import assemble_manifest, build_fragments, write_output
 from edgec.compiler.plan_types import Plan, Stage
-from edgec.runtime.manifest import load_manifest
+from edgec.runtime.manifest.load import load_manifest
 from tests.compiler.test_tile_copy import SIZE, chain, plan_of, rows_stage
 
 RUN_MS = {"rpi5": 0.0625, "rpi4": 0.125}  # per device kind

@@ -21,7 +21,7 @@ from edgec.compiler.spatial import segment_io, spatial_cuts
 from edgec.compiler.spatial.tiles import stage_layout, tile_name
 from edgec.runtime.api import run_manifest
 from edgec.runtime.inputs import random_inputs
-from edgec.runtime.manifest import load_manifest
+from edgec.runtime.manifest.load import load_manifest
 from edgec.runtime.verify import verify_outputs
 
 ort.set_default_logger_severity(3)

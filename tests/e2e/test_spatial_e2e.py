@@ -19,7 +19,7 @@ from edgec.compiler.ingest import load_model
 from edgec.compiler.plan_types import Plan, Segment, SpatialGroup, Stage, Tile
 from edgec.compiler.cost import evaluate, simulate_manifest
 from edgec.compiler.spatial import segment_io, spatial_cuts
-from edgec.runtime.manifest import load_manifest
+from edgec.runtime.manifest.load import load_manifest
 
 HERE = Path(__file__).resolve().parent
 FAST = ["tinyconv", "squeezenet"]

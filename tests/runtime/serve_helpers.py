@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from edgec.runtime.manifest import load_manifest
+from edgec.runtime.manifest.load import load_manifest
 
 EDGEC = [sys.executable, "-c", "from edgec.compiler.cli import main; main()"]
 _READY = re.compile(r"edgec: ready: http://127\.0\.0\.1:(\d+)/\S*(?:.*grpc 127\.0\.0\.1:(\d+))?")

@@ -15,9 +15,9 @@ from edgec.compiler.cli import cli
 from edgec.runtime.adapt import WINDOW, Adapter, Measured, Option, busiest_ms
 from edgec.runtime.api import parse_slow
 from edgec.runtime.errors import InputError
-from edgec.runtime.manifest import load_alternative, load_manifest
+from edgec.runtime.manifest.load import load_alternative, load_manifest
 from edgec.runtime.protocol import parse
-from edgec.runtime.replay import Drift, replay
+from edgec.runtime.manifest.replay import Drift, replay
 from edgec.runtime.transport import BadMessage, pack
 from tests.compiler.test_pareto import PROFILES, _cluster
 

@@ -15,7 +15,8 @@ import pytest
 
 import edgec
 from edgec.runtime.errors import InputError
-from edgec.runtime.manifest import Alternative, load_alternative, load_manifest, parse_manifest
+from edgec.runtime.manifest.types import Alternative
+from edgec.runtime.manifest.load import load_alternative, load_manifest, parse_manifest
 from tests.compiler.test_pareto import PROFILES, _cluster
 
 MODELS = Path(os.environ["EDGEC_MODELS_DIR"])

@@ -28,7 +28,7 @@ from edgec.runtime.cli import run as run_cmd
 from edgec.runtime.coordinator import WorkerPool
 from edgec.runtime.errors import InputError
 from edgec.runtime.inputs import random_inputs
-from edgec.runtime.manifest import load_manifest
+from edgec.runtime.manifest.load import load_manifest
 from edgec.runtime.transport import BadMessage, decode_tensor, pack, tensor_frames, tensor_header
 from edgec.runtime.verify import reference_outputs
 

@@ -21,14 +21,15 @@ import zmq
 from click.testing import CliRunner
 
 import edgec
-from edgec.runtime.cli import keygen as keygen_cmd, run as run_cmd, worker as worker_cmd
+from edgec.runtime.cli import keygen as keygen_cmd, run as run_cmd
+from edgec.runtime.worker import worker as worker_cmd
 from edgec.runtime.coordinator import WorkerPool, load_keys
 from edgec.runtime.errors import InputError
 from edgec.runtime.inputs import random_inputs
 from edgec.runtime.keys import Keyring, keygen
-from edgec.runtime.manifest import load_manifest
+from edgec.runtime.manifest.load import load_manifest
 from edgec.runtime.protocol import PROTOCOL_VERSION
-from edgec.runtime.schedule import pipeline_depth
+from edgec.runtime.manifest.schedule import pipeline_depth
 from edgec.runtime.transport import pack, send_tensor
 from edgec.runtime.verify import reference_outputs
 

@@ -24,7 +24,8 @@ from edgec.runtime import coordinator
 from edgec.runtime.api import execute, report
 from edgec.runtime.cli import run as run_cmd
 from edgec.runtime.emulate import Channel, DelayedLinks, Overruns, pad_run, suggest_dilate
-from edgec.runtime.manifest import Fragment, load_manifest, parse_manifest
+from edgec.runtime.manifest.types import Fragment
+from edgec.runtime.manifest.load import load_manifest, parse_manifest
 from edgec.runtime.protocol import MAX_DILATE, parse
 from edgec.runtime.transport import BadMessage, pack
 

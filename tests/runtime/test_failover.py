@@ -22,7 +22,7 @@ import edgec
 from edgec.runtime.coordinator import DeviceLost, FailoverCluster, WorkerPool
 from edgec.runtime.errors import InputError
 from edgec.runtime.inputs import random_inputs
-from edgec.runtime.manifest import load_manifest
+from edgec.runtime.manifest.load import load_manifest
 from tests.runtime.test_distributed import REPO, Worker
 
 MODELS = Path(os.environ["EDGEC_MODELS_DIR"])

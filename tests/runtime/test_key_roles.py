@@ -148,7 +148,7 @@ def test_a_run_with_the_coordinators_key_still_works(worker, keys, tmp_path):
 def test_keys_on_stdin_must_be_keys(tmp_path):
     from click.testing import CliRunner
 
-    from edgec.runtime.cli import worker as worker_cmd
+    from edgec.runtime.worker import worker as worker_cmd
 
     for given in ("garbage\n", '{"name": "a", "public": "x", "secret": "y", "trusted": {}}\n'):
         res = CliRunner().invoke(worker_cmd, ["--listen", "tcp://127.0.0.1:0", "--keys-stdin", "--once", "--cache",

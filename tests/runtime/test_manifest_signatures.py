@@ -17,8 +17,8 @@ from onnx import helper
 import edgec
 from edgec.runtime.cli import run
 from edgec.runtime.errors import InputError
-from edgec.runtime.manifest import load_manifest
-from edgec.runtime.signatures import read_signature
+from edgec.runtime.manifest.load import load_manifest
+from edgec.runtime.manifest.signatures import read_signature
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = Path(os.environ["EDGEC_MODELS_DIR"])

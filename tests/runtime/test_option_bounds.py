@@ -9,7 +9,8 @@ from click.testing import CliRunner
 
 import edgec
 from edgec.runtime.api import MAX_TIMEOUT_S, check_options
-from edgec.runtime.cli import run, run_all, worker
+from edgec.runtime.cli import run, run_all
+from edgec.runtime.worker import worker
 from edgec.runtime.errors import InputError
 
 HUGE = "99999999999999999999999"

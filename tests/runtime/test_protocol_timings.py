@@ -16,7 +16,8 @@ import zmq
 
 from edgec.runtime.coordinator import WorkerPool, _Request
 from edgec.runtime.errors import InputError
-from edgec.runtime.manifest import Run, load_manifest
+from edgec.runtime.manifest.types import Run
+from edgec.runtime.manifest.load import load_manifest
 from edgec.runtime.protocol import MAX_TIMED_STEPS, PROTOCOL_VERSION, parse
 from edgec.runtime.session import Session, Steps
 from edgec.runtime.trace import Trace

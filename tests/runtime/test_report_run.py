@@ -17,7 +17,7 @@ from edgec.runtime.cli import run as run_cmd
 from edgec.runtime.coordinator import WorkerPool
 from edgec.runtime.errors import RunError
 from edgec.runtime.inputs import random_inputs
-from edgec.runtime.manifest import load_manifest
+from edgec.runtime.manifest.load import load_manifest
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = Path(os.environ["EDGEC_MODELS_DIR"])

@@ -22,7 +22,7 @@ from edgec.runtime.cli import run
 from edgec.runtime.machine import MAX_THREADS_HERE
 from edgec.runtime.errors import InputError
 from edgec.runtime.inputs import check_memory, load_inputs
-from edgec.runtime.manifest import load_manifest
+from edgec.runtime.manifest.load import load_manifest
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from edgec.runtime.errors import InputError
-from edgec.runtime.manifest import (HOST, Concat, Free, Recv, Region, Run, Send, Slice, load_manifest, parse_manifest,
-                              region_ranges)
-from edgec.runtime.schedule import host_collects, host_feeds
+from edgec.runtime.manifest.types import HOST, Concat, Free, Recv, Region, Run, Send, Slice, region_ranges
+from edgec.runtime.manifest.load import load_manifest, parse_manifest
+from edgec.runtime.manifest.schedule import host_collects, host_feeds
 
 
 def test_chain_parses(chain):

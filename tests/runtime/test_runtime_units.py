@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from edgec.runtime.emulate import DelayedLinks, pad_run
 from edgec.runtime.errors import InputError
 from edgec.runtime.inputs import load_inputs, random_inputs
-from edgec.runtime.manifest import Fragment, TensorSpec, load_manifest
+from edgec.runtime.manifest.types import Fragment, TensorSpec
+from edgec.runtime.manifest.load import load_manifest
 from edgec.runtime.inbox import Inbox
 from edgec.runtime.protocol import parse
 from edgec.runtime.transport import bind_local, decode_tensor, send_tensor
@@ -127,7 +128,7 @@ def test_pad_run_and_delayed_links(chain):
     assert time.perf_counter() - start >= 0.028
     assert pad_run(frag, 0.050) == 0.050
     chain.manifest["network"]["latency_ms"] = 25.0
-    from edgec.runtime.manifest import parse_manifest
+    from edgec.runtime.manifest.load import parse_manifest
 
     links = DelayedLinks(parse_manifest(chain.manifest, chain.path), "pi5-a")
     sent: list[float] = []

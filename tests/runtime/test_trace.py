@@ -17,7 +17,8 @@ import edgec
 from edgec.runtime.accuracy import ClockOffset, Samples
 from edgec.runtime.cli import run as run_cmd
 from edgec.runtime.errors import RunError
-from edgec.runtime.manifest import HOST, Recv, Run, Send, load_manifest
+from edgec.runtime.manifest.types import HOST, Recv, Run, Send
+from edgec.runtime.manifest.load import load_manifest
 from edgec.runtime.trace import Trace
 
 REPO = Path(__file__).resolve().parents[2]

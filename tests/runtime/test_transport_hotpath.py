@@ -14,7 +14,7 @@ import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
 from edgec.runtime.coordinator import WorkerPool
-from edgec.runtime.manifest import load_manifest
+from edgec.runtime.manifest.load import load_manifest
 from edgec.runtime.transport import BadMessage, bind_local, recv_message, send_frames, tensor_header
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from edgec.compiler.profile.fixed import _exchange_build
 from edgec.runtime.coordinator import WorkerPool
-from edgec.runtime.manifest import load_manifest
+from edgec.runtime.manifest.load import load_manifest
 
 pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc" or not Path("/proc/self/stat").exists(),
                                 reason="glibc's allocator and Linux /proc")

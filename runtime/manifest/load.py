@@ -1,4 +1,5 @@
-"""The edgec manifest (format "edgec.manifest", version 1): dataclasses, loading and validation.
+"""The edgec manifest (format "edgec.manifest", version 1): loading, validation, and the JSON written back.
+The schema is documented here; its dataclasses are in types.py, the parser in parse.py.
 
 manifest.json is a UTF-8 JSON object (written with sorted keys). Relative paths are relative to the
 folder that holds manifest.json. Keys (all required unless marked optional; unknown top-level keys
@@ -123,22 +124,17 @@ import logging
 from pathlib import Path
 from typing import Any, Iterable
 
-from . import MANIFEST_FORMAT, MANIFEST_VERSION
-from .errors import InputError
-from .manifest_parse import build_manifest
-from .manifest_types import (DTYPES, HOST, Alternative, Concat, Device, Fallback, Fragment, Free, Link, Manifest,
-                             Network, OutputSpec, Recv, Region, Regions, Run, Send, Slice, Step, TensorSpec, Transfer,
-                             region_ranges)
+from .. import MANIFEST_FORMAT, MANIFEST_VERSION
+from ..errors import InputError
+from .parse import build_manifest
+from .types import (Alternative, Concat, Fallback, Fragment, Manifest, Recv, Region, Regions, Run, Send, Slice, Step,
+                    TensorSpec, region_ranges)
 from .schedule import validate_schedule
 from .signatures import check_signatures
 
-__all__ = [
-    "HOST", "DTYPES", "TensorSpec", "OutputSpec", "Device", "Link", "Network", "Fragment", "Region", "Regions",
-    "region_ranges", "Transfer", "Run", "Send", "Recv", "Slice", "Concat", "Free", "Step", "Fallback", "Alternative",
-    "Manifest", "load_manifest", "load_fallback", "load_alternative", "read_manifest_json", "decode_manifest_json",
-    "parse_manifest", "check_fragment_files", "check_fragment_paths", "file_sha256", "manifest_json",
-    "MAX_MANIFEST_BYTES", "MAX_JSON_DEPTH",
-]
+__all__ = ["load_manifest", "load_fallback", "load_alternative", "read_manifest_json", "decode_manifest_json",
+           "parse_manifest", "check_fragment_files", "check_fragment_paths", "file_sha256", "manifest_json",
+           "MAX_MANIFEST_BYTES", "MAX_JSON_DEPTH"]
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ import logging
 from collections import Counter
 from typing import Callable, NoReturn
 
-from .manifest_types import HOST, Concat, Free, Manifest, Recv, Run, Send, Slice, Step
+from .types import HOST, Concat, Free, Manifest, Recv, Run, Send, Slice, Step
 
 __all__ = ["validate_schedule", "host_feeds", "host_collects", "working_devices", "recv_keys", "send_targets",
            "pipeline_depth"]

@@ -21,8 +21,8 @@ from typing import BinaryIO
 
 import numpy as np
 
-from .errors import InputError
-from .manifest_types import HOST, Concat, Free, Fragment, Manifest, Recv, Regions, Run, Send, Slice, region_ranges
+from ..errors import InputError
+from .types import HOST, Concat, Free, Fragment, Manifest, Recv, Regions, Run, Send, Slice, region_ranges
 
 __all__ = ["Spec", "Signature", "read_signature", "check_signatures"]
 

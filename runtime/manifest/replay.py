@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from .linkmodel import request_half_ms, wire_ms
-from .manifest_types import HOST, Manifest, Recv, Run, Send
+from ..linkmodel import request_half_ms, wire_ms
+from .types import HOST, Manifest, Recv, Run, Send
 
 __all__ = ["Drift", "Timeline", "replay"]
 

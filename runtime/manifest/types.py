@@ -1,4 +1,4 @@
-"""Manifest dataclasses (format version 1); the schema is documented in runtime/manifest.py."""
+"""Manifest dataclasses (format version 1); the schema is documented in load.py."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any, Union
 
 import numpy as np
 
-from .linkmodel import link as link_figures
-from .linkmodel import wire_ms
+from ..linkmodel import link as link_figures
+from ..linkmodel import wire_ms
 
 __all__ = [
     "HOST", "DTYPES", "TensorSpec", "OutputSpec", "Device", "Link", "RuntimeCosts", "Network", "Fragment", "Region", "Regions",

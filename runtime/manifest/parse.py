@@ -9,11 +9,10 @@ import reprlib
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any, Iterable
 
-from . import MANIFEST_FORMAT, MANIFEST_VERSION
-from .errors import InputError
-from .manifest_types import (DTYPES, OBJECTIVES, Alternative, Concat, Device, Fallback, Fragment, Free, Link, Manifest, Network, OutputSpec,
-                             RuntimeCosts,
-                             Recv, Region, Regions, Run, Send, Slice, Step, TensorSpec, Transfer)
+from .. import MANIFEST_FORMAT, MANIFEST_VERSION
+from ..errors import InputError
+from .types import (DTYPES, OBJECTIVES, Alternative, Concat, Device, Fallback, Fragment, Free, Link, Manifest, Network,
+                    OutputSpec, RuntimeCosts, Recv, Region, Regions, Run, Send, Slice, Step, TensorSpec, Transfer)
 
 __all__ = ["build_manifest", "Reader"]
 
