@@ -16,7 +16,7 @@ import numpy as np
 
 from .accuracy import build_report, check_report_path, write_report
 from .adapt import THRESHOLD, Adapter, kept_plans
-from .compress import parse_mode
+from .wire.compress import parse_mode
 from .coordinator import HEARTBEAT_MS, FailoverCluster, RunResult, load_keys, steady_throughput
 from .emulate import Overruns, undilated_offsets
 from .errors import InputError
@@ -25,8 +25,8 @@ from .inputs import check_inputs, check_memory, load_inputs
 from .machine import MAX_THREADS_HERE
 from .manifest.types import Manifest
 from .manifest.load import load_manifest
-from .keys import Keyring
-from .protocol import MAX_DILATE
+from .wire.keys import Keyring
+from .wire.protocol import MAX_DILATE
 from .serve.session import Cluster
 from .session import MAX_INFLIGHT
 from .trace import Trace, check_trace_path, write_trace

@@ -30,7 +30,7 @@ from typing import Callable, Mapping
 from .accuracy import ClockOffset
 from .errors import RunError
 from .manifest.types import Fragment, Manifest
-from .protocol import MAX_DILATE
+from .wire.protocol import MAX_DILATE
 
 __all__ = ["MAX_DILATE", "ROOM", "pad_run", "DelayedLinks", "Channel", "Overruns", "suggest_dilate",
            "undilated_times", "undilated_starts", "undilated_offsets"]

@@ -32,19 +32,19 @@ import zmq
 
 from .accuracy import timed_steps
 from .cache import FragmentCache, Incoming, check_sha256
-from .compress import Chooser, calibrate, parse_mode
+from .wire.compress import Chooser, calibrate, parse_mode
 from .emulate import DelayedLinks, pad_run
 from .errors import InputError, RunError, one_line
 from .executor import Executor
-from .inbox import FULL, Inbox
+from .wire.inbox import FULL, Inbox
 from .manifest.types import HOST, Concat, Free, Manifest, Recv, Run, Send, Slice, region_ranges
 from .manifest.load import decode_manifest_json, parse_manifest
-from .keys import Keyring
-from .net import Endpoint, parse_endpoint
-from .protocol import MAX_TIMED_STEPS, DropLog, parse
+from .wire.keys import Keyring
+from .wire.net import Endpoint, parse_endpoint
+from .wire.protocol import MAX_TIMED_STEPS, DropLog, parse
 from .manifest.schedule import recv_keys, send_targets
-from .transport import (POLL_MS, BadMessage, TensorHeader, TensorMsg, contiguous, decode_tensor, frame_sender, pack,
-                        send_tensor, tensor_header)
+from .wire.transport import (POLL_MS, BadMessage, TensorHeader, TensorMsg, contiguous, decode_tensor, frame_sender,
+                             pack, send_tensor, tensor_header)
 
 __all__ = ["Session", "SessionEnd", "SessionLost", "SessionHost", "MAX_INFLIGHT"]
 

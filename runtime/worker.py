@@ -23,12 +23,12 @@ from .cache import FragmentCache, default_cache_dir
 from .command import EXIT_OK, Finite, RunCommand, runtime_log_to_stderr
 from .errors import EdgecRuntimeError, InputError, one_line
 from .interrupts import Interrupted, interrupt_on_signals
-from .keys import COORDINATOR, Keyring
+from .wire.keys import COORDINATOR, Keyring
 from .machine import MAX_THREADS_HERE, edgec_version
-from .net import Endpoint, parse_endpoint
-from .protocol import PROTOCOL_VERSION, DropLog, parse
+from .wire.net import Endpoint, parse_endpoint
+from .wire.protocol import PROTOCOL_VERSION, DropLog, parse
 from .session import Session, SessionEnd, SessionLost
-from .transport import POLL_MS, BadMessage, frame_sender, pack, recv_message, send_frames
+from .wire.transport import POLL_MS, BadMessage, frame_sender, pack, recv_message, send_frames
 
 __all__ = ["Daemon", "rss_mb", "keep_heap", "worker", "worker_main", "main", "MAX_IDLE_TIMEOUT_S", "MAX_BUFFER_MB"]
 

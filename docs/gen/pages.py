@@ -48,7 +48,7 @@ _write("reference/manifest.md", reference.manifest_page())
 _write("reference/models.md", reference.models_page())
 _write("reference/json.md", jsonout.json_page())
 _write("reference/protocol.md", "# Network protocol\n\nWorkers and coordinators of this release speak network "
-       f"protocol **{reference.protocol_version()}** (`edgec.runtime.protocol.PROTOCOL_VERSION`, read when this "
+       f"protocol **{reference.protocol_version()}** (`edgec.runtime.wire.protocol.PROTOCOL_VERSION`, read when this "
        "page was built). A worker of another protocol version is refused with one line (exit 2): run the same "
        "edgec version on every device. See [the security model](../explanation/security.md) for what travels "
        "on the wire.\n")

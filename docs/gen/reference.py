@@ -1,6 +1,6 @@
 """The reference pages, generated from the code at `mkdocs build` (docs/gen/pages.py): the command line from
 click's command tree, the YAML schemas from the pydantic models, the manifest from the runtime's parser
-types and docstring, the protocol version from runtime/protocol.py.  Nothing here is written by hand but
+types and docstring, the protocol version from runtime/wire/protocol.py.  Nothing here is written by hand but
 the one-line meaning of each schema field, and a field without one (or a meaning for a field that no longer
 exists) stops the build."""
 
@@ -230,7 +230,7 @@ def _model_rows(models) -> list[tuple[str, str]]:
 
 
 def protocol_version() -> int:
-    from edgec.runtime.protocol import PROTOCOL_VERSION
+    from edgec.runtime.wire.protocol import PROTOCOL_VERSION
 
     return PROTOCOL_VERSION
 

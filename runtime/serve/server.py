@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Mapping
 
 from ..errors import InputError
-from ..net import is_loopback
+from ..wire.net import is_loopback
 from .front import Front
 from .session import Cluster
 

@@ -29,7 +29,7 @@ from typing import Callable, Iterator, Mapping
 import numpy as np
 
 from ..adapt import THRESHOLD, kept_plans
-from ..compress import parse_mode
+from ..wire.compress import parse_mode
 from ..coordinator import HEARTBEAT_MS, IDLE, FailoverCluster, load_keys
 from ..errors import InputError, RunError
 from ..inputs import check_inputs, check_memory

@@ -27,7 +27,7 @@ import zstandard
 from onnx import TensorProto, helper
 
 from edgec.models.inputs import example_inputs
-from edgec.runtime import compress as C
+from edgec.runtime.wire import compress as C
 import benchlib  # noqa: E402  (tests/bench is sys.path[0] when a script runs)
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -42,7 +42,7 @@ if str(ROOT) not in sys.path:  # run as a script: tests.* are imported from the 
     sys.path.insert(0, str(ROOT))
 
 from edgec import models  # noqa: E402
-from edgec.runtime.compress import MODES  # noqa: E402
+from edgec.runtime.wire.compress import MODES  # noqa: E402
 from tests import netbed  # noqa: E402
 from tests.e2e.netbed_cluster import (ClusterError, cluster_doc, deal_keys, keygen, run_json, shaped_bytes,  # noqa: E402
                                       start_workers, write_yaml)

@@ -35,11 +35,9 @@ COMPILER_LAYERS = [
 ]
 RUNTIME_LAYERS = [
     ["", "errors", "interrupts", "linkmodel", "machine"],  # "": the edgec.runtime package (format constants)
-    ["files", "net", "keys", "command"],
+    ["files", "command"],
     ["manifest"],  # the contract: types, parsing, schedule checks, signatures, the planner's replay
-    ["compress"],
-    ["transport"],
-    ["protocol", "inbox"],
+    ["wire"],  # addresses, keys, codecs, framing, the protocol's messages
     ["accuracy", "cache", "executor", "inputs"],
     ["trace", "adapt", "emulate", "verify"],
     ["session"],

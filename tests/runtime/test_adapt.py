@@ -16,9 +16,9 @@ from edgec.runtime.adapt import WINDOW, Adapter, Measured, Option, busiest_ms
 from edgec.runtime.api import parse_slow
 from edgec.runtime.errors import InputError
 from edgec.runtime.manifest.load import load_alternative, load_manifest
-from edgec.runtime.protocol import parse
+from edgec.runtime.wire.protocol import parse
 from edgec.runtime.manifest.replay import Drift, replay
-from edgec.runtime.transport import BadMessage, pack
+from edgec.runtime.wire.transport import BadMessage, pack
 from tests.compiler.test_pareto import PROFILES, _cluster
 
 TINYCONV = Path(os.environ["EDGEC_MODELS_DIR"]) / "tinyconv.onnx"

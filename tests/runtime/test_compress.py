@@ -12,9 +12,9 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgec.runtime import compress as C
-from edgec.runtime.compress import (Calibration, Chooser, CodecSpeed, PayloadError, decode, decode_array, encode,
-                                    expected_nbytes, parse_mode)
+from edgec.runtime.wire import compress as C
+from edgec.runtime.wire.compress import (Calibration, Chooser, CodecSpeed, PayloadError, decode, decode_array, encode,
+                                         expected_nbytes, parse_mode)
 from edgec.runtime.errors import InputError
 
 CODECS = ("none", "lz4", "zstd")

@@ -1,5 +1,5 @@
 """`edgec run --compress`: device-to-device tensors compressed by the sending worker and decoded by the
-receiving one (runtime/compress.py through runtime/transport.py and runtime/session.py). Every mode gives
+receiving one (runtime/wire/compress.py through runtime/wire/transport.py and runtime/session.py). Every mode gives
 bitwise the outputs of `none`; the wire bytes shrink and are reported per device; auto follows the link's
 bandwidth; --emulate delays a send by its compressed size; a forged payload that decodes to the wrong size
 is dropped and the worker carries on; a bad mode is one line and exit 2."""
@@ -29,7 +29,7 @@ from edgec.runtime.coordinator import WorkerPool
 from edgec.runtime.errors import InputError
 from edgec.runtime.inputs import random_inputs
 from edgec.runtime.manifest.load import load_manifest
-from edgec.runtime.transport import BadMessage, decode_tensor, pack, tensor_frames, tensor_header
+from edgec.runtime.wire.transport import BadMessage, decode_tensor, pack, tensor_frames, tensor_header
 from edgec.runtime.verify import reference_outputs
 
 REPO = Path(__file__).resolve().parents[2]

@@ -26,11 +26,11 @@ from edgec.runtime.worker import worker as worker_cmd
 from edgec.runtime.coordinator import WorkerPool, load_keys
 from edgec.runtime.errors import InputError
 from edgec.runtime.inputs import random_inputs
-from edgec.runtime.keys import Keyring, keygen
+from edgec.runtime.wire.keys import Keyring, keygen
 from edgec.runtime.manifest.load import load_manifest
-from edgec.runtime.protocol import PROTOCOL_VERSION
+from edgec.runtime.wire.protocol import PROTOCOL_VERSION
 from edgec.runtime.manifest.schedule import pipeline_depth
-from edgec.runtime.transport import pack, send_tensor
+from edgec.runtime.wire.transport import pack, send_tensor
 from edgec.runtime.verify import reference_outputs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -449,7 +449,7 @@ def test_a_run_without_keys_makes_its_own_so_no_other_process_can_feed_its_worke
 
 
 def send_frames(req, src, name, array):
-    from edgec.runtime.transport import tensor_frames
+    from edgec.runtime.wire.transport import tensor_frames
 
     return [bytes(f) if not isinstance(f, bytes) else f for f in tensor_frames(req, src, name, array)]
 

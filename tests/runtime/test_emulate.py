@@ -26,8 +26,8 @@ from edgec.runtime.cli import run as run_cmd
 from edgec.runtime.emulate import Channel, DelayedLinks, Overruns, pad_run, suggest_dilate
 from edgec.runtime.manifest.types import Fragment
 from edgec.runtime.manifest.load import load_manifest, parse_manifest
-from edgec.runtime.protocol import MAX_DILATE, parse
-from edgec.runtime.transport import BadMessage, pack
+from edgec.runtime.wire.protocol import MAX_DILATE, parse
+from edgec.runtime.wire.transport import BadMessage, pack
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = Path(os.environ["EDGEC_MODELS_DIR"])

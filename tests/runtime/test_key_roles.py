@@ -18,9 +18,9 @@ import zmq
 
 import edgec
 from edgec.runtime.errors import InputError
-from edgec.runtime.keys import COORDINATOR, Keyring, keygen
-from edgec.runtime.protocol import PROTOCOL_VERSION
-from edgec.runtime.transport import pack
+from edgec.runtime.wire.keys import COORDINATOR, Keyring, keygen
+from edgec.runtime.wire.protocol import PROTOCOL_VERSION
+from edgec.runtime.wire.transport import pack
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = Path(os.environ["EDGEC_MODELS_DIR"])
@@ -130,7 +130,7 @@ def test_a_worker_needs_the_coordinators_public_key(tmp_path, keys):
     keygen(folder, ["pi5-a"])
     with pytest.raises(InputError, match=r"public/coordinator.key: missing; a worker accepts runs only from"):
         from edgec.runtime.cache import FragmentCache
-        from edgec.runtime.net import parse_endpoint
+        from edgec.runtime.wire.net import parse_endpoint
         from edgec.runtime.worker import Daemon
 
         Daemon(parse_endpoint("tcp://127.0.0.1:0", "--listen", allow_any_port=True),

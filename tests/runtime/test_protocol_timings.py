@@ -18,10 +18,10 @@ from edgec.runtime.coordinator import WorkerPool, _Request
 from edgec.runtime.errors import InputError
 from edgec.runtime.manifest.types import Run
 from edgec.runtime.manifest.load import load_manifest
-from edgec.runtime.protocol import MAX_TIMED_STEPS, PROTOCOL_VERSION, parse
+from edgec.runtime.wire.protocol import MAX_TIMED_STEPS, PROTOCOL_VERSION, parse
 from edgec.runtime.session import Session, Steps
 from edgec.runtime.trace import Trace
-from edgec.runtime.transport import MAX_HEADER_BYTES, BadMessage, pack
+from edgec.runtime.wire.transport import MAX_HEADER_BYTES, BadMessage, pack
 
 
 def _frames(msg: dict) -> list[zmq.Frame]:
@@ -108,10 +108,10 @@ def test_coordinator_drops_a_done_without_good_run_clocks(chain, caplog):
     good = {"t": "done", "req": 0, "run_ms": 1.0, "frag_ms": [1.0], "run_clocks": [5.0], "clocks": [5.002]}
     w.sock = _Socket({k: v for k, v in good.items() if k != "run_clocks"}, {**good, "run_clocks": [math.nan]},
                      {**good, "run_clocks": []}, {**good, "run_clocks": 5.0})
-    with caplog.at_level(logging.WARNING, logger="edgec.runtime.protocol"):
+    with caplog.at_level(logging.WARNING, logger="edgec.runtime.wire.protocol"):
         cluster._drain(w)
     assert request.done == {} and request.starts == {} and request.times == {}
-    logged = [r.getMessage() for r in caplog.records if r.name == "edgec.runtime.protocol"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "edgec.runtime.wire.protocol"]
     assert len(logged) == 4 and cluster.drops.total == 4
     assert all(line.startswith("coordinator: dropped a message (bad message from pi5-a: done: ") for line in logged)
     assert "'run_clocks' missing" in logged[0] and "'nan'" in logged[1] and "one start per entry" in logged[2]

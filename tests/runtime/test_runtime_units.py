@@ -18,9 +18,9 @@ from edgec.runtime.errors import InputError
 from edgec.runtime.inputs import load_inputs, random_inputs
 from edgec.runtime.manifest.types import Fragment, TensorSpec
 from edgec.runtime.manifest.load import load_manifest
-from edgec.runtime.inbox import Inbox
-from edgec.runtime.protocol import parse
-from edgec.runtime.transport import bind_local, decode_tensor, send_tensor
+from edgec.runtime.wire.inbox import Inbox
+from edgec.runtime.wire.protocol import parse
+from edgec.runtime.wire.transport import bind_local, decode_tensor, send_tensor
 from edgec.runtime.verify import compare_outputs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -104,8 +104,8 @@ def test_inbox_buffers_out_of_order_and_regions_are_contiguous():
 
 
 def test_inbox_keeps_only_expected_tensors_inside_the_window_and_the_byte_cap():
-    from edgec.runtime.inbox import FULL
-    from edgec.runtime.transport import TensorMsg
+    from edgec.runtime.wire.inbox import FULL
+    from edgec.runtime.wire.transport import TensorMsg
 
     def msg(req, src="a", name="t", n=4):
         return TensorMsg(req, src, name, np.zeros(n, np.float32), 4 * n)

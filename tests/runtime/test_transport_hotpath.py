@@ -15,7 +15,7 @@ from zmq.auth.thread import ThreadAuthenticator
 
 from edgec.runtime.coordinator import WorkerPool
 from edgec.runtime.manifest.load import load_manifest
-from edgec.runtime.transport import BadMessage, bind_local, recv_message, send_frames, tensor_header
+from edgec.runtime.wire.transport import BadMessage, bind_local, recv_message, send_frames, tensor_header
 
 
 @pytest.fixture

@@ -38,7 +38,7 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
-from .errors import InputError
+from ..errors import InputError
 
 __all__ = ["COORDINATOR", "Keyring", "keygen", "ephemeral_keyring", "check_member_name", "names_from_file"]
 

@@ -21,7 +21,7 @@ import numpy as np
 import zmq
 
 from . import compress
-from .manifest.types import DTYPES
+from ..manifest.types import DTYPES
 
 __all__ = ["pack", "unpack", "BadMessage", "TensorMsg", "Codec", "register_codec", "codec_names", "contiguous",
            "tensor_frames", "send_tensor", "TensorHeader", "tensor_header", "decode_tensor", "frame_sender", "bind_local", "POLL_MS",

@@ -36,8 +36,8 @@ import lz4.block
 import numpy as np
 import zstandard
 
-from .errors import EdgecRuntimeError, InputError
-from .linkmodel import mbps_to_bytes_per_s
+from ..errors import EdgecRuntimeError, InputError
+from ..linkmodel import mbps_to_bytes_per_s
 
 __all__ = [
     "CODECS", "MODES", "ZSTD_LEVEL", "LZ4_MAX_INPUT", "PayloadError", "parse_mode", "encode", "decode",

@@ -8,7 +8,7 @@ import re
 import socket
 from dataclasses import dataclass
 
-from .errors import InputError
+from ..errors import InputError
 
 __all__ = ["Endpoint", "parse_endpoint", "outward_host", "is_loopback"]
 
