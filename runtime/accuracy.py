@@ -48,13 +48,14 @@ import statistics
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping
+from typing import Iterable, Mapping
 
 from .errors import InputError, RunError
 from .files import write_atomically
-from .manifest.types import HOST, Manifest, Recv, Run, Send, Step, region_ranges
+from .manifest.types import HOST, Manifest, Send, region_ranges
+from .wire.protocol import timed_steps
 
-__all__ = ["MAX_SAMPLES", "SYNC_ROUNDS", "ClockOffset", "estimate_offset", "is_timed", "timed_steps", "Samples",
+__all__ = ["MAX_SAMPLES", "SYNC_ROUNDS", "ClockOffset", "estimate_offset", "Samples",
            "transfer_keys", "build_report", "summary_lines", "check_output_file", "check_report_path", "write_report"]
 
 logger = logging.getLogger(__name__)
@@ -78,24 +79,6 @@ def estimate_offset(sent_s: float, worker_clock_s: float, received_s: float) -> 
     """Cristian's method: the worker read its clock somewhere between the coordinator's sent_s and
     received_s, so taking the midpoint is wrong by at most half the round trip."""
     return ClockOffset(worker_clock_s - (sent_s + received_s) / 2.0, (received_s - sent_s) / 2.0)
-
-
-def is_timed(step: Step) -> bool:
-    """Whether a worker times the step: a run, or a send or recv between devices (the host's are not)."""
-    return isinstance(step, Run) or (isinstance(step, Send) and step.to != HOST) or \
-        (isinstance(step, Recv) and step.src != HOST)
-
-
-def timed_steps(steps: Iterable[Step]) -> Iterator[tuple[str, str, str]]:
-    """The steps a worker times, in order: ("run", fragment, ""), ("send", to, name as received),
-    ("recv", from, name)."""
-    for step in filter(is_timed, steps):
-        if isinstance(step, Run):
-            yield "run", step.fragment, ""
-        elif isinstance(step, Send):
-            yield "send", step.to, step.name
-        else:
-            yield "recv", step.src, step.tensor
 
 
 class Samples:

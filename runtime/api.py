@@ -28,7 +28,7 @@ from .manifest.load import load_manifest
 from .wire.keys import Keyring
 from .wire.protocol import MAX_DILATE
 from .serve.session import Cluster
-from .session import MAX_INFLIGHT
+from .device.session import MAX_INFLIGHT
 from .trace import Trace, check_trace_path, write_trace
 from .verify import VerifyResult, check_model, compare_outputs, reference_outputs
 

@@ -20,7 +20,7 @@ from .adapt import THRESHOLD
 from .wire.protocol import MAX_DILATE
 from .api import (MAX_HEARTBEAT_MS, MAX_TIMEOUT_S, MAX_WARMUP, MIN_HEARTBEAT_MS, RequestsChecked, execute,
                   parse_addresses, parse_slow, report, write_npz)
-from .session import MAX_INFLIGHT
+from .device.session import MAX_INFLIGHT
 from .command import (EXIT_INPUT, EXIT_OK, EXIT_PIPE, EXIT_RUN, EXIT_VERIFY_FAILED, Finite, OneLineErrors, RunCommand,
                       quiet_broken_pipe, runtime_log_to_stderr)
 from .wire.compress import MODES as COMPRESS_MODES
@@ -30,7 +30,7 @@ from .interrupts import Interrupted, interrupt_on_signals
 from .wire.keys import COORDINATOR, keygen as write_keys, names_from_file
 from .manifest.types import Manifest
 from .machine import MAX_THREADS_HERE, edgec_version
-from .worker import worker, worker_main
+from .device.worker import worker, worker_main
 
 __all__ = ["run", "run_all", "worker", "keygen", "main", "worker_main", "device_main", "OneLineErrors", "quiet_broken_pipe",
            "EXIT_OK", "EXIT_VERIFY_FAILED", "EXIT_INPUT", "EXIT_RUN", "EXIT_PIPE", "MAX_THREADS_HERE"]

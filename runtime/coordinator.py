@@ -266,7 +266,7 @@ class WorkerPool:
         return all(order.index(w.phase) >= order.index(phase) for w in self.workers.values())
 
     def _spawn(self, w: _Worker) -> None:
-        cmd = [sys.executable, "-m", "edgec.runtime.worker", "--listen", "tcp://127.0.0.1:0", "--threads",
+        cmd = [sys.executable, "-m", "edgec.runtime.device.worker", "--listen", "tcp://127.0.0.1:0", "--threads",
                str(self.device_threads.get(w.name, self.threads)), "--once", "--exit-with-parent",
                "--parent", str(os.getpid())]
         in_memory = self.keys is not None and self.keys.folder is None

@@ -46,7 +46,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Mapping
 
-from .accuracy import MAX_SAMPLES, ClockOffset, check_output_file, is_timed
+from .accuracy import MAX_SAMPLES, ClockOffset, check_output_file
+from .wire.protocol import is_timed
 from .errors import RunError
 from .files import write_atomically
 from .manifest.types import Manifest, Recv, Run, Send

@@ -10,7 +10,7 @@ import numpy as np
 import onnxruntime as ort
 
 from .errors import InputError, one_line
-from .executor import session_options
+from .device.executor import session_options
 from .manifest.types import Manifest
 from .manifest.load import file_sha256
 

@@ -97,7 +97,7 @@ def test_device_distribution_runs_a_build_without_the_compiler(tmp_path):
     runs and verifies a build that the full distribution compiled."""
     wheel = _device_wheel(tmp_path)
     names = [n for n in zipfile.ZipFile(wheel).namelist() if not n.split("/")[0].endswith(".dist-info")]
-    assert "edgec/__init__.py" in names and "edgec/runtime/worker.py" in names
+    assert "edgec/__init__.py" in names and "edgec/runtime/device/worker.py" in names
     assert all(n == "edgec/__init__.py" or n.startswith("edgec/runtime/") for n in names), names
 
     venv = tmp_path / "venv"

@@ -35,7 +35,7 @@ from ..errors import InputError, RunError
 from ..inputs import check_inputs, check_memory
 from ..manifest.types import Manifest
 from ..manifest.load import load_manifest
-from ..session import MAX_INFLIGHT
+from ..device.session import MAX_INFLIGHT
 from ..manifest.schedule import pipeline_depth
 
 __all__ = ["Cluster", "QueueFull", "SessionClosed", "QUEUE_PER_SLOT", "MIN_QUEUE"]

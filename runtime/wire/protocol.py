@@ -57,14 +57,15 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 import zmq
 
+from ..manifest.types import HOST, Recv, Run, Send, Step
 from .transport import MAX_HEADER_BYTES, BadMessage, unpack
 
-__all__ = ["PROTOCOL_VERSION", "BLOB_CHUNK", "BLOB_WINDOW", "MAX_OPEN_BYTES", "MAX_TIMED_STEPS", "MAX_DILATE", "parse",
-           "DropLog"]
+__all__ = ["PROTOCOL_VERSION", "BLOB_CHUNK", "BLOB_WINDOW", "MAX_OPEN_BYTES", "MAX_TIMED_STEPS", "MAX_DILATE", "is_timed",
+           "timed_steps", "parse", "DropLog"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,8 +82,28 @@ BLOB_WINDOW = 4  # blob messages in flight per worker: bounds what either side q
 MAX_OPEN_BYTES = (64 << 20) + (1 << 16)  # the manifest (at most 64 MiB, manifest.py) and the other fields
 MAX_DILATE = 1000.0  # --dilate: a 100 ms fragment then pads to 100 s, past any sensible --timeout
 # msgpack writes a float in 9 bytes, and a timed step costs a `done` at most two (a run: its start and its
-# time): this many timed steps keep a `done` header well inside MAX_HEADER_BYTES.
+# time): this many timed steps keep a `done` header well inside MAX_HEADER_BYTES. Which steps are timed, and in
+# what order `done` lists them: is_timed, timed_steps.
 MAX_TIMED_STEPS = (MAX_HEADER_BYTES - 4096) // (2 * 9)
+
+
+def is_timed(step: Step) -> bool:
+    """Whether a worker times the step: a run, or a send or recv between devices (the host's are not)."""
+    return isinstance(step, Run) or (isinstance(step, Send) and step.to != HOST) or \
+        (isinstance(step, Recv) and step.src != HOST)
+
+
+def timed_steps(steps: Iterable[Step]) -> Iterator[tuple[str, str, str]]:
+    """The steps a worker times, in order: ("run", fragment, ""), ("send", to, name as received),
+    ("recv", from, name)."""
+    for step in filter(is_timed, steps):
+        if isinstance(step, Run):
+            yield "run", step.fragment, ""
+        elif isinstance(step, Send):
+            yield "send", step.to, step.name
+        else:
+            yield "recv", step.src, step.tensor
+
 
 _INT, _STR, _BIN, _BOOL, _NUM = int, str, bytes, bool, float
 _FIELDS: dict[str, dict[str, tuple]] = {

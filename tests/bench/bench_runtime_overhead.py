@@ -24,7 +24,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 REPO = Path(__file__).resolve().parents[2]
 
-from edgec.runtime.executor import session_options
+from edgec.runtime.device.executor import session_options
 import benchlib  # noqa: E402  (tests/bench is sys.path[0] when a script runs)
 
 

@@ -38,10 +38,9 @@ RUNTIME_LAYERS = [
     ["files", "command"],
     ["manifest"],  # the contract: types, parsing, schedule checks, signatures, the planner's replay
     ["wire"],  # addresses, keys, codecs, framing, the protocol's messages
-    ["accuracy", "cache", "executor", "inputs"],
+    ["device"],  # the worker daemon, its sessions, onnxruntime, the fragment cache
+    ["accuracy", "inputs"],
     ["trace", "adapt", "emulate", "verify"],
-    ["session"],
-    ["worker"],
     ["coordinator"],
     ["serve"],  # the long-lived session and the network front over it
     ["api"],

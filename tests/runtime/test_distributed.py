@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 import edgec
 from edgec.runtime.cli import keygen as keygen_cmd, run as run_cmd
-from edgec.runtime.worker import worker as worker_cmd
+from edgec.runtime.device.worker import worker as worker_cmd
 from edgec.runtime.coordinator import WorkerPool, load_keys
 from edgec.runtime.errors import InputError
 from edgec.runtime.inputs import random_inputs
@@ -75,7 +75,7 @@ class Worker:
         # Append mode, and read through another open file: the worker's offset is never moved under it.
         with open(self.log_file, "ab") as stderr:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "edgec.runtime.worker", "--listen", "tcp://127.0.0.1:0", "--cache",
+                [sys.executable, "-m", "edgec.runtime.device.worker", "--listen", "tcp://127.0.0.1:0", "--cache",
                  str(self.cache), *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr, text=True)
         line = self.proc.stdout.readline()
         m = re.fullmatch(r"edgec worker: listening on (tcp://127\.0\.0\.1:\d+)\n", line)

@@ -23,7 +23,8 @@ from edgec.compiler.cost import simulate_manifest
 from edgec.runtime import coordinator
 from edgec.runtime.api import execute, report
 from edgec.runtime.cli import run as run_cmd
-from edgec.runtime.emulate import Channel, DelayedLinks, Overruns, pad_run, suggest_dilate
+from edgec.runtime.emulate import Channel, Overruns, suggest_dilate
+from edgec.runtime.device.emulate import DelayedLinks, pad_run
 from edgec.runtime.manifest.types import Fragment
 from edgec.runtime.manifest.load import load_manifest, parse_manifest
 from edgec.runtime.wire.protocol import MAX_DILATE, parse

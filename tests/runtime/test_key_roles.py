@@ -39,7 +39,7 @@ def keys(tmp_path_factory) -> Path:
 def worker(tmp_path, keys):
     """pi5-a's worker with --idle-timeout 1: (address, its public key, the process)."""
     log = open(tmp_path / "worker.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "edgec.runtime.worker", "--listen", "tcp://127.0.0.1:0",
+    proc = subprocess.Popen([sys.executable, "-m", "edgec.runtime.device.worker", "--listen", "tcp://127.0.0.1:0",
                              "--keys", str(keys), "--name", "pi5-a", "--cache", str(tmp_path / "cache"),
                              "--idle-timeout", "1", "--threads", "1"],
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, text=True)
@@ -129,9 +129,9 @@ def test_a_worker_needs_the_coordinators_public_key(tmp_path, keys):
     folder = tmp_path / "keys"
     keygen(folder, ["pi5-a"])
     with pytest.raises(InputError, match=r"public/coordinator.key: missing; a worker accepts runs only from"):
-        from edgec.runtime.cache import FragmentCache
+        from edgec.runtime.device.cache import FragmentCache
         from edgec.runtime.wire.net import parse_endpoint
-        from edgec.runtime.worker import Daemon
+        from edgec.runtime.device.worker import Daemon
 
         Daemon(parse_endpoint("tcp://127.0.0.1:0", "--listen", allow_any_port=True),
                cache=FragmentCache(tmp_path / "cache", 1 << 20), keys=Keyring.load(folder, "pi5-a"))
@@ -148,7 +148,7 @@ def test_a_run_with_the_coordinators_key_still_works(worker, keys, tmp_path):
 def test_keys_on_stdin_must_be_keys(tmp_path):
     from click.testing import CliRunner
 
-    from edgec.runtime.worker import worker as worker_cmd
+    from edgec.runtime.device.worker import worker as worker_cmd
 
     for given in ("garbage\n", '{"name": "a", "public": "x", "secret": "y", "trusted": {}}\n'):
         res = CliRunner().invoke(worker_cmd, ["--listen", "tcp://127.0.0.1:0", "--keys-stdin", "--once", "--cache",

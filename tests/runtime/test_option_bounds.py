@@ -10,7 +10,7 @@ from click.testing import CliRunner
 import edgec
 from edgec.runtime.api import MAX_TIMEOUT_S, check_options
 from edgec.runtime.cli import run, run_all
-from edgec.runtime.worker import worker
+from edgec.runtime.device.worker import worker
 from edgec.runtime.errors import InputError
 
 HUGE = "99999999999999999999999"

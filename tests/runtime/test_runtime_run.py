@@ -36,7 +36,7 @@ def workers_of(manifest: Path) -> list[int]:
         except OSError:
             continue
         state, ppid = fields[0], int(fields[1])
-        if "edgec.runtime.worker" in cmdline and "--once" in cmdline and state != "Z" and ppid in (os.getpid(), 1):
+        if "edgec.runtime.device.worker" in cmdline and "--once" in cmdline and state != "Z" and ppid in (os.getpid(), 1):
             pids.append(int(entry.name))
     return pids
 
@@ -248,7 +248,7 @@ def test_python_dash_m_runtime_help():
 
 def test_worker_help():
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, "-m", "edgec.runtime.worker", "--help"], capture_output=True, text=True, env=env, timeout=60)
+    proc = subprocess.run([sys.executable, "-m", "edgec.runtime.device.worker", "--help"], capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 0 and "--listen" in proc.stdout and "--keys" in proc.stdout
 
 

@@ -23,7 +23,7 @@ _ROUNDS = """
 import resource, sys
 import numpy as np
 if sys.argv[1] == "keep":
-    from edgec.runtime.worker import keep_heap
+    from edgec.runtime.device.worker import keep_heap
     assert keep_heap()
 def faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt

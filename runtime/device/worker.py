@@ -1,9 +1,9 @@
 """`edgec worker`: the long-running daemon on each device. It serves one coordinator's run (a session) at a
 time, receives the device's fragments into its cache, executes the device's steps for every request and
-frees everything when the run ends. The protocol is in protocol.py; the per-run state in session.py.
+frees everything when the run ends. The protocol is in wire/protocol.py; the per-run state in session.py.
 
-The command itself (`worker`) is here too, so that `python -m edgec.runtime.worker ...` is the same
-command (the coordinator starts local workers that way) without reaching up to cli.py.
+The command itself (`worker`) is here too, so that `python -m edgec.runtime.device.worker ...` is the same
+command (the coordinator starts local workers that way) without reaching up to front/cli.py.
 """
 
 from __future__ import annotations
@@ -20,21 +20,21 @@ import click
 import zmq
 
 from .cache import FragmentCache, default_cache_dir
-from .command import EXIT_OK, Finite, RunCommand, runtime_log_to_stderr
-from .errors import EdgecRuntimeError, InputError, one_line
-from .interrupts import Interrupted, interrupt_on_signals
-from .wire.keys import COORDINATOR, Keyring
-from .machine import MAX_THREADS_HERE, edgec_version
-from .wire.net import Endpoint, parse_endpoint
-from .wire.protocol import PROTOCOL_VERSION, DropLog, parse
+from ..command import EXIT_OK, Finite, RunCommand, runtime_log_to_stderr
+from ..errors import EdgecRuntimeError, InputError, one_line
+from ..interrupts import Interrupted, interrupt_on_signals
+from ..wire.keys import COORDINATOR, Keyring
+from ..machine import MAX_THREADS_HERE, edgec_version
+from ..wire.net import Endpoint, parse_endpoint
+from ..wire.protocol import PROTOCOL_VERSION, DropLog, parse
 from .session import Session, SessionEnd, SessionLost
-from .wire.transport import POLL_MS, BadMessage, frame_sender, pack, recv_message, send_frames
+from ..wire.transport import POLL_MS, BadMessage, frame_sender, pack, recv_message, send_frames
 
 __all__ = ["Daemon", "rss_mb", "keep_heap", "worker", "worker_main", "main", "MAX_IDLE_TIMEOUT_S", "MAX_BUFFER_MB"]
 
-# by name, not __name__: `python -m edgec.runtime.worker` runs this file as __main__, whose records the
+# by name, not __name__: `python -m edgec.runtime.device.worker` runs this file as __main__, whose records the
 # "edgec.runtime" handler of the worker command would not see
-logger = logging.getLogger("edgec.runtime.worker")
+logger = logging.getLogger("edgec.runtime.device.worker")
 
 # The worker's option bounds: a silent coordinator loses its claim after --idle-timeout, so that must stay
 # bounded; zmq's largest message size is an int64 of bytes, and no device holds a terabyte of tensors.
@@ -449,7 +449,7 @@ def worker_main(prog_name: str = "edgec worker") -> None:
 
 
 def main() -> None:
-    worker_main(prog_name="python -m edgec.runtime.worker")
+    worker_main(prog_name="python -m edgec.runtime.device.worker")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """One run on a worker (a session): the coordinator's manifest, this device's fragments and peers, and the
-requests it executes, each through the device's steps in order. The protocol is in protocol.py.
+requests it executes, each through the device's steps in order. The protocol is in wire/protocol.py.
 
-Device-to-device tensors are compressed as the run's `compress` mode says (compress.py): one Chooser per
+Device-to-device tensors are compressed as the run's `compress` mode says (wire/compress.py): one Chooser per
 destination, which in `auto` mode weighs this machine's measured codec speeds against that link's
 bandwidth in the manifest's network. Model inputs and outputs (coordinator <-> worker) always travel raw:
 the planner treats those transfers as free, and the coordinator is usually on the fastest link.
@@ -9,7 +9,7 @@ the planner treats those transfers as free, and the coordinator is usually on th
 Once the coordinator has asked for this worker's clock (`sync`, for `edgec run --report`), every request is
 timed: each fragment run and the moment it starts, the moment each device-to-device send starts and the
 moment each tensor from another device has been taken off the data socket and decoded, sent back in `done`
-(protocol.py). An arrival is stamped when this worker's loop has read the socket: while it runs a fragment it
+(wire/protocol.py). An arrival is stamped when this worker's loop has read the socket: while it runs a fragment it
 does not read, so a tensor that arrives meanwhile is stamped after the run ends (its measured transfer
 includes that wait).
 
@@ -30,21 +30,21 @@ from typing import Callable, Protocol
 import numpy as np
 import zmq
 
-from .accuracy import timed_steps
+from ..wire.protocol import timed_steps
 from .cache import FragmentCache, Incoming, check_sha256
-from .wire.compress import Chooser, calibrate, parse_mode
+from ..wire.compress import Chooser, calibrate, parse_mode
 from .emulate import DelayedLinks, pad_run
-from .errors import InputError, RunError, one_line
+from ..errors import InputError, RunError, one_line
 from .executor import Executor
-from .wire.inbox import FULL, Inbox
-from .manifest.types import HOST, Concat, Free, Manifest, Recv, Run, Send, Slice, region_ranges
-from .manifest.load import decode_manifest_json, parse_manifest
-from .wire.keys import Keyring
-from .wire.net import Endpoint, parse_endpoint
-from .wire.protocol import MAX_TIMED_STEPS, DropLog, parse
-from .manifest.schedule import recv_keys, send_targets
-from .wire.transport import (POLL_MS, BadMessage, TensorHeader, TensorMsg, contiguous, decode_tensor, frame_sender,
-                             pack, send_tensor, tensor_header)
+from ..wire.inbox import FULL, Inbox
+from ..manifest.types import HOST, Concat, Free, Manifest, Recv, Run, Send, Slice, region_ranges
+from ..manifest.load import decode_manifest_json, parse_manifest
+from ..wire.keys import Keyring
+from ..wire.net import Endpoint, parse_endpoint
+from ..wire.protocol import MAX_TIMED_STEPS, DropLog, parse
+from ..manifest.schedule import recv_keys, send_targets
+from ..wire.transport import (POLL_MS, BadMessage, TensorHeader, TensorMsg, contiguous, decode_tensor, frame_sender,
+                              pack, send_tensor, tensor_header)
 
 __all__ = ["Session", "SessionEnd", "SessionLost", "SessionHost", "MAX_INFLIGHT"]
 
@@ -118,7 +118,7 @@ class Session:
         self.need: dict[str, str] = {}  # sha256 -> fragment id, still to arrive
         self.incoming: Incoming | None = None
         self.queue: deque[int] = deque()
-        self.slow: dict[int, float] = {}  # emulated slow-down of a queued request's runs, when not 1 (protocol.py)
+        self.slow: dict[int, float] = {}  # emulated slow-down of a queued request's runs, when not 1 (wire/protocol.py)
         self.next_run = 0
         self.drops = DropLog(f"worker {daemon.endpoint}")
         # bytes_sent / bytes_received: tensor payloads on the wire (compressed where they were); *_raw: the

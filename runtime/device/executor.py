@@ -10,9 +10,9 @@ from typing import Callable
 import numpy as np
 import onnxruntime as ort
 
-from .errors import InputError, RunError, one_line
-from .manifest.types import Fragment, Manifest
-from .manifest.load import file_sha256
+from ..errors import InputError, RunError, one_line
+from ..manifest.types import Fragment, Manifest
+from ..manifest.load import file_sha256
 
 __all__ = ["Executor", "session_options"]
 

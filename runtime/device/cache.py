@@ -14,7 +14,7 @@ import os
 import re
 from pathlib import Path
 
-from .errors import InputError
+from ..errors import InputError
 
 __all__ = ["FragmentCache", "Incoming", "default_cache_dir", "check_sha256"]
 

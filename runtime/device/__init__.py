@@ -1,0 +1,10 @@
+"""The device side: what runs on each device.
+
+- worker.py: `edgec worker`, the daemon that serves one coordinator's run at a time; session.py: one run on a
+  worker (the manifest, the device's steps for every request, its peers);
+- executor.py: onnxruntime sessions for the device's fragments; cache.py: the fragment cache, files keyed by
+  their sha256; emulate.py: --emulate's padded runs and delayed links.
+
+May import the runtime's base modules, the manifest and the wire; never the coordinator, serve or front
+(a device that only runs workers needs none of them).
+"""
