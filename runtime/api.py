@@ -14,14 +14,14 @@ from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
-from .accuracy import build_report, check_report_path, write_report
-from .adapt import THRESHOLD, Adapter, kept_plans
+from .coordinator.accuracy import build_report, check_report_path, write_report
+from .coordinator.adapt import THRESHOLD, Adapter, kept_plans
 from .wire.compress import parse_mode
-from .coordinator import HEARTBEAT_MS, FailoverCluster, RunResult, load_keys, steady_throughput
-from .emulate import Overruns, undilated_offsets
+from .coordinator.pool import HEARTBEAT_MS, FailoverCluster, RunResult, load_keys, steady_throughput
+from .coordinator.emulate import Overruns, undilated_offsets
 from .errors import InputError
 from .files import write_atomically
-from .inputs import check_inputs, check_memory, load_inputs
+from .coordinator.inputs import check_inputs, check_memory, load_inputs
 from .machine import MAX_THREADS_HERE
 from .manifest.types import Manifest
 from .manifest.load import load_manifest
@@ -29,8 +29,8 @@ from .wire.keys import Keyring
 from .wire.protocol import MAX_DILATE
 from .serve.session import Cluster
 from .device.session import MAX_INFLIGHT
-from .trace import Trace, check_trace_path, write_trace
-from .verify import VerifyResult, check_model, compare_outputs, reference_outputs
+from .coordinator.trace import Trace, check_trace_path, write_trace
+from .coordinator.verify import VerifyResult, check_model, compare_outputs, reference_outputs
 
 __all__ = ["run", "execute", "report", "write_npz", "parse_addresses", "parse_slow", "check_options", "Checker",
            "RequestsChecked", "run_manifest", "MAX_INFLIGHT", "MIN_HEARTBEAT_MS", "MAX_HEARTBEAT_MS", "MAX_DILATE",
@@ -69,15 +69,15 @@ def run(manifest: str | os.PathLike, *, inputs: str | os.PathLike | Mapping[str,
     `heartbeat_ms` the heartbeat interval on every worker connection (a device silent for 5 of them is
     lost, and a build compiled with fallbacks finishes on the devices left); `report` a JSON file to write
     the accuracy report into, predicted against measured per fragment and transfer (`--report`, schema
-    in edgec.runtime.accuracy; its folder must exist); `trace` a JSON file to write the timed requests'
-    measured timeline into, in Chrome's trace event format (`--trace`, edgec.runtime.trace; it opens in
+    in edgec.runtime.coordinator.accuracy; its folder must exist); `trace` a JSON file to write the timed requests'
+    measured timeline into, in Chrome's trace event format (`--trace`, edgec.runtime.coordinator.trace; it opens in
     Perfetto); `dilate` (1 to MAX_DILATE, with `emulate` only)
     stretches every emulated time by that factor and divides every reported time by it, so that a host
     slower than the emulated devices keeps their timeline (`report["emulation"]` lists the fragment runs
     that still took longer than their padding). With `adapt`, the run switches between the plans the build
     kept (`compile --keep N`, `--shifts`, and the `--fallbacks` without one device each) when the plan in use, re-costed with the measured figures, moves
     more than `adapt_threshold` (relative) from what it was chosen under, to the best when re-costed so, by
-    `adapt_for` ("latency" or "throughput"; default the build's objective) (edgec.runtime.adapt;
+    `adapt_for` ("latency" or "throughput"; default the build's objective) (edgec.runtime.coordinator.adapt;
     `report["adaptations"]` lists each decision). `slow`
     ({device: (request, factor)}, with `emulate` only) emulates a device slowing down: from the timed
     request of that index (from 0) on, its fragment runs take factor x their predicted time. Bad input raises

@@ -15,8 +15,8 @@ from typing import Callable
 import click
 import numpy as np
 
-from .accuracy import summary_lines
-from .adapt import THRESHOLD
+from .coordinator.accuracy import summary_lines
+from .coordinator.adapt import THRESHOLD
 from .wire.protocol import MAX_DILATE
 from .api import (MAX_HEARTBEAT_MS, MAX_TIMEOUT_S, MAX_WARMUP, MIN_HEARTBEAT_MS, RequestsChecked, execute,
                   parse_addresses, parse_slow, report, write_npz)
@@ -24,7 +24,7 @@ from .device.session import MAX_INFLIGHT
 from .command import (EXIT_INPUT, EXIT_OK, EXIT_PIPE, EXIT_RUN, EXIT_VERIFY_FAILED, Finite, OneLineErrors, RunCommand,
                       quiet_broken_pipe, runtime_log_to_stderr)
 from .wire.compress import MODES as COMPRESS_MODES
-from .coordinator import HEARTBEAT_MISSES, HEARTBEAT_MS, RunResult
+from .coordinator.pool import HEARTBEAT_MISSES, HEARTBEAT_MS, RunResult
 from .errors import EdgecRuntimeError, InputError
 from .interrupts import Interrupted, interrupt_on_signals
 from .wire.keys import COORDINATOR, keygen as write_keys, names_from_file

@@ -269,8 +269,8 @@ def _run_service(s: ServiceEntry, stop: threading.Event, *, repeat: int, verify:
     which unwinds run_manifest's cluster (its workers closed)."""
     from .api import Checker, report
     from .api import run_manifest
-    from .inputs import load_inputs
-    from .verify import check_model, reference_outputs
+    from .coordinator.inputs import load_inputs
+    from .coordinator.verify import check_model, reference_outputs
 
     def step() -> None:
         if stop.is_set():

@@ -157,7 +157,7 @@ def _over_clusters(manifest, samplers: dict[str, Callable], policy: Policy, timi
     """{name: Figure} of `samplers` ({name: cluster -> sampler}), their rounds spread over CLUSTERS runtime
     clusters of `manifest` started one after another (fresh workers each), the figures' rounds in turn
     within each, and each figure the round at RUNTIME_QUANTILE (module docstring)."""
-    from edgec.runtime.coordinator import WorkerPool
+    from edgec.runtime.coordinator.pool import WorkerPool
 
     clusters = max(1, min(CLUSTERS, policy.rounds // 2))
     rounds: dict[str, list] = {name: [] for name in samplers}

@@ -1,5 +1,5 @@
 """`edgec profile --refine REPORT.json`: fold the measured fragment times of an accuracy report (`edgec run
---report`, schema in edgec.runtime.accuracy) back into a device's profile, as its per-node table
+--report`, schema in edgec.runtime.coordinator.accuracy) back into a device's profile, as its per-node table
 `layers: {<model sha256>: {<onnx node name>: ms}}`.
 
 Which device: `--device NAME`, else every device of the report that ran a measured fragment, when they all

@@ -28,11 +28,11 @@ from typing import Callable, Iterator, Mapping
 
 import numpy as np
 
-from ..adapt import THRESHOLD, kept_plans
+from ..coordinator.adapt import THRESHOLD, kept_plans
 from ..wire.compress import parse_mode
-from ..coordinator import HEARTBEAT_MS, IDLE, FailoverCluster, load_keys
+from ..coordinator.pool import HEARTBEAT_MS, IDLE, FailoverCluster, load_keys
 from ..errors import InputError, RunError
-from ..inputs import check_inputs, check_memory
+from ..coordinator.inputs import check_inputs, check_memory
 from ..manifest.types import Manifest
 from ..manifest.load import load_manifest
 from ..device.session import MAX_INFLIGHT

@@ -41,7 +41,7 @@ import yaml
 
 import edgec
 from edgec.compiler.cost import simulate_manifest
-from edgec.runtime.emulate import suggest_dilate
+from edgec.runtime.coordinator.emulate import suggest_dilate
 from edgec.runtime.manifest.load import load_manifest
 import benchlib  # noqa: E402  (tests/bench is sys.path[0] when a script runs)
 

@@ -117,7 +117,7 @@ def interleaved_ms(manifest: Path, repeat: int, threads: int) -> tuple[list[floa
     pool threads keep spinning for tens of ms (the workers stop them) and would slow whatever runs next."""
     import onnxruntime as ort
 
-    from edgec.runtime.coordinator import LocalCluster
+    from edgec.runtime.coordinator.pool import LocalCluster
     from edgec.runtime.manifest.load import load_manifest
 
     m = load_manifest(manifest)

@@ -109,7 +109,7 @@ def test_a_thread_counts_measured_table_is_used(tmp_path):
 
 def test_threads_go_to_the_manifest_and_choose_the_local_workers_threads(tmp_path):
     from edgec.compiler.api import compile as compile_model
-    from edgec.runtime.coordinator import WorkerPool as RuntimeCluster
+    from edgec.runtime.coordinator.pool import WorkerPool as RuntimeCluster
     from edgec.runtime.manifest.load import load_manifest
 
     model = save(conv_chain_model(n=2), tmp_path / "m.onnx")

@@ -39,9 +39,7 @@ RUNTIME_LAYERS = [
     ["manifest"],  # the contract: types, parsing, schedule checks, signatures, the planner's replay
     ["wire"],  # addresses, keys, codecs, framing, the protocol's messages
     ["device"],  # the worker daemon, its sessions, onnxruntime, the fragment cache
-    ["accuracy", "inputs"],
-    ["trace", "adapt", "emulate", "verify"],
-    ["coordinator"],
+    ["coordinator"],  # the worker pool, failover, adaptation, emulation, the run's report and trace
     ["serve"],  # the long-lived session and the network front over it
     ["api"],
     ["runall"],

@@ -235,6 +235,6 @@ def test_matplotlib_is_imported_only_to_draw():
     """compile, run and a plain simulate do not pay for importing matplotlib."""
     import subprocess
 
-    code = ("import sys, edgec.compiler.cli, edgec.compiler.plot, edgec.runtime.trace; "
+    code = ("import sys, edgec.compiler.cli, edgec.compiler.plot, edgec.runtime.coordinator.trace; "
             "sys.exit('matplotlib' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0

@@ -11,7 +11,7 @@ import pytest
 
 from edgec.compiler.profile import fixed
 from edgec.compiler.profile.timing import QUICK, Figure
-from edgec.runtime.accuracy import transfer_keys
+from edgec.runtime.coordinator.accuracy import transfer_keys
 from edgec.runtime.manifest.load import load_manifest
 from edgec.runtime.manifest.schedule import working_devices
 
@@ -66,7 +66,7 @@ def _scripted_run_alone(policy):
 
 def test_a_message_is_the_mean_of_both_ways_between_two_workers(monkeypatch):
     """Two worker processes (two working devices) exchange the tensor; the clock offset between them cancels."""
-    import edgec.runtime.coordinator as coordinator
+    import edgec.runtime.coordinator.pool as coordinator
 
     FakeCluster.manifests = []
     monkeypatch.setattr(coordinator, "WorkerPool", FakeCluster)
@@ -94,7 +94,7 @@ def _cpu(ms: float) -> Figure:
 def test_a_cpu_difference_swamped_by_noise_is_left_out_and_said(monkeypatch):
     """When the request exchanging the large tensor took no more CPU than the 64-byte one, no
     message_cpu_ms_per_mb is written (the time figure stands in) and a note says why, with the figures."""
-    import edgec.runtime.coordinator as coordinator
+    import edgec.runtime.coordinator.pool as coordinator
 
     monkeypatch.setattr(coordinator, "WorkerPool", FakeCluster)
     monkeypatch.setattr(fixed, "_run_alone", _scripted_run_alone)
@@ -188,7 +188,7 @@ def test_runtime_figures_spread_their_rounds_over_fresh_clusters_and_take_the_me
     """A run's workers keep a speed of their own (a 64-byte hand-off measured 0.145-0.174 ms from one pair of
     workers to the next, minutes apart): each figure's rounds are spread over CLUSTERS clusters started one
     after another, and its figure is the median round, not the fastest."""
-    import edgec.runtime.coordinator as coordinator
+    import edgec.runtime.coordinator.pool as coordinator
     from edgec.compiler.profile.timing import Policy
 
     started: list = []

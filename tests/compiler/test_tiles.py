@@ -20,9 +20,9 @@ from edgec.compiler.cost import evaluate, simulate_manifest
 from edgec.compiler.spatial import segment_io, spatial_cuts
 from edgec.compiler.spatial.tiles import stage_layout, tile_name
 from edgec.runtime.api import run_manifest
-from edgec.runtime.inputs import random_inputs
+from edgec.runtime.coordinator.inputs import random_inputs
 from edgec.runtime.manifest.load import load_manifest
-from edgec.runtime.verify import verify_outputs
+from edgec.runtime.coordinator.verify import verify_outputs
 
 ort.set_default_logger_severity(3)
 F32 = TensorProto.FLOAT

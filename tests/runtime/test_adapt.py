@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 import edgec
 from edgec.compiler.cli import cli
-from edgec.runtime.adapt import WINDOW, Adapter, Measured, Option, busiest_ms
+from edgec.runtime.coordinator.adapt import WINDOW, Adapter, Measured, Option, busiest_ms
 from edgec.runtime.api import parse_slow
 from edgec.runtime.errors import InputError
 from edgec.runtime.manifest.load import load_alternative, load_manifest
@@ -183,7 +183,7 @@ def test_the_json_lists_no_adaptations_without_adapt(build):
 
 def test_fallbacks_are_plans_to_adapt_to(tmp_path):
     """A fallback is the plan for the cluster without one device: when that device is slow rather than gone."""
-    from edgec.runtime.adapt import kept_plans as _adapter
+    from edgec.runtime.coordinator.adapt import kept_plans as _adapter
 
     out = tmp_path / "build"
     res = CliRunner().invoke(cli, ["compile", str(TINYCONV), "--devices", str(_cluster(tmp_path, PROFILES)), "-o",
@@ -201,7 +201,7 @@ def test_a_device_lost_after_an_adaptation_still_fails_over(tmp_path, monkeypatc
     earlier failover)."""
     from types import SimpleNamespace
 
-    from edgec.runtime.coordinator import DeviceLost, FailoverCluster
+    from edgec.runtime.coordinator.pool import DeviceLost, FailoverCluster
 
     out = tmp_path / "build"
     res = CliRunner().invoke(cli, ["compile", str(TINYCONV), "--devices", str(_cluster(tmp_path, PROFILES)), "-o",

@@ -25,12 +25,12 @@ from click.testing import CliRunner
 import edgec
 from edgec.runtime.api import execute
 from edgec.runtime.cli import run as run_cmd
-from edgec.runtime.coordinator import WorkerPool
+from edgec.runtime.coordinator.pool import WorkerPool
 from edgec.runtime.errors import InputError
-from edgec.runtime.inputs import random_inputs
+from edgec.runtime.coordinator.inputs import random_inputs
 from edgec.runtime.manifest.load import load_manifest
 from edgec.runtime.wire.transport import BadMessage, decode_tensor, pack, tensor_frames, tensor_header
-from edgec.runtime.verify import reference_outputs
+from edgec.runtime.coordinator.verify import reference_outputs
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = Path(os.environ["EDGEC_MODELS_DIR"])

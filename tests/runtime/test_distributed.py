@@ -23,15 +23,15 @@ from click.testing import CliRunner
 import edgec
 from edgec.runtime.cli import keygen as keygen_cmd, run as run_cmd
 from edgec.runtime.device.worker import worker as worker_cmd
-from edgec.runtime.coordinator import WorkerPool, load_keys
+from edgec.runtime.coordinator.pool import WorkerPool, load_keys
 from edgec.runtime.errors import InputError
-from edgec.runtime.inputs import random_inputs
+from edgec.runtime.coordinator.inputs import random_inputs
 from edgec.runtime.wire.keys import Keyring, keygen
 from edgec.runtime.manifest.load import load_manifest
 from edgec.runtime.wire.protocol import PROTOCOL_VERSION
 from edgec.runtime.manifest.schedule import pipeline_depth
 from edgec.runtime.wire.transport import pack, send_tensor
-from edgec.runtime.verify import reference_outputs
+from edgec.runtime.coordinator.verify import reference_outputs
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = Path(os.environ["EDGEC_MODELS_DIR"])

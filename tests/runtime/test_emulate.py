@@ -20,10 +20,10 @@ from click.testing import CliRunner
 
 import edgec
 from edgec.compiler.cost import simulate_manifest
-from edgec.runtime import coordinator
+from edgec.runtime.coordinator import pool as coordinator
 from edgec.runtime.api import execute, report
 from edgec.runtime.cli import run as run_cmd
-from edgec.runtime.emulate import Channel, Overruns, suggest_dilate
+from edgec.runtime.coordinator.emulate import Channel, Overruns, suggest_dilate
 from edgec.runtime.device.emulate import DelayedLinks, pad_run
 from edgec.runtime.manifest.types import Fragment
 from edgec.runtime.manifest.load import load_manifest, parse_manifest

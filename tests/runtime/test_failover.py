@@ -19,9 +19,9 @@ import onnxruntime as ort
 import pytest
 
 import edgec
-from edgec.runtime.coordinator import DeviceLost, FailoverCluster, WorkerPool
+from edgec.runtime.coordinator.pool import DeviceLost, FailoverCluster, WorkerPool
 from edgec.runtime.errors import InputError
-from edgec.runtime.inputs import random_inputs
+from edgec.runtime.coordinator.inputs import random_inputs
 from edgec.runtime.manifest.load import load_manifest
 from tests.runtime.test_distributed import REPO, Worker
 

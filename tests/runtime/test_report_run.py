@@ -12,11 +12,11 @@ import pytest
 from click.testing import CliRunner
 
 import edgec
-from edgec.runtime.accuracy import ClockOffset, Samples, build_report, estimate_offset
+from edgec.runtime.coordinator.accuracy import ClockOffset, Samples, build_report, estimate_offset
 from edgec.runtime.cli import run as run_cmd
-from edgec.runtime.coordinator import WorkerPool
+from edgec.runtime.coordinator.pool import WorkerPool
 from edgec.runtime.errors import RunError
-from edgec.runtime.inputs import random_inputs
+from edgec.runtime.coordinator.inputs import random_inputs
 from edgec.runtime.manifest.load import load_manifest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -123,7 +123,7 @@ def test_transfer_times_are_corrected_by_each_workers_clock_offset(pipeline):
 
 
 def test_samples_are_bounded_and_timings_must_match_the_steps(pipeline, monkeypatch):
-    from edgec.runtime import accuracy
+    from edgec.runtime.coordinator import accuracy
 
     m = load_manifest(pipeline / "manifest.json")
     monkeypatch.setattr(accuracy, "MAX_SAMPLES", 4)
@@ -151,7 +151,7 @@ def test_a_transfer_entry_without_a_send_is_reported_unmeasured(pipeline, tmp_pa
 def test_a_report_after_a_failover_is_the_fallback_plans(tmp_path):
     """pi5-b's local worker is killed mid-run: the fragments and transfers reported are the fallback plan's
     (pi5-a -> pi5-c), timed on the requests it ran, and the report lists the switch."""
-    from edgec.runtime.coordinator import FailoverCluster
+    from edgec.runtime.coordinator.pool import FailoverCluster
     from tests.runtime.test_failover import _compile as compile_with_fallbacks
 
     build = compile_with_fallbacks(tmp_path, fallbacks=True)

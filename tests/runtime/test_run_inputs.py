@@ -21,7 +21,7 @@ from numpy.lib import format as npy_format
 from edgec.runtime.cli import run
 from edgec.runtime.machine import MAX_THREADS_HERE
 from edgec.runtime.errors import InputError
-from edgec.runtime.inputs import check_memory, load_inputs
+from edgec.runtime.coordinator.inputs import check_memory, load_inputs
 from edgec.runtime.manifest.load import load_manifest
 
 REPO = Path(__file__).resolve().parents[2]

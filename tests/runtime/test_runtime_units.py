@@ -15,13 +15,13 @@ from hypothesis import strategies as st
 
 from edgec.runtime.device.emulate import DelayedLinks, pad_run
 from edgec.runtime.errors import InputError
-from edgec.runtime.inputs import load_inputs, random_inputs
+from edgec.runtime.coordinator.inputs import load_inputs, random_inputs
 from edgec.runtime.manifest.types import Fragment, TensorSpec
 from edgec.runtime.manifest.load import load_manifest
 from edgec.runtime.wire.inbox import Inbox
 from edgec.runtime.wire.protocol import parse
 from edgec.runtime.wire.transport import bind_local, decode_tensor, send_tensor
-from edgec.runtime.verify import compare_outputs
+from edgec.runtime.coordinator.verify import compare_outputs
 
 REPO = Path(__file__).resolve().parents[2]
 BANNED = ("edgec.compiler", "networkx", "ortools", "onnx_graphsurgeon", "onnx", "yaml")
@@ -178,7 +178,7 @@ def test_tensor_roundtrip_any_shape_dtype_and_region(zmq_pair, shape, dtype, axi
 # -- steady-state throughput ------------------------------------------------------------------------------------
 
 def test_throughput_is_the_rate_of_outputs_after_the_first():
-    from edgec.runtime.coordinator import steady_throughput
+    from edgec.runtime.coordinator.pool import steady_throughput
 
     # a two-stage pipeline: the first output after a 30 ms latency, then one every 10 ms
     done = [0.030 + 0.010 * i for i in range(20)]

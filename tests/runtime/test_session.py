@@ -17,7 +17,7 @@ import pytest
 
 import edgec
 from edgec.runtime.errors import InputError
-from edgec.runtime.inputs import random_inputs
+from edgec.runtime.coordinator.inputs import random_inputs
 from edgec.runtime.manifest.load import load_manifest
 from edgec.runtime.serve.session import QueueFull, SessionClosed
 from tests.runtime.test_failover import build  # noqa: F401 - the fixture: tinychain with fallbacks

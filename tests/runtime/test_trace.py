@@ -14,12 +14,12 @@ import pytest
 from click.testing import CliRunner
 
 import edgec
-from edgec.runtime.accuracy import ClockOffset, Samples
+from edgec.runtime.coordinator.accuracy import ClockOffset, Samples
 from edgec.runtime.cli import run as run_cmd
 from edgec.runtime.errors import RunError
 from edgec.runtime.manifest.types import HOST, Recv, Run, Send
 from edgec.runtime.manifest.load import load_manifest
-from edgec.runtime.trace import Trace
+from edgec.runtime.coordinator.trace import Trace
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = Path(os.environ["EDGEC_MODELS_DIR"])
@@ -239,8 +239,8 @@ def test_a_trace_across_a_failover_names_each_requests_plan(tmp_path):
     switch with the fallback plan's fragments (pi5-a -> pi5-c)."""
     import signal
 
-    from edgec.runtime.coordinator import FailoverCluster
-    from edgec.runtime.inputs import random_inputs
+    from edgec.runtime.coordinator.pool import FailoverCluster
+    from edgec.runtime.coordinator.inputs import random_inputs
     from tests.runtime.test_failover import _compile as compile_with_fallbacks
 
     build = compile_with_fallbacks(tmp_path, fallbacks=True)

@@ -13,7 +13,7 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
-from edgec.runtime.coordinator import WorkerPool
+from edgec.runtime.coordinator.pool import WorkerPool
 from edgec.runtime.manifest.load import load_manifest
 from edgec.runtime.wire.transport import BadMessage, bind_local, recv_message, send_frames, tensor_header
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from edgec.compiler.profile.fixed import _exchange_build
-from edgec.runtime.coordinator import WorkerPool
+from edgec.runtime.coordinator.pool import WorkerPool
 from edgec.runtime.manifest.load import load_manifest
 
 pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc" or not Path("/proc/self/stat").exists(),

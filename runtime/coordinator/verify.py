@@ -9,10 +9,10 @@ from typing import Mapping
 import numpy as np
 import onnxruntime as ort
 
-from .errors import InputError, one_line
-from .device.executor import session_options
-from .manifest.types import Manifest
-from .manifest.load import file_sha256
+from ..errors import InputError, one_line
+from ..device.executor import session_options
+from ..manifest.types import Manifest
+from ..manifest.load import file_sha256
 
 __all__ = ["VerifyResult", "check_model", "reference_outputs", "compare_outputs", "verify_outputs"]
 

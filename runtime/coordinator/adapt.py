@@ -34,10 +34,10 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from .accuracy import TransferKey, transfer_keys
-from .errors import InputError
-from .manifest.load import load_alternative, load_fallback
-from .manifest.types import Manifest
-from .manifest.replay import Drift, Timeline, replay
+from ..errors import InputError
+from ..manifest.load import load_alternative, load_fallback
+from ..manifest.types import Manifest
+from ..manifest.replay import Drift, Timeline, replay
 
 __all__ = ["WINDOW", "THRESHOLD", "MARGIN", "Option", "Measured", "Decision", "Adapter", "busiest_ms", "kept_plans"]
 

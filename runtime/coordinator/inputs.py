@@ -17,8 +17,8 @@ from typing import BinaryIO, Iterable
 import numpy as np
 from numpy.lib import format as npy_format
 
-from .errors import InputError
-from .manifest.types import Manifest, TensorSpec
+from ..errors import InputError
+from ..manifest.types import Manifest, TensorSpec
 
 __all__ = ["load_inputs", "random_inputs", "random_tensor", "check_inputs", "check_memory", "memory_budget"]
 

@@ -32,19 +32,19 @@ from zmq.utils.monitor import parse_monitor_message
 
 from .adapt import Adapter, Option
 from .accuracy import SYNC_ROUNDS, ClockOffset, Samples, estimate_offset
-from .wire.compress import parse_mode
+from ..wire.compress import parse_mode
 from .emulate import Channel, Overruns, undilated_offsets, undilated_starts, undilated_times
-from .errors import InputError, RunError, one_line
-from .wire.keys import COORDINATOR, Keyring, ephemeral_keyring
-from .machine import MAX_THREADS_HERE, available_cores, edgec_version
-from .manifest.types import HOST, Fragment, Manifest
-from .manifest.load import check_fragment_files, load_fallback, manifest_json
-from .wire.net import Endpoint, outward_host, parse_endpoint
-from .wire.protocol import BLOB_CHUNK, BLOB_WINDOW, MAX_TIMED_STEPS, PROTOCOL_VERSION, DropLog, parse
-from .manifest.schedule import host_collects, host_feeds, pipeline_depth, recv_keys, send_targets, working_devices
-from .manifest.signatures import check_signatures
+from ..errors import InputError, RunError, one_line
+from ..wire.keys import COORDINATOR, Keyring, ephemeral_keyring
+from ..machine import MAX_THREADS_HERE, available_cores, edgec_version
+from ..manifest.types import HOST, Fragment, Manifest
+from ..manifest.load import check_fragment_files, load_fallback, manifest_json
+from ..wire.net import Endpoint, outward_host, parse_endpoint
+from ..wire.protocol import BLOB_CHUNK, BLOB_WINDOW, MAX_TIMED_STEPS, PROTOCOL_VERSION, DropLog, parse
+from ..manifest.schedule import host_collects, host_feeds, pipeline_depth, recv_keys, send_targets, working_devices
+from ..manifest.signatures import check_signatures
 from .trace import Trace
-from .wire.transport import POLL_MS, BadMessage, decode_tensor, pack, recv_message, send_frames, send_tensor
+from ..wire.transport import POLL_MS, BadMessage, decode_tensor, pack, recv_message, send_frames, send_tensor
 
 __all__ = ["RunResult", "WorkerPool", "LocalCluster", "FailoverCluster", "DeviceLost", "IDLE", "steady_throughput",
            "default_threads", "resolve_endpoints", "HEARTBEAT_MS", "HEARTBEAT_MISSES"]

@@ -47,10 +47,10 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from .accuracy import MAX_SAMPLES, ClockOffset, check_output_file
-from .wire.protocol import is_timed
-from .errors import RunError
-from .files import write_atomically
-from .manifest.types import Manifest, Recv, Run, Send
+from ..wire.protocol import is_timed
+from ..errors import RunError
+from ..files import write_atomically
+from ..manifest.types import Manifest, Recv, Run, Send
 
 __all__ = ["MAX_REQUESTS", "Trace", "check_trace_path", "write_trace"]
 

@@ -50,10 +50,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from .errors import InputError, RunError
-from .files import write_atomically
-from .manifest.types import HOST, Manifest, Send, region_ranges
-from .wire.protocol import timed_steps
+from ..errors import InputError, RunError
+from ..files import write_atomically
+from ..manifest.types import HOST, Manifest, Send, region_ranges
+from ..wire.protocol import timed_steps
 
 __all__ = ["MAX_SAMPLES", "SYNC_ROUNDS", "ClockOffset", "estimate_offset", "Samples",
            "transfer_keys", "build_report", "summary_lines", "check_output_file", "check_report_path", "write_report"]
