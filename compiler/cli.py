@@ -331,7 +331,7 @@ def allocate_cmd(services, devices, outdir, fairness, best_effort, share, time_l
 
 
 def _add_runtime_commands() -> None:
-    from edgec.runtime.cli import keygen as keygen_cmd, run as run_cmd, run_all as run_all_cmd, serve as serve_cmd
+    from edgec.runtime.front.cli import keygen as keygen_cmd, run as run_cmd, run_all as run_all_cmd, serve as serve_cmd
     from edgec.runtime.device.worker import worker as worker_cmd
 
     cli.add_command(run_cmd, "run")

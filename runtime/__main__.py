@@ -1,6 +1,6 @@
 """`python -m edgec.runtime MANIFEST ...`: the same command as `edgec run`."""
 
-from .cli import main
+from .front.cli import main
 
 __all__: list[str] = []
 

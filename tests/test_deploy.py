@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from edgec.runtime.cli import device_cli
+from edgec.runtime.front.cli import device_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 UNIT = ROOT / "deploy" / "edgec-worker.service"
@@ -92,6 +92,6 @@ def test_dockerfile_lints():
 
 def test_device_distribution_provides_the_command_the_recipes_run():
     text = (ROOT / "runtime" / "dist" / "pyproject.toml").read_text()
-    assert 'edgec = "edgec.runtime.cli:device_main"' in text
+    assert 'edgec = "edgec.runtime.front.cli:device_main"' in text
     result = CliRunner().invoke(device_cli, ["worker", "--help"])
     assert result.exit_code == 0

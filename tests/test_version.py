@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from edgec.compiler.cli import cli
-from edgec.runtime.cli import device_cli
+from edgec.runtime.front.cli import device_cli
 
 
 @pytest.mark.parametrize("group", [cli, device_cli], ids=["full", "device"])

@@ -30,7 +30,7 @@ def __getattr__(name: str):
 
         return compile
     if name == "run":
-        from edgec.runtime.api import run
+        from edgec.runtime.front.api import run
 
         return run
     if name == "Cluster":

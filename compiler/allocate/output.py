@@ -12,7 +12,7 @@ from pathlib import Path
 from edgec.runtime.errors import InputError
 from edgec.runtime.files import default_mode
 from edgec.runtime.interrupts import check_interrupted
-from edgec.runtime.runall import load_allocation
+from edgec.runtime.front.runall import load_allocation
 
 from ..emit import EmittedFragment, check_output_dir, write_output
 from ..emit.output import signals_held, swap_into_place

@@ -38,12 +38,12 @@ def _walk(group: click.Group, path: list[str]):
 
 def cli_page() -> str:
     from edgec.compiler.cli import cli
-    from edgec.runtime.cli import device_cli
+    from edgec.runtime.front.cli import device_cli
 
     device = set(device_cli.commands)
     out = ["# Command line", "",
            "Generated from the click command tree of `edgec` (compiler/cli.py) and of the device-only",
-           "distribution's `edgec` (runtime/cli.py `device_cli`): each section is the command's `--help`.", "",
+           "distribution's `edgec` (runtime/front/cli.py `device_cli`): each section is the command's `--help`.", "",
            "| command | what it does | device distribution |", "|---|---|---|"]
     for path, cmd in _walk(cli, ["edgec"]):
         short = cmd.get_short_help_str(limit=90).replace("|", "\\|")

@@ -243,7 +243,7 @@ FAILOVER_DEVICES = ("dev-a", "dev-b", "dev-c")
 FAILOVER_CASE = CASES[0]  # ResNet-50 pipelined, as in the main table
 FAILOVER_REPEAT, FAILOVER_KILL_AT = 200, 100  # the target: a worker killed at request 100 of 200
 # What the kill watches: the coordinator's progress on stderr, one line per completed timed request
-# (runtime/api.py run_manifest: "request N/REPEAT: LATENCY ms", printed as "edgec: ...").
+# (runtime/front/api.py run_manifest: "request N/REPEAT: LATENCY ms", printed as "edgec: ...").
 _PROGRESS = re.compile(r"^edgec: request (\d+)/(\d+):")
 
 

@@ -25,7 +25,7 @@ from edgec.compiler.cluster import load_cluster
 from edgec.compiler.cost import CostTable, build_cost_table
 from edgec.compiler.errors import UserError
 from edgec.compiler.ingest import load_model
-from edgec.runtime.runall import load_allocation
+from edgec.runtime.front.runall import load_allocation
 
 MODELS = Path(os.environ["EDGEC_MODELS_DIR"])
 

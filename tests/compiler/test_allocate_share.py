@@ -16,7 +16,7 @@ from edgec.compiler.allocate.allocate import BUDGET_MS, LOAD_SCALE
 from edgec.compiler.allocate.solve import SCALE, Item, Problem, Role, Sharing, brute_force, solve
 from edgec.compiler.cli import cli
 from edgec.compiler.errors import UserError
-from edgec.runtime.runall import load_allocation
+from edgec.runtime.front.runall import load_allocation
 
 MODELS = Path(os.environ["EDGEC_MODELS_DIR"])
 BUDGET = round(BUDGET_MS * LOAD_SCALE)

@@ -143,7 +143,7 @@ def test_a_plan_for_a_shared_machine_runs_and_reproduces_the_model(chain, tmp_pa
     """compile -> run: a cluster with hosts compiles to a build whose predicted section names the bound,
     and running it streams verified outputs."""
     from edgec.compiler.api import compile as compile_model
-    from edgec.runtime.api import execute
+    from edgec.runtime.front.api import execute
 
     path = write(tmp_path, hosts={"box": {"cores": 2, "coordinator": True}})
     compile_model(chain.path, path, tmp_path / "out", strategy="pipeline", objective="throughput")

@@ -320,7 +320,7 @@ def test_minus_one_model_compiles_and_runs_like_onnxruntime(paddle_path, tmp_pat
     import onnxruntime as ort
 
     from edgec.compiler.driver import compile_model
-    from edgec.runtime.api import run_manifest
+    from edgec.runtime.front.api import run_manifest
     from edgec.runtime.manifest.load import load_manifest
 
     clusters = Path(__file__).resolve().parents[1] / "e2e" / "clusters"

@@ -41,9 +41,7 @@ RUNTIME_LAYERS = [
     ["device"],  # the worker daemon, its sessions, onnxruntime, the fragment cache
     ["coordinator"],  # the worker pool, failover, adaptation, emulation, the run's report and trace
     ["serve"],  # the long-lived session and the network front over it
-    ["api"],
-    ["runall"],
-    ["cli"],
+    ["front"],  # the commands and edgec.run
     ["__main__"],
 ]
 LAYERS = {FOLDERS["compiler"]: COMPILER_LAYERS, FOLDERS["runtime"]: RUNTIME_LAYERS}
@@ -156,7 +154,7 @@ def test_every_unit_has_a_layer():
 
 def test_imports_run_down_the_layers():
     graph = _graph()
-    assert graph["edgec.compiler.driver"] and graph["edgec.runtime.cli"]  # the walk sees imports
+    assert graph["edgec.compiler.driver"] and graph["edgec.runtime.front.cli"]  # the walk sees imports
     bad = sorted(f"{m} imports {i}" for m, imps in graph.items() for i in imps
                  if _unit(m)[0] == _unit(i)[0] and _unit(m) != _unit(i) and _layer(i) >= _layer(m) >= 0)
     assert bad == []

@@ -19,7 +19,7 @@ from edgec.compiler.plan_types import Plan, Segment, SpatialGroup, Stage, Tile
 from edgec.compiler.cost import evaluate, simulate_manifest
 from edgec.compiler.spatial import segment_io, spatial_cuts
 from edgec.compiler.spatial.tiles import stage_layout, tile_name
-from edgec.runtime.api import run_manifest
+from edgec.runtime.front.api import run_manifest
 from edgec.runtime.coordinator.inputs import random_inputs
 from edgec.runtime.manifest.load import load_manifest
 from edgec.runtime.coordinator.verify import verify_outputs

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 import edgec
 from edgec.compiler.cli import cli
 from edgec.runtime.coordinator.adapt import WINDOW, Adapter, Measured, Option, busiest_ms
-from edgec.runtime.api import parse_slow
+from edgec.runtime.front.api import parse_slow
 from edgec.runtime.errors import InputError
 from edgec.runtime.manifest.load import load_alternative, load_manifest
 from edgec.runtime.wire.protocol import parse

@@ -23,8 +23,8 @@ import zstandard
 from click.testing import CliRunner
 
 import edgec
-from edgec.runtime.api import execute
-from edgec.runtime.cli import run as run_cmd
+from edgec.runtime.front.api import execute
+from edgec.runtime.front.cli import run as run_cmd
 from edgec.runtime.coordinator.pool import WorkerPool
 from edgec.runtime.errors import InputError
 from edgec.runtime.coordinator.inputs import random_inputs

@@ -21,7 +21,7 @@ import zmq
 from click.testing import CliRunner
 
 import edgec
-from edgec.runtime.cli import keygen as keygen_cmd, run as run_cmd
+from edgec.runtime.front.cli import keygen as keygen_cmd, run as run_cmd
 from edgec.runtime.device.worker import worker as worker_cmd
 from edgec.runtime.coordinator.pool import WorkerPool, load_keys
 from edgec.runtime.errors import InputError

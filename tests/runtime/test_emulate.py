@@ -21,8 +21,8 @@ from click.testing import CliRunner
 import edgec
 from edgec.compiler.cost import simulate_manifest
 from edgec.runtime.coordinator import pool as coordinator
-from edgec.runtime.api import execute, report
-from edgec.runtime.cli import run as run_cmd
+from edgec.runtime.front.api import execute, report
+from edgec.runtime.front.cli import run as run_cmd
 from edgec.runtime.coordinator.emulate import Channel, Overruns, suggest_dilate
 from edgec.runtime.device.emulate import DelayedLinks, pad_run
 from edgec.runtime.manifest.types import Fragment

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from onnx import helper
 
 import edgec
-from edgec.runtime.cli import run
+from edgec.runtime.front.cli import run
 from edgec.runtime.errors import InputError
 from edgec.runtime.manifest.load import load_manifest
 from edgec.runtime.manifest.signatures import read_signature

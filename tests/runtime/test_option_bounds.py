@@ -8,8 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 import edgec
-from edgec.runtime.api import MAX_TIMEOUT_S, check_options
-from edgec.runtime.cli import run, run_all
+from edgec.runtime.front.api import MAX_TIMEOUT_S, check_options
+from edgec.runtime.front.cli import run, run_all
 from edgec.runtime.device.worker import worker
 from edgec.runtime.errors import InputError
 

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 import edgec
 from edgec.runtime.coordinator.accuracy import ClockOffset, Samples, build_report, estimate_offset
-from edgec.runtime.cli import run as run_cmd
+from edgec.runtime.front.cli import run as run_cmd
 from edgec.runtime.coordinator.pool import WorkerPool
 from edgec.runtime.errors import RunError
 from edgec.runtime.coordinator.inputs import random_inputs

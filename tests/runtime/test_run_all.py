@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from edgec.compiler.cli import cli
 from edgec.runtime.errors import InputError
-from edgec.runtime.runall import load_allocation, run_all
+from edgec.runtime.front.runall import load_allocation, run_all
 
 MODELS = Path(os.environ["EDGEC_MODELS_DIR"])
 

@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 from numpy.lib import format as npy_format
 
-from edgec.runtime.cli import run
+from edgec.runtime.front.cli import run
 from edgec.runtime.machine import MAX_THREADS_HERE
 from edgec.runtime.errors import InputError
 from edgec.runtime.coordinator.inputs import check_memory, load_inputs

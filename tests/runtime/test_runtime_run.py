@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from edgec.runtime.cli import run
+from edgec.runtime.front.cli import run
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -92,7 +92,7 @@ def test_bad_warmup_exits_2(chain, value):
 
 
 def test_warmup_of_the_api_is_checked(chain):
-    from edgec.runtime.api import run as api_run
+    from edgec.runtime.front.api import run as api_run
     from edgec.runtime.errors import InputError
 
     for bad in (-1, True, 1.5):

@@ -18,7 +18,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from edgec.runtime.runall import load_allocation
+from edgec.runtime.front.runall import load_allocation
 from tests.runtime.conftest import build_chain
 from tests.runtime.test_run_all import allocation  # noqa: F401 - the fixture: two services, a device each
 from tests.runtime.serve_helpers import EDGEC, Server, assert_close, reference

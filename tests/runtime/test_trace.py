@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 import edgec
 from edgec.runtime.coordinator.accuracy import ClockOffset, Samples
-from edgec.runtime.cli import run as run_cmd
+from edgec.runtime.front.cli import run as run_cmd
 from edgec.runtime.errors import RunError
 from edgec.runtime.manifest.types import HOST, Recv, Run, Send
 from edgec.runtime.manifest.load import load_manifest

@@ -1,6 +1,6 @@
 """edgec on a device: the package root of the device-only distribution (edgec-runtime, runtime/dist).
 
-`edgec.run(...)` runs a compiled build, as `edgec run --json` does (see `edgec.runtime.api.run`), and
+`edgec.run(...)` runs a compiled build, as `edgec run --json` does (see `edgec.runtime.front.api.run`), and
 `edgec.Cluster(...)` serves it request by request (`edgec.runtime.serve.session.Cluster`). The
 compiler is not installed here: the full distribution's root (compiler/_root) adds `edgec.compile`.
 """
@@ -15,7 +15,7 @@ __version__ = _metadata.version("edgec-runtime")
 def __getattr__(name: str):
     """`edgec.run` and `edgec.Cluster`, imported on first use so that `import edgec` stays light."""
     if name == "run":
-        from edgec.runtime.api import run
+        from edgec.runtime.front.api import run
 
         return run
     if name == "Cluster":

@@ -15,22 +15,22 @@ from typing import Callable
 import click
 import numpy as np
 
-from .coordinator.accuracy import summary_lines
-from .coordinator.adapt import THRESHOLD
-from .wire.protocol import MAX_DILATE
+from ..coordinator.accuracy import summary_lines
+from ..coordinator.adapt import THRESHOLD
+from ..wire.protocol import MAX_DILATE
 from .api import (MAX_HEARTBEAT_MS, MAX_TIMEOUT_S, MAX_WARMUP, MIN_HEARTBEAT_MS, RequestsChecked, execute,
                   parse_addresses, parse_slow, report, write_npz)
-from .device.session import MAX_INFLIGHT
-from .command import (EXIT_INPUT, EXIT_OK, EXIT_PIPE, EXIT_RUN, EXIT_VERIFY_FAILED, Finite, OneLineErrors, RunCommand,
-                      quiet_broken_pipe, runtime_log_to_stderr)
-from .wire.compress import MODES as COMPRESS_MODES
-from .coordinator.pool import HEARTBEAT_MISSES, HEARTBEAT_MS, RunResult
-from .errors import EdgecRuntimeError, InputError
-from .interrupts import Interrupted, interrupt_on_signals
-from .wire.keys import COORDINATOR, keygen as write_keys, names_from_file
-from .manifest.types import Manifest
-from .machine import MAX_THREADS_HERE, edgec_version
-from .device.worker import worker, worker_main
+from ..device.session import MAX_INFLIGHT
+from ..command import (EXIT_INPUT, EXIT_OK, EXIT_PIPE, EXIT_RUN, EXIT_VERIFY_FAILED, Finite, OneLineErrors, RunCommand,
+                       quiet_broken_pipe, runtime_log_to_stderr)
+from ..wire.compress import MODES as COMPRESS_MODES
+from ..coordinator.pool import HEARTBEAT_MISSES, HEARTBEAT_MS, RunResult
+from ..errors import EdgecRuntimeError, InputError
+from ..interrupts import Interrupted, interrupt_on_signals
+from ..wire.keys import COORDINATOR, keygen as write_keys, names_from_file
+from ..manifest.types import Manifest
+from ..machine import MAX_THREADS_HERE, edgec_version
+from ..device.worker import worker, worker_main
 
 __all__ = ["run", "run_all", "worker", "keygen", "main", "worker_main", "device_main", "OneLineErrors", "quiet_broken_pipe",
            "EXIT_OK", "EXIT_VERIFY_FAILED", "EXIT_INPUT", "EXIT_RUN", "EXIT_PIPE", "MAX_THREADS_HERE"]
@@ -373,7 +373,7 @@ def serve(ctx: click.Context, build, http_bind, grpc_bind, model_name, token_fil
     """Serve BUILD (a build folder, or an `edgec allocate` folder: every service at its own
     /v2/models/NAME) with the Open Inference Protocol (KServe v2) over HTTP, and gRPC with --grpc, until
     SIGTERM or SIGINT. Binds 127.0.0.1 unless told otherwise."""
-    from .serve.server import serve_forever
+    from ..serve.server import serve_forever
 
     def body() -> int:
         builds = _served_builds(build, model_name)

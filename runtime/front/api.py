@@ -14,23 +14,23 @@ from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
-from .coordinator.accuracy import build_report, check_report_path, write_report
-from .coordinator.adapt import THRESHOLD, Adapter, kept_plans
-from .wire.compress import parse_mode
-from .coordinator.pool import HEARTBEAT_MS, FailoverCluster, RunResult, load_keys, steady_throughput
-from .coordinator.emulate import Overruns, undilated_offsets
-from .errors import InputError
-from .files import write_atomically
-from .coordinator.inputs import check_inputs, check_memory, load_inputs
-from .machine import MAX_THREADS_HERE
-from .manifest.types import Manifest
-from .manifest.load import load_manifest
-from .wire.keys import Keyring
-from .wire.protocol import MAX_DILATE
-from .serve.session import Cluster
-from .device.session import MAX_INFLIGHT
-from .coordinator.trace import Trace, check_trace_path, write_trace
-from .coordinator.verify import VerifyResult, check_model, compare_outputs, reference_outputs
+from ..coordinator.accuracy import build_report, check_report_path, write_report
+from ..coordinator.adapt import THRESHOLD, Adapter, kept_plans
+from ..wire.compress import parse_mode
+from ..coordinator.pool import HEARTBEAT_MS, FailoverCluster, RunResult, load_keys, steady_throughput
+from ..coordinator.emulate import Overruns, undilated_offsets
+from ..errors import InputError
+from ..files import write_atomically
+from ..coordinator.inputs import check_inputs, check_memory, load_inputs
+from ..machine import MAX_THREADS_HERE
+from ..manifest.types import Manifest
+from ..manifest.load import load_manifest
+from ..wire.keys import Keyring
+from ..wire.protocol import MAX_DILATE
+from ..serve.session import Cluster
+from ..device.session import MAX_INFLIGHT
+from ..coordinator.trace import Trace, check_trace_path, write_trace
+from ..coordinator.verify import VerifyResult, check_model, compare_outputs, reference_outputs
 
 __all__ = ["run", "execute", "report", "write_npz", "parse_addresses", "parse_slow", "check_options", "Checker",
            "RequestsChecked", "run_manifest", "MAX_INFLIGHT", "MIN_HEARTBEAT_MS", "MAX_HEARTBEAT_MS", "MAX_DILATE",

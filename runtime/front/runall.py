@@ -38,10 +38,10 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable
 
-from .machine import available_cores
-from .errors import EdgecRuntimeError, InputError
-from .interrupts import Interrupted, check_interrupted
-from .manifest.load import load_manifest
+from ..machine import available_cores
+from ..errors import EdgecRuntimeError, InputError
+from ..interrupts import Interrupted, check_interrupted
+from ..manifest.load import load_manifest
 
 __all__ = ["ALLOCATION_FORMAT", "Allocation", "ServiceEntry", "load_allocation", "parse_allocation", "run_all"]
 
@@ -269,8 +269,8 @@ def _run_service(s: ServiceEntry, stop: threading.Event, *, repeat: int, verify:
     which unwinds run_manifest's cluster (its workers closed)."""
     from .api import Checker, report
     from .api import run_manifest
-    from .coordinator.inputs import load_inputs
-    from .coordinator.verify import check_model, reference_outputs
+    from ..coordinator.inputs import load_inputs
+    from ..coordinator.verify import check_model, reference_outputs
 
     def step() -> None:
         if stop.is_set():
