@@ -21,7 +21,7 @@ barely moves the plan (a slow link carrying a few bytes) is not. Then every plan
 the same way, by the objective the build was compiled for (the latency of one request, or the period of a
 streamed one), and the run switches to the best when it beats the plan in use by more than MARGIN; either
 way the measured figures become what the plan in use assumes, so one drift leads to one decision.
-The switch itself (coordinator.py FailoverCluster): no new request is issued, those in flight complete on
+The switch itself (failover.py FailoverPool): no new request is issued, those in flight complete on
 the old plan, and the next one runs on the new plan: nothing is lost or re-run.
 """
 

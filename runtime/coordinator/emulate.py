@@ -1,15 +1,19 @@
 """--emulate on the coordinator: the shared medium's one channel, the fragment runs that overran their padding
-(and the --dilate that would leave room), and workers' timings brought back onto the emulated clock. The model
+(and the --dilate that would leave room), workers' timings brought back onto the emulated clock, and the worker
+pool's handling of the workers' `channel` and `overrun` messages (Emulating, a part of WorkerPool). The model
 and the device's side (padded runs, delayed links) are in device/emulate.py."""
 
 from __future__ import annotations
 
 import math
+import time
 from typing import Mapping
 
 from .accuracy import ClockOffset
+from .workers import WorkerLink
 
-__all__ = ["ROOM", "Channel", "Overruns", "suggest_dilate", "undilated_times", "undilated_starts", "undilated_offsets"]
+__all__ = ["ROOM", "Channel", "Overruns", "suggest_dilate", "undilated_times", "undilated_starts", "undilated_offsets",
+           "Emulating"]
 
 ROOM = 1.2  # the suggested dilation leaves 20% above the worst overrun seen
 
@@ -92,3 +96,23 @@ def undilated_starts(starts: Mapping[str, list], dilate: float) -> dict[str, lis
 def undilated_offsets(offsets: Mapping[str, ClockOffset], dilate: float) -> dict[str, ClockOffset]:
     """Clock offsets for undilated_times' clocks (clock - offset, divided by the dilation, is what matters)."""
     return {d: ClockOffset(o.offset_s / dilate, o.bound_s / dilate) for d, o in offsets.items()}
+
+
+class Emulating:
+    """WorkerPool's side of --emulate (pool.py): the shared channel's grants and the workers' overruns."""
+
+    def _on_channel(self, w: WorkerLink, msg: dict, payload) -> None:
+        if self.channel is None:
+            return self.drops.drop(f"'channel' from {w.name}, but the run emulates no shared medium")
+        wait_s = self.channel.reserve(time.monotonic(), msg["ms"] / 1000.0, msg["since_ms"] / 1000.0)
+        self._send(w, {"t": "grant", "seq": msg["seq"], "wait_ms": wait_s * 1000.0})
+
+    def _on_overrun(self, w: WorkerLink, msg: dict, payload) -> None:
+        if self.overruns is None:
+            return self.drops.drop(f"'overrun' from {w.name}, but the run is not emulated")
+        predicted = {f.id: f.predicted_ms for f in self.manifest.device_fragments(w.name)}
+        for fid, ms in zip(msg["fragments"], msg["measured_ms"]):
+            if fid not in predicted:
+                self.drops.drop(f"'overrun' from {w.name} of a fragment not its own", fid[:80])
+            else:
+                self.overruns.add(w.name, fid, predicted[fid], float(ms))

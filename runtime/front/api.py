@@ -17,7 +17,10 @@ import numpy as np
 from ..coordinator.accuracy import build_report, check_report_path, write_report
 from ..coordinator.adapt import THRESHOLD, Adapter, kept_plans
 from ..wire.compress import parse_mode
-from ..coordinator.pool import HEARTBEAT_MS, FailoverCluster, RunResult, load_keys, steady_throughput
+from ..coordinator.liveness import HEARTBEAT_MS
+from ..coordinator.failover import FailoverPool
+from ..coordinator.connect import load_keys
+from ..coordinator.window import steady_throughput
 from ..coordinator.emulate import Overruns, undilated_offsets
 from ..errors import InputError
 from ..files import write_atomically
@@ -32,7 +35,7 @@ from ..device.session import MAX_INFLIGHT
 from ..coordinator.trace import Trace, check_trace_path, write_trace
 from ..coordinator.verify import VerifyResult, check_model, compare_outputs, reference_outputs
 
-__all__ = ["run", "execute", "report", "write_npz", "parse_addresses", "parse_slow", "check_options", "Checker",
+__all__ = ["run", "execute", "report", "RunResult", "write_npz", "parse_addresses", "parse_slow", "check_options", "Checker",
            "RequestsChecked", "run_manifest", "MAX_INFLIGHT", "MIN_HEARTBEAT_MS", "MAX_HEARTBEAT_MS", "MAX_DILATE",
            "MAX_TIMEOUT_S"]
 
@@ -46,6 +49,32 @@ MIN_HEARTBEAT_MS, MAX_HEARTBEAT_MS = 10, 60_000
 MAX_WARMUP = 1000
 # zmq takes its send timeout in int32 milliseconds (24.8 days): a day is far beyond any start-up or request.
 MAX_TIMEOUT_S = 86_400.0
+
+
+@dataclasses.dataclass
+class RunResult:
+    """What run_manifest measured: the outputs, the timings and what the coordinator reports of the run."""
+
+    outputs: dict[str, np.ndarray]
+    latencies_ms: list[float]
+    device_run_ms: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # per device, one entry per request
+    threads: int = 0  # onnxruntime intra-op threads per local worker (0 = onnxruntime's default)
+    inflight: int = 1
+    throughput_ips: float = 0.0  # steady-state: outputs after the first / (last output - first output); see api.run_manifest
+    devices: dict[str, dict] = dataclasses.field(default_factory=dict)  # per worker: address, bytes counted, memory
+    compress: str = "none"  # the --compress mode of device-to-device tensors
+    completed: int = 0  # timed requests whose outputs came back (the warm-up is not counted)
+    warmup: int = 1  # untimed requests run one at a time before the timed ones
+    lost: int = 0  # timed requests asked for and not completed
+    failovers: list[dict] = dataclasses.field(default_factory=list)  # [{device, at_request, plan}] (FailoverPool)
+    accuracy: dict | None = None  # run_manifest(timings=True): the --report object (accuracy.py)
+    trace: dict | None = None  # run_manifest(trace=True): the --trace object (trace.py)
+    emulation: dict | None = None  # run_manifest(emulate=True): {dilate, overruns} (emulate.Overruns.as_json)
+    adaptations: list[dict] = dataclasses.field(default_factory=list)  # run_manifest(adapt=...): adapt.Adapter.as_json
+
+    @property
+    def latency_ms(self) -> float:
+        return statistics.median(self.latencies_ms)
 
 
 def run(manifest: str | os.PathLike, *, inputs: str | os.PathLike | Mapping[str, np.ndarray] | None = None,
@@ -169,7 +198,7 @@ def run_manifest(manifest: Manifest, inputs: Mapping[str, np.ndarray], *, repeat
     """A run as a client of the serving session (edgec.Cluster): reach the workers, run `warmup` untimed
     requests one at a time and then `repeat` timed requests with up to `inflight` in flight (default: the
     plan's pipeline depth), end the run. A device lost on the way is replaced by the manifest's fallback
-    plan without it, when there is one (FailoverCluster). With `timings`, `result.accuracy` is the --report
+    plan without it, when there is one (FailoverPool). With `timings`, `result.accuracy` is the --report
     object (accuracy.py) of the timed requests; with `trace`, `result.trace` is the --trace object (trace.py)
     of the same requests. `check` is called with every request's outputs as they arrive (the warm-up's too).
     With `emulate`, every time is stretched by `dilate` during the run and reported divided by it
@@ -238,7 +267,7 @@ def run_manifest(manifest: Manifest, inputs: Mapping[str, np.ndarray], *, repeat
     return result
 
 
-def _forget_warmup(pool: FailoverCluster, adapter: Adapter | None, recorder: Trace | None,
+def _forget_warmup(pool: FailoverPool, adapter: Adapter | None, recorder: Trace | None,
                    overruns: Overruns | None) -> None:
     """On the session's I/O thread, between requests: the warm-up is neither counted, timed nor judged."""
     pool.completed = pool.handed = 0  # completed, handed and at_request count the timed requests

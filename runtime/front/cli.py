@@ -24,7 +24,8 @@ from ..device.session import MAX_INFLIGHT
 from ..command import (EXIT_INPUT, EXIT_OK, EXIT_PIPE, EXIT_RUN, EXIT_VERIFY_FAILED, Finite, OneLineErrors, RunCommand,
                        quiet_broken_pipe, runtime_log_to_stderr)
 from ..wire.compress import MODES as COMPRESS_MODES
-from ..coordinator.pool import HEARTBEAT_MISSES, HEARTBEAT_MS, RunResult
+from ..coordinator.liveness import HEARTBEAT_MISSES, HEARTBEAT_MS
+from .api import RunResult
 from ..errors import EdgecRuntimeError, InputError
 from ..interrupts import Interrupted, interrupt_on_signals
 from ..wire.keys import COORDINATOR, keygen as write_keys, names_from_file

@@ -30,7 +30,10 @@ import numpy as np
 
 from ..coordinator.adapt import THRESHOLD, kept_plans
 from ..wire.compress import parse_mode
-from ..coordinator.pool import HEARTBEAT_MS, IDLE, FailoverCluster, load_keys
+from ..coordinator.liveness import HEARTBEAT_MS
+from ..coordinator.window import IDLE
+from ..coordinator.failover import FailoverPool as FailoverCluster
+from ..coordinator.connect import load_keys
 from ..errors import InputError, RunError
 from ..coordinator.inputs import check_inputs, check_memory
 from ..manifest.types import Manifest

@@ -117,14 +117,14 @@ def interleaved_ms(manifest: Path, repeat: int, threads: int) -> tuple[list[floa
     pool threads keep spinning for tens of ms (the workers stop them) and would slow whatever runs next."""
     import onnxruntime as ort
 
-    from edgec.runtime.coordinator.pool import LocalCluster
+    from edgec.runtime.coordinator.pool import WorkerPool
     from edgec.runtime.manifest.load import load_manifest
 
     m = load_manifest(manifest)
     sess = ort.InferenceSession(str(m.model_path), session_options(threads), providers=["CPUExecutionProvider"])
     x = {"data": np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)}
     plain, ours = [], []
-    with LocalCluster(m, threads=threads or None) as cluster:
+    with WorkerPool(m, threads=threads or None) as cluster:
         cluster.infer(x)
         sess.run(None, x)
         for _ in range(repeat):

@@ -201,7 +201,8 @@ def test_a_device_lost_after_an_adaptation_still_fails_over(tmp_path, monkeypatc
     earlier failover)."""
     from types import SimpleNamespace
 
-    from edgec.runtime.coordinator.pool import DeviceLost, FailoverCluster
+    from edgec.runtime.coordinator.liveness import DeviceLost
+    from edgec.runtime.coordinator.failover import FailoverPool
 
     out = tmp_path / "build"
     res = CliRunner().invoke(cli, ["compile", str(TINYCONV), "--devices", str(_cluster(tmp_path, PROFILES)), "-o",
@@ -213,7 +214,7 @@ def test_a_device_lost_after_an_adaptation_still_fails_over(tmp_path, monkeypatc
     alt = next(m for m in (load_alternative(main, a) for a in main.alternatives)
                if any(d in fallbacks for d in m.device_names if m.steps.get(d)))
     lost = next(d for d in alt.device_names if alt.steps.get(d) and d in fallbacks)
-    fc = FailoverCluster(main)
+    fc = FailoverPool(main)
     opened = []
     monkeypatch.setattr(fc, "_open", lambda manifest, addresses: opened.append(manifest) or SimpleNamespace(manifest=manifest))
     fc.cluster = SimpleNamespace(manifest=alt, timeout=1.0, close=lambda grace: None, device_report=lambda: {})

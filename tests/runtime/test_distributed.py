@@ -23,7 +23,8 @@ from click.testing import CliRunner
 import edgec
 from edgec.runtime.front.cli import keygen as keygen_cmd, run as run_cmd
 from edgec.runtime.device.worker import worker as worker_cmd
-from edgec.runtime.coordinator.pool import WorkerPool, load_keys
+from edgec.runtime.coordinator.pool import WorkerPool
+from edgec.runtime.coordinator.connect import load_keys
 from edgec.runtime.errors import InputError
 from edgec.runtime.coordinator.inputs import random_inputs
 from edgec.runtime.wire.keys import Keyring, keygen

@@ -19,7 +19,9 @@ import onnxruntime as ort
 import pytest
 
 import edgec
-from edgec.runtime.coordinator.pool import DeviceLost, FailoverCluster, WorkerPool
+from edgec.runtime.coordinator.liveness import DeviceLost
+from edgec.runtime.coordinator.failover import FailoverPool
+from edgec.runtime.coordinator.pool import WorkerPool
 from edgec.runtime.errors import InputError
 from edgec.runtime.coordinator.inputs import random_inputs
 from edgec.runtime.manifest.load import load_manifest
@@ -112,7 +114,7 @@ def test_every_output_verifies_in_request_order_across_a_switch(build):
     100 is issued. Each output must be the source model's output for that very request."""
     m = load_manifest(build / "manifest.json")
     requests = [random_inputs(m.inputs, seed) for seed in range(REPEAT)]
-    with FailoverCluster(m, inflight=2, timeout=30) as cluster:
+    with FailoverPool(m, inflight=2, timeout=30) as cluster:
         def feed():
             for i, inputs in enumerate(requests):
                 if i == KILL_AT:
@@ -140,7 +142,7 @@ def _silent_mid_run(build, workers, caplog) -> tuple[float, str]:
     addresses = {name: w.address for name, w in workers.items()}
     stopped = workers["pi5-b"].proc
     try:
-        with FailoverCluster(m, addresses=addresses, inflight=2, timeout=30, heartbeat_ms=100) as cluster:
+        with FailoverPool(m, addresses=addresses, inflight=2, timeout=30, heartbeat_ms=100) as cluster:
             for _ in cluster.stream([inputs] * 20):
                 pass
             stopped.send_signal(signal.SIGSTOP)
@@ -195,7 +197,7 @@ def test_a_worker_dying_as_the_run_starts_is_a_lost_device(build, workers, monke
     _kill_once_welcomed(monkeypatch, workers, "pi5-b")
     m = load_manifest(build / "manifest.json")
     inputs = random_inputs(m.inputs, 3)
-    with FailoverCluster(m, addresses={n: w.address for n, w in workers.items()}, inflight=1, timeout=30) as cluster:
+    with FailoverPool(m, addresses={n: w.address for n, w in workers.items()}, inflight=1, timeout=30) as cluster:
         assert len(list(cluster.stream([inputs] * 3))) == 3
         assert cluster.failovers == [{"device": "pi5-b", "at_request": 0,
                                       "plan": str(build / "fallback-pi5-b" / "manifest.json")}]
@@ -208,7 +210,7 @@ def test_without_fallbacks_a_worker_dying_as_the_run_starts_fails_naming_it(plai
     _kill_once_welcomed(monkeypatch, workers, "pi5-b")
     m = load_manifest(plain_build / "manifest.json")
     with pytest.raises(DeviceLost, match=r"^device pi5-b .*lost the connection.*compile with --fallbacks"):
-        with FailoverCluster(m, addresses={n: w.address for n, w in workers.items()}, timeout=30):
+        with FailoverPool(m, addresses={n: w.address for n, w in workers.items()}, timeout=30):
             pass
 
 

@@ -14,7 +14,8 @@ import msgpack
 import pytest
 import zmq
 
-from edgec.runtime.coordinator.pool import WorkerPool, _Request
+from edgec.runtime.coordinator.pool import WorkerPool
+from edgec.runtime.coordinator.window import OpenRequest
 from edgec.runtime.errors import InputError
 from edgec.runtime.manifest.types import Run
 from edgec.runtime.manifest.load import load_manifest
@@ -96,9 +97,9 @@ class _Socket:
         return self.waiting.pop(0)
 
 
-def _tracing_cluster(chain) -> tuple[WorkerPool, _Request]:
+def _tracing_cluster(chain) -> tuple[WorkerPool, OpenRequest]:
     cluster = WorkerPool(load_manifest(chain.path), trace=Trace())
-    request = cluster.open[0] = _Request(0)
+    request = cluster.open[0] = OpenRequest(0)
     return cluster, request
 
 

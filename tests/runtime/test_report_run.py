@@ -151,13 +151,13 @@ def test_a_transfer_entry_without_a_send_is_reported_unmeasured(pipeline, tmp_pa
 def test_a_report_after_a_failover_is_the_fallback_plans(tmp_path):
     """pi5-b's local worker is killed mid-run: the fragments and transfers reported are the fallback plan's
     (pi5-a -> pi5-c), timed on the requests it ran, and the report lists the switch."""
-    from edgec.runtime.coordinator.pool import FailoverCluster
+    from edgec.runtime.coordinator.failover import FailoverPool
     from tests.runtime.test_failover import _compile as compile_with_fallbacks
 
     build = compile_with_fallbacks(tmp_path, fallbacks=True)
     m = load_manifest(build / "manifest.json")
     inputs = random_inputs(m.inputs, 0)
-    with FailoverCluster(m, inflight=2, timeout=30, timings=True) as cluster:
+    with FailoverPool(m, inflight=2, timeout=30, timings=True) as cluster:
         def feed():
             for i in range(30):
                 if i == 10:

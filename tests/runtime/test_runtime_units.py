@@ -178,7 +178,7 @@ def test_tensor_roundtrip_any_shape_dtype_and_region(zmq_pair, shape, dtype, axi
 # -- steady-state throughput ------------------------------------------------------------------------------------
 
 def test_throughput_is_the_rate_of_outputs_after_the_first():
-    from edgec.runtime.coordinator.pool import steady_throughput
+    from edgec.runtime.coordinator.window import steady_throughput
 
     # a two-stage pipeline: the first output after a 30 ms latency, then one every 10 ms
     done = [0.030 + 0.010 * i for i in range(20)]

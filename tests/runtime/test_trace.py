@@ -239,7 +239,7 @@ def test_a_trace_across_a_failover_names_each_requests_plan(tmp_path):
     switch with the fallback plan's fragments (pi5-a -> pi5-c)."""
     import signal
 
-    from edgec.runtime.coordinator.pool import FailoverCluster
+    from edgec.runtime.coordinator.failover import FailoverPool
     from edgec.runtime.coordinator.inputs import random_inputs
     from tests.runtime.test_failover import _compile as compile_with_fallbacks
 
@@ -248,7 +248,7 @@ def test_a_trace_across_a_failover_names_each_requests_plan(tmp_path):
     fallback = load_manifest(build / m.fallback_for("pi5-b").manifest)
     inputs = random_inputs(m.inputs, 0)
     trace = Trace()
-    with FailoverCluster(m, inflight=2, timeout=30, trace=trace) as cluster:
+    with FailoverPool(m, inflight=2, timeout=30, trace=trace) as cluster:
         def feed():
             for i in range(20):
                 if i == 8:
