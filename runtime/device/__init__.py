@@ -1,7 +1,8 @@
 """The device side: what runs on each device.
 
 - worker.py: `edgec worker`, the daemon that serves one coordinator's run at a time; session.py: one run on a
-  worker (the manifest, the device's steps for every request, its peers);
+  worker (the manifest, the coordinator's messages, the tensors from its peers); steps.py: one request through
+  the device's steps;
 - executor.py: onnxruntime sessions for the device's fragments; cache.py: the fragment cache, files keyed by
   their sha256; emulate.py: --emulate's padded runs and delayed links.
 
