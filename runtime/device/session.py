@@ -1,7 +1,7 @@
 """One run on a worker (a session): the coordinator's manifest, this device's fragments and peers, and the
 requests it executes, each through the device's steps in order. The protocol is in wire/protocol.py.
 
-Device-to-device tensors are compressed as the run's `compress` mode says (wire/compress.py): one Chooser per
+Device-to-device tensors are compressed as the run's `compress` mode says (wire/chooser.py): one Chooser per
 destination, which in `auto` mode weighs this machine's measured codec speeds against that link's
 bandwidth in the manifest's network. Model inputs and outputs (coordinator <-> worker) always travel raw:
 the planner treats those transfers as free, and the coordinator is usually on the fastest link.
@@ -32,7 +32,8 @@ import zmq
 
 from ..wire.protocol import timed_steps
 from .cache import FragmentCache, Incoming, check_sha256
-from ..wire.compress import Chooser, calibrate, parse_mode
+from ..wire.chooser import Chooser, calibrate
+from ..wire.compress import parse_mode
 from .emulate import DelayedLinks
 from ..errors import InputError, RunError
 from .executor import Executor

@@ -28,6 +28,7 @@ from onnx import TensorProto, helper
 
 from edgec.models.inputs import example_inputs
 from edgec.runtime.wire import compress as C
+from edgec.runtime.wire.chooser import Chooser, calibrate
 import benchlib  # noqa: E402  (tests/bench is sys.path[0] when a script runs)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -134,7 +135,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
 
-    cal = C.calibrate()
+    cal = calibrate()
     log(f"calibration: {cal.seconds * 1000:.0f} ms")
     rows = []  # (model, tensor, label, array, measurements)
     for model in args.models:
@@ -165,7 +166,7 @@ def main() -> None:
         for model, tensor, label, arr, m in rows:
             times = {"none": transfer_s(arr.nbytes, None, mbps)}
             times.update({c: transfer_s(arr.nbytes, m[c], mbps) for c in CODECS})
-            chooser = C.Chooser("auto", mbps, calibration=cal)
+            chooser = Chooser("auto", mbps, calibration=cal)
             first = chooser.choose(tensor, arr.dtype, arr.nbytes)  # from the dtype's prior
             if first != "none":
                 chooser.observe(tensor, first, arr.nbytes, m[first][0])  # what the first transfer teaches

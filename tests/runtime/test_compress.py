@@ -12,9 +12,9 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgec.runtime.wire import compress as C
-from edgec.runtime.wire.compress import (Calibration, Chooser, CodecSpeed, PayloadError, decode, decode_array, encode,
-                                         expected_nbytes, parse_mode)
+from edgec.runtime.wire import chooser
+from edgec.runtime.wire.chooser import Calibration, Chooser, CodecSpeed
+from edgec.runtime.wire.compress import PayloadError, decode, decode_array, encode, expected_nbytes, parse_mode
 from edgec.runtime.errors import InputError
 
 CODECS = ("none", "lz4", "zstd")
@@ -376,14 +376,14 @@ def test_calibration_serialises_and_rejects_malformed_data():
 def test_real_calibration_is_cached_and_sane():
     """What the calibration finds about the data (sizes, compression ratios) and that it is measured once; its
     speeds are the machine's (the slow test below)."""
-    cal = C._measure()
+    cal = chooser._measure()
     for codec in ("lz4", "zstd"):
         assert len(cal.points[codec]) == 4 and cal.overhead_s[codec] > 0
         assert all(p.compress_bps > 0 and p.decompress_bps > 0 for p in cal.points[codec])
         assert cal.priors["float32"][codec] < 0.9  # post-ReLU activations compress
     assert cal.priors["float32"]["zstd"] < cal.priors["float32"]["lz4"]
-    assert C.calibrate() is C.calibrate()
-    assert Chooser("auto", 10).calibration is C.calibrate()
+    assert chooser.calibrate() is chooser.calibrate()
+    assert Chooser("auto", 10).calibration is chooser.calibrate()
 
 
 @pytest.mark.slow
@@ -391,7 +391,7 @@ def test_real_calibration_is_fast():
     """The calibration every run pays on first use: under a second, codecs at 10 MB/s and more, a call's
     overhead under a millisecond. Slow: these time this machine (a busy one may miss them)."""
     t0 = time.perf_counter()
-    cal = C._measure()
+    cal = chooser._measure()
     assert time.perf_counter() - t0 < 1.0
     for codec in ("lz4", "zstd"):
         assert cal.overhead_s[codec] < 1e-3

@@ -20,7 +20,8 @@ from edgec.runtime.errors import InputError
 from edgec.runtime.manifest.types import Run
 from edgec.runtime.manifest.load import load_manifest
 from edgec.runtime.wire.protocol import MAX_TIMED_STEPS, PROTOCOL_VERSION, parse
-from edgec.runtime.device.session import Session, Steps
+from edgec.runtime.device.session import Session
+from edgec.runtime.device.steps import Steps
 from edgec.runtime.coordinator.trace import Trace
 from edgec.runtime.wire.transport import MAX_HEADER_BYTES, BadMessage, pack
 
