@@ -135,7 +135,7 @@ def _ms(v: float) -> str:
 
 # -- the trace of `edgec run --trace` -------------------------------------------------------------------------
 def load_measured(path: str | os.PathLike, sim: Mapping, medium: str) -> Measured:
-    """The median request of a trace file (runtime/trace.py), checked against the simulated plan."""
+    """The median request of a trace file (runtime/coordinator/trace.py), checked against the simulated plan."""
     try:
         with open(path, "rb") as fh:
             doc = json.load(fh)

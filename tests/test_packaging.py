@@ -39,6 +39,15 @@ def test_every_source_package_is_listed():
     assert found | {"edgec", "edgec.profiles"} == listed
 
 
+def test_the_device_distribution_lists_every_runtime_package():
+    """runtime/dist lists its packages too: a runtime room missing there would be left out of a device's wheel."""
+    listed = set(_pyproject(ROOT / "runtime" / "dist" / "pyproject.toml")["tool"]["setuptools"]["packages"])
+    found = {".".join(("edgec.runtime", *init.parent.relative_to(ROOT / "runtime").parts))
+             for init in (ROOT / "runtime").rglob("__init__.py") if "dist" not in init.relative_to(ROOT).parts}
+    assert {"edgec.runtime.wire", "edgec.runtime.coordinator"} <= found
+    assert found | {"edgec"} == listed
+
+
 def test_repository_folders_beside_the_package_do_not_install():
     """docs/, examples/, benchmarks/ and deploy/ stay in the checkout: no package maps to them, and an installed
     edgec has none of them (nor a top-level package of that name)."""
@@ -98,6 +107,9 @@ def test_device_distribution_runs_a_build_without_the_compiler(tmp_path):
     wheel = _device_wheel(tmp_path)
     names = [n for n in zipfile.ZipFile(wheel).namelist() if not n.split("/")[0].endswith(".dist-info")]
     assert "edgec/__init__.py" in names and "edgec/runtime/device/worker.py" in names
+    sources = {f"edgec/{p.relative_to(ROOT).as_posix()}" for p in (ROOT / "runtime").rglob("*.py")
+               if "dist" not in p.relative_to(ROOT).parts}
+    assert sources <= set(names), sorted(sources - set(names))  # every room of the runtime
     assert all(n == "edgec/__init__.py" or n.startswith("edgec/runtime/") for n in names), names
 
     venv = tmp_path / "venv"

@@ -53,7 +53,7 @@ before it (a chain); another order pays where a later stage does not wait for th
 branch placed on a slower device than the branch before it.
 
 Across senders nothing is decided statically: on a shared medium, bursts take the channel in the order
-their holders are ready (the coordinator arbitrates first come first served at run time, runtime/emulate.py),
+their holders are ready (the coordinator arbitrates first come first served at run time, runtime/coordinator/emulate.py),
 which a static order cannot change; the timelines model it so (stage_timeline.py within a spatial stage, evaluate's
 `_Flow` between stages, runtime/manifest/replay.py for the manifest).
 

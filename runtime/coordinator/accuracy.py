@@ -20,7 +20,7 @@ step of the schedule matches, and then its error. Milliseconds are rounded to 4 
   emulated times are reported). Its prediction is the manifest's `predicted_ms`.
 - A transfer's measured time runs from the moment its sender started sending (before compression) to the
   moment the receiver took the whole message off its data socket and decoded it (decompressed, where the
-  sender compressed it); a receiver busy running a fragment takes it when the run ends: session.py. The two moments are read on two workers' clocks, brought onto the
+  sender compressed it); a receiver busy running a fragment takes it when the run ends: device/session.py. The two moments are read on two workers' clocks, brought onto the
   coordinator's clock by each worker's offset, estimated when the session starts with Cristian's method:
   the coordinator notes its clock t0, asks for the worker's clock c (`sync`), notes t1 when the answer
   arrives; offset = c - (t0 + t1) / 2, wrong by at most the round trip's half, (t1 - t0) / 2, of the
@@ -31,7 +31,7 @@ step of the schedule matches, and then its error. Milliseconds are rounded to 4 
 - Latency is the median request latency; its prediction, the manifest's `predicted.latency_ms`, is a lone
   request's: with more than one request in flight the measured latency includes queueing. Throughput is
   the steady-state rate of the timed requests (the outputs after the first over the time from the first
-  output to the last: coordinator.steady_throughput); its prediction, `predicted.throughput_ips`.
+  output to the last: window.steady_throughput); its prediction, `predicted.throughput_ips`.
 - After a failover the fragments and transfers are the fallback plan's, measured on the requests it ran
   (re-runs included; a fallback gets no warm-up), latency and throughput the whole run's against the
   fallback's predictions. After an adaptation (`--adapt`) likewise: the plan in use at the end, measured on

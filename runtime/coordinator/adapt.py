@@ -13,7 +13,7 @@ the fastest for a link, because a message's measured time only grows by waiting 
 run takes it when the run ends), so the fastest of a window is the link's own speed. A device or link that
 the plan in use leaves out keeps the last figure measured on it (1, its prediction, if never measured).
 
-Drift: once WINDOW requests have completed on the plan in use, its schedule is replayed (replay.py, the
+Drift: once WINDOW requests have completed on the plan in use, its schedule is replayed (manifest/replay.py, the
 planner's own timeline) with the measured figures, each device's fragments and each link's messages scaled
 by their factors, and compared with the same replay under the figures it was chosen under (its predictions,
 for the plan the run started with). A change by more than `threshold` (relative) is drift; a figure that

@@ -65,7 +65,7 @@ class WorkerPool(Connecting, Shipping, Window, Liveness, Clocks, Emulating):
         self.trace = trace
         self.ephemeral = False  # whether `keys` were made in memory for this run alone (start, close)
         self.heartbeat_ms = heartbeat_ms
-        self.compress = parse_mode(compress)  # how the workers send tensors to each other (compress.py)
+        self.compress = parse_mode(compress)  # how the workers send tensors to each other (wire/compress.py)
         endpoints = resolve_endpoints(manifest, addresses)
         self.workers = {name: WorkerLink(name, ep) for name, ep in endpoints.items()}
         local = [n for n, w in self.workers.items() if w.local]

@@ -30,7 +30,7 @@ offsets and, under --emulate, undilation), so a trace and a report of one run ag
 would overlap (requests in flight, a sender's messages under way together), the later ones go to threads
 "compute 2", "send 2", ..., because the trace viewers draw only nested slices on one thread.
 
-A device's events are where its worker stamped them (protocol.py, `done`), brought onto the coordinator's clock
+A device's events are where its worker stamped them (wire/protocol.py, `done`), brought onto the coordinator's clock
 by that worker's clock offset (accuracy.py): a run starts when the worker stamped it just before onnxruntime ran
 it (under --emulate, the moment its padded run is counted from: when its device was ready for it), a send when
 the sender started it, a receive when the receiver took the message. So each is placed where it happened, wrong

@@ -8,7 +8,7 @@ Time stretches by K (K >= 1): each fragment run is padded to K x its predicted_m
 message takes K x (bytes / bandwidth + latency) of its link; the coordinator divides every time it reports
 by K, so a host slower than the emulated devices still reproduces their timeline exactly, given room.
 
-The network is the planner's (runtime/manifest/replay.py, which the compiler's simulate uses, tiles.py predict_stage):
+The network is the planner's (runtime/manifest/replay.py, which the compiler's simulate uses, cost/tiles.py predict_stage):
 - a device's consecutive `send` steps form a burst; its messages leave one after another, in step order,
   on the sender's uplink (switched medium) or on the one channel every device shares (shared medium, first
   come first served: the coordinator's Channel arbitrates, and a burst holds the channel to its end);
@@ -17,7 +17,7 @@ The network is the planner's (runtime/manifest/replay.py, which the compiler's s
 - sends to and from the host are free, as in the planner.
 What the planner counts as free (slices, concatenations, sends to and from the host, encoding and decoding
 tensors) still takes real time here: a worker counts each run's padding and each burst's start from the moment
-the device was ready by the planner's timeline (session.Steps.ready), which absorbs it. A fragment run (with
+the device was ready by the planner's timeline (steps.Steps.ready), which absorbs it. A fragment run (with
 the free steps before it) slower than its padding makes the emulation inexact: workers report such overruns,
 and the coordinator's Overruns names them and the K that would leave room.
 """

@@ -60,7 +60,7 @@ class Daemon:
                 raise InputError(f"--listen {endpoint}: refusing to listen on {host.host}, which other machines can "
                                  "reach, without --keys (create them with `edgec keygen`)")
         self.keys, self.cache, self.threads = keys, cache, threads
-        # The one key a run is accepted from (keys.py, "Roles"): a device's key only carries tensors.
+        # The one key a run is accepted from (wire/keys.py, "Roles"): a device's key only carries tensors.
         self.coordinator = keys.coordinator_key() if keys is not None else None
         self.data_port, self.data_host = data_port, data_host or endpoint.host
         self.max_buffer_bytes, self.max_message_bytes = max_buffer_bytes, max_message_bytes

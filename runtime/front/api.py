@@ -35,9 +35,9 @@ from ..device.session import MAX_INFLIGHT
 from ..coordinator.trace import Trace, check_trace_path, write_trace
 from ..coordinator.verify import VerifyResult, check_model, compare_outputs, reference_outputs
 
-__all__ = ["run", "execute", "report", "RunResult", "write_npz", "parse_addresses", "parse_slow", "check_options", "Checker",
-           "RequestsChecked", "run_manifest", "MAX_INFLIGHT", "MIN_HEARTBEAT_MS", "MAX_HEARTBEAT_MS", "MAX_DILATE",
-           "MAX_TIMEOUT_S"]
+__all__ = ["run", "execute", "report", "RunResult", "write_npz", "parse_addresses", "parse_slow", "check_options",
+           "Checker", "RequestsChecked", "run_manifest", "MAX_INFLIGHT", "MIN_HEARTBEAT_MS", "MAX_HEARTBEAT_MS",
+           "MAX_DILATE", "MAX_TIMEOUT_S"]
 
 logger = logging.getLogger(__name__)
 # One record per timed request ("request N/REPEAT: LATENCY ms", with `done` and `total`): `edgec run` prints
@@ -60,15 +60,15 @@ class RunResult:
     device_run_ms: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # per device, one entry per request
     threads: int = 0  # onnxruntime intra-op threads per local worker (0 = onnxruntime's default)
     inflight: int = 1
-    throughput_ips: float = 0.0  # steady-state: outputs after the first / (last output - first output); see api.run_manifest
+    throughput_ips: float = 0.0  # steady state: outputs after the first / (last output - first); see run_manifest
     devices: dict[str, dict] = dataclasses.field(default_factory=dict)  # per worker: address, bytes counted, memory
     compress: str = "none"  # the --compress mode of device-to-device tensors
     completed: int = 0  # timed requests whose outputs came back (the warm-up is not counted)
     warmup: int = 1  # untimed requests run one at a time before the timed ones
     lost: int = 0  # timed requests asked for and not completed
     failovers: list[dict] = dataclasses.field(default_factory=list)  # [{device, at_request, plan}] (FailoverPool)
-    accuracy: dict | None = None  # run_manifest(timings=True): the --report object (accuracy.py)
-    trace: dict | None = None  # run_manifest(trace=True): the --trace object (trace.py)
+    accuracy: dict | None = None  # run_manifest(timings=True): the --report object (coordinator/accuracy.py)
+    trace: dict | None = None  # run_manifest(trace=True): the --trace object (coordinator/trace.py)
     emulation: dict | None = None  # run_manifest(emulate=True): {dilate, overruns} (emulate.Overruns.as_json)
     adaptations: list[dict] = dataclasses.field(default_factory=list)  # run_manifest(adapt=...): adapt.Adapter.as_json
 
@@ -199,13 +199,13 @@ def run_manifest(manifest: Manifest, inputs: Mapping[str, np.ndarray], *, repeat
     requests one at a time and then `repeat` timed requests with up to `inflight` in flight (default: the
     plan's pipeline depth), end the run. A device lost on the way is replaced by the manifest's fallback
     plan without it, when there is one (FailoverPool). With `timings`, `result.accuracy` is the --report
-    object (accuracy.py) of the timed requests; with `trace`, `result.trace` is the --trace object (trace.py)
-    of the same requests. `check` is called with every request's outputs as they arrive (the warm-up's too).
-    With `emulate`, every time is stretched by `dilate` during the run and reported divided by it
-    (emulate.py); fragment runs that overran their padding are logged as warnings and listed in
-    `result.emulation`. With an `adapter`, the run switches between the build's kept plans as the measured
-    figures drift (adapt.py), and `result.adaptations` lists its decisions; `slow` ({device: (timed request
-    index, factor)}, with `emulate`) slows a device down from that request on."""
+    object (coordinator/accuracy.py) of the timed requests; with `trace`, `result.trace` is the --trace
+    object (coordinator/trace.py) of the same requests. `check` is called with every request's outputs as
+    they arrive (the warm-up's too). With `emulate`, every time is stretched by `dilate` during the run and
+    reported divided by it (coordinator/emulate.py); fragment runs that overran their padding are logged as
+    warnings and listed in `result.emulation`. With an `adapter`, the run switches between the build's kept
+    plans as the measured figures drift (coordinator/adapt.py), and `result.adaptations` lists its decisions;
+    `slow` ({device: (timed request index, factor)}, with `emulate`) slows a device down from that request on."""
     say = progress or (lambda _msg: None)
     overruns = Overruns(dilate) if emulate else None
     recorder = Trace(emulated=emulate) if trace else None

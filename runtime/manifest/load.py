@@ -32,7 +32,7 @@ are ignored):
               message_ms_per_mb; a device without an entry costs 0.
               With exactly one device, bandwidth_mbps and latency_ms may both be null: there is no network
               (a cluster file without one); the runtime then treats every hop as free.
-              Used only by `--emulate` (emulate.py, the planner's model): a device-to-device message takes
+              Used only by `--emulate` (device/emulate.py, the planner's model): a device-to-device message takes
               bytes * 8 / (bandwidth_mbps * 1e6) s + latency_ms of its pair's link (x --dilate K); a device's
               consecutive sends leave one after another on its uplink ("switched") or on the one channel all
               devices share, first come first served ("shared"), and the device's next step waits for them;
@@ -82,7 +82,7 @@ are ignored):
               is the fallback's manifest.json, a relative path inside the build folder (the compiler writes
               "fallback-<device>/manifest.json", a complete build of its own), and `sha256` that file's hash.
               When no plan fits the devices left, `manifest` and `sha256` are null and `error` says why.
-              `edgec run` switches to a device's fallback when the device stops answering (see coordinator.py).
+              `edgec run` switches to a device's fallback when the device stops answering (see coordinator/failover.py).
   alternatives optional (written by `edgec compile --keep N` and `--shifts`; absent or null: none)
               [{"manifest": str, "sha256": hex str, "strategy": str,
                 "predicted": {"latency_ms": number, "throughput_ips": number, "energy_mj": number or null},
@@ -97,7 +97,7 @@ are ignored):
               human-readable line what a variant of the chosen plan changes, e.g. "shift stage 0|1 boundary
               +1 layer (layer 7 'conv3' to pi-a)": stages numbered from 0 as in `plan.stages`, +1 when stage
               k takes stage k+1's first layer, -1 when stage k+1 takes stage k's last. `load_alternative`
-              loads one, checked against this manifest. `edgec run --adapt` switches between them (adapt.py).
+              loads one, checked against this manifest. `edgec run --adapt` switches between them (coordinator/adapt.py).
 
 Validation (each failure is an InputError "<manifest path>: <problem>", one line): the file's size
 (at most 64 MiB) and nesting (at most 64 levels); format and version; numbers finite;

@@ -3,7 +3,7 @@
 A discrete-event replay in time order: each device executes its steps in order; a `run` takes the
 fragment's predicted_ms; a burst of consecutive `send`s occupies the sender (and, on a shared medium, the one
 channel, which bursts take first come first served, ties in `transfers` order) for each message's time under
-the link model (linkmodel.py: bytes / bandwidth + latency with the runtime's cost of a message from
+the link model (runtime/linkmodel.py: bytes / bandwidth + latency with the runtime's cost of a message from
 network.costs folded in; a send step is a message, so one of no bytes takes the latency); a `recv` waits for the matching
 send to finish; slice, concat and free are free, as in the planner. Host transfers cost the runtime's
 per-request cost (network.costs' request_ms, half in, half out, each with the bytes of the device's model

@@ -28,7 +28,7 @@ A session (one run), in order:
                                           (a worker keeps a request's tensors that arrive before its `run`, inside
                                           the in-flight window, so either order works; the coordinator sends the
                                           inputs first)
-  under emulate (emulate.py):
+  under emulate (device/emulate.py, coordinator/emulate.py):
     W channel {seq, ms, since_ms}      -> C grant {seq, wait_ms}  (shared medium only: W's next burst of sends
                                           takes ms and was ready since_ms ago; C reserves the one channel, first
                                           come first served, from then or when it is free, and W starts the
@@ -43,7 +43,7 @@ A session (one run), in order:
 Request ids count from 0 in steps of 1; at most `inflight` requests are open at once, and a worker keeps
 tensors only for the requests inside that window.
 
-`done` timings (runtime/accuracy.py reads them): empty lists until the session received a `sync`; then
+`done` timings (runtime/coordinator/accuracy.py reads them): empty lists until the session received a `sync`; then
 frag_ms holds one entry per `run` step of the device, in step order (the fragment's run time in ms, padded
 under --emulate), run_clocks one per frag_ms entry (the worker's time.monotonic() in seconds when that run
 started: just before the executor ran it, or under --emulate the start the emulation counts the padded run
@@ -64,8 +64,8 @@ import zmq
 from ..manifest.types import HOST, Recv, Run, Send, Step
 from .transport import MAX_HEADER_BYTES, BadMessage, unpack
 
-__all__ = ["PROTOCOL_VERSION", "BLOB_CHUNK", "BLOB_WINDOW", "MAX_OPEN_BYTES", "MAX_TIMED_STEPS", "MAX_DILATE", "is_timed",
-           "timed_steps", "parse", "DropLog"]
+__all__ = ["PROTOCOL_VERSION", "BLOB_CHUNK", "BLOB_WINDOW", "MAX_OPEN_BYTES", "MAX_TIMED_STEPS", "MAX_DILATE",
+           "is_timed", "timed_steps", "parse", "DropLog"]
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ logger = logging.getLogger(__name__)
 PROTOCOL_VERSION = 5
 BLOB_CHUNK = 4 << 20  # fragment file bytes per blob message
 BLOB_WINDOW = 4  # blob messages in flight per worker: bounds what either side queues
-MAX_OPEN_BYTES = (64 << 20) + (1 << 16)  # the manifest (at most 64 MiB, manifest.py) and the other fields
+MAX_OPEN_BYTES = (64 << 20) + (1 << 16)  # the manifest (at most 64 MiB, manifest/load.py) and the other fields
 MAX_DILATE = 1000.0  # --dilate: a 100 ms fragment then pads to 100 s, past any sensible --timeout
 # msgpack writes a float in 9 bytes, and a timed step costs a `done` at most two (a run: its start and its
 # time): this many timed steps keep a `done` header well inside MAX_HEADER_BYTES. Which steps are timed, and in

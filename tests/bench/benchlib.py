@@ -75,7 +75,7 @@ MAX_REQUESTS = 1000  # the bound on that
 def requests_for(repeat: int, per_second: float) -> int:
     """Requests of a timed run: --repeat, or enough to last MEASURE_SECONDS at `per_second` predicted requests
     a second (at most MAX_REQUESTS), whichever is more.  A throughput is the outputs after the first over the
-    time from the first to the last (coordinator.steady_throughput), so a short stream is a few intervals: 10
+    time from the first to the last (coordinator/window.py steady_throughput), so a short stream is a few intervals: 10
     requests of a two-stage MobileNetV2 (about 3 ms apart) measured 317-376/s in four runs back to back, 200
     requests 345-349/s; over a 100 Mbps testbed link, 20 requests 0.70-0.80 of its prediction, 200 requests
     0.99 (2026-11-26).  A latency, the median request, wanders less, but 10 requests of 5 ms are one moment

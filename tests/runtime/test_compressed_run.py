@@ -1,5 +1,5 @@
 """`edgec run --compress`: device-to-device tensors compressed by the sending worker and decoded by the
-receiving one (runtime/wire/compress.py through runtime/wire/transport.py and runtime/session.py). Every mode gives
+receiving one (runtime/wire/compress.py through runtime/wire/transport.py and runtime/device/session.py). Every mode gives
 bitwise the outputs of `none`; the wire bytes shrink and are reported per device; auto follows the link's
 bandwidth; --emulate delays a send by its compressed size; a forged payload that decodes to the wrong size
 is dropped and the worker carries on; a bad mode is one line and exit 2."""
