@@ -33,9 +33,11 @@ COMPILER_LAYERS = [
     ["__main__"],
     ["_root"],  # the `edgec` package: edgec.compile and edgec.run
 ]
+# The runtime in rooms (packages by concern, each __init__ saying what it holds and may import) over a base of
+# small modules at the top of runtime/.
 RUNTIME_LAYERS = [
     ["", "errors", "interrupts", "linkmodel", "machine"],  # "": the edgec.runtime package (format constants)
-    ["files", "command"],
+    ["files", "command"],  # the base's helpers: files written all or nothing; what the commands share
     ["manifest"],  # the contract: types, parsing, schedule checks, signatures, the planner's replay
     ["wire"],  # addresses, keys, codecs, framing, the protocol's messages
     ["device"],  # the worker daemon, its sessions, onnxruntime, the fragment cache
@@ -233,3 +235,23 @@ def test_only_the_allocator_solves_with_ortools():
                                    "edgec.compiler.driver", "edgec.compiler.cluster"])
 def test_nothing_below_the_allocator_imports_it(below):
     assert _violations(below, "edgec.compiler.allocate") == []
+
+
+def _rooms() -> list[Path]:
+    return sorted(p for p in (ROOT / "runtime").rglob("__init__.py") if p.parent != ROOT / "runtime"
+                  and "dist" not in p.relative_to(ROOT).parts)
+
+
+def test_every_runtime_room_says_what_it_holds_and_may_import():
+    rooms = _rooms()
+    assert {p.parent.name for p in rooms} >= {"manifest", "wire", "device", "coordinator", "serve", "front"}
+    for init in rooms:
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        assert "May import" in doc, f"{init.relative_to(ROOT)}: its docstring does not say what it may import"
+
+
+def test_runtime_rooms_reexport_nothing():
+    """A room's __init__ is its docstring: importers name the module that defines what they import, so a
+    room imports none of its modules merely by being imported."""
+    for init in _rooms():
+        assert _imports(init) == set(), f"{init.relative_to(ROOT)} imports {sorted(_imports(init))}"
