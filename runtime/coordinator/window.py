@@ -18,12 +18,14 @@ from ..wire.transport import BadMessage, decode_tensor, pack, send_tensor
 from .emulate import undilated_offsets, undilated_starts, undilated_times
 from .workers import WorkerLink
 
-__all__ = ["Window", "IDLE", "steady_throughput"]
+__all__ = ["Window", "OpenRequest", "IDLE", "steady_throughput"]
 
 IDLE = object()  # what a request source yields when it has no request at hand (WorkerPool.stream)
 
 
 class OpenRequest:
+    """A request in flight: when it was sent, its outputs and each worker's `done` as they arrive."""
+
     __slots__ = ("req", "t_sent", "t_clock", "outputs", "done", "t_outputs", "times", "starts")
 
     def __init__(self, req: int):
