@@ -140,7 +140,8 @@ def stability_text(s: dict) -> str:
                      f"other processes used {r['other_cpus_before']} CPUs before and {r['other_cpus_during']} during "
                      f"(verdict {r['verdict']}); timing spread median {r['median_spread']}, worst {r['max_spread']}, "
                      f"unstable {len(r['unstable'])}"
-                     + "".join(f"; shared_weight_gbps {k} {v:g}" for k, v in (r.get("shared_pairs") or {}).items())
+                     + "".join(f"; shared_weight_gbps {k} {'n/a' if v is None else f'{v:g}'}"
+                               for k, v in (r.get("shared_pairs") or {}).items())
                      + (f"; memory rate {r['memory_drift'][1]['first_gbps']:g} GB/s in the first half of its pass, "
                         f"{r['memory_drift'][1]['second_gbps']:g} in the second"
                         if (r.get("memory_drift") or {}).get(1) else ""))
