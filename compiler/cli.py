@@ -13,6 +13,7 @@ import click
 
 from edgec.runtime.command import EXIT_PIPE, OneLineErrors, quiet_broken_pipe
 from edgec.runtime.machine import MAX_THREADS_HERE
+from edgec.runtime.manifest.types import OBJECTIVES  # the plan objectives the manifest format knows
 from edgec.runtime.interrupts import Interrupted, interrupt_on_signals
 
 from .errors import UserError
@@ -70,10 +71,11 @@ def cli() -> None:
 @click.argument("model", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--devices", "devices", required=True, type=click.Path(dir_okay=False, path_type=Path), help="cluster.yaml")
 @click.option("-o", "--output", "outdir", required=True, type=click.Path(file_okay=False, path_type=Path))
+# plan.registry.STRATEGIES, spelt out so that `edgec --help` need not import every planner (test_cli checks the two agree)
 @click.option("--strategy", default="auto",
               type=click.Choice(["auto", "pipeline", "single", "even", "neurosurgeon", "spatial", "hybrid", "bbgrap",
                                  "edgeflow", "deepthings"]))
-@click.option("--objective", default="latency", type=click.Choice(["latency", "throughput", "energy"]),
+@click.option("--objective", default="latency", type=click.Choice(OBJECTIVES),
               help="energy: the least energy per request predicted within --sla-ms")
 @click.option("--sla-ms", type=float, default=None, help="with --objective energy: the latency SLA in ms")
 @click.option("--sla-soft", is_flag=True,

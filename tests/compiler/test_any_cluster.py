@@ -29,13 +29,14 @@ from edgec.compiler.cli import cli
 from edgec.compiler.cluster.profile import available_profiles
 from edgec.compiler.plan.registry import STRATEGIES
 from edgec.runtime.manifest.load import load_manifest
+from edgec.runtime.manifest.types import OBJECTIVES
 
 
 MODELS = Path(os.environ["EDGEC_MODELS_DIR"])
 PROFILES = sorted(available_profiles())
 assert len(PROFILES) >= 8, PROFILES  # every shipped profile
 SMALL = ("tinyconv", "tinychain", "tinytransformer", "squeezenet")
-OBJECTIVES = ("latency", "throughput", "energy", "pareto", "keep")
+GOALS = (*OBJECTIVES, "pareto", "keep")  # every objective, then --pareto and --keep
 _verified: set[str] = set()  # the strategies a build has been run with --verify for, in this session
 
 
@@ -111,7 +112,7 @@ def _check_compile(tmp: Path, cluster: dict, model: str, strategy: str, objectiv
 
 
 @given(cluster=clusters(), model=st.sampled_from(SMALL), strategy=st.sampled_from(STRATEGIES),
-       objective=st.sampled_from(OBJECTIVES), sla_ms=st.sampled_from([2.0, 20.0, 500.0]))
+       objective=st.sampled_from(GOALS), sla_ms=st.sampled_from([2.0, 20.0, 500.0]))
 @example(cluster=MIXED, model="tinychain", strategy="pipeline", objective="energy", sla_ms=20.0)
 @example(cluster=MIXED, model="squeezenet", strategy="auto", objective="pareto", sla_ms=20.0)
 @settings(derandomize=True, max_examples=45, deadline=None, database=None,
@@ -122,7 +123,7 @@ def test_any_cluster_compiles_or_refuses_in_one_line(tmp_path_factory, cluster, 
 
 @pytest.mark.slow
 @given(cluster=clusters(), model=st.sampled_from(SMALL), strategy=st.sampled_from(STRATEGIES),
-       objective=st.sampled_from(OBJECTIVES), sla_ms=st.sampled_from([2.0, 20.0, 500.0]))
+       objective=st.sampled_from(GOALS), sla_ms=st.sampled_from([2.0, 20.0, 500.0]))
 @settings(derandomize=True, max_examples=600, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 def test_any_cluster_compiles_or_refuses_in_one_line_long(tmp_path_factory, cluster, model, strategy, objective,

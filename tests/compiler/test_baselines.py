@@ -12,11 +12,10 @@ from hypothesis import strategies as st
 from edgec.compiler.plan.baselines import even_boundaries, solve_even, solve_neurosurgeon, solve_single
 from edgec.compiler.plan.pipeline_dp import solve_pipeline
 from pipeline_reference import brute_force
-from edgec.compiler.plan.pipeline_problem import PipelineProblem, PipelineSolution, StageChoice
+from edgec.compiler.plan.pipeline_problem import PIPELINE_OBJECTIVES, PipelineProblem, PipelineSolution, StageChoice
 from edgec.compiler.plan.planner import InfeasibleError
 
 MB = 1_000_000
-OBJECTIVES = ("latency", "throughput")
 BASELINES = (solve_single, solve_even, solve_neurosurgeon)
 
 
@@ -55,7 +54,7 @@ SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[Heal
 @SETTINGS
 @given(problems())
 def test_baselines_feasible_and_never_better_than_dp(problem):
-    for objective in OBJECTIVES:
+    for objective in PIPELINE_OBJECTIVES:
         try:
             optimum = solve_pipeline(problem, objective)[0]
         except InfeasibleError:
@@ -79,7 +78,7 @@ def test_baselines_feasible_and_never_better_than_dp(problem):
 @SETTINGS
 @given(problems())
 def test_single_and_neurosurgeon_equal_brute_force(problem):
-    for objective in OBJECTIVES:
+    for objective in PIPELINE_OBJECTIVES:
         for planner, max_stages in ((solve_single, 1), (solve_neurosurgeon, 2)):
             ref = brute_force(problem, objective, max_stages)
             if not ref:
@@ -168,6 +167,6 @@ def test_neurosurgeon_splits_between_two_devices():
 def test_all_planners_share_one_interface():
     problem = _problem([[1.0, 2.0]] * 3, [100 * MB] * 2)
     for planner in (solve_pipeline, *BASELINES):
-        for objective in OBJECTIVES:
+        for objective in PIPELINE_OBJECTIVES:
             out = planner(problem, objective)
             assert isinstance(out, list) and len(out) == 1 and isinstance(out[0], PipelineSolution)

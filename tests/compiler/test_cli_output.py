@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from edgec.compiler.cli import cli
 from edgec.compiler.plan.registry import STRATEGIES
 from edgec.compiler.report import idle_devices_hint
+from edgec.runtime.manifest.types import OBJECTIVES
 from edgec.compiler.text import fit, table
 from tests.compiler.test_allocate import _two, cluster_file
 
@@ -93,6 +94,12 @@ def test_the_hint_names_the_idle_devices_and_the_objective_s_reason(objective, s
     forced = idle_devices_hint({"devices": devices, "objective": objective, "strategy": "single",
                                 "candidates": ran[1:]})
     assert forced.endswith(": --strategy single planned it so (--strategy auto weighs every planner's plans)")
+
+
+def test_compile_offers_exactly_the_registry_strategies_and_the_manifest_objectives():
+    params = {p.name: p for p in cli.commands["compile"].params}
+    assert tuple(params["strategy"].type.choices) == STRATEGIES  # spelt out in cli.py to keep --help light
+    assert tuple(params["objective"].type.choices) == OBJECTIVES
 
 
 def test_help_explains_every_strategy():

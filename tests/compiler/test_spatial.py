@@ -15,7 +15,8 @@ from edgec.compiler.cost import build_cost_table
 from edgec.compiler.ingest import load_model
 from edgec.compiler.layers import build_layer_graph
 from edgec.compiler.plan.spatial import search_hybrid, search_spatial
-from edgec.compiler.plan.spatial_search import INF, SpatialSearch, windows
+from edgec.compiler.plan.spatial_partitions import windows
+from edgec.compiler.plan.spatial_search import INF, SpatialSearch
 from edgec.compiler.cost.stage_timeline import predict_stage
 from edgec.compiler.cost.tiles import SegmentCost, tile_ms
 from edgec.compiler.plan_types import Plan
