@@ -38,6 +38,7 @@ def normalise(model: onnx.ModelProto, path: Path) -> onnx.ModelProto:
     out.ir_version = max(out.ir_version, 4)  # IR 3 needs initializers listed as inputs; we list none
     _drop_identities(out.graph)
     _constant_outputs_as_identities(out.graph)
+    _one_reader_per_dequantize(out.graph)
     return out
 
 
@@ -232,3 +233,31 @@ def _rename_reads(nodes, old: str, new: str) -> None:
                             o.name = new
 
 
+
+def _one_reader_per_dequantize(graph: onnx.GraphProto) -> None:
+    """A DequantizeLinear that several operators read is copied, one per reader, as onnxruntime does when it
+    loads the model (its EnsureUniqueDQForNodeUnit pass): each copy then belongs to its reader's Q/DQ unit
+    (quant.py), so a cut between two readers sends the int8 tensor, not the dequantized float one."""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in dict.fromkeys(i for i in node.input if i):
+            readers.setdefault(name, []).append(node)
+    taken = {o for n in graph.node for o in n.output} | {n.name for n in graph.node} | \
+        {i.name for i in graph.initializer} | {i.name for i in graph.input}
+    out = []
+    for node in graph.node:
+        out.append(node)
+        if node.op_type != "DequantizeLinear":
+            continue
+        for reader in readers.get(node.output[0], [])[1:]:
+            copy = onnx.NodeProto()
+            copy.CopyFrom(node)
+            copy.name = _fresh(f"{node.name}.{reader.name}", taken)
+            copy.output[0] = _fresh(f"{node.output[0]}.{reader.name}", taken)
+            for k, name in enumerate(reader.input):
+                if name == node.output[0]:
+                    reader.input[k] = copy.output[0]
+            out.append(copy)
+    if len(out) != len(graph.node):
+        del graph.node[:]
+        graph.node.extend(out)
