@@ -70,7 +70,7 @@ from ..quant import FLOAT_CLASS_OF
 from ..units import gbps_to_bytes_per_ms, gflops_to_flops_per_ms, per_million_ms, us_to_ms
 from .network import NetworkModel
 
-__all__ = ["CostTable", "build_cost_table", "class_gflops", "layer_ms", "weight_ms", "shared_weight_ms", "price_keys", "layer_out_elems",
+__all__ = ["CostTable", "build_cost_table", "class_gflops", "int8_fallbacks", "layer_ms", "weight_ms", "shared_weight_ms", "price_keys", "layer_out_elems",
            "op_overhead_ms", "node_price", "node_ms",
            "layer_out_positions", "priced_ms", "TileCurve", "efficiency"]
 
@@ -354,6 +354,14 @@ def class_gflops(gflops: dict[str, float], cls: str) -> float:
     if cls in gflops:
         return gflops[cls]
     return gflops.get(FLOAT_CLASS_OF.get(cls, "other"), gflops["other"])
+
+
+def int8_fallbacks(graph: LayerGraph, cluster: Cluster) -> dict[str, tuple[str, ...]]:
+    """{device: the int8 classes of the graph its figures lack}, which class_gflops prices at their float
+    classes' figures (the driver says so in a note)."""
+    used = sorted({layer.cost_class for layer in graph.layers} & set(FLOAT_CLASS_OF))
+    out = {dev.name: tuple(c for c in used if c not in dev.figures.gflops) for dev in cluster.devices}
+    return {d: missing for d, missing in out.items() if missing}
 
 
 def _curves(curves: dict) -> dict:

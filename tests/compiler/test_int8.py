@@ -199,3 +199,13 @@ def test_every_strategy_compiles_and_verifies(tmp_path, four, name, strategy):
             assert "tile" in res.output.strip().splitlines()[-1], res.output
             return
     compile_and_verify(model, four, tmp_path / "out", "--strategy", strategy)
+
+
+def test_compile_says_when_int8_layers_take_the_float_figures(tmp_path, four):
+    res = invoke("compile", int8_model("tinyconv_qop"), "--devices", four, "-o", tmp_path / "out")
+    assert res.exit_code == 0, res.output
+    note = next(line for line in res.output.splitlines() if "priced at the float classes' figures" in line)
+    assert "pi5-a" in note and "gflops.conv_int8" in note
+    res = invoke("compile", ROOT / "models" / "build" / "tinyconv.onnx",
+                 "--devices", four, "-o", tmp_path / "float")
+    assert res.exit_code == 0 and "float classes' figures" not in res.output, res.output
