@@ -67,6 +67,8 @@ from ..cluster import Cluster, DeviceSpec, Figures
 from ..graph import Layer, LayerGraph
 from ..layers import POINTWISE, cost_class
 from ..quant import FLOAT_CLASS_OF
+
+QDQ_FUSED = frozenset({"QuantizeLinear", "DequantizeLinear"})
 from ..units import gbps_to_bytes_per_ms, gflops_to_flops_per_ms, per_million_ms, us_to_ms
 from .network import NetworkModel
 
@@ -262,6 +264,14 @@ def _op_class(op: str) -> str:
     return cost_class(helper.make_node(op, ["x"], ["y"]), {})
 
 
+def layer_kernels(layer: Layer) -> int:
+    """The kernels onnxruntime runs for the layer, each paying the per-operator overhead: one per operator,
+    but a Q/DQ unit's QuantizeLinear and DequantizeLinear nodes are fused into its operator's int8 kernel
+    (QLinearConv, QLinearAdd, ...; quant.py), so only the operators between them count."""
+    fused = sum(op in QDQ_FUSED for op in layer.op_types)
+    return len(layer.op_types) - fused if fused < len(layer.op_types) else len(layer.op_types)
+
+
 def op_overhead_ms(figures: Figures, ops: int = 1) -> float:
     """The figures' per-operator overhead (op_overhead_us) of `ops` operators, in ms."""
     return us_to_ms(ops * figures.op_overhead_us)
@@ -329,7 +339,7 @@ def layer_ms(layer: Layer, device: DeviceSpec, priced: tuple[float, bool] = (0.0
     (`weight_ms`; see the module docstring).  A conv layer's compute runs at its output `positions`' fraction
     of gflops.conv where the figures measured `efficiency.conv_positions`."""
     p = device.figures
-    overhead = op_overhead_ms(p, len(layer.op_types))
+    overhead = op_overhead_ms(p, layer_kernels(layer))
     ms, lead = priced
     if lead:
         return overhead + ms
@@ -402,7 +412,7 @@ def build_cost_table(graph: LayerGraph, cluster: Cluster, model_sha256: str | No
         cols.append(col)
         # What every tile pays again, however few rows it computes: its operators' dispatch and, priced by
         # the roofline, streaming in all of the layer's weights.
-        overhead.append([min(op_overhead_ms(fig, len(layer.op_types))
+        overhead.append([min(op_overhead_ms(fig, layer_kernels(layer))
                              + (0.0 if measured[-1] or pr[1] else weight_ms(layer, fig)), ms)
                          for layer, ms, pr in zip(graph.layers, col, prices)])
         shared.append([0.0 if measured[-1] or pr[1] else shared_weight_ms(layer, fig, dev)

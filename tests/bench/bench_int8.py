@@ -5,22 +5,31 @@ are planned (`auto`, as `edgec compile` does) for latency and for throughput on 
 a QDQ or QOperator plan carries the uint8 tensor a QuantizeLinear produced (a quarter of the float bytes); a
 dynamic plan's cuts stay float (its activations are quantized inside each unit).  The int8 layers are priced
 at the profiles' float figures (the shipped profiles have no int8 figures: see the profile schema), so the
-predicted speed-up is the bytes' and the weights' only, not the int8 kernels'.  Plans only: nothing is run.
+predicted speed-up is the bytes' and the weights' only, not the int8 kernels'.
 
-Run: python tests/bench/bench_int8.py [--models mobilenetv2,...] [--clusters NAME,...] [--json FILE]
+With --measure (the default; --no-measure to plan only), the latency objective's plans on the first cluster
+are also compiled and run with `edgec run` on local workers (one thread each, this machine's cores shared
+with whatever else runs), one request at a time after --warmup ones, --verify on: the measured median latency
+sits beside the predicted one (predicted for Pis, measured here: compare int8 against fp32, not the columns).
+
+Run: python tests/bench/bench_int8.py [--models mobilenetv2,...] [--clusters NAME,...] [--no-measure]
+     [--repeat N] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 import yaml
 
+import edgec
 from edgec import models
+from edgec.compiler.api import compile as compile_api
 from edgec.compiler.cluster import load_cluster
 from edgec.compiler.cost import build_cost_table
 from edgec.compiler.driver import plan_model
@@ -55,15 +64,26 @@ def case(path: Path, cluster: Path, objective: str) -> dict:
                            | {d for s in chosen.plan.stages if s.spatial for d in s.spatial.devices})}
 
 
+def measure(path: Path, cluster: Path, tmp: Path, repeat: int, warmup: int) -> dict:
+    """`edgec compile` (auto, latency) and `edgec run` on local workers, one request at a time, verified."""
+    build = tmp / f"build-{path.stem}"
+    compile_api(path, cluster, build, objective="latency")
+    report = edgec.run(build, random_inputs=True, seed=1, verify=True, repeat=repeat, warmup=warmup, inflight=1,
+                       threads=1)
+    return {"measured_ms": statistics.median(report["latencies_ms"]), "verified": report["verify"]["passed"]}
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| cluster | objective | model | format | layers | plan | devices | bytes per input | vs fp32 | "
-             "predicted ms | predicted /s |",
-             "|---|---|---|---|---:|---|---:|---:|---:|---:|---:|"]
+             "predicted ms | predicted /s | measured ms | verified |",
+             "|---|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         ratio = f"{r['bytes'] / r['fp32_bytes']:.2f}" if r["fp32_bytes"] else "-"
+        measured = f"{r['measured_ms']:.2f}" if "measured_ms" in r else "-"
+        verified = ("yes" if r["verified"] else "NO") if "verified" in r else "-"
         lines.append(f"| {r['cluster']} | {r['objective']} | {r['model']} | {r['format']} | {r['layers']} | "
                      f"{r['strategy']} | {r['devices']} | {r['bytes']} | {ratio} | {r['latency_ms']:.2f} | "
-                     f"{r['throughput']:.1f} |")
+                     f"{r['throughput']:.1f} | {measured} | {verified} |")
     return "\n".join(lines)
 
 
@@ -71,6 +91,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(models.quantized.BASES))
     ap.add_argument("--clusters", default=",".join(CLUSTERS), help="comma-separated names of CLUSTERS")
+    ap.add_argument("--measure", action=argparse.BooleanOptionalAction, default=True,
+                    help="also run the first cluster's latency plans on local workers (default: on)")
+    ap.add_argument("--repeat", type=int, default=20, help="timed requests per measured plan")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed requests first")
     ap.add_argument("--json", type=Path, default=None, help="write every case as JSON here")
     args = ap.parse_args()
     names = [c for c in args.clusters.split(",") if c]
@@ -90,6 +114,8 @@ def main() -> int:
                     for fmt, path in paths.items():
                         log(f"{cname}: {base} {fmt} {objective}")
                         r = case(path, cluster, objective)
+                        if args.measure and cname == names[0] and objective == "latency":
+                            r |= measure(path, cluster, Path(tmp), args.repeat, args.warmup)
                         fp32 = fp32 or r
                         rows.append({"cluster": cname, "objective": objective, "model": base, "format": fmt,
                                      "fp32_bytes": fp32["bytes"], **r})
@@ -98,6 +124,11 @@ def main() -> int:
     fewer = sum(r["bytes"] < r["fp32_bytes"] for r in q)
     print(f"\nQDQ and QOperator plans that move fewer bytes than the fp32 plan: {fewer} of {len(q)} (of the cases "
           "where the fp32 plan moves any)")
+    ran = [r for r in rows if "verified" in r]
+    if ran:
+        print(f"measured plans that verified against the whole model: {sum(r['verified'] for r in ran)} of {len(ran)}")
+    if any(not r["verified"] for r in ran):
+        return 1
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0
