@@ -81,10 +81,18 @@ Curve = Annotated[
 
 
 class GflopsDoc(_Doc):
+    """GFLOP/s per operator class.  The int8 classes (the kernels of quantized models: QLinearConv, ConvInteger,
+    QLinearMatMul, MatMulInteger, QGemm, and the Q/DQ units onnxruntime fuses into them) are optional: a
+    profile without one prices that class at its float class's figure (conv_int8 at conv, depthwise_conv_int8
+    at depthwise_conv, gemm_int8 at gemm), an int8 kernel taken as no faster than the float one."""
+
     conv: Positive
     depthwise_conv: Positive
     gemm: Positive
     other: Positive
+    conv_int8: Positive | None = None
+    depthwise_conv_int8: Positive | None = None
+    gemm_int8: Positive | None = None
 
 
 class FiguresDoc(_Doc):

@@ -18,6 +18,10 @@ largest count's, for readers that know no thread counts.  Per count:
   - gflops.gemm            a 512x1024 by 1024x1024 MatMul (1.07 GFLOP)
   - gflops.other           the slower of a ConvTranspose (2x upsampling) and a batch-1 LSTM: ops without a
                            GEMM-shaped fast path
+  - gflops.conv_int8       gflops.conv's Conv as onnxruntime's int8 kernel, QLinearConv (uint8 activations,
+                           int8 weights: what a quantized model's conv units run)
+  - gflops.gemm_int8       gflops.gemm's MatMul as QLinearMatMul; depthwise_conv_int8 is not measured (the
+                           cost model prices it at gflops.depthwise_conv, as for any int8 figure a profile lacks)
   - memory_gbps            an elementwise Add of two 8M-float tensors: (2 inputs + 1 output) bytes / time
   - weight_gbps            a batch-1 MatMul, 1x4096 by 4096x4096: its 64 MB of weights (more than a cache
                            holds) / time.  The cost model adds a layer's weight bytes / weight_gbps to its

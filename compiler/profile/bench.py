@@ -320,6 +320,48 @@ def bench_gemm(b: Bench) -> Formula:
     return _rate(_add_gemm(b, "gflops.gemm", m, _gemm_weights(b)), "gflops.gemm")
 
 
+def _int8_inputs(b: Bench, name: str, shape) -> tuple[onnx.ValueInfoProto, dict, list]:
+    """A uint8 activation input with its scale and zero point (initializers), as a QDQ model quantizes them."""
+    x = b.rng.integers(0, 256, shape, dtype=np.uint8)
+    return (helper.make_tensor_value_info(name, onnx.TensorProto.UINT8, list(shape)), {name: x},
+            [numpy_helper.from_array(np.array(0.02, np.float32), f"{name}_s"),
+             numpy_helper.from_array(np.array(128, np.uint8), f"{name}_z")])
+
+
+def _int8_weights(b: Bench, name: str, shape) -> list:
+    """int8 weights (symmetric, zero point 0) with their scale."""
+    return [numpy_helper.from_array(b.rng.integers(-127, 128, shape, dtype=np.int8), name),
+            numpy_helper.from_array(np.array(0.003, np.float32), f"{name}_s"),
+            numpy_helper.from_array(np.array(0, np.int8), f"{name}_z")]
+
+
+def _out_u8(name: str, shape) -> tuple[onnx.ValueInfoProto, list]:
+    return (helper.make_tensor_value_info(name, onnx.TensorProto.UINT8, list(shape)),
+            [numpy_helper.from_array(np.array(0.05, np.float32), f"{name}_s"),
+             numpy_helper.from_array(np.array(128, np.uint8), f"{name}_z")])
+
+
+def bench_conv_int8(b: Bench) -> Formula:
+    """gflops.conv_int8: the gflops.conv benchmark's 3x3 Conv as onnxruntime's int8 kernel (QLinearConv, uint8
+    activations, int8 weights: what a quantized model's Conv units run)."""
+    c, hw = _conv_size(b.quick)
+    xin, feeds, xq = _int8_inputs(b, "x", (1, c, hw, hw))
+    yout, yq = _out_u8("y", (1, c, hw, hw))
+    node = helper.make_node("QLinearConv", ["x", "x_s", "x_z", "w", "w_s", "w_z", "y_s", "y_z"], ["y"], pads=[1, 1, 1, 1])
+    b.add("gflops.conv_int8", model([node], [xin], [yout], xq + _int8_weights(b, "w", (c, c, 3, 3)) + yq), feeds)
+    return _rate(2 * c * c * 9 * hw * hw, "gflops.conv_int8")
+
+
+def bench_gemm_int8(b: Bench) -> Formula:
+    """gflops.gemm_int8: the gflops.gemm benchmark's MatMul as onnxruntime's int8 kernel (QLinearMatMul)."""
+    m, kn = GEMM_ROWS[1 if b.quick else 0], _gemm_kn(b.quick)
+    ain, feeds, aq = _int8_inputs(b, "a", (m, kn))
+    yout, yq = _out_u8("y", (m, kn))
+    node = helper.make_node("QLinearMatMul", ["a", "a_s", "a_z", "b", "b_s", "b_z", "y_s", "y_z"], ["y"])
+    b.add("gflops.gemm_int8", model([node], [ain], [yout], aq + _int8_weights(b, "b", (kn, kn)) + yq), feeds)
+    return _rate(2 * m * kn * kn, "gflops.gemm_int8")
+
+
 def bench_other(b: Bench) -> Callable[[Times], tuple[float, float]]:
     """A ConvTranspose (2x upsampling) and a batch-1 LSTM: ops without a GEMM-shaped fast path.  The figure is
     the slower; both are returned, for the progress line."""
@@ -681,6 +723,7 @@ def measure_figures(b: Bench, more: dict[str, Callable[[Bench], Formula]] | None
     floor = dispatch_floor_us(b)
     small = small_layer_overhead_us(b)
     conv, dw, gemm, other, mem = bench_conv(b), bench_depthwise(b), bench_gemm(b), bench_other(b), bench_memory(b)
+    int8 = {"conv_int8": bench_conv_int8(b), "gemm_int8": bench_gemm_int8(b)}
     weights = bench_weights(b)
     gemm_weights = bench_gemm_weights(b)
     ops = op_table(b)
@@ -695,6 +738,8 @@ def measure_figures(b: Bench, more: dict[str, Callable[[Bench], Formula]] | None
     overhead_us = sig(max(floor_us, small_us, 0.1), 2)
     b.say(f"    per-operator overhead {overhead_us:.1f} us (dispatch floor {floor_us:.1f} us, small layers {small_us:.1f} us)")
     b.say(f"    conv {g['conv']:.1f}, depthwise conv {g['depthwise_conv']:.1f}, gemm {g['gemm']:.1f} GFLOP/s")
+    g8 = {k: formula(t) for k, formula in int8.items()}
+    b.say(f"    int8: conv {g8['conv_int8']:.1f}, gemm {g8['gemm_int8']:.1f} GFLOP/s (depthwise: the float figure)")
     g_convt, g_lstm = other(t)
     b.say(f"    other: ConvTranspose {g_convt:.1f} GFLOP/s, LSTM {g_lstm:.1f} GFLOP/s")
     memory = mem(t)
@@ -710,7 +755,7 @@ def measure_figures(b: Bench, more: dict[str, Callable[[Bench], Formula]] | None
     return {
         "op_overhead_us": overhead_us,
         "gflops": {"conv": sig(g["conv"]), "depthwise_conv": sig(g["depthwise_conv"]), "gemm": sig(g["gemm"]),
-                   "other": sig(min(g_convt, g_lstm))},
+                   "other": sig(min(g_convt, g_lstm)), **{k: sig(v) for k, v in g8.items()}},
         "memory_gbps": sig(memory),
         "weight_gbps": sig(weight_gbps),
         **({} if gemm_weight_gbps is None else {"gemm_weight_gbps": sig(gemm_weight_gbps)}),

@@ -156,7 +156,8 @@ def _sources(stamp: str, counts: list[int], quick: bool, policy: Policy, power_g
         "gflops: conv = 3x3 Conv 128->128 ch on 56x56, depthwise_conv = 3x3 depthwise Conv 192 ch on 28x28 in a "
         f"chain (the time of {bench.DEPTHWISE_CHAIN} less one's, per conv: without the layout conversions at its "
         "ends), "
-        "gemm = MatMul 512x1024x1024, other = slower of ConvTranspose 2x2/s2 and batch-1 LSTM; FLOPs = 2 x MACs"
+        "gemm = MatMul 512x1024x1024, other = slower of ConvTranspose 2x2/s2 and batch-1 LSTM, conv_int8 and "
+        "gemm_int8 = the conv and gemm ones as QLinearConv and QLinearMatMul (uint8 x int8); FLOPs = 2 x MACs"
         + (" (quick mode uses smaller shapes)" if quick else ""),
         "memory_gbps: elementwise Add of two 8M-float tensors, (2 inputs + 1 output) bytes / time"
         if not quick else

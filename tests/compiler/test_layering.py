@@ -20,6 +20,7 @@ COMPILER_LAYERS = [
     ["graph"],
     ["plan_types"],
     ["spatial"],
+    ["quant"],
     ["layers"],
     ["ingest"],
     ["cluster"],

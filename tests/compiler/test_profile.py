@@ -60,7 +60,8 @@ def test_measure_host_quick(quick_profile):
     assert p["memory_mb"] > 0 and 0 < p["usable_memory_fraction"] <= 1
     assert 0 < p["runtime_overhead_mb"] < p["memory_mb"]
     assert p["op_overhead_us"] > 0
-    assert set(p["gflops"]) == set(GFLOPS_KEYS) and all(v > 0 for v in p["gflops"].values())
+    # the int8 kernels measured too: conv and gemm (depthwise_conv_int8 is left to the float figure)
+    assert set(p["gflops"]) == set(GFLOPS_KEYS) | {"conv_int8", "gemm_int8"} and all(v > 0 for v in p["gflops"].values())
     assert p["memory_gbps"] > 0 and p["weight_gbps"] > 0
     assert isinstance(p["layout_conversions"], bool)
     assert any(s.startswith("weight_gbps: a batch-1 MatMul") for s in p["sources"])
