@@ -16,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper, shape_inference
 
 from edgec.runtime.errors import one_line
 from edgec.runtime.manifest import file_sha256  # the runtime owns the hashes it checks
+from edgec.runtime.profile.nodes import node_keys  # the keys of the device's measured per-node tables
 
 from .errors import UserError
 from .graph import LayerGraph
@@ -576,20 +577,6 @@ def _rename_reads(nodes, old: str, new: str) -> None:
                     for o in g.output:
                         if o.name == old:
                             o.name = new
-
-
-def node_keys(model: onnx.ModelProto) -> list[str]:
-    """Unique node names as edgec knows them: the node's own name, else `<op_type>_<index>` in the file;
-    a repeat gets `_<index>` appended (again while it still repeats an earlier key). Measured per-node
-    tables (`edgec profile --model`) use these keys."""
-    keys, seen = [], set()
-    for i, n in enumerate(model.graph.node):
-        k = n.name or f"{n.op_type}_{i}"
-        while k in seen:
-            k = f"{k}_{i}"
-        seen.add(k)
-        keys.append(k)
-    return keys
 
 
 def _name_nodes(model: onnx.ModelProto) -> None:

@@ -174,7 +174,7 @@ def profile_host(out: Path) -> dict:
 
 
 def profile_load(doc: dict) -> dict:
-    """The profile's own account of the load and of its timings' spread (compiler/profile: measurement)."""
+    """The profile's own account of the load and of its timings' spread (runtime/profile: measurement)."""
     m = doc.get("measurement") or {}
     load = m.get("load") or {}
     spreads = [t["spread"] for per in (m.get("threads") or {}).values() for t in per.values()]

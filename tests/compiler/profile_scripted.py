@@ -17,8 +17,8 @@ from __future__ import annotations
 import functools
 import itertools
 
-from edgec.compiler.profile import bench, fixed, measure, shared
-from edgec.compiler.profile.timing import Figure, Policy, Series, combine, measure_stable
+from edgec.runtime.profile import bench, fixed, measure, shared
+from edgec.runtime.profile.timing import Figure, Policy, Series, combine, measure_stable
 
 __all__ = ["JITTER", "SHARED_SLOWDOWN", "scripted_timer", "shared_timer", "script_timings", "script_runtime_costs", "RUNTIME_MS"]
 

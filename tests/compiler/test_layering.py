@@ -47,7 +47,7 @@ RUNTIME_LAYERS = [
     ["session"],
     ["worker"],
     ["coordinator"],
-    ["serve"],  # the long-lived session and the network front over it
+    ["serve", "profile"],  # the long-lived session and the network front over it; `edgec profile`'s measuring
     ["api"],
     ["runall"],
     ["cli"],
