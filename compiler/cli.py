@@ -236,7 +236,7 @@ def profile_cmd(output, model, threads, strict, quick, power_idle, power_busy, r
     Each figure is measured per thread count and repeated until its spread is small; the load of the
     machine is checked before and during.  A busy machine or a figure that stays noisy is a warning, or
     with --strict an error.  With --refine, a run's accuracy report refines an existing profile instead.
-    The device-only install (runtime/dist, with its `profile` extra) measures the same way and writes JSON."""
+    The device-only install (runtime/dist, with its `profile` extra) measures the same way."""
     from .profile import check_output_path, refine_profile, write_profile
 
     if refine is not None:

@@ -30,7 +30,7 @@ from .keys import COORDINATOR, keygen as write_keys, names_from_file
 from .manifest import Manifest
 from .machine import MAX_THREADS_HERE, edgec_version
 from .profile.command import LOGGER as PROFILE_LOGGER, measure_to, measuring_options, verbose_option
-from .profile.write import write_profile_json
+from .profile.write import write_profile_flow
 from .worker import worker, worker_main
 
 __all__ = ["run", "run_all", "worker", "keygen", "main", "worker_main", "device_main", "OneLineErrors", "quiet_broken_pipe",
@@ -456,7 +456,7 @@ class _ProfileFormatter(logging.Formatter):
 @verbose_option
 @click.pass_context
 def profile(ctx: click.Context, output, model, threads, strict, quick, power_idle, power_busy, verbose) -> None:
-    """Measure this machine and write a device profile (JSON, which `edgec compile` reads as a profile file).
+    """Measure this machine and write a device profile (flow-style YAML: a profile file for `edgec compile`).
 
     Each figure is measured per thread count and repeated until its spread is small; the load of the
     machine is checked before and during.  A busy machine or a figure that stays noisy is a warning, or
@@ -466,7 +466,7 @@ def profile(ctx: click.Context, output, model, threads, strict, quick, power_idl
         with runtime_log_to_stderr(_ProfileFormatter(), logging.WARNING):
             if verbose:  # the profile's details, not every INFO record of the runtime
                 logging.getLogger(PROFILE_LOGGER).setLevel(logging.INFO)
-            measure_to(write_profile_json, lambda msg: click.echo(f"edgec: {msg}", err=True), output=output,
+            measure_to(write_profile_flow, lambda msg: click.echo(f"edgec: {msg}", err=True), output=output,
                        model=model, threads=threads, strict=strict, quick=quick, power_idle=power_idle,
                        power_busy=power_busy, verbose=verbose)
         code = EXIT_OK

@@ -11,8 +11,8 @@ micro-benchmarks in interleaved rounds), kernels.py (the throughput figures and 
 tables.py (the op table and the tile efficiency curves), figures.py (one thread count's figures), shared.py
 (shared_weight_gbps' co-runners), drift.py (whether the memory rate held), nodes.py (per-node tables of a real
 model), fixed.py (the runtime's own costs per message and per request, through its sockets and coordinator: the
-profile's `runtime:`), measure.py (`measure_host`), write.py (`write_profile_json`: the profile as JSON, which
-the compiler's YAML loader reads).
+profile's `runtime:`), measure.py (`measure_host`), write.py (`write_profile_flow`: the profile as flow-style
+YAML, written without a YAML library).
 
 Every figure is measured at each requested intra-op thread count (default: 1 and all cores, since workers
 that share a machine run 1 thread each) into `threads: {<count>: {...}}`; the top-level figures are the

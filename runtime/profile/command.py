@@ -1,5 +1,5 @@
 """`edgec profile`'s measuring options and steps, shared by both installs: the device's `edgec profile` (runtime
-cli.py, which writes JSON) and the full install's (compiler cli.py, which adds --refine and writes validated
+cli.py, which writes flow-style YAML) and the full install's (compiler cli.py, which adds --refine and writes validated
 YAML). Bad input is an InputError (one line, exit 2), checked before minutes of measuring."""
 
 from __future__ import annotations

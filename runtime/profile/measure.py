@@ -7,6 +7,7 @@ import datetime as _dt
 import logging
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
@@ -16,13 +17,14 @@ from edgec.runtime.errors import InputError
 
 from . import host, kernels, tables
 from . import shared as shared_mod
-from .bench import DRAM_ROUNDS, Bench
+from .bench import DRAM_ROUNDS, Bench, threads_label
 from .figures import measure_figures
 from .drift import DRIFT_LIMIT, check_drift, halves
 from .fixed import measure_runtime_costs
 from .fixed import source as runtime_source
 from .load import BUSY_FRACTION, LoadProbe, LoadSample, describe_load, is_busy, other_cpus
 from .nodes import measure_layers
+from .quota import LIMITED, MAX_SAMPLE_S, SAMPLE_PERIODS, SPIN_S, UNKNOWN_PERIOD_SAMPLE_S, CpuQuota, see_quota
 from .shared import CoRunnerError, CoRunners
 from .timing import DEFAULT, QUICK, Figure, Policy, rand, session, sig
 
@@ -196,6 +198,12 @@ def _sources(stamp: str, counts: list[int], quick: bool, policy: Policy, power_g
         f"rounds (each at the fastest quarter of its stable rounds); a move beyond {DRIFT_LIMIT:.0%} is a warning "
         "(--strict: an error): the machine's memory rate moved under the DRAM figures",
         "power_w: not measurable by edgec profile; " + ("given by the caller" if power_given else "null = unknown"),
+        "cpu_quota: the cgroup's CFS quota (v1 cpu.cfs_quota_us / cpu.cfs_period_us, v2 cpu.max; the tightest of the "
+        "process's cgroup and its ancestors) in cores, and the share of a core a thread spinning for "
+        f"{SPIN_S[quick]:g} s got; at a thread count above the quota (or, where no cgroup file can be read, with "
+        f"a measured share below {LIMITED:g}) every sample lasts sample_ms ({SAMPLE_PERIODS} periods, at most "
+        f"{MAX_SAMPLE_S * 1e3:g} ms; {UNKNOWN_PERIOD_SAMPLE_S * 1e3:g} ms when the period is unknown), its runs "
+        "counted over the stretch, so that the figures follow the share",
     ]
 
 
@@ -233,6 +241,7 @@ def measure_host(
     probe: LoadProbe | None = None,
     runtime_costs: bool = True,
     shared_weights: bool = True,
+    quota: CpuQuota | None = None,
 ) -> dict[str, Any]:
     """Measure this machine and return a profile dict in the profile file format.
 
@@ -247,6 +256,8 @@ def measure_host(
       has none and the cost model prices them 0.
     shared_weights: also measure shared_weight_gbps (shared.py) where 1 thread is among the counts and the
       machine has 2 cores or more; without, tiles of devices sharing a host pay their weights at weight_gbps.
+    quota: the CPU share this process gets (quota.py); None: read and measured here.  Where it is below a thread
+      count, that count's samples span many CFS periods, so that its figures follow the share.
     """
     say = progress or (lambda s: None)
     cpu = host.cpuinfo()
@@ -262,6 +273,8 @@ def measure_host(
     load = _Load(probe, quick)
     _check_load(load.busy_before(), load.said_before(), "is", strict, warnings)
     say(f"  {load.said_before()}")
+    quota = quota or see_quota(quick)
+    say(f"  {quota.said()}")
     runtime_mb = _runtime_rss_mb()
     per_thread: dict[int, dict] = {}
     entries: dict[int, dict] = {}
@@ -273,7 +286,7 @@ def measure_host(
     with contextlib.ExitStack() as stack:
         co, gbps = None, None
         for n in counts:
-            b = Bench(n, quick, policy, probe, strict, say)
+            b = Bench(n, quick, _within(policy, quota, n, say), probe, strict, say)
             sharing = n == 1 and shared_weights and host.all_cores(cpu) > 1
             co_n = stack.enter_context(_co_runners(host.all_cores(cpu) - 1 if sharing else 0, quick, strict, say,
                                                    details, unstable))
@@ -316,7 +329,8 @@ def measure_host(
     top = per_thread[counts[-1]]
     return {
         "name": name or host.host_name(),
-        "description": host.describe(cpu, mem_total, counts),
+        "description": host.describe(cpu, mem_total, counts)
+        + ("" if quota.cores is None else f"; CPU quota {quota.cores:.3g} cores"),
         "memory_mb": int(round(mem_total)),
         "usable_memory_fraction": frac,
         "runtime_overhead_mb": runtime_mb,
@@ -344,7 +358,20 @@ def measure_host(
         "sources": sources + ([fixed_source(quick)] if runtime else []),
         "layers": layers,
         **({"runtime": runtime} if runtime else {}),
+        "cpu_quota": quota.entry(counts),
     }
+
+
+def _within(policy: Policy, quota: CpuQuota, threads: int, say: Callable[[str], None]) -> Policy:
+    """The policy at `threads`: as it is, or where the share is below the thread count, samples of
+    quota.sample_s each (runs counted over the stretch) and time enough for a window of them per round."""
+    sample_s = quota.sample_s(threads)
+    if sample_s is None:
+        return policy
+    say(f"  {threads_label(threads)} on a share below {threads} core{'s' if threads > 1 else ''}: samples of "
+        f"{sample_s * 1e3:.0f} ms, so that each holds the quota's stalls in proportion")
+    return replace(policy, min_sample_s=max(policy.min_sample_s, sample_s), long_samples=True,
+                   max_seconds=max(policy.max_seconds, policy.rounds * policy.window * sample_s))
 
 
 def fixed_source(quick: bool) -> str:

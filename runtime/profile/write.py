@@ -1,10 +1,11 @@
-"""Writing a profile on the device: JSON, which the compiler's profile loader (YAML) reads as it is.
+"""Writing a profile on the device: YAML in flow style, written without a YAML library.
 
 The device has no YAML library and no schema (pydantic is the planner's): the compiler validates a profile
 when it loads one (`edgec compile`, `edgec profile --refine`), and the full install's `edgec profile` writes
-its block YAML through the compiler (compiler/profile/output.py).  JSON is YAML's flow style with one catch,
-which `dumps` avoids: PyYAML (YAML 1.1) reads a float only with a dot, so Python's `1e-05` is written
-`1.0e-05` (it would otherwise load as the string "1e-05").  Written atomically: a file is whole or absent.
+its block YAML through the compiler (compiler/profile/output.py).  Flow style is JSON's syntax, with two
+differences `dumps` minds: a thread count key is written as the integer it is (`1: {...}`; JSON would quote it,
+and the schema wants integers), and a float always has a dot, since PyYAML (YAML 1.1) reads Python's `1e-05`
+as a string (written `1.0e-05`).  Written atomically: a file is whole or absent.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 from edgec.runtime.errors import InputError
 from edgec.runtime.files import write_atomically
 
-__all__ = ["dumps", "write_profile_json", "check_output_path"]
+__all__ = ["dumps", "write_profile_flow", "check_output_path"]
 
 
 def _number(x: float) -> str:
@@ -31,14 +32,22 @@ def _number(x: float) -> str:
     return text
 
 
+def _key(k: Any) -> str:
+    if isinstance(k, int) and not isinstance(k, bool):
+        return str(k)  # a thread count: YAML reads it back as an integer
+    if not isinstance(k, str):
+        raise TypeError(f"a profile's keys are strings or thread counts, not {type(k).__name__}")
+    return json.dumps(k, ensure_ascii=False)
+
+
 def dumps(value: Any, indent: int = 0) -> str:
-    """`value` (dicts, lists, strings, numbers, booleans, None) as JSON that YAML 1.1 loads to the same value:
-    one key per line, lists of numbers (an efficiency point) on one line."""
+    """`value` (dicts, lists, strings, numbers, booleans, None) in YAML's flow style, which YAML 1.1 loads to the
+    same value: one key per line, lists of numbers (an efficiency point) on one line."""
     pad, inner = " " * indent, " " * (indent + 1)
     if isinstance(value, dict):
         if not value:
             return "{}"
-        items = [f"{inner}{json.dumps(str(k), ensure_ascii=False)}: {dumps(v, indent + 1)}" for k, v in value.items()]
+        items = [f"{inner}{_key(k)}: {dumps(v, indent + 1)}" for k, v in value.items()]
         return "{\n" + ",\n".join(items) + f"\n{pad}}}"
     if isinstance(value, (list, tuple)):
         if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
@@ -68,8 +77,8 @@ def check_output_path(path: str | Path) -> None:
         raise InputError(f"{p}: cannot write into folder {str(folder)!r} (permission denied)")
 
 
-def write_profile_json(profile: dict[str, Any], path: str | Path) -> None:
-    """Write a profile dict (measure_host's) as JSON, atomically; the compiler's load_profile reads it."""
+def write_profile_flow(profile: dict[str, Any], path: str | Path) -> None:
+    """Write a profile dict (measure_host's) as flow-style YAML, atomically; the compiler's load_profile reads it."""
     text = dumps(profile) + "\n"
     check_output_path(path)
     write_atomically(path, "the profile", lambda fh: fh.write(text.encode("utf-8")))
