@@ -53,7 +53,7 @@ class CpuQuota:
         if self.cores is not None:
             if self.cores >= threads:
                 return None
-            return min(SAMPLE_PERIODS * self.period_us * 1e-6, MAX_SAMPLE_S)
+            return min(SAMPLE_PERIODS * self.period_us / 1e6, MAX_SAMPLE_S)
         if not self.read and self.measured_share is not None and self.measured_share < LIMITED:
             return UNKNOWN_PERIOD_SAMPLE_S
         return None

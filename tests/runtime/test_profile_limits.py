@@ -1,0 +1,56 @@
+"""`edgec profile` inside a CPU-limited cgroup (issue 41 item 2): its figures follow the share, and the profile
+records the quota it saw.  Two hosts limited by tests/netbed_limits.py (0.25 and 0.9 cores, a CFS quota per
+5 ms period) each profile --quick at 1 thread, one after the other (side by side they would compete for this
+machine's cores as well as for their quotas): the 0.25-core host's rates must be 2.5 to 5 times slower (the
+shares' ratio is 3.6).  Slow (two profiles at a fraction of a core) and root only (cgroups)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from edgec.compiler.cluster import load_profile
+from tests import netbed, netbed_limits
+from tests.netbed_limits import HostLimits
+
+pytestmark = pytest.mark.slow
+
+SHARES = (0.25, 0.9)
+RATES = ("conv", "gemm")  # gflops figures: compute, which a quota slows in proportion
+
+
+def _profile_in(cpus: float, seq: int, out: Path) -> dict:
+    """`edgec profile --quick --threads 1` run in a cgroup of `cpus` cores (joined before it starts, as a
+    testbed host's processes are); the profile as the compiler loads it, and its raw cpu_quota."""
+    found = netbed_limits.find_controllers()
+    made: list[Path] = []
+    try:
+        # named as the testbed names its hosts' cgroups, so that netbed.remove_stale() finds a killed run's
+        dirs = netbed_limits.create(f"{netbed.PREFIX}-{os.getpid()}-{seq}-h0", HostLimits(cpus=cpus), found, made)
+        argv = [sys.executable, "-m", "edgec.compiler", "profile", "--quick", "--threads", "1", "-o", str(out)]
+        proc = subprocess.run(netbed_limits.join_argv(dirs, argv), capture_output=True, text=True, timeout=1200)
+    finally:
+        for path in reversed(made):
+            netbed_limits.remove(path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    import yaml
+
+    return {"profile": load_profile(str(out)), "cpu_quota": yaml.safe_load(out.read_text())["cpu_quota"]}
+
+
+def test_a_quarter_core_profiles_about_three_and_a_half_times_slower_than_nine_tenths(tmp_path):
+    netbed.skip_unless_available(limits=True)
+    netbed.remove_stale()
+    seen = {cpus: _profile_in(cpus, k, tmp_path / f"host-{cpus}.yaml") for k, cpus in enumerate(SHARES)}
+    for cpus, got in seen.items():
+        quota = got["cpu_quota"]
+        assert quota["read"] is True and quota["cores"] == pytest.approx(cpus, rel=0.01), quota
+        assert quota["period_us"] == netbed_limits.PERIOD_US and quota["sample_ms"] == {1: 50.0}, quota
+        assert f"CPU quota {cpus:.3g} cores" in got["profile"].description
+    slow, fast = (seen[c]["profile"].figures(1).gflops for c in SHARES)
+    ratios = {k: fast[k] / slow[k] for k in RATES}
+    assert all(2.5 <= r <= 5 for r in ratios.values()), ratios
