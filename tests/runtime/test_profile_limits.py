@@ -2,7 +2,13 @@
 records the quota it saw.  Two hosts limited by tests/netbed_limits.py (0.25 and 0.9 cores, a CFS quota per
 5 ms period) each profile --quick at 1 thread, one after the other (side by side they would compete for this
 machine's cores as well as for their quotas): the 0.25-core host's rates must be 2.5 to 5 times slower (the
-shares' ratio is 3.6).  Slow (two profiles at a fraction of a core) and root only (cgroups)."""
+shares' ratio is 3.6).  Slow (two profiles at a fraction of a core) and root only (cgroups).
+
+A quota is a ceiling: on a machine whose other processes leave a host less than its quota, the host gets what
+they leave.  On this 2-core machine with other processes using 1.6 of its CPUs, the 0.9-core host's spinning
+thread got 0.57 of a core and the 0.25-core host's 0.23, and the rates followed those (conv and gemm 0.52-0.67
+and 0.22-0.23 of an unlimited profile's), 2.3 and 3.0 times apart.  So where a profile's load check found the
+machine busy, the ratio is held to the shares the hosts measured instead (within a third)."""
 
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from edgec.compiler.cluster import load_profile
 from tests import netbed, netbed_limits
@@ -25,7 +32,8 @@ RATES = ("conv", "gemm")  # gflops figures: compute, which a quota slows in prop
 
 def _profile_in(cpus: float, seq: int, out: Path) -> dict:
     """`edgec profile --quick --threads 1` run in a cgroup of `cpus` cores (joined before it starts, as a
-    testbed host's processes are); the profile as the compiler loads it, and its raw cpu_quota."""
+    testbed host's processes are); the profile as the compiler loads it, its raw cpu_quota and the load check's
+    verdict."""
     found = netbed_limits.find_controllers()
     made: list[Path] = []
     try:
@@ -37,9 +45,9 @@ def _profile_in(cpus: float, seq: int, out: Path) -> dict:
         for path in reversed(made):
             netbed_limits.remove(path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    import yaml
-
-    return {"profile": load_profile(str(out)), "cpu_quota": yaml.safe_load(out.read_text())["cpu_quota"]}
+    raw = yaml.safe_load(out.read_text())
+    return {"profile": load_profile(str(out)), "cpu_quota": raw["cpu_quota"],
+            "verdict": raw["measurement"]["load"]["verdict"]}
 
 
 def test_a_quarter_core_profiles_about_three_and_a_half_times_slower_than_nine_tenths(tmp_path):
@@ -53,4 +61,8 @@ def test_a_quarter_core_profiles_about_three_and_a_half_times_slower_than_nine_t
         assert f"CPU quota {cpus:.3g} cores" in got["profile"].description
     slow, fast = (seen[c]["profile"].figures(1).gflops for c in SHARES)
     ratios = {k: fast[k] / slow[k] for k in RATES}
-    assert all(2.5 <= r <= 5 for r in ratios.values()), ratios
+    if all(seen[c]["verdict"] == "quiet" for c in SHARES):
+        assert all(2.5 <= r <= 5 for r in ratios.values()), ratios
+    else:  # the hosts got less than their quotas: the figures follow what they got
+        got = seen[SHARES[1]]["cpu_quota"]["measured_share"] / seen[SHARES[0]]["cpu_quota"]["measured_share"]
+        assert all(0.67 <= r / got <= 1.5 for r in ratios.values()), (ratios, got)
