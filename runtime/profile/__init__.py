@@ -20,7 +20,7 @@ largest count's, for readers that know no thread counts.  Per count:
 
   - gflops.conv            a 3x3 Conv, 128 -> 128 channels on 56x56 (0.92 GFLOP)
   - gflops.depthwise_conv  a 3x3 depthwise Conv, 192 channels on 28x28 (a map that stays in cache: on a
-                           larger one the rate followed the other tenants' memory traffic; bench.py), inside
+                           larger one the rate followed the other tenants' memory traffic; kernels.py), inside
                            a chain: 5 of them less one alone, per conv (alone, half its time was the layout
                            conversions at a model's ends, which a network pays once)
   - gflops.gemm            a 512x1024 by 1024x1024 MatMul (1.07 GFLOP)

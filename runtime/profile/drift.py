@@ -38,7 +38,7 @@ MIN_ROUNDS = 4  # fewer rounds cannot be split into halves that each say anythin
 
 # The figures that move with the machine's memory rate, named in the warning.
 DRAM_FIGURES = "memory_gbps, weight_gbps, gemm_weight_gbps and shared_weight_gbps"
-# gemm_weight_gbps moves more than the memory rate it follows (bench.py, GEMM_COLD_ROWS): said in the warning.
+# gemm_weight_gbps moves more than the memory rate it follows (kernels.py, GEMM_COLD_ROWS): said in the warning.
 GEMM_SENSITIVITY = "2.7 times as much as the memory rate, on the machine edgec was developed on"
 
 
