@@ -121,3 +121,30 @@ def test_the_flow_style_profile_loads_as_written(tmp_path):
         dumps({"x": math.inf})
     with pytest.raises(InputError, match="does not exist"):
         write_profile_flow(doc, tmp_path / "no" / "p.yaml")
+
+
+def test_a_profile_below_its_quota_takes_long_samples_and_records_the_quota(monkeypatch):
+    """Scripted rounds (no benchmark runs): at 1 thread under a 0.25-core quota every round gets samples of ten
+    5 ms periods, counted over the stretch; at 2 threads above a 2-core quota, the policy as it was."""
+    from edgec.runtime.profile import measure
+    from tests.compiler.profile_scripted import script_runtime_costs, script_timings, scripted_timer
+    from tests.compiler.test_profile_stability import ScriptedProbe
+
+    seen: dict[int, set] = {}
+
+    def timer(data, feeds, threads, policy, opt):
+        seen.setdefault(threads, set()).add((policy.min_sample_s, policy.long_samples))
+        return scripted_timer(data, feeds, threads, policy, opt)
+
+    script_timings(monkeypatch, timer=timer)
+    script_runtime_costs(monkeypatch)
+    lines: list[str] = []
+    for cores, threads, long in ((0.25, 1, True), (2.0, 2, False)):
+        q = CpuQuota(cores, 5000, "cgroup v1 cpu.cfs_quota_us of /sys/fs/cgroup/cpu/box", 0.24)
+        p = measure.measure_host(threads=threads, quick=True, probe=ScriptedProbe(0.0), quota=q, shared_weights=False,
+                                 progress=lines.append)
+        assert seen.pop(threads) == ({(0.05, True)} if long else {(QUICK.min_sample_s, False)})
+        assert p["cpu_quota"] == {**q.entry([threads]), "measured_share": 0.24}
+        assert p["description"].endswith(f"; CPU quota {cores:g} cores")
+        assert any("cpu_quota:" in s for s in p["sources"])
+    assert any("samples of 50 ms" in line for line in lines)
