@@ -58,7 +58,7 @@ def test_measure_host_quick(quick_profile):
     assert set(p) - {"gemm_weight_gbps", "shared_weight_gbps"} == {
         "name", "description", "memory_mb", "usable_memory_fraction", "runtime_overhead_mb",
         "op_overhead_us", "gflops", "memory_gbps", "weight_gbps", "layout_conversions",
-        "power_w", "sources", "layers", "op_ms_per_melem", "efficiency", "threads", "measurement", "runtime",
+        "power_w", "sources", "layers", "op_ms_per_melem", "efficiency", "threads", "measurement", "runtime", "cpu_quota",
     }
     assert p["name"] and p["description"]
     assert p["memory_mb"] > 0 and 0 < p["usable_memory_fraction"] <= 1
