@@ -66,3 +66,19 @@ def test_a_quarter_core_profiles_about_three_and_a_half_times_slower_than_nine_t
     else:  # the hosts got less than their quotas: the figures follow what they got
         got = seen[SHARES[1]]["cpu_quota"]["measured_share"] / seen[SHARES[0]]["cpu_quota"]["measured_share"]
         assert all(0.67 <= r / got <= 1.5 for r in ratios.values()), (ratios, got)
+
+
+def test_inside_a_testbed_host_the_share_is_measured_where_the_quota_cannot_be_read(tmp_path):
+    """`ip netns exec` remounts /sys, so a testbed host's process cannot read its cgroup's files: the profile
+    says so, measures the share a spinning thread gets (at most the quota's 0.25), and takes the long samples
+    of an unknown period."""
+    netbed.skip_unless_available(limits=True)
+    out = tmp_path / "host.yaml"
+    argv = [sys.executable, "-m", "edgec.compiler", "profile", "--quick", "--threads", "1", "-o", str(out)]
+    with netbed.Testbed(["dev"], 100, limits={"dev": HostLimits(cpus=0.25)}) as tb:
+        proc = tb.run("dev", argv, timeout=1200, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    quota = yaml.safe_load(out.read_text())["cpu_quota"]
+    assert quota["read"] is False and quota["cores"] is None and "ip netns exec" in quota["source"], quota
+    assert 0.1 <= quota["measured_share"] <= 0.3 and quota["sample_ms"] == {1: 50.0}, quota
+    assert "CPU quota" not in load_profile(str(out)).description
