@@ -228,7 +228,7 @@ def test_runtime_imports_nothing_of_the_compiler():
     assert _violations("edgec.runtime", "edgec.compiler") == []
 
 
-@pytest.mark.parametrize("dependency", ["ortools", "networkx", "onnx_graphsurgeon"])
+@pytest.mark.parametrize("dependency", ["ortools", "networkx", "onnx_graphsurgeon", "pydantic"])
 def test_runtime_imports_no_compiler_dependency(dependency):
     assert _violations("edgec.runtime", dependency) == []
 
