@@ -282,6 +282,11 @@ def measure_host(
     details: list[str] = []  # the same, each with the load it saw, for measurement.warnings
     shared = None
     drifts: dict[int, dict] = {}  # measurement.memory_drift, per thread count (drift.py)
+    if shared_weights and quota.cores is not None and quota.cores < host.all_cores(cpu):
+        # its co-runners would run inside the same quota: they would time the quota's share, not the memory path
+        shared_weights = False
+        details.append(f"shared_weight_gbps not measured: the CPU quota ({quota.cores:g} cores) is below this machine's "
+                       f"{host.all_cores(cpu)} cores, and co-runners would share the quota, not the memory path")
     # shared_weight_gbps' co-runners, paused but alive until the end: CoRunners.later may time more pairs there
     with contextlib.ExitStack() as stack:
         co, gbps = None, None

@@ -148,3 +148,19 @@ def test_a_profile_below_its_quota_takes_long_samples_and_records_the_quota(monk
         assert p["description"].endswith(f"; CPU quota {cores:g} cores")
         assert any("cpu_quota:" in s for s in p["sources"])
     assert any("samples of 50 ms" in line for line in lines)
+
+
+def test_below_the_machine_s_cores_no_co_runner_starts(monkeypatch):
+    """shared_weight_gbps' co-runners would share the quota with the benchmark: not measured, and said why."""
+    from edgec.runtime.profile import host, measure
+    from tests.compiler.profile_scripted import script_runtime_costs, script_timings
+    from tests.compiler.test_profile_stability import ScriptedProbe
+
+    monkeypatch.setattr(host, "all_cores", lambda cpu: 2)
+    script_timings(monkeypatch)
+    script_runtime_costs(monkeypatch)
+    monkeypatch.setattr(measure, "CoRunners", lambda *a, **k: pytest.fail("a co-runner started"))
+    p = measure.measure_host(threads=1, quick=True, probe=ScriptedProbe(0.0), quota=CpuQuota(1.5, 5000, "f", 1.0))
+    assert "shared_weight_gbps" not in p
+    assert any(w.startswith("shared_weight_gbps not measured: the CPU quota (1.5 cores)") for w in
+               p["measurement"]["warnings"])
