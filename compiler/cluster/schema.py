@@ -209,6 +209,20 @@ class MemoryDriftDoc(_Doc):
     rounds: Count
 
 
+class CpuQuotaDoc(_Doc):
+    """The CPU share `edgec profile` saw (runtime/profile/quota.py): the cgroup's CFS quota, read, and a spinning
+    thread's share, measured; at a thread count above it, the length of each timing's samples. Informational:
+    the figures already follow the share."""
+
+    cores: Positive | None = None  # quota / period; None: no quota, or none readable
+    period_us: Count | None = None
+    source: str = ""  # where the quota was read, or why it could not be
+    read: bool = True  # whether the cgroup files were read
+    measured_share: NonNegative | None = None  # CPU time / wall time of a spinning thread
+    sample_ms: Annotated[dict[ThreadKey, Positive],
+                         Field(min_length=1, description="a non-empty mapping of thread counts")] | None = None
+
+
 class MeasurementDoc(_Doc):
     """How `edgec profile` measured: informational (no prediction reads it), but typed, so that a tool reading
     it can trust its shape."""
@@ -253,6 +267,7 @@ class ProfileDoc(_Doc):
                        Field(min_length=1, description="a non-empty mapping of thread counts")] | None = None
     runtime: RuntimeDoc | None = None
     measurement: MeasurementDoc | None = None
+    cpu_quota: CpuQuotaDoc | None = None
 
 
 HostCores = Annotated[int, Field(ge=1, le=MAX_THREADS, description=f"an integer from 1 to {MAX_THREADS}")]

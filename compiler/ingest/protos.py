@@ -8,6 +8,7 @@ import onnx
 from onnx import helper
 
 from edgec.runtime.errors import one_line
+from edgec.runtime.profile.nodes import node_keys  # the keys of the device's measured per-node tables
 
 __all__ = ["skeleton", "node_keys", "name_nodes", "message", "SKELETON_MAX_ELEMENTS"]
 
@@ -46,20 +47,6 @@ def message(exc: Exception) -> str:
     """The exception's message as one line: onnx's checker puts what it names (a node, a tensor) on the
     lines after the first, so they are joined, not dropped."""
     return one_line(exc) or type(exc).__name__
-
-
-def node_keys(model: onnx.ModelProto) -> list[str]:
-    """Unique node names as edgec knows them: the node's own name, else `<op_type>_<index>` in the file;
-    a repeat gets `_<index>` appended (again while it still repeats an earlier key). Measured per-node
-    tables (`edgec profile --model`) use these keys."""
-    keys, seen = [], set()
-    for i, n in enumerate(model.graph.node):
-        k = n.name or f"{n.op_type}_{i}"
-        while k in seen:
-            k = f"{k}_{i}"
-        seen.add(k)
-        keys.append(k)
-    return keys
 
 
 def name_nodes(model: onnx.ModelProto) -> None:
