@@ -9,10 +9,11 @@ device (any subset of the devices, in any order) and returns the `top_k` best pl
 memory, under the cost model of `PipelineProblem`. The pipeline baselines (baselines.py) and the
 pipeline tails of hybrid plans (`PipelineTail`, for spatial.py) solve the same problem.
 
-Formulation. A state is (j, m, a): blocks 0..j-1 are placed, `m` is the bitmask of the devices used and
-`a` ran the last stage, which ends at j. A transition appends the stage [j, h) on a device b not in m:
-it pays the transfer of cut j-1 from a to b and the compute of blocks j..h-1 on b. Device order is part
-of the state, so every ordered subset of devices is searched; the answer is the best state with j = B.
+Formulation. A state is (j, n, a): blocks 0..j-1 are placed, `n` counts the devices used in each class of
+interchangeable devices (pipeline_space.py) and a's class ran the last stage, which ends at j. A transition
+appends the stage [j, h) on the next unused device of a class: it pays the transfer of cut j-1 and the
+compute of blocks j..h-1 there. Device order is part of the state, so every ordered subset of devices is
+searched (up to relabelling alike devices); the answer is the best state with j = B.
 Each state keeps labels, and a label is dropped only when at least k other labels of the same state are
 at least as good under every possible completion, so the k best complete plans are exact:
 
@@ -37,10 +38,16 @@ at least as good under every possible completion, so the k best complete plans a
     from the k-th, the fast latency DP is already exact and the Pareto pass is skipped.
 
 Symmetry: devices that are interchangeable bit for bit (same block_ms column, memory, machine, power
-figures, and links to and from every other device) are only used in index order, which removes relabelled
-copies of the same plan from the search without losing any cost; for top_k > 1 the copies are generated
-back afterwards (they have identical costs), so the result equals the unrestricted search.  The planner
-(`plan_pipeline`) asks for none of them back (`copies=False`): its top-K are K distinct plans.
+figures, and links to and from every other device) form a class and are only used in index order, which
+removes relabelled copies of the same plan from the search without losing any cost; for top_k > 1 the
+copies are generated back afterwards (they have identical costs), so the result equals the unrestricted
+search.  The planner (`plan_pipeline`) asks for none of them back (`copies=False`): its top-K are K
+distinct plans.
+
+Size: with Q classes of n_1..n_Q devices and S = min(D, B) stages at most, the states are the count vectors
+of sum <= S (at most prod(n_c + 1)), never the 2^D subsets: 32 identical devices are 33 states. The tables
+are [states, Q, B, k]; time O(states x Q x (B^2 + B Q) x k). Over `pipeline_space.STATE_BUDGET` states the
+DP refuses (`TooManyStates`) instead of allocating.
 
 Numerics: stage compute is summed with the same numpy reduction `PipelineProblem.evaluate` uses, and
 transfers with the same expression, so bottleneck values are bit-identical to `evaluate`'s. Latency is
@@ -58,48 +65,12 @@ import numpy as np
 from ..units import MB
 from .pipeline_pareto import pareto_dp
 from .pipeline_problem import PipelineProblem, PipelineSolution, StageChoice, solution_sort_key, validate_request
+from .pipeline_space import Space
 from .pipeline_tables import Span, StageTables
 from .planner import InfeasibleError
 from .stats import count as count_work
 
 __all__ = ["solve_pipeline", "solve_on_tables", "memory_feasible", "infeasible_message"]
-
-
-class _Space:
-    """The device masks the DPs visit: at most S devices, and identical devices taken in index order
-    (a plan using a later copy of a device before an earlier one is a relabelling of a canonical plan)."""
-
-    def __init__(self, tab: "StageTables", S: int):
-        D = tab.D
-        masks = np.arange(1 << D)
-        pc = _popcount(masks)
-        bits = 1 << np.arange(D)
-        has = (masks[:, None] & bits[None, :]) != 0  # [M, D]
-        low = tab.lower_same[None, :]
-        canon = np.all(~has | ((masks[:, None] & low) == low), axis=1) & (pc <= S)
-        self.masks = masks[canon]
-        self.mid = np.full(1 << D, -1)
-        self.mid[self.masks] = np.arange(self.masks.size)
-        self.pc = pc[self.masks]
-        self.has = has[self.masks]
-        # can device b start the next stage after the devices in m?
-        self.add_ok = ~self.has & ((self.masks[:, None] & low) == low) & (self.pc[:, None] < S)  # [nM, D]
-        # (m, b) pairs a stage can end in: b in m and m without b is a mask that may add b
-        pm, pb = np.nonzero(self.has)
-        src = self.mid[self.masks[pm] ^ bits[pb]]
-        ok = src >= 0
-        ok[ok] = self.add_ok[src[ok], pb[ok]]
-        self.pm, self.pb, self.psrc = pm[ok], pb[ok], src[ok]
-        self.start = self.add_ok[self.mid[0]]  # devices that may run the first stage
-
-
-def _popcount(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, dtype=np.int64)
-    n = np.zeros_like(x)
-    while np.any(x):
-        n += x & 1
-        x = x >> 1
-    return n
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -153,74 +124,78 @@ def _lex_dp(
     Exact for the multiset of the K best p values, and for (p, s) whenever extension preserves the
     lexicographic order (p additive, s a running max). At most S stages; canonical device orders only.
     """
-    B, D = tab.B, tab.D
-    sp = _Space(tab, S)
-    nM = sp.masks.size
-    pm, pb, psrc = sp.pm, sp.pb, sp.psrc
+    B = tab.B
+    sp = Space(tab.cls, S)
+    Q, nS = sp.Q, sp.n
+    Cp, Tp = sp.tables(Cp, Tp)
+    Cs, Ts = sp.tables(Cs, Ts)
+    pm, pq, psrc = sp.pm, sp.pq, sp.psrc
     P = pm.size
-    # W[m, b, j, q]: label after the transfer into b at block j (b not in m); V[m, a, h, r]: after a stage
-    # on a ending at h. Masks are indices into sp.masks.
-    Wp = np.full((nM, D, B, K), np.inf)
-    Ws = np.full((nM, D, B, K), np.inf)
-    Wa = np.zeros((nM, D, B, K), dtype=np.int32)
-    Wr = np.zeros((nM, D, B, K), dtype=np.int32)
-    Vp = np.full((nM, D, B + 1, K), np.inf)
-    Vs = np.full((nM, D, B + 1, K), np.inf)
-    Vi = np.zeros((nM, D, B + 1, K), dtype=np.int32)
-    Vq = np.zeros((nM, D, B + 1, K), dtype=np.int32)
-    Wp[sp.mid[0], sp.start, 0, 0] = 0.0
-    Ws[sp.mid[0], sp.start, 0, 0] = 0.0
-    w_forbid = ~sp.add_ok[:, :, None]  # [nM, D(b), 1]
-    CpT = np.ascontiguousarray(Cp.transpose(2, 1, 0))  # [d, hi, lo]
+    # W[m, q, j, r]: label after the transfer into class q at block j (q's next device not in m); V[m, p, h, r]:
+    # after a stage on class p (its last device in m) ending at h. m indexes the states of `sp`.
+    Wp = np.full((nS, Q, B, K), np.inf)
+    Ws = np.full((nS, Q, B, K), np.inf)
+    Wa = np.zeros((nS, Q, B, K), dtype=np.int32)
+    Wr = np.zeros((nS, Q, B, K), dtype=np.int32)
+    Vp = np.full((nS, Q, B + 1, K), np.inf)
+    Vs = np.full((nS, Q, B + 1, K), np.inf)
+    Vi = np.zeros((nS, Q, B + 1, K), dtype=np.int32)
+    Vq = np.zeros((nS, Q, B + 1, K), dtype=np.int32)
+    start = sp.inc[sp.empty] >= 0
+    Wp[sp.empty, start, 0, 0] = 0.0
+    Ws[sp.empty, start, 0, 0] = 0.0
+    w_forbid = (sp.inc < 0)[:, :, None]  # [nS, Q(b), 1]
+    CpT = np.ascontiguousarray(Cp.transpose(2, 1, 0))  # [q, hi, lo]
     CsT = np.ascontiguousarray(Cs.transpose(2, 1, 0))
     # stages [j, h) allowed on some device: j >= jlo[h] (shrinking a stage keeps it allowed)
     allowed = np.isfinite(Cp).any(axis=2)  # [lo, hi]
     jlo = np.where(allowed.any(axis=0), allowed.argmax(axis=0), np.arange(B + 1))
+    order = sp.order[:, :, None]  # [nS, Q, 1]: each state's classes by their last device (ties as over devices)
     labels = 0
     for h in range(1, B + 1):
         j0 = int(jlo[h])
         n = h - j0
         if n == 0:
             continue
-        cand_p = op_p(Wp[psrc, pb, j0:h, :], CpT[pb, h, j0:h, None]).reshape(P, n * K)
+        cand_p = op_p(Wp[psrc, pq, j0:h, :], CpT[pq, h, j0:h, None]).reshape(P, n * K)
         labels += cand_p.size
-        cand_s = op_s(Ws[psrc, pb, j0:h, :], CsT[pb, h, j0:h, None]).reshape(P, n * K)
+        cand_s = op_s(Ws[psrc, pq, j0:h, :], CsT[pq, h, j0:h, None]).reshape(P, n * K)
         idx, vp, vs = _select_k(cand_p, cand_s, K)
-        Vp[pm, pb, h] = vp
-        Vs[pm, pb, h] = vs
-        Vi[pm, pb, h] = j0 + idx // K
-        Vq[pm, pb, h] = idx % K
+        Vp[pm, pq, h] = vp
+        Vs[pm, pq, h] = vs
+        Vi[pm, pq, h] = j0 + idx // K
+        Vq[pm, pq, h] = idx % K
         if h == B:
             break
-        tp = Tp[h - 1]  # [D(a), D(b)]
-        ts = Ts[h - 1]
-        cand_p = op_p(Vp[:, :, h, None, :], tp[None, :, :, None])  # [nM, a, b, K]
-        cand_s = op_s(Vs[:, :, h, None, :], ts[None, :, :, None])
-        cand_p = cand_p.transpose(0, 2, 1, 3).reshape(nM, D, D * K)
-        cand_s = cand_s.transpose(0, 2, 1, 3).reshape(nM, D, D * K)
+        tp = Tp[h - 1][sp.order]  # [nS, a (ordered), b]
+        ts = Ts[h - 1][sp.order]
+        cand_p = op_p(np.take_along_axis(Vp[:, :, h, :], order, 1)[:, :, None, :], tp[:, :, :, None])  # [nS, a, b, K]
+        cand_s = op_s(np.take_along_axis(Vs[:, :, h, :], order, 1)[:, :, None, :], ts[:, :, :, None])
+        cand_p = cand_p.transpose(0, 2, 1, 3).reshape(nS, Q, Q * K)
+        cand_s = cand_s.transpose(0, 2, 1, 3).reshape(nS, Q, Q * K)
         cand_p = np.where(w_forbid, np.inf, cand_p)
         labels += cand_p.size
         idx, wp_, ws_ = _select_k(cand_p, cand_s, K)
         Wp[:, :, h], Ws[:, :, h] = wp_, ws_
-        Wa[:, :, h], Wr[:, :, h] = idx // K, idx % K
+        Wa[:, :, h], Wr[:, :, h] = np.take_along_axis(sp.order, idx.reshape(nS, Q * K) // K, 1).reshape(idx.shape), idx % K
     count_work("labels", labels)
-    # best final labels over all (m, b)
-    fp = Vp[pm, pb, B].reshape(P * K)
-    fs = Vs[pm, pb, B].reshape(P * K)
+    # best final labels over all (m, q), in the order of (m, q's last device)
+    fp = Vp[pm, pq, B].reshape(P * K)
+    fs = Vs[pm, pq, B].reshape(P * K)
     idx, vp, vs = _select_k(fp, fs, K)
     out = []
     for i, p_val, s_val in zip(idx.tolist(), vp.tolist(), vs.tolist()):
         if not np.isfinite(p_val):
             break
-        m, b, r = int(pm[i // K]), int(pb[i // K]), i % K
+        m, q, r = int(pm[i // K]), int(pq[i // K]), i % K
         h, stages = B, []
         while True:
-            j, q = int(Vi[m, b, h, r]), int(Vq[m, b, h, r])
-            stages.append((j, h, b))
+            j, jr = int(Vi[m, q, h, r]), int(Vq[m, q, h, r])
+            stages.append((j, h, sp.device(m, q)))
             if j == 0:
                 break
-            m = int(sp.mid[sp.masks[m] ^ (1 << b)])
-            b, r, h = int(Wa[m, b, j, q]), int(Wr[m, b, j, q]), j
+            m = int(sp.dec[m, q])
+            q, r, h = int(Wa[m, q, j, jr]), int(Wr[m, q, j, jr]), j
         out.append((p_val, s_val, stages[::-1]))
     return out
 
@@ -318,7 +293,7 @@ def _solve_latency_shared(tab, k, S):
         return [st for _, _, st in fast[:k]]  # the k best latencies are unique at the boundary: exact
     plans = [st for _, _, st in fast[:k]]
     ub = _upper_bound(tab, plans, k, "latency")
-    return [st for _, _, st in pareto_dp(tab, _Space(tab, S), k, S, "latency", ub, 0.0)]
+    return [st for _, _, st in pareto_dp(tab, Space(tab.cls, S), k, S, "latency", ub, 0.0)]
 
 
 def _min_shared_bottleneck(tab, S, lower: float, upper: float):
@@ -360,7 +335,7 @@ def _solve_throughput_shared(tab, k, S):
     upper = min(_shared_key(tab, p, "throughput")[0] for p in cheap)
     lb, plans = _min_shared_bottleneck(tab, S, sw[0][0], upper)
     ub = _upper_bound(tab, cheap + plans, k, "throughput")
-    return [st for _, _, st in pareto_dp(tab, _Space(tab, S), k, S, "throughput", ub, lb)]
+    return [st for _, _, st in pareto_dp(tab, Space(tab.cls, S), k, S, "throughput", ub, lb)]
 
 
 def _relabelings(tab: StageTables, plan: list[Span], limit: int) -> list[list[Span]]:

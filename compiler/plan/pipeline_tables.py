@@ -64,11 +64,7 @@ class StageTables:
         self._symmetry(problem)  # devices may be interchangeable on a suffix and not on the whole chain
 
     def _symmetry(self, problem: PipelineProblem) -> None:
-        D = self.D
-        self.cls = device_classes(problem)
-        same = self.cls[:, None] == self.cls[None, :]
-        lower = same & (np.arange(D)[None, :] < np.arange(D)[:, None])  # [b, x]: x identical to b, x < b
-        self.lower_same = (lower * (1 << np.arange(D))[None, :]).sum(axis=1).astype(np.int64)
+        self.cls = device_classes(problem)  # the DPs' states count devices per class (pipeline_space.py)
 
     def replay(self, stages: list[Span]) -> tuple[float, float, float, float]:
         """(latency, max compute, max transfer, transfer sum) accumulated exactly as the DPs do."""

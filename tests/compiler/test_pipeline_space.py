@@ -1,0 +1,73 @@
+"""pipeline_space.py: the pipeline DPs' states are counts per class of alike devices, built without the 2^D
+subsets, in the order of those subsets' bitmasks; the DP on many alike devices equals the DP on as many as
+it can use, and a state space over the budget is refused in one line."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from edgec.compiler.plan.pipeline_dp import solve_pipeline
+from edgec.compiler.plan.pipeline_space import STATE_BUDGET, Space, TooManyStates, count_states
+from test_pipeline_dp import make_problem
+
+MB = 1_000_000
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 3), min_size=1, max_size=8), st.integers(1, 8))
+def test_states_are_the_canonical_subsets_in_mask_order(cls_of, S):
+    """Over devices of the given kinds: the states are exactly the subsets of at most S devices that take
+    each kind's members in index order, sorted as their bitmasks are."""
+    kinds = np.array(cls_of)
+    cls = np.array([int(np.flatnonzero(kinds == kinds[d])[0]) for d in range(kinds.size)])
+    sp = Space(cls, S)
+    D = cls.size
+    canon = [m for m in range(1 << D) if bin(m).count("1") <= S and all(
+        not (m >> d & 1) or all(m >> x & 1 for x in range(d) if cls[x] == cls[d]) for d in range(D))]
+    masks = [sum(1 << int(mem[i]) for q, mem in enumerate(sp.members) for i in range(sp.cnt[s, q])) for s in range(sp.n)]
+    assert masks == sorted(canon)
+    assert sp.n == count_states([m.size for m in sp.members], S) or S < D
+    for s, q in itertools.product(range(sp.n), range(sp.Q)):  # the moves are +-1 of one class
+        for table, step in ((sp.inc, 1), (sp.dec, -1)):
+            if table[s, q] >= 0:
+                assert (sp.cnt[table[s, q]] - sp.cnt[s]).tolist() == [step if i == q else 0 for i in range(sp.Q)]
+
+
+def test_count_states_is_the_product_when_unbounded():
+    assert count_states([3, 1, 2], 10) == 4 * 2 * 3
+    assert count_states([32], 32) == 33
+    assert count_states([2, 2], 1) == 3  # none, or one of either class
+
+
+def _alike(D: int, B: int = 6) -> object:
+    """B blocks on D identical devices, memory forcing at least two stages."""
+    rng = np.random.default_rng(0)  # the same blocks whatever D
+    col = rng.integers(1, 9, size=B).astype(np.float64) / 4
+    return make_problem(np.repeat(col[:, None], D, axis=1), [4 * MB] * B, [MB] * B, [64] * (B - 1),
+                        [14 * MB] * D, np.full((D, D), 64.0), np.full((D, D), 0.125))
+
+
+@pytest.mark.parametrize("objective", ["latency", "throughput"])
+def test_many_alike_devices_plan_as_the_few_a_plan_can_use(objective):
+    """70 alike devices (more than an int64 mask holds) give the plans 6 of them give: a plan of 6 blocks
+    uses at most 6 devices, and the canonical plan takes them in index order."""
+    few = solve_pipeline(_alike(6), objective, top_k=3, copies=False)
+    many = solve_pipeline(_alike(70), objective, top_k=3, copies=False)
+    assert [s.stages for s in few] == [s.stages for s in many]
+    assert [s.key(objective) for s in few] == [s.key(objective) for s in many]
+
+
+def test_a_state_space_over_the_budget_is_refused_in_one_line():
+    """64 devices no two alike, 40 blocks: far more states than the budget; refused, not allocated."""
+    D, B = 64, 40
+    rng = np.random.default_rng(1)
+    problem = make_problem(rng.uniform(1, 2, size=(B, D)), [MB] * B, [MB] * B, [64] * (B - 1), [100 * MB] * D,
+                           np.full((D, D), 64.0))
+    with pytest.raises(TooManyStates, match=f"over its budget of {STATE_BUDGET:,}") as err:
+        solve_pipeline(problem, "latency")
+    assert "\n" not in str(err.value)
