@@ -17,6 +17,7 @@ from .pipeline_energy import plan_pipeline_energy
 from .pipeline_problem import pipeline_problem, to_plan, validate_request
 from .pipeline_tables import StageTables
 from .planner import InfeasibleError, PlanOptions
+from .stats import detail
 
 __all__ = ["plan_pipeline", "PipelineTail"]
 
@@ -27,8 +28,10 @@ def plan_pipeline(graph: LayerGraph, cost: CostTable, objective: str, options: P
     if objective == "energy":
         return plan_pipeline_energy(graph, cost, options)
     problem = pipeline_problem(graph, cost)
-    return [to_plan(sol, "pipeline", objective, graph, problem)
-            for sol in solve_pipeline(problem, objective, top_k=options.top_k, copies=False)]
+    report: dict = {}
+    sols = solve_pipeline(problem, objective, top_k=options.top_k, copies=False, report=report)
+    detail(**report)  # exact, and beyond the DP's state budget its optimality_gap (pipeline_dp.py: Size)
+    return [to_plan(sol, "pipeline", objective, graph, problem) for sol in sols]
 
 
 class PipelineTail:

@@ -47,7 +47,7 @@ distinct plans.
 Size: with Q classes of n_1..n_Q devices and S = min(D, B) stages at most, the states are the count vectors
 of sum <= S (at most prod(n_c + 1)), never the 2^D subsets: 32 identical devices are 33 states. The tables
 are [states, Q, B, k]; time O(states x Q x (B^2 + B Q) x k). Over `pipeline_space.STATE_BUDGET` states the
-DP refuses (`TooManyStates`) instead of allocating.
+or `TABLE_BUDGET` bytes of tables the DP refuses (`TooManyStates`) instead of allocating.
 
 Numerics: stage compute is summed with the same numpy reduction `PipelineProblem.evaluate` uses, and
 transfers with the same expression, so bottleneck values are bit-identical to `evaluate`'s. Latency is
@@ -59,18 +59,25 @@ links (never used).
 from __future__ import annotations
 
 import itertools
+import math
+from dataclasses import replace
 
 import numpy as np
 
 from ..units import MB
 from .pipeline_pareto import pareto_dp
 from .pipeline_problem import PipelineProblem, PipelineSolution, StageChoice, solution_sort_key, validate_request
-from .pipeline_space import Space
+from .pipeline_space import TABLE_BUDGET, Relaxed, Space, TooManyStates, count_states
 from .pipeline_tables import Span, StageTables
 from .planner import InfeasibleError
 from .stats import count as count_work
 
 __all__ = ["solve_pipeline", "solve_on_tables", "memory_feasible", "infeasible_message"]
+
+
+def _space(tab: StageTables, S: int, pair_bytes: int = 0) -> Space:
+    """The states the DPs visit on these tables: the counts per class, or the relaxation's one state."""
+    return Relaxed(tab.cls) if tab.relaxed else Space(tab.cls, S, pair_bytes)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -125,7 +132,7 @@ def _lex_dp(
     lexicographic order (p additive, s a running max). At most S stages; canonical device orders only.
     """
     B = tab.B
-    sp = Space(tab.cls, S)
+    sp = _space(tab, S, pair_bytes=(2 * B + 1) * K * 24)  # W and V: two float64 and two int32 per slot
     Q, nS = sp.Q, sp.n
     Cp, Tp = sp.tables(Cp, Tp)
     Cs, Ts = sp.tables(Cs, Ts)
@@ -219,10 +226,17 @@ def _transfer_sum_dp(tab: StageTables, S: int, cap: float) -> list[tuple[float, 
 
 
 def memory_feasible(problem: PipelineProblem, max_stages: int | None) -> bool:
+    """Whether some placement fits memory, links aside (beyond the state budget: whether the relaxation's
+    first such placement is a real one, so False may only mean that none was found)."""
     tab = StageTables(problem)
     S = min(tab.D, tab.B, max_stages or tab.D)
     zero = np.where(np.isfinite(tab.C), 0.0, np.inf)
-    return bool(_lex_dp(tab, 1, S, zero, zero, np.zeros_like(tab.T), np.zeros_like(tab.T), np.add, np.add))
+    args = (zero, zero, np.zeros_like(tab.T), np.zeros_like(tab.T), np.add, np.add)
+    try:
+        return bool(_lex_dp(tab, 1, S, *args))
+    except TooManyStates:
+        found = _lex_dp(tab.relaxation(), 1, S, *args)
+        return bool(found) and Relaxed(tab.cls).as_devices(found[0][2], S) is not None
 
 
 def infeasible_message(problem: PipelineProblem, max_stages: int | None = None) -> str:
@@ -293,7 +307,7 @@ def _solve_latency_shared(tab, k, S):
         return [st for _, _, st in fast[:k]]  # the k best latencies are unique at the boundary: exact
     plans = [st for _, _, st in fast[:k]]
     ub = _upper_bound(tab, plans, k, "latency")
-    return [st for _, _, st in pareto_dp(tab, Space(tab.cls, S), k, S, "latency", ub, 0.0)]
+    return [st for _, _, st in pareto_dp(tab, _space(tab, S), k, S, "latency", ub, 0.0)]
 
 
 def _min_shared_bottleneck(tab, S, lower: float, upper: float):
@@ -335,7 +349,7 @@ def _solve_throughput_shared(tab, k, S):
     upper = min(_shared_key(tab, p, "throughput")[0] for p in cheap)
     lb, plans = _min_shared_bottleneck(tab, S, sw[0][0], upper)
     ub = _upper_bound(tab, cheap + plans, k, "throughput")
-    return [st for _, _, st in pareto_dp(tab, Space(tab.cls, S), k, S, "throughput", ub, lb)]
+    return [st for _, _, st in pareto_dp(tab, _space(tab, S), k, S, "throughput", ub, lb)]
 
 
 def _relabelings(tab: StageTables, plan: list[Span], limit: int) -> list[list[Span]]:
@@ -371,7 +385,7 @@ def _relabelings(tab: StageTables, plan: list[Span], limit: int) -> list[list[Sp
 
 def solve_pipeline(
     problem: PipelineProblem, objective: str = "latency", top_k: int = 1, max_stages: int | None = None,
-    copies: bool = True,
+    copies: bool = True, report: dict | None = None,
 ) -> list[PipelineSolution]:
     """The `top_k` best distinct placements of the block chain, best first (exact).
 
@@ -393,18 +407,25 @@ def solve_pipeline(
         raise ValueError(f"top_k must be >= 1, got {top_k}")
     if max_stages is not None and max_stages < 1:
         raise ValueError(f"max_stages must be >= 1, got {max_stages}")
-    return solve_on_tables(problem, StageTables(problem), objective, top_k, max_stages, copies)
+    return solve_on_tables(problem, StageTables(problem), objective, top_k, max_stages, copies, report)
 
 
 def solve_on_tables(problem: PipelineProblem, tab: StageTables, objective: str, top_k: int,
-           max_stages: int | None, copies: bool = True) -> list[PipelineSolution]:
-    """solve_pipeline on the problem's tables, built or sliced (PipelineTail)."""
+           max_stages: int | None, copies: bool = True, report: dict | None = None) -> list[PipelineSolution]:
+    """solve_pipeline on the problem's tables, built or sliced (PipelineTail). With `report`, sets its
+    "exact" (whether the plans are the exact top-k) and, when not, "optimality_gap" (module docstring: Size)."""
     S = min(tab.D, tab.B, max_stages or tab.D)
     shared = problem.medium == "shared" and tab.B > 1 and S > 1
-    if objective == "latency":
-        plans = _solve_latency_shared(tab, top_k, S) if shared else _solve_latency_switched(tab, top_k, S)
-    else:
-        plans = _solve_throughput_shared(tab, top_k, S) if shared else _solve_throughput_switched(tab, top_k, S)
+    exact, gap = True, 0.0
+    try:
+        plans = _solve(tab, objective, top_k, S, shared)
+    except TooManyStates:
+        plans, exact, gap = _beyond_budget(problem, tab, objective, top_k, S, shared)
+    if report is not None:
+        report.update({"exact": exact} if exact else {"exact": False, "optimality_gap": gap})
+    if not plans and not exact:
+        raise InfeasibleError("the exact pipeline DP's states exceed its budget, and neither its relaxation nor the "
+                              "exact DP over the devices the budget allows found a placement that fits")
     if not plans:
         raise InfeasibleError(infeasible_message(problem, max_stages))
     if copies and top_k > 1 and np.any(tab.cls != np.arange(tab.D)):  # the DPs searched canonical orders only
@@ -412,3 +433,79 @@ def solve_on_tables(problem: PipelineProblem, tab: StageTables, objective: str, 
     sols = [problem.evaluate(tuple(StageChoice(lo, hi, d) for lo, hi, d in p)) for p in plans]
     sols.sort(key=lambda s: solution_sort_key(s, objective))
     return sols[:top_k]
+
+
+def _solve(tab: StageTables, objective: str, k: int, S: int, shared: bool) -> list[list[Span]]:
+    if objective == "latency":
+        return _solve_latency_shared(tab, k, S) if shared else _solve_latency_switched(tab, k, S)
+    return _solve_throughput_shared(tab, k, S) if shared else _solve_throughput_switched(tab, k, S)
+
+
+def _beyond_budget(problem: PipelineProblem, tab: StageTables, objective: str, k: int, S: int,
+                   shared: bool) -> tuple[list[list[Span]], bool, float]:
+    """(plans, exact, optimality gap) when the count states exceed the budget (module docstring: Size).
+
+    The relaxation (a class may run any number of stages) is solved first: when its k best plans use no
+    class more often than it has devices, they are the exact k best. Otherwise its best value is a lower
+    bound, and the plans are the best of its plans that are real and of the exact DP over the most useful
+    devices the budget allows (those the relaxed plans use first, then the fastest): the gap is the best
+    plan's objective over that bound, minus one."""
+    relaxed = _solve(tab.relaxation(), objective, k, S, shared)
+    sp = Relaxed(tab.cls)
+    real = [p for p in (sp.as_devices(plan, S) for plan in relaxed) if p is not None]
+    if len(real) == len(relaxed):
+        return real, True, 0.0
+    lower = _lex_first(tab.relaxation(), objective, S)
+    subset = _useful_devices(problem, tab, sp, relaxed, S)
+    sub = _restrict(problem, subset)
+    try:
+        found = _solve(StageTables(sub), objective, k, min(len(subset), tab.B, S), shared)
+    except TooManyStates:
+        found = []
+    plans = real + [[(lo, hi, int(subset[d])) for lo, hi, d in p] for p in found]
+    if not plans:
+        return [], False, math.inf
+    keys = sorted(problem.evaluate(tuple(StageChoice(*s) for s in p)).key(objective)[0] for p in plans)
+    return plans, False, (keys[0] / lower - 1.0) if lower > 0 else 0.0
+
+
+def _lex_first(tab: StageTables, objective: str, S: int) -> float:
+    """The least latency (or switched bottleneck, a lower bound of the shared one) of any plan on `tab`."""
+    best = _latency_dp(tab, 1, S) if objective == "latency" else _bottleneck_dp(tab, 1, S)
+    return float(best[0][0]) if best else math.inf
+
+
+def _useful_devices(problem: PipelineProblem, tab: StageTables, sp: Relaxed, relaxed, S: int) -> np.ndarray:
+    """The devices the exact DP can afford, most useful first: each class's first devices as often as the
+    relaxed plans use it, then the rest by their compute over the whole chain (fastest first)."""
+    want: list[int] = []
+    q_of = {int(r): q for q, r in enumerate(sp.rep)}
+    for plan in relaxed:
+        uses = [0] * sp.Q
+        for _, _, d in plan:
+            q = q_of[d]
+            if uses[q] < sp.members[q].size:
+                want.append(int(sp.members[q][uses[q]]))
+            uses[q] += 1
+    speed = np.asarray(problem.block_ms, dtype=np.float64).sum(axis=0)
+    order = list(dict.fromkeys(want + [int(d) for d in np.argsort(speed, kind="stable")]))
+    chosen: list[int] = []
+    for d in order:
+        trial = sorted(chosen + [d])
+        sizes = np.unique(tab.cls[trial], return_counts=True)[1]
+        S_sub = min(len(trial), tab.B, S)
+        if count_states(sizes.tolist(), S_sub) * sizes.size * (2 * tab.B + 1) * 3 * 24 > TABLE_BUDGET // 2:
+            break
+        chosen = trial
+    return np.array(sorted(chosen))
+
+
+def _restrict(problem: PipelineProblem, idx: np.ndarray) -> PipelineProblem:
+    """The problem on the devices `idx` only (in that order)."""
+    pick = lambda x: None if x is None else np.asarray(x)[idx]  # noqa: E731
+    return replace(problem, devices=tuple(problem.devices[i] for i in idx), block_ms=np.asarray(problem.block_ms)[:, idx],
+                   device_mem_bytes=pick(problem.device_mem_bytes),
+                   bandwidth_bytes_per_ms=np.asarray(problem.bandwidth_bytes_per_ms)[np.ix_(idx, idx)],
+                   link_latency_ms=np.asarray(problem.link_latency_ms)[np.ix_(idx, idx)],
+                   request_in_ms=pick(problem.request_in_ms), request_out_ms=pick(problem.request_out_ms),
+                   traits=None if problem.traits is None else tuple(problem.traits[i] for i in idx))

@@ -100,7 +100,7 @@ def pareto_dp(
     # stage ends: (state, class, devices used), each state's classes in the order of their last devices
     pairs = [(int(m), int(q), int(sp.pc[m])) for m, q in zip(sp.pm, sp.pq)]
     adds = [(m, np.flatnonzero(sp.inc[m] >= 0).tolist(), int(sp.pc[m])) for m in range(sp.n)]
-    adds = [(m, qs, c) for m, qs, c in adds if c and qs]  # transfers: (state, next classes, |state|)
+    adds = [(m, qs, c) for m, qs, c in adds if qs]  # transfers: (state, next classes, |state|)
     V: dict[tuple[int, int, int], _Labels] = {}  # (j, m, p): labels after a stage on class p ending at j
     W: dict[tuple[int, int], _Labels] = {}  # (m, q): all labels entering q's next device after m (any j), j in .i
     empty_i = np.zeros(0, dtype=np.int64)

@@ -19,12 +19,12 @@ import numpy as np
 
 from .planner import InfeasibleError
 
-__all__ = ["Space", "count_states", "STATE_BUDGET", "TooManyStates"]
+__all__ = ["Space", "Relaxed", "count_states", "STATE_BUDGET", "TABLE_BUDGET", "TooManyStates"]
 
-# The most (count vector, last class) pairs the DPs keep tables for: their arrays hold a few dozen bytes per
-# pair, per block and per top-k slot, so this bounds a DP near 2 GB on a chain of ~20 blocks and k = 3
-# (STATE_BUDGET x 20 x 3 x 40 B).
-STATE_BUDGET = 800_000
+# The most (count vector, last class) pairs the DPs visit, and the most bytes of tables a DP may hold for
+# them (the latency DP: 48 bytes per pair, block and top-k slot). A DP over either refuses before allocating.
+STATE_BUDGET = 2_000_000
+TABLE_BUDGET = 1 << 30
 
 
 class TooManyStates(InfeasibleError):
@@ -55,17 +55,18 @@ class Space:
     members of q, inf when q has one).
     """
 
-    def __init__(self, cls: np.ndarray, S: int):
+    def __init__(self, cls: np.ndarray, S: int, pair_bytes: int = 0):
         cls = np.asarray(cls)
         self.rep = np.unique(cls)  # each class's lowest device, ascending: the class order
         self.Q = Q = self.rep.size
         self.members = [np.flatnonzero(cls == r) for r in self.rep]
         sizes = [min(m.size, S) for m in self.members]
         n = count_states(sizes, S)
-        if n * Q > STATE_BUDGET:
+        if n * Q > STATE_BUDGET or n * Q * pair_bytes > TABLE_BUDGET:
             raise TooManyStates(
                 f"the exact pipeline DP would need {n * Q:,} states ({n:,} ways to use at most {S} of "
-                f"{cls.size} devices in {Q} classes of interchangeable devices), over its budget of {STATE_BUDGET:,}")
+                f"{cls.size} devices in {Q} classes of interchangeable devices) and {n * Q * pair_bytes / (1 << 20):,.0f}"
+                f" MB of tables, over its budget of {STATE_BUDGET:,} states and {TABLE_BUDGET >> 20:,} MB")
         cnt = np.zeros((1, Q), dtype=np.int64)
         for q, size in enumerate(sizes):  # every vector with sum <= S, one class at a time
             total = cnt.sum(axis=1)
@@ -146,3 +147,43 @@ class _Index:
         if self.table is not None:
             return np.array([self.table[row.tobytes()] for row in rows], dtype=np.int64)
         return self.perm[np.searchsorted(self.codes, rows @ self.radix)]
+
+
+class Relaxed(Space):
+    """The DPs' relaxation: any class may run any number of stages (a device may be used twice), so the state
+    is the last class alone. Its best plan is a lower bound on every real plan's objective, and a real plan
+    itself when it uses no class more often than the class has devices (`as_devices`)."""
+
+    def __init__(self, cls: np.ndarray):  # noqa: super().__init__ builds the counts this relaxation drops
+        cls = np.asarray(cls)
+        self.rep = np.unique(cls)
+        self.Q = Q = self.rep.size
+        self.members = [np.flatnonzero(cls == r) for r in self.rep]
+        self.n, self.empty = 1, 0
+        self.cnt = np.zeros((1, Q), dtype=np.int64)
+        self.pc = np.zeros(1, dtype=np.int64)
+        self.inc = np.zeros((1, Q), dtype=np.int64)  # every class may always run the next stage
+        self.dec = np.zeros((1, Q), dtype=np.int64)
+        self.order = np.arange(Q)[None, :]
+        self.pm, self.pq = np.zeros(Q, dtype=np.int64), np.arange(Q)
+        self.psrc = self.dec[self.pm, self.pq]
+
+    def device(self, m: int, q: int) -> int:
+        return int(self.rep[q])  # the class, by its first device: as_devices maps a plan to real devices
+
+    def as_devices(self, plan: list[tuple[int, int, int]], S: int) -> list[tuple[int, int, int]] | None:
+        """A relaxed plan (stages on classes, by their first device) on real devices: the k-th stage on a class
+        runs on its k-th device, as the exact DP's canonical plans do; None when a class runs more stages than
+        it has devices, or the plan more than S stages."""
+        if len(plan) > S:
+            return None
+        q_of = {int(r): q for q, r in enumerate(self.rep)}
+        used = [0] * self.Q
+        out = []
+        for lo, hi, d in plan:
+            q = q_of[d]
+            if used[q] >= self.members[q].size:
+                return None
+            out.append((lo, hi, int(self.members[q][used[q]])))
+            used[q] += 1
+        return out

@@ -4,6 +4,8 @@ that they equal `PipelineProblem.evaluate`'s figures bit for bit."""
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
@@ -65,6 +67,13 @@ class StageTables:
 
     def _symmetry(self, problem: PipelineProblem) -> None:
         self.cls = device_classes(problem)  # the DPs' states count devices per class (pipeline_space.py)
+        self.relaxed = False  # True: the DPs search the relaxation where a class runs any number of stages
+
+    def relaxation(self) -> "StageTables":
+        """These tables, for the DPs to search the relaxation (pipeline_space.py `Relaxed`)."""
+        out = copy.copy(self)
+        out.relaxed = True
+        return out
 
     def replay(self, stages: list[Span]) -> tuple[float, float, float, float]:
         """(latency, max compute, max transfer, transfer sum) accumulated exactly as the DPs do."""
