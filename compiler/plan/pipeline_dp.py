@@ -46,8 +46,14 @@ distinct plans.
 
 Size: with Q classes of n_1..n_Q devices and S = min(D, B) stages at most, the states are the count vectors
 of sum <= S (at most prod(n_c + 1)), never the 2^D subsets: 32 identical devices are 33 states. The tables
-are [states, Q, B, k]; time O(states x Q x (B^2 + B Q) x k). Over `pipeline_space.STATE_BUDGET` states the
-or `TABLE_BUDGET` bytes of tables the DP refuses (`TooManyStates`) instead of allocating.
+are [states, Q, B, k]; time O(states x Q x (B^2 + B Q) x k). Above `pipeline_space.RELAX_FIRST` (state,
+class) pairs the relaxation is solved first: a class may run any number of stages, so its state is the last
+class alone (O(Q B^2 + Q^2 B) x k); when its k best plans use no class more often than it has devices they
+are the exact k best (every real plan is a relaxed one). Over `STATE_BUDGET` states or `TABLE_BUDGET`
+bytes of tables the exact DP refuses (`TooManyStates`) instead of allocating, and when the relaxation's
+plans are not real either (`_beyond_budget`), the plans are the best of its real ones and of the exact DP
+over the devices the budget allows, reported not exact with their optimality gap over the relaxation's
+best value (a lower bound). The planner (pipeline.py) adds pipeline_coarse.py on chains of many blocks.
 
 Numerics: stage compute is summed with the same numpy reduction `PipelineProblem.evaluate` uses, and
 transfers with the same expression, so bottleneck values are bit-identical to `evaluate`'s. Latency is
@@ -67,7 +73,7 @@ import numpy as np
 from ..units import MB
 from .pipeline_pareto import pareto_dp
 from .pipeline_problem import PipelineProblem, PipelineSolution, StageChoice, solution_sort_key, validate_request
-from .pipeline_space import TABLE_BUDGET, Relaxed, Space, TooManyStates, count_states
+from .pipeline_space import RELAX_FIRST, TABLE_BUDGET, Relaxed, Space, TooManyStates, count_states
 from .pipeline_tables import Span, StageTables
 from .planner import InfeasibleError
 from .stats import count as count_work
@@ -417,10 +423,12 @@ def solve_on_tables(problem: PipelineProblem, tab: StageTables, objective: str, 
     S = min(tab.D, tab.B, max_stages or tab.D)
     shared = problem.medium == "shared" and tab.B > 1 and S > 1
     exact, gap = True, 0.0
-    try:
-        plans = _solve(tab, objective, top_k, S, shared)
-    except TooManyStates:
-        plans, exact, gap = _beyond_budget(problem, tab, objective, top_k, S, shared)
+    plans = _relaxed_if_real(tab, objective, top_k, S, shared) if _states(tab, S) > RELAX_FIRST else None
+    if plans is None:
+        try:
+            plans = _solve(tab, objective, top_k, S, shared)
+        except TooManyStates:
+            plans, exact, gap = _beyond_budget(problem, tab, objective, top_k, S, shared)
     if report is not None:
         report.update({"exact": exact} if exact else {"exact": False, "optimality_gap": gap})
     if not plans and not exact:
@@ -467,6 +475,20 @@ def _beyond_budget(problem: PipelineProblem, tab: StageTables, objective: str, k
         return [], False, math.inf
     keys = sorted(problem.evaluate(tuple(StageChoice(*s) for s in p)).key(objective)[0] for p in plans)
     return plans, False, (keys[0] / lower - 1.0) if lower > 0 else 0.0
+
+
+def _states(tab: StageTables, S: int) -> int:
+    """(count vector, class) pairs of the exact DP on `tab`."""
+    sizes = np.unique(tab.cls, return_counts=True)[1]
+    return count_states(sizes.tolist(), S) * sizes.size
+
+
+def _relaxed_if_real(tab: StageTables, objective: str, k: int, S: int, shared: bool) -> list[list[Span]] | None:
+    """The relaxation's k best plans when every one is real (then they are the exact k best), else None."""
+    relaxed = _solve(tab.relaxation(), objective, k, S, shared)
+    sp = Relaxed(tab.cls)
+    real = [p for p in (sp.as_devices(plan, S) for plan in relaxed) if p is not None]
+    return real if len(real) == len(relaxed) else None
 
 
 def _lex_first(tab: StageTables, objective: str, S: int) -> float:

@@ -19,12 +19,15 @@ import numpy as np
 
 from .planner import InfeasibleError
 
-__all__ = ["Space", "Relaxed", "count_states", "STATE_BUDGET", "TABLE_BUDGET", "TooManyStates"]
+__all__ = ["Space", "Relaxed", "count_states", "STATE_BUDGET", "TABLE_BUDGET", "RELAX_FIRST", "TooManyStates"]
 
 # The most (count vector, last class) pairs the DPs visit, and the most bytes of tables a DP may hold for
 # them (the latency DP: 48 bytes per pair, block and top-k slot). A DP over either refuses before allocating.
 STATE_BUDGET = 2_000_000
 TABLE_BUDGET = 1 << 30
+# Above this many (count vector, class) pairs the DPs try the relaxation first (pipeline_dp.py: Size): its
+# plans, when real, are the exact best, found in a fraction of the time; below it, the count states are cheap.
+RELAX_FIRST = 2_000
 
 
 class TooManyStates(InfeasibleError):

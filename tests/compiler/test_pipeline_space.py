@@ -107,3 +107,31 @@ def test_beyond_the_budget_plans_are_real_and_the_bound_holds(problem, objective
     else:
         assert best >= opt * (1 - 1e-9)
         assert best / (1.0 + report["optimality_gap"]) <= opt * (1 + 1e-9) + 1e-12
+
+
+@settings(max_examples=120, deadline=None)
+@given(problems(), st.sampled_from(OBJECTIVES))
+def test_the_relaxation_first_gives_the_exact_keys(problem, objective):
+    """With the relaxation tried first on every problem: the same top-3 costs as the count-state DP, and
+    always exact (the count-state DP runs whenever the relaxed plans are not real)."""
+    import edgec.compiler.plan.pipeline_dp as dp
+
+    want = [s.key(objective) for s in _solve_or_none(problem, objective, {})]
+    saved = dp.RELAX_FIRST
+    dp.RELAX_FIRST = 0
+    try:
+        report: dict = {}
+        got = _solve_or_none(problem, objective, report)
+    finally:
+        dp.RELAX_FIRST = saved
+    assert [v for s in got for v in s.key(objective)] == pytest.approx([v for k in want for v in k], rel=1e-12)
+    assert report.get("exact", True)
+    for sol in got:
+        check_solution(problem, sol)
+
+
+def _solve_or_none(problem, objective, report):
+    try:
+        return solve_pipeline(problem, objective, top_k=3, copies=False, report=report)
+    except InfeasibleError:
+        return []
