@@ -497,6 +497,9 @@ def _lex_first(tab: StageTables, objective: str, S: int) -> float:
     return float(best[0][0]) if best else math.inf
 
 
+SUBSET_BUDGET = TABLE_BUDGET // 16  # bytes of tables for the exact DP over a subset (a hybrid plan runs one per cut)
+
+
 def _useful_devices(problem: PipelineProblem, tab: StageTables, sp: Relaxed, relaxed, S: int) -> np.ndarray:
     """The devices the exact DP can afford, most useful first: each class's first devices as often as the
     relaxed plans use it, then the rest by their compute over the whole chain (fastest first)."""
@@ -516,7 +519,7 @@ def _useful_devices(problem: PipelineProblem, tab: StageTables, sp: Relaxed, rel
         trial = sorted(chosen + [d])
         sizes = np.unique(tab.cls[trial], return_counts=True)[1]
         S_sub = min(len(trial), tab.B, S)
-        if count_states(sizes.tolist(), S_sub) * sizes.size * (2 * tab.B + 1) * 3 * 24 > TABLE_BUDGET // 2:
+        if count_states(sizes.tolist(), S_sub) * sizes.size * (2 * tab.B + 1) * 3 * 24 > SUBSET_BUDGET:
             break
         chosen = trial
     return np.array(sorted(chosen))
