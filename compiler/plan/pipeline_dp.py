@@ -73,6 +73,7 @@ import numpy as np
 from ..units import MB
 from .pipeline_pareto import pareto_dp
 from .pipeline_problem import PipelineProblem, PipelineSolution, StageChoice, solution_sort_key, validate_request
+from . import pipeline_space
 from .pipeline_space import RELAX_FIRST, TABLE_BUDGET, Relaxed, Space, TooManyStates, count_states
 from .pipeline_tables import Span, StageTables
 from .planner import InfeasibleError
@@ -83,7 +84,7 @@ __all__ = ["solve_pipeline", "solve_on_tables", "memory_feasible", "infeasible_m
 
 def _space(tab: StageTables, S: int, pair_bytes: int = 0) -> Space:
     """The states the DPs visit on these tables: the counts per class, or the relaxation's one state."""
-    return Relaxed(tab.cls) if tab.relaxed else Space(tab.cls, S, pair_bytes)
+    return Relaxed(tab.cls) if tab.relaxed else Space(tab.cls, S, pair_bytes, tab.budget)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -467,7 +468,9 @@ def _beyond_budget(problem: PipelineProblem, tab: StageTables, objective: str, k
     subset = _useful_devices(problem, tab, sp, relaxed, S)
     sub = _restrict(problem, subset)
     try:
-        found = _solve(StageTables(sub), objective, k, min(len(subset), tab.B, S), shared)
+        sub_tab = StageTables(sub)
+        sub_tab.budget = SUBSET_BUDGET
+        found = _solve(sub_tab, objective, k, min(len(subset), tab.B, S), shared)
     except TooManyStates:
         found = []
     plans = real + [[(lo, hi, int(subset[d])) for lo, hi, d in p] for p in found]
@@ -519,7 +522,8 @@ def _useful_devices(problem: PipelineProblem, tab: StageTables, sp: Relaxed, rel
         trial = sorted(chosen + [d])
         sizes = np.unique(tab.cls[trial], return_counts=True)[1]
         S_sub = min(len(trial), tab.B, S)
-        if count_states(sizes.tolist(), S_sub) * sizes.size * (2 * tab.B + 1) * 3 * 24 > SUBSET_BUDGET:
+        pairs = count_states(sizes.tolist(), S_sub) * sizes.size
+        if pairs > pipeline_space.STATE_BUDGET or pairs * (2 * tab.B + 1) * 3 * 24 > SUBSET_BUDGET:
             break
         chosen = trial
     return np.array(sorted(chosen))

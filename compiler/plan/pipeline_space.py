@@ -58,18 +58,19 @@ class Space:
     members of q, inf when q has one).
     """
 
-    def __init__(self, cls: np.ndarray, S: int, pair_bytes: int = 0):
+    def __init__(self, cls: np.ndarray, S: int, pair_bytes: int = 0, budget: int | None = None):
         cls = np.asarray(cls)
         self.rep = np.unique(cls)  # each class's lowest device, ascending: the class order
         self.Q = Q = self.rep.size
         self.members = [np.flatnonzero(cls == r) for r in self.rep]
         sizes = [min(m.size, S) for m in self.members]
         n = count_states(sizes, S)
-        if n * Q > STATE_BUDGET or n * Q * pair_bytes > TABLE_BUDGET:
+        budget = TABLE_BUDGET if budget is None else budget
+        if n * Q > STATE_BUDGET or n * Q * pair_bytes > budget:
             raise TooManyStates(
                 f"the exact pipeline DP would need {n * Q:,} states ({n:,} ways to use at most {S} of "
                 f"{cls.size} devices in {Q} classes of interchangeable devices) and {n * Q * pair_bytes / (1 << 20):,.0f}"
-                f" MB of tables, over its budget of {STATE_BUDGET:,} states and {TABLE_BUDGET >> 20:,} MB")
+                f" MB of tables, over its budget of {STATE_BUDGET:,} states and {budget / (1 << 20):,.0f} MB")
         cnt = np.zeros((1, Q), dtype=np.int64)
         for q, size in enumerate(sizes):  # every vector with sum <= S, one class at a time
             total = cnt.sum(axis=1)

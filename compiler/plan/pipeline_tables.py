@@ -68,6 +68,7 @@ class StageTables:
     def _symmetry(self, problem: PipelineProblem) -> None:
         self.cls = device_classes(problem)  # the DPs' states count devices per class (pipeline_space.py)
         self.relaxed = False  # True: the DPs search the relaxation where a class runs any number of stages
+        self.budget: int | None = None  # bytes of DP tables allowed (None: pipeline_space.TABLE_BUDGET)
 
     def relaxation(self) -> "StageTables":
         """These tables, for the DPs to search the relaxation (pipeline_space.py `Relaxed`)."""
