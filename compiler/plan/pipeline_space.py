@@ -10,7 +10,7 @@ first n_c members of every class, and the states are ordered as those subsets' b
 the highest device in which they differ), so the DPs break exact ties as they did over subsets.
 
 The last device of a stage matters only by its class (its compute, memory and links are its class's), so
-the DPs index it by class: `Space.C` / `Space.T` are the stage and transfer tables per class.
+the DPs index it by class (`Space.tables`: the stage and transfer tables per class).
 """
 
 from __future__ import annotations
@@ -54,8 +54,7 @@ class Space:
     cnt[m, q]: devices of class q used in state m; inc[m, q] / dec[m, q]: the state with one more / one
     fewer of class q (-1: none, as the class is exhausted, S is reached or none is used); device(m, q): the
     last device of class q used in m; order[m]: the classes ordered by that device's index (unused last).
-    C [lo, hi, q] and T [c, p, q] are the stage and transfer tables by class (T[c, q, q]: between two
-    members of q, inf when q has one).
+    `tables` gives a DP's stage and transfer tables by class.
     """
 
     def __init__(self, cls: np.ndarray, S: int, pair_bytes: int = 0, budget: int | None = None):
@@ -121,7 +120,8 @@ class Space:
         return self._index.find(rows)
 
     def tables(self, C: np.ndarray, T: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """A DP's stage table [lo, hi, device] and transfer table [cut, device, device] by class."""
+        """A DP's stage table [lo, hi, device] and transfer table [cut, device, device] by class: [lo, hi, q]
+        and [cut, p, q], T[c, q, q] between two devices of q (inf when q has one)."""
         rep = self.rep
         second = np.array([m[1] if m.size > 1 else m[0] for m in self.members])
         dst = np.where(np.eye(self.Q, dtype=bool), second[None, :], rep[None, :])  # [p, q]
@@ -158,7 +158,8 @@ class Relaxed(Space):
     is the last class alone. Its best plan is a lower bound on every real plan's objective, and a real plan
     itself when it uses no class more often than the class has devices (`as_devices`)."""
 
-    def __init__(self, cls: np.ndarray):  # noqa: super().__init__ builds the counts this relaxation drops
+    def __init__(self, cls: np.ndarray):
+        # not Space.__init__: the count vectors it builds are what the relaxation drops
         cls = np.asarray(cls)
         self.rep = np.unique(cls)
         self.Q = Q = self.rep.size

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edgec.compiler.plan.pipeline_dp import solve_pipeline
-from edgec.compiler.plan.pipeline_space import STATE_BUDGET, Space, TooManyStates, count_states
+from edgec.compiler.plan.pipeline_space import STATE_BUDGET, Space, count_states
 from edgec.compiler.plan.planner import InfeasibleError
 from pipeline_reference import brute_force
 from test_pipeline_dp import OBJECTIVES, check_solution, make_problem, problems
