@@ -57,6 +57,9 @@ BENCHES = {
                     "explanation/planners.md"),
     "bench_energy": ("Energy under an SLA", "Energy of the energy plan against the latency-optimal plan.",
                      "how-to/energy.md"),
+    "bench_scale": ("Planning at fleet scale", "Planning time and peak memory of `edgec compile` (pipeline, auto) "
+                    "and `edgec allocate` from 1 to 256 devices and on chains of up to 10,000 layers, each case a "
+                    "subprocess with a timeout, checked against issue 42's targets.", "explanation/fleet-scale.md"),
     "bench_allocate": ("Several models", "`edgec allocate`: SLAs, optimality against brute force, planning time, "
                        "fairness.", "how-to/several-models.md"),
 }

@@ -19,6 +19,7 @@ from .ingest import Ingested, load_model
 from .plan.choose import (Candidate, alternative_candidate, kept_points, pareto_points, plan_model, priced_on,
                           shift_candidates)
 from .plan.frontier import Point, pareto_front
+from .plan.placeable import unplaceable
 from .plan.planner import PlanOptions
 from .plan.registry import STRATEGIES
 from .plan.views import plan_sections
@@ -83,6 +84,9 @@ def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, st
     ing = load_model(model, shapes)
     step("ingest", "pricing every layer on every device")
     cost = build_cost_table(ing.graph, cluster, ing.sha256, model=ing.model)
+    reason = unplaceable(ing.graph, cost)  # before any search: a model no plan can fit (plan/placeable.py)
+    if reason is not None:
+        raise UserError(f"{reason} (devices: {devices})", model)
     fallbacks = int8_fallbacks(ing.graph, cluster)
     if fallbacks:
         missing = sorted({c for classes in fallbacks.values() for c in classes})

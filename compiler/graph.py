@@ -161,13 +161,23 @@ class LayerGraph:
     def footprint_bytes(self) -> tuple[int, ...]:
         """Per layer: bytes of activations resident while it runs (its inputs, outputs, and everything
         produced earlier that a later layer still needs)."""
+        # one sweep: a tensor produced by layer p and last used by layer u is live through layers p+1..u-1
+        # (a difference array), and each layer adds its own inputs and outputs not counted so
         last_use = {t: max(users) for t, users in self.consumers.items()}
-        out = []
+        n = len(self.layers)
+        through = [0] * (n + 1)
+        for t, p in self.producer.items():
+            u = last_use.get(t, -1)
+            if u > p + 1 and t in self.tensors:
+                through[p + 1] += self.tensors[t].nbytes
+                through[u] -= self.tensors[t].nbytes
+        out, running = [], 0
         for layer in self.layers:
             i = layer.index
-            live = {t for t, p in self.producer.items() if p < i and last_use.get(t, -1) > i}
-            live |= set(layer.inputs) | set(layer.outputs)
-            out.append(sum(self.tensors[t].nbytes for t in live if t in self.tensors))
+            running += through[i]
+            own = {t for t in (*layer.inputs, *layer.outputs) if t in self.tensors
+                   and not (self.producer.get(t, i) < i < last_use.get(t, -1))}
+            out.append(running + sum(self.tensors[t].nbytes for t in own))
         return tuple(out)
 
     def peak_activation_bytes(self, lo: int, hi: int) -> int:

@@ -21,9 +21,9 @@ from ..errors import UserError
 from ..graph import LayerGraph
 from ..plan_types import Plan
 from ..progress import Progress
-from ..units import MiB
 from .frontier import Point, plan_key
 from .pipeline_energy import energy_frontier
+from .placeable import unplaceable
 from .planner import Dominated, EnergyGoal, InfeasibleError, PlanOptions
 from .registry import PLANNERS, SEARCHES, STRATEGIES, run_group, schedule
 from .shifts import boundary_shifts
@@ -131,17 +131,11 @@ def plan_model(graph: LayerGraph, cost: CostTable, strategy: str, objective: str
 
 
 def _check_whole_tensors_fit(graph: LayerGraph, cost: CostTable) -> None:
-    """Every plan holds each model input and output whole on one device (the host sends and receives them
-    whole): one too large for every device is refused before any search (a spatial search over the rows
-    of such a tensor would take hours to find that no plan fits)."""
-    largest = max(cost.cluster.devices, key=lambda d: d.usable_bytes)
-    for role, names in (("input", graph.inputs), ("output", graph.outputs)):
-        for t in names:
-            nbytes = graph.tensors[t].nbytes
-            if nbytes > largest.usable_bytes:
-                raise UserError(f"model {role} {t!r} takes {nbytes / MiB:,.0f} MB, more than any device can hold "
-                                f"(the most: {largest.name}, {largest.usable_bytes / MiB:,.0f} MB usable); every plan "
-                                "holds the model's inputs and outputs whole on one device", cost.cluster.path)
+    """A model no plan can fit (plan/placeable.py: a model input or output, or one layer with its live
+    activations, larger than every device) is refused before any search."""
+    reason = unplaceable(graph, cost)
+    if reason is not None:
+        raise UserError(reason, cost.cluster.path)
 
 
 def _planned(c: Candidate, seconds: float) -> str:

@@ -1,5 +1,6 @@
 """The pipeline planner: (graph, cost, objective, options) -> [Plan], the exact DP (pipeline_dp.py) on the
-chain of blocks between the graph's pipeline cuts (pipeline_problem.py), or for the energy objective the
+chain of blocks between the graph's pipeline cuts (pipeline_problem.py; coarsened and refined on chains of
+more than pipeline_coarse.COARSE_ABOVE blocks), or for the energy objective the
 energy planner (pipeline_energy.py); and `PipelineTail`, the same DP for the layers after a cut (what a
 hybrid plan runs after its spatial prefix, spatial.py)."""
 
@@ -12,11 +13,13 @@ import numpy as np
 from ..cost import CostTable
 from ..graph import LayerGraph
 from ..plan_types import Plan, Stage
-from .pipeline_dp import solve_on_tables, solve_pipeline
+from .pipeline_coarse import solve_chain
+from .pipeline_dp import solve_on_tables
 from .pipeline_energy import plan_pipeline_energy
 from .pipeline_problem import pipeline_problem, to_plan, validate_request
 from .pipeline_tables import StageTables
 from .planner import InfeasibleError, PlanOptions
+from .stats import detail
 
 __all__ = ["plan_pipeline", "PipelineTail"]
 
@@ -27,8 +30,10 @@ def plan_pipeline(graph: LayerGraph, cost: CostTable, objective: str, options: P
     if objective == "energy":
         return plan_pipeline_energy(graph, cost, options)
     problem = pipeline_problem(graph, cost)
-    return [to_plan(sol, "pipeline", objective, graph, problem)
-            for sol in solve_pipeline(problem, objective, top_k=options.top_k, copies=False)]
+    report: dict = {}
+    sols = solve_chain(problem, objective, top_k=options.top_k, copies=False, report=report)
+    detail(**report)  # exact, and beyond the DP's state budget its optimality_gap (pipeline_dp.py: Size)
+    return [to_plan(sol, "pipeline", objective, graph, problem) for sol in sols]
 
 
 class PipelineTail:

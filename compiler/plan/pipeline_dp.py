@@ -9,10 +9,11 @@ device (any subset of the devices, in any order) and returns the `top_k` best pl
 memory, under the cost model of `PipelineProblem`. The pipeline baselines (baselines.py) and the
 pipeline tails of hybrid plans (`PipelineTail`, for spatial.py) solve the same problem.
 
-Formulation. A state is (j, m, a): blocks 0..j-1 are placed, `m` is the bitmask of the devices used and
-`a` ran the last stage, which ends at j. A transition appends the stage [j, h) on a device b not in m:
-it pays the transfer of cut j-1 from a to b and the compute of blocks j..h-1 on b. Device order is part
-of the state, so every ordered subset of devices is searched; the answer is the best state with j = B.
+Formulation. A state is (j, n, a): blocks 0..j-1 are placed, `n` counts the devices used in each class of
+interchangeable devices (pipeline_space.py) and a's class ran the last stage, which ends at j. A transition
+appends the stage [j, h) on the next unused device of a class: it pays the transfer of cut j-1 and the
+compute of blocks j..h-1 there. Device order is part of the state, so every ordered subset of devices is
+searched (up to relabelling alike devices); the answer is the best state with j = B.
 Each state keeps labels, and a label is dropped only when at least k other labels of the same state are
 at least as good under every possible completion, so the k best complete plans are exact:
 
@@ -37,10 +38,22 @@ at least as good under every possible completion, so the k best complete plans a
     from the k-th, the fast latency DP is already exact and the Pareto pass is skipped.
 
 Symmetry: devices that are interchangeable bit for bit (same block_ms column, memory, machine, power
-figures, and links to and from every other device) are only used in index order, which removes relabelled
-copies of the same plan from the search without losing any cost; for top_k > 1 the copies are generated
-back afterwards (they have identical costs), so the result equals the unrestricted search.  The planner
-(`plan_pipeline`) asks for none of them back (`copies=False`): its top-K are K distinct plans.
+figures, and links to and from every other device) form a class and are only used in index order, which
+removes relabelled copies of the same plan from the search without losing any cost; for top_k > 1 the
+copies are generated back afterwards (they have identical costs), so the result equals the unrestricted
+search.  The planner (`plan_pipeline`) asks for none of them back (`copies=False`): its top-K are K
+distinct plans.
+
+Size: with Q classes of n_1..n_Q devices and S = min(D, B) stages at most, the states are the count vectors
+of sum <= S (at most prod(n_c + 1)), never the 2^D subsets: 32 identical devices are 33 states. The tables
+are [states, Q, B, k]; time O(states x Q x (B^2 + B Q) x k). Above `pipeline_space.RELAX_FIRST` (state,
+class) pairs the relaxation is solved first: a class may run any number of stages, so its state is the last
+class alone (O(Q B^2 + Q^2 B) x k); when its k best plans use no class more often than it has devices they
+are the exact k best (every real plan is a relaxed one). Over `STATE_BUDGET` states or `TABLE_BUDGET`
+bytes of tables the exact DP refuses (`TooManyStates`) instead of allocating, and when the relaxation's
+plans are not real either (`_beyond_budget`), the plans are the best of its real ones and of the exact DP
+over the devices the budget allows, reported not exact with their optimality gap over the relaxation's
+best value (a lower bound). The planner (pipeline.py) adds pipeline_coarse.py on chains of many blocks.
 
 Numerics: stage compute is summed with the same numpy reduction `PipelineProblem.evaluate` uses, and
 transfers with the same expression, so bottleneck values are bit-identical to `evaluate`'s. Latency is
@@ -52,12 +65,16 @@ links (never used).
 from __future__ import annotations
 
 import itertools
+import math
+from dataclasses import replace
 
 import numpy as np
 
 from ..units import MB
 from .pipeline_pareto import pareto_dp
 from .pipeline_problem import PipelineProblem, PipelineSolution, StageChoice, solution_sort_key, validate_request
+from . import pipeline_space
+from .pipeline_space import RELAX_FIRST, TABLE_BUDGET, Relaxed, Space, TooManyStates, count_states
 from .pipeline_tables import Span, StageTables
 from .planner import InfeasibleError
 from .stats import count as count_work
@@ -65,41 +82,9 @@ from .stats import count as count_work
 __all__ = ["solve_pipeline", "solve_on_tables", "memory_feasible", "infeasible_message"]
 
 
-class _Space:
-    """The device masks the DPs visit: at most S devices, and identical devices taken in index order
-    (a plan using a later copy of a device before an earlier one is a relabelling of a canonical plan)."""
-
-    def __init__(self, tab: "StageTables", S: int):
-        D = tab.D
-        masks = np.arange(1 << D)
-        pc = _popcount(masks)
-        bits = 1 << np.arange(D)
-        has = (masks[:, None] & bits[None, :]) != 0  # [M, D]
-        low = tab.lower_same[None, :]
-        canon = np.all(~has | ((masks[:, None] & low) == low), axis=1) & (pc <= S)
-        self.masks = masks[canon]
-        self.mid = np.full(1 << D, -1)
-        self.mid[self.masks] = np.arange(self.masks.size)
-        self.pc = pc[self.masks]
-        self.has = has[self.masks]
-        # can device b start the next stage after the devices in m?
-        self.add_ok = ~self.has & ((self.masks[:, None] & low) == low) & (self.pc[:, None] < S)  # [nM, D]
-        # (m, b) pairs a stage can end in: b in m and m without b is a mask that may add b
-        pm, pb = np.nonzero(self.has)
-        src = self.mid[self.masks[pm] ^ bits[pb]]
-        ok = src >= 0
-        ok[ok] = self.add_ok[src[ok], pb[ok]]
-        self.pm, self.pb, self.psrc = pm[ok], pb[ok], src[ok]
-        self.start = self.add_ok[self.mid[0]]  # devices that may run the first stage
-
-
-def _popcount(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, dtype=np.int64)
-    n = np.zeros_like(x)
-    while np.any(x):
-        n += x & 1
-        x = x >> 1
-    return n
+def _space(tab: StageTables, S: int, pair_bytes: int = 0) -> Space:
+    """The states the DPs visit on these tables: the counts per class, or the relaxation's one state."""
+    return Relaxed(tab.cls) if tab.relaxed else Space(tab.cls, S, pair_bytes, tab.budget)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -153,74 +138,78 @@ def _lex_dp(
     Exact for the multiset of the K best p values, and for (p, s) whenever extension preserves the
     lexicographic order (p additive, s a running max). At most S stages; canonical device orders only.
     """
-    B, D = tab.B, tab.D
-    sp = _Space(tab, S)
-    nM = sp.masks.size
-    pm, pb, psrc = sp.pm, sp.pb, sp.psrc
+    B = tab.B
+    sp = _space(tab, S, pair_bytes=(2 * B + 1) * K * 24)  # W and V: two float64 and two int32 per slot
+    Q, nS = sp.Q, sp.n
+    Cp, Tp = sp.tables(Cp, Tp)
+    Cs, Ts = sp.tables(Cs, Ts)
+    pm, pq, psrc = sp.pm, sp.pq, sp.psrc
     P = pm.size
-    # W[m, b, j, q]: label after the transfer into b at block j (b not in m); V[m, a, h, r]: after a stage
-    # on a ending at h. Masks are indices into sp.masks.
-    Wp = np.full((nM, D, B, K), np.inf)
-    Ws = np.full((nM, D, B, K), np.inf)
-    Wa = np.zeros((nM, D, B, K), dtype=np.int32)
-    Wr = np.zeros((nM, D, B, K), dtype=np.int32)
-    Vp = np.full((nM, D, B + 1, K), np.inf)
-    Vs = np.full((nM, D, B + 1, K), np.inf)
-    Vi = np.zeros((nM, D, B + 1, K), dtype=np.int32)
-    Vq = np.zeros((nM, D, B + 1, K), dtype=np.int32)
-    Wp[sp.mid[0], sp.start, 0, 0] = 0.0
-    Ws[sp.mid[0], sp.start, 0, 0] = 0.0
-    w_forbid = ~sp.add_ok[:, :, None]  # [nM, D(b), 1]
-    CpT = np.ascontiguousarray(Cp.transpose(2, 1, 0))  # [d, hi, lo]
+    # W[m, q, j, r]: label after the transfer into class q at block j (q's next device not in m); V[m, p, h, r]:
+    # after a stage on class p (its last device in m) ending at h. m indexes the states of `sp`.
+    Wp = np.full((nS, Q, B, K), np.inf)
+    Ws = np.full((nS, Q, B, K), np.inf)
+    Wa = np.zeros((nS, Q, B, K), dtype=np.int32)
+    Wr = np.zeros((nS, Q, B, K), dtype=np.int32)
+    Vp = np.full((nS, Q, B + 1, K), np.inf)
+    Vs = np.full((nS, Q, B + 1, K), np.inf)
+    Vi = np.zeros((nS, Q, B + 1, K), dtype=np.int32)
+    Vq = np.zeros((nS, Q, B + 1, K), dtype=np.int32)
+    start = sp.inc[sp.empty] >= 0
+    Wp[sp.empty, start, 0, 0] = 0.0
+    Ws[sp.empty, start, 0, 0] = 0.0
+    w_forbid = (sp.inc < 0)[:, :, None]  # [nS, Q(b), 1]
+    CpT = np.ascontiguousarray(Cp.transpose(2, 1, 0))  # [q, hi, lo]
     CsT = np.ascontiguousarray(Cs.transpose(2, 1, 0))
     # stages [j, h) allowed on some device: j >= jlo[h] (shrinking a stage keeps it allowed)
     allowed = np.isfinite(Cp).any(axis=2)  # [lo, hi]
     jlo = np.where(allowed.any(axis=0), allowed.argmax(axis=0), np.arange(B + 1))
+    order = sp.order[:, :, None]  # [nS, Q, 1]: each state's classes by their last device (ties as over devices)
     labels = 0
     for h in range(1, B + 1):
         j0 = int(jlo[h])
         n = h - j0
         if n == 0:
             continue
-        cand_p = op_p(Wp[psrc, pb, j0:h, :], CpT[pb, h, j0:h, None]).reshape(P, n * K)
+        cand_p = op_p(Wp[psrc, pq, j0:h, :], CpT[pq, h, j0:h, None]).reshape(P, n * K)
         labels += cand_p.size
-        cand_s = op_s(Ws[psrc, pb, j0:h, :], CsT[pb, h, j0:h, None]).reshape(P, n * K)
+        cand_s = op_s(Ws[psrc, pq, j0:h, :], CsT[pq, h, j0:h, None]).reshape(P, n * K)
         idx, vp, vs = _select_k(cand_p, cand_s, K)
-        Vp[pm, pb, h] = vp
-        Vs[pm, pb, h] = vs
-        Vi[pm, pb, h] = j0 + idx // K
-        Vq[pm, pb, h] = idx % K
+        Vp[pm, pq, h] = vp
+        Vs[pm, pq, h] = vs
+        Vi[pm, pq, h] = j0 + idx // K
+        Vq[pm, pq, h] = idx % K
         if h == B:
             break
-        tp = Tp[h - 1]  # [D(a), D(b)]
-        ts = Ts[h - 1]
-        cand_p = op_p(Vp[:, :, h, None, :], tp[None, :, :, None])  # [nM, a, b, K]
-        cand_s = op_s(Vs[:, :, h, None, :], ts[None, :, :, None])
-        cand_p = cand_p.transpose(0, 2, 1, 3).reshape(nM, D, D * K)
-        cand_s = cand_s.transpose(0, 2, 1, 3).reshape(nM, D, D * K)
+        tp = Tp[h - 1][sp.order]  # [nS, a (ordered), b]
+        ts = Ts[h - 1][sp.order]
+        cand_p = op_p(np.take_along_axis(Vp[:, :, h, :], order, 1)[:, :, None, :], tp[:, :, :, None])  # [nS, a, b, K]
+        cand_s = op_s(np.take_along_axis(Vs[:, :, h, :], order, 1)[:, :, None, :], ts[:, :, :, None])
+        cand_p = cand_p.transpose(0, 2, 1, 3).reshape(nS, Q, Q * K)
+        cand_s = cand_s.transpose(0, 2, 1, 3).reshape(nS, Q, Q * K)
         cand_p = np.where(w_forbid, np.inf, cand_p)
         labels += cand_p.size
         idx, wp_, ws_ = _select_k(cand_p, cand_s, K)
         Wp[:, :, h], Ws[:, :, h] = wp_, ws_
-        Wa[:, :, h], Wr[:, :, h] = idx // K, idx % K
+        Wa[:, :, h], Wr[:, :, h] = np.take_along_axis(sp.order, idx.reshape(nS, Q * K) // K, 1).reshape(idx.shape), idx % K
     count_work("labels", labels)
-    # best final labels over all (m, b)
-    fp = Vp[pm, pb, B].reshape(P * K)
-    fs = Vs[pm, pb, B].reshape(P * K)
+    # best final labels over all (m, q), in the order of (m, q's last device)
+    fp = Vp[pm, pq, B].reshape(P * K)
+    fs = Vs[pm, pq, B].reshape(P * K)
     idx, vp, vs = _select_k(fp, fs, K)
     out = []
     for i, p_val, s_val in zip(idx.tolist(), vp.tolist(), vs.tolist()):
         if not np.isfinite(p_val):
             break
-        m, b, r = int(pm[i // K]), int(pb[i // K]), i % K
+        m, q, r = int(pm[i // K]), int(pq[i // K]), i % K
         h, stages = B, []
         while True:
-            j, q = int(Vi[m, b, h, r]), int(Vq[m, b, h, r])
-            stages.append((j, h, b))
+            j, jr = int(Vi[m, q, h, r]), int(Vq[m, q, h, r])
+            stages.append((j, h, sp.device(m, q)))
             if j == 0:
                 break
-            m = int(sp.mid[sp.masks[m] ^ (1 << b)])
-            b, r, h = int(Wa[m, b, j, q]), int(Wr[m, b, j, q]), j
+            m = int(sp.dec[m, q])
+            q, r, h = int(Wa[m, q, j, jr]), int(Wr[m, q, j, jr]), j
         out.append((p_val, s_val, stages[::-1]))
     return out
 
@@ -244,10 +233,17 @@ def _transfer_sum_dp(tab: StageTables, S: int, cap: float) -> list[tuple[float, 
 
 
 def memory_feasible(problem: PipelineProblem, max_stages: int | None) -> bool:
+    """Whether some placement fits memory, links aside (beyond the state budget: whether the relaxation's
+    first such placement is a real one, so False may only mean that none was found)."""
     tab = StageTables(problem)
     S = min(tab.D, tab.B, max_stages or tab.D)
     zero = np.where(np.isfinite(tab.C), 0.0, np.inf)
-    return bool(_lex_dp(tab, 1, S, zero, zero, np.zeros_like(tab.T), np.zeros_like(tab.T), np.add, np.add))
+    args = (zero, zero, np.zeros_like(tab.T), np.zeros_like(tab.T), np.add, np.add)
+    try:
+        return bool(_lex_dp(tab, 1, S, *args))
+    except TooManyStates:
+        found = _lex_dp(tab.relaxation(), 1, S, *args)
+        return bool(found) and Relaxed(tab.cls).as_devices(found[0][2], S) is not None
 
 
 def infeasible_message(problem: PipelineProblem, max_stages: int | None = None) -> str:
@@ -318,7 +314,7 @@ def _solve_latency_shared(tab, k, S):
         return [st for _, _, st in fast[:k]]  # the k best latencies are unique at the boundary: exact
     plans = [st for _, _, st in fast[:k]]
     ub = _upper_bound(tab, plans, k, "latency")
-    return [st for _, _, st in pareto_dp(tab, _Space(tab, S), k, S, "latency", ub, 0.0)]
+    return [st for _, _, st in pareto_dp(tab, _space(tab, S), k, S, "latency", ub, 0.0)]
 
 
 def _min_shared_bottleneck(tab, S, lower: float, upper: float):
@@ -360,7 +356,7 @@ def _solve_throughput_shared(tab, k, S):
     upper = min(_shared_key(tab, p, "throughput")[0] for p in cheap)
     lb, plans = _min_shared_bottleneck(tab, S, sw[0][0], upper)
     ub = _upper_bound(tab, cheap + plans, k, "throughput")
-    return [st for _, _, st in pareto_dp(tab, _Space(tab, S), k, S, "throughput", ub, lb)]
+    return [st for _, _, st in pareto_dp(tab, _space(tab, S), k, S, "throughput", ub, lb)]
 
 
 def _relabelings(tab: StageTables, plan: list[Span], limit: int) -> list[list[Span]]:
@@ -396,7 +392,7 @@ def _relabelings(tab: StageTables, plan: list[Span], limit: int) -> list[list[Sp
 
 def solve_pipeline(
     problem: PipelineProblem, objective: str = "latency", top_k: int = 1, max_stages: int | None = None,
-    copies: bool = True,
+    copies: bool = True, report: dict | None = None,
 ) -> list[PipelineSolution]:
     """The `top_k` best distinct placements of the block chain, best first (exact).
 
@@ -418,18 +414,27 @@ def solve_pipeline(
         raise ValueError(f"top_k must be >= 1, got {top_k}")
     if max_stages is not None and max_stages < 1:
         raise ValueError(f"max_stages must be >= 1, got {max_stages}")
-    return solve_on_tables(problem, StageTables(problem), objective, top_k, max_stages, copies)
+    return solve_on_tables(problem, StageTables(problem), objective, top_k, max_stages, copies, report)
 
 
 def solve_on_tables(problem: PipelineProblem, tab: StageTables, objective: str, top_k: int,
-           max_stages: int | None, copies: bool = True) -> list[PipelineSolution]:
-    """solve_pipeline on the problem's tables, built or sliced (PipelineTail)."""
+           max_stages: int | None, copies: bool = True, report: dict | None = None) -> list[PipelineSolution]:
+    """solve_pipeline on the problem's tables, built or sliced (PipelineTail). With `report`, sets its
+    "exact" (whether the plans are the exact top-k) and, when not, "optimality_gap" (module docstring: Size)."""
     S = min(tab.D, tab.B, max_stages or tab.D)
     shared = problem.medium == "shared" and tab.B > 1 and S > 1
-    if objective == "latency":
-        plans = _solve_latency_shared(tab, top_k, S) if shared else _solve_latency_switched(tab, top_k, S)
-    else:
-        plans = _solve_throughput_shared(tab, top_k, S) if shared else _solve_throughput_switched(tab, top_k, S)
+    exact, gap = True, 0.0
+    plans = _relaxed_if_real(tab, objective, top_k, S, shared) if _states(tab, S) > RELAX_FIRST else None
+    if plans is None:
+        try:
+            plans = _solve(tab, objective, top_k, S, shared)
+        except TooManyStates:
+            plans, exact, gap = _beyond_budget(problem, tab, objective, top_k, S, shared)
+    if report is not None:
+        report.update({"exact": exact} if exact else {"exact": False, "optimality_gap": gap})
+    if not plans and not exact:
+        raise InfeasibleError("the exact pipeline DP's states exceed its budget, and neither its relaxation nor the "
+                              "exact DP over the devices the budget allows found a placement that fits")
     if not plans:
         raise InfeasibleError(infeasible_message(problem, max_stages))
     if copies and top_k > 1 and np.any(tab.cls != np.arange(tab.D)):  # the DPs searched canonical orders only
@@ -437,3 +442,99 @@ def solve_on_tables(problem: PipelineProblem, tab: StageTables, objective: str, 
     sols = [problem.evaluate(tuple(StageChoice(lo, hi, d) for lo, hi, d in p)) for p in plans]
     sols.sort(key=lambda s: solution_sort_key(s, objective))
     return sols[:top_k]
+
+
+def _solve(tab: StageTables, objective: str, k: int, S: int, shared: bool) -> list[list[Span]]:
+    if objective == "latency":
+        return _solve_latency_shared(tab, k, S) if shared else _solve_latency_switched(tab, k, S)
+    return _solve_throughput_shared(tab, k, S) if shared else _solve_throughput_switched(tab, k, S)
+
+
+def _beyond_budget(problem: PipelineProblem, tab: StageTables, objective: str, k: int, S: int,
+                   shared: bool) -> tuple[list[list[Span]], bool, float]:
+    """(plans, exact, optimality gap) when the count states exceed the budget (module docstring: Size).
+
+    The relaxation (a class may run any number of stages) is solved first: when its k best plans use no
+    class more often than it has devices, they are the exact k best. Otherwise its best value is a lower
+    bound, and the plans are the best of its plans that are real and of the exact DP over the most useful
+    devices the budget allows (those the relaxed plans use first, then the fastest): the gap is the best
+    plan's objective over that bound, minus one."""
+    relaxed = _solve(tab.relaxation(), objective, k, S, shared)
+    sp = Relaxed(tab.cls)
+    real = [p for p in (sp.as_devices(plan, S) for plan in relaxed) if p is not None]
+    if len(real) == len(relaxed):
+        return real, True, 0.0
+    lower = _lex_first(tab.relaxation(), objective, S)
+    subset = _useful_devices(problem, tab, sp, relaxed, S)
+    sub = _restrict(problem, subset)
+    try:
+        sub_tab = StageTables(sub)
+        sub_tab.budget = SUBSET_BUDGET
+        found = _solve(sub_tab, objective, k, min(len(subset), tab.B, S), shared)
+    except TooManyStates:
+        found = []
+    plans = real + [[(lo, hi, int(subset[d])) for lo, hi, d in p] for p in found]
+    if not plans:
+        return [], False, math.inf
+    keys = sorted(problem.evaluate(tuple(StageChoice(*s) for s in p)).key(objective)[0] for p in plans)
+    return plans, False, (keys[0] / lower - 1.0) if lower > 0 else 0.0
+
+
+def _states(tab: StageTables, S: int) -> int:
+    """(count vector, class) pairs of the exact DP on `tab`."""
+    sizes = np.unique(tab.cls, return_counts=True)[1]
+    return count_states(sizes.tolist(), S) * sizes.size
+
+
+def _relaxed_if_real(tab: StageTables, objective: str, k: int, S: int, shared: bool) -> list[list[Span]] | None:
+    """The relaxation's k best plans when every one is real (then they are the exact k best), else None."""
+    relaxed = _solve(tab.relaxation(), objective, k, S, shared)
+    sp = Relaxed(tab.cls)
+    real = [p for p in (sp.as_devices(plan, S) for plan in relaxed) if p is not None]
+    return real if len(real) == len(relaxed) else None
+
+
+def _lex_first(tab: StageTables, objective: str, S: int) -> float:
+    """The least latency (or switched bottleneck, a lower bound of the shared one) of any plan on `tab`."""
+    best = _latency_dp(tab, 1, S) if objective == "latency" else _bottleneck_dp(tab, 1, S)
+    return float(best[0][0]) if best else math.inf
+
+
+SUBSET_BUDGET = TABLE_BUDGET // 16  # bytes of tables for the exact DP over a subset (a hybrid plan runs one per cut)
+
+
+def _useful_devices(problem: PipelineProblem, tab: StageTables, sp: Relaxed, relaxed, S: int) -> np.ndarray:
+    """The devices the exact DP can afford, most useful first: each class's first devices as often as the
+    relaxed plans use it, then the rest by their compute over the whole chain (fastest first)."""
+    want: list[int] = []
+    q_of = {int(r): q for q, r in enumerate(sp.rep)}
+    for plan in relaxed:
+        uses = [0] * sp.Q
+        for _, _, d in plan:
+            q = q_of[d]
+            if uses[q] < sp.members[q].size:
+                want.append(int(sp.members[q][uses[q]]))
+            uses[q] += 1
+    speed = np.asarray(problem.block_ms, dtype=np.float64).sum(axis=0)
+    order = list(dict.fromkeys(want + [int(d) for d in np.argsort(speed, kind="stable")]))
+    chosen: list[int] = []
+    for d in order:
+        trial = sorted(chosen + [d])
+        sizes = np.unique(tab.cls[trial], return_counts=True)[1]
+        S_sub = min(len(trial), tab.B, S)
+        pairs = count_states(sizes.tolist(), S_sub) * sizes.size
+        if pairs > pipeline_space.STATE_BUDGET or pairs * (2 * tab.B + 1) * 3 * 24 > SUBSET_BUDGET:
+            break
+        chosen = trial
+    return np.array(sorted(chosen))
+
+
+def _restrict(problem: PipelineProblem, idx: np.ndarray) -> PipelineProblem:
+    """The problem on the devices `idx` only (in that order)."""
+    pick = lambda x: None if x is None else np.asarray(x)[idx]  # noqa: E731
+    return replace(problem, devices=tuple(problem.devices[i] for i in idx), block_ms=np.asarray(problem.block_ms)[:, idx],
+                   device_mem_bytes=pick(problem.device_mem_bytes),
+                   bandwidth_bytes_per_ms=np.asarray(problem.bandwidth_bytes_per_ms)[np.ix_(idx, idx)],
+                   link_latency_ms=np.asarray(problem.link_latency_ms)[np.ix_(idx, idx)],
+                   request_in_ms=pick(problem.request_in_ms), request_out_ms=pick(problem.request_out_ms),
+                   traits=None if problem.traits is None else tuple(problem.traits[i] for i in idx))

@@ -38,7 +38,7 @@ from ..graph import LayerGraph
 from ..plan_types import Plan, Stage
 from .pipeline_dp import infeasible_message, memory_feasible
 from .pipeline_problem import PipelineProblem, StageChoice, pipeline_problem
-from .pipeline_tables import StageTables
+from .pipeline_tables import StageTables, device_classes
 from .planner import EnergyGoal, InfeasibleError, PlanOptions
 from .stats import count as count_work
 
@@ -139,7 +139,7 @@ def plan_pipeline_energy(graph: LayerGraph, cost: CostTable, options: PlanOption
     cols = device_columns(cost, columns)
     problem = _column_problem(base, cost, graph, columns)
     try:
-        sol = solve_energy(problem, cols, goal)
+        sol = solve_energy(problem, cols, goal, device_classes(base))
     except InfeasibleError as exc:
         if not memory_feasible(base, None):
             raise
@@ -183,14 +183,17 @@ def energy_of(problem: PipelineProblem, cols: EnergyColumns, stages: tuple[Stage
     return latency, float(energy)
 
 
-def solve_energy(problem: PipelineProblem, cols: EnergyColumns, goal: EnergyGoal) -> EnergySolution:
+def solve_energy(problem: PipelineProblem, cols: EnergyColumns, goal: EnergyGoal,
+                 alike: np.ndarray | None = None) -> EnergySolution:
     """The placement of least energy under `goal` (exact; module docstring). Raises InfeasibleError when
     nothing fits memory or, with a hard SLA, when no placement meets it (the message gives the least
-    latency of the placements that fit)."""
+    latency of the placements that fit). With `alike` (per device, the lowest index of the devices
+    interchangeable with it: pipeline_tables.py `device_classes` of the devices' problem), alike devices are
+    taken in index order, which drops relabelled copies of plans (equal cost) from the search."""
     # the per-request costs are idle time, not compute: the columns carry them, the tables do not
     problem = replace(problem, request_in_ms=None, request_out_ms=None)
     tab = StageTables(problem)
-    dp = _EnergyDP(problem, tab, cols, goal)
+    dp = _EnergyDP(problem, tab, cols, goal, alike)
     best = dp.run()
     if best is None:
         if not memory_feasible(problem, None):
@@ -203,10 +206,14 @@ class _EnergyDP:
     """The label DP of the module docstring. States are (blocks done, column mask, last column): column
     masks, not device masks, so that P(m) is known; a device's other columns are excluded by its bit."""
 
-    def __init__(self, problem: PipelineProblem, tab: StageTables, cols: EnergyColumns, goal: EnergyGoal):
+    def __init__(self, problem: PipelineProblem, tab: StageTables, cols: EnergyColumns, goal: EnergyGoal,
+                 alike: np.ndarray | None = None):
         self.p, self.tab, self.cols, self.goal = problem, tab, cols, goal
         self.B, self.K = tab.B, tab.D
         self.bit = [1 << int(d) for d in cols.device]
+        # [column]: the devices alike to its device and before it, which a canonical plan has used already
+        dev = [int(d) for d in cols.device]
+        self.before = [0 if alike is None else sum(1 << e for e in range(d) if alike[e] == alike[d]) for d in dev]
         self.dyn = np.asarray(cols.busy_w, dtype=np.float64) - np.asarray(cols.idle_w, dtype=np.float64)
         cut = np.asarray(problem.cut_bytes, dtype=np.float64)
         tx, rx = np.asarray(cols.tx_nj, dtype=np.float64), np.asarray(cols.rx_nj, dtype=np.float64)
@@ -234,7 +241,8 @@ class _EnergyDP:
         B, K = self.B, self.K
         pending: list[dict] = [dict() for _ in range(B + 1)]
         for b in range(K):
-            self._push(pending, 0, None, np.array([float(self.cols.request_in_ms[b])]), np.zeros(1), b, 0)
+            if self.before[b] == 0:
+                self._push(pending, 0, None, np.array([float(self.cols.request_in_ms[b])]), np.zeros(1), b, 0)
         labels = 0
         for h in range(1, B + 1):
             for key, parts in pending[h].items():
@@ -251,7 +259,7 @@ class _EnergyDP:
                 used = self._devices(mask)
                 for b in range(K):
                     t = float(self.tab.T[h - 1, a, b])
-                    if used & self.bit[b] or not math.isfinite(t):
+                    if used & self.bit[b] or used & self.before[b] != self.before[b] or not math.isfinite(t):
                         continue
                     self._push(pending, h, (h, mask, a), L + t, E + float(self.R[h - 1, a, b]), b, mask)
         count_work("labels", labels)

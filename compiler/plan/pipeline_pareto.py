@@ -2,7 +2,7 @@
 
 On a shared medium the link term of the bottleneck is the SUM of the transfers, so the bottleneck
 max(max compute, transfer sum) does not decompose over stages. A label is (latency, max compute,
-transfer sum) and each state (blocks done, devices used, last device) keeps its k-Pareto set: the
+transfer sum) and each state (blocks done, devices used per class, last device's class) keeps its k-Pareto set: the
 labels dominated by fewer than k others. The bounds the caller passes only prune; the result is exact.
 """
 
@@ -66,13 +66,15 @@ def pareto_dp(
 ) -> list[tuple[float, float, list[Span]]]:
     """k best plans for the shared medium as (latency, bottleneck, stages), best first.
 
-    `tab` holds the stage and transfer tables and `sp` the device masks to visit, with at most S
-    stages (pipeline_tables.py's StageTables and pipeline_dp.py's _Space).
+    `tab` holds the stage and transfer tables and `sp` the device states to visit (counts per class of
+    interchangeable devices), with at most S stages (pipeline_tables.py's StageTables and
+    pipeline_space.py's Space).
 
     `ub` is (latency, bottleneck) of the k-th best plan already known (inf if fewer are known) and
     `lb_bn` a lower bound on every plan's bottleneck; both only prune, the result stays exact.
     """
-    B, D = tab.B, tab.D
+    B = tab.B
+    C, T = sp.tables(tab.C, tab.T)  # by class
     latency_first = objective == "latency"
     ub_lat, ub_bn = ub
     ub_lat_slack = ub_lat + REL_SLACK * abs(ub_lat) if np.isfinite(ub_lat) else np.inf
@@ -95,27 +97,26 @@ def pareto_dp(
         hs = np.flatnonzero(ok[j, j + 1 :]) + j + 1
         if hs.size:
             need[j] = 1 + need[hs].min()
-    pairs = [(int(sp.masks[m]), int(b), int(sp.pc[m])) for m, b in zip(sp.pm, sp.pb)]  # stage ends
-    adds = [
-        (int(sp.masks[m]), np.flatnonzero(sp.add_ok[m]).tolist(), int(sp.pc[m])) for m in range(sp.masks.size)
-    ]
-    adds = [(m, bs, c) for m, bs, c in adds if m and bs]  # transfers: (mask, next devices, |mask|)
-    V: dict[tuple[int, int, int], _Labels] = {}  # (j, m, a): labels after a stage on a ending at j
-    W: dict[tuple[int, int], _Labels] = {}  # (m, b): all labels entering b (any j), j in .i
+    # stage ends: (state, class, devices used), each state's classes in the order of their last devices
+    pairs = [(int(m), int(q), int(sp.pc[m])) for m, q in zip(sp.pm, sp.pq)]
+    adds = [(m, np.flatnonzero(sp.inc[m] >= 0).tolist(), int(sp.pc[m])) for m in range(sp.n)]
+    adds = [(m, qs, c) for m, qs, c in adds if qs]  # transfers: (state, next classes, |state|)
+    V: dict[tuple[int, int, int], _Labels] = {}  # (j, m, p): labels after a stage on class p ending at j
+    W: dict[tuple[int, int], _Labels] = {}  # (m, q): all labels entering q's next device after m (any j), j in .i
     empty_i = np.zeros(0, dtype=np.int64)
-    for b in np.flatnonzero(sp.start).tolist():
+    for q in np.flatnonzero(sp.inc[sp.empty] >= 0).tolist():
         z = np.zeros(1)
-        W[(0, b)] = _Labels(z, z, z, np.zeros(1, np.int64), np.full(1, -1), np.full(1, -1))
+        W[(sp.empty, q)] = _Labels(z, z, z, np.zeros(1, np.int64), np.full(1, -1), np.full(1, -1))
     for j in range(1, B + 1):
         clamp = 0.0 if latency_first else max(lb_bn, float(tab.max_rest[j]))
         # stages ending at j
-        for m, b, c in pairs:
+        for m, q, c in pairs:
             if c + need[j] > S:
                 continue
-            src = W.get((m ^ (1 << b), b))
+            src = W.get((int(sp.dec[m, q]), q))
             if src is None:
                 continue
-            cc = tab.C[src.i, j, b]
+            cc = C[src.i, j, q]
             lat = src.lat + cc
             mc = np.maximum(src.mc, cc)
             if clamp:
@@ -124,30 +125,30 @@ def pareto_dp(
             if keep.size == 0:
                 continue
             sel = keep[_kpareto(lat[keep], mc[keep], src.st[keep], k, latency_first)]
-            V[(j, m, b)] = _Labels(lat[sel], mc[sel], src.st[sel], empty_i, empty_i, sel)  # r -> W index
+            V[(j, m, q)] = _Labels(lat[sel], mc[sel], src.st[sel], empty_i, empty_i, sel)  # r -> W index
         if j == B:
             break
         # transfers into the next stage starting at j
-        for m, next_devices, c in adds:
+        for m, next_classes, c in adds:
             if c + need[j] > S:
                 continue
-            present = [(a, V[(j, m, a)]) for a in range(D) if (j, m, a) in V]
+            present = [(p, V[(j, m, p)]) for p in sp.order[m].tolist() if (j, m, p) in V]
             if not present:
                 continue
             lat0 = np.concatenate([lab.lat for _, lab in present])
             mc0 = np.concatenate([lab.mc for _, lab in present])
             st0 = np.concatenate([lab.st for _, lab in present])
-            a0 = np.concatenate([np.full(lab.lat.size, a) for a, lab in present])
+            a0 = np.concatenate([np.full(lab.lat.size, p) for p, lab in present])
             r0 = np.concatenate([np.arange(lab.lat.size) for _, lab in present])
-            for b in next_devices:
-                t = tab.T[j - 1, a0, b]
+            for q in next_classes:
+                t = T[j - 1, a0, q]
                 lat, st = lat0 + t, st0 + t
                 keep = np.nonzero(prune(lat, mc0, st, j))[0]
                 if keep.size == 0:
                     continue
                 sel = keep[_kpareto(lat[keep], mc0[keep], st[keep], k, latency_first)]
                 new = _Labels(lat[sel], mc0[sel], st[sel], np.full(sel.size, j), a0[sel], r0[sel])
-                W[(m, b)] = W[(m, b)].extend(new) if (m, b) in W else new
+                W[(m, q)] = W[(m, q)].extend(new) if (m, q) in W else new
     # final selection by the objective's key, then reconstruction
     finals = [(key, lab) for key, lab in V.items() if key[0] == B]
     if not finals:
@@ -159,18 +160,18 @@ def pareto_dp(
     order = np.lexsort((bn, lat) if latency_first else (lat, bn))[:k]
     out = []
     for o in order.tolist():
-        (h, m, b), lab = finals[owner[o]]
+        (h, m, q), lab = finals[owner[o]]
         r = int(row[o])
         stages = []
         while True:
             w = int(lab.r[r])
-            src = W[(m ^ (1 << b), b)]
+            src = W[(int(sp.dec[m, q]), q)]
             j = int(src.i[w])
-            stages.append((j, h, b))
+            stages.append((j, h, sp.device(m, q)))
             if j == 0:
                 break
-            m ^= 1 << b
-            b, r, h = int(src.a[w]), int(src.r[w]), j
-            lab = V[(h, m, b)]
+            m = int(sp.dec[m, q])
+            q, r, h = int(src.a[w]), int(src.r[w]), j
+            lab = V[(h, m, q)]
         out.append((float(lat[o]), float(bn[o]), stages[::-1]))
     return out

@@ -4,6 +4,8 @@ that they equal `PipelineProblem.evaluate`'s figures bit for bit."""
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
@@ -64,11 +66,15 @@ class StageTables:
         self._symmetry(problem)  # devices may be interchangeable on a suffix and not on the whole chain
 
     def _symmetry(self, problem: PipelineProblem) -> None:
-        D = self.D
-        self.cls = device_classes(problem)
-        same = self.cls[:, None] == self.cls[None, :]
-        lower = same & (np.arange(D)[None, :] < np.arange(D)[:, None])  # [b, x]: x identical to b, x < b
-        self.lower_same = (lower * (1 << np.arange(D))[None, :]).sum(axis=1).astype(np.int64)
+        self.cls = device_classes(problem)  # the DPs' states count devices per class (pipeline_space.py)
+        self.relaxed = False  # True: the DPs search the relaxation where a class runs any number of stages
+        self.budget: int | None = None  # bytes of DP tables allowed (None: pipeline_space.TABLE_BUDGET)
+
+    def relaxation(self) -> "StageTables":
+        """These tables, for the DPs to search the relaxation (pipeline_space.py `Relaxed`)."""
+        out = copy.copy(self)
+        out.relaxed = True
+        return out
 
     def replay(self, stages: list[Span]) -> tuple[float, float, float, float]:
         """(latency, max compute, max transfer, transfer sum) accumulated exactly as the DPs do."""

@@ -37,7 +37,9 @@ KEYS = {
         "candidates": "every planner tried: `{strategy, feasible, pruned, error, latency_ms, throughput_ips}`",
         "runners_up": "the chosen planner's next-best plans (up to 2): `{stages, latency_ms, throughput_ips}`",
         "planning": "per planner: `{strategy, seconds, group, work, detail}`; `work` counts `labels`, `nodes`, "
-                    "`states`, `plans` (independent of `--jobs`)",
+                    "`states`, `plans` (independent of `--jobs`); the pipeline planner's `detail` has `exact` (its "
+                    "plans are the exact best) and, when false, `optimality_gap` (its best plan's objective over a "
+                    "lower bound, minus one)",
         "fallbacks": "with `--fallbacks`: `[{without, manifest, sha256, error?}]`",
         "alternatives": "with `--keep`/`--shifts`: each alternative build's manifest, strategy, predictions, `variant`",
         "alternatives_missing": "how many of `--keep N` the frontier could not supply",

@@ -90,3 +90,33 @@ def test_a_slower_partial_plan_is_kept_when_it_spends_less():
     sol = solve_energy(problem, cols, EnergyGoal(5.0))
     assert sol.latency_ms == pytest.approx(5.0) and sol.energy_mj == pytest.approx(29.5)
     assert [(s.hi - s.lo) for s in sol.stages if s.device == 1] == [2]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_alike_devices_taken_in_order_keep_the_optimum(seed):
+    """Three identical devices in two power modes each (six columns; a device's two columns share no link):
+    taking alike devices in index order finds the optimum of the unrestricted search, and a plan on the
+    first devices."""
+    rng = np.random.default_rng(seed)
+    B, D = 5, 3
+    fast, slow = rng.uniform(0.5, 2.0, size=B), rng.uniform(2.0, 4.0, size=B)
+    device = np.repeat(np.arange(D), 2)  # columns 2d and 2d + 1: device d in its fast and slow mode
+    block = np.stack([fast if k % 2 == 0 else slow for k in range(2 * D)], axis=1)
+    bw = np.where(device[:, None] == device[None, :], 0.0, 64.0)
+    np.fill_diagonal(bw, 1.0)
+    problem = make_problem(block, [3 * 10**6] * B, [10**6] * B, [256] * (B - 1), [8 * 10**6] * (2 * D), bw,
+                           np.full((2 * D, 2 * D), 0.25))
+    idle = np.tile([2.0, 1.0], D)
+    cols = EnergyColumns(device, idle, idle + np.tile([6.0, 2.0], D), np.full(2 * D, 50.0), np.full(2 * D, 50.0),
+                         np.zeros(2 * D), np.zeros(2 * D))
+    for goal in (EnergyGoal(float(rng.uniform(8.0, 30.0))), EnergyGoal(5.0, soft=True, lam=3.0)):
+        try:
+            free = solve_energy(problem, cols, goal)
+        except InfeasibleError:
+            with pytest.raises(InfeasibleError):
+                solve_energy(problem, cols, goal, alike=np.zeros(D, dtype=int))
+            continue
+        ordered = solve_energy(problem, cols, goal, alike=np.zeros(D, dtype=int))
+        assert ordered.objective == pytest.approx(free.objective, rel=1e-12)
+        used = [int(device[s.device]) for s in ordered.stages]
+        assert sorted(used) == list(range(len(used)))  # the first devices, whatever the modes

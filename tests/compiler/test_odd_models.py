@@ -106,8 +106,9 @@ def test_an_input_no_device_can_hold_is_refused_before_planning(tmp_path, monkey
     path = tmp_path / "huge.onnx"
     onnx.save(_relu_model([1, 3, 100_000, 100_000]), path)
     line = one_line(invoke("compile", path, "--devices", TWO, "-o", tmp_path / "out"))
-    assert line.startswith(f"edgec: {TWO}: model input 'x' takes 114,441 MB, more than any device can hold "
+    assert line.startswith(f"edgec: {path}: model input 'x' takes 114,441 MB, more than any device can hold "
                            "(the most: pi5-a,"), line
+    assert line.endswith(f"(devices: {TWO})"), line
     assert not (tmp_path / "out").exists()
 
 

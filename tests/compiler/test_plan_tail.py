@@ -18,7 +18,7 @@ from tests.compiler.test_pipeline_dp import problems
 from tests.compiler.test_spatial import graph_of, make_cluster
 from tests.conftest import residual_model
 
-FIELDS = ("C", "mem_ok", "T", "lat_rest", "max_rest", "cls", "lower_same")
+FIELDS = ("C", "mem_ok", "T", "lat_rest", "max_rest", "cls")
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
