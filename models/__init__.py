@@ -15,7 +15,7 @@ from . import torch_support
 from .inputs import example_inputs
 from .zoo import LIGHT_DIR, ZOO
 
-__all__ = ["MODEL_NAMES", "DESCRIPTIONS", "TORCH_MISSING", "default_dir", "build", "ensure",
+__all__ = ["MODEL_NAMES", "DEFAULT_NAMES", "ON_REQUEST", "GENERATIVE", "DESCRIPTIONS", "TORCH_MISSING", "default_dir", "build", "ensure",
            "is_current", "stamp", "build_model", "example_inputs"]
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -36,6 +36,8 @@ class _Entry:
     args: tuple = ()
     extra_sources: tuple[Path, ...] = ()
     packages: tuple[str, ...] = ()  # distributions whose version also decides the bytes
+    on_request: bool = False  # built only when named (`build --only NAME`), not by a plain `build`
+    generative: bool = False  # a decoder LM with a KV cache (models/decoder.py's interface)
 
 
 def _registry() -> dict[str, _Entry]:
@@ -58,6 +60,12 @@ def _registry() -> dict[str, _Entry]:
         "tinytransformer": _Entry("the transformer builder at 2 layers, hidden 64, 4 heads, seq 16, vocab 100",
                                   "transformer", "build", ("tinytransformer",)),
         "dynamic": _Entry("tinychain with symbolic batch dimension 'N' (same weights)", "tiny", "dynamic"),
+        "tinylm": _Entry("decoder LM with KV cache (Llama/Qwen2 layout: RMSNorm, rotary, GQA, SwiGLU, untied "
+                         "head): 4 layers, hidden 256, 4 heads / 2 KV heads, vocab 16384, 11.5M parameters, "
+                         "opset 17", "decoder", "build", ("tinylm",), generative=True),
+        "lm500m": _Entry("the decoder LM at Qwen2.5-0.5B's shape: 24 layers, hidden 896, 14 heads / 2 KV "
+                         "heads, SwiGLU 4864, vocab 64000 untied, 473M parameters, 1.9 GB (on request)",
+                         "decoder", "build", ("lm500m",), on_request=True, generative=True),
     })
     for name, desc in torch_support.MODELS.items():
         if torch_support.MISSING is None:
@@ -68,6 +76,11 @@ def _registry() -> dict[str, _Entry]:
 
 _REGISTRY = _registry()
 MODEL_NAMES: tuple[str, ...] = tuple(_REGISTRY)
+# What a plain `build` writes; ON_REQUEST models are built only when named.
+ON_REQUEST: tuple[str, ...] = tuple(n for n, e in _REGISTRY.items() if e.on_request)
+DEFAULT_NAMES: tuple[str, ...] = tuple(n for n in MODEL_NAMES if n not in ON_REQUEST)
+# Decoder LMs fed input_ids, attention_mask, position_ids and past_key_values.* (see models/decoder.py).
+GENERATIVE: tuple[str, ...] = tuple(n for n, e in _REGISTRY.items() if e.generative)
 DESCRIPTIONS: dict[str, str] = {n: e.description for n, e in _REGISTRY.items()}
 # Why the torch-exported models are not in MODEL_NAMES (None when they are).
 TORCH_MISSING: str | None = torch_support.MISSING

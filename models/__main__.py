@@ -8,7 +8,7 @@ from pathlib import Path
 
 import onnx
 
-from . import DESCRIPTIONS, default_dir, MODEL_NAMES, TORCH_MISSING, build, is_current
+from . import DEFAULT_NAMES, DESCRIPTIONS, default_dir, MODEL_NAMES, TORCH_MISSING, build, is_current
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -18,7 +18,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     b.add_argument("-o", "--out", type=Path, default=None, metavar="DIR",
                    help="output directory (default: $EDGEC_MODELS_DIR, else ./models/build)")
     b.add_argument("--only", action="append", metavar="NAME[,NAME...]",
-                   help="build only these models (default: all)")
+                   help="build only these models (default: all but the on-request ones, which "
+                        "`list` marks)")
     b.add_argument("--force", action="store_true", help="rebuild even if the file is up to date")
     sub.add_parser("list", help="list model names with a description")
     return parser.parse_args(argv)
@@ -26,7 +27,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def _names(only: list[str] | None) -> list[str]:
     if not only:
-        return list(MODEL_NAMES)
+        return list(DEFAULT_NAMES)
     names = [n.strip() for group in only for n in group.split(",") if n.strip()]
     unknown = [n for n in names if n not in MODEL_NAMES]
     if unknown:
