@@ -69,8 +69,10 @@ def _registry() -> dict[str, _Entry]:
     })
     for name, desc in torch_support.MODELS.items():
         if torch_support.MISSING is None:
-            reg[name] = _Entry(desc, "torch_exports", "build", (name,), (PACKAGE_DIR / "cnn.py",),
-                               ("torch", "transformers", "onnxscript"))
+            generative = name in torch_support.GENERATIVE  # shaped by decoder.py's CONFIGS
+            sources = (PACKAGE_DIR / "cnn.py",) + ((PACKAGE_DIR / "decoder.py",) if generative else ())
+            reg[name] = _Entry(desc, "torch_exports", "build", (name,), sources,
+                               ("torch", "transformers", "onnxscript"), generative=generative)
     return reg
 
 

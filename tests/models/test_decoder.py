@@ -49,9 +49,22 @@ def tinylm_path(tmp_path_factory) -> Path:
     return models.build("tinylm", tmp_path_factory.mktemp("lm"))
 
 
+# The same checks on transformers' Llama exported by torch.onnx (~1 min to export): the interface,
+# not our builder's layout, is what they test.
+TORCH = pytest.param("tinylm_torch", marks=[
+    pytest.mark.slow, pytest.mark.skipif(bool(models.TORCH_MISSING), reason=str(models.TORCH_MISSING))])
+
+
+@pytest.fixture(scope="module", params=["tinylm", TORCH])
+def lm_path(request, tinylm_path, tmp_path_factory) -> Path:
+    if request.param == "tinylm":
+        return tinylm_path
+    return models.build(request.param, tmp_path_factory.mktemp("lm_torch"))
+
+
 @pytest.fixture(scope="module")
-def lm(tinylm_path) -> LM:
-    return LM(tinylm_path, decoder.CONFIGS["tinylm"])
+def lm(lm_path) -> LM:
+    return LM(lm_path, decoder.CONFIGS["tinylm"])  # tinylm_torch is configured from it too
 
 
 def prompt(lm: LM, n: int, seed: int) -> np.ndarray:
@@ -64,8 +77,8 @@ def weights(model: onnx.ModelProto) -> int:
                if t.data_type == onnx.TensorProto.FLOAT and np.prod(t.dims) > 1 and not t.name.startswith("rope."))
 
 
-def test_tinylm_is_valid_with_optimums_interface(tinylm_path):
-    model = onnx.load(tinylm_path)
+def test_lm_is_valid_with_optimums_interface(lm_path):
+    model = onnx.load(lm_path)
     onnx.checker.check_model(model, full_check=True)
     cfg = decoder.CONFIGS["tinylm"]
 
@@ -86,7 +99,7 @@ def test_tinylm_is_valid_with_optimums_interface(tinylm_path):
     ops = {n.op_type for n in model.graph.node}
     assert {"Gather", "MatMul", "Softmax", "Sigmoid", "Cos", "Sin", "ReduceMean", "Where"} <= ops
     assert all(n.domain in ("", "ai.onnx") for n in model.graph.node)  # no contrib ops
-    assert tinylm_path.stat().st_size < 50_000_000
+    assert lm_path.stat().st_size < 50_000_000
 
 
 def test_parameter_counts_are_in_their_class(tinylm_path):

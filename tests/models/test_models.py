@@ -261,7 +261,8 @@ def test_torch_export_is_deterministic_and_lively(tmp_path, name):
     path = models.build(name, tmp_path)
     assert models.build(name, tmp_path / "again").read_bytes() == path.read_bytes()
     onnx.checker.check_model(str(path))
-    assert_lively(path)
+    if name not in torch_support.GENERATIVE:  # test_decoder.py runs the decoders
+        assert_lively(path)
 
 
 @pytest.mark.slow
