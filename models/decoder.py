@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
+import onnx.numpy_helper
 
 from .common import Builder, normal, tensor_input, uniform
 
@@ -132,7 +133,7 @@ def _mask_bias(b: Builder) -> str:
     (causal) and attention_mask[:, j] is 1 (padding). The extra axis broadcasts over the query
     groups that share a KV head.
     """
-    zero, one = b.const("mask.zero", np.array(0, np.int64)), b.const("mask.one", np.array(1, np.int64))
+    zero, one = _scalar_int(b, "mask.zero", 0), _scalar_int(b, "mask.one", 1)
     total = b.op("Gather", [b.op("Shape", ["attention_mask"]), one], axis=0)
     seq = b.op("Gather", [b.op("Shape", ["input_ids"]), one], axis=0)
     keys = b.op("Range", [zero, total, one])  # [T]
@@ -143,6 +144,13 @@ def _mask_bias(b: Builder) -> str:
     allowed = b.op("And", [causal, padding])
     return b.op("Where", [allowed, b.scalar("mask.keep", 0.0), b.scalar("mask.masked", _MASKED)],
                 name="mask.bias")
+
+
+def _scalar_int(b: Builder, name: str, value: int) -> str:
+    """A rank-0 int64 (Range wants true scalars; initializers written by fill_tensor are rank 1)."""
+    tensor = onnx.numpy_helper.from_array(np.array(value, np.int64), name)
+    b.nodes.append(onnx.helper.make_node("Constant", [], [name], name=name, value=tensor))
+    return name
 
 
 def _rms_norm(b: Builder, cfg: Config, x: str, name: str) -> str:

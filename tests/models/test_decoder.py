@@ -102,6 +102,18 @@ def test_lm_is_valid_with_optimums_interface(lm_path):
     assert lm_path.stat().st_size < 50_000_000
 
 
+def test_edgec_ingest_shapes_a_decode_step(lm_path):
+    """With every dim pinned, onnxruntime's shape inference (edgec's ingest) resolves each tensor; it
+    rejects what onnxruntime itself runs, e.g. a Range fed rank-1 "scalars"."""
+    from edgec.compiler.ingest import load_model
+
+    cfg = decoder.CONFIGS["tinylm"]
+    shapes = {"input_ids": (1, 1), "position_ids": (1, 1), "attention_mask": (1, 5),
+              **{f"past_key_values.{i}.{kv}": (1, cfg.kv_heads, 4, cfg.head_dim)
+                 for i in range(cfg.layers) for kv in ("key", "value")}}
+    assert load_model(lm_path, shapes).graph.layers
+
+
 def test_parameter_counts_are_in_their_class(tinylm_path):
     assert weights(onnx.load(tinylm_path)) == decoder.parameter_count(decoder.CONFIGS["tinylm"])
     assert 8e6 < decoder.parameter_count(decoder.CONFIGS["tinylm"]) < 15e6
