@@ -15,8 +15,8 @@ from . import torch_support
 from .inputs import example_inputs
 from .zoo import LIGHT_DIR, ZOO
 
-__all__ = ["MODEL_NAMES", "DEFAULT_NAMES", "ON_REQUEST", "GENERATIVE", "DESCRIPTIONS", "TORCH_MISSING", "default_dir", "build", "ensure",
-           "is_current", "stamp", "build_model", "example_inputs"]
+__all__ = ["MODEL_NAMES", "DEFAULT_NAMES", "ON_REQUEST", "GENERATIVE", "DESCRIPTIONS", "TORCH_MISSING",
+           "default_dir", "build", "ensure", "is_current", "stamp", "build_model", "example_inputs"]
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
