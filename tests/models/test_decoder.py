@@ -194,6 +194,9 @@ def test_registry_builds_the_large_model_only_on_request():
     assert "tinylm" in models.DEFAULT_NAMES
     assert "lm500m" in models.ON_REQUEST and "lm500m" not in models.DEFAULT_NAMES
     assert "lm500m" in models.MODEL_NAMES  # `build --only lm500m` and `list` know it
+    from edgec.models.__main__ import _names
+
+    assert _names(None) == list(models.DEFAULT_NAMES) and _names(["lm500m"]) == ["lm500m"]
 
 
 @pytest.mark.slow
