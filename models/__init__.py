@@ -15,8 +15,8 @@ from . import quantized, torch_support
 from .inputs import example_inputs
 from .zoo import LIGHT_DIR, ZOO
 
-__all__ = ["MODEL_NAMES", "ON_REQUEST_NAMES", "DESCRIPTIONS", "TORCH_MISSING", "default_dir", "build", "ensure",
-           "is_current", "stamp", "build_model", "example_inputs"]
+__all__ = ["MODEL_NAMES", "ON_REQUEST_NAMES", "GENERATIVE", "DESCRIPTIONS", "TORCH_MISSING", "default_dir", "build",
+           "ensure", "is_current", "stamp", "build_model", "example_inputs"]
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -37,6 +37,7 @@ class _Entry:
     extra_sources: tuple[Path, ...] = ()
     packages: tuple[str, ...] = ()  # distributions whose version also decides the bytes
     on_request: bool = False  # built only when named (--only, ensure), not by the default build
+    generative: bool = False  # a decoder LM with a KV cache (models/decoder.py's interface)
 
 
 def _registry() -> dict[str, _Entry]:
@@ -59,6 +60,12 @@ def _registry() -> dict[str, _Entry]:
         "tinytransformer": _Entry("the transformer builder at 2 layers, hidden 64, 4 heads, seq 16, vocab 100",
                                   "transformer", "build", ("tinytransformer",)),
         "dynamic": _Entry("tinychain with symbolic batch dimension 'N' (same weights)", "tiny", "dynamic"),
+        "tinylm": _Entry("decoder LM with KV cache (Llama/Qwen2 layout: RMSNorm, rotary, GQA, SwiGLU, untied "
+                         "head): 4 layers, hidden 256, 4 heads / 2 KV heads, vocab 16384, 11.5M parameters, "
+                         "opset 17", "decoder", "build", ("tinylm",), generative=True),
+        "lm500m": _Entry("the decoder LM at Qwen2.5-0.5B's shape: 24 layers, hidden 896, 14 heads / 2 KV "
+                         "heads, SwiGLU 4864, vocab 64000 untied, 473M parameters, 1.9 GB (on request)",
+                         "decoder", "build", ("lm500m",), on_request=True, generative=True),
     })
     for base in quantized.BASES:  # int8 versions: built from the float model, on request
         for fmt, how in quantized.FORMATS.items():
@@ -67,15 +74,19 @@ def _registry() -> dict[str, _Entry]:
                                           ("onnxruntime",), on_request=True)
     for name, desc in torch_support.MODELS.items():
         if torch_support.MISSING is None:
-            reg[name] = _Entry(desc, "torch_exports", "build", (name,), (PACKAGE_DIR / "cnn.py",),
-                               ("torch", "transformers", "onnxscript"))
+            generative = name in torch_support.GENERATIVE  # shaped by decoder.py's CONFIGS
+            sources = (PACKAGE_DIR / "cnn.py",) + ((PACKAGE_DIR / "decoder.py",) if generative else ())
+            reg[name] = _Entry(desc, "torch_exports", "build", (name,), sources,
+                               ("torch", "transformers", "onnxscript"), generative=generative)
     return reg
 
 
 _REGISTRY = _registry()
 MODEL_NAMES: tuple[str, ...] = tuple(n for n, e in _REGISTRY.items() if not e.on_request)
-# The int8 models (models/quantized.py): `python -m edgec.models build --only NAME`, or ensure(NAME)
+# Built only when named: the int8 models (models/quantized.py) and lm500m; `build --only NAME`, or ensure(NAME)
 ON_REQUEST_NAMES: tuple[str, ...] = tuple(n for n, e in _REGISTRY.items() if e.on_request)
+# Decoder LMs fed input_ids, attention_mask, position_ids and past_key_values.* (see models/decoder.py).
+GENERATIVE: tuple[str, ...] = tuple(n for n, e in _REGISTRY.items() if e.generative)
 DESCRIPTIONS: dict[str, str] = {n: e.description for n, e in _REGISTRY.items()}
 # Why the torch-exported models are not in MODEL_NAMES (None when they are).
 TORCH_MISSING: str | None = torch_support.MISSING

@@ -1,7 +1,9 @@
-"""Optional torch.onnx exports: DistilBERT (transformers), hand-written ResNet-50 and MobileNetV2."""
+"""Optional torch.onnx exports: DistilBERT and a Llama decoder with KV cache (transformers), hand-written ResNet-50 and
+MobileNetV2."""
 from __future__ import annotations
 
 import logging
+import math
 import warnings
 import zlib
 
@@ -23,12 +25,15 @@ def build(name: str) -> onnx.ModelProto:
         if any(isinstance(m, nn.BatchNorm2d) for m in model.modules()):
             _calibrate(model, args)
         model.eval()
-    proto = _export(model, args, in_names, out_names)
+    proto = _export(model, args, in_names, out_names, getattr(model, "dynamic_shapes", None))
+    if isinstance(model, _CausalLM):
+        model.name_dims(proto)
     proto.producer_name, proto.producer_version = "edgec.models", ""  # not the torch version
     return proto
 
 
-def _export(model: nn.Module, args: tuple, in_names: list[str], out_names: list[str]) -> onnx.ModelProto:
+def _export(model: nn.Module, args: tuple, in_names: list[str], out_names: list[str],
+            dynamic_shapes: tuple | None = None) -> onnx.ModelProto:
     # The exporter warns about torchvision ops and torch-internal deprecations: noise for our users.
     logger = logging.getLogger("torch.onnx")
     level = logger.level
@@ -38,7 +43,7 @@ def _export(model: nn.Module, args: tuple, in_names: list[str], out_names: list[
             warnings.simplefilter("ignore")
             program = torch.onnx.export(model, args, input_names=in_names, output_names=out_names,
                                         opset_version=OPSET, dynamo=True, external_data=False,
-                                        verbose=False)
+                                        dynamic_shapes=dynamic_shapes, verbose=False)
     finally:
         logger.setLevel(level)
     return program.model_proto
@@ -96,6 +101,79 @@ class _Hidden(nn.Module):
 
     def forward(self, input_ids, attention_mask):
         return self.inner(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
+def _tinylm():
+    """transformers' LlamaForCausalLM at models/decoder.py's tinylm shape, random weights scaled as there."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from .decoder import CONFIGS
+
+    cfg = CONFIGS["tinylm"]
+    # Eager attention: the sdpa path inspects the mask's values, which tracing would bake in.
+    config = LlamaConfig(vocab_size=cfg.vocab, hidden_size=cfg.hidden, intermediate_size=cfg.intermediate,
+                         num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads,
+                         num_key_value_heads=cfg.kv_heads, rope_theta=cfg.rope_theta, rms_norm_eps=cfg.eps,
+                         tie_word_embeddings=False, attn_implementation="eager")
+    model = LlamaForCausalLM(config)
+    # HF's N(0, 0.02) leaves attention uniform and logits flat at this size; decoder.py's scales do not.
+    for name, p in model.named_parameters():
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            p.normal_(0.0, 1 / math.sqrt(2 * cfg.layers * p.shape[1]))
+        elif name == "lm_head.weight":
+            p.normal_(0.0, 2 / math.sqrt(p.shape[1]))
+        elif name.endswith("embed_tokens.weight"):
+            p.normal_(0.0, 1.0)
+        elif p.dim() == 2:
+            p.normal_(0.0, 1 / math.sqrt(p.shape[1]))
+    wrapper = _CausalLM(model, cfg.layers)
+    # Traced with batch 2, 4 new tokens after 3 cached ones: sizes 0 and 1 would be specialised.
+    batch, seq, past = 2, 4, 3
+    cache = tuple(torch.randn(batch, cfg.kv_heads, past, cfg.head_dim) for _ in range(2 * cfg.layers))
+    args = (torch.randint(0, cfg.vocab, (batch, seq)), torch.ones(batch, past + seq, dtype=torch.int64),
+            torch.arange(past, past + seq).expand(batch, seq), cache)
+    slots = [f"{i}.{kv}" for i in range(cfg.layers) for kv in ("key", "value")]
+    return (wrapper, args, ["input_ids", "attention_mask", "position_ids", *(f"past_key_values.{s}" for s in slots)],
+            ["logits", *(f"present.{s}" for s in slots)])
+
+
+class _CausalLM(nn.Module):
+    """optimum's decoder interface over a transformers causal LM: flat cache tensors in and out."""
+
+    def __init__(self, inner: nn.Module, layers: int):
+        super().__init__()
+        self.inner, self.layers = inner, layers
+        auto = torch.export.Dim.AUTO
+        self.dynamic_shapes = ({0: auto, 1: auto},) * 3 + (tuple({0: auto, 2: auto} for _ in range(2 * layers)),)
+
+    def forward(self, input_ids, attention_mask, position_ids, past):
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.inner.config)
+        for i in range(self.layers):
+            cache.update(past[2 * i], past[2 * i + 1], i)
+        out = self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         past_key_values=cache, use_cache=True)
+        return (out.logits, *(t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)))
+
+    @staticmethod
+    def name_dims(proto: onnx.ModelProto) -> None:
+        """torch.export's symbols (s10, s69 + s70, ...) renamed to optimum's dimension names."""
+        def dims(name: str):
+            vi = next(v for v in proto.graph.input if v.name == name)
+            return vi.type.tensor_type.shape.dim
+
+        batch, seq = (d.dim_param for d in dims("input_ids"))
+        mask_batch, total = (d.dim_param for d in dims("attention_mask"))
+        names = {batch: "batch", mask_batch: "batch", seq: "sequence_length", total: "total_sequence_length"}
+        for vi in proto.graph.input:  # each cache input gets its own symbol for the past length
+            if vi.name.startswith("past_key_values."):
+                past = vi.type.tensor_type.shape.dim[2].dim_param
+                names.update({past: "past_sequence_length", f"{past} + {seq}": "total_sequence_length"})
+        for vi in (*proto.graph.input, *proto.graph.output, *proto.graph.value_info):
+            for d in vi.type.tensor_type.shape.dim:
+                if d.dim_param in names:
+                    d.dim_param = names[d.dim_param]
 
 
 def _conv_bn(cin: int, cout: int, k: int, stride: int = 1, groups: int = 1) -> list[nn.Module]:
@@ -167,4 +245,4 @@ def _linear(cin: int, cout: int) -> nn.Linear:
 
 
 _MODELS = {"distilbert_torch": _distilbert, "resnet50_torch": _resnet50,
-           "mobilenetv2_torch": _mobilenetv2}
+           "mobilenetv2_torch": _mobilenetv2, "tinylm_torch": _tinylm}

@@ -7,7 +7,11 @@ MODELS = {
     "distilbert_torch": "DistilBERT (transformers.DistilBertModel, default config) exported by torch.onnx",
     "resnet50_torch": "hand-written torch ResNet-50 exported by torch.onnx",
     "mobilenetv2_torch": "hand-written torch MobileNetV2 exported by torch.onnx",
+    "tinylm_torch": "transformers.LlamaForCausalLM at tinylm's shape, random weights, exported by torch.onnx "
+                    "with optimum's KV-cache interface",
 }
+# Decoder LMs among them (models/decoder.py's interface).
+GENERATIVE = ("tinylm_torch",)
 
 
 # torch.onnx's exporter imports onnxscript on first use; without it the builds would fail late.
