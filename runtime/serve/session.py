@@ -105,6 +105,9 @@ class Cluster:
         self._accepting, self._closing, self._drain = True, False, True
         self._error: BaseException | None = None
         self._ready = False
+        # Set by the I/O thread before it looks for a request and cleared once it has one: a submit wakes it only
+        # then (a byte down the pipe and a turn of its loop per request were spent while its window was full).
+        self._wanted = True
         self._listeners: list[Callable[[str, dict], None]] = []
         self.pool: FailoverCluster | None = None
         self._wake_r, self._wake_w = os.pipe()
@@ -164,7 +167,8 @@ class Cluster:
                         raise QueueFull(f"the queue is full ({self.queue_size} request(s) waiting, "
                                         f"{len(self._handed)} in the devices): retry later") from None
                 self._room.wait(_JOIN_S)
-        self._wake()
+        if self._wanted:  # read after the put: an I/O thread that found the queue empty has set it before looking
+            self._wake()
         return future
 
     def infer(self, inputs: Mapping[str, np.ndarray], timeout: float | None = None) -> dict[str, np.ndarray]:
@@ -255,6 +259,7 @@ class Cluster:
             closing, drain = self._closing, self._drain
             if closing and not drain:
                 return
+            self._wanted = True
             try:
                 inputs, future = self._queue.get_nowait()
             except queue.Empty:
@@ -262,6 +267,7 @@ class Cluster:
                     return
                 yield IDLE
                 continue
+            self._wanted = False
             with self._room:
                 self._room.notify()
             if future.set_running_or_notify_cancel():
