@@ -19,16 +19,9 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from edgec.runtime.runall import load_allocation
-from tests.runtime.conftest import build_chain
 from tests.runtime.test_run_all import allocation  # noqa: F401 - the fixture: two services, a device each
 from tests.runtime.serve_helpers import EDGEC, Server, assert_close, reference
-
-
-@pytest.fixture(scope="module")
-def build(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("chain")
-    build_chain(folder)
-    return folder
+from tests.runtime.serve_helpers import build  # noqa: F401 - the fixture: the chain model, built once per module
 
 
 @pytest.fixture(scope="module")
