@@ -68,11 +68,11 @@ class _Handler(BaseHTTPRequestHandler):
     def parse_request(self) -> bool:
         """The request line and headers, as the standard library's parse_request reads them but without the
         email package, whose parser took a fifth of the front's Python time per request. HTTP/1.0 and 1.1."""
-        self.command, self.request_version, self.close_connection = None, self.default_request_version, True
+        self.command, self.request_version, self.close_connection = None, "HTTP/1.1", True
         self.requestline = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
         words = self.requestline.split()
         if len(words) != 3 or words[2] not in ("HTTP/1.0", "HTTP/1.1"):
-            self.send_error(HTTPStatus.BAD_REQUEST, f"Bad request syntax ({self.requestline[:120]!r})")
+            self._refuse(400, f"bad request line {self.requestline[:120]!r}: expected METHOD PATH HTTP/1.1 (or 1.0)")
             return False
         self.command, self.path, self.request_version = words
         if self.path.startswith("//"):
@@ -81,18 +81,18 @@ class _Handler(BaseHTTPRequestHandler):
         for _ in range(_MAX_HEADERS + 1):
             line = self.rfile.readline(_MAX_LINE + 1)
             if len(line) > _MAX_LINE:
-                self.send_error(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "Line too long")
+                self._refuse(431, f"a header line longer than {_MAX_LINE} bytes")
                 return False
             if line in (b"\r\n", b"\n", b""):
                 break
             name, sep, value = str(line, "iso-8859-1").partition(":")
             if not sep or not name or name != name.strip():
-                self.send_error(HTTPStatus.BAD_REQUEST, f"Bad header line ({line[:80]!r})")
+                self._refuse(400, f"bad header line {line[:80]!r}: expected NAME: VALUE")
                 return False
             key, value = name.lower(), value.strip()
             headers[key] = f"{headers[key]}, {value}" if key in headers else value
         else:
-            self.send_error(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, "Too many headers")
+            self._refuse(431, f"more than {_MAX_HEADERS} headers")
             return False
         self.headers = headers
         connection = headers.get("connection", "").lower()
