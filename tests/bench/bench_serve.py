@@ -9,8 +9,9 @@ Setup: a tests/netbed.py testbed of an unshaped coordinator host and three devic
 shaped to --mbps, an `edgec worker --threads 1` with its own key on each device host; this machine profiled once
 (`edgec profile --threads 1`). The model is compiled for the three devices with `--strategy pipeline
 --objective throughput --fallbacks` (the plan uses two or three of them). `edgec serve` runs on the coordinator host (HTTP and gRPC on
-its loopback, --keys) and the clients run there too, in a process of their own (`bench_serve.py load ...`, stock
-tritonclient), so that the server's CPU is its own.
+its loopback, --keys) and the clients run there too, in a process of their own (`bench_serve.py load ...`): stock tritonclient in the
+closed loops, the soak and the failover; in the open loop, one request encoded by tritonclient and sent as is from
+one asyncio loop (a pool of tritonclient threads took more CPU per request than the server's front).
 
 Measured, side by side in one run:
 - baseline: `edgec run --repeat N` streaming the same build at its default --inflight: its throughput;
@@ -23,7 +24,8 @@ Measured, side by side in one run:
   workers' RSS at its start and end;
 - failover: 4 clients in a closed loop, the last working device that has a fallback plan SIGKILLed mid-load:
   every request the server accepted must be answered (no 5xx, none lost).
-Each point reports throughput, p50/p90/p99 latency and errors.
+Each point reports throughput, p50/p90/p99 latency, errors, and the CPU ms per request of the server, the workers
+and the load generator (the testbed's hosts share this machine's cores).
 
 Targets (issue 40), checked and printed (PASS/FAIL), enforced in the exit code except where load decides:
 saturation throughput (the best closed loop) >= 0.9 x the run's; p99 <= 2 x p50 at 80% of the predicted
@@ -250,6 +252,7 @@ class Load:
         return {"valid": len(ok), "malformed": len(bad), "valid_ok": ok.count("ok"),
                 "valid_5xx": sum(1 for s in ok if s.startswith("5")),
                 "valid_lost": sum(1 for s in ok if s.startswith("lost")),
+                "valid_other": sorted({s for s in ok if s != "ok"}),
                 "malformed_4xx": sum(1 for s in bad if s.startswith("4")),
                 "malformed_other": sorted({s for s in bad if not s.startswith("4")})}
 
