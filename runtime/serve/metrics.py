@@ -53,14 +53,28 @@ class Figures:
             session.listen(self._listener(name))
 
     def _listener(self, model: str):
+        # The labelled children are looked up once (per device, per plan's links), not per request: the
+        # listener runs on the session's I/O thread, between the devices' messages.
+        requests, latency = self.requests.labels(model), self.latency.labels(model)
+        compute: dict[str, Counter] = {}
+        links: dict[str, list] = {}
+
         def on_event(event: str, figures: dict) -> None:
             if event == "done":
-                self.requests.labels(model).inc()
-                self.latency.labels(model).observe(figures["latency_ms"] / 1000.0)
+                requests.inc()
+                latency.observe(figures["latency_ms"] / 1000.0)
                 for device, ms in figures["run_ms"].items():
-                    self.compute.labels(model, device).inc(ms / 1000.0)
-                for (src, dst), nbytes in _links(self.sessions[model].pool.manifest).items():
-                    self.link.labels(model, src, dst).inc(nbytes)
+                    child = compute.get(device)
+                    if child is None:
+                        child = compute[device] = self.compute.labels(model, device)
+                    child.inc(ms / 1000.0)
+                manifest = self.sessions[model].pool.manifest
+                plan = links.get(str(manifest.path))
+                if plan is None:
+                    plan = links[str(manifest.path)] = [(self.link.labels(model, src, dst), nbytes)
+                                                        for (src, dst), nbytes in _links(manifest).items()]
+                for child, nbytes in plan:
+                    child.inc(nbytes)
                 with self._lock:
                     self._window.append(figures["latency_ms"])
                     self._total += 1
@@ -98,21 +112,15 @@ class Figures:
                 f"p99 {p99:.2f} ms, {errors} error(s)")
 
 
-_LINKS: dict[str, dict] = {}  # per plan's manifest path: a session switches among a few plans
-
-
 def _links(m: Manifest) -> dict[tuple[str, str], int]:
     """Bytes per request on each link of a plan: its transfers, and the inputs and outputs to and from the host."""
-    found = _LINKS.get(str(m.path))
-    if found is None:
-        found = {}
-        specs = {t.name: t for t in m.inputs}
-        for device, name in host_feeds(m):
-            found[(HOST, device)] = found.get((HOST, device), 0) + specs[name].nbytes
-        for t in m.transfers:
-            found[(t.src, t.dst)] = found.get((t.src, t.dst), 0) + t.bytes
-        for name, device in host_collects(m).items():
-            nbytes = next(o.nbytes for o in m.outputs if o.name == name)
-            found[(device, HOST)] = found.get((device, HOST), 0) + nbytes
-        _LINKS[str(m.path)] = found
+    found: dict[tuple[str, str], int] = {}
+    specs = {t.name: t for t in m.inputs}
+    for device, name in host_feeds(m):
+        found[(HOST, device)] = found.get((HOST, device), 0) + specs[name].nbytes
+    for t in m.transfers:
+        found[(t.src, t.dst)] = found.get((t.src, t.dst), 0) + t.bytes
+    for name, device in host_collects(m).items():
+        nbytes = next(o.nbytes for o in m.outputs if o.name == name)
+        found[(device, HOST)] = found.get((device, HOST), 0) + nbytes
     return found

@@ -39,11 +39,14 @@ class NotFound(InputError):
     """An unknown model: HTTP 404, gRPC NOT_FOUND."""
 
 
-def datatype(dtype: str) -> str:
-    """The protocol's datatype of a manifest dtype (numpy's name)."""
+def datatype(dtype: str | np.dtype) -> str:
+    """The protocol's datatype of a manifest dtype (numpy's name, or a numpy dtype)."""
+    found = _BY_DTYPE.get(dtype) if isinstance(dtype, str) else None  # the common case, without numpy's lookup
+    if found is not None:
+        return found
     try:
         return _BY_DTYPE[np.dtype(dtype).name]
-    except KeyError:
+    except (KeyError, TypeError):
         raise InputError(f"dtype {dtype}: no Open Inference Protocol datatype") from None
 
 
@@ -62,10 +65,12 @@ class InferRequest:
 
 
 def parse_infer(body: bytes, header_length: int | None, m: Manifest) -> InferRequest:
-    """An infer request's inputs checked against the model (names, shapes, datatypes, data lengths)."""
+    """An infer request's inputs checked against the model (names, shapes, datatypes, data lengths). Binary
+    tensors are views of `body` (read-only arrays), not copies."""
     if header_length is not None and not 0 < header_length <= len(body):
         raise BadRequest(f"Inference-Header-Content-Length {header_length}: expected 1 to the body's {len(body)} bytes")
-    head, rest = (body, b"") if header_length is None else (body[:header_length], body[header_length:])
+    head, rest = (body, memoryview(b"")) if header_length is None else (body[:header_length],
+                                                                       memoryview(body)[header_length:])
     try:
         doc = json.loads(head)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -102,7 +107,8 @@ def parse_infer(body: bytes, header_length: int | None, m: Manifest) -> InferReq
     return InferRequest(None if rid is None else str(rid), inputs, wanted, binary, bool(default))
 
 
-def decode_tensor(name: str, shape: Any, dtype: Any, data: Any, raw: bytes | None, spec: TensorSpec) -> np.ndarray:
+def decode_tensor(name: str, shape: Any, dtype: Any, data: Any, raw: bytes | memoryview | None,
+                  spec: TensorSpec) -> np.ndarray:
     """One input tensor from its JSON data or raw bytes, checked against the model's spec."""
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise BadRequest(f"input {name!r}: shape {shape!r}, expected a list of non-negative integers")

@@ -2,7 +2,7 @@
 
 One I/O thread owns the workers (their ZeroMQ sockets are not thread-safe, and local workers die with the
 thread that started them): it streams the requests of a bounded queue through the coordinator's
-FailoverCluster, up to `inflight` in the devices at once, and resolves each request's Future as its
+FailoverPool, up to `inflight` in the devices at once, and resolves each request's Future as its
 outputs arrive, in order. Any thread may `submit`; a full queue raises QueueFull at once rather than grow.
 
     >>> import edgec, numpy as np
@@ -32,7 +32,7 @@ from ..coordinator.adapt import THRESHOLD, kept_plans
 from ..wire.compress import parse_mode
 from ..coordinator.liveness import HEARTBEAT_MS
 from ..coordinator.window import IDLE
-from ..coordinator.failover import FailoverPool as FailoverCluster
+from ..coordinator.failover import FailoverPool
 from ..coordinator.connect import load_keys
 from ..errors import InputError, RunError
 from ..coordinator.inputs import check_inputs, check_memory
@@ -91,7 +91,7 @@ class Cluster:
 
     @classmethod
     def open(cls, manifest: Manifest, *, queue: int | None = None, **pool_options) -> "Cluster":
-        """A session on a loaded, checked manifest, with FailoverCluster's options as they are (what
+        """A session on a loaded, checked manifest, with FailoverPool's options as they are (what
         `edgec run` uses: emulation, timings, traces, a given adapter)."""
         self = cls.__new__(cls)
         self._open(manifest, queue, pool_options)
@@ -109,8 +109,11 @@ class Cluster:
         self._accepting, self._closing, self._drain = True, False, True
         self._error: BaseException | None = None
         self._ready = False
+        # Set by the I/O thread before it looks for a request and cleared once it has one: a submit wakes it only
+        # then (a byte down the pipe and a turn of its loop per request were spent while its window was full).
+        self._wanted = True
         self._listeners: list[Callable[[str, dict], None]] = []
-        self.pool: FailoverCluster | None = None
+        self.pool: FailoverPool | None = None
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -168,14 +171,15 @@ class Cluster:
                         raise QueueFull(f"the queue is full ({self.queue_size} request(s) waiting, "
                                         f"{len(self._handed)} in the devices): retry later") from None
                 self._room.wait(_JOIN_S)
-        self._wake()
+        if self._wanted:  # read after the put: an I/O thread that found the queue empty has set it before looking
+            self._wake()
         return future
 
     def infer(self, inputs: Mapping[str, np.ndarray], timeout: float | None = None) -> dict[str, np.ndarray]:
         """One request's outputs, waiting for room in the queue and for the answer."""
         return self.submit(inputs, block=True).result(timeout)
 
-    def call(self, fn: Callable[[FailoverCluster], object]) -> Future:
+    def call(self, fn: Callable[[FailoverPool], object]) -> Future:
         """Run fn(pool) on the I/O thread between requests (what `edgec run` reads and resets there)."""
         self._check_open()
         future: Future = Future()
@@ -219,7 +223,7 @@ class Cluster:
     # -- the I/O thread ----------------------------------------------------------------------------------
     def _io(self, pool_options: dict, started: threading.Event) -> None:
         try:
-            pool = FailoverCluster(self.manifest, **pool_options)
+            pool = FailoverPool(self.manifest, **pool_options)
             self.pool = pool.__enter__()
             pool.watch(self._wake_r)
         except BaseException as exc:  # noqa: BLE001 - handed to the constructor, which raises it
@@ -237,7 +241,7 @@ class Cluster:
             pool.close()
             self._fail(SessionClosed("the session closed before the request ran"))  # none, unless it failed
 
-    def _serve(self, pool: FailoverCluster) -> None:
+    def _serve(self, pool: FailoverPool) -> None:
         failovers, adaptations = 0, 0
         for outputs, latency_ms, run_ms in pool.stream(self._source()):
             future = self._handed.popleft()
@@ -259,6 +263,7 @@ class Cluster:
             closing, drain = self._closing, self._drain
             if closing and not drain:
                 return
+            self._wanted = True
             try:
                 inputs, future = self._queue.get_nowait()
             except queue.Empty:
@@ -266,6 +271,7 @@ class Cluster:
                     return
                 yield IDLE
                 continue
+            self._wanted = False
             with self._room:
                 self._room.notify()
             if future.set_running_or_notify_cancel():

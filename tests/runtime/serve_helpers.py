@@ -13,11 +13,21 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+import pytest
 
 from edgec.runtime.manifest.load import load_manifest
+from tests.runtime.conftest import build_chain
 
 EDGEC = [sys.executable, "-c", "from edgec.compiler.cli import main; main()"]
 _READY = re.compile(r"edgec: ready: http://127\.0\.0\.1:(\d+)/\S*(?:.*grpc 127\.0\.0\.1:(\d+))?")
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory):
+    """The chain model built once per test module (import the fixture into the module that uses it)."""
+    folder = tmp_path_factory.mktemp("chain")
+    build_chain(folder)
+    return folder
 
 
 class Server:

@@ -14,15 +14,8 @@ from tritonclient.grpc import service_pb2 as triton_pb
 from tritonclient.utils import InferenceServerException
 
 from edgec.runtime.serve import grpc_service_pb2 as pb
-from tests.runtime.conftest import build_chain
 from tests.runtime.serve_helpers import Server, assert_close, reference
-
-
-@pytest.fixture(scope="module")
-def build(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("chain")
-    build_chain(folder)
-    return folder
+from tests.runtime.serve_helpers import build  # noqa: F401 - the fixture: the chain model, built once per module
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ import http.client
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -19,16 +20,9 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from edgec.runtime.front.runall import load_allocation
-from tests.runtime.conftest import build_chain
 from tests.runtime.test_run_all import allocation  # noqa: F401 - the fixture: two services, a device each
 from tests.runtime.serve_helpers import EDGEC, Server, assert_close, reference
-
-
-@pytest.fixture(scope="module")
-def build(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("chain")
-    build_chain(folder)
-    return folder
+from tests.runtime.serve_helpers import build  # noqa: F401 - the fixture: the chain model, built once per module
 
 
 @pytest.fixture(scope="module")
@@ -118,6 +112,59 @@ def test_unknown_model_is_404_and_an_oversized_body_is_refused_unread(server):
         conn.close()
     with pytest.raises(InferenceServerException, match="unknown model"):
         httpclient.InferenceServerClient(server.http).get_model_metadata("nope")
+
+
+def _raw(server, request: bytes) -> bytes:
+    """What the server answers to `request` sent as is, until it closes the connection or 2 s of silence."""
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as sock:
+        sock.sendall(request)
+        sock.settimeout(2.0)
+        answer = b""
+        try:
+            while chunk := sock.recv(65536):
+                answer += chunk
+        except TimeoutError:
+            pass
+    return answer
+
+
+@pytest.mark.parametrize("request_bytes, status", [
+    (b"GET /v2/health/live\r\n\r\n", 400),  # HTTP/0.9: no version
+    (b"GET /v2/health/live HTTP/2.0\r\n\r\n", 400),
+    (b"GET /v2/health/live HTTP/1.1\r\n no-name\r\n\r\n", 400),  # a folded line
+    (b"GET /v2/health/live HTTP/1.1\r\nX-Long: " + b"a" * 70000 + b"\r\n\r\n", 431),
+    (b"GET /v2/health/live HTTP/1.1\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(101)) + b"\r\n", 431),
+], ids=["http-0.9", "http-2", "folded-header", "long-header", "many-headers"])
+def test_a_malformed_request_head_is_refused_and_the_server_goes_on(server, request_bytes, status):
+    answer = _raw(server, request_bytes)
+    assert answer.startswith(b"HTTP/1.1 %d " % status), answer[:200]
+    doc = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+    assert set(doc) == {"error"} and "\n" not in doc["error"], doc
+    assert _raw(server, b"GET /v2/health/live HTTP/1.1\r\nConnection: close\r\n\r\n").startswith(b"HTTP/1.1 200 ")
+
+
+def test_headers_are_case_blind_keep_alive_holds_and_http_1_0_closes(server):
+    ready = b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n"
+    answer = _raw(server, ready * 2 + b"GET /v2 HTTP/1.1\r\nCONNECTION: Close\r\n\r\n" + ready)
+    assert answer.count(b"HTTP/1.1 200 ") == 3 and b'"name":"edgec"' in answer  # the last one after close: none
+    assert _raw(server, b"GET /v2/health/live HTTP/1.0\r\n\r\n" + ready).count(b"HTTP/1.1 200 ") == 1
+    assert _raw(server, b"GET /v2/health/live HTTP/1.0\r\nConnection: keep-alive\r\n\r\n" + ready
+                ).count(b"HTTP/1.1 200 ") == 2
+    code, doc = _post(server, "/v2/models/chain/infer", b"{not json", {"content-length": "9"})
+    assert code == 400 and "malformed JSON" in doc["error"]
+
+
+def test_binary_inputs_are_views_of_the_body_not_copies(build):
+    from edgec.runtime.manifest.load import load_manifest
+    from edgec.runtime.serve.oip import parse_infer
+
+    x = _inputs(3)["data"]
+    head = json.dumps({"inputs": [{"name": "data", "shape": [1, 3, 8, 8], "datatype": "FP32",
+                                   "parameters": {"binary_data_size": x.nbytes}}]}).encode()
+    body = head + x.tobytes()
+    got = parse_infer(body, len(head), load_manifest(build / "manifest.json")).inputs["data"]
+    assert np.array_equal(got, x) and not got.flags.writeable
+    assert np.shares_memory(got, np.frombuffer(body, np.uint8))
 
 
 def test_metrics_count_requests_and_failures_by_kind(server):
