@@ -87,10 +87,10 @@ def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, st
     reason = unplaceable(ing.graph, cost)  # before any search: a model no plan can fit (plan/placeable.py)
     if reason is not None:
         raise UserError(f"{reason} (devices: {devices})", model)
-    fallbacks = int8_fallbacks(ing.graph, cluster)
-    if fallbacks:
-        missing = sorted({c for classes in fallbacks.values() for c in classes})
-        progress.note(f"int8 layers on {', '.join(fallbacks)}: no gflops.{', gflops.'.join(missing)} in their "
+    float_priced = int8_fallbacks(ing.graph, cluster)  # devices whose profiles lack an int8 class it uses
+    if float_priced:
+        missing = sorted({c for classes in float_priced.values() for c in classes})
+        progress.note(f"int8 layers on {', '.join(float_priced)}: no gflops.{', gflops.'.join(missing)} in their "
                       "profiles, priced at the float classes' figures")
     step("cost", "planning")
     chosen, candidates = plan_model(ing.graph, cost, strategy, objective, options, progress)
