@@ -14,11 +14,10 @@ from edgec.compiler.plan.baselines import solve_single
 from edgec.compiler.plan.pipeline_dp import solve_pipeline
 from edgec.compiler.plan.pipeline_problem import solution_sort_key
 from pipeline_reference import brute_force
-from edgec.compiler.plan.pipeline_problem import PipelineProblem, PipelineSolution
+from edgec.compiler.plan.pipeline_problem import PIPELINE_OBJECTIVES, PipelineProblem, PipelineSolution
 from edgec.compiler.plan.planner import InfeasibleError
 
 MB = 1_000_000
-OBJECTIVES = ("latency", "throughput")
 
 
 def make_problem(block_ms, params, act, cut, mem, bw, lat=None, medium="switched") -> PipelineProblem:
@@ -94,7 +93,7 @@ SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[Heal
 @SETTINGS
 @given(problems(), st.sampled_from([None, None, 1, 2, 3]))
 def test_dp_equals_brute_force(problem, max_stages):
-    for objective in OBJECTIVES:
+    for objective in PIPELINE_OBJECTIVES:
         ref = brute_force(problem, objective, max_stages)
         if not ref:
             with pytest.raises(InfeasibleError, match="MB"):
@@ -147,7 +146,7 @@ def _canonical(problem: PipelineProblem, stages) -> tuple:
 def test_without_copies_the_top_k_are_distinct_up_to_swapping_like_devices(problem, max_stages):
     """copies=False (what plan_pipeline asks): the k best placements once each placement that only swaps
     interchangeable devices is dropped, each as its canonical member: brute force, deduplicated."""
-    for objective in OBJECTIVES:
+    for objective in PIPELINE_OBJECTIVES:
         ref = brute_force(problem, objective, max_stages)
         if not ref:
             continue
@@ -170,7 +169,7 @@ def test_two_like_devices_give_three_splits_without_copies():
     """Two identical devices: the exact top 3 is a split, its mirror and one more split; without copies, three
     splits."""
     problem = make_problem([[1.0] * 2] * 4, [MB] * 4, [MB] * 4, [64, 32, 64], [100 * MB] * 2, np.full((2, 2), 64.0))
-    for objective in OBJECTIVES:
+    for objective in PIPELINE_OBJECTIVES:
         exact = solve_pipeline(problem, objective, top_k=3)
         assert len({tuple((s.lo, s.hi) for s in sol.stages) for sol in exact}) == 2
         distinct = solve_pipeline(problem, objective, top_k=3, copies=False)
@@ -202,7 +201,7 @@ def _priced_directly(problem: PipelineProblem, stages) -> tuple[float, float]:
 def test_dp_with_request_costs_equals_brute_force(problem):
     """The runtime's per-request costs enter the first stage's and the last stage's time (latency and
     period) in the DP exactly as in brute force."""
-    for objective in OBJECTIVES:
+    for objective in PIPELINE_OBJECTIVES:
         ref = brute_force(problem, objective)
         if not ref:
             continue
@@ -228,7 +227,7 @@ def test_request_costs_move_the_first_stage_off_a_slow_host():
 @SETTINGS
 @given(problems())
 def test_never_worse_than_best_single_device(problem):
-    for objective in OBJECTIVES:
+    for objective in PIPELINE_OBJECTIVES:
         try:
             single = solve_single(problem, objective)[0]
         except InfeasibleError:
@@ -242,7 +241,7 @@ def test_never_worse_than_best_single_device(problem):
 def test_general_floats_match_brute_force_up_to_rounding(problem):
     """Arbitrary floats: same objective values as brute force up to rounding (ties may resolve
     differently when sums differ only in the last bits)."""
-    for objective in OBJECTIVES:
+    for objective in PIPELINE_OBJECTIVES:
         ref = brute_force(problem, objective)
         if not ref:
             with pytest.raises(InfeasibleError, match="MB"):
@@ -257,7 +256,7 @@ def test_general_floats_match_brute_force_up_to_rounding(problem):
 
 def test_top_k_lists_every_placement_when_few_exist():
     problem = make_problem([[1.0, 2.0], [3.0, 1.0]], [MB] * 2, [MB] * 2, [64], [10 * MB] * 2, np.full((2, 2), 64.0))
-    for objective in OBJECTIVES:
+    for objective in PIPELINE_OBJECTIVES:
         ref = brute_force(problem, objective)
         got = solve_pipeline(problem, objective, top_k=50)
         assert len(got) == len(ref) == 4  # 2 single-device plans + 1 cut x 2 device orders
@@ -272,7 +271,7 @@ def test_best_plan_uses_devices_out_of_list_order():
     # dev1 is fast on the first half, dev0 on the second half; cheap links
     block_ms = [[9.0, 1.0], [9.0, 1.0], [1.0, 9.0], [1.0, 9.0]]
     problem = make_problem(block_ms, [MB] * 4, [MB] * 4, [100] * 3, [100 * MB] * 2, np.full((2, 2), 1e4))
-    for objective in OBJECTIVES:
+    for objective in PIPELINE_OBJECTIVES:
         (best,) = solve_pipeline(problem, objective)
         assert [(s.lo, s.hi, s.device) for s in best.stages] == [(0, 2, 1), (2, 4, 0)]
         assert best.latency_ms == pytest.approx(4.0 + 100 / 1e4)
@@ -329,7 +328,7 @@ def test_shared_medium_sums_transfers():
 
 def test_identical_devices_top_k_lists_relabelled_copies():
     problem = make_problem([[1.0] * 3] * 4, [MB] * 4, [MB] * 4, [0] * 3, [100 * MB] * 3, np.full((3, 3), 64.0))
-    for objective in OBJECTIVES:
+    for objective in PIPELINE_OBJECTIVES:
         got = solve_pipeline(problem, objective, top_k=5)
         assert keys(got, objective) == keys(brute_force(problem, objective)[:5], objective)
         assert len({s.stages for s in got}) == 5

@@ -24,7 +24,8 @@ from edgec.compiler.plan.pipeline_dp import solve_pipeline
 from edgec.compiler.plan.pipeline_problem import pipeline_problem, to_plan, validate_request
 from edgec.compiler.plan.planner import InfeasibleError
 from pipeline_reference import brute_force, brute_force_layers
-from test_pipeline_dp import OBJECTIVES, check_solution, keys, problems
+from edgec.compiler.plan.pipeline_problem import PIPELINE_OBJECTIVES
+from test_pipeline_dp import check_solution, keys, problems
 
 MODELS = Path(os.environ["EDGEC_MODELS_DIR"])
 
@@ -74,7 +75,7 @@ def assert_dp_matches_reference(graph, cost, k=3):
     """The DP's k best equal brute force's up to rounding: the objective at every rank, the tie-break
     measure of the best (among plans whose objective differs from the best's only by rounding, the two
     sums are added in different orders), and each DP plan's price."""
-    for objective in OBJECTIVES:
+    for objective in PIPELINE_OBJECTIVES:
         ref = brute_force_layers(graph, cost, objective, graph.pipeline_cuts)
         got = dp_plans(graph, cost, objective, k)
         assert len(got) == min(k, len(ref))
@@ -138,7 +139,7 @@ def multi_tensor_problems(draw):
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(multi_tensor_problems())
 def test_dp_equals_brute_force_with_several_tensors_per_cut(problem):
-    for objective in OBJECTIVES:
+    for objective in PIPELINE_OBJECTIVES:
         ref = brute_force(problem, objective)
         if not ref:
             with pytest.raises(InfeasibleError):
