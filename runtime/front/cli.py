@@ -58,7 +58,8 @@ _EPILOG = ("Exit codes: 0 ok, 1 verification failed, 2 bad input, 3 run failure 
 @click.option("--model", "model_file", metavar="MODEL.onnx", show_default="the manifest's model path",
               help="The source model for --verify, when the build folder was moved away from it; its sha256 "
                    "must match the manifest's.")
-@click.option("--tolerance", type=_TOLERANCE, default=1e-4, show_default=True,
+@click.option("--tolerance", type=_TOLERANCE, default=None,
+              show_default="the plan's providers': 1e-4 for the CPU, the largest of its devices' providers' otherwise",
               help="Pass when max|a-b| <= tolerance * max(1, max|reference|) for every output.")
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
               help="Timed requests (after the --warmup ones).")
@@ -296,7 +297,8 @@ _RUN_ALL_EPILOG = ("Exit codes: 0 ok (a missed SLA is reported, not an error), 1
 @click.option("--warmup", type=click.IntRange(min=0, max=MAX_WARMUP), default=1, show_default=True,
               help="Untimed requests each service runs one at a time first, as `edgec run --warmup`.")
 @click.option("--verify", is_flag=True, help="Compare every service's outputs with its source model run whole.")
-@click.option("--tolerance", type=_TOLERANCE, default=1e-4, help="As `edgec run --tolerance`.")
+@click.option("--tolerance", type=_TOLERANCE, default=None, show_default="each plan's providers'",
+              help="As `edgec run --tolerance`.")
 @click.option("--seed", type=_SEED, default=0, help="Seed of the random inputs.")
 @click.option("--threads", type=click.IntRange(min=0, max=MAX_THREADS_HERE), default=None,
               show_default="cores / all the services' devices", help="onnxruntime intra-op threads per worker.")

@@ -15,6 +15,7 @@ from edgec.compiler.cli import cli
 from edgec.compiler.cluster import EFFICIENCY_KEYS, GFLOPS_KEYS, MEDIUMS, load_cluster, validate_profile_dict
 from edgec.compiler.cluster.schema import GflopsDoc
 from edgec.compiler.errors import UserError
+from edgec.runtime.providers import CPU, CPU_ONLY, Provider
 
 FIGURES = {"op_overhead_us": 5, "gflops": {"conv": 70, "depthwise_conv": 20, "gemm": 60, "other": 30}, "memory_gbps": 12}
 PROFILE = {
@@ -115,11 +116,24 @@ CLUSTER_CASES = [
      "network.bandwidth_mbps must be finite, got nan"),
     (TWO % ("", ", links: [{a: a, b: b, latency_ms: [1]}]"), "network.links[0].latency_ms must be a number, got list [1]"),
     (TWO % ("", ", links: !!set {a, b}"), "network.links must be a list, got set"),
-    (TWO % (", colour: red", ""), "unknown key 'colour' in devices[1] (allowed: name, profile, memory_mb, address, threads, host)"),
+    (TWO % (", colour: red", ""), "unknown key 'colour' in devices[1] (allowed: name, profile, memory_mb, address, threads, host, providers)"),
     # a misspelt key is reported as unknown, with the allowed keys, rather than as the key it replaces missing
     ("devices:\n  - {nmae: a, profile: rpi4}\n",
-     "unknown key 'nmae' in devices[0] (allowed: name, profile, memory_mb, address, threads, host)"),
+     "unknown key 'nmae' in devices[0] (allowed: name, profile, memory_mb, address, threads, host, providers)"),
     ("devices:\n  - {name: a}\n", "missing required key 'profile' in devices[0]"),
+    (TWO % (", providers: []", ""), "device 'b': providers must be a non-empty list of execution providers, got list []"),
+    (TWO % (", providers: CUDAExecutionProvider", ""),
+     "device 'b': providers must be a non-empty list of execution providers, got str 'CUDAExecutionProvider'"),
+    (TWO % (", providers: [CUDA]", ""), "device 'b': providers[0]: keys must be an onnxruntime execution provider "
+                                       "name (e.g. CUDAExecutionProvider), got str 'CUDA'"),
+    (TWO % (", providers: [{OpenVINOExecutionProvider: {device_type: CPU}, CPUExecutionProvider: {}}]", ""),
+     "device 'b': providers[0] must be a provider name, or {provider name: {option: value}}, got dict "
+     "{'CPUExecutionProvider': {}, 'OpenVINOExecutionProvider': {'device_type': 'CPU'}}"),
+    (TWO % (", providers: [{OpenVINOExecutionProvider: {enable_qdq_optimizer: true}}]", ""),
+     "device 'b': providers[0]['OpenVINOExecutionProvider']['enable_qdq_optimizer']: is a boolean: write it as the "
+     "provider spells it, as a string (e.g. 'true' or '1')"),
+    (TWO % (", providers: [CPUExecutionProvider, {CPUExecutionProvider: {}}]", ""),
+     "device 'b': providers lists CPUExecutionProvider twice"),
     ("devices:\n  - {name: a, profile: rpi4, address: \"\\udc00\"}\n",
      "device 'a': address must be valid Unicode text, got '\\udc00'"),
     ("devices:\n  - {name: a, profile: rpi4}\n2: x\n", "cluster file: keys must be strings, got int 2"),
@@ -181,6 +195,21 @@ def test_every_schema_error_reads_as_one_plain_line(seed):
         assert text.startswith("board.yaml: ") and "\n" not in text and len(text) < 500, text
         for pydantic_words in ("Input should", "pydantic", "http", "For further information", "[type="):
             assert pydantic_words not in text, text
+
+
+def test_providers_parse_in_order_with_options_as_strings(tmp_path):
+    f = _cluster(tmp_path, TWO % (", providers: [{OpenVINOExecutionProvider: {device_type: CPU, num_of_threads: 2}},"
+                                  " CPUExecutionProvider]", ""))
+    c = load_cluster(f)
+    assert c.device("a").providers == CPU_ONLY
+    assert c.device("b").providers == (Provider("OpenVINOExecutionProvider", (("device_type", "CPU"),
+                                                                               ("num_of_threads", "2"))), Provider(CPU))
+    devices = c.to_dict()["devices"]
+    assert "providers" not in devices[0]
+    assert devices[1]["providers"] == [{"name": "OpenVINOExecutionProvider",
+                                        "options": {"device_type": "CPU", "num_of_threads": "2"}},
+                                       {"name": CPU}]
+    assert c.device("a").traits != c.device("b").traits  # not interchangeable for the planners
 
 
 def test_schema_names_the_keys_the_compiler_reads(tmp_path):
