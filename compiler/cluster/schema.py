@@ -44,6 +44,8 @@ ProfileRef = Annotated[str, Field(pattern=r"\S", description="a profile name or 
 WorkerThreads = Annotated[int, Field(ge=1, le=MAX_THREADS,
                                      description=f"an integer from 1 to {MAX_THREADS} (the worker's intra-op threads)")]
 Layers = dict[str, dict[str, NonNegative]]  # {model sha256: {onnx node name: ms}}
+ProviderName = Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9]{0,63}ExecutionProvider\Z",
+                                    description="an onnxruntime execution provider name (e.g. CUDAExecutionProvider)")]
 
 
 class _Doc(BaseModel):
@@ -246,6 +248,8 @@ class ProfileDoc(_Doc):
                        Field(min_length=1, description="a non-empty mapping of thread counts")] | None = None
     runtime: RuntimeDoc | None = None
     measurement: MeasurementDoc | None = None
+    providers: Annotated[list[ProviderName],
+                         Field(min_length=1, description="a non-empty list of execution provider names")] | None = None
 
 
 HostCores = Annotated[int, Field(ge=1, le=MAX_THREADS, description=f"an integer from 1 to {MAX_THREADS}")]
@@ -259,8 +263,6 @@ class HostDoc(_Doc):
     coordinator: bool = False  # `edgec run` runs on this machine too
 
 
-ProviderName = Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9]{0,63}ExecutionProvider\Z",
-                                    description="an onnxruntime execution provider name (e.g. CUDAExecutionProvider)")]
 OptionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}\Z", description="option names (1-64 characters "
                                                                                   "from [A-Za-z0-9_.-])")]
 

@@ -35,6 +35,7 @@ MEANINGS = {
     "ServiceDoc.min_devices": "the fewest devices the service may get",
     "ServiceDoc.max_devices": "the most devices the service may get",
     # profiles
+    "ProfileDoc.providers": "the onnxruntime execution providers its figures were measured (or estimated) with; absent: `[CPUExecutionProvider]`. A device whose `providers:` differ is priced at these figures all the same, with a warning at compile ([providers](../how-to/providers.md))",
     "ProfileDoc.name": "the profile's name (what cluster.yaml's `profile:` names)",
     "ProfileDoc.description": "free text",
     "ProfileDoc.memory_mb": "physical memory",

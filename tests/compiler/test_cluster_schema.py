@@ -49,7 +49,7 @@ PROFILE_CASES = [
     (_profile("threads/2/gflops/pool", 1), "unknown key 'pool' in threads.2.gflops (allowed: conv, depthwise_conv, gemm, other)"),
     (_profile("cores", 4), "unknown key 'cores' in profile (allowed: name, description, memory_mb, usable_memory_fraction, "
                            "runtime_overhead_mb, op_overhead_us, gflops, memory_gbps, weight_gbps, gemm_weight_gbps, shared_weight_gbps, layout_conversions, power_w, radio_nj_per_byte, mode, modes, sources, layers, "
-                           "op_ms_per_melem, efficiency, threads, runtime, measurement)"),
+                           "op_ms_per_melem, efficiency, threads, runtime, measurement, providers)"),
     (_profile("weight_gbps", 0), "weight_gbps must be positive, got 0"),
     (_profile("threads/1/weight_gbps", -2), "threads.1.weight_gbps must be positive, got -2"),
     (_profile("efficiency/lstm", [[1, 1.0]]), "unknown key 'lstm' in efficiency (allowed: conv, conv_positions, depthwise_conv, gemm)"),
@@ -220,3 +220,33 @@ def test_schema_names_the_keys_the_compiler_reads(tmp_path):
         f = _cluster(tmp_path, f"devices: [{{name: a, profile: rpi4}}]\n"
                                f"network: {{bandwidth_mbps: 1, latency_ms: 0, medium: {medium}}}\n")
         assert load_cluster(f).medium == medium
+
+
+def test_a_device_whose_providers_its_profile_was_not_measured_with_is_priced_at_the_profile_and_said(tmp_path,
+                                                                                                       caplog):
+    """The pricing rule (cluster.provider_note): the profile's figures price every node, and compile says so."""
+    f = _cluster(tmp_path, "devices:\n  - {name: ov, profile: rpi5, providers: [OpenVINOExecutionProvider]}\n"
+                           "  - {name: j, profile: jetson-orin-nano-cuda}\n"
+                           "  - {name: g, profile: jetson-orin-nano-cuda, providers: [CUDAExecutionProvider]}\n"
+                           "  - {name: c, profile: rpi5}\n"
+                           "network: {bandwidth_mbps: 100, latency_ms: 1}\n")
+    with caplog.at_level("WARNING", logger="edgec.compiler.cluster.cluster"):
+        c = load_cluster(f)
+    assert c.device("j").profile.providers == ("CUDAExecutionProvider", CPU)
+    assert c.device("c").profile.providers == (CPU,)
+    assert c.device("ov").provider_note == ("device 'ov' runs OpenVINOExecutionProvider, but profile rpi5 was measured "
+                                            "with CPUExecutionProvider: the plan prices its every node at the "
+                                            "profile's figures")
+    assert c.device("j").provider_note.startswith("device 'j': profile jetson-orin-nano-cuda's figures are for "
+                                                  "CUDAExecutionProvider, which the device does not list")
+    assert c.device("g").provider_note is None and c.device("c").provider_note is None
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [f"{f}: {c.device('ov').provider_note}", f"{f}: {c.device('j').provider_note}"]
+
+
+def test_a_profile_names_its_providers_by_the_schema():
+    doc = _profile("providers", ["CUDA"])
+    with pytest.raises(UserError, match="providers\\[0\\] must be an onnxruntime execution provider name"):
+        validate_profile_dict(doc, "board.yaml")
+    assert validate_profile_dict(_profile("providers", ["OpenVINOExecutionProvider"]), "b.yaml").providers == \
+        ("OpenVINOExecutionProvider",)

@@ -3,6 +3,8 @@ the handshake, and the one-line refusal of a plan whose device needs a provider 
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +17,7 @@ from edgec.runtime.device.executor import Executor
 from edgec.runtime.errors import InputError
 from edgec.runtime.manifest.load import load_manifest, manifest_json
 from edgec.runtime.manifest.parse import build_manifest
-from edgec.runtime.providers import CPU, CPU_ONLY, TOLERANCE, Provider, tolerance_of
+from edgec.runtime.providers import CPU, CPU_ONLY, DEFAULT_TOLERANCE, TOLERANCE, Provider, tolerance_of
 from edgec.runtime.wire.protocol import PROTOCOL_VERSION
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,7 +44,7 @@ def test_providers_round_trip_through_the_json_sent_to_workers(chain):
     m = load_manifest(chain.write())
     want = (Provider("OpenVINOExecutionProvider", (("device_type", "CPU"),)), Provider(CPU))
     assert m.devices[0].providers == want and m.devices[1].providers == CPU_ONLY
-    again, _ = build_manifest(__import__("json").loads(manifest_json(m)), chain.path)
+    again, _ = build_manifest(json.loads(manifest_json(m)), chain.path)
     assert again.devices[0].providers == want
 
 
@@ -57,7 +59,7 @@ def test_providers_round_trip_through_the_json_sent_to_workers(chain):
 def test_bad_providers_in_a_manifest_are_one_line(chain, bad, message):
     doc = chain.copy_manifest()
     doc["devices"][0]["providers"] = bad
-    with pytest.raises(InputError, match=r"manifest\.json: " + __import__("re").escape(message)):
+    with pytest.raises(InputError, match=r"manifest\.json: " + re.escape(message)):
         build_manifest(doc, chain.path)
 
 
@@ -124,3 +126,11 @@ def test_tolerance_per_provider_is_the_largest_of_the_devices():
     assert tolerance_of(CPU_ONLY) == TOLERANCE[CPU] == 1e-4
     assert tolerance_of((Provider("OpenVINOExecutionProvider"), Provider(CPU))) == TOLERANCE["OpenVINOExecutionProvider"]
     assert tolerance_of((Provider("SomeNewExecutionProvider"),)) == 1e-2
+
+
+def test_the_docs_state_the_tolerance_table_of_the_code():
+    """docs/how-to/providers.md states the table; the code holds it (runtime/providers.py): they must agree."""
+    text = (REPO / "docs" / "how-to" / "providers.md").read_text(encoding="utf-8")
+    rows = dict(re.findall(r"^\| (\w+ ?\w*) \| ([0-9e.-]+) \|$", text, re.M))
+    assert float(rows.pop("any other")) == DEFAULT_TOLERANCE
+    assert {k: float(v) for k, v in rows.items()} == TOLERANCE
