@@ -45,6 +45,9 @@ BENCHES = {
     "bench_serve": ("Serving", "`edgec serve` under stock Open Inference Protocol clients (HTTP binary and gRPC) on "
                     "the network testbed: closed and open loops, a soak with malformed requests mixed in, RSS, and "
                     "a worker killed mid-load, beside `edgec run` streaming the same build.", "how-to/serve.md"),
+    "bench_int8": ("int8 models", "The QDQ, QOperator and dynamic int8 versions of TinyConv, MobileNetV2 and the "
+                   "transformer against the float model on the same clusters: bytes moved between devices per input, "
+                   "predicted latency and throughput of `auto`'s plan, and the latency plans run.", "how-to/int8.md"),
     "bench_compress": ("Compression codecs", "lz4 and zstd on the zoo's real activations.", "explanation/cost-model.md"),
     "bench_compress_wire": ("Compressed transfers", "`--compress` on a shaped link, measured.",
                             "explanation/cost-model.md"),

@@ -14,7 +14,9 @@ import click
 from edgec.runtime.command import EXIT_PIPE, OneLineErrors, quiet_broken_pipe
 from edgec.runtime.machine import MAX_THREADS_HERE
 from edgec.runtime.manifest.types import OBJECTIVES  # the plan objectives the manifest format knows
+from edgec.runtime.errors import EdgecRuntimeError
 from edgec.runtime.interrupts import Interrupted, interrupt_on_signals
+from edgec.runtime.profile.command import measure_to, measuring_options, verbose_option
 
 from .errors import UserError
 
@@ -221,38 +223,8 @@ def simulate_cmd(manifest, as_json, plot_file, trace_file):
     click.echo(json.dumps(sim, indent=1, sort_keys=True) if as_json else format_simulation(sim))
 
 
-def _thread_list(ctx, param, value: str | None) -> list[int] | None:
-    """--threads 1,2: distinct counts, each 1 .. MAX_THREADS_HERE."""
-    if value is None:
-        return None
-    counts = []
-    for item in value.split(","):
-        item = item.strip()
-        if not item.isdigit() or not 1 <= int(item) <= MAX_THREADS_HERE:
-            raise click.BadParameter(f"{value!r}: expected a comma-separated list of thread counts, each 1 to "
-                                     f"{MAX_THREADS_HERE}, e.g. 1,2")
-        counts.append(int(item))
-    return sorted(set(counts))
-
-
-_WATTS = click.FloatRange(min=0, min_open=True, max=1e6)  # what a profile's power_w accepts, and then some
-
-
 @cli.command("profile", epilog=_EPILOG)
-@click.option("-o", "--output", "output", required=True, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--model", type=click.Path(dir_okay=False, path_type=Path), show_default="the standard kernels only",
-              help="also measure this model's layers")
-@click.option("--threads", "threads", metavar="N[,N...]", callback=_thread_list, default=None,
-              show_default="1 and one per physical core",
-              help=f"onnxruntime intra-op thread counts to measure, each at most 4 x this machine's cores "
-                   f"({MAX_THREADS_HERE} here): more only oversubscribe them; the top-level figures are the largest's")
-@click.option("--strict", is_flag=True,
-              help="refuse (exit 2) when the machine is busy or a timing's spread stays above 10%, instead of "
-                   "warning")
-@click.option("--quick", is_flag=True, help="small benchmarks, short timings: noisy figures, for tests")
-@click.option("--power-idle", type=_WATTS, default=None, show_default="unknown", help="idle watts, if known")
-@click.option("--power-busy", type=_WATTS, default=None, show_default="unknown",
-              help="busy watts, if known (at least --power-idle)")
+@measuring_options
 @click.option("--refine", "refine", type=click.Path(dir_okay=False, path_type=Path), metavar="REPORT.json",
               help="measure nothing: fold the measured fragment times of an `edgec run --report` file into the "
                    "device's profile as a per-node table for the model, written to -o")
@@ -260,21 +232,15 @@ _WATTS = click.FloatRange(min=0, min_open=True, max=1e6)  # what a profile's pow
               help="with --refine: the profile to refine")
 @click.option("--device", "device", metavar="NAME", show_default="every device of the report, if they share a profile",
               help="with --refine: the device whose fragment times to fold in")
-@click.option("-v", "--verbose", is_flag=True,
-              help="print each warning whole (which timings stayed noisy, the load seen, ...), not just its first "
-                   "line")
+@verbose_option
 def profile_cmd(output, model, threads, strict, quick, power_idle, power_busy, refine, profile_ref, device, verbose):
     """Measure this machine and write a device profile (the format of profiles/*.yaml).
 
     Each figure is measured per thread count and repeated until its spread is small; the load of the
     machine is checked before and during.  A busy machine or a figure that stays noisy is a warning, or
-    with --strict an error.  With --refine, a run's accuracy report refines an existing profile instead."""
-    from .profile import measure_host, refine_profile, write_profile
-    from .profile.nodes import check_model
-    from .profile.output import check_output_path
-
-    if verbose:
-        logging.getLogger("edgec.compiler.profile").setLevel(logging.INFO)
+    with --strict an error.  With --refine, a run's accuracy report refines an existing profile instead.
+    The device-only install (runtime/dist, with its `profile` extra) measures the same way."""
+    from .profile import check_output_path, refine_profile, write_profile
 
     if refine is not None:
         given = [flag for flag, v in (("--model", model), ("--threads", threads), ("--strict", strict),
@@ -289,15 +255,11 @@ def profile_cmd(output, model, threads, strict, quick, power_idle, power_busy, r
         return
     if profile_ref is not None or device is not None:
         raise UserError(f"{'--profile' if profile_ref is not None else '--device'} goes with --refine REPORT.json")
-    check_output_path(output)  # every argument checked before minutes of measuring
-    if power_idle is not None and power_busy is not None and power_busy < power_idle:
-        raise UserError(f"--power-busy {power_busy:g} is below --power-idle {power_idle:g}")
-    if model is not None:
-        check_model(model)
-    prof = measure_host(model_path=str(model) if model else None, threads=threads, progress=_progress,
-                        quick=quick, strict=strict, power_idle_w=power_idle, power_busy_w=power_busy)
-    write_profile(prof, output)
-    click.echo(str(output))
+    try:
+        measure_to(write_profile, _progress, output=output, model=model, threads=threads, strict=strict, quick=quick,
+                   power_idle=power_idle, power_busy=power_busy, verbose=verbose)
+    except EdgecRuntimeError as exc:  # the measuring is the runtime's: its bad input is ours (exit 2)
+        _fail(str(exc), exc.exit_code)
 
 
 @cli.command("allocate", epilog=_EPILOG)

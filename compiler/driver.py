@@ -11,7 +11,7 @@ from edgec.runtime.interrupts import check_interrupted
 from edgec.runtime.manifest.types import OBJECTIVES  # the plan objectives the manifest format knows
 
 from . import cluster as cluster_mod
-from .cost import CostTable, build_cost_table
+from .cost import CostTable, build_cost_table, int8_fallbacks
 from .emit import (ExtraBuild, alternative_build, alternative_folder, assemble_manifest, build_fragments, extra_entries,
                    fallback_build, write_output)
 from .errors import UserError
@@ -83,6 +83,11 @@ def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, st
     ing = load_model(model, shapes)
     step("ingest", "pricing every layer on every device")
     cost = build_cost_table(ing.graph, cluster, ing.sha256, model=ing.model)
+    fallbacks = int8_fallbacks(ing.graph, cluster)
+    if fallbacks:
+        missing = sorted({c for classes in fallbacks.values() for c in classes})
+        progress.note(f"int8 layers on {', '.join(fallbacks)}: no gflops.{', gflops.'.join(missing)} in their "
+                      "profiles, priced at the float classes' figures")
     step("cost", "planning")
     chosen, candidates = plan_model(ing.graph, cost, strategy, objective, options, progress)
     front: tuple[Point, ...] = ()

@@ -11,7 +11,8 @@ __all__ = ["TensorInfo", "Window", "Layer", "LayerGraph", "COST_CLASSES", "SMALL
 SMALL_FRACTION = 16
 
 # Operator classes used by the cost model (profiles give a throughput for each compute class).
-COST_CLASSES = ("conv", "depthwise_conv", "gemm", "pool", "elementwise", "norm", "softmax", "data", "other")
+COST_CLASSES = ("conv", "depthwise_conv", "gemm", "pool", "elementwise", "norm", "softmax", "data", "other",
+                "conv_int8", "depthwise_conv_int8", "gemm_int8")  # the int8 kernels of quantized models (quant.py)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from .graph import Layer, LayerGraph, TensorInfo, Window
+from .quant import QUANTIZE_OPS, int8_class, is_int8, unit_groups
 from .spatial.ops import Refused, SliceWindow, Transposed, Upsample
 
 __all__ = ["build_layer_graph", "cost_class", "np_dtype", "spatial_type", "subgraph_inputs"]
@@ -21,7 +22,10 @@ FOLLOWERS = {
     "BatchNormalization", "Dropout", "Identity", "Add", "Sub", "Mul", "Div", "Pow", "LRN",
 }
 POINTWISE = FOLLOWERS | {"Sum", "Max", "Min", "Mean", "InstanceNormalization", "Where", "Equal", "Not"}
-NEIGHBOURHOOD = {"Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool"}
+NEIGHBOURHOOD = {"Conv", "ConvTranspose", "MaxPool", "AveragePool", "LpPool", "QLinearConv"}
+# Per-tensor (or per-channel) quantization maps each element alone: pointwise on the spatial axes.  Not
+# DynamicQuantizeLinear: its scale is computed over the whole tensor, so a tile would compute another one.
+QUANTIZE_POINTWISE = {"QuantizeLinear", "DequantizeLinear"}
 POOLS = {"MaxPool", "AveragePool", "LpPool", "GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"}
 NORMS = {"BatchNormalization", "LayerNormalization", "LRN", "InstanceNormalization", "GroupNormalization"}
 DATA = {
@@ -49,11 +53,15 @@ def _attr(node: onnx.NodeProto, name: str, default=None):
 
 def cost_class(node: onnx.NodeProto, shapes: dict[str, tuple[int, ...]]) -> str:
     op = node.op_type
-    if op in ("Conv", "ConvTranspose"):
+    if op.startswith("QLinear") and op not in ("QLinearConv", "QLinearMatMul"):
+        op = op[len("QLinear"):]  # onnxruntime's int8 Add, Mul, GlobalAveragePool, Concat...: the float op's class
+    if op in QUANTIZE_OPS:
+        return "elementwise"
+    if op in ("Conv", "ConvTranspose", "QLinearConv", "ConvInteger"):
         group = _attr(node, "group", 1)
         cin = shapes.get(node.input[0], (0, 0))[1] if len(shapes.get(node.input[0], ())) > 1 else 0
         return "depthwise_conv" if group > 1 and group == cin else "conv"
-    if op in ("Gemm", "MatMul", "MatMulInteger", "QLinearMatMul", "Einsum"):
+    if op in ("Gemm", "MatMul", "MatMulInteger", "QLinearMatMul", "QGemm", "Einsum"):
         return "gemm"
     if op in POOLS:
         return "pool"
@@ -72,7 +80,7 @@ def spatial_type(node: onnx.NodeProto) -> int:
     """ADaPS operator class: 1 neighbourhood, 2 pointwise, 3 not split."""
     if node.op_type in NEIGHBOURHOOD:
         return 1
-    if node.op_type in POINTWISE or (node.op_type == "Concat" and _attr(node, "axis", 0) == 1):
+    if node.op_type in POINTWISE or node.op_type in QUANTIZE_POINTWISE or (node.op_type == "Concat" and _attr(node, "axis", 0) == 1):
         return 2
     return 3
 
@@ -84,10 +92,10 @@ def node_window(node: onnx.NodeProto, shapes: dict[str, tuple[int, ...]],
     reason) where their attributes admit no exact tiling; None for anything else."""
     if node.op_type in ROW_OPS:
         return row_window(node, shapes, inits or {})
-    if node.op_type not in ("Conv", "MaxPool", "AveragePool"):
+    if node.op_type not in ("Conv", "MaxPool", "AveragePool", "QLinearConv"):
         return None
-    if node.op_type == "Conv":
-        w = shapes.get(node.input[1], ())
+    if node.op_type in ("Conv", "QLinearConv"):
+        w = shapes.get(node.input[3 if node.op_type == "QLinearConv" else 1], ())
         kernel = tuple(_attr(node, "kernel_shape", list(w[2:])))
     else:
         kernel = tuple(_attr(node, "kernel_shape", []))
@@ -285,19 +293,19 @@ def node_flops(node: onnx.NodeProto, shapes: dict[str, tuple[int, ...]]) -> int:
     out = shapes.get(node.output[0], ()) if node.output else ()
     n_out = _numel(out)
     op = node.op_type
-    if op in ("Conv", "ConvTranspose"):
-        w = shapes.get(node.input[1], ())
+    if op in ("Conv", "ConvTranspose", "ConvInteger", "QLinearConv"):
+        w = shapes.get(node.input[3 if op == "QLinearConv" else 1], ())  # QLinearConv: x, its scale and zero point, w
         if len(w) < 3:
             return 0
         per_out = 2 * _numel(w[1:])  # (Cin / group) * kernel MACs, per output element
         if op == "ConvTranspose":
             return 2 * _numel(shapes.get(node.input[0], ())) * _numel(w[1:])
         return per_out * n_out
-    if op == "Gemm":
+    if op in ("Gemm", "QGemm"):
         a = shapes.get(node.input[0], ())
         k = a[0] if _attr(node, "transA", 0) else a[-1] if a else 0
         return 2 * n_out * k
-    if op == "MatMul":
+    if op in ("MatMul", "MatMulInteger", "QLinearMatMul"):
         a = shapes.get(node.input[0], ())
         return 2 * n_out * (a[-1] if a else 0)
     if op in ("MaxPool", "AveragePool", "LpPool"):
@@ -375,6 +383,7 @@ def build_layer_graph(model: onnx.ModelProto) -> LayerGraph:
             gi = len(groups)
             groups.append([idx])
         tail_group.update({o: gi for o in node.output if o})
+    groups = unit_groups(g.node, groups)  # a quantized model's Q/DQ units, each one layer
     layers = tuple(_make_layer(i, grp, g, inits, tensors, shapes, graph_outputs, users) for i, grp in enumerate(groups))
     inputs = tuple(i.name for i in g.input if i.name not in inits)
     # a model may list an output twice: it is one tensor, returned once
@@ -394,7 +403,7 @@ def _make_layer(index, group, g, inits, tensors, shapes, graph_outputs, users) -
                 inputs.append(name)
     members = set(group)
     outputs = [o for o in _ordered(produced, nodes) if users.get(o, set()) - members or o in graph_outputs]
-    lead = max(nodes, key=lambda n: node_flops(n, shapes))
+    lead = max(nodes, key=lambda n: (n.op_type not in QUANTIZE_OPS, node_flops(n, shapes)))  # a unit's operator
     found = {k: node_window(g.node[k], shapes, inits) for k in group}
     kinds = {_kind(n, found[k]) for k, n in zip(group, nodes)}
     windows = [found[k] for k, n in zip(group, nodes) if _kind(n, found[k]) == 1 or isinstance(found[k], Refused)]
@@ -404,7 +413,7 @@ def _make_layer(index, group, g, inits, tensors, shapes, graph_outputs, users) -
         nodes=tuple(group),
         node_names=tuple(n.name for n in nodes),
         op_types=tuple(n.op_type for n in nodes),
-        cost_class=cost_class(lead, shapes),
+        cost_class=int8_class(cost_class(lead, shapes)) if is_int8(lead, nodes) else cost_class(lead, shapes),
         spatial_type=3 if 3 in kinds else 1 if 1 in kinds else 2,
         inputs=tuple(inputs),
         outputs=tuple(outputs),

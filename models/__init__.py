@@ -11,11 +11,11 @@ from pathlib import Path
 
 import onnx
 
-from . import torch_support
+from . import quantized, torch_support
 from .inputs import example_inputs
 from .zoo import LIGHT_DIR, ZOO
 
-__all__ = ["MODEL_NAMES", "DESCRIPTIONS", "TORCH_MISSING", "default_dir", "build", "ensure",
+__all__ = ["MODEL_NAMES", "ON_REQUEST_NAMES", "DESCRIPTIONS", "TORCH_MISSING", "default_dir", "build", "ensure",
            "is_current", "stamp", "build_model", "example_inputs"]
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -36,6 +36,7 @@ class _Entry:
     args: tuple = ()
     extra_sources: tuple[Path, ...] = ()
     packages: tuple[str, ...] = ()  # distributions whose version also decides the bytes
+    on_request: bool = False  # built only when named (--only, ensure), not by the default build
 
 
 def _registry() -> dict[str, _Entry]:
@@ -59,6 +60,11 @@ def _registry() -> dict[str, _Entry]:
                                   "transformer", "build", ("tinytransformer",)),
         "dynamic": _Entry("tinychain with symbolic batch dimension 'N' (same weights)", "tiny", "dynamic"),
     })
+    for base in quantized.BASES:  # int8 versions: built from the float model, on request
+        for fmt, how in quantized.FORMATS.items():
+            reg[f"{base}_{fmt}"] = _Entry(f"{base}, int8 {how}", "quantized", "build", (base, fmt),
+                                          (PACKAGE_DIR / "inputs.py", PACKAGE_DIR / f"{reg[base].module}.py"),
+                                          ("onnxruntime",), on_request=True)
     for name, desc in torch_support.MODELS.items():
         if torch_support.MISSING is None:
             reg[name] = _Entry(desc, "torch_exports", "build", (name,), (PACKAGE_DIR / "cnn.py",),
@@ -67,7 +73,9 @@ def _registry() -> dict[str, _Entry]:
 
 
 _REGISTRY = _registry()
-MODEL_NAMES: tuple[str, ...] = tuple(_REGISTRY)
+MODEL_NAMES: tuple[str, ...] = tuple(n for n, e in _REGISTRY.items() if not e.on_request)
+# The int8 models (models/quantized.py): `python -m edgec.models build --only NAME`, or ensure(NAME)
+ON_REQUEST_NAMES: tuple[str, ...] = tuple(n for n, e in _REGISTRY.items() if e.on_request)
 DESCRIPTIONS: dict[str, str] = {n: e.description for n, e in _REGISTRY.items()}
 # Why the torch-exported models are not in MODEL_NAMES (None when they are).
 TORCH_MISSING: str | None = torch_support.MISSING
@@ -78,7 +86,7 @@ def _entry(name: str) -> _Entry:
         return _REGISTRY[name]
     except KeyError:
         hint = f" ({TORCH_MISSING})" if name in torch_support.MODELS else ""
-        raise KeyError(f"unknown model {name!r}{hint}; known: {', '.join(MODEL_NAMES)}") from None
+        raise KeyError(f"unknown model {name!r}{hint}; known: {', '.join(MODEL_NAMES + ON_REQUEST_NAMES)}") from None
 
 
 def stamp(name: str) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import onnx
 
-from . import DESCRIPTIONS, default_dir, MODEL_NAMES, TORCH_MISSING, build, is_current
+from . import DESCRIPTIONS, default_dir, MODEL_NAMES, ON_REQUEST_NAMES, TORCH_MISSING, build, is_current
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -18,7 +18,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     b.add_argument("-o", "--out", type=Path, default=None, metavar="DIR",
                    help="output directory (default: $EDGEC_MODELS_DIR, else ./models/build)")
     b.add_argument("--only", action="append", metavar="NAME[,NAME...]",
-                   help="build only these models (default: all)")
+                   help="build only these models (default: all but the int8 ones, which are built when named)")
     b.add_argument("--force", action="store_true", help="rebuild even if the file is up to date")
     sub.add_parser("list", help="list model names with a description")
     return parser.parse_args(argv)
@@ -28,11 +28,11 @@ def _names(only: list[str] | None) -> list[str]:
     if not only:
         return list(MODEL_NAMES)
     names = [n.strip() for group in only for n in group.split(",") if n.strip()]
-    unknown = [n for n in names if n not in MODEL_NAMES]
+    unknown = [n for n in names if n not in MODEL_NAMES + ON_REQUEST_NAMES]
     if unknown:
         hint = f"; {TORCH_MISSING}" if TORCH_MISSING and any(n.endswith("_torch") for n in unknown) else ""
         raise SystemExit(_error(f"unknown model(s): {', '.join(unknown)}"
-                                f" (known: {', '.join(MODEL_NAMES)}){hint}"))
+                                f" (known: {', '.join(MODEL_NAMES + ON_REQUEST_NAMES)}){hint}"))
     return list(dict.fromkeys(names))  # drop repeats, keep order
 
 
@@ -67,6 +67,7 @@ def _build(out: Path, names: list[str], force: bool) -> int:
 def _list() -> int:
     for name in MODEL_NAMES:
         print(f"{name:<18} {DESCRIPTIONS[name]}")
+    print(f"built when named (--only): {', '.join(ON_REQUEST_NAMES)}", file=sys.stderr)
     if TORCH_MISSING:
         print(f"not listed: {TORCH_MISSING}", file=sys.stderr)
     return 0

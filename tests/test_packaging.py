@@ -134,3 +134,30 @@ def test_device_distribution_runs_a_build_without_the_compiler(tmp_path):
     assert json.loads(proc.stdout)["verify"]["passed"] is True
     meta = _pyproject(ROOT / "runtime" / "dist" / "pyproject.toml")["project"]["dependencies"]
     assert not [d for d in meta if d.split(">")[0] in ("onnx", "PyYAML", "ortools", "networkx", "onnx-graphsurgeon")]
+
+    _device_profiles(tmp_path, wheel, py, cli)
+
+
+def _device_profiles(tmp_path: Path, wheel: Path, py: Path, cli: Path) -> None:
+    """The device's `edgec profile`: without onnx (which builds its benchmark models) one line naming the extra
+    and exit 2; with the `profile` extra it measures, still without the planner's dependencies, and writes a
+    profile that the compiler loads."""
+    out = tmp_path / "device-profile.yaml"
+    argv = [str(cli), "profile", "--quick", "--threads", "1", "-o", str(out)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 2 and "edgec-runtime[profile]" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not out.exists()
+
+    proc = subprocess.run([str(py), "-m", "pip", "install", "-q", f"{wheel}[profile]"], capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    installed = subprocess.run([str(py), "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True,
+                               check=True).stdout.lower()
+    assert "\nonnx==" in f"\n{installed}"
+    for heavy in ("pyyaml", "ortools", "networkx", "onnx-graphsurgeon", "pydantic"):
+        assert f"\n{heavy}" not in f"\n{installed}", f"{heavy} installed on the device with the profile extra"
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=1200, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == str(out)
+    prof = cluster.load_profile(str(out))  # validated by the compiler's schema, here
+    assert set(prof.threads) == {1} and prof.figures(1).gflops["conv"] > 0

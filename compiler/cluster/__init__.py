@@ -47,6 +47,8 @@ Profile file (profiles/<name>.yaml)::
       depthwise_conv: 6.0
       gemm: 25.0
       other: 3.0                   # any other compute-bound op
+      conv_int8: 60.0              # optional: the int8 kernels of quantized models (also depthwise_conv_int8,
+                                   #   gemm_int8); absent: priced at the float class's figure (conv, ...)
     memory_gbps: 8.0               # sustained GB/s for memory-bound ops (> 0)
     weight_gbps: 6.5               # optional: GB/s at which a layer's weights stream in on top of its compute
                                    #   (edgec profile: a batch-1 MatMul on 64 MB of weights); absent: not priced
@@ -118,11 +120,12 @@ and `Cluster` the compiler uses; keys.py names the fixed keys both sides read.
 from .cluster import Cluster, DeviceSpec, HostSpec, LinkSpec, load_cluster
 from .profile import (NO_RUNTIME_FIGURES, PROFILES_DIR, Figures, Profile, RuntimeFigures, available_profiles, load_profile, profiles_dir,
                       validate_profile_dict)
-from .format_names import EFFICIENCY_KEYS, GFLOPS_KEYS, MEDIUMS
+from .format_names import EFFICIENCY_KEYS, GFLOPS_KEYS, INT8_GFLOPS_KEYS, MEDIUMS
 
 __all__ = [
     "PROFILES_DIR",
     "GFLOPS_KEYS",
+    "INT8_GFLOPS_KEYS",
     "EFFICIENCY_KEYS",
     "Figures",
     "RuntimeFigures",

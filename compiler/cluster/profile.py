@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from edgec.compiler.errors import UserError
 from edgec.runtime.providers import CPU
 
-from .format_names import GFLOPS_KEYS
+from .format_names import GFLOPS_KEYS, INT8_GFLOPS_KEYS
 from .quote import show
 from .yamlio import read_yaml
 
@@ -276,7 +276,7 @@ def _mode(doc, top: Figures) -> Mode:
     """A `modes:` entry over the top level's figures. Its op table, when it gives none, is the top level's
     scaled by the ratio of `gflops.other` (the operators it prices run on the same units, at the mode's
     clocks)."""
-    gflops = top.gflops if doc.gflops is None else {k: getattr(doc.gflops, k) for k in GFLOPS_KEYS}
+    gflops = top.gflops if doc.gflops is None else _gflops(doc.gflops)
     scale = top.gflops["other"] / gflops["other"]
     ops = ({k: v * scale for k, v in top.op_ms_per_melem.items()} if doc.op_ms_per_melem is None
            else dict(doc.op_ms_per_melem))
@@ -316,11 +316,18 @@ def _check_relations(doc: ProfileDoc, path: str) -> None:
                         "against it", path=path)
 
 
+def _gflops(doc) -> dict[str, float]:
+    """The classes' figures; an int8 class the profile leaves out is absent (cost/table.py's class_gflops
+    prices it at its float class's, as the schema's GflopsDoc says)."""
+    out = {k: getattr(doc, k) for k in GFLOPS_KEYS}
+    return out | {k: getattr(doc, k) for k in INT8_GFLOPS_KEYS if getattr(doc, k) is not None}
+
+
 def _figures(doc: ProfileDoc | FiguresDoc) -> Figures:
     """The figures at the top level of a profile, or in one `threads:` entry."""
     return Figures(
         op_overhead_us=doc.op_overhead_us,
-        gflops={k: getattr(doc.gflops, k) for k in GFLOPS_KEYS},
+        gflops=_gflops(doc.gflops),
         memory_gbps=doc.memory_gbps,
         op_ms_per_melem=dict(doc.op_ms_per_melem or {}),
         efficiency={k: tuple((p.output_size, p.fraction) for p in curve)

@@ -84,10 +84,18 @@ Curve = Annotated[
 
 
 class GflopsDoc(_Doc):
+    """GFLOP/s per operator class.  The int8 classes (the kernels of quantized models: QLinearConv, ConvInteger,
+    QLinearMatMul, MatMulInteger, QGemm, and the Q/DQ units onnxruntime fuses into them) are optional: a
+    profile without one prices that class at its float class's figure (conv_int8 at conv, depthwise_conv_int8
+    at depthwise_conv, gemm_int8 at gemm), an int8 kernel taken as no faster than the float one."""
+
     conv: Positive
     depthwise_conv: Positive
     gemm: Positive
     other: Positive
+    conv_int8: Positive | None = None
+    depthwise_conv_int8: Positive | None = None
+    gemm_int8: Positive | None = None
 
 
 class FiguresDoc(_Doc):
@@ -204,6 +212,20 @@ class MemoryDriftDoc(_Doc):
     rounds: Count
 
 
+class CpuQuotaDoc(_Doc):
+    """The CPU share `edgec profile` saw (runtime/profile/quota.py): the cgroup's CFS quota, read, and a spinning
+    thread's share, measured; at a thread count above it, the length of each timing's samples. Informational:
+    the figures already follow the share."""
+
+    cores: Positive | None = None  # quota / period; None: no quota, or none readable
+    period_us: Count | None = None
+    source: str = ""  # where the quota was read, or why it could not be
+    read: bool = True  # whether the cgroup files were read
+    measured_share: NonNegative | None = None  # CPU time / wall time of a spinning thread
+    sample_ms: Annotated[dict[ThreadKey, Positive],
+                         Field(min_length=1, description="a non-empty mapping of thread counts")] | None = None
+
+
 class MeasurementDoc(_Doc):
     """How `edgec profile` measured: informational (no prediction reads it), but typed, so that a tool reading
     it can trust its shape."""
@@ -248,6 +270,7 @@ class ProfileDoc(_Doc):
                        Field(min_length=1, description="a non-empty mapping of thread counts")] | None = None
     runtime: RuntimeDoc | None = None
     measurement: MeasurementDoc | None = None
+    cpu_quota: CpuQuotaDoc | None = None
     providers: Annotated[list[ProviderName],
                          Field(min_length=1, description="a non-empty list of execution provider names")] | None = None
 

@@ -24,8 +24,8 @@ from .memory import device_memory_bytes
 from .evaluate import Event, Prediction, Transfer, crossing_tensors, evaluate
 from .simulate import simulate_manifest
 from .network import NetworkModel
-from .table import CostTable, build_cost_table, layer_ms
+from .table import CostTable, build_cost_table, int8_fallbacks, layer_ms
 
-__all__ = ["CostTable", "build_cost_table", "layer_ms", "NetworkModel", "Prediction",
+__all__ = ["CostTable", "build_cost_table", "int8_fallbacks", "layer_ms", "NetworkModel", "Prediction",
            "Transfer", "Event", "crossing_tensors", "evaluate", "simulate_manifest",
            "device_memory_bytes"]

@@ -66,10 +66,13 @@ from onnx import helper
 from ..cluster import Cluster, DeviceSpec, Figures
 from ..graph import Layer, LayerGraph
 from ..layers import POINTWISE, cost_class
+from ..quant import FLOAT_CLASS_OF
+
+QDQ_FUSED = frozenset({"QuantizeLinear", "DequantizeLinear"})
 from ..units import gbps_to_bytes_per_ms, gflops_to_flops_per_ms, per_million_ms, us_to_ms
 from .network import NetworkModel
 
-__all__ = ["CostTable", "build_cost_table", "layer_ms", "weight_ms", "shared_weight_ms", "price_keys", "layer_out_elems",
+__all__ = ["CostTable", "build_cost_table", "class_gflops", "int8_fallbacks", "layer_ms", "weight_ms", "shared_weight_ms", "price_keys", "layer_out_elems",
            "op_overhead_ms", "node_price", "node_ms",
            "layer_out_positions", "priced_ms", "TileCurve", "efficiency"]
 
@@ -82,6 +85,7 @@ MEMORY_BOUND = {"pool", "elementwise", "norm", "softmax", "data"}
 # a 144 x 56 map ran at 0.44 of the 56-row rate, where a 3x3 conv's one row ran at 0.96); profiles written
 # before `edgec profile` measured it carry the conv curve only, which depthwise tiles then use, as before.
 CURVE_OF_CLASS = {"conv": ("conv_positions", "conv"), "depthwise_conv": ("depthwise_conv", "conv"), "gemm": ("gemm",)}
+CURVE_OF_CLASS |= {int8: CURVE_OF_CLASS[fp32] for int8, fp32 in FLOAT_CLASS_OF.items()}  # int8 kernels: the float curve
 # Curves whose sizes are a layer's output positions (its map's height x width), not its output elements.  A
 # conv's speed follows the positions it computes, whatever its channels: 3x3 convs at 1 thread ran at 0.88,
 # 0.94 and 0.93 of gflops.conv on a 7x7 map with 128, 256 and 512 channels and at 0.75, 0.78 and 0.82 on 4x7,
@@ -260,6 +264,14 @@ def _op_class(op: str) -> str:
     return cost_class(helper.make_node(op, ["x"], ["y"]), {})
 
 
+def layer_kernels(layer: Layer) -> int:
+    """The kernels onnxruntime runs for the layer, each paying the per-operator overhead: one per operator,
+    but a Q/DQ unit's QuantizeLinear and DequantizeLinear nodes are fused into its operator's int8 kernel
+    (QLinearConv, QLinearAdd, ...; quant.py), so only the operators between them count."""
+    fused = sum(op in QDQ_FUSED for op in layer.op_types)
+    return len(layer.op_types) - fused if fused < len(layer.op_types) else len(layer.op_types)
+
+
 def op_overhead_ms(figures: Figures, ops: int = 1) -> float:
     """The figures' per-operator overhead (op_overhead_us) of `ops` operators, in ms."""
     return us_to_ms(ops * figures.op_overhead_us)
@@ -291,8 +303,10 @@ def priced_ms(layer: Layer, figures: Figures, keys: tuple[tuple[str, ...], ...],
 
 
 def gemm_rows(layer: Layer) -> float:
-    """The rows a gemm layer multiplies its weights by: FLOPs / (2 x weight elements), 4-byte weights."""
-    return layer.flops * 2.0 / layer.read_param_bytes if layer.read_param_bytes else 0.0
+    """The rows a gemm layer multiplies its weights by: FLOPs / (2 x weight elements), 4-byte weights (1-byte
+    for an int8 class)."""
+    itemsize = 1.0 if layer.cost_class in FLOAT_CLASS_OF else 4.0
+    return layer.flops * itemsize / 2.0 / layer.read_param_bytes if layer.read_param_bytes else 0.0
 
 
 def weight_ms(layer: Layer, figures: Figures) -> float:
@@ -303,7 +317,7 @@ def weight_ms(layer: Layer, figures: Figures) -> float:
     if layer.cost_class in MEMORY_BOUND:
         return 0.0
     gbps = figures.weight_gbps
-    if figures.gemm_weight_gbps is not None and layer.cost_class == "gemm" and gemm_rows(layer) >= 2:
+    if figures.gemm_weight_gbps is not None and layer.cost_class in ("gemm", "gemm_int8") and gemm_rows(layer) >= 2:
         gbps = figures.gemm_weight_gbps
     return 0.0 if gbps is None else layer.read_param_bytes / gbps_to_bytes_per_ms(gbps)
 
@@ -325,7 +339,7 @@ def layer_ms(layer: Layer, device: DeviceSpec, priced: tuple[float, bool] = (0.0
     (`weight_ms`; see the module docstring).  A conv layer's compute runs at its output `positions`' fraction
     of gflops.conv where the figures measured `efficiency.conv_positions`."""
     p = device.figures
-    overhead = op_overhead_ms(p, len(layer.op_types))
+    overhead = op_overhead_ms(p, layer_kernels(layer))
     ms, lead = priced
     if lead:
         return overhead + ms
@@ -335,12 +349,29 @@ def layer_ms(layer: Layer, device: DeviceSpec, priced: tuple[float, bool] = (0.0
     if layer.cost_class in MEMORY_BOUND:
         roof = mem_ms
     else:
-        gflops = p.gflops.get(layer.cost_class, p.gflops["other"])
-        curve = p.efficiency.get("conv_positions") if layer.cost_class == "conv" else None
+        gflops = class_gflops(p.gflops, layer.cost_class)
+        curve = p.efficiency.get("conv_positions") if layer.cost_class in ("conv", "conv_int8") else None
         if curve is not None and positions > 0:
             gflops *= float(efficiency(curve, positions))
         roof = max(layer.flops / gflops_to_flops_per_ms(gflops), mem_ms) + stream
     return overhead + roof if ms == 0.0 else overhead + ms + roof
+
+
+def class_gflops(gflops: dict[str, float], cls: str) -> float:
+    """The figures' GFLOP/s for a compute-bound cost class: its own figure; for an int8 class the profile does
+    not give (conv_int8, depthwise_conv_int8, gemm_int8), its float class's figure, as the profile schema says
+    (an int8 kernel priced no faster than the float one); `other` for any other class."""
+    if cls in gflops:
+        return gflops[cls]
+    return gflops.get(FLOAT_CLASS_OF.get(cls, "other"), gflops["other"])
+
+
+def int8_fallbacks(graph: LayerGraph, cluster: Cluster) -> dict[str, tuple[str, ...]]:
+    """{device: the int8 classes of the graph its figures lack}, which class_gflops prices at their float
+    classes' figures (the driver says so in a note)."""
+    used = sorted({layer.cost_class for layer in graph.layers} & set(FLOAT_CLASS_OF))
+    out = {dev.name: tuple(c for c in used if c not in dev.figures.gflops) for dev in cluster.devices}
+    return {d: missing for d, missing in out.items() if missing}
 
 
 def _curves(curves: dict) -> dict:
@@ -381,7 +412,7 @@ def build_cost_table(graph: LayerGraph, cluster: Cluster, model_sha256: str | No
         cols.append(col)
         # What every tile pays again, however few rows it computes: its operators' dispatch and, priced by
         # the roofline, streaming in all of the layer's weights.
-        overhead.append([min(op_overhead_ms(fig, len(layer.op_types))
+        overhead.append([min(op_overhead_ms(fig, layer_kernels(layer))
                              + (0.0 if measured[-1] or pr[1] else weight_ms(layer, fig)), ms)
                          for layer, ms, pr in zip(graph.layers, col, prices)])
         shared.append([0.0 if measured[-1] or pr[1] else shared_weight_ms(layer, fig, dev)

@@ -9,7 +9,7 @@ In processing order:
 - output.py: `write_output`, the build written beside OUTDIR, checked by onnxruntime and by the runtime's
   own manifest parser, then swapped into place (`check_output_dir`: what OUTDIR may hold before).
 
-With ingest.py, the only code that handles ONNX protobufs; the planners never import it.
+With ingest/, the only code that handles ONNX protobufs; the planners never import it.
 """
 
 from .encode import EncodedModel

@@ -11,7 +11,7 @@ from onnx import helper, numpy_helper
 from ..graph import LayerGraph, Window
 from ..layers import node_inputs
 from ..spatial.ops import SliceWindow, Transposed, Upsample, transposed_attrs
-from ..spatial.regions import tile_pads
+from ..spatial.regions import tile_pads, window_position
 from ..spatial.tiles import Geometry
 from .encode import EncodedModel, assemble, value_info
 
@@ -106,6 +106,7 @@ def _tile_nodes(b: _Builder, in_name: str, out_name: str) -> None:
             src = held.get(t, t)
             feed[t] = b.slice(src, t, cut, ",".join(f"{s}:{e}" for _, s, e in rel)) if cut else src
         win = layer.window
+        at = window_position(layer)
         for pos, k in enumerate(layer.nodes):
             node = onnx.NodeProto()
             node.CopyFrom(b.model.graph.node[k])
@@ -117,7 +118,7 @@ def _tile_nodes(b: _Builder, in_name: str, out_name: str) -> None:
             outs = [out_name if o == maps.output else o for o in node.output]
             del node.output[:]
             node.output.extend(outs)
-            crop = _rewrite(b, node, win, i) if pos == 0 and win is not None else ()
+            crop = _rewrite(b, node, win, i) if pos == at and win is not None else ()
             b.nodes.append(node)
             if crop:
                 _crop_output(b, node, crop)
@@ -133,7 +134,7 @@ def _rewrite(b: _Builder, node: onnx.NodeProto, win: Window, i: int) -> tuple[tu
         _rewrite_transposed(b, node, win, i)
     elif isinstance(win, Upsample):
         return _rewrite_upsample(b, node, win, i)
-    elif win.op_type in ("Conv", "MaxPool", "AveragePool"):
+    elif win.op_type in ("Conv", "MaxPool", "AveragePool", "QLinearConv"):
         _set_pads(node, _pads(win, b.geo, i))
     return ()
 

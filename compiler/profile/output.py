@@ -10,7 +10,9 @@ from typing import Any
 import yaml
 
 from edgec.compiler.cluster import validate_profile_dict
+from edgec.runtime.errors import InputError
 from edgec.runtime.files import default_mode
+from edgec.runtime.profile.write import check_output_path as runtime_check_output_path
 from edgec.compiler.errors import UserError
 
 __all__ = ["write_profile", "check_output_path"]
@@ -36,16 +38,12 @@ _Dumper.add_representer(list, _flow_number_lists)
 
 
 def check_output_path(path: str | Path) -> None:
-    """UserError unless a profile can be written at `path`: a file (or nothing yet) in a folder that exists
-    and that this user may write into. Checked before measuring, and again when writing."""
-    p = Path(path)
-    folder = p.parent if str(p.parent) else Path(".")
-    if p.is_dir():
-        raise UserError("is a folder; give a file name for the profile", path=str(p))
-    if not folder.is_dir():
-        raise UserError(f"folder {str(folder)!r} does not exist (create it first)", path=str(p))
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise UserError(f"cannot write into folder {str(folder)!r} (permission denied)", path=str(p))
+    """UserError unless a profile can be written at `path` (the runtime's check, which the device's `edgec
+    profile` makes too). Checked before measuring, and again when writing."""
+    try:
+        runtime_check_output_path(path)
+    except InputError as exc:
+        raise UserError(str(exc)) from None
 
 
 def write_profile(profile: dict[str, Any], path: str | Path) -> None:

@@ -7,19 +7,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..graph import LayerGraph, Window
+from ..graph import Layer, LayerGraph, Window
 from .ops import Refused, Transposed, Upsample, transposed_need, transposed_rows, upsample_need, upsample_rows
 
 __all__ = [
     "AXES", "Need", "TileRegion", "SegmentMaps", "NotTileable", "window_need", "tile_pads", "tileable",
-    "segment_io", "segment_maps", "segment_region", "spatial_cuts", "window_rows",
+    "segment_io", "segment_maps", "segment_region", "spatial_cuts", "window_rows", "window_position",
 ]
 
 logger = logging.getLogger(__name__)
 
 AXES = (2, 3)  # NCHW height, width
 WINDOW_OPS = ("Conv", "MaxPool", "AveragePool", "SpaceToDepth", "Slice", "DepthToSpace", "Resize", "Upsample",
-              "ConvTranspose")
+              "ConvTranspose", "QLinearConv")
 # Pointwise by ONNX semantics per channel, but statistics over the whole plane: never tiled.
 PLANE_GLOBAL = {"InstanceNormalization", "GroupNormalization", "LayerNormalization", "LpNormalization"}
 
@@ -117,12 +117,21 @@ def tile_pads(win: Window, axis: int, pad_lo: int, pad_hi: int) -> tuple[int, in
     return tuple(pads)
 
 
+def window_position(layer: Layer) -> int:
+    """Where the layer's window operator is among its nodes: first, or after a Q/DQ unit's DequantizeLinear
+    nodes (of its input and weights), which map each element alone."""
+    return next((k for k, op in enumerate(layer.op_types) if op != "DequantizeLinear"), 0)
+
+
 def tileable(graph: LayerGraph, i: int, axis: int) -> str | None:
     """None if layer i can be computed on row tiles of its NCHW output along axis, else the reason."""
     layer = graph.layers[i]
     if isinstance(layer.window, Refused):
         return f"{layer.name}: {layer.window.why}"
     if layer.spatial_type == 3:
+        if "DynamicQuantizeLinear" in layer.op_types:
+            return (f"{layer.name}: a dynamically quantized unit (DynamicQuantizeLinear computes its scale over the "
+                    "whole tensor, so a tile would quantize with another scale)")
         return f"{layer.name}: Type-3 operator {layer.op_types[0]}"
     if PLANE_GLOBAL & set(layer.op_types):
         return f"{layer.name}: normalises over the whole plane"
@@ -137,7 +146,7 @@ def tileable(graph: LayerGraph, i: int, axis: int) -> str | None:
             return f"{layer.name}: inputs broadcast along axis {axis}"
         return None
     win = layer.window
-    if win is None or win.op_type not in WINDOW_OPS or layer.op_types[0] != win.op_type:
+    if win is None or win.op_type not in WINDOW_OPS or layer.op_types[window_position(layer)] != win.op_type:
         return f"{layer.name}: no 2-D window (Conv, pool, strided Slice, SpaceToDepth, DepthToSpace, Resize, ConvTranspose)"
     if len(layer.inputs) != 1:
         return f"{layer.name}: {len(layer.inputs)} activation inputs to a window"

@@ -209,6 +209,11 @@ def models_page() -> str:
            "`edgec.models`.", "", "| name | what it is |", "|---|---|"]
     for name, spec in models.SPECS.items() if hasattr(models, "SPECS") else _model_rows(models):
         out.append(f"| `{name}` | {spec} |")
+    out += ["", "Built only when named (`--only NAME`, or `edgec.models.ensure(NAME)`): int8 versions of three of "
+            "them, made with onnxruntime.quantization from the float model (QDQ and QOperator calibrated on seeded "
+            "example inputs, and dynamic; see [int8 models](../how-to/int8.md)).", "", "| name | what it is |",
+            "|---|---|"]
+    out += [f"| `{name}` | {models.DESCRIPTIONS[name]} |" for name in models.ON_REQUEST_NAMES]
     return "\n".join(out) + "\n"
 
 

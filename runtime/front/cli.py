@@ -1,5 +1,6 @@
 """The runtime's commands: `edgec run MANIFEST` (run a build on the devices' workers, time it, optionally
-verify it), `edgec worker` (the daemon on each device) and `edgec keygen` (the cluster's keys)."""
+verify it), `edgec worker` (the daemon on each device), `edgec keygen` (the cluster's keys) and, on the device-only
+install, `edgec profile` (measure this machine: the full install's own adds --refine)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ from ..wire.keys import COORDINATOR, keygen as write_keys, names_from_file
 from ..manifest.types import Manifest
 from ..machine import MAX_THREADS_HERE, edgec_version
 from ..device.worker import worker, worker_main
+from ..profile.command import LOGGER as PROFILE_LOGGER, measure_to, measuring_options, verbose_option
+from ..profile.write import write_profile_flow
 
 __all__ = ["run", "run_all", "worker", "keygen", "main", "worker_main", "device_main", "OneLineErrors", "quiet_broken_pipe",
            "EXIT_OK", "EXIT_VERIFY_FAILED", "EXIT_INPUT", "EXIT_RUN", "EXIT_PIPE", "MAX_THREADS_HERE"]
@@ -443,6 +446,47 @@ def keygen(ctx: click.Context, folder, names, devices_file) -> None:
     ctx.exit(code)
 
 
+class _ProfileFormatter(logging.Formatter):
+    """`edgec: warning: ...` for warnings, `edgec:   ...` (a detail, with --verbose) below them: as the full
+    install prints them."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        kind = "warning: " if record.levelno >= logging.WARNING else "  "
+        return f"edgec: {kind}{record.getMessage()}"
+
+
+@click.command("profile", cls=RunCommand, epilog="Exit codes: 0 ok, 2 bad input (or, with --strict, a busy "
+               "machine or a noisy figure), 3 a failure while measuring.")
+@measuring_options
+@verbose_option
+@click.pass_context
+def profile(ctx: click.Context, output, model, threads, strict, quick, power_idle, power_busy, verbose) -> None:
+    """Measure this machine and write a device profile (flow-style YAML: a profile file for `edgec compile`).
+
+    Each figure is measured per thread count and repeated until its spread is small; the load of the
+    machine is checked before and during.  A busy machine or a figure that stays noisy is a warning, or
+    with --strict an error.  Needs onnx, which builds the benchmark models: install edgec-runtime[profile].
+    Refining a profile from a run's report (--refine) is the full install's."""
+    try:
+        with runtime_log_to_stderr(_ProfileFormatter(), logging.WARNING):
+            if verbose:  # the profile's details, not every INFO record of the runtime
+                logging.getLogger(PROFILE_LOGGER).setLevel(logging.INFO)
+            measure_to(write_profile_flow, lambda msg: click.echo(f"edgec: {msg}", err=True), output=output,
+                       model=model, threads=threads, strict=strict, quick=quick, power_idle=power_idle,
+                       power_busy=power_busy, verbose=verbose)
+        code = EXIT_OK
+    except ModuleNotFoundError as exc:
+        if exc.name != "onnx":
+            raise
+        click.echo("edgec: edgec profile builds its benchmark models with onnx, which is not installed: "
+                   "pip install 'edgec-runtime[profile]' (or pip install onnx)", err=True)
+        code = EXIT_INPUT
+    except EdgecRuntimeError as exc:
+        click.echo(f"edgec: {exc}", err=True)
+        code = exc.exit_code
+    ctx.exit(code)
+
+
 class _DeviceGroup(OneLineErrors, click.Group):
     pass
 
@@ -458,6 +502,7 @@ device_cli.add_command(run_all)
 device_cli.add_command(serve)
 device_cli.add_command(worker)
 device_cli.add_command(keygen)
+device_cli.add_command(profile)
 
 
 def device_main() -> None:

@@ -44,7 +44,7 @@ import yaml
 from edgec.compiler.cluster import load_cluster, load_profile
 from edgec.compiler.errors import UserError
 from edgec.compiler.cost.network import NetworkModel
-from edgec.compiler.profile import fixed  # the profile's own two-worker builds: _manifest, _relu, _evict
+from edgec.runtime.profile import fixed  # the profile's own two-worker builds: _manifest, _relu, _evict
 from edgec.runtime.coordinator.pool import WorkerPool
 from edgec.runtime.manifest.load import load_manifest
 import benchlib  # noqa: E402  (tests/bench is sys.path[0] when a script runs)

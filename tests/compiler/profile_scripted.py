@@ -17,15 +17,17 @@ from __future__ import annotations
 import functools
 import itertools
 
-from edgec.compiler.profile import bench, fixed, measure, shared
-from edgec.compiler.profile.timing import Figure, Policy, Series, combine, measure_stable
+from edgec.runtime.profile import bench, fixed, measure, shared
+from edgec.runtime.profile.quota import CpuQuota
+from edgec.runtime.profile.timing import Figure, Policy, Series, combine, measure_stable
 
-__all__ = ["JITTER", "SHARED_SLOWDOWN", "scripted_timer", "shared_timer", "script_timings", "script_runtime_costs", "RUNTIME_MS"]
+__all__ = ["JITTER", "SHARED_SLOWDOWN", "scripted_timer", "shared_timer", "script_timings", "script_runtime_costs", "RUNTIME_MS", "NO_QUOTA"]
 
 # Relative deviations of the samples, in turn: (p90 - p10) / median of any 5 in a row is 3.2%, within the
 # default policy's 10%, never within an impossible one's.
 JITTER = (0.0, 0.02, -0.02, 0.01, -0.01)
 CLOCK_STEP_S = 0.002  # the scripted clock's advance per sample: a round bound of 0.025 s is 13 samples
+NO_QUOTA = CpuQuota(None, None, "scripted: no cgroup limit", 1.0)
 
 
 def seconds_per_run(data: bytes, feeds: dict, threads: int) -> float:
@@ -66,6 +68,8 @@ def script_timings(monkeypatch, timer=scripted_timer, beside=shared_timer, co_ru
     co-runner shows no CPU time)."""
     monkeypatch.setattr(measure, "Bench", functools.partial(bench.Bench, timer=timer))
     monkeypatch.setattr(shared, "time_model", beside)
+    # the machine's own CPU share is not scripted away by the timer: a scripted profile sees no quota (quota.py)
+    monkeypatch.setattr(measure, "see_quota", lambda quick: NO_QUOTA)
     if co_runners_on_cpu:
         ran = itertools.count()
         monkeypatch.setattr(shared.CoRunners, "_ran_s", lambda self: float(next(ran)))

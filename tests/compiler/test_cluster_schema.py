@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from edgec import models
 from edgec.compiler.cli import cli
-from edgec.compiler.cluster import EFFICIENCY_KEYS, GFLOPS_KEYS, MEDIUMS, load_cluster, validate_profile_dict
+from edgec.compiler.cluster import EFFICIENCY_KEYS, GFLOPS_KEYS, INT8_GFLOPS_KEYS, MEDIUMS, load_cluster, validate_profile_dict
 from edgec.compiler.cluster.schema import GflopsDoc
 from edgec.compiler.errors import UserError
 from edgec.runtime.providers import CPU, CPU_ONLY, Provider
@@ -46,10 +46,10 @@ PROFILE_CASES = [
     (_profile("efficiency/conv/1/1", float("nan")), "efficiency.conv[1] fraction must be finite, got nan"),
     (_profile("threads/1/colour", 3), "unknown key 'colour' in threads.1 (allowed: op_overhead_us, gflops, memory_gbps, "
                                       "weight_gbps, gemm_weight_gbps, op_ms_per_melem, efficiency, layers)"),
-    (_profile("threads/2/gflops/pool", 1), "unknown key 'pool' in threads.2.gflops (allowed: conv, depthwise_conv, gemm, other)"),
+    (_profile("threads/2/gflops/pool", 1), "unknown key 'pool' in threads.2.gflops (allowed: conv, depthwise_conv, gemm, other, conv_int8, depthwise_conv_int8, gemm_int8)"),
     (_profile("cores", 4), "unknown key 'cores' in profile (allowed: name, description, memory_mb, usable_memory_fraction, "
                            "runtime_overhead_mb, op_overhead_us, gflops, memory_gbps, weight_gbps, gemm_weight_gbps, shared_weight_gbps, layout_conversions, power_w, radio_nj_per_byte, mode, modes, sources, layers, "
-                           "op_ms_per_melem, efficiency, threads, runtime, measurement, providers)"),
+                           "op_ms_per_melem, efficiency, threads, runtime, measurement, cpu_quota, providers)"),
     (_profile("weight_gbps", 0), "weight_gbps must be positive, got 0"),
     (_profile("threads/1/weight_gbps", -2), "threads.1.weight_gbps must be positive, got -2"),
     (_profile("efficiency/lstm", [[1, 1.0]]), "unknown key 'lstm' in efficiency (allowed: conv, conv_positions, depthwise_conv, gemm)"),
@@ -213,7 +213,7 @@ def test_providers_parse_in_order_with_options_as_strings(tmp_path):
 
 
 def test_schema_names_the_keys_the_compiler_reads(tmp_path):
-    assert tuple(GflopsDoc.model_fields) == GFLOPS_KEYS
+    assert tuple(GflopsDoc.model_fields) == GFLOPS_KEYS + INT8_GFLOPS_KEYS
     doc = validate_profile_dict(_profile("efficiency", {k: [[1, 1.0]] for k in EFFICIENCY_KEYS}), "board.yaml")
     assert tuple(doc.efficiency) == EFFICIENCY_KEYS
     for medium in MEDIUMS:

@@ -13,7 +13,8 @@ from edgec.compiler.ingest import load_model
 from edgec.compiler.layers import build_layer_graph
 from edgec.compiler.plan.pipeline_problem import pipeline_problem
 from edgec.runtime.linkmodel import mbps_to_bytes_per_ms, message_ms
-from edgec.compiler.profile import measure_host, write_profile
+from edgec.compiler.profile import write_profile
+from edgec.runtime.profile.measure import measure_host
 from tests.compiler.profile_scripted import script_runtime_costs, script_timings
 from tests.compiler.test_profile_stability import ScriptedProbe
 from tests.conftest import conv_chain_model

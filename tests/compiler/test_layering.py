@@ -20,6 +20,7 @@ COMPILER_LAYERS = [
     ["graph"],
     ["plan_types"],
     ["spatial"],
+    ["quant"],
     ["layers"],
     ["ingest"],
     ["cluster"],
@@ -42,6 +43,7 @@ RUNTIME_LAYERS = [
     ["wire"],  # addresses, keys, codecs, framing, the protocol's messages
     ["device"],  # the worker daemon, its sessions, onnxruntime, the fragment cache
     ["coordinator"],  # the worker pool, failover, adaptation, emulation, the run's report and trace
+    ["profile"],  # `edgec profile`'s measuring: the device alone, or through the coordinator's pool
     ["serve"],  # the long-lived session and the network front over it
     ["front"],  # the commands and edgec.run
     ["__main__"],
@@ -221,7 +223,7 @@ def test_runtime_imports_nothing_of_the_compiler():
     assert _violations("edgec.runtime", "edgec.compiler") == []
 
 
-@pytest.mark.parametrize("dependency", ["ortools", "networkx", "onnx_graphsurgeon"])
+@pytest.mark.parametrize("dependency", ["ortools", "networkx", "onnx_graphsurgeon", "pydantic"])
 def test_runtime_imports_no_compiler_dependency(dependency):
     assert _violations("edgec.runtime", dependency) == []
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-import edgec.compiler.profile as profile_pkg
+import edgec.runtime.profile.measure as profile_pkg
 from edgec.compiler.cli import cli
 from edgec.compiler.cluster import profiles_dir
 from edgec.compiler.errors import UserError
@@ -137,9 +137,9 @@ LONG = ("spread stayed above 10% for 30 timings; those figures may be off: "
 def test_a_long_warning_is_one_short_line_and_its_whole_text_a_detail(caplog):
     import logging
 
-    from edgec.compiler.profile.measure import SHORT, warn
+    from edgec.runtime.profile.measure import SHORT, warn
 
-    with caplog.at_level(logging.INFO, logger="edgec.compiler.profile"):
+    with caplog.at_level(logging.INFO, logger="edgec.runtime.profile"):
         warn(LONG)
         warn("the machine is busy")
     (head, short), (detail,) = ([r.getMessage() for r in caplog.records if r.levelno == logging.WARNING],
@@ -150,9 +150,9 @@ def test_a_long_warning_is_one_short_line_and_its_whole_text_a_detail(caplog):
 
 FAKE_PROFILE = """
 import sys, yaml
-import edgec.compiler.profile as p
+import edgec.runtime.profile.measure as p
 from edgec.compiler.cluster import profiles_dir
-from edgec.compiler.profile.measure import warn
+from edgec.runtime.profile.measure import warn
 def fake(**kwargs):
     warn({long!r})
     return yaml.safe_load((profiles_dir() / "rpi5.yaml").read_text())

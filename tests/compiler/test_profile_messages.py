@@ -1,4 +1,4 @@
-"""`edgec profile`'s message figures (compiler/profile/fixed.py): a message between two local workers of the runtime,
+"""`edgec profile`'s message figures (runtime/profile/fixed.py): a message between two local workers of the runtime,
 each way timed as `edgec run --report` times a transfer."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from edgec.compiler.profile import fixed
-from edgec.compiler.profile.timing import QUICK, Figure
+from edgec.runtime.profile import fixed
+from edgec.runtime.profile.timing import QUICK, Figure
 from edgec.runtime.coordinator.accuracy import transfer_keys
 from edgec.runtime.manifest.load import load_manifest
 from edgec.runtime.manifest.schedule import working_devices
@@ -189,7 +189,7 @@ def test_runtime_figures_spread_their_rounds_over_fresh_clusters_and_take_the_me
     workers to the next, minutes apart): each figure's rounds are spread over CLUSTERS clusters started one
     after another, and its figure is the median round, not the fastest."""
     import edgec.runtime.coordinator.pool as coordinator
-    from edgec.compiler.profile.timing import Policy
+    from edgec.runtime.profile.timing import Policy
 
     started: list = []
 

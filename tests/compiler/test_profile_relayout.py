@@ -13,9 +13,9 @@ import pytest
 
 from edgec.compiler.cluster import validate_profile_dict
 from edgec.compiler.errors import UserError
-from edgec.compiler.profile import bench, measure
-from edgec.compiler.profile.load import CpuTimes, LoadSample
-from edgec.compiler.profile.timing import Series
+from edgec.runtime.profile import kernels, measure
+from edgec.runtime.profile.load import CpuTimes, LoadSample
+from edgec.runtime.profile.timing import Series
 from tests.compiler.profile_scripted import script_timings
 
 FIGURES = {"op_overhead_us": 5, "gflops": {"conv": 70, "depthwise_conv": 20, "gemm": 60, "other": 30},
@@ -71,7 +71,7 @@ def _avx2() -> bool:
 
 
 def test_blocked_layout_reads_the_graph_onnxruntime_optimises():
-    blocked = bench.blocked_layout(1)
+    blocked = kernels.blocked_layout(1)
     assert isinstance(blocked, bool)
     if _avx2():  # onnxruntime's NCHWc kernels are x86 ones (AVX2 and up)
         assert blocked
@@ -97,7 +97,7 @@ def _one_ms(data, feeds, n, pol, opt) -> Series:
 @pytest.mark.parametrize("blocked", [True, False])
 def test_the_profile_writes_and_says_whether_the_runtime_converts(monkeypatch, blocked):
     script_timings(monkeypatch, timer=_one_ms, beside=_one_ms)  # the co-runners' rounds too
-    monkeypatch.setattr(bench, "blocked_layout", lambda threads: blocked)
+    monkeypatch.setattr(kernels, "blocked_layout", lambda threads: blocked)
     lines: list[str] = []
     p = measure.measure_host(threads=1, quick=True, probe=_Probe(), runtime_costs=False, progress=lines.append)
     assert p["layout_conversions"] is blocked and "layout_conversions" not in p["threads"][1]

@@ -13,11 +13,13 @@ import pytest
 
 from edgec.compiler.cluster import validate_profile_dict
 from edgec.compiler.errors import UserError
-from edgec.compiler.profile import drift, measure_host
-from edgec.compiler.profile import measure as measure_mod
-from edgec.compiler.profile.load import (CpuTimes, LoadSample, is_busy, other_cpus, parse_loadavg, parse_proc_stat,
+from edgec.runtime.errors import InputError
+from edgec.runtime.profile import drift
+from edgec.runtime.profile import measure as measure_mod
+from edgec.runtime.profile.measure import measure_host
+from edgec.runtime.profile.load import (CpuTimes, LoadSample, is_busy, other_cpus, parse_loadavg, parse_proc_stat,
                                          parse_self_stat)
-from edgec.compiler.profile.timing import Figure, Policy, measure_stable, spread
+from edgec.runtime.profile.timing import Figure, Policy, measure_stable, spread
 from tests.compiler.profile_scripted import script_runtime_costs, script_timings
 
 # --------------------------------------------------------------------------------------------------
@@ -143,7 +145,7 @@ def scripted_timings(monkeypatch):
 
 def test_strict_refuses_a_busy_machine_before_measuring():
     probe = ScriptedProbe(1.3)
-    with pytest.raises(UserError) as ei:
+    with pytest.raises(InputError) as ei:
         measure_host(quick=True, threads=1, strict=True, probe=probe)
     msg = str(ei.value)
     assert "\n" not in msg and msg.startswith("the machine is busy: other processes used 1.30 of 2 CPUs")
@@ -152,7 +154,7 @@ def test_strict_refuses_a_busy_machine_before_measuring():
 
 
 def test_busy_machine_without_strict_warns_and_says_so_in_the_profile(caplog, scripted_timings):
-    with caplog.at_level(logging.INFO, logger="edgec.compiler.profile"):
+    with caplog.at_level(logging.INFO, logger="edgec.runtime.profile"):
         p = measure_host(quick=True, threads=1, probe=ScriptedProbe(0.9))
     busy = [r.getMessage() for r in caplog.records if "busy" in r.getMessage() and r.levelno == logging.WARNING]
     assert len(busy) == 2 and "0.90 of 2 CPUs" in busy[0] and all(len(b) <= 100 for b in busy)
@@ -166,7 +168,7 @@ def test_busy_machine_without_strict_warns_and_says_so_in_the_profile(caplog, sc
 
 
 def test_quiet_machine_has_no_load_warning(caplog, scripted_timings):
-    with caplog.at_level(logging.WARNING, logger="edgec.compiler.profile"):
+    with caplog.at_level(logging.WARNING, logger="edgec.runtime.profile"):
         p = measure_host(quick=True, threads=1, probe=ScriptedProbe(0.1))
     assert not [r for r in caplog.records if "busy" in r.getMessage()]
     assert p["measurement"]["load"]["verdict"] == "quiet"
@@ -177,7 +179,7 @@ def test_strict_refuses_a_timing_whose_spread_stays_large(scripted_timings):
     (scripted samples never agree to 1e-9: the first timing of the pass; timed for real, the 200-Relu chain's runs
     could read the same on the clock three times in a row, and the 1-Relu timing after it was refused)."""
     impossible = Policy(max_spread=1e-9, window=3, max_seconds=0.05, rounds=2, min_sample_s=0.0, warmup=1)
-    with pytest.raises(UserError) as ei:
+    with pytest.raises(InputError) as ei:
         measure_host(quick=True, threads=1, strict=True, policy=impossible, probe=ScriptedProbe(0.0))
     msg = str(ei.value)
     assert "\n" not in msg and re.match(r"1 thread, op_overhead_us.relu_chain_200: spread \d+% over \d+ runs", msg), msg
@@ -186,7 +188,7 @@ def test_strict_refuses_a_timing_whose_spread_stays_large(scripted_timings):
 
 def test_unstable_timings_without_strict_are_one_warning(caplog, scripted_timings):
     impossible = Policy(max_spread=1e-9, window=3, max_seconds=0.01, rounds=2, min_sample_s=0.0, warmup=1)
-    with caplog.at_level(logging.INFO, logger="edgec.compiler.profile"):
+    with caplog.at_level(logging.INFO, logger="edgec.runtime.profile"):
         p = measure_host(quick=True, threads=1, policy=impossible, probe=ScriptedProbe(0.0))
     (short,) = [r.getMessage() for r in caplog.records
                 if "spread stayed above" in r.getMessage() and r.levelno == logging.WARNING]
@@ -245,7 +247,7 @@ def test_a_memory_rate_that_moved_is_a_warning_and_strict_refuses_it(caplog, mon
                                                                     scripted_timings):
     """Through measure_host: the halves scripted, and the timings they come from (profile_scripted.py)."""
     monkeypatch.setattr(measure_mod, "halves", lambda f, b: drift.MemoryDrift(first, second, len(f.round_medians)))
-    with caplog.at_level(logging.INFO, logger="edgec.compiler.profile"):
+    with caplog.at_level(logging.INFO, logger="edgec.runtime.profile"):
         p = drift_profile()
     (w,) = [w for w in p["measurement"]["warnings"] if "memory rate" in w]
     assert w.startswith(f"1 thread: the machine's memory rate moved by {said} while profiling (memory_gbps' rounds "
@@ -259,7 +261,7 @@ def test_a_memory_rate_that_moved_is_a_warning_and_strict_refuses_it(caplog, mon
     assert said_at[logging.INFO] == [w]
     entry = p["measurement"]["memory_drift"][1]
     assert entry["moved"] == pytest.approx(second / first - 1, abs=1e-3) and entry["rounds"] >= drift.MIN_ROUNDS
-    with pytest.raises(UserError) as ei:
+    with pytest.raises(InputError) as ei:
         drift_profile(strict=True)
     msg = str(ei.value)
     assert "\n" not in msg and msg.startswith(f"1 thread: the machine's memory rate moved by {said} while profiling")

@@ -11,12 +11,12 @@ import onnxruntime as ort
 import pytest
 from onnx import helper
 
-from edgec.compiler.errors import UserError
-from edgec.compiler.profile import bench
-from edgec.compiler.profile.bench import (DRAM_ROUNDS, SPREAD_QUANTILE, SPREAD_ROUNDS, Bench, Job, other_cpus_over,
+from edgec.runtime.errors import InputError
+from edgec.runtime.profile import kernels, tables
+from edgec.runtime.profile.bench import (DRAM_ROUNDS, SPREAD_QUANTILE, SPREAD_ROUNDS, Bench, Job, other_cpus_over,
                                          pass_order)
-from edgec.compiler.profile.load import CpuTimes, LoadSample
-from edgec.compiler.profile.timing import (Policy, Series, bound_run, combine, measure_stable, model, session, settle, vi,
+from edgec.runtime.profile.load import CpuTimes, LoadSample
+from edgec.runtime.profile.timing import (Policy, Series, bound_run, combine, measure_stable, model, session, settle, vi,
                                            warm_up)
 
 
@@ -167,7 +167,7 @@ def test_bench_warns_of_a_timing_whose_rounds_disagree_and_strict_refuses_it():
     (line,) = b.unstable
     assert line.startswith("1 thread, a: spread 50% over 21 runs") and "nearest other of 3 rounds 50% away" in line
     b, _ = scripted_bench(script, strict=True)
-    with pytest.raises(UserError, match=r"^1 thread, a: spread 50% .*--strict"):
+    with pytest.raises(InputError, match=r"^1 thread, a: spread 50% .*--strict"):
         b.run()
 
 
@@ -242,8 +242,8 @@ def test_the_timings_that_follow_memory_traffic_are_the_spread_ones():
     L2) SPREAD_ROUNDS, and their figure is the round at SPREAD_QUANTILE; the compute-bound figures keep one
     round per pass, and the fastest."""
     b = Bench(1, True, Policy(rounds=2, retries=0), QuietProbe(), False, lambda s: None)
-    for add in (bench.bench_memory, bench.bench_weights, bench.bench_gemm_weights, bench.op_table, bench.bench_conv,
-                bench.bench_gemm):
+    for add in (kernels.bench_memory, kernels.bench_weights, kernels.bench_gemm_weights, tables.op_table, kernels.bench_conv,
+                kernels.bench_gemm):
         add(b)
     per_pass = {j.name: j.per_pass for j in b.jobs}
     assert DRAM_ROUNDS > 1 and SPREAD_ROUNDS > 1
@@ -319,7 +319,7 @@ def test_a_job_none_of_whose_rounds_counted_says_so_and_not_that_its_spread_was_
     assert b.unstable_names == ["s at 1 thr (no stable round)"]
     b, _ = scripted_bench({"a": [rnd(1.0) for _ in range(3)]}, strict=True)
     b.add("s", b"s", {}, beside=Companions([rnd(1.0, stable=False) for _ in range(3)]))
-    with pytest.raises(UserError, match=r"^1 thread, s: none of its 3 rounds was stable .*2 of 6 rounds left out\); "):
+    with pytest.raises(InputError, match=r"^1 thread, s: none of its 3 rounds was stable .*2 of 6 rounds left out\); "):
         b.run()
 
 
@@ -329,8 +329,8 @@ def test_the_shared_rate_is_weight_gbps_times_the_median_ratio_of_the_pairs_that
     contended (a rate ratio at most UNCONTENDED) when there are `need` of them, else every pair's median. A
     common slowdown of both rounds of a pair (another tenant's traffic) cancels, and uncontended pairs (a phase
     in which the machine did not share its memory) do not move the figure."""
-    from edgec.compiler.profile.shared import UNCONTENDED, pair_ratios, pick_ratio
-    from edgec.compiler.profile.timing import Figure
+    from edgec.runtime.profile.shared import UNCONTENDED, pair_ratios, pick_ratio
+    from edgec.runtime.profile.timing import Figure
 
     def fig(times, stable):
         return Figure(min(times), 0.01, 0.01, 0.0, tuple(times), 7 * len(times), 1.0, True, tuple(stable))
@@ -369,18 +369,18 @@ def test_the_depthwise_rate_is_a_chains_time_beyond_one_conv():
     model's ends fall out); when the chain took no longer than one conv, the chain's time per conv, recorded as
     a warning (measurement.warnings), or with --strict a one-line error."""
     b = Bench(1, True, Policy(rounds=2, retries=0), QuietProbe(), False, lambda s: None)
-    formula = bench.bench_depthwise(b)
-    chain, one = f"gflops.depthwise_conv.chain_{bench.DEPTHWISE_CHAIN}", "gflops.depthwise_conv.chain_1"
+    formula = kernels.bench_depthwise(b)
+    chain, one = f"gflops.depthwise_conv.chain_{kernels.DEPTHWISE_CHAIN}", "gflops.depthwise_conv.chain_1"
     assert {j.name for j in b.jobs} == {chain, one}
     flops = 2 * 64 * 9 * 28 * 28  # quick: 64 channels on 28x28
     per_conv = 2e-5
-    rate = formula({chain: 3e-5 + bench.DEPTHWISE_CHAIN * per_conv, one: 3e-5 + per_conv})
+    rate = formula({chain: 3e-5 + kernels.DEPTHWISE_CHAIN * per_conv, one: 3e-5 + per_conv})
     assert rate == pytest.approx(flops / per_conv / 1e9, rel=1e-9)
     assert not b.unstable and not b.unstable_names
     lower = formula({chain: 1e-4, one: 1e-4})
-    assert lower == pytest.approx(bench.DEPTHWISE_CHAIN * flops / 1e-4 / 1e9, rel=1e-9)
+    assert lower == pytest.approx(kernels.DEPTHWISE_CHAIN * flops / 1e-4 / 1e9, rel=1e-9)
     assert len(b.unstable) == 1 and "5 depthwise convs took no longer than one" in b.unstable[0]
     assert b.unstable_names == ["gflops.depthwise_conv at 1 thr (chain no slower than one conv)"]
     strict = Bench(1, True, Policy(rounds=2, retries=0), QuietProbe(), True, lambda s: None)
-    with pytest.raises(UserError, match="took no longer than one .*without --strict"):
-        bench.bench_depthwise(strict)({chain: 1e-4, one: 1e-4})
+    with pytest.raises(InputError, match="took no longer than one .*without --strict"):
+        kernels.bench_depthwise(strict)({chain: 1e-4, one: 1e-4})

@@ -32,10 +32,11 @@ from edgec.compiler.cost.stage_timeline import predict_stage
 from edgec.compiler.cost.tile_steps import StepModel
 from edgec.compiler.cost.tiles import SegmentCost, host_mates
 from edgec.compiler.errors import UserError
+from edgec.runtime.errors import InputError
 from edgec.compiler.plan_types import Plan, Stage
-from edgec.compiler.profile import measure, shared
-from edgec.compiler.profile.bench import DRAM_ROUNDS
-from edgec.compiler.profile.timing import QUICK
+from edgec.runtime.profile import measure, shared
+from edgec.runtime.profile.bench import DRAM_ROUNDS
+from edgec.runtime.profile.timing import QUICK
 from tests.compiler.profile_scripted import script_timings
 from tests.compiler.test_profile_stability import ScriptedProbe
 from edgec.runtime.manifest.load import load_manifest
@@ -209,7 +210,7 @@ def test_a_co_runner_that_fails_is_a_warning_and_an_error_with_strict(monkeypatc
     assert "shared_weight_gbps" not in p and "shared_weight_gbps" not in p["measurement"]["threads"][1]
     assert any(w.startswith("shared_weight_gbps not written: a co-runner process exited (1): no onnxruntime here")
                for w in p["measurement"]["warnings"])
-    with pytest.raises(UserError) as ei:  # --strict: the same failure refuses (measure_host's step alone)
+    with pytest.raises(InputError) as ei:  # --strict: the same failure refuses (measure_host's step alone)
         with measure._co_runners(1, True, True, lambda s: None, [], []):
             pass
     assert "shared_weight_gbps" in str(ei.value) and "no onnxruntime here" in str(ei.value)
@@ -311,7 +312,7 @@ def test_rounds_with_a_co_runner_off_the_cpu_do_not_count(monkeypatch):
                and w.endswith(f"{rounds} of {rounds} rounds with a co-runner off the CPU, not counted)")
                for w in p["measurement"]["warnings"])
     idle = types.SimpleNamespace(rounds=rounds, idle_rounds=rounds)  # --strict: measure_host's step alone
-    with pytest.raises(UserError, match=f"^shared_weight_gbps not written: a co-runner was off the CPU in every one "
+    with pytest.raises(InputError, match=f"^shared_weight_gbps not written: a co-runner was off the CPU in every one "
                                         f"of its {rounds} rounds; profile on a quiet machine"):
         measure._shared_weights(25.0, idle, True, lambda s: None, [], [])
     assert _co_runners() == []
@@ -360,7 +361,7 @@ def test_co_runners_of_a_profile_that_is_killed_stop_too():
     """A profile killed outright (no clean-up runs) closes its co-runners' stdin with its death: they end, paused
     or running."""
     script = ("import os, sys, signal\n"
-              "from edgec.compiler.profile import shared\n"
+              "from edgec.runtime.profile import shared\n"
               "co = shared.CoRunners(2, True)\n"
               "co._send(b'g')\n"  # one running, as in a round, when the profile dies
               "print(' '.join(str(p.pid) for p in co.procs), flush=True)\n"
@@ -385,8 +386,9 @@ def _bench_pairs(co: shared.CoRunners, solo_s: float, shared_s: float, solo_stab
     """A Bench (2 passes) timing weight_gbps at `solo_s` and the co-runners' job at `shared_s`, scripted (`off`:
     every shared round with a co-runner off the CPU); returns it and the shared figure's formula's value."""
     from tests.compiler.test_profile_timing import QuietProbe, rnd
-    from edgec.compiler.profile.bench import WEIGHTS, Bench
-    from edgec.compiler.profile.timing import Policy
+    from edgec.runtime.profile.bench import Bench
+    from edgec.runtime.profile.kernels import WEIGHTS
+    from edgec.runtime.profile.timing import Policy
 
     b = Bench(1, True, Policy(rounds=2, retries=0), QuietProbe(0.0), False, lambda s: None,
               timer=lambda *a: rnd(solo_s, stable=solo_stable))

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgec.compiler.profile.fixed import _exchange_build
+from edgec.runtime.profile.fixed import _exchange_build
 from edgec.runtime.coordinator.pool import WorkerPool
 from edgec.runtime.manifest.load import load_manifest
 

@@ -57,7 +57,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import bench
+from . import bench, kernels
 from .load import parse_self_stat
 from .timing import Figure, Policy, Series, sig, time_model
 
@@ -111,12 +111,12 @@ NAME = "shared_weight_gbps"
 
 
 class CoRunners:
-    """`count` co-runner processes of weight_gbps' MatMul (bench.weights_matmul), started paused, for a
+    """`count` co-runner processes of weight_gbps' MatMul (kernels.weights_matmul), started paused, for a
     bench.Bench job (`add_to`): its `timer` times a round beside them (bench.Beside). A context manager: they
     are gone when it exits, or when starting one raises CoRunnerError."""
 
     def __init__(self, count: int, quick: bool):
-        self.data, self.feeds, self.nbytes = bench.weights_matmul(np.random.default_rng(7), quick)
+        self.data, self.feeds, self.nbytes = kernels.weights_matmul(np.random.default_rng(7), quick)
         self.rounds = 0  # rounds timed
         self.idle_rounds = 0  # of those, rounds in which a co-runner was off the CPU for part of the round
         self.on_cpu: list[bool] = []  # each round's (timer's), in the order taken: its co-runners on the CPU
@@ -163,9 +163,9 @@ class CoRunners:
         self._bench = b
 
         def formula(t: bench.Times) -> float:
-            self._solo_s = t[bench.WEIGHTS]
+            self._solo_s = t[kernels.WEIGHTS]
             shared = b.figures[NAME]
-            self._ratios = pair_ratios(shared, b.figures[bench.WEIGHTS], self.on_cpu[:len(shared.round_medians)])
+            self._ratios = pair_ratios(shared, b.figures[kernels.WEIGHTS], self.on_cpu[:len(shared.round_medians)])
             self._need = max(1, math.ceil(NEED * len(shared.round_medians)))
             self._ratio = pick_ratio(self._ratios, self._need)
             b.entries[NAME].update(pairs=len(self._ratios), contended_pairs=self.contended,
@@ -199,7 +199,7 @@ class CoRunners:
         b = self._bench
         if self._ratio is None or self.enough:
             return None
-        solo_job = next(j for j in b.jobs if j.name == bench.WEIGHTS)
+        solo_job = next(j for j in b.jobs if j.name == kernels.WEIGHTS)
         policy = replace(b.policy, max_seconds=b.policy.max_seconds / bench.DRAM_ROUNDS)  # a Bench round's
         count = len(b.figures[NAME].round_medians)
         pairs = 0

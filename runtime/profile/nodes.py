@@ -14,13 +14,26 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from edgec.compiler.errors import UserError
-from edgec.runtime.errors import one_line
-from edgec.compiler.ingest import file_sha256, node_keys
+from edgec.runtime.errors import InputError, one_line
+from edgec.runtime.manifest.load import file_sha256
 
 from .timing import sig as _sig
 
-__all__ = ["measure_layers", "check_model"]
+__all__ = ["measure_layers", "check_model", "node_keys"]
+
+
+def node_keys(model: onnx.ModelProto) -> list[str]:
+    """Unique node names as edgec knows them: the node's own name, else `<op_type>_<index>` in the file;
+    a repeat gets `_<index>` appended (again while it still repeats an earlier key). Measured per-node
+    tables (`edgec profile --model`) use these keys, and the compiler's ingest names nodes by them."""
+    keys, seen = [], set()
+    for i, n in enumerate(model.graph.node):
+        k = n.name or f"{n.op_type}_{i}"
+        while k in seen:
+            k = f"{k}_{i}"
+        seen.add(k)
+        keys.append(k)
+    return keys
 
 
 def _map_optimized(orig: onnx.ModelProto, keys: list[str], opt: onnx.ModelProto) -> dict[str, str]:
@@ -94,7 +107,7 @@ def _feeds(sess: ort.InferenceSession, path: Path) -> dict[str, np.ndarray]:
         shape = [d if isinstance(d, int) and d > 0 else 1 for d in inp.shape]
         dtype = _ORT_TYPES.get(inp.type)
         if dtype is None:
-            raise UserError(f"input {inp.name!r} has unsupported type {inp.type}", path=str(path))
+            raise InputError(f"{path}: input {inp.name!r} has unsupported type {inp.type}")
         if np.issubdtype(dtype, np.floating):
             feeds[inp.name] = rng.standard_normal(shape).astype(dtype)
         else:
@@ -103,11 +116,11 @@ def _feeds(sess: ort.InferenceSession, path: Path) -> dict[str, np.ndarray]:
 
 
 def check_model(model_path: str | Path) -> None:
-    """UserError (one line) unless the model is a file that onnxruntime loads and random inputs can be made
+    """InputError (one line) unless the model is a file that onnxruntime loads and random inputs can be made
     for: what measure_layers needs, checked in a second or so before minutes of measuring."""
     path = Path(model_path)
     if not path.is_file():
-        raise UserError("no such ONNX file", path=str(path))
+        raise InputError(f"{path}: no such ONNX file")
     _, model = _read(path)
     keys = node_keys(model)
     so = ort.SessionOptions()
@@ -120,24 +133,24 @@ def check_model(model_path: str | Path) -> None:
             sess = ort.InferenceSession(named.SerializeToString(), so, providers=["CPUExecutionProvider"])
         else:
             sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    except UserError:
+    except InputError:
         raise
     except Exception as e:  # onnxruntime's pybind errors, protobuf's, onnx's: no common base
-        raise UserError(f"onnxruntime cannot load the model: {one_line(e, 200)}", path=str(path)) from None
+        raise InputError(f"{path}: onnxruntime cannot load the model: {one_line(e, 200)}") from None
     _feeds(sess, path)
 
 
 def _read(path: Path) -> tuple[str, onnx.ModelProto]:
-    """(sha256 of the file, its graph without external weights), or UserError."""
+    """(sha256 of the file, its graph without external weights), or InputError."""
     try:
         digest = file_sha256(path)
         model = onnx.load(str(path), load_external_data=False)  # graph structure only
     except OSError as e:
-        raise UserError(f"cannot read model: {e.strerror or e}", path=str(path)) from None
+        raise InputError(f"{path}: cannot read model: {e.strerror or e}") from None
     except Exception as e:  # protobuf DecodeError and friends
-        raise UserError(f"not an ONNX model: {one_line(e, 200) or type(e).__name__}", path=str(path)) from None
+        raise InputError(f"{path}: not an ONNX model: {one_line(e, 200) or type(e).__name__}") from None
     if not model.graph.node:
-        raise UserError("not an ONNX model with a graph (no nodes)", path=str(path))
+        raise InputError(f"{path}: not an ONNX model with a graph (no nodes)")
     return digest, model
 
 
@@ -174,7 +187,7 @@ def measure_layers(
         try:
             sess = ort.InferenceSession(run_path, so, providers=["CPUExecutionProvider"])
         except Exception as e:
-            raise UserError(f"onnxruntime cannot load the model: {one_line(e, 200)}", path=str(path)) from None
+            raise InputError(f"{path}: onnxruntime cannot load the model: {one_line(e, 200)}") from None
         feeds = _feeds(sess, path)
         for i in range(warmup + runs):
             sess.run(None, feeds)

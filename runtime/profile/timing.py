@@ -62,6 +62,9 @@ class Policy:
     min_sample_s: float = 0.004
     warmup: int = 2  # per round, and at least warmup_s seconds
     warmup_s: float = 0.02
+    # A CPU quota throttles this process (quota.py): a sample's runs are counted over a first min_sample_s
+    # stretch, however many, so that every sample spans that long (a run timed alone may have stalled)
+    long_samples: bool = False
 
     def __post_init__(self):
         if (not (0 < self.max_spread < 10) or self.window < 3 or self.max_seconds <= 0 or self.rounds < 2
@@ -231,12 +234,18 @@ def warm_up(run: Callable[[], None], policy: Policy, clock: Callable[[], float] 
 
 def sample_fn(run: Callable[[], None], policy: Policy) -> Callable[[], float]:
     """Warm `run` up, then return a sampler: seconds per run, averaged over enough runs to last
-    policy.min_sample_s (at least one)."""
+    policy.min_sample_s (at least one; with policy.long_samples, as many as the first such stretch held)."""
     warm_up(run, policy)
     t0 = time.perf_counter()
     run()
-    one = max(time.perf_counter() - t0, 1e-7)
-    reps = max(1, min(1000, math.ceil(policy.min_sample_s / one)))
+    reps = 1
+    if policy.long_samples:
+        while time.perf_counter() - t0 < policy.min_sample_s:
+            run()
+            reps += 1
+    else:
+        one = max(time.perf_counter() - t0, 1e-7)
+        reps = max(1, min(1000, math.ceil(policy.min_sample_s / one)))
 
     def sample() -> float:
         t = time.perf_counter()

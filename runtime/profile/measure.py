@@ -7,27 +7,30 @@ import datetime as _dt
 import logging
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 import onnxruntime as ort
 
-from edgec.compiler.errors import UserError
+from edgec.runtime.errors import InputError
 
-from . import bench, host
+from . import host, kernels, tables
 from . import shared as shared_mod
-from .bench import Bench, measure_figures
+from .bench import DRAM_ROUNDS, Bench, threads_label
+from .figures import measure_figures
 from .drift import DRIFT_LIMIT, check_drift, halves
 from .fixed import measure_runtime_costs
 from .fixed import source as runtime_source
 from .load import BUSY_FRACTION, LoadProbe, LoadSample, describe_load, is_busy, other_cpus
 from .nodes import measure_layers
+from .quota import LIMITED, MAX_SAMPLE_S, SAMPLE_PERIODS, SPIN_S, UNKNOWN_PERIOD_SAMPLE_S, CpuQuota, see_quota
 from .shared import CoRunnerError, CoRunners
 from .timing import DEFAULT, QUICK, Figure, Policy, rand, session, sig
 
 __all__ = ["measure_host", "thread_counts"]
 
-logger = logging.getLogger("edgec.compiler.profile")
+logger = logging.getLogger("edgec.runtime.profile")
 
 _IDLE_WINDOW_S = {False: 0.5, True: 0.2}  # the look at the machine before anything of ours runs
 
@@ -41,7 +44,7 @@ def thread_counts(threads: int | Iterable[int] | None, cores: int) -> list[int]:
     else:
         items = [threads]
     if not items or any(isinstance(t, bool) or not isinstance(t, int) or t < 1 for t in items):
-        raise UserError(f"threads must be a positive integer or a list of them, got {threads!r}")
+        raise InputError(f"threads must be a positive integer or a list of them, got {threads!r}")
     return sorted(set(items))
 
 
@@ -125,7 +128,7 @@ def _check_load(busy: bool, said: str, tense: str, strict: bool, warnings: list[
     if not busy:
         return
     if strict:
-        raise UserError(f"the machine {tense} busy: {said}; profile on a quiet machine, or without "
+        raise InputError(f"the machine {tense} busy: {said}; profile on a quiet machine, or without "
                         "--strict to write the profile with a warning")
     warnings.append(f"the machine {tense} busy: {said}; the figures may be too slow")
 
@@ -134,7 +137,7 @@ def _runtime_rss_mb() -> int:
     """Resident set of python + numpy + onnx + onnxruntime with one small session, in MB rounded up to 10."""
     import numpy as np
 
-    sess = session(bench._relu_chain(1), 1)
+    sess = session(kernels.relu_chain(1), 1)
     sess.run(None, {"x": rand(np.random.default_rng(0), 1, 16)})
     rss = host.rss_mb()
     return math.ceil((rss or 100.0) / 10) * 10
@@ -154,20 +157,21 @@ def _sources(stamp: str, counts: list[int], quick: bool, policy: Policy, power_g
         "time), and `measurement:` spread is the larger of that window's spread and the distance to the nearest "
         "other round (stable: at most max_spread)",
         "gflops: conv = 3x3 Conv 128->128 ch on 56x56, depthwise_conv = 3x3 depthwise Conv 192 ch on 28x28 in a "
-        f"chain (the time of {bench.DEPTHWISE_CHAIN} less one's, per conv: without the layout conversions at its "
+        f"chain (the time of {kernels.DEPTHWISE_CHAIN} less one's, per conv: without the layout conversions at its "
         "ends), "
-        "gemm = MatMul 512x1024x1024, other = slower of ConvTranspose 2x2/s2 and batch-1 LSTM; FLOPs = 2 x MACs"
+        "gemm = MatMul 512x1024x1024, other = slower of ConvTranspose 2x2/s2 and batch-1 LSTM, conv_int8 and "
+        "gemm_int8 = the conv and gemm ones as QLinearConv and QLinearMatMul (uint8 x int8); FLOPs = 2 x MACs"
         + (" (quick mode uses smaller shapes)" if quick else ""),
         "memory_gbps: elementwise Add of two 8M-float tensors, (2 inputs + 1 output) bytes / time"
         if not quick else
         "memory_gbps: elementwise Add of two 2M-float tensors (may partly fit in cache), (2 inputs + 1 output) bytes / time",
         "weight_gbps: a batch-1 MatMul 1x4096 by 4096x4096 (64 MB of weights, more than any cache holds), "
         "weight bytes / time" + (" (quick mode: 2048x2048, 16 MB, may partly fit in cache)" if quick else ""),
-        f"gemm_weight_gbps: a chain of {bench.GEMM_COLD_LAYERS} MatMuls {bench.GEMM_COLD_ROWS}x1024 by 1024x1024, "
+        f"gemm_weight_gbps: a chain of {kernels.GEMM_COLD_LAYERS} MatMuls {kernels.GEMM_COLD_ROWS}x1024 by 1024x1024, "
         "each its own weights (48 MB), less that many runs of one of them with its weights hot: weight bytes / "
         "the extra time (not written when there was none)",
         "shared_weight_gbps: weight_gbps's MatMul at 1 thread while every other core runs it too, each in a process "
-        f"of its own with its own copy of the weights (paused between rounds), in {bench.DRAM_ROUNDS} rounds per pass "
+        f"of its own with its own copy of the weights (paused between rounds), in {DRAM_ROUNDS} rounds per pass "
         "spread through the 1-thread timings' as weight_gbps' are: weight_gbps times the ratio of each such round's "
         "time to the weight_gbps round beside it, the median of the pairs that contended for memory (more sets at "
         "the profile's end where too few did; not written on one core)",
@@ -181,13 +185,13 @@ def _sources(stamp: str, counts: list[int], quick: bool, policy: Policy, power_g
         "of 64x56x56: `Resize` nearest, `Resize:linear` linear, Clip to [0, 6] (ReLU6) on 144x56x56)"
         + (" (quick mode halves every dimension)" if quick else ""),
         "efficiency: conv_positions: [output positions, fraction of the largest point's rate] of a 3x3 Conv "
-        f"{bench.conv_positions_channels(quick)} ch computing "
-        f"{'/'.join(f'{h}x{w}' for h, w in (bench.CONV_POSITION_TILES_QUICK if quick else bench.CONV_POSITION_TILES))}"
+        f"{tables.conv_positions_channels(quick)} ch computing "
+        f"{'/'.join(f'{h}x{w}' for h, w in (tables.CONV_POSITION_TILES_QUICK if quick else tables.CONV_POSITION_TILES))}"
         " output rows x columns (halo rows in the input); depthwise_conv, gemm: [output elements, fraction of the "
         "largest point's rate / gflops.gemm] of a depthwise 3x3 Conv 144 ch, 56 wide, at "
-        f"{'/'.join(map(str, bench.CONV_HEIGHTS))} output rows (halo rows in the input), and a MatMul "
-        f"{'/'.join(map(str, bench.GEMM_ROWS))} x 1024 x 1024; fraction = FLOPs at that rate / (time - "
-        f"op_overhead_us), at most {bench.MAX_EFFICIENCY:g}"
+        f"{'/'.join(map(str, tables.CONV_HEIGHTS))} output rows (halo rows in the input), and a MatMul "
+        f"{'/'.join(map(str, kernels.GEMM_ROWS))} x 1024 x 1024; fraction = FLOPs at that rate / (time - "
+        f"op_overhead_us), at most {tables.MAX_EFFICIENCY:g}"
         + (" (quick mode: depthwise 72 ch, 28 wide; MatMul x 512 x 512)" if quick else ""),
         "memory_mb: MemTotal; usable_memory_fraction: MemAvailable/MemTotal at profiling time, rounded down to 0.05; "
         "runtime_overhead_mb: resident set of the profiling process (python+numpy+onnx+onnxruntime, one small session)",
@@ -195,6 +199,12 @@ def _sources(stamp: str, counts: list[int], quick: bool, policy: Policy, power_g
         f"rounds (each at the fastest quarter of its stable rounds); a move beyond {DRIFT_LIMIT:.0%} is a warning "
         "(--strict: an error): the machine's memory rate moved under the DRAM figures",
         "power_w: not measurable by edgec profile; " + ("given by the caller" if power_given else "null = unknown"),
+        "cpu_quota: the cgroup's CFS quota (v1 cpu.cfs_quota_us / cpu.cfs_period_us, v2 cpu.max; the tightest of the "
+        "process's cgroup and its ancestors) in cores, and the share of a core a thread spinning for "
+        f"{SPIN_S[quick]:g} s got; at a thread count above the quota (or, where no cgroup file can be read, with "
+        f"a measured share below {LIMITED:g}) every sample lasts sample_ms ({SAMPLE_PERIODS} periods, at most "
+        f"{MAX_SAMPLE_S * 1e3:g} ms; {UNKNOWN_PERIOD_SAMPLE_S * 1e3:g} ms when the period is unknown), its runs "
+        "counted over the stretch, so that the figures follow the share",
     ]
 
 
@@ -232,13 +242,14 @@ def measure_host(
     probe: LoadProbe | None = None,
     runtime_costs: bool = True,
     shared_weights: bool = True,
+    quota: CpuQuota | None = None,
 ) -> dict[str, Any]:
     """Measure this machine and return a profile dict in the profile file format.
 
     threads: the intra-op thread counts to measure (an int or a list); None: 1 and all cores.  The
       top-level figures are those of the largest count; `threads:` holds every count's.
     quick: smaller benchmarks and a shorter time per timing (for tests; noisier figures).
-    strict: refuse (UserError) when the machine is busy or a timing's spread stays above the policy's
+    strict: refuse (InputError) when the machine is busy or a timing's spread stays above the policy's
       max_spread; otherwise those are warnings (logged, and listed under measurement.warnings).
     power_idle_w / power_busy_w: watts from a meter, if the caller has them; None is written as null.
     policy / probe: the timing policy and the load probe (tests inject scripted ones).
@@ -246,6 +257,8 @@ def measure_host(
       has none and the cost model prices them 0.
     shared_weights: also measure shared_weight_gbps (shared.py) where 1 thread is among the counts and the
       machine has 2 cores or more; without, tiles of devices sharing a host pay their weights at weight_gbps.
+    quota: the CPU share this process gets (quota.py); None: read and measured here.  Where it is below a thread
+      count, that count's samples span many CFS periods, so that its figures follow the share.
     """
     say = progress or (lambda s: None)
     cpu = host.cpuinfo()
@@ -261,6 +274,8 @@ def measure_host(
     load = _Load(probe, quick)
     _check_load(load.busy_before(), load.said_before(), "is", strict, warnings)
     say(f"  {load.said_before()}")
+    quota = quota or see_quota(quick)
+    say(f"  {quota.said()}")
     runtime_mb = _runtime_rss_mb()
     per_thread: dict[int, dict] = {}
     entries: dict[int, dict] = {}
@@ -268,16 +283,21 @@ def measure_host(
     details: list[str] = []  # the same, each with the load it saw, for measurement.warnings
     shared = None
     drifts: dict[int, dict] = {}  # measurement.memory_drift, per thread count (drift.py)
+    if shared_weights and quota.cores is not None and quota.cores < host.all_cores(cpu):
+        # its co-runners would run inside the same quota: they would time the quota's share, not the memory path
+        shared_weights = False
+        details.append(f"shared_weight_gbps not measured: the CPU quota ({quota.cores:g} cores) is below this machine's "
+                       f"{host.all_cores(cpu)} cores, and co-runners would share the quota, not the memory path")
     # shared_weight_gbps' co-runners, paused but alive until the end: CoRunners.later may time more pairs there
     with contextlib.ExitStack() as stack:
         co, gbps = None, None
         for n in counts:
-            b = Bench(n, quick, policy, probe, strict, say)
+            b = Bench(n, quick, _within(policy, quota, n, say), probe, strict, say)
             sharing = n == 1 and shared_weights and host.all_cores(cpu) > 1
             co_n = stack.enter_context(_co_runners(host.all_cores(cpu) - 1 if sharing else 0, quick, strict, say,
                                                    details, unstable))
             per_thread[n] = measure_figures(b, {shared_mod.NAME: co_n.add_to} if co_n else None)
-            drift = halves(b.figures["memory_gbps"], bench.memory_bytes(quick))
+            drift = halves(b.figures["memory_gbps"], kernels.memory_bytes(quick))
             if drift is not None:
                 drifts[n] = drift.entry()
                 say(f"    memory rate {drift.first_gbps:.3g} GB/s in the first half of the pass, "
@@ -288,7 +308,7 @@ def measure_host(
             unstable.extend(b.unstable_names)
             if co_n:
                 co, gbps = co_n, per_thread[n].pop(shared_mod.NAME)
-        conversions = bench.blocked_layout(counts[-1])
+        conversions = kernels.blocked_layout(counts[-1])
         say(f"  onnxruntime runs convolutions in a blocked layout: {'yes' if conversions else 'no'} "
             "(layout_conversions)")
         runtime, runtime_entries = (_runtime_costs(policy, quick, strict, say, details, unstable) if runtime_costs
@@ -315,7 +335,8 @@ def measure_host(
     top = per_thread[counts[-1]]
     return {
         "name": name or host.host_name(),
-        "description": host.describe(cpu, mem_total, counts),
+        "description": host.describe(cpu, mem_total, counts)
+        + ("" if quota.cores is None else f"; CPU quota {quota.cores:.3g} cores"),
         "memory_mb": int(round(mem_total)),
         "usable_memory_fraction": frac,
         "runtime_overhead_mb": runtime_mb,
@@ -343,7 +364,20 @@ def measure_host(
         "sources": sources + ([fixed_source(quick)] if runtime else []),
         "layers": layers,
         **({"runtime": runtime} if runtime else {}),
+        "cpu_quota": quota.entry(counts),
     }
+
+
+def _within(policy: Policy, quota: CpuQuota, threads: int, say: Callable[[str], None]) -> Policy:
+    """The policy at `threads`: as it is, or where the share is below the thread count, samples of
+    quota.sample_s each (runs counted over the stretch) and time enough for a window of them per round."""
+    sample_s = quota.sample_s(threads)
+    if sample_s is None:
+        return policy
+    say(f"  {threads_label(threads)} on a share below {threads} core{'s' if threads > 1 else ''}: samples of "
+        f"{sample_s * 1e3:.0f} ms, so that each holds the quota's stalls in proportion")
+    return replace(policy, min_sample_s=max(policy.min_sample_s, sample_s), long_samples=True,
+                   max_seconds=max(policy.max_seconds, policy.rounds * policy.window * sample_s))
 
 
 def fixed_source(quick: bool) -> str:
@@ -364,7 +398,7 @@ def _unsettled(what: str, short: str, strict: bool, details: list[str], unstable
     """A timing whose spread stayed large: refused with strict, else a warning (`what` in measurement.warnings,
     `short` in the one-line warning)."""
     if strict:
-        raise UserError(f"{what}; profile on a quiet machine, or without --strict to write the profile with a warning")
+        raise InputError(f"{what}; profile on a quiet machine, or without --strict to write the profile with a warning")
     details.append(what)
     unstable.append(short)
 
@@ -383,7 +417,7 @@ def _co_runners(count: int, quick: bool, strict: bool, say: Callable[[str], None
         co = CoRunners(count, quick)
     except CoRunnerError as e:
         if strict:
-            raise UserError(f"shared_weight_gbps: {e}") from None
+            raise InputError(f"shared_weight_gbps: {e}") from None
         details.append(f"shared_weight_gbps not written: {e}")
         unstable.append("shared_weight_gbps (no co-runner)")
         yield None
@@ -399,7 +433,7 @@ def _shared_weights(gbps: float, co: CoRunners, strict: bool, say: Callable[[str
     if co.idle_rounds == co.rounds:
         what = f"shared_weight_gbps not written: a co-runner was off the CPU in every one of its {co.rounds} rounds"
         if strict:
-            raise UserError(f"{what}; profile on a quiet machine, or without --strict to write the profile without it")
+            raise InputError(f"{what}; profile on a quiet machine, or without --strict to write the profile without it")
         details.append(what)  # the one-line warning names it already: the Bench found no stable round
         return None
     later = co.later(say)

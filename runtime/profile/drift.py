@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from edgec.compiler.errors import UserError
+from edgec.runtime.errors import InputError
 
 from .bench import SPREAD_QUANTILE
 from .timing import Figure, sig
@@ -38,7 +38,7 @@ MIN_ROUNDS = 4  # fewer rounds cannot be split into halves that each say anythin
 
 # The figures that move with the machine's memory rate, named in the warning.
 DRAM_FIGURES = "memory_gbps, weight_gbps, gemm_weight_gbps and shared_weight_gbps"
-# gemm_weight_gbps moves more than the memory rate it follows (bench.py, GEMM_COLD_ROWS): said in the warning.
+# gemm_weight_gbps moves more than the memory rate it follows (kernels.py, GEMM_COLD_ROWS): said in the warning.
 GEMM_SENSITIVITY = "2.7 times as much as the memory rate, on the machine edgec was developed on"
 
 
@@ -87,7 +87,7 @@ def check_drift(drift: MemoryDrift, threads: int, strict: bool, warnings: list[s
     if abs(round(drift.moved, 9)) <= DRIFT_LIMIT:  # 110 / 100 - 1 is 0.10000000000000009
         return
     if strict:
-        raise UserError(f"{drift.said(threads)}; profile when it holds, or without --strict to write the profile "
+        raise InputError(f"{drift.said(threads)}; profile when it holds, or without --strict to write the profile "
                         "with a warning")
     warnings.append(f"{drift.said(threads)}; {DRAM_FIGURES} were timed while it moved, and may differ by as much "
                     f"in a profile taken at another moment, gemm_weight_gbps by more ({GEMM_SENSITIVITY})")
