@@ -460,7 +460,8 @@ class _ProfileFormatter(logging.Formatter):
 @measuring_options
 @verbose_option
 @click.pass_context
-def profile(ctx: click.Context, output, model, threads, strict, quick, power_idle, power_busy, verbose) -> None:
+def profile(ctx: click.Context, output, model, threads, providers, strict, quick, power_idle, power_busy,
+            verbose) -> None:
     """Measure this machine and write a device profile (flow-style YAML: a profile file for `edgec compile`).
 
     Each figure is measured per thread count and repeated until its spread is small; the load of the
@@ -473,7 +474,7 @@ def profile(ctx: click.Context, output, model, threads, strict, quick, power_idl
                 logging.getLogger(PROFILE_LOGGER).setLevel(logging.INFO)
             measure_to(write_profile_flow, lambda msg: click.echo(f"edgec: {msg}", err=True), output=output,
                        model=model, threads=threads, strict=strict, quick=quick, power_idle=power_idle,
-                       power_busy=power_busy, verbose=verbose)
+                       power_busy=power_busy, verbose=verbose, providers=providers)
         code = EXIT_OK
     except ModuleNotFoundError as exc:
         if exc.name != "onnx":

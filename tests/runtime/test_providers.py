@@ -134,3 +134,27 @@ def test_the_docs_state_the_tolerance_table_of_the_code():
     rows = dict(re.findall(r"^\| (\w+ ?\w*) \| ([0-9e.-]+) \|$", text, re.M))
     assert float(rows.pop("any other")) == DEFAULT_TOLERANCE
     assert {k: float(v) for k, v in rows.items()} == TOLERANCE
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--providers", ABSENT], f"edgec: --providers: this onnxruntime does not have {ABSENT} (it has "),
+    (["--providers", "CUDA"], "Invalid value for '--providers': 'CUDA': expected distinct onnxruntime provider names"),
+    (["--providers", f"{CPU},{CPU}"], "Invalid value for '--providers'"),
+])
+def test_profile_providers_refuses_bad_input_in_one_line_before_measuring(tmp_path, args, message):
+    out = tmp_path / "p.yaml"
+    proc = subprocess.run([sys.executable, "-m", "edgec.compiler", "profile", "--quick", *args, "-o", str(out)],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+    assert not out.exists()
+
+
+def test_profile_providers_and_a_models_layers_do_not_go_together(tmp_path, monkeypatch):
+    """Per-node times are the CPU provider's: --model with --providers is refused, naming why."""
+    from edgec.runtime.profile import measure
+
+    monkeypatch.setattr(measure.ort, "get_available_providers", lambda: ["OpenVINOExecutionProvider", CPU])
+    with pytest.raises(InputError, match="--model with --providers: per-node times are measured on the CPU provider"):
+        measure.measure_host(model_path="m.onnx", providers=["OpenVINOExecutionProvider"], quick=True)

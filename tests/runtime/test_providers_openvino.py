@@ -2,7 +2,8 @@
 edgec-runtime wheel, runtime/dist) with OpenVINO's build of onnxruntime (`onnxruntime-openvino`, which cannot
 share an environment with the stock wheel: both are the `onnxruntime` module) serves one device of a two-device
 cluster on loopback, the other device a local worker of the stock build; `edgec run --verify` from this
-environment checks the split against the CPU provider on the whole model. Slow (a venv and a 440 MB package);
+environment checks the split against the CPU provider on the whole model; the device's profile is measured there
+with `edgec profile --providers OpenVINOExecutionProvider`. Slow (a venv and a 440 MB package);
 skipped when the package index cannot serve onnxruntime-openvino."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import edgec
+from edgec.compiler.cluster import load_cluster, load_profile
 from edgec.runtime.manifest.load import load_manifest
 from edgec.runtime.providers import TOLERANCE
 
@@ -27,8 +29,8 @@ ROOT = Path(__file__).resolve().parents[2]
 MODELS = Path(os.environ["EDGEC_MODELS_DIR"])
 OPENVINO = "OpenVINOExecutionProvider"
 # What the device's distribution needs beside onnxruntime (runtime/dist/pyproject.toml), installed with
-# --no-deps so that pip does not add the stock onnxruntime next to OpenVINO's.
-DEVICE_DEPS = ["numpy>=1.24", "pyzmq>=25", "msgpack>=1.0", "zstandard>=0.22", "lz4>=4.0", "click>=8.1", "rich>=13"]
+# --no-deps so that pip does not add the stock onnxruntime next to OpenVINO's (onnx: its `profile` extra).
+DEVICE_DEPS = ["onnx>=1.15", "numpy>=1.24", "pyzmq>=25", "msgpack>=1.0", "zstandard>=0.22", "lz4>=4.0", "click>=8.1", "rich>=13"]
 
 
 def _pip(py: Path, *args: str) -> subprocess.CompletedProcess:
@@ -77,25 +79,43 @@ def worker(openvino_device, tmp_path):
             proc.wait()
 
 
-def _cluster(tmp_path: Path, address: str) -> Path:
+@pytest.fixture(scope="module")
+def openvino_profile(openvino_device, tmp_path_factory) -> Path:
+    """`edgec profile --providers OpenVINOExecutionProvider` of the device's install (quick, 1 thread)."""
+    out = tmp_path_factory.mktemp("ovprofile") / "ov.yaml"
+    proc = subprocess.run([str(openvino_device), "profile", "--quick", "--threads", "1", "--providers", OPENVINO,
+                           "-o", str(out)], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def test_the_device_profiles_with_openvino_and_the_profile_says_so(openvino_profile):
+    prof = load_profile(str(openvino_profile))
+    assert prof.providers == (OPENVINO,)
+    assert OPENVINO in prof.description and "CPU EP" not in prof.description
+    assert prof.layout_conversions is False
+
+
+def _cluster(tmp_path: Path, address: str, profile: Path) -> Path:
     f = tmp_path / "cluster.yaml"
     f.write_text(f"""devices:
   - name: ov
-    profile: rpi5
+    profile: {profile}
     address: {address}
     providers: [{{{OPENVINO}: {{device_type: CPU}}}}]
   - name: cpu
-    profile: rpi5
+    profile: {profile}
     address: local
 network: {{bandwidth_mbps: 1000, latency_ms: 0.1}}
 """)
     return f
 
 
-def test_an_openvino_device_runs_its_fragments_and_the_split_verifies(worker, tmp_path):
+def test_an_openvino_device_runs_its_fragments_and_the_split_verifies(worker, openvino_profile, tmp_path):
     build = tmp_path / "build"
-    edgec.compile(MODELS / "mobilenetv2.onnx", _cluster(tmp_path, worker), build, strategy="pipeline",
-                  objective="throughput")
+    cluster = _cluster(tmp_path, worker, openvino_profile)
+    assert load_cluster(cluster).device("ov").provider_note is None  # its profile was measured with OpenVINO
+    edgec.compile(MODELS / "mobilenetv2.onnx", cluster, build, strategy="pipeline", objective="throughput")
     m = load_manifest(build / "manifest.json")
     assert m.device_fragments("ov") and m.device_fragments("cpu"), "the plan must use both devices"
     assert [p.name for p in m.device("ov").providers] == [OPENVINO]
