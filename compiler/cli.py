@@ -233,7 +233,8 @@ def simulate_cmd(manifest, as_json, plot_file, trace_file):
 @click.option("--device", "device", metavar="NAME", show_default="every device of the report, if they share a profile",
               help="with --refine: the device whose fragment times to fold in")
 @verbose_option
-def profile_cmd(output, model, threads, strict, quick, power_idle, power_busy, refine, profile_ref, device, verbose):
+def profile_cmd(output, model, threads, providers, strict, quick, power_idle, power_busy, refine, profile_ref, device,
+                verbose):
     """Measure this machine and write a device profile (the format of profiles/*.yaml).
 
     Each figure is measured per thread count and repeated until its spread is small; the load of the
@@ -243,7 +244,8 @@ def profile_cmd(output, model, threads, strict, quick, power_idle, power_busy, r
     from .profile import check_output_path, refine_profile, write_profile
 
     if refine is not None:
-        given = [flag for flag, v in (("--model", model), ("--threads", threads), ("--strict", strict),
+        given = [flag for flag, v in (("--model", model), ("--threads", threads), ("--providers", providers),
+                                      ("--strict", strict),
                                       ("--quick", quick), ("--power-idle", power_idle),
                                       ("--power-busy", power_busy)) if v not in (None, False)]
         if given:
@@ -257,7 +259,7 @@ def profile_cmd(output, model, threads, strict, quick, power_idle, power_busy, r
         raise UserError(f"{'--profile' if profile_ref is not None else '--device'} goes with --refine REPORT.json")
     try:
         measure_to(write_profile, _progress, output=output, model=model, threads=threads, strict=strict, quick=quick,
-                   power_idle=power_idle, power_busy=power_busy, verbose=verbose)
+                   power_idle=power_idle, power_busy=power_busy, verbose=verbose, providers=providers)
     except EdgecRuntimeError as exc:  # the measuring is the runtime's: its bad input is ours (exit 2)
         _fail(str(exc), exc.exit_code)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -9,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgec.compiler.errors import UserError
 from edgec.compiler.units import MiB
+from edgec.runtime.providers import CPU, CPU_ONLY, Provider
 
 from .power import DevicePower
 from .profile import Figures, Profile, RuntimeFigures, profile_path, read_profile, unknown_profile
@@ -18,7 +20,9 @@ from .yamlio import read_yaml
 if TYPE_CHECKING:
     from .schema import DeviceDoc, NetworkDoc
 
-__all__ = ["DeviceSpec", "LinkSpec", "HostSpec", "Cluster", "load_cluster", "LOCAL"]
+__all__ = ["provider_note", "DeviceSpec", "LinkSpec", "HostSpec", "Cluster", "load_cluster", "LOCAL"]
+
+logger = logging.getLogger(__name__)
 
 LOCAL = "local"  # `address: local`: the device runs as a worker process on the coordinator's machine
 
@@ -32,6 +36,7 @@ class DeviceSpec:
     threads: int | None = None  # the worker's intra-op thread count; None: the runtime's default (all cores)
     mode: str | None = None  # the power mode a plan runs it in (a profile's `modes:` entry); None: the top level's
     host: str | None = None  # the `hosts:` entry of the machine it shares with other devices; None: its own
+    providers: tuple[Provider, ...] = CPU_ONLY  # onnxruntime's execution providers for its sessions, in order
 
     @property
     def figures(self) -> Figures:
@@ -63,8 +68,14 @@ class DeviceSpec:
         with other devices (`hosts:`; evaluate charges a machine's devices for its cores, and tiles on one
         machine share its memory path) and its power figures (the energy model). Every planner that treats
         alike devices as interchangeable (the pipeline DP, the spatial search, allocate's classes) requires
-        their traits to be equal too; compared for equality only."""
-        return (self.host, self.power)
+        their traits to be equal too; compared for equality only. Its execution providers too: devices that
+        run different ones are not interchangeable, whatever their figures."""
+        return (self.host, self.power, self.providers)
+
+    @property
+    def provider_note(self) -> str | None:
+        """Why this device's figures may not be what its sessions run at (None: they are): see provider_note."""
+        return provider_note(self.name, self.profile, tuple(p.name for p in self.providers))
 
     @property
     def usable_bytes(self) -> int:
@@ -152,7 +163,8 @@ class Cluster:
             "devices": [
                 {"name": d.name, "profile": d.profile.name, "memory_mb": d.memory_mb, "address": d.address,
                  **({} if d.threads is None else {"threads": d.threads}), **d.power.to_dict(),
-                 **({} if d.run_mode is None else {"mode": d.run_mode})}
+                 **({} if d.run_mode is None else {"mode": d.run_mode}),
+                 **({} if d.providers == CPU_ONLY else {"providers": [p.to_json() for p in d.providers]})}
                 for d in self.devices
             ],
             "network": {
@@ -234,13 +246,48 @@ def _devices(docs: list[DeviceDoc], base_dir: Path, shown: str) -> tuple[DeviceS
         memory_mb = prof.memory_mb if dv.memory_mb is None else dv.memory_mb
         address = None if dv.address == LOCAL else dv.address
         device = DeviceSpec(name=dv.name, profile=prof, memory_mb=memory_mb, address=address, threads=dv.threads,
-                            host=dv.host)
+                            host=dv.host, providers=_providers(dv, shown))
         if device.usable_bytes <= 0:
             raise UserError(f"{where}: no usable memory ({memory_mb:g} MB x {prof.usable_memory_fraction:g} "
                             f"- {prof.runtime_overhead_mb:g} MB runtime overhead)", path=shown)
         devices.append(device)
+        if device.provider_note is not None:
+            logger.warning("%s: %s", shown, device.provider_note)
     _no_silent_local(docs, shown)
     return tuple(devices)
+
+
+def provider_note(device: str, profile: Profile, providers: tuple[str, ...]) -> str | None:
+    """The pricing rule for execution providers, said when it matters. A device is priced at its profile's
+    figures, whatever providers run it: the profile says which providers they were measured with (`providers:`,
+    absent: the CPU's). A device that runs an accelerator its profile has no figures for is priced at the
+    profile's (the CPU's) figures, so its plan is conservative for the nodes the accelerator takes; a device whose
+    profile was measured with an accelerator it does not list runs on the CPU, slower than the plan predicts.
+    Both are said (a warning at compile), never silently assumed. Pricing each node at the figures of the
+    provider that claims it (the CPU's for the nodes an accelerator does not take) needs those claims from
+    onnxruntime with that provider, on the device: not yet done."""
+    extra = [p for p in providers if p != CPU and p not in profile.providers]
+    if extra:
+        return (f"device {device!r} runs {extra[0]}, but profile {profile.name} was measured with "
+                f"{', '.join(profile.providers)}: the plan prices its every node at the profile's figures")
+    lacking = [p for p in profile.providers if p != CPU and p not in providers]
+    if lacking:
+        return (f"device {device!r}: profile {profile.name}'s figures are for {lacking[0]}, which the device does "
+                f"not list in 'providers' (its sessions run {', '.join(providers)}): it will run slower than the "
+                "plan predicts")
+    return None
+
+
+def _providers(dv: DeviceDoc, shown: str) -> tuple[Provider, ...]:
+    """The device's `providers:` as the runtime's Provider list (absent: the CPU's alone), each name once."""
+    if dv.providers is None:
+        return CPU_ONLY
+    out = tuple(Provider(name, tuple(options.items())) for entry in dv.providers for name, options in entry.items())
+    names = [p.name for p in out]
+    dup = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if dup is not None:
+        raise UserError(f"device {dv.name!r}: providers lists {dup} twice", path=shown)
+    return out
 
 
 def _no_silent_local(docs: list[DeviceDoc], shown: str) -> None:

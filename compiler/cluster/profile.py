@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgec.compiler.errors import UserError
+from edgec.runtime.providers import CPU
 
 from .format_names import GFLOPS_KEYS, INT8_GFLOPS_KEYS
 from .quote import show
@@ -138,6 +139,9 @@ class Profile:
     # activations at its ends and around a crop inside it (edgec profile reads it from the graph onnxruntime
     # optimises; cost/tiles.py Relayout prices each conversion as a read and a write at memory_gbps).
     layout_conversions: bool = False
+    # The onnxruntime execution providers its figures were measured (or estimated) with, in order: the CPU's
+    # alone unless the file says otherwise (cluster.py provider_note says how a device running others is priced).
+    providers: tuple[str, ...] = (CPU,)
 
     @property
     def mode_names(self) -> tuple[str, ...]:
@@ -264,6 +268,7 @@ def validate_profile_dict(data: Any, path: str) -> Profile:
         gemm_weight_gbps=top.gemm_weight_gbps,
         shared_weight_gbps=doc.shared_weight_gbps,
         layout_conversions=doc.layout_conversions,
+        providers=tuple(doc.providers) if doc.providers else (CPU,),
     )
 
 

@@ -7,6 +7,7 @@ error (PydanticCustomError) is a statement of its own.  A field typed without `|
 may be left out, yet not written as null.
 """
 
+import math
 import re
 from typing import Annotated, Any, Literal, NamedTuple
 
@@ -43,6 +44,8 @@ ProfileRef = Annotated[str, Field(pattern=r"\S", description="a profile name or 
 WorkerThreads = Annotated[int, Field(ge=1, le=MAX_THREADS,
                                      description=f"an integer from 1 to {MAX_THREADS} (the worker's intra-op threads)")]
 Layers = dict[str, dict[str, NonNegative]]  # {model sha256: {onnx node name: ms}}
+ProviderName = Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9]{0,63}ExecutionProvider\Z",
+                                    description="an onnxruntime execution provider name (e.g. CUDAExecutionProvider)")]
 
 
 class _Doc(BaseModel):
@@ -268,6 +271,8 @@ class ProfileDoc(_Doc):
     runtime: RuntimeDoc | None = None
     measurement: MeasurementDoc | None = None
     cpu_quota: CpuQuotaDoc | None = None
+    providers: Annotated[list[ProviderName],
+                         Field(min_length=1, description="a non-empty list of execution provider names")] | None = None
 
 
 HostCores = Annotated[int, Field(ge=1, le=MAX_THREADS, description=f"an integer from 1 to {MAX_THREADS}")]
@@ -281,6 +286,36 @@ class HostDoc(_Doc):
     coordinator: bool = False  # `edgec run` runs on this machine too
 
 
+OptionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}\Z", description="option names (1-64 characters "
+                                                                                  "from [A-Za-z0-9_.-])")]
+
+
+def _option_text(v: Any) -> Any:
+    # onnxruntime takes provider options as strings: a number becomes its YAML text. A boolean is refused:
+    # providers spell them differently ("true", "True", "1"), so the file says which.
+    if isinstance(v, bool):
+        raise PydanticCustomError("option_bool", "is a boolean: write it as the provider spells it, as a string "
+                                  "(e.g. 'true' or '1')")
+    if isinstance(v, (int, float)) and math.isfinite(v):
+        return str(v)
+    return v
+
+
+OptionValue = Annotated[str, BeforeValidator(_option_text), Field(description="a string or a number")]
+
+
+def _named_entry(v: Any) -> Any:
+    # A bare name is a provider without options: one form for the schema below.
+    return {v: {}} if isinstance(v, str) else v
+
+
+ProviderEntry = Annotated[
+    dict[ProviderName, dict[OptionName, OptionValue]],
+    BeforeValidator(_named_entry),
+    Field(min_length=1, max_length=1, description="a provider name, or {provider name: {option: value}}"),
+]
+
+
 class DeviceDoc(_Doc):
     name: DeviceName
     profile: ProfileRef
@@ -288,6 +323,8 @@ class DeviceDoc(_Doc):
     address: NonBlank | None = None
     threads: WorkerThreads | None = None  # None: the runtime's default
     host: DeviceName | None = None  # a `hosts:` entry: the machine its worker shares with others
+    providers: Annotated[list[ProviderEntry],
+                         Field(min_length=1, description="a non-empty list of execution providers")] | None = None
 
     @staticmethod
     def message_label(raw: Any) -> str | None:

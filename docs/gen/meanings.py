@@ -13,6 +13,7 @@ MEANINGS = {
     "DeviceDoc.address": "`tcp://HOST:PORT` of its `edgec worker`, or `local`: a worker process on the coordinator's machine; absent: local too, allowed only when no device has an address (a cluster of remote devices names its local ones)",
     "DeviceDoc.threads": "the worker's intra-op threads; the cost model prices the profile's figures for that count",
     "DeviceDoc.host": "a `hosts:` entry: the machine this worker shares with others",
+    "DeviceDoc.providers": "onnxruntime execution providers for its sessions, in order, each a name or `{name: {option: value}}` (e.g. `[{OpenVINOExecutionProvider: {device_type: CPU}}]`); absent: `[CPUExecutionProvider]`. A worker whose onnxruntime lacks one is refused at the start ([providers](../how-to/providers.md))",
     "NetworkDoc.bandwidth_mbps": "every pair's bandwidth in megabits per second, unless a link says otherwise",
     "NetworkDoc.latency_ms": "every pair's one-way latency, unless a link says otherwise",
     "NetworkDoc.medium": "`switched` (each pair its own link) or `shared` (one channel all devices take turns on); absent: switched",
@@ -34,6 +35,7 @@ MEANINGS = {
     "ServiceDoc.min_devices": "the fewest devices the service may get",
     "ServiceDoc.max_devices": "the most devices the service may get",
     # profiles
+    "ProfileDoc.providers": "the onnxruntime execution providers its figures were measured (or estimated) with; absent: `[CPUExecutionProvider]`. A device whose `providers:` differ is priced at these figures all the same, with a warning at compile ([providers](../how-to/providers.md))",
     "ProfileDoc.name": "the profile's name (what cluster.yaml's `profile:` names)",
     "ProfileDoc.description": "free text",
     "ProfileDoc.memory_mb": "physical memory",

@@ -25,8 +25,9 @@ from ..manifest.schedule import recv_keys, send_targets
 from ..manifest.types import HOST
 from ..wire.keys import COORDINATOR, Keyring, ephemeral_keyring
 from ..wire.net import Endpoint, outward_host, parse_endpoint
-from ..wire.protocol import PROTOCOL_VERSION
-from ..wire.transport import POLL_MS
+from ..providers import missing_provider, refusal
+from ..wire.protocol import PROTOCOL_VERSION, welcome_providers
+from ..wire.transport import POLL_MS, BadMessage
 from .liveness import HEARTBEAT_MISSES
 from .workers import WorkerLink, log_tail
 
@@ -207,9 +208,16 @@ class Connecting:
                              f"{PROTOCOL_VERSION}: install the same edgec version on both")
         if self.keys is not None and (msg["key"] or "").encode() != w.key:
             raise InputError(f"{w.where}: the worker's key is not {w.name}'s")
+        try:
+            available = welcome_providers(msg)
+        except BadMessage as exc:
+            raise InputError(f"{w.where}: the worker's welcome is malformed ({exc})") from None
+        missing = missing_provider(self.manifest.device(w.name).providers, available)
+        if missing is not None:
+            raise InputError(refusal(w.where, missing, available))
         w.phase = "welcomed"
-        logger.debug("%s: edgec %s, pid %d, %d thread(s), %d core(s)", w.where, one_line(msg["edgec"], 40),
-                     msg["pid"], msg["threads"], msg["cores"])
+        logger.debug("%s: edgec %s, pid %d, %d thread(s), %d core(s), providers %s", w.where,
+                     one_line(msg["edgec"], 40), msg["pid"], msg["threads"], msg["cores"], ", ".join(available))
 
     def _on_refused(self, w: WorkerLink, msg: dict, payload) -> None:
         raise InputError(f"{w.where}: refused: {one_line(msg['reason'], 300)}")

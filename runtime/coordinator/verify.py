@@ -13,8 +13,9 @@ from ..errors import InputError, one_line
 from ..device.executor import session_options
 from ..manifest.types import Manifest
 from ..manifest.load import file_sha256
+from ..providers import tolerance_of
 
-__all__ = ["VerifyResult", "check_model", "reference_outputs", "compare_outputs", "verify_outputs"]
+__all__ = ["plan_tolerance", "VerifyResult", "check_model", "reference_outputs", "compare_outputs", "verify_outputs"]
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +31,14 @@ class VerifyResult:
     def as_json(self) -> dict:
         return {"passed": self.passed, "max_abs_diff": self.max_abs_diff, "worst_output": self.worst_output,
                 "tolerance": self.tolerance}
+
+
+def plan_tolerance(manifest: Manifest) -> float:
+    """--verify's default tolerance for this plan: the largest of the tolerances of the providers its devices
+    with fragments run (runtime/providers.py TOLERANCE; the CPU's alone: 1e-4). The reference stays onnxruntime's
+    CPU provider on the whole model."""
+    return max(tolerance_of(d.providers) for d in manifest.devices if manifest.device_fragments(d.name)) \
+        if manifest.fragments else tolerance_of(())
 
 
 def _where(manifest: Manifest) -> str:
@@ -101,5 +110,7 @@ def compare_outputs(outputs: Mapping[str, np.ndarray], reference: Mapping[str, n
 
 
 def verify_outputs(manifest: Manifest, inputs: Mapping[str, np.ndarray], outputs: Mapping[str, np.ndarray],
-                   tolerance: float = 1e-4, threads: int = 0, model_checked: bool = False) -> VerifyResult:
-    return compare_outputs(outputs, reference_outputs(manifest, inputs, threads, model_checked), tolerance)
+                   tolerance: float | None = None, threads: int = 0, model_checked: bool = False) -> VerifyResult:
+    """`outputs` against the whole model's; `tolerance` None: the plan's providers' (plan_tolerance)."""
+    return compare_outputs(outputs, reference_outputs(manifest, inputs, threads, model_checked),
+                           plan_tolerance(manifest) if tolerance is None else tolerance)

@@ -13,6 +13,7 @@ import onnxruntime as ort
 from ..errors import InputError, RunError, one_line
 from ..manifest.types import Fragment, Manifest
 from ..manifest.load import file_sha256
+from ..providers import missing_provider, ort_providers, refusal
 
 __all__ = ["Executor", "session_options"]
 
@@ -47,8 +48,18 @@ class Executor:
         self.files = files or manifest.fragment_path
         self.fragments = {f.id: f for f in manifest.device_fragments(device)}
         self.sessions: dict[str, ort.InferenceSession] = {}
+        self.providers = next((d.providers for d in manifest.devices if d.name == device), ())
+
+    def check_providers(self) -> None:
+        """InputError when this onnxruntime lacks a provider the plan gives the device: onnxruntime itself would
+        only warn and run the fragments on the CPU."""
+        available = ort.get_available_providers()
+        missing = missing_provider(self.providers, available)
+        if missing is not None:
+            raise InputError(refusal(f"device {self.device}", missing, available))
 
     def load(self) -> None:
+        self.check_providers()
         for frag in self.fragments.values():
             self.sessions[frag.id] = self._session(frag)
 
@@ -67,9 +78,14 @@ class Executor:
                              "was changed after compiling")
         try:
             sess = ort.InferenceSession(str(path), session_options(self.threads, stop_spinning=True),
-                                        providers=["CPUExecutionProvider"])
+                                        providers=ort_providers(self.providers))
         except Exception as exc:  # onnxruntime raises several pybind error types
             raise InputError(f"{where}: onnxruntime cannot load it: {one_line(exc, 200)}") from None
+        registered = sess.get_providers()
+        lost = missing_provider(self.providers, registered)
+        if lost is not None:  # the provider exists but would not start (a driver missing, say): no silent CPU
+            raise InputError(f"{where}: device {self.device}: onnxruntime did not register {lost} for it "
+                             f"(the session has {', '.join(registered)})")
         graph_inputs = {i.name for i in sess.get_inputs()}
         graph_outputs = {o.name for o in sess.get_outputs()}
         missing = sorted(graph_inputs - set(frag.inputs))

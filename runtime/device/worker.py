@@ -17,6 +17,7 @@ import sys
 import time
 
 import click
+import onnxruntime as ort
 import zmq
 
 from .cache import FragmentCache, default_cache_dir
@@ -179,7 +180,8 @@ class Daemon:
             self.session = Session(self, peer, where)
             self.send_to(peer, [pack({"t": "welcome", "protocol": PROTOCOL_VERSION, "edgec": self.version,
                                       "pid": os.getpid(), "threads": self.threads, "cores": _cores(),
-                                      "key": None if self.keys is None else self.keys.public.decode()})])
+                                      "key": None if self.keys is None else self.keys.public.decode(),
+                                      "providers": ort.get_available_providers()})])
 
     def _not_coordinator(self, peer: bytes, body: list[zmq.Frame]) -> None:
         """A control message from a key other than the coordinator's (a device's, say): dropped; a hello is

@@ -33,7 +33,7 @@ from ..wire.protocol import MAX_DILATE
 from ..serve.session import Cluster
 from ..device.session import MAX_INFLIGHT
 from ..coordinator.trace import Trace, check_trace_path, write_trace
-from ..coordinator.verify import VerifyResult, check_model, compare_outputs, reference_outputs
+from ..coordinator.verify import VerifyResult, check_model, compare_outputs, plan_tolerance, reference_outputs
 
 __all__ = ["run", "execute", "report", "RunResult", "write_npz", "parse_addresses", "parse_slow", "check_options",
            "Checker", "RequestsChecked", "run_manifest", "MAX_INFLIGHT", "MIN_HEARTBEAT_MS", "MAX_HEARTBEAT_MS",
@@ -79,7 +79,7 @@ class RunResult:
 
 def run(manifest: str | os.PathLike, *, inputs: str | os.PathLike | Mapping[str, np.ndarray] | None = None,
         random_inputs: bool = False, seed: int = 0, verify: bool = False, model: str | os.PathLike | None = None,
-        tolerance: float = 1e-4, repeat: int = 1, warmup: int = 1, threads: int | None = None, emulate: bool = False,
+        tolerance: float | None = None, repeat: int = 1, warmup: int = 1, threads: int | None = None, emulate: bool = False,
         timeout: float = 60.0, output: str | os.PathLike | None = None, addresses: Mapping[str, str] | None = None,
         keys: str | os.PathLike | None = None, inflight: int | None = None, compress: str = "none",
         heartbeat_ms: int = HEARTBEAT_MS, report: str | os.PathLike | None = None,
@@ -135,7 +135,7 @@ def run(manifest: str | os.PathLike, *, inputs: str | os.PathLike | Mapping[str,
 
 def execute(manifest: str | os.PathLike, *, npz: str | None = None, pairs: Iterable[str] = (),
             arrays: Mapping[str, np.ndarray] | None = None, random_inputs: bool = False, seed: int = 0,
-            verify: bool = False, model: str | os.PathLike | None = None, tolerance: float = 1e-4, repeat: int = 1,
+            verify: bool = False, model: str | os.PathLike | None = None, tolerance: float | None = None, repeat: int = 1,
             warmup: int = 1, threads: int | None = None, emulate: bool = False, timeout: float = 60.0,
             addresses: Mapping[str, str] | None = None, keys: str | os.PathLike | None = None,
             inflight: int | None = None, compress: str = "none", heartbeat_ms: int = HEARTBEAT_MS,
@@ -175,7 +175,8 @@ def execute(manifest: str | os.PathLike, *, npz: str | None = None, pairs: Itera
     checker = None
     if verify:  # the reference first: every request's outputs are compared with it as they arrive
         logger.info("verifying against %s", m.model_path)
-        checker = Checker(reference_outputs(m, given, model_checked=True), tolerance)
+        checker = Checker(reference_outputs(m, given, model_checked=True),
+                          plan_tolerance(m) if tolerance is None else tolerance)
     result = run_manifest(m, given, repeat=repeat, warmup=warmup, threads=threads, emulate=emulate,
                           timeout=timeout, progress=logger.info, addresses=addresses, keys=keyring, inflight=inflight,
                           compress=compress, heartbeat_ms=heartbeat_ms, timings=report is not None, dilate=dilate,
@@ -395,7 +396,7 @@ def check_options(repeat: int, threads: int | None, timeout: float, tolerance: f
                          "(4 x this machine's cores)")
     if not _number(timeout) or not 0 < timeout <= MAX_TIMEOUT_S:
         raise InputError(f"timeout {timeout!r}: expected a number of seconds above 0, at most {MAX_TIMEOUT_S:g}")
-    if not _number(tolerance) or not 0 <= tolerance < math.inf:
+    if tolerance is not None and (not _number(tolerance) or not 0 <= tolerance < math.inf):
         raise InputError(f"tolerance {tolerance!r}: expected a finite number >= 0")
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise InputError(f"seed {seed!r}: expected an integer >= 0")

@@ -61,7 +61,8 @@ _EPILOG = ("Exit codes: 0 ok, 1 verification failed, 2 bad input, 3 run failure 
 @click.option("--model", "model_file", metavar="MODEL.onnx", show_default="the manifest's model path",
               help="The source model for --verify, when the build folder was moved away from it; its sha256 "
                    "must match the manifest's.")
-@click.option("--tolerance", type=_TOLERANCE, default=1e-4, show_default=True,
+@click.option("--tolerance", type=_TOLERANCE, default=None,
+              show_default="the plan's providers': 1e-4 for the CPU, the largest of its devices' providers' otherwise",
               help="Pass when max|a-b| <= tolerance * max(1, max|reference|) for every output.")
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
               help="Timed requests (after the --warmup ones).")
@@ -299,7 +300,8 @@ _RUN_ALL_EPILOG = ("Exit codes: 0 ok (a missed SLA is reported, not an error), 1
 @click.option("--warmup", type=click.IntRange(min=0, max=MAX_WARMUP), default=1, show_default=True,
               help="Untimed requests each service runs one at a time first, as `edgec run --warmup`.")
 @click.option("--verify", is_flag=True, help="Compare every service's outputs with its source model run whole.")
-@click.option("--tolerance", type=_TOLERANCE, default=1e-4, help="As `edgec run --tolerance`.")
+@click.option("--tolerance", type=_TOLERANCE, default=None, show_default="each plan's providers'",
+              help="As `edgec run --tolerance`.")
 @click.option("--seed", type=_SEED, default=0, help="Seed of the random inputs.")
 @click.option("--threads", type=click.IntRange(min=0, max=MAX_THREADS_HERE), default=None,
               show_default="cores / all the services' devices", help="onnxruntime intra-op threads per worker.")
@@ -458,7 +460,8 @@ class _ProfileFormatter(logging.Formatter):
 @measuring_options
 @verbose_option
 @click.pass_context
-def profile(ctx: click.Context, output, model, threads, strict, quick, power_idle, power_busy, verbose) -> None:
+def profile(ctx: click.Context, output, model, threads, providers, strict, quick, power_idle, power_busy,
+            verbose) -> None:
     """Measure this machine and write a device profile (flow-style YAML: a profile file for `edgec compile`).
 
     Each figure is measured per thread count and repeated until its spread is small; the load of the
@@ -471,7 +474,7 @@ def profile(ctx: click.Context, output, model, threads, strict, quick, power_idl
                 logging.getLogger(PROFILE_LOGGER).setLevel(logging.INFO)
             measure_to(write_profile_flow, lambda msg: click.echo(f"edgec: {msg}", err=True), output=output,
                        model=model, threads=threads, strict=strict, quick=quick, power_idle=power_idle,
-                       power_busy=power_busy, verbose=verbose)
+                       power_busy=power_busy, verbose=verbose, providers=providers)
         code = EXIT_OK
     except ModuleNotFoundError as exc:
         if exc.name != "onnx":

@@ -202,7 +202,7 @@ def default_threads(allocation: Allocation) -> int:
     return max(1, available_cores() // max(devices, 1))
 
 
-def run_all(outdir: str | Path, *, repeat: int = 1, verify: bool = False, tolerance: float = 1e-4,
+def run_all(outdir: str | Path, *, repeat: int = 1, verify: bool = False, tolerance: float | None = None,
             threads: int | None = None, emulate: bool = False, timeout: float = 60.0, seed: int = 0,
             warmup: int = 1) -> dict:
     """Run every service of OUTDIR's allocation at once (random inputs), each `repeat` timed requests after
@@ -270,7 +270,7 @@ def _run_service(s: ServiceEntry, stop: threading.Event, *, repeat: int, verify:
     from .api import Checker, report
     from .api import run_manifest
     from ..coordinator.inputs import load_inputs
-    from ..coordinator.verify import check_model, reference_outputs
+    from ..coordinator.verify import check_model, plan_tolerance, reference_outputs
 
     def step() -> None:
         if stop.is_set():
@@ -285,7 +285,8 @@ def _run_service(s: ServiceEntry, stop: threading.Event, *, repeat: int, verify:
     if verify:
         check_model(m)
     given = load_inputs(m, random=True, seed=seed)
-    checker = Checker(reference_outputs(m, given, model_checked=True), tolerance) if verify else None
+    checker = Checker(reference_outputs(m, given, model_checked=True),
+                      plan_tolerance(m) if tolerance is None else tolerance) if verify else None
 
     def check(outputs) -> None:
         step()

@@ -18,7 +18,10 @@ are ignored):
               (tcp://HOST:PORT) is where `edgec run` reaches the device's `edgec worker`; a device
               without one runs in a worker process that `edgec run` starts on this machine. An
               optional `"threads": int >= 1` is the intra-op thread count the plan priced the device at;
-              a local worker runs that many unless `edgec run --threads` says otherwise.
+              a local worker runs that many unless `edgec run --threads` says otherwise. An optional
+              "providers": [{"name": str, "options": {str: str}}, ...] (non-empty, names unique) lists the
+              onnxruntime execution providers its sessions are created with, in order (absent: the CPU's
+              alone); a worker whose onnxruntime lacks one is refused at the start (runtime/providers.py).
               Optional, informational (the runtime does not act on them; `edgec simulate` prices energy
               with them): "power_w": {"idle", "busy": W >= 0 or null}, "radio_nj_per_byte": {"tx", "rx":
               nJ per byte >= 0 or null}, and "mode": str, the profile's power mode the device must run in
@@ -126,6 +129,7 @@ from typing import Any, Iterable
 
 from .. import MANIFEST_FORMAT, MANIFEST_VERSION
 from ..errors import InputError
+from ..providers import CPU_ONLY
 from .parse import build_manifest
 from .types import (Alternative, Concat, Fallback, Fragment, Manifest, Recv, Region, Regions, Run, Send, Slice, Step,
                     TensorSpec, region_ranges)
@@ -323,6 +327,7 @@ def manifest_json(m: Manifest) -> bytes:
         "outputs": [{**_spec(o), "device": o.device} for o in m.outputs],
         "devices": [{"name": d.name, "profile": d.profile, "memory_mb": d.memory_mb, "address": d.address}
                     | ({"threads": d.threads} if d.threads is not None else {})
+                    | ({"providers": [p.to_json() for p in d.providers]} if d.providers != CPU_ONLY else {})
                     for d in m.devices],
         "network": {"bandwidth_mbps": None if no_network else net.bandwidth_mbps,
                     "latency_ms": None if no_network else net.latency_ms, "medium": net.medium,

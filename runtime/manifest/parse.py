@@ -11,6 +11,7 @@ from typing import Any, Iterable
 
 from .. import MANIFEST_FORMAT, MANIFEST_VERSION
 from ..errors import InputError
+from ..providers import CPU_ONLY, Provider
 from .types import (DTYPES, OBJECTIVES, Alternative, Concat, Device, Fallback, Fragment, Free, Link, Manifest, Network,
                     OutputSpec, RuntimeCosts, Recv, Region, Regions, Run, Send, Slice, Step, TensorSpec, Transfer)
 
@@ -163,7 +164,31 @@ def _device(r: Reader, d: Any, where: str) -> Device:
     radio = _pair(r, d, "radio_nj_per_byte", ("tx", "rx"), where)
     mode = r.str(d, "mode", where) if d.get("mode") is not None else None
     return Device(name, r.str(d, "profile", where), r.num(d, "memory_mb", where), address, threads,
-                  *power, *radio, mode)
+                  *power, *radio, mode, _providers(r, d.get("providers"), f"{where}.providers"))
+
+
+def _providers(r: Reader, raw: Any, where: str) -> tuple[Provider, ...]:
+    """A device's optional `providers`: a non-empty list of {name, options?} objects, names unique, options a
+    {string: string} object; absent or null: the CPU provider alone (manifests before providers existed)."""
+    if raw is None:
+        return CPU_ONLY
+    if not isinstance(raw, list) or not raw:
+        r.fail(where, "expected a non-empty list")
+    out = []
+    for i, entry in enumerate(raw):
+        w = f"{where}[{i}]"
+        entry = r.obj(entry, w)
+        unknown = sorted(set(entry) - {"name", "options"})
+        if unknown:
+            r.fail(w, f"unknown key {_show(unknown[0])} (expected name, options)")
+        options = r.obj(entry.get("options") or {}, f"{w}.options")
+        if not all(isinstance(k, str) and k and isinstance(v, str) for k, v in options.items()):
+            r.fail(f"{w}.options", "expected an object of strings")
+        out.append(Provider(r.str(entry, "name", w), tuple(options.items())))
+    dup = _first_duplicate(p.name for p in out)
+    if dup is not None:
+        r.fail(where, f"{_show(dup)} is listed twice")
+    return tuple(out)
 
 
 def _pair(r: Reader, d: dict, key: str, names: tuple[str, str], where: str) -> tuple[float | None, float | None]:

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..linkmodel import link as link_figures
 from ..linkmodel import wire_ms
+from ..providers import CPU_ONLY, Provider
 
 __all__ = [
     "HOST", "DTYPES", "TensorSpec", "OutputSpec", "Device", "Link", "RuntimeCosts", "Network", "Fragment", "Region", "Regions",
@@ -57,6 +58,8 @@ class Device:
     tx_nj_per_byte: float | None = None
     rx_nj_per_byte: float | None = None
     mode: str | None = None  # the power mode the plan needs the device to run in; None: its only one
+    # The onnxruntime execution providers its sessions are created with, in order (absent: the CPU's alone).
+    providers: tuple[Provider, ...] = CPU_ONLY
 
 
 @dataclass(frozen=True)
@@ -258,6 +261,9 @@ class Manifest:
 
     def device_fragments(self, device: str) -> list[Fragment]:
         return [f for f in self.fragments.values() if f.device == device]
+
+    def device(self, name: str) -> Device:
+        return next(d for d in self.devices if d.name == name)
 
     def fallback_for(self, device: str) -> Fallback | None:
         return next((fb for fb in self.fallbacks if fb.without == device), None)

@@ -5,6 +5,7 @@ YAML). Bad input is an InputError (one line, exit 2), checked before minutes of 
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import Callable
 
@@ -15,7 +16,7 @@ from edgec.runtime.machine import MAX_THREADS_HERE
 
 from .write import check_output_path
 
-__all__ = ["measuring_options", "verbose_option", "measure_to", "thread_list", "LOGGER"]
+__all__ = ["measuring_options", "verbose_option", "measure_to", "thread_list", "provider_list", "LOGGER"]
 
 LOGGER = "edgec.runtime.profile"  # its warnings' details are INFO records: --verbose shows them
 
@@ -37,6 +38,18 @@ def thread_list(ctx, param, value: str | None) -> list[int] | None:
     return sorted(set(counts))
 
 
+def provider_list(ctx, param, value: str | None) -> list[str] | None:
+    """--providers A,B: distinct onnxruntime provider names, in order (checked against onnxruntime when measuring)."""
+    if value is None:
+        return None
+    names = [item.strip() for item in value.split(",")]
+    bad = next((n for n in names if not re.fullmatch(r"[A-Za-z][A-Za-z0-9]{0,63}ExecutionProvider", n)), None)
+    if bad is not None or len(set(names)) != len(names):
+        raise click.BadParameter(f"{value!r}: expected distinct onnxruntime provider names separated by commas, e.g. "
+                                 "OpenVINOExecutionProvider,CPUExecutionProvider")
+    return names
+
+
 _OPTIONS = [
     click.option("-o", "--output", "output", required=True, type=click.Path(dir_okay=False, path_type=Path)),
     click.option("--model", type=click.Path(dir_okay=False, path_type=Path), show_default="the standard kernels only",
@@ -46,6 +59,10 @@ _OPTIONS = [
                  help=f"onnxruntime intra-op thread counts to measure, each at most 4 x this machine's cores "
                       f"({MAX_THREADS_HERE} here): more only oversubscribe them; the top-level figures are the "
                       "largest's"),
+    click.option("--providers", "providers", metavar="NAME[,NAME...]", callback=provider_list, default=None,
+                 show_default="CPUExecutionProvider",
+                 help="onnxruntime execution providers to measure with, in order; the profile says so (`providers:`). "
+                      "Not with --model (per-node times are the CPU provider's)"),
     click.option("--strict", is_flag=True,
                  help="refuse (exit 2) when the machine is busy or a timing's spread stays above 10%, instead of "
                       "warning"),
@@ -73,7 +90,7 @@ def verbose_option(f: Callable) -> Callable:
 
 def measure_to(write: Callable[[dict, Path], None], progress: Callable[[str], None], *, output: Path,
                model: Path | None, threads: list[int] | None, strict: bool, quick: bool, power_idle: float | None,
-               power_busy: float | None, verbose: bool) -> None:
+               power_busy: float | None, verbose: bool, providers: list[str] | None = None) -> None:
     """Check every argument, measure this machine and `write` the profile to `output` (the installs differ in
     how they write it); prints the output's path on stdout."""
     from .measure import measure_host  # onnxruntime and onnx: imported when measuring, not for --help
@@ -87,6 +104,7 @@ def measure_to(write: Callable[[dict, Path], None], progress: Callable[[str], No
     if model is not None:
         check_model(model)
     prof = measure_host(model_path=str(model) if model else None, threads=threads, progress=progress,
-                        quick=quick, strict=strict, power_idle_w=power_idle, power_busy_w=power_busy)
+                        quick=quick, strict=strict, power_idle_w=power_idle, power_busy_w=power_busy,
+                        providers=providers)
     write(prof, output)
     click.echo(str(output))

@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterable, Iterator
 import onnxruntime as ort
 
 from edgec.runtime.errors import InputError
+from edgec.runtime.providers import CPU
 
 from . import host, kernels, tables
 from . import shared as shared_mod
@@ -26,7 +27,7 @@ from .load import BUSY_FRACTION, LoadProbe, LoadSample, describe_load, is_busy, 
 from .nodes import measure_layers
 from .quota import LIMITED, MAX_SAMPLE_S, SAMPLE_PERIODS, SPIN_S, UNKNOWN_PERIOD_SAMPLE_S, CpuQuota, see_quota
 from .shared import CoRunnerError, CoRunners
-from .timing import DEFAULT, QUICK, Figure, Policy, rand, session, sig
+from .timing import DEFAULT, QUICK, Figure, Policy, measure_with, rand, session, sig
 
 __all__ = ["measure_host", "thread_counts"]
 
@@ -243,6 +244,7 @@ def measure_host(
     runtime_costs: bool = True,
     shared_weights: bool = True,
     quota: CpuQuota | None = None,
+    providers: list[str] | None = None,
 ) -> dict[str, Any]:
     """Measure this machine and return a profile dict in the profile file format.
 
@@ -260,6 +262,8 @@ def measure_host(
     quota: the CPU share this process gets (quota.py); None: read and measured here.  Where it is below a thread
       count, that count's samples span many CFS periods, so that its figures follow the share.
     """
+    if providers and providers != [CPU]:
+        return _with_providers(providers, model_path, locals())
     say = progress or (lambda s: None)
     cpu = host.cpuinfo()
     counts = thread_counts(threads, host.all_cores(cpu))
@@ -366,6 +370,32 @@ def measure_host(
         **({"runtime": runtime} if runtime else {}),
         "cpu_quota": quota.entry(counts),
     }
+
+
+def _with_providers(providers: list[str], model_path: str | None, args: dict) -> dict[str, Any]:
+    """measure_host with every micro-benchmark session on `providers` (`edgec profile --providers`), the profile
+    saying so (`providers:`). What only the CPU provider has is not measured: the per-node tables (a provider that
+    fuses the graph reports one subgraph, not the model's nodes), layout_conversions (the CPU provider's blocked
+    layout) and shared_weight_gbps (its co-runners are CPU sessions)."""
+    available = ort.get_available_providers()
+    missing = next((p for p in providers if p not in available), None)
+    if missing is not None:
+        raise InputError(f"--providers: this onnxruntime does not have {missing} (it has {', '.join(available)})")
+    if model_path is not None:
+        raise InputError("--model with --providers: per-node times are measured on the CPU provider only (another "
+                         "provider runs the graph as its own subgraphs); profile the model's layers without --providers")
+    args = {k: v for k, v in args.items() if k not in ("providers", "model_path")} | {"shared_weights": False}
+    measure_with(providers)
+    try:
+        prof = measure_host(**args)
+    finally:
+        measure_with([CPU])
+    prof["layout_conversions"] = False
+    prof["measurement"]["warnings"].append(
+        "measured with " + ", ".join(providers) + ": layout_conversions (the CPU provider's), shared_weight_gbps "
+        "and per-node tables are not measured")
+    prof["description"] = prof["description"].replace("CPU EP", ", ".join(providers), 1)
+    return {**prof, "providers": list(providers)}
 
 
 def _within(policy: Policy, quota: CpuQuota, threads: int, say: Callable[[str], None]) -> Policy:

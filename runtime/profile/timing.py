@@ -44,8 +44,11 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
+from edgec.runtime.errors import InputError
+from edgec.runtime.providers import CPU
+
 __all__ = ["Policy", "DEFAULT", "QUICK", "Series", "Figure", "spread", "measure_stable", "combine", "settle", "warm_up",
-           "time_model", "session", "bound_run", "model", "vi", "rand", "sample_fn", "sig"]
+           "time_model", "measure_with", "session", "bound_run", "model", "vi", "rand", "sample_fn", "sig"]
 
 _IR_VERSION = 8  # opset 17 needs IR >= 8; old enough for any onnxruntime >= 1.14
 _OPSET = 17
@@ -194,13 +197,28 @@ def rand(rng, *shape):
     return rng.standard_normal(shape, dtype=np.float32)
 
 
+# The execution providers every micro-benchmark session runs (`edgec profile --providers`; measure_host sets them
+# for its run and puts the CPU's back after): one profile run per process, as `edgec profile` is.
+_providers: list[str] = [CPU]
+
+
+def measure_with(providers: list[str]) -> None:
+    """The providers the next sessions are created with (in order; the CPU's alone by default)."""
+    _providers[:] = providers
+
+
 def session(data: bytes, threads: int, opt=ort.GraphOptimizationLevel.ORT_ENABLE_ALL) -> ort.InferenceSession:
     so = ort.SessionOptions()
     so.graph_optimization_level = opt
     so.log_severity_level = 3
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
-    return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(data, so, providers=list(_providers))
+    lost = [p for p in _providers if p not in sess.get_providers()]
+    if lost:  # never a CPU figure under another provider's name
+        raise InputError(f"--providers: onnxruntime did not register {lost[0]} for a benchmark session "
+                         f"(it has {', '.join(sess.get_providers())})")
+    return sess
 
 
 _NUMPY_TYPES = {"tensor(float)": np.float32}
@@ -210,7 +228,12 @@ def bound_run(sess: ort.InferenceSession, feeds: dict[str, np.ndarray]) -> Calla
     """One inference per call, its inputs and outputs bound to buffers allocated here, once: the timing is
     then the kernels' alone, as inside a model (whose tensors live in onnxruntime's arena), without the
     Python binding's per-run output allocation and copy.  The inputs are copied, so every session gets
-    buffers of its own (another placement in memory)."""
+    buffers of its own (another placement in memory). Under another provider than the CPU's, plain runs: with
+    onnxruntime-openvino 1.24.1, a 8x512 MatMul run through an io_binding to numpy outputs corrupts the heap
+    ("corrupted double-linked list", checked 2026-11-29), and its outputs are the provider's to allocate anyway."""
+    if sess.get_providers()[0] != CPU:
+        fed = {name: np.array(array, copy=True) for name, array in feeds.items()}
+        return lambda: sess.run(None, fed)
     io = sess.io_binding()
     for name, array in feeds.items():
         io.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(np.array(array, copy=True)))

@@ -13,7 +13,9 @@ Sockets (W = a worker, C = the coordinator):
   refused (code "role") and anything else from it dropped.
 
 A session (one run), in order:
-  C hello {protocol, edgec}            -> W welcome {protocol, edgec, pid, threads, cores, key}
+  C hello {protocol, edgec}            -> W welcome {protocol, edgec, pid, threads, cores, key, providers}
+                                          (providers: the worker's ort.get_available_providers(); the coordinator
+                                          refuses the run if a provider the plan gives the device is not there)
                                           or refused {code: "version" | "busy" | "role", reason, protocol}
   C open {device, manifest (its JSON), path (for messages), inflight, emulate, compress, dilate}
                                        -> W opened {data_port, need: [sha256 of fragments not in its cache]}
@@ -64,7 +66,7 @@ import zmq
 from ..manifest.types import HOST, Recv, Run, Send, Step
 from .transport import MAX_HEADER_BYTES, BadMessage, unpack
 
-__all__ = ["PROTOCOL_VERSION", "BLOB_CHUNK", "BLOB_WINDOW", "MAX_OPEN_BYTES", "MAX_TIMED_STEPS", "MAX_DILATE",
+__all__ = ["PROTOCOL_VERSION", "welcome_providers", "BLOB_CHUNK", "BLOB_WINDOW", "MAX_OPEN_BYTES", "MAX_TIMED_STEPS", "MAX_DILATE",
            "is_timed", "timed_steps", "parse", "DropLog"]
 
 logger = logging.getLogger(__name__)
@@ -76,7 +78,9 @@ logger = logging.getLogger(__name__)
 #    --dilate K), the shared medium's `channel`/`grant` and emulation `overrun`s.
 # 4: `done` carries run_clocks, the start of each fragment run (the measured timeline of `edgec run --trace`).
 # 5: `run` carries slow, the emulated slow-down of the request's fragment runs (`edgec run --emulate --slow`).
-PROTOCOL_VERSION = 5
+# 6: `welcome` carries providers, the onnxruntime execution providers the worker has (checked after the version,
+#    so that a worker of version 5 is told about the version, not about a missing field).
+PROTOCOL_VERSION = 6
 BLOB_CHUNK = 4 << 20  # fragment file bytes per blob message
 BLOB_WINDOW = 4  # blob messages in flight per worker: bounds what either side queues
 MAX_OPEN_BYTES = (64 << 20) + (1 << 16)  # the manifest (at most 64 MiB, manifest/load.py) and the other fields
@@ -177,6 +181,15 @@ _FINITE = {"run": ("slow",), "synced": ("clock",), "done": ("frag_ms", "run_cloc
 # Numbers that must also lie in a range (a negative duration would run the emulated clock backwards).
 _RANGE = {"run": {"slow": (1.0 / MAX_DILATE, MAX_DILATE)}, "open": {"dilate": (1.0, MAX_DILATE)}, "channel": {"ms": (0.0, math.inf), "since_ms": (0.0, math.inf)},
           "overrun": {"measured_ms": (0.0, math.inf)}}
+
+
+def welcome_providers(msg: dict) -> list[str]:
+    """The providers a `welcome` of this protocol version lists: a list of at most 64 non-empty strings."""
+    providers = msg.get("providers")
+    if not isinstance(providers, list) or not 0 < len(providers) <= 64 or \
+            not all(isinstance(p, str) and 0 < len(p) <= 128 for p in providers):
+        raise BadMessage("welcome: field 'providers' missing or not a list of provider names")
+    return providers
 
 
 def _check_numbers(kind: str, key: str, value: Any, lo: float, hi: float) -> None:

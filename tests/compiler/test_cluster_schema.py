@@ -15,6 +15,7 @@ from edgec.compiler.cli import cli
 from edgec.compiler.cluster import EFFICIENCY_KEYS, GFLOPS_KEYS, INT8_GFLOPS_KEYS, MEDIUMS, load_cluster, validate_profile_dict
 from edgec.compiler.cluster.schema import GflopsDoc
 from edgec.compiler.errors import UserError
+from edgec.runtime.providers import CPU, CPU_ONLY, Provider
 
 FIGURES = {"op_overhead_us": 5, "gflops": {"conv": 70, "depthwise_conv": 20, "gemm": 60, "other": 30}, "memory_gbps": 12}
 PROFILE = {
@@ -48,7 +49,7 @@ PROFILE_CASES = [
     (_profile("threads/2/gflops/pool", 1), "unknown key 'pool' in threads.2.gflops (allowed: conv, depthwise_conv, gemm, other, conv_int8, depthwise_conv_int8, gemm_int8)"),
     (_profile("cores", 4), "unknown key 'cores' in profile (allowed: name, description, memory_mb, usable_memory_fraction, "
                            "runtime_overhead_mb, op_overhead_us, gflops, memory_gbps, weight_gbps, gemm_weight_gbps, shared_weight_gbps, layout_conversions, power_w, radio_nj_per_byte, mode, modes, sources, layers, "
-                           "op_ms_per_melem, efficiency, threads, runtime, measurement)"),
+                           "op_ms_per_melem, efficiency, threads, runtime, measurement, cpu_quota, providers)"),
     (_profile("weight_gbps", 0), "weight_gbps must be positive, got 0"),
     (_profile("threads/1/weight_gbps", -2), "threads.1.weight_gbps must be positive, got -2"),
     (_profile("efficiency/lstm", [[1, 1.0]]), "unknown key 'lstm' in efficiency (allowed: conv, conv_positions, depthwise_conv, gemm)"),
@@ -115,11 +116,24 @@ CLUSTER_CASES = [
      "network.bandwidth_mbps must be finite, got nan"),
     (TWO % ("", ", links: [{a: a, b: b, latency_ms: [1]}]"), "network.links[0].latency_ms must be a number, got list [1]"),
     (TWO % ("", ", links: !!set {a, b}"), "network.links must be a list, got set"),
-    (TWO % (", colour: red", ""), "unknown key 'colour' in devices[1] (allowed: name, profile, memory_mb, address, threads, host)"),
+    (TWO % (", colour: red", ""), "unknown key 'colour' in devices[1] (allowed: name, profile, memory_mb, address, threads, host, providers)"),
     # a misspelt key is reported as unknown, with the allowed keys, rather than as the key it replaces missing
     ("devices:\n  - {nmae: a, profile: rpi4}\n",
-     "unknown key 'nmae' in devices[0] (allowed: name, profile, memory_mb, address, threads, host)"),
+     "unknown key 'nmae' in devices[0] (allowed: name, profile, memory_mb, address, threads, host, providers)"),
     ("devices:\n  - {name: a}\n", "missing required key 'profile' in devices[0]"),
+    (TWO % (", providers: []", ""), "device 'b': providers must be a non-empty list of execution providers, got list []"),
+    (TWO % (", providers: CUDAExecutionProvider", ""),
+     "device 'b': providers must be a non-empty list of execution providers, got str 'CUDAExecutionProvider'"),
+    (TWO % (", providers: [CUDA]", ""), "device 'b': providers[0]: keys must be an onnxruntime execution provider "
+                                       "name (e.g. CUDAExecutionProvider), got str 'CUDA'"),
+    (TWO % (", providers: [{OpenVINOExecutionProvider: {device_type: CPU}, CPUExecutionProvider: {}}]", ""),
+     "device 'b': providers[0] must be a provider name, or {provider name: {option: value}}, got dict "
+     "{'CPUExecutionProvider': {}, 'OpenVINOExecutionProvider': {'device_type': 'CPU'}}"),
+    (TWO % (", providers: [{OpenVINOExecutionProvider: {enable_qdq_optimizer: true}}]", ""),
+     "device 'b': providers[0]['OpenVINOExecutionProvider']['enable_qdq_optimizer']: is a boolean: write it as the "
+     "provider spells it, as a string (e.g. 'true' or '1')"),
+    (TWO % (", providers: [CPUExecutionProvider, {CPUExecutionProvider: {}}]", ""),
+     "device 'b': providers lists CPUExecutionProvider twice"),
     ("devices:\n  - {name: a, profile: rpi4, address: \"\\udc00\"}\n",
      "device 'a': address must be valid Unicode text, got '\\udc00'"),
     ("devices:\n  - {name: a, profile: rpi4}\n2: x\n", "cluster file: keys must be strings, got int 2"),
@@ -183,6 +197,21 @@ def test_every_schema_error_reads_as_one_plain_line(seed):
             assert pydantic_words not in text, text
 
 
+def test_providers_parse_in_order_with_options_as_strings(tmp_path):
+    f = _cluster(tmp_path, TWO % (", providers: [{OpenVINOExecutionProvider: {device_type: CPU, num_of_threads: 2}},"
+                                  " CPUExecutionProvider]", ""))
+    c = load_cluster(f)
+    assert c.device("a").providers == CPU_ONLY
+    assert c.device("b").providers == (Provider("OpenVINOExecutionProvider", (("device_type", "CPU"),
+                                                                               ("num_of_threads", "2"))), Provider(CPU))
+    devices = c.to_dict()["devices"]
+    assert "providers" not in devices[0]
+    assert devices[1]["providers"] == [{"name": "OpenVINOExecutionProvider",
+                                        "options": {"device_type": "CPU", "num_of_threads": "2"}},
+                                       {"name": CPU}]
+    assert c.device("a").traits != c.device("b").traits  # not interchangeable for the planners
+
+
 def test_schema_names_the_keys_the_compiler_reads(tmp_path):
     assert tuple(GflopsDoc.model_fields) == GFLOPS_KEYS + INT8_GFLOPS_KEYS
     doc = validate_profile_dict(_profile("efficiency", {k: [[1, 1.0]] for k in EFFICIENCY_KEYS}), "board.yaml")
@@ -191,3 +220,33 @@ def test_schema_names_the_keys_the_compiler_reads(tmp_path):
         f = _cluster(tmp_path, f"devices: [{{name: a, profile: rpi4}}]\n"
                                f"network: {{bandwidth_mbps: 1, latency_ms: 0, medium: {medium}}}\n")
         assert load_cluster(f).medium == medium
+
+
+def test_a_device_whose_providers_its_profile_was_not_measured_with_is_priced_at_the_profile_and_said(tmp_path,
+                                                                                                       caplog):
+    """The pricing rule (cluster.provider_note): the profile's figures price every node, and compile says so."""
+    f = _cluster(tmp_path, "devices:\n  - {name: ov, profile: rpi5, providers: [OpenVINOExecutionProvider]}\n"
+                           "  - {name: j, profile: jetson-orin-nano-cuda}\n"
+                           "  - {name: g, profile: jetson-orin-nano-cuda, providers: [CUDAExecutionProvider]}\n"
+                           "  - {name: c, profile: rpi5}\n"
+                           "network: {bandwidth_mbps: 100, latency_ms: 1}\n")
+    with caplog.at_level("WARNING", logger="edgec.compiler.cluster.cluster"):
+        c = load_cluster(f)
+    assert c.device("j").profile.providers == ("CUDAExecutionProvider", CPU)
+    assert c.device("c").profile.providers == (CPU,)
+    assert c.device("ov").provider_note == ("device 'ov' runs OpenVINOExecutionProvider, but profile rpi5 was measured "
+                                            "with CPUExecutionProvider: the plan prices its every node at the "
+                                            "profile's figures")
+    assert c.device("j").provider_note.startswith("device 'j': profile jetson-orin-nano-cuda's figures are for "
+                                                  "CUDAExecutionProvider, which the device does not list")
+    assert c.device("g").provider_note is None and c.device("c").provider_note is None
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [f"{f}: {c.device('ov').provider_note}", f"{f}: {c.device('j').provider_note}"]
+
+
+def test_a_profile_names_its_providers_by_the_schema():
+    doc = _profile("providers", ["CUDA"])
+    with pytest.raises(UserError, match="providers\\[0\\] must be an onnxruntime execution provider name"):
+        validate_profile_dict(doc, "board.yaml")
+    assert validate_profile_dict(_profile("providers", ["OpenVINOExecutionProvider"]), "b.yaml").providers == \
+        ("OpenVINOExecutionProvider",)

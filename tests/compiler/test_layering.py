@@ -37,7 +37,7 @@ COMPILER_LAYERS = [
 # The runtime in rooms (packages by concern, each __init__ saying what it holds and may import) over a base of
 # small modules at the top of runtime/.
 RUNTIME_LAYERS = [
-    ["", "errors", "interrupts", "linkmodel", "machine"],  # "": the edgec.runtime package (format constants)
+    ["", "errors", "interrupts", "linkmodel", "machine", "providers"],  # "": the edgec.runtime package (format constants)
     ["files", "command"],  # the base's helpers: files written all or nothing; what the commands share
     ["manifest"],  # the contract: types, parsing, schedule checks, signatures, the planner's replay
     ["wire"],  # addresses, keys, codecs, framing, the protocol's messages
