@@ -12,7 +12,8 @@ import edgec.compiler.plan.pipeline_coarse as coarse
 from edgec.compiler.graph import LayerGraph
 from edgec.compiler.ingest import load_model
 from edgec.compiler.plan.pipeline_dp import solve_pipeline
-from test_pipeline_dp import OBJECTIVES, check_solution, make_problem
+from edgec.compiler.plan.pipeline_problem import PIPELINE_OBJECTIVES
+from test_pipeline_dp import check_solution, make_problem
 from tests.conftest import residual_model
 
 MB = 1_000_000
@@ -27,7 +28,7 @@ def _chain(B: int, D: int, seed: int, medium: str = "switched"):
                         [60 * MB] * D, bw, np.full((D, D), 0.5), medium)
 
 
-@pytest.mark.parametrize("objective", OBJECTIVES)
+@pytest.mark.parametrize("objective", PIPELINE_OBJECTIVES)
 @pytest.mark.parametrize("seed", [0, 1])
 def test_coarse_plans_are_real_and_within_their_gap(objective, seed, monkeypatch):
     """300 blocks, coarsened into 40 groups (thresholds lowered to keep the exact DP quick): 75 MB of

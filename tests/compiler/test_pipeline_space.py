@@ -15,7 +15,8 @@ from edgec.compiler.plan.pipeline_dp import solve_pipeline
 from edgec.compiler.plan.pipeline_space import STATE_BUDGET, Space, count_states
 from edgec.compiler.plan.planner import InfeasibleError
 from pipeline_reference import brute_force
-from test_pipeline_dp import OBJECTIVES, check_solution, make_problem, problems
+from edgec.compiler.plan.pipeline_problem import PIPELINE_OBJECTIVES
+from test_pipeline_dp import check_solution, make_problem, problems
 
 MB = 1_000_000
 
@@ -80,7 +81,7 @@ def test_many_distinct_devices_plan_beyond_the_budget_with_a_gap():
 
 
 @settings(max_examples=80, deadline=None)
-@given(problems(), st.sampled_from(OBJECTIVES))
+@given(problems(), st.sampled_from(PIPELINE_OBJECTIVES))
 def test_beyond_the_budget_plans_are_real_and_the_bound_holds(problem, objective):
     """With a budget of a few states every problem takes the relaxation's path: an exact report gives the
     brute-force optimum; otherwise the plan is real and its gap bounds its distance to the optimum."""
@@ -110,7 +111,7 @@ def test_beyond_the_budget_plans_are_real_and_the_bound_holds(problem, objective
 
 
 @settings(max_examples=120, deadline=None)
-@given(problems(), st.sampled_from(OBJECTIVES))
+@given(problems(), st.sampled_from(PIPELINE_OBJECTIVES))
 def test_the_relaxation_first_gives_the_exact_keys(problem, objective):
     """With the relaxation tried first on every problem: the same top-3 costs as the count-state DP, and
     always exact (the count-state DP runs whenever the relaxed plans are not real)."""
