@@ -290,7 +290,8 @@ def hetero_text(h: dict) -> str:
              "### Heterogeneous plans and single devices: predicted against measured\n\n"
              + hetero_table(h["rows"], h["errors"]),
              targets_text(h["targets"])]
-    parts += [f"- {x['model']} {x['plan']}: refused at compile: {x['reason']}" for x in h["refused"]]
+    if h["refused"]:
+        parts.append("\n".join(f"- {x['model']} {x['plan']}: refused at compile: {x['reason']}" for x in h["refused"]))
     if h["efficiency"]:
         parts.append("### Pipeline efficiency: the best throughput plan over the sum of single-device throughputs "
                      "(measured, predicted in brackets)\n\n" + efficiency_table(h["efficiency"]))
