@@ -41,6 +41,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -149,8 +150,16 @@ def host_profile(args: argparse.Namespace, folder: Path) -> tuple[Path, dict, di
     return path, {"profile": str(path), "loadavg_around_profile": around, "cpus": os.cpu_count(), **profile_load(doc)}, doc
 
 
+def terminated(signum: int, frame) -> None:
+    """SIGTERM (a `timeout`, a CI job cancelled) unwinds like Ctrl-C: the testbeds' `with` blocks then stop their
+    workers and remove their namespaces and cgroups, and the work folder goes, where the default action would
+    leave them all behind."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, terminated)
     fidelity_common.WARMUP = args.warmup  # run_json's untimed requests
     if args.folder is not None:
         args.folder.mkdir(parents=True, exist_ok=True)

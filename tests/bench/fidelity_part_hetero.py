@@ -23,8 +23,8 @@ For each of --hetero-models (default squeezenet, mobilenetv2, resnet50, transfor
     the sum of the devices' measured single-device throughputs (each device running the whole model alone:
     the most pipelining can reach), beside the same ratio predicted.
 A run that fails (or does not verify) makes its model an error row, counted as targets not met.  The testbed,
-its namespaces and cgroups, is removed at the end whatever failed (Ctrl-C included).  Where it cannot be built
-(tests.netbed.unavailable_reason with limits), the part says why and is reported as not run.
+its namespaces and cgroups, is removed at the end whatever failed (Ctrl-C and SIGTERM included).  Where it cannot
+be built (tests.netbed.unavailable_reason with limits), the part says why and is reported as not run.
 """
 
 from __future__ import annotations
