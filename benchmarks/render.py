@@ -30,7 +30,8 @@ BENCHES = {
     "bench_runtime_overhead": ("Runtime overhead", "One-device `edgec run` against plain onnxruntime.",
                                "explanation/cost-model.md"),
     "bench_fidelity": ("Prediction fidelity", "This host profiled at 1 thread; predicted against measured latency on "
-                       "one device and speed-ups on two.", "explanation/fidelity.md"),
+                       "one device and speed-ups on two; with part hetero, devices of different CPU shares on the "
+                       "network testbed: predicted against measured latency and throughput, and pipeline efficiency.", "explanation/fidelity.md"),
     "bench_fidelity_testbed": ("Prediction fidelity on the network testbed", "Two devices in network namespaces "
                                "over shaped links: predicted against measured speed-up.", "explanation/fidelity.md"),
     "bench_fidelity_latest": ("Prediction fidelity: the latest full run", "Every part of bench_fidelity and "

@@ -221,7 +221,8 @@ def session(data: bytes, threads: int, opt=ort.GraphOptimizationLevel.ORT_ENABLE
     return sess
 
 
-_NUMPY_TYPES = {"tensor(float)": np.float32}
+# the benchmarks' output types: float, and the int8 kernels' (QLinearConv, QLinearMatMul) uint8
+_NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(uint8)": np.uint8, "tensor(int8)": np.int8}
 
 
 def bound_run(sess: ort.InferenceSession, feeds: dict[str, np.ndarray]) -> Callable[[], None]:
@@ -239,7 +240,7 @@ def bound_run(sess: ort.InferenceSession, feeds: dict[str, np.ndarray]) -> Calla
         io.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(np.array(array, copy=True)))
     for out in sess.get_outputs():
         if out.type not in _NUMPY_TYPES or not all(isinstance(d, int) for d in out.shape):
-            raise ValueError(f"benchmark output {out.name!r} must be a static float tensor, got {out.type} {out.shape}")
+            raise ValueError(f"benchmark output {out.name!r} must be a static float or 8-bit integer tensor, got {out.type} {out.shape}")
         buf = np.empty(out.shape, _NUMPY_TYPES[out.type])
         io.bind_ortvalue_output(out.name, ort.OrtValue.ortvalue_from_numpy(buf))
     return lambda: sess.run_with_iobinding(io)

@@ -1,12 +1,14 @@
 """Prediction fidelity on this host (issue 11, item 4): predicted against measured, one and two local devices,
 and whether `edgec profile` agrees with itself.
 
-    python tests/bench/bench_fidelity.py [--parts single,two,stability,testbed] [--profile HOST.yaml] [--repeat 10]
-                                         [--warmup 5] [--rounds 5] [--models resnet50,...] [--two-models resnet50,...]
-                                         [--baseline-profile OLD.yaml] [--testbed-mbps 100,1000] [--pairs 1]
+    python tests/bench/bench_fidelity.py [--parts single,two,stability,testbed,hetero] [--profile HOST.yaml]
+                                         [--repeat 10] [--warmup 5] [--rounds 5] [--models resnet50,...]
+                                         [--two-models resnet50,...] [--baseline-profile OLD.yaml]
+                                         [--testbed-mbps 100,1000] [--pairs 1] [--hetero-models squeezenet,...]
+                                         [--hetero-shares 0.9,0.45,0.25] [--hetero-mbps 1000] [--quick]
                                          [--folder DIR] [--json FILE]
 
-The default --parts is single,two,stability; testbed (as root) is asked for by name.
+The default --parts is single,two,stability; testbed and hetero (as root) are asked for by name.
 
 Markdown to stdout, progress to stderr; --json FILE writes every row, the load and the probes.  The targets
 are reported, not enforced (exit 0 whenever every command ran): they are for a quiet machine, and on a busy one
@@ -18,8 +20,9 @@ gives a profile made so, with the machine's load around it (load average before 
 load verdict, its worst timing spread and its warnings).
 
 Parts (each module's docstring says what it measures, how, and its target): single
-(fidelity_part_single.py), two (fidelity_part_two.py), stability (fidelity_part_stability.py) and testbed
-(fidelity_part_testbed.py, deployed by fidelity_testbed.py); their shared plumbing (edgec, profiles, clusters,
+(fidelity_part_single.py), two (fidelity_part_two.py), stability (fidelity_part_stability.py), testbed
+(fidelity_part_testbed.py, deployed by fidelity_testbed.py) and hetero (fidelity_part_hetero.py: devices of
+different CPU shares, each profiled in its own cgroup, deployed by fidelity_hetero_cluster.py); their shared plumbing (edgec, profiles, clusters,
 compile, run and verify) is fidelity_common.py.
 
 Outputs (parts single and two): after its timed runs, every build measured (each model's single-device build,
@@ -28,7 +31,7 @@ outputs must match the source model run whole in onnxruntime, or the benchmark s
 something else has no speed worth reporting).  Verifying apart keeps the timed runs free of the check's cost.
 Part testbed verifies every run itself.
 
-Every cluster says that its devices' workers and the coordinator share this machine (`hosts:`, its cores), as
+Every cluster of parts single, two and testbed says that its devices' workers and the coordinator share this machine (`hosts:`, its cores), as
 `edgec run` starts them here: that bounds the throughput the planner predicts by this machine's cores.
 """
 
@@ -38,6 +41,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -48,6 +52,11 @@ import fidelity_common  # tests/bench is sys.path[0] when run as a script
 from benchlib import recorded
 from fidelity_common import (NETWORK, WARMUP, cluster, loadavg, log, model_path, one_thread_figures, profile_host,
                              profile_load, top_level_only)
+from fidelity_part_hetero import MBPS as HETERO_MBPS
+from fidelity_part_hetero import MODELS as HETERO_MODELS
+from fidelity_part_hetero import QUICK_MODELS as HETERO_QUICK_MODELS
+from fidelity_part_hetero import SHARES as HETERO_SHARES
+from fidelity_part_hetero import bench_hetero, hetero_text, parse_shares
 from fidelity_part_single import bench_single, single_table
 from fidelity_part_stability import bench_stability, pairs_summary, stability_text
 from fidelity_part_testbed import bench_testbed, testbed_text  # puts tests.* on sys.path
@@ -57,7 +66,7 @@ from tests import netbed
 
 MODELS = ("resnet50", "vgg16", "inception_v1", "mobilenetv2", "transformer")
 TWO_MODELS = ("resnet50", "vgg16", "mobilenetv2")
-PARTS = ("single", "two", "stability", "testbed")
+PARTS = ("single", "two", "stability", "testbed", "hetero")
 DEFAULT_PARTS = ("single", "two", "stability")
 TESTBED_MBPS = (100, 1000)
 
@@ -81,6 +90,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "side by side with the same measurements")
     ap.add_argument("--pairs", type=int, default=1, help="part stability: pairs of back-to-back profiles, one "
                     "after another (each about a minute)")
+    ap.add_argument("--hetero-models", help="part hetero: comma-separated names under models/build (default "
+                    f"{','.join(HETERO_MODELS)}; with --quick {','.join(HETERO_QUICK_MODELS)})")
+    ap.add_argument("--hetero-shares", default=",".join(map(str, HETERO_SHARES)),
+                    help="part hetero: each device host's CPU share in cores (a CFS quota), comma-separated")
+    ap.add_argument("--hetero-mbps", type=float, default=HETERO_MBPS,
+                    help="part hetero: the device links' bandwidth (Mbps, switched)")
+    ap.add_argument("--quick", action="store_true", help="part hetero: profile the devices with `edgec profile "
+                    "--quick` (noisier figures, minutes sooner) and default --hetero-models to tiny models")
     ap.add_argument("--folder", type=Path, help="work folder, kept (it grows to several GB: the builds and the "
                     "workers' caches); default: a temporary one, removed at the end")
     ap.add_argument("--json", dest="json_out", type=Path, help="also write every row, the load and the probes as JSON")
@@ -95,8 +112,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     args.two_models = [m.strip() for m in args.two_models.split(",") if m.strip()]
     args.testbed_mbps = testbed_bandwidths(ap, args.testbed_mbps)
+    try:
+        args.hetero_shares = parse_shares(args.hetero_shares, os.cpu_count() or 1)
+    except ValueError as exc:
+        ap.error(str(exc))
+    if not 0 < args.hetero_mbps <= netbed.MAX_MBPS:
+        ap.error(f"--hetero-mbps {args.hetero_mbps:g}: must be in (0, {netbed.MAX_MBPS:g}]")
+    default = HETERO_QUICK_MODELS if args.quick else HETERO_MODELS
+    args.hetero_models = [m.strip() for m in (args.hetero_models or ",".join(default)).split(",") if m.strip()]
     two = bool({"two", "testbed", "stability"} & set(args.parts))
-    for name in args.models * ("single" in args.parts) + args.two_models * two:
+    for name in args.models * ("single" in args.parts) + args.two_models * two + \
+            args.hetero_models * ("hetero" in args.parts):
         model_path(name)  # a missing model fails now, not after minutes of measuring
     return args
 
@@ -124,8 +150,16 @@ def host_profile(args: argparse.Namespace, folder: Path) -> tuple[Path, dict, di
     return path, {"profile": str(path), "loadavg_around_profile": around, "cpus": os.cpu_count(), **profile_load(doc)}, doc
 
 
+def terminated(signum: int, frame) -> None:
+    """SIGTERM (a `timeout`, a CI job cancelled) unwinds like Ctrl-C: the testbeds' `with` blocks then stop their
+    workers and remove their namespaces and cgroups, and the work folder goes, where the default action would
+    leave them all behind."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, terminated)
     fidelity_common.WARMUP = args.warmup  # run_json's untimed requests
     if args.folder is not None:
         args.folder.mkdir(parents=True, exist_ok=True)
@@ -180,6 +214,13 @@ def run_parts(args: argparse.Namespace, folder: Path) -> int:
         print(f"\n## Two devices on a network testbed, a worker at {THREADS} thread each (tests/netbed.py, switched; "
               f"{args.rounds} alternating rounds, medians; single device: {SINGLE_DEVICE})\n")
         print(testbed_text(out["testbed"]))
+    if "hetero" in args.parts:
+        out["hetero"] = bench_hetero(args.hetero_models, folder, args.hetero_shares, args.hetero_mbps, args.repeat,
+                                     args.rounds, args.warmup, args.quick)
+        shares = ", ".join(f"{d} {s:g}" for d, s in out["hetero"].get("shares", {}).items())
+        print(f"\n## Devices of different CPU shares on a network testbed ({shares or 'n/a'} cores, a worker at 1 "
+              f"thread each, {args.hetero_mbps:g} Mbps switched; {args.rounds} rounds, medians)\n")
+        print(hetero_text(out["hetero"]))
     if "stability" in args.parts:
         pairs = [bench_stability(folder, f"pair{k + 1}-" if args.pairs > 1 else "", args.two_models)
                  for k in range(args.pairs)]

@@ -9,7 +9,8 @@ import math
 import numpy as np
 import onnxruntime as ort
 import pytest
-from onnx import helper
+import onnx
+from onnx import helper, numpy_helper
 
 from edgec.runtime.errors import InputError
 from edgec.runtime.profile import kernels, tables
@@ -114,8 +115,18 @@ def test_bound_run_computes_into_buffers_allocated_once(monkeypatch):
     np.testing.assert_array_equal(made[-1], np.full(3, 5, np.float32))
 
 
+def test_bound_run_binds_the_int8_kernels_uint8_output():
+    """The int8 benchmarks (kernels.bench_conv_int8, bench_gemm_int8) end in a uint8 tensor: an io_binding
+    limited to float outputs made every `edgec profile` fail on them."""
+    q = [numpy_helper.from_array(np.array(0.1, np.float32), "s"), numpy_helper.from_array(np.array(0, np.uint8), "z")]
+    node = helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"])
+    data = model([node], [vi("x", (4,))], [helper.make_tensor_value_info("y", onnx.TensorProto.UINT8, [4])], q)
+    run = bound_run(session(data, 1), {"x": np.array([0.0, 0.1, 0.2, 1.0], np.float32)})
+    assert run() is None
+
+
 def test_bound_run_refuses_an_output_of_unknown_shape():
-    with pytest.raises(ValueError, match="static float tensor"):
+    with pytest.raises(ValueError, match="static float or 8-bit integer tensor"):
         bound_run(session(_add_model("n"), 1),
                   {"a": np.zeros(3, np.float32), "b": np.zeros(3, np.float32)})
 
