@@ -35,9 +35,9 @@ if str(ROOT) not in sys.path:  # run as a script: tests.* are imported from the 
     sys.path.insert(0, str(ROOT))
 
 from fidelity_common import EDGEC, loadavg, log, profile_load  # noqa: E402
-from fidelity_testbed import burst_ms  # noqa: E402
+from fidelity_testbed import TestbedCluster, burst_ms  # noqa: E402
 from tests import netbed_limits  # noqa: E402
-from tests.e2e.netbed_cluster import ClusterError, cluster_doc, deploy, run_json, write_yaml  # noqa: E402
+from tests.e2e.netbed_cluster import ClusterError, cluster_doc, deploy, write_yaml  # noqa: E402
 from tests.netbed import HostLimits, Testbed  # noqa: E402
 
 COORDINATOR = "coord"
@@ -51,7 +51,7 @@ def device_names(shares: list[float]) -> list[str]:
     return [f"dev-{chr(ord('a') + i)}" for i in range(len(shares))]
 
 
-class HeteroCluster:
+class HeteroCluster(TestbedCluster):  # run() and worker_logs() as the testbed part's; its own set-up
     """A testbed at `mbps` whose device hosts have the CPU `shares`, each profiled in its cgroup (`profiles`,
     `profile_records`), a worker on each, the cluster file of all devices (`cluster`) and one per device
     (`single[device]`), and `run` for `edgec run` from the coordinator host.  Leaving the `with` stops the workers
@@ -116,17 +116,3 @@ class HeteroCluster:
         if len(devices) == 1:
             doc.pop("network")  # one device: nothing to price between devices
         return write_yaml(self.folder / f"cluster-{name}.yaml", doc)
-
-    def run(self, build: Path, repeat: int, *flags: str) -> dict:
-        """`edgec run --warmup W --repeat N --random-inputs --verify --json FLAGS` from the coordinator host; its
-        report.  A run that fails, or whose outputs differ from the source model's, is a ClusterError."""
-        args = ["run", str(build / "manifest.json"), "--keys", str(self.coord_keys), "--random-inputs", "--verify",
-                "--warmup", str(self.warmup), "--repeat", str(repeat), *map(str, flags)]
-        report, _ = run_json(self._tb, COORDINATOR, args, timeout=120 + 60 * (repeat + self.warmup))
-        if not (report.get("verify") or {}).get("passed"):
-            raise ClusterError(f"edgec run {build.name} {' '.join(map(str, flags))}: outputs did not verify: "
-                               f"{report.get('verify')}")
-        return report
-
-    def worker_logs(self, lines: int = 5) -> dict[str, list[str]]:
-        return {name: w.log().strip().splitlines()[-lines:] for name, w in self.workers.items()}
