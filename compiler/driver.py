@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class CompileResult:
     ingested: Ingested
-    cluster: cluster_mod.Cluster
+    cluster: cluster_mod.ClusterModel
     cost: CostTable
     chosen: Candidate
     candidates: tuple[Candidate, ...]
@@ -128,7 +128,7 @@ def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, st
                          front if pareto else None, with_energy, tuple(alts), keep - _kept_count(alts) if keep else 0)
 
 
-def build_alternatives(ing: Ingested, cluster: cluster_mod.Cluster, cost: CostTable, chosen: Candidate, candidates,
+def build_alternatives(ing: Ingested, cluster: cluster_mod.ClusterModel, cost: CostTable, chosen: Candidate, candidates,
                        front, keep: int | None, objective: str, options: PlanOptions, outdir: Path,
                        shifts: bool = False) -> list[ExtraBuild]:
     """The alternative builds, OUTDIR/alt-1/ on: first the `keep` best plans of the frontier other than the
@@ -167,7 +167,7 @@ def _kept_count(alts: list[ExtraBuild]) -> int:
     return sum(1 for b in alts if "variant" not in b.info)
 
 
-def plan_fallbacks(ing: Ingested, cluster: cluster_mod.Cluster, manifest: dict, outdir: Path, strategy: str,
+def plan_fallbacks(ing: Ingested, cluster: cluster_mod.ClusterModel, manifest: dict, outdir: Path, strategy: str,
                    objective: str, options: PlanOptions, progress: Progress) -> list[ExtraBuild]:
     """For each device with steps in `manifest`, in cluster order: the build planned for the cluster without
     it, or why there is none (no device left, or none of the rest can hold the model): reported, not fatal."""
@@ -199,19 +199,19 @@ def plan_fallbacks(ing: Ingested, cluster: cluster_mod.Cluster, manifest: dict, 
     return builds
 
 
-def _assemble(ing: Ingested, chosen: Candidate, candidates, frags, run_on: cluster_mod.Cluster, outdir: Path) -> dict:
+def _assemble(ing: Ingested, chosen: Candidate, candidates, frags, run_on: cluster_mod.ClusterModel, outdir: Path) -> dict:
     """The manifest of a build of `chosen`, with the sections about its plan (plan/views.py plan_sections)."""
     sections = plan_sections(chosen, candidates, ing.graph)
     manifest = assemble_manifest(ing, chosen.plan, chosen.prediction, frags, run_on.to_dict(), outdir, sections.pop("plan"))
     return manifest | sections
 
 
-def _run_on(chosen: Candidate, cluster: cluster_mod.Cluster) -> cluster_mod.Cluster:
+def _run_on(chosen: Candidate, cluster: cluster_mod.ClusterModel) -> cluster_mod.ClusterModel:
     """The cluster as the chosen plan runs it: its devices in the power modes the plan needs."""
     return cluster if chosen.cost is None else chosen.cost.cluster
 
 
-def _without(cluster: cluster_mod.Cluster, device: str) -> cluster_mod.Cluster:
+def _without(cluster: cluster_mod.ClusterModel, device: str) -> cluster_mod.ClusterModel:
     """The cluster minus one device and its links (the network defaults stay)."""
     return replace(cluster, devices=tuple(d for d in cluster.devices if d.name != device),
                    links={pair: link for pair, link in cluster.links.items() if device not in pair})

@@ -97,14 +97,14 @@ def allocate(services: str | Path, devices: str | Path, outdir: str | Path, *, f
     return allocation
 
 
-def _check_bounds(services: tuple[Service, ...], cluster: cluster_mod.Cluster, path: str) -> None:
+def _check_bounds(services: tuple[Service, ...], cluster: cluster_mod.ClusterModel, path: str) -> None:
     for s in services:
         if s.min_devices > len(cluster.devices):
             raise UserError(f"service {s.name!r}: min_devices {s.min_devices} is more than the {len(cluster.devices)} "
                             f"device(s) of {cluster.path}", path)
 
 
-def plan_services(services: tuple[Service, ...], cluster: cluster_mod.Cluster, classes: DeviceClasses,
+def plan_services(services: tuple[Service, ...], cluster: cluster_mod.ClusterModel, classes: DeviceClasses,
                   options: PlanOptions = PlanOptions(), progress: Progress = Progress()) -> tuple[Planned, ...]:
     """Each service's model read and priced on the whole cluster once, then planned on its shares
     (planning.py: alike services once, services side by side when there are cores)."""
@@ -118,7 +118,7 @@ def plan_services(services: tuple[Service, ...], cluster: cluster_mod.Cluster, c
 
 
 def choose(planned: tuple[Planned, ...], classes: DeviceClasses, fairness: bool, time_limit: float,
-           shared: cluster_mod.Cluster | None = None) -> Choice:
+           shared: cluster_mod.ClusterModel | None = None) -> Choice:
     """The best option per service; a service with no option, and then (while the rest cannot all be
     served) the lowest-priority one (the later one of equal priority), is dropped. `shared`: the cluster,
     when its devices may serve several services."""
@@ -142,7 +142,7 @@ def choose(planned: tuple[Planned, ...], classes: DeviceClasses, fairness: bool,
 
 
 def build_problem(kept: list[Planned], classes: DeviceClasses, fairness: bool,
-                  shared: cluster_mod.Cluster | None = None) -> Problem:
+                  shared: cluster_mod.ClusterModel | None = None) -> Problem:
     """The knapsack: per service its options as integer items (solve.py); with `shared` (the cluster, when
     devices may be shared), each option's roles and every device's memory and time budget."""
     items = []
@@ -201,7 +201,7 @@ def _unservable(dropped, devices: int) -> str:
             "lowest-priority services first)")
 
 
-def _emit(choice: Choice, classes: DeviceClasses, cluster: cluster_mod.Cluster, outdir: Path, fairness: bool,
+def _emit(choice: Choice, classes: DeviceClasses, cluster: cluster_mod.ClusterModel, outdir: Path, fairness: bool,
           planning: float, share: bool = False) -> tuple[dict, list[ServiceBuild]]:
     """Hand out the devices: where the solver placed each role (shared devices), else those of each class
     in cluster order, service by service; rename each plan onto them, re-evaluate it (the same prediction:
@@ -238,7 +238,7 @@ def _emit(choice: Choice, classes: DeviceClasses, cluster: cluster_mod.Cluster, 
     return allocation, builds
 
 
-def _device_loads(services: dict, cluster: cluster_mod.Cluster) -> dict:
+def _device_loads(services: dict, cluster: cluster_mod.ClusterModel) -> dict:
     """--share: per device given to any service, who shares it, the memory they hold there against what
     it has, and their load against its budget (ms held per s)."""
     out: dict[str, dict] = {}

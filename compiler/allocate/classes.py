@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
-from ..cluster import Cluster
+from ..cluster import ClusterModel
 from ..cost import CostTable
 from ..plan_types import Plan, Stage, Tile
 
@@ -40,7 +40,7 @@ class DeviceClasses:
         return tuple(n for m, c in zip(self.members, counts) for n in m[:c])
 
 
-def device_classes(cluster: Cluster) -> DeviceClasses:
+def device_classes(cluster: ClusterModel) -> DeviceClasses:
     """Devices of one profile file, memory, thread count, power mode and traits (machine and power figures,
     DeviceSpec.traits) form a class; a device that a per-pair link names is a class of its own (its links
     differ from its peers')."""
@@ -54,12 +54,12 @@ def device_classes(cluster: Cluster) -> DeviceClasses:
     return DeviceClasses(members, labels)
 
 
-def _label(cluster: Cluster, members: tuple[str, ...]) -> str:
+def _label(cluster: ClusterModel, members: tuple[str, ...]) -> str:
     prof = cluster.device(members[0]).profile.name
     return members[0] if len(members) == 1 else f"{prof} x{len(members)}"
 
 
-def sub_cluster(cluster: Cluster, names) -> Cluster:
+def sub_cluster(cluster: ClusterModel, names) -> ClusterModel:
     """The cluster of `names` alone, in cluster order, with the links between them."""
     keep = set(names)
     return replace(cluster, devices=tuple(d for d in cluster.devices if d.name in keep),
@@ -73,7 +73,7 @@ _PER_DEVICE_ITEMS = ("devices", "measured", "curves")
 _SHARED = ("out_elems", "out_positions", "source")
 
 
-def restrict(cost: CostTable, cluster: Cluster) -> CostTable:
+def restrict(cost: CostTable, cluster: ClusterModel) -> CostTable:
     """`cost` (priced on a larger cluster) for the devices of `cluster` only: what build_cost_table would
     price for it, without pricing every layer again. A CostTable field this does not know is an error,
     so that a new per-device field cannot be carried over unrestricted."""

@@ -47,7 +47,7 @@ class Loaded:
 class _Models:
     """Models read and priced on the whole cluster, by file and shapes (each read once per process)."""
 
-    def __init__(self, cluster: cluster_mod.Cluster):
+    def __init__(self, cluster: cluster_mod.ClusterModel):
         self.cluster, self.seen = cluster, {}
 
     def get(self, s: Service) -> tuple[Ingested, CostTable]:
@@ -75,7 +75,7 @@ def _size(s: Service) -> int:
         return 0
 
 
-def plan_all(services: tuple[Service, ...], cluster: cluster_mod.Cluster, classes: DeviceClasses,
+def plan_all(services: tuple[Service, ...], cluster: cluster_mod.ClusterModel, classes: DeviceClasses,
              options: PlanOptions = PlanOptions(), progress: Progress = Progress()) -> list[tuple[Loaded, ServiceOptions]]:
     """Every service read and planned (in the order given), as the module docstring says."""
     groups: dict[tuple, list[int]] = {}

@@ -1,4 +1,4 @@
-"""Cluster description: cluster.yaml plus device profiles -> a validated `Cluster`.
+"""Cluster description: cluster.yaml plus device profiles -> a validated `ClusterModel`.
 
 cluster.yaml::
 
@@ -114,10 +114,10 @@ Every problem raises `UserError(message, path=<the file at fault>)`: one line na
 Layout: yamlio.py reads the files (limits, duplicate keys); schema.py declares the keys, types and bounds
 above as pydantic models; messages.py turns a schema error into one line (quote.py bounds the values it
 quotes); profile.py and cluster.py check what relates values to each other and build the frozen `Profile`
-and `Cluster` the compiler uses; keys.py names the fixed keys both sides read.
+and `ClusterModel` the compiler uses; keys.py names the fixed keys both sides read.
 """
 
-from .cluster import Cluster, DeviceSpec, HostSpec, LinkSpec, load_cluster
+from .cluster import ClusterModel, DeviceSpec, HostSpec, LinkSpec, load_cluster
 from .profile import (NO_RUNTIME_FIGURES, PROFILES_DIR, Figures, Profile, RuntimeFigures, available_profiles, load_profile, profiles_dir,
                       validate_profile_dict)
 from .format_names import EFFICIENCY_KEYS, GFLOPS_KEYS, INT8_GFLOPS_KEYS, MEDIUMS
@@ -135,7 +135,7 @@ __all__ = [
     "DeviceSpec",
     "LinkSpec",
     "HostSpec",
-    "Cluster",
+    "ClusterModel",
     "profiles_dir",
     "available_profiles",
     "load_profile",

@@ -20,7 +20,7 @@ from .yamlio import read_yaml
 if TYPE_CHECKING:
     from .schema import DeviceDoc, NetworkDoc
 
-__all__ = ["provider_note", "DeviceSpec", "LinkSpec", "HostSpec", "Cluster", "load_cluster", "LOCAL"]
+__all__ = ["provider_note", "DeviceSpec", "LinkSpec", "HostSpec", "ClusterModel", "load_cluster", "LOCAL"]
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ class HostSpec:
 
 
 @dataclass(frozen=True)
-class Cluster:
+class ClusterModel:
     devices: tuple[DeviceSpec, ...]
     bandwidth_mbps: float  # default for every pair; inf for a one-device cluster without `network`
     latency_ms: float  # default for every pair
@@ -132,7 +132,7 @@ class Cluster:
             return _SAME_DEVICE
         return self.links.get(frozenset((a, b)), LinkSpec(self.bandwidth_mbps, self.latency_ms))
 
-    def with_modes(self, modes: dict[str, str]) -> "Cluster":
+    def with_modes(self, modes: dict[str, str]) -> "ClusterModel":
         """The cluster with devices run in the given power modes ({device: mode}; a mode that is the
         profile's top level's is no mode: the device stays as it is)."""
         devices = []
@@ -177,7 +177,7 @@ class Cluster:
         }
 
 
-def load_cluster(path: str | Path) -> Cluster:
+def load_cluster(path: str | Path) -> ClusterModel:
     """The cluster a cluster.yaml describes, its profiles loaded; any problem is one UserError naming the
     file at fault (the cluster file, or a profile file it names)."""
     from .messages import parse  # imported here, as in validate_profile_dict: pydantic is slow to import
@@ -199,10 +199,10 @@ def load_cluster(path: str | Path) -> Cluster:
             raise UserError(f"missing required key 'network' in cluster file ({len(devices)} devices need one)",
                             path=shown)
         # No pair of devices exists: the defaults are those of "no network hop" and never price a transfer.
-        return Cluster(devices=devices, bandwidth_mbps=_SAME_DEVICE.bandwidth_mbps,
+        return ClusterModel(devices=devices, bandwidth_mbps=_SAME_DEVICE.bandwidth_mbps,
                        latency_ms=_SAME_DEVICE.latency_ms, medium="switched", links={}, path=shown, hosts=hosts)
     net = doc.network
-    return Cluster(devices=devices, bandwidth_mbps=net.bandwidth_mbps, latency_ms=net.latency_ms,
+    return ClusterModel(devices=devices, bandwidth_mbps=net.bandwidth_mbps, latency_ms=net.latency_ms,
                    medium=net.medium or "switched", links=_links(net, devices, shown), path=shown, hosts=hosts)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from edgec.runtime.linkmodel import (link, message_fixed_ms, message_ms, message_ms_per_byte, mbps_to_bytes_per_ms,
                                      request_half_ms)
 
-from ..cluster import Cluster
+from ..cluster import ClusterModel
 
 __all__ = ["NetworkModel"]
 
@@ -30,7 +30,7 @@ class NetworkModel:
     outputs travel between the coordinator and the device through the same transport as any message.
     """
 
-    def __init__(self, cluster: Cluster, io_bytes: tuple[int, int] = (0, 0)):
+    def __init__(self, cluster: ClusterModel, io_bytes: tuple[int, int] = (0, 0)):
         self.io_bytes = io_bytes  # (bytes of the model's inputs, of its outputs)
         self.devices = cluster.device_names
         self.medium = cluster.medium

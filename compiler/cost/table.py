@@ -1,4 +1,4 @@
-"""The cost table: (LayerGraph, Cluster) -> CostTable of per-layer, per-device times, plus transfer times.
+"""The cost table: (LayerGraph, ClusterModel) -> CostTable of per-layer, per-device times, plus transfer times.
 
 Each device is priced with the figures of the thread count its worker runs (`DeviceSpec.figures`: the
 profile's `threads:` entry for the cluster file's `threads`, else the profile's top level), in this order:
@@ -63,7 +63,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from ..cluster import Cluster, DeviceSpec, Figures
+from ..cluster import ClusterModel, DeviceSpec, Figures
 from ..graph import Layer, LayerGraph
 from ..layers import POINTWISE, cost_class
 from ..quant import FLOAT_CLASS_OF
@@ -123,7 +123,7 @@ class CostTable:
     devices: tuple[str, ...]
     layer_ms: np.ndarray  # [L, D]
     measured: tuple[bool, ...]
-    cluster: Cluster
+    cluster: ClusterModel
     overhead_ms: np.ndarray  # [L, D]
     priced_ms: np.ndarray  # [L, D]
     out_elems: np.ndarray  # [L]
@@ -145,7 +145,7 @@ class CostTable:
         return {d.name: d.mode for d in self.cluster.devices if d.mode is not None}
 
     def with_modes(self, modes: dict[str, str]) -> "CostTable":
-        """The same model priced on the cluster with devices in the given power modes (Cluster.with_modes)."""
+        """The same model priced on the cluster with devices in the given power modes (ClusterModel.with_modes)."""
         if self.source is None:
             raise ValueError("this cost table was not built by build_cost_table: it cannot be priced again")
         graph, sha, model = self.source
@@ -366,7 +366,7 @@ def class_gflops(gflops: dict[str, float], cls: str) -> float:
     return gflops.get(FLOAT_CLASS_OF.get(cls, "other"), gflops["other"])
 
 
-def int8_fallbacks(graph: LayerGraph, cluster: Cluster) -> dict[str, tuple[str, ...]]:
+def int8_fallbacks(graph: LayerGraph, cluster: ClusterModel) -> dict[str, tuple[str, ...]]:
     """{device: the int8 classes of the graph its figures lack}, which class_gflops prices at their float
     classes' figures (the driver says so in a note)."""
     used = sorted({layer.cost_class for layer in graph.layers} & set(FLOAT_CLASS_OF))
@@ -384,7 +384,7 @@ def _curves(curves: dict) -> dict:
     return out
 
 
-def build_cost_table(graph: LayerGraph, cluster: Cluster, model_sha256: str | None = None,
+def build_cost_table(graph: LayerGraph, cluster: ClusterModel, model_sha256: str | None = None,
                      model: onnx.ModelProto | None = None) -> CostTable:
     """The cost table of `graph` on `cluster`.  `model` (the normalised model `graph` was built from)
     only adds the op-table keys of node modes ("Resize:linear"); without it such nodes take their op

@@ -31,7 +31,7 @@ from edgec.runtime.errors import EdgecRuntimeError
 from edgec.runtime.manifest.types import Fragment, Manifest
 from edgec.runtime.manifest.load import load_manifest
 
-from ..cluster import Cluster, DeviceSpec, Profile, load_profile
+from ..cluster import ClusterModel, DeviceSpec, Profile, load_profile
 from ..cost.table import (build_cost_table, layer_out_elems, model_context, price_keys, node_ms, node_price,
                           op_overhead_ms)
 from ..errors import UserError
@@ -154,7 +154,7 @@ def node_predictions(ing: Ingested, spec: DeviceSpec) -> dict[str, float]:
     names = [n for layer in ing.graph.layers for n in layer.node_names]
     if own and all(n in own for n in names):
         return {n: own[n] for n in names}
-    cluster = Cluster(devices=(spec,), bandwidth_mbps=math.inf, latency_ms=0.0, medium="switched", links={},
+    cluster = ClusterModel(devices=(spec,), bandwidth_mbps=math.inf, latency_ms=0.0, medium="switched", links={},
                       path="(refine)")
     layer_ms = build_cost_table(ing.graph, cluster, None, ing.model).layer_ms[:, 0]
     context = model_context(ing.model)

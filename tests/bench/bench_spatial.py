@@ -20,7 +20,7 @@ from onnx import TensorProto, helper, numpy_helper, shape_inference
 
 ROOT = Path(__file__).resolve().parents[2]
 
-from edgec.compiler.cluster import Cluster, DeviceSpec, load_profile
+from edgec.compiler.cluster import ClusterModel, DeviceSpec, load_profile
 from edgec.compiler.cost import build_cost_table
 from edgec.compiler.cost import evaluate as predict
 from edgec.compiler.driver import plan_model
@@ -63,10 +63,10 @@ def load(name: str):
     return graph, path
 
 
-def make_cluster(kinds, mbps: float) -> Cluster:
+def make_cluster(kinds, mbps: float) -> ClusterModel:
     profiles = {k: load_profile(k) for k in set(kinds)}
     devs = tuple(DeviceSpec(f"{k}-{i}", profiles[k], profiles[k].memory_mb, None) for i, k in enumerate(kinds))
-    return Cluster(devs, float(mbps), LATENCY_MS, "switched", {}, "bench")
+    return ClusterModel(devs, float(mbps), LATENCY_MS, "switched", {}, "bench")
 
 
 PIPELINE = ("pipeline", "single", "even", "neurosurgeon")  # the planners of pipeline stages only

@@ -1,4 +1,4 @@
-"""cluster.yaml + device profiles -> Cluster: shipped profiles, valid clusters, every bad input."""
+"""cluster.yaml + device profiles -> ClusterModel: shipped profiles, valid clusters, every bad input."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import yaml
 from edgec.compiler import cluster as cl
 from edgec.compiler.cluster import (
     GFLOPS_KEYS,
-    Cluster,
+    ClusterModel,
     LinkSpec,
     available_profiles,
     load_cluster,
@@ -146,7 +146,7 @@ network:
 
 def test_valid_cluster_defaults_and_overrides(tmp_path):
     c = load_cluster(_write(tmp_path, VALID))
-    assert isinstance(c, Cluster)
+    assert isinstance(c, ClusterModel)
     assert c.path == str(tmp_path / "cluster.yaml")
     assert [d.name for d in c.devices] == ["pi5-a", "pi4-a", "orin"]
     pi5, pi4 = c.device("pi5-a"), c.device("pi4-a")

@@ -23,7 +23,7 @@ import yaml
 from click.testing import CliRunner
 
 from edgec.compiler.cli import cli
-from edgec.compiler.cluster import Cluster, DeviceSpec, load_profile, validate_profile_dict
+from edgec.compiler.cluster import ClusterModel, DeviceSpec, load_profile, validate_profile_dict
 from edgec.compiler.cluster.cluster import HostSpec
 from edgec.compiler.cluster.profile import profile_path
 from edgec.compiler.cost import build_cost_table, evaluate, simulate_manifest
@@ -47,7 +47,7 @@ WEIGHT_GBPS = 0.2  # the shipped profiles measured no weight_gbps: these tests g
 SHARED_GBPS = {"rpi5": 0.05, "rpi4": 0.04}  # slow enough that the chain's small weights cost visibly
 
 
-def cluster(kinds, shared_gbps: dict[str, float], hosts: tuple) -> Cluster:
+def cluster(kinds, shared_gbps: dict[str, float], hosts: tuple) -> ClusterModel:
     """Devices of `kinds`, device i on host hosts[i] (None: its own machine), their profiles with
     shared_weight_gbps from `shared_gbps` (absent: not measured)."""
     devs = []
@@ -55,7 +55,7 @@ def cluster(kinds, shared_gbps: dict[str, float], hosts: tuple) -> Cluster:
         prof = dataclasses.replace(load_profile(k), weight_gbps=WEIGHT_GBPS, shared_weight_gbps=shared_gbps.get(k))
         devs.append(DeviceSpec(f"{k}-{i}", prof, prof.memory_mb, None, threads=1, host=h))
     names = {h for h in hosts if h is not None}
-    return Cluster(tuple(devs), 100.0, 0.2, "switched", {}, "test", hosts={h: HostSpec(2) for h in names})
+    return ClusterModel(tuple(devs), 100.0, 0.2, "switched", {}, "test", hosts={h: HostSpec(2) for h in names})
 
 
 def test_the_shared_rate_prices_each_layers_weights_again_on_a_device_with_a_host(tmp_path):

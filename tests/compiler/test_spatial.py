@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import shape_inference
 
-from edgec.compiler.cluster import Cluster, DeviceSpec, load_profile
+from edgec.compiler.cluster import ClusterModel, DeviceSpec, load_profile
 from edgec.compiler.cost import build_cost_table
 from edgec.compiler.ingest import load_model
 from edgec.compiler.layers import build_layer_graph
@@ -28,9 +28,9 @@ LIGHT = Path(__import__("onnx").__file__).parent / "backend/test/data/light"
 PROFILES = {n: load_profile(n) for n in ("rpi5", "rpi4")}
 
 
-def make_cluster(kinds, mbps=100.0, latency=1.0, medium="switched", links=None) -> Cluster:
+def make_cluster(kinds, mbps=100.0, latency=1.0, medium="switched", links=None) -> ClusterModel:
     devs = tuple(DeviceSpec(f"{k}-{i}", PROFILES[k], PROFILES[k].memory_mb, None) for i, k in enumerate(kinds))
-    return Cluster(devs, mbps, latency, medium, links or {}, "test")
+    return ClusterModel(devs, mbps, latency, medium, links or {}, "test")
 
 
 def graph_of(model):

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 from onnx import shape_inference
 
-from edgec.compiler.cluster import Cluster, DeviceSpec, load_profile
+from edgec.compiler.cluster import ClusterModel, DeviceSpec, load_profile
 from edgec.compiler.cost import build_cost_table
 from edgec.compiler.layers import build_layer_graph
 from edgec.compiler.plan.planner import InfeasibleError, PlanOptions
@@ -22,9 +22,9 @@ from tests.conftest import conv_chain_model, residual_model
 PROFILES = {n: load_profile(n) for n in ("rpi5", "rpi4")}
 
 
-def cluster(kinds, mbps=100.0) -> Cluster:
+def cluster(kinds, mbps=100.0) -> ClusterModel:
     devs = tuple(DeviceSpec(f"{k}-{i}", PROFILES[k], PROFILES[k].memory_mb, None) for i, k in enumerate(kinds))
-    return Cluster(devs, mbps, 1.0, "switched", {}, "test")
+    return ClusterModel(devs, mbps, 1.0, "switched", {}, "test")
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import onnx
 import pytest
 from onnx import shape_inference
 
-from edgec.compiler.cluster import Cluster, DeviceSpec, load_profile
+from edgec.compiler.cluster import ClusterModel, DeviceSpec, load_profile
 from edgec.compiler.cost import build_cost_table, evaluate, simulate_manifest
 from edgec.compiler.cost.stage_timeline import assembly_cells, predict_stage
 from edgec.compiler.cost.tile_steps import StepModel
@@ -29,9 +29,9 @@ PROFILES = {n: load_profile(n) for n in ("rpi5", "rpi4")}
 SIZE, CHANNELS = 16, 8
 
 
-def cluster(kinds) -> Cluster:
+def cluster(kinds) -> ClusterModel:
     devs = tuple(DeviceSpec(f"{k}-{i}", PROFILES[k], PROFILES[k].memory_mb, None) for i, k in enumerate(kinds))
-    return Cluster(devs, 100.0, 0.2, "switched", {}, "test")
+    return ClusterModel(devs, 100.0, 0.2, "switched", {}, "test")
 
 
 def chain(tmp_path, n: int = 3):
@@ -53,7 +53,7 @@ def plan_of(graph, stage: Stage) -> Plan:
     return Plan("manual", "latency", (stage, Stage(stage.device, stage.hi, len(graph.layers)))).ensures(graph)
 
 
-def emit(ing, cl: Cluster, plan: Plan, out):
+def emit(ing, cl: ClusterModel, plan: Plan, out):
     cost = build_cost_table(ing.graph, cl, ing.sha256)
     pred = evaluate(plan, ing.graph, cost)
     frags = build_fragments(ing, plan, pred)

@@ -6,7 +6,6 @@ of its own input, or any crop where nothing converts, is a copy of the rows kept
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import pytest
 from onnx import shape_inference
 
 from edgec.compiler import api
-from edgec.compiler.cluster import Cluster, DeviceSpec, load_cluster, load_profile
+from edgec.compiler.cluster import ClusterModel, DeviceSpec, load_cluster, load_profile
 from edgec.compiler.cost import build_cost_table, evaluate, simulate_manifest
 from edgec.compiler.cost.stage_timeline import predict_stage
 from edgec.compiler.cost.tile_steps import StepModel
@@ -31,10 +30,10 @@ BASE = load_profile("rpi5")
 BYTE = 2 / (BASE.memory_gbps * 1e6)  # ms to convert (or copy) one byte: a read and a write at memory_gbps
 
 
-def cluster(converts: bool, n: int = 2) -> Cluster:
+def cluster(converts: bool, n: int = 2) -> ClusterModel:
     prof = dataclasses.replace(BASE, layout_conversions=converts)
     devs = tuple(DeviceSpec(f"d{i}", prof, prof.memory_mb, None) for i in range(n))
-    return Cluster(devs, 100.0, 0.2, "switched", {}, "test")
+    return ClusterModel(devs, 100.0, 0.2, "switched", {}, "test")
 
 
 def residual(tmp_path):
@@ -50,7 +49,7 @@ def whole_stage(graph, tiles) -> Plan:
     return Plan("manual", "latency", (stage,)).ensures(graph)
 
 
-def emit(ing, cl: Cluster, plan: Plan, out: Path):
+def emit(ing, cl: ClusterModel, plan: Plan, out: Path):
     cost = build_cost_table(ing.graph, cl, ing.sha256)
     pred = evaluate(plan, ing.graph, cost)
     frags = build_fragments(ing, plan, pred)

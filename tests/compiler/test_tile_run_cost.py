@@ -15,7 +15,7 @@ import yaml
 from click.testing import CliRunner
 
 from edgec.compiler.cli import cli
-from edgec.compiler.cluster import Cluster, DeviceSpec, load_profile, validate_profile_dict
+from edgec.compiler.cluster import ClusterModel, DeviceSpec, load_profile, validate_profile_dict
 from edgec.compiler.cluster.profile import profile_path
 from edgec.compiler.errors import UserError
 from edgec.compiler.cost import build_cost_table, evaluate, simulate_manifest
@@ -30,13 +30,13 @@ from tests.compiler.test_tile_copy import SIZE, chain, plan_of, rows_stage
 RUN_MS = {"rpi5": 0.0625, "rpi4": 0.125}  # per device kind
 
 
-def cluster(kinds, run_ms: dict[str, float]) -> Cluster:
+def cluster(kinds, run_ms: dict[str, float]) -> ClusterModel:
     devs = []
     for i, k in enumerate(kinds):
         prof = load_profile(k)
         prof = dataclasses.replace(prof, runtime=dataclasses.replace(prof.runtime, run_ms=run_ms.get(k, 0.0)))
         devs.append(DeviceSpec(f"{k}-{i}", prof, prof.memory_mb, None))
-    return Cluster(tuple(devs), 100.0, 0.2, "switched", {}, "test")
+    return ClusterModel(tuple(devs), 100.0, 0.2, "switched", {}, "test")
 
 
 def test_every_tile_pays_its_devices_run_cost_and_the_fragments_carry_it(tmp_path):
