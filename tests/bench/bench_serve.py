@@ -6,8 +6,13 @@ Run (as root, with iproute2; see tests/netbed.py):
     python tests/bench/bench_serve.py --local --quick      # no testbed: local workers, a smoke run of the same steps
 
 Setup: a tests/netbed.py testbed of an unshaped coordinator host and three device hosts (dev-a, dev-b, dev-c)
-shaped to --mbps, an `edgec worker --threads 1` with its own key on each device host; this machine profiled once
-(`edgec profile --threads 1`). The model is compiled for the three devices with `--strategy pipeline
+shaped to --mbps, an `edgec worker --threads 1` with its own key on each device host. Each device host has a CPU
+quota of --device-cpus cores (0.4 by default, tests/netbed_limits.py), so that the devices' CPU is theirs, as on
+separate boards, and the coordinator host (the server and its clients, or `edgec run`) has the rest of the cores:
+without quotas every host shares this machine's 2 cores, and the server's and the clients' CPU would slow the
+devices, which no deployment sees. One device host's cgroup is profiled (`edgec profile --threads 1`, as
+bench_fidelity's hetero part does) for all three. `--device-cpus 0` runs without quotas: this machine profiled
+once, the cluster saying that its hosts share the cores (`hosts:`). The model is compiled for the three devices with `--strategy pipeline
 --objective throughput --fallbacks` (the plan uses two or three of them). `edgec serve` runs on the coordinator host (HTTP and gRPC on
 its loopback, --keys) and the clients run there too, in a process of their own (`bench_serve.py load ...`): stock tritonclient in the
 closed loops, the soak and the failover; in the open loop, one request encoded by tritonclient and sent as is from
@@ -25,12 +30,12 @@ Measured, side by side in one run:
 - failover: 4 clients in a closed loop, the last working device that has a fallback plan SIGKILLed mid-load:
   every request the server accepted must be answered (no 5xx, none lost).
 Each point reports throughput, p50/p90/p99 latency, errors, and the CPU ms per request of the server, the workers
-and the load generator (the testbed's hosts share this machine's cores).
+and the load generator.
 
 Targets (issue 40), checked and printed (PASS/FAIL), enforced in the exit code except where load decides:
 saturation throughput (the best closed loop) >= 0.9 x the run's; p99 <= 2 x p50 at 80% of the predicted
-throughput; 0 lost and 0 5xx on valid requests in the soak, RSS drift <= 5%; every accepted request answered
-across the failover. Markdown to stdout, progress to stderr, --json for the figures; exit 0 when every target
+throughput, with the cluster answering at least 97% of the rate sent (else it was over capacity); 0 lost and
+0 5xx on valid requests in the soak, RSS drift <= 5%; every accepted request answered across the failover. Markdown to stdout, progress to stderr, --json for the figures; exit 0 when every target
 holds, 1 otherwise.
 """
 
@@ -60,10 +65,13 @@ from benchlib import recorded  # noqa: E402  (tests/bench is sys.path[0] when a 
 DEVICES = ("dev-a", "dev-b", "dev-c")
 PORT, HTTP_PORT, GRPC_PORT = 7000, 8000, 8001
 THREADS = 1
+DEVICE_CPUS = 0.4  # each device host's CPU quota: three leave the server and the clients 0.8 of 2 cores
+COORDINATOR_CPUS = 0.5  # the least the devices' quotas must leave the coordinator host
 CONCURRENCY = (1, 4, 16)
 OPEN_FRACTIONS = (0.5, 0.8, 1.0)
 OPEN_CONNECTIONS = 64  # the open loop's requests outstanding at most (a request finding none free waits)
 SATURATION_OVER_RUN, P99_OVER_P50, RSS_DRIFT = 0.9, 2.0, 0.05  # issue 40's targets
+KEPT_UP = 0.97  # an open-loop point counts only if the cluster answered this share of the rate sent
 
 
 def log(msg: str) -> None:
@@ -367,6 +375,7 @@ class Bench:
         self.tb = None
         self.workers: dict = {}
         self.keys: Path | None = None
+        self.profile_record: dict | None = None
 
     def wrap(self, argv: list[str]) -> list[str]:
         return argv if self.tb is None else self.tb.exec_argv("coord", argv)
@@ -389,11 +398,21 @@ class Bench:
             cluster = self.tmp / "cluster.yaml"
             cluster.write_text(f"devices:\n{devices}\nnetwork: {{bandwidth_mbps: {self.args.mbps}, latency_ms: 0.2}}\n")
         else:
-            from bench_distributed import measure_profile
-
             profile = self.tmp / "profile.yaml"
-            measure_profile(profile, self.args.quick)
-            doc = on_this_machine(cluster_doc(self.tb, {d: str(profile) for d in DEVICES}, self.args.mbps, PORT), THREADS)
+            if self.args.device_cpus:
+                from fidelity_hetero_cluster import profile_in_host
+
+                log(f"profiling {DEVICES[0]}'s cgroup ({self.args.device_cpus:g} cores) for every device")
+                self.profile_record = profile_in_host(self.tb, DEVICES[0], profile, quick=self.args.quick)
+                doc = cluster_doc(self.tb, {d: str(profile) for d in DEVICES}, self.args.mbps, PORT)
+                for d in doc["devices"]:  # a quota each, so no `hosts:`: the cores are partitioned, not shared
+                    d["threads"] = THREADS
+            else:
+                from bench_distributed import measure_profile
+
+                measure_profile(profile, self.args.quick)
+                doc = on_this_machine(cluster_doc(self.tb, {d: str(profile) for d in DEVICES}, self.args.mbps, PORT),
+                                      THREADS)
             cluster = write_yaml(self.tmp / "cluster.yaml", doc)
         done = subprocess.run(self.edgec("compile", str(model), "--devices", str(cluster), "-o", str(out),
                                          "--strategy", "pipeline", "--objective", "throughput", "--fallbacks",
@@ -485,6 +504,7 @@ def measure(bench: Bench) -> dict:
     log(f"compiled {a.model}: predicted {predicted:.1f}/s, {summary['predicted_latency_ms']:.1f} ms")
     result: dict = {"model": a.model, "mbps": a.mbps, "seconds": seconds, "predicted_throughput_ips": predicted,
                     "local": a.local, "cores": os.cpu_count() or 1,
+                    "device_cpus": None if a.local else (a.device_cpus or None), "profile": bench.profile_record,
                     "predicted_busy_ms": {d["name"]: d["predicted_busy_ms"] for d in summary["devices"]
                                           if d.get("fragments")}}
     result["run"] = bench.run_baseline(build, min(20_000, max(200, int(predicted * seconds))))
@@ -539,11 +559,16 @@ def _cpu_budget(r: dict) -> str:
     devices, their workers and the coordinator share these cores on the testbed (and the server and the
     load generator too while serving), so that the prediction holds only if its CPU per request does."""
     run, busy = r["run"], sum(r["predicted_busy_ms"].values())
-    priced = r["cores"] * 1000.0 / r["predicted_throughput_ips"]
     spent = None if run.get("cpu_ms") is None or run.get("workers_cpu_ms") is None else run["cpu_ms"] + run["workers_cpu_ms"]
+    spent_text = (f"edgec run spent {_ms(spent)} ms (workers {_ms(run.get('workers_cpu_ms'))}, its own process "
+                  f"{_ms(run.get('cpu_ms'))}, start-up included)")
+    if r.get("device_cpus"):
+        return (f"CPU per request: each device host has a quota of {r['device_cpus']:g} cores and the coordinator "
+                f"host (edgec run or serve, and the clients) the rest of the {r['cores']}; the plan prices the "
+                f"devices' compute at {busy:.2f} ms; {spent_text}.")
+    priced = r["cores"] * 1000.0 / r["predicted_throughput_ips"]
     return (f"CPU per request: at the predicted rate the {r['cores']} cores have {priced:.2f} ms for each (the plan "
-            f"prices the devices' compute at {busy:.2f} ms); edgec run spent {_ms(spent)} ms (workers "
-            f"{_ms(run.get('workers_cpu_ms'))}, its own process {_ms(run.get('cpu_ms'))}, start-up included).")
+            f"prices the devices' compute at {busy:.2f} ms); {spent_text}.")
 
 
 def _ms(x: float | None) -> str:
@@ -561,7 +586,10 @@ def targets(r: dict) -> list[tuple[str, bool, str]]:
             f"{best:.1f}/s vs {r['run']['throughput_ips']:.1f}/s")]
     at80 = next(o for o in r["open"] if o["fraction"] == 0.8)
     ratio = (at80["p99_ms"] or 0) / (at80["p50_ms"] or 1)
-    out.append(("p99 <= 2 x p50 at 80%", at80["p50_ms"] is not None and ratio <= P99_OVER_P50, f"{ratio:.2f}"))
+    kept_up = at80["throughput_ips"] >= KEPT_UP * at80["rate_ips"]
+    text = f"{ratio:.2f}" if kept_up else (f"{ratio:.2f}, but the cluster answered {at80['throughput_ips']:.1f}/s of "
+                                          f"{at80['rate_ips']:.1f}/s sent: over its capacity, the latencies are a queue's")
+    out.append(("p99 <= 2 x p50 at 80%", kept_up and at80["p50_ms"] is not None and ratio <= P99_OVER_P50, text))
     s = r["soak"]
     out.append(("soak: 0 lost, 0 5xx on valid", s["valid_lost"] == 0 and s["valid_5xx"] == 0 and s["valid_ok"] == s["valid"],
                 f"{s['valid_ok']}/{s['valid']} ok, {s['valid_5xx']} 5xx, {s['valid_lost']} lost; "
@@ -583,6 +611,8 @@ def targets(r: dict) -> list[tuple[str, bool, str]]:
 
 def markdown(r: dict) -> str:
     where = "local workers" if r["local"] else f"3 devices at {r['mbps']:g} Mbps"
+    if r.get("device_cpus"):
+        where = f"3 devices of {r['device_cpus']:g} cores at {r['mbps']:g} Mbps"
     run = r["run"]
     lines = [f"## edgec serve: {r['model']} on {where}",
              "", f"predicted {r['predicted_throughput_ips']:.1f}/s; edgec run {run['throughput_ips']:.1f}/s "
@@ -620,6 +650,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=None, help="seconds a load point (default 60; 10 with --quick)")
     p.add_argument("--mbps", type=float, default=100.0)
     p.add_argument("--model", default="mobilenetv2")
+    p.add_argument("--device-cpus", type=float, default=DEVICE_CPUS, metavar="CORES",
+                   help=f"each device host's CPU quota (default {DEVICE_CPUS:g}; 0: no quota, the hosts share the cores)")
     p.add_argument("--local", action="store_true", help="no testbed: local workers on this machine")
     p.add_argument("--json", dest="json_file")
     a = p.parse_args(argv)
@@ -637,7 +669,20 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"no testbed: {reason} (use --local for a smoke run)")
             from fidelity_testbed import burst_ms
 
-            with Testbed(["coord", *DEVICES], a.mbps, unshaped=["coord"], burst_ms=burst_ms(a.mbps)) as tb:
+            limits = {}
+            if a.device_cpus:
+                from tests.netbed import HostLimits
+
+                spare = (os.cpu_count() or 1) - len(DEVICES) * a.device_cpus
+                if spare < COORDINATOR_CPUS:
+                    raise SystemExit(f"--device-cpus {a.device_cpus:g}: {len(DEVICES)} devices leave the server and "
+                                     f"the clients {spare:g} of this machine's cores, under {COORDINATOR_CPUS:g}")
+                reason = netbed.unavailable_reason(limits=True)
+                if reason:
+                    raise SystemExit(f"no CPU quotas: {reason} (use --device-cpus 0)")
+                limits = {d: HostLimits(cpus=a.device_cpus) for d in DEVICES}
+            with Testbed(["coord", *DEVICES], a.mbps, unshaped=["coord"], burst_ms=burst_ms(a.mbps),
+                         limits=limits) as tb:
                 bench.tb = tb
                 bench.keys, bench.workers = deploy(tb, "coord", DEVICES, Path(tmp), port=PORT, threads=THREADS)
                 try:

@@ -51,6 +51,22 @@ def device_names(shares: list[float]) -> list[str]:
     return [f"dev-{chr(ord('a') + i)}" for i in range(len(shares))]
 
 
+def profile_in_host(tb: Testbed, host: str, out: Path, *, quick: bool) -> dict:
+    """`edgec profile --threads 1` into `out`, in the cgroups of testbed host `host` (outside its network
+    namespace: see the module's docstring); a record of it: its quota, load verdict, timing spread, time taken."""
+    argv = [*EDGEC, "profile", "--threads", str(THREADS), *(["--quick"] * quick), "-o", str(out)]
+    before, t0 = loadavg(), time.perf_counter()
+    done = subprocess.run(netbed_limits.join_argv(tb.cgroups(host), argv), stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True, timeout=PROFILE_TIMEOUT_S)
+    if done.returncode != 0:
+        raise ClusterError(f"edgec profile on {host} exited {done.returncode}: "
+                           f"{' / '.join(done.stderr.strip().splitlines()[-3:])}")
+    doc = yaml.safe_load(out.read_text())
+    return {"device": host, "profile": str(out), "cpu_quota": doc.get("cpu_quota"),
+            "seconds": round(time.perf_counter() - t0, 1), "loadavg_before": before, "loadavg_after": loadavg(),
+            **profile_load(doc)}
+
+
 class HeteroCluster(TestbedCluster):  # run() and worker_logs() as the testbed part's; its own set-up
     """A testbed at `mbps` whose device hosts have the CPU `shares`, each profiled in its cgroup (`profiles`,
     `profile_records`), a worker on each, the cluster file of all devices (`cluster`) and one per device
@@ -91,22 +107,11 @@ class HeteroCluster(TestbedCluster):  # run() and worker_logs() as the testbed p
             self._tb.__exit__(exc_type, exc, tb)
 
     def _profile(self, device: str, share: float) -> tuple[Path, dict]:
-        """`edgec profile --threads 1` in the device host's cgroups (outside its namespace: see the module's
-        docstring); the profile and a record of it (its quota, load verdict, timing spread, time taken)."""
         out = self.folder / f"profile-{device}.yaml"
-        argv = [*EDGEC, "profile", "--threads", str(THREADS), *(["--quick"] * self.quick), "-o", str(out)]
         log(f"hetero: profiling {device} at {share:g} cores{' (--quick)' * self.quick} (load average {loadavg()})")
-        before, t0 = loadavg(), time.perf_counter()
-        done = subprocess.run(netbed_limits.join_argv(self._tb.cgroups(device), argv), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True, timeout=PROFILE_TIMEOUT_S)
-        if done.returncode != 0:
-            raise ClusterError(f"edgec profile on {device} exited {done.returncode}: "
-                               f"{' / '.join(done.stderr.strip().splitlines()[-3:])}")
-        doc = yaml.safe_load(out.read_text())
-        record = {"device": device, "share": share, "profile": str(out), "cpu_quota": doc.get("cpu_quota"),
-                  "seconds": round(time.perf_counter() - t0, 1), "loadavg_before": before, "loadavg_after": loadavg(),
-                  **profile_load(doc)}
-        log(f"hetero: {device} profiled in {record['seconds']:.0f} s, quota {doc.get('cpu_quota')}")
+        record = profile_in_host(self._tb, device, out, quick=self.quick)
+        record["share"] = share
+        log(f"hetero: {device} profiled in {record['seconds']:.0f} s, quota {record['cpu_quota']}")
         return out, record
 
     def _cluster_file(self, name: str, devices: list[str]) -> Path:
