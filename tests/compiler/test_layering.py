@@ -6,6 +6,7 @@ included (a cycle hidden in a function is still a cycle)."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -93,7 +94,13 @@ def _imports_of(source: str, name: str, package: bool, where: str = "<probe>") -
 
 
 def _modules(folder: str) -> dict[str, set[str]]:
-    return {_module(p)[0]: _imports(p) for p in _sources() if p.relative_to(ROOT).parts[0] == folder}
+    return dict(_parsed_modules(folder))  # a copy: a test may not change what the next one reads
+
+
+@functools.lru_cache(maxsize=None)
+def _parsed_modules(folder: str) -> dict[str, frozenset[str]]:
+    """Parsed once per session: the sources do not change while the tests run."""
+    return {_module(p)[0]: frozenset(_imports(p)) for p in _sources() if p.relative_to(ROOT).parts[0] == folder}
 
 
 def _graph() -> dict[str, set[str]]:

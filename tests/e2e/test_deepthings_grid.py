@@ -77,6 +77,7 @@ def test_grid_inspect_shows_rows_and_columns(tmp_path):
     assert "cols" in text and " W " in text
 
 
+@pytest.mark.slow  # the real model zoo: the tinyconv grids above run in README's test command
 @pytest.mark.parametrize("name, grid, layers", [("squeezenet", "2x2", None), ("mobilenetv2", "3x2", 40)])
 def test_zoo_grid_verifies(name, grid, layers, tmp_path):
     """Fire modules; inverted residuals with depthwise convs fused over 40 layers (14 rows in 3 bands)."""

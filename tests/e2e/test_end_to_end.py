@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from edgec import models
+from tests.matrix import checkerboard
 
 HERE = Path(__file__).resolve().parent
 CLUSTERS = ["one", "two", "three", "four"]
@@ -55,8 +56,7 @@ def tight_cluster(model: Path, tmp: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("cluster", CLUSTERS)
-@pytest.mark.parametrize("name", TINY)
+@pytest.mark.parametrize(("name", "cluster"), checkerboard(TINY, CLUSTERS))
 def test_tiny_models(name, cluster, tmp_path):
     summary, _ = compile_and_verify(models.ensure(name), HERE / "clusters" / f"{cluster}.yaml", tmp_path / "out")
     assert summary["predicted_latency_ms"] > 0

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from edgec import models
+from tests.matrix import checkerboard
 
 HERE = Path(__file__).resolve().parent
 SPATIAL = ["spatial", "hybrid", "bbgrap", "edgeflow", "deepthings"]
@@ -30,8 +31,7 @@ def compile_run(model, cluster, out, *extra):
     return json.loads(c.stdout), c
 
 
-@pytest.mark.parametrize("cluster", ["two", "four"])
-@pytest.mark.parametrize("strategy", SPATIAL)
+@pytest.mark.parametrize(("strategy", "cluster"), checkerboard(SPATIAL, ["two", "four"]))
 def test_spatial_strategies_verify(strategy, cluster, tmp_path):
     summary, proc = compile_run(models.ensure("tinyconv"), HERE / "clusters" / f"{cluster}.yaml", tmp_path / "o",
                                 "--strategy", strategy)
