@@ -1,49 +1,44 @@
 """The runtime's commands: `edgec run MANIFEST` (run a build on the devices' workers, time it, optionally
 verify it), `edgec worker` (the daemon on each device), `edgec keygen` (the cluster's keys) and, on the device-only
-install, `edgec profile` (measure this machine: the full install's own adds --refine)."""
+install, `edgec profile` (measure this machine: the full install's own adds --refine); the device-only `edgec`
+group, which adds `edgec run-all` (run_all_cli.py) and `edgec serve` (serve_cli.py). kit.py holds what the
+commands share: option types, progress on stderr, exit codes."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-import signal
 import statistics
-import sys
-from typing import Callable
 
 import click
 import numpy as np
 
+from ..command import (EXIT_INPUT, EXIT_OK, EXIT_PIPE, EXIT_RUN, EXIT_VERIFY_FAILED, OneLineErrors, RunCommand,
+                       quiet_broken_pipe, runtime_log_to_stderr)
 from ..coordinator.accuracy import summary_lines
 from ..coordinator.adapt import THRESHOLD
-from ..wire.protocol import MAX_DILATE
-from .api import (MAX_HEARTBEAT_MS, MAX_TIMEOUT_S, MAX_WARMUP, MIN_HEARTBEAT_MS, RequestsChecked, execute,
-                  parse_addresses, parse_slow, report, write_npz)
-from ..device.session import MAX_INFLIGHT
-from ..command import (EXIT_INPUT, EXIT_OK, EXIT_PIPE, EXIT_RUN, EXIT_VERIFY_FAILED, Finite, OneLineErrors, RunCommand,
-                       quiet_broken_pipe, runtime_log_to_stderr)
-from ..wire.compress import MODES as COMPRESS_MODES
 from ..coordinator.liveness import HEARTBEAT_MISSES, HEARTBEAT_MS
-from .api import RunResult
-from ..errors import EdgecRuntimeError, InputError
-from ..interrupts import Interrupted, interrupt_on_signals
-from ..wire.keys import COORDINATOR, keygen as write_keys, names_from_file
-from ..manifest.types import Manifest
-from ..machine import MAX_THREADS_HERE, edgec_version
+from ..device.session import MAX_INFLIGHT
 from ..device.worker import worker, worker_main
+from ..errors import EdgecRuntimeError, InputError
+from ..machine import MAX_THREADS_HERE, edgec_version
+from ..manifest.types import Manifest
 from ..profile.command import LOGGER as PROFILE_LOGGER, measure_to, measuring_options, verbose_option
 from ..profile.write import write_profile_flow
+from ..wire.compress import MODES as COMPRESS_MODES
+from ..wire.keys import COORDINATOR, keygen as write_keys, names_from_file
+from ..wire.protocol import MAX_DILATE
+from .api import (MAX_HEARTBEAT_MS, MAX_TIMEOUT_S, MAX_WARMUP, MIN_HEARTBEAT_MS, RequestsChecked, RunResult, execute,
+                  parse_addresses, parse_slow, report, write_npz)
+from .kit import SEED, TIMEOUT, TOLERANCE, command_exit_code, request_lines
+from .run_all_cli import run_all
+from .serve_cli import serve
 
-__all__ = ["run", "run_all", "worker", "keygen", "main", "worker_main", "device_main", "OneLineErrors", "quiet_broken_pipe",
-           "EXIT_OK", "EXIT_VERIFY_FAILED", "EXIT_INPUT", "EXIT_RUN", "EXIT_PIPE", "MAX_THREADS_HERE"]
+__all__ = ["run", "run_all", "serve", "worker", "keygen", "main", "worker_main", "device_main", "OneLineErrors",
+           "quiet_broken_pipe", "EXIT_OK", "EXIT_VERIFY_FAILED", "EXIT_INPUT", "EXIT_RUN", "EXIT_PIPE", "MAX_THREADS_HERE"]
 
 logger = logging.getLogger(__name__)
-
-_TIMEOUT = Finite(min=0, min_open=True, max=MAX_TIMEOUT_S)
-_TOLERANCE = Finite(min=0)
-_SEED = click.IntRange(min=0)
 
 
 _EPILOG = ("Exit codes: 0 ok, 1 verification failed, 2 bad input, 3 run failure (a worker failed, died or timed "
@@ -56,12 +51,12 @@ _EPILOG = ("Exit codes: 0 ok, 1 verification failed, 2 bad input, 3 run failure 
 @click.option("--inputs", "inputs_file", metavar="FILE.npz", help="All model inputs, by name (np.savez).")
 @click.option("--input", "input_pairs", multiple=True, metavar="NAME=FILE.npy", help="One model input (repeatable).")
 @click.option("--random-inputs", is_flag=True, help="Random inputs of the manifest's shapes and dtypes.")
-@click.option("--seed", type=_SEED, default=0, show_default=True, help="Seed for --random-inputs.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed for --random-inputs.")
 @click.option("--verify", is_flag=True, help="Compare against the source model run whole in onnxruntime.")
 @click.option("--model", "model_file", metavar="MODEL.onnx", show_default="the manifest's model path",
               help="The source model for --verify, when the build folder was moved away from it; its sha256 "
                    "must match the manifest's.")
-@click.option("--tolerance", type=_TOLERANCE, default=None,
+@click.option("--tolerance", type=TOLERANCE, default=None,
               show_default="the plan's providers': 1e-4 for the CPU, the largest of its devices' providers' otherwise",
               help="Pass when max|a-b| <= tolerance * max(1, max|reference|) for every output.")
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
@@ -83,7 +78,7 @@ _EPILOG = ("Exit codes: 0 ok, 1 verification failed, 2 bad input, 3 run failure 
                    "every reported time by K, so a host slower than the devices still keeps their time (the run "
                    "takes K times longer: raise --timeout to match). Fragment runs that overrun their padding are "
                    "named on stderr with a K that would leave room.")
-@click.option("--timeout", type=_TIMEOUT, default=60.0, show_default=True,
+@click.option("--timeout", type=TIMEOUT, default=60.0, show_default=True,
               help="Seconds allowed for start-up (reaching every worker included) and for each request; at most "
                    f"{MAX_TIMEOUT_S:g} (a day).")
 @click.option("--addresses", "address_pairs", multiple=True, metavar="NAME=tcp://HOST:PORT",
@@ -138,85 +133,12 @@ def run(ctx: click.Context, manifest: str, inputs_file, input_pairs, random_inpu
         as_json, verbose) -> None:
     """Run MANIFEST (a manifest.json, or the folder holding one) on the devices' workers: at each device's
     address (or --addresses), or in a worker process started on this machine for a device without one."""
-    with _request_lines(verbose):
-        ctx.exit(_exit_code(lambda: _run(
+    with request_lines(verbose):
+        ctx.exit(command_exit_code(lambda: _run(
         manifest, inputs_file, input_pairs, random_inputs, seed, verify, model_file, tolerance, repeat, output_file,
         threads, emulate, timeout, as_json, address_pairs, keys_dir, inflight, compress=compress,
         heartbeat_ms=heartbeat_ms, report_file=report_file, dilate=dilate, trace_file=trace_file, adapt=adapt,
         adapt_threshold=adapt_threshold, adapt_for=adapt_for, slow_specs=slow_specs, warmup=warmup)))
-
-
-@contextlib.contextmanager
-def _request_lines(verbose: bool):
-    """The per-request records (api.request_log): printed with --verbose; else a progress bar (rich) on a
-    terminal, nothing elsewhere (a log file does not want a line per request)."""
-    log = logging.getLogger("edgec.runtime.requests")
-    saved = log.propagate
-    bar = None if verbose or not sys.stderr.isatty() else _RequestBar()
-    log.propagate = verbose
-    if bar is not None:
-        log.addHandler(bar)
-    try:
-        yield
-    finally:
-        log.propagate = saved
-        if bar is not None:
-            log.removeHandler(bar)
-            bar.stop()
-
-
-class _RequestBar(logging.Handler):
-    """A rich progress bar over the timed requests, redrawn from each request's record."""
-
-    def __init__(self):
-        super().__init__(logging.INFO)
-        self.progress = self.task = None
-
-    def emit(self, record: logging.LogRecord) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        done, total = getattr(record, "done", None), getattr(record, "total", None)
-        if done is None or total is None:
-            return
-        if self.progress is None:
-            self.progress = Progress(TextColumn("edgec: requests"), BarColumn(), MofNCompleteColumn(),
-                                     TextColumn("{task.fields[last]}"), TimeRemainingColumn(),
-                                     console=Console(file=sys.stderr), transient=True)
-            self.task = self.progress.add_task("requests", total=total, last="")
-            self.progress.start()
-        self.progress.update(self.task, completed=done, last=record.getMessage().split(": ", 1)[-1])
-
-    def stop(self) -> None:
-        if self.progress is not None:
-            self.progress.stop()
-
-
-def _exit_code(body: Callable[[], int]) -> int:
-    """Run a command's body with progress on stderr and SIGTERM/SIGINT unwinding through the coordinator's
-    cleanup (which ends the run on every worker); its exit code, or the one its failure maps to (one line)."""
-    with _progress_to_stderr(), interrupt_on_signals():
-        try:
-            return body()
-        except (EdgecRuntimeError, Interrupted) as exc:
-            click.echo(f"edgec: {exc}", err=True)
-            return exc.exit_code
-        except KeyboardInterrupt:  # SIGINT while another handler (an embedding application's) is in charge
-            click.echo("edgec: interrupted", err=True)
-            return 128 + signal.SIGINT
-        except BrokenPipeError:  # handled here: click's own handling would exit 1
-            return quiet_broken_pipe()
-
-
-class _ProgressFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        text = super().format(record)
-        return f"edgec: warning: {text}" if record.levelno >= logging.WARNING else f"edgec: {text}"
-
-
-def _progress_to_stderr():
-    """`edgec run`'s progress (`edgec: ...`) and warnings (`edgec: warning: ...`)."""
-    return runtime_log_to_stderr(_ProgressFormatter("%(message)s"), logging.INFO)
 
 
 def _run(manifest_arg, inputs_file, input_pairs, random_inputs, seed, verify, model_file, tolerance, repeat,
@@ -288,126 +210,6 @@ def _print_human(manifest: Manifest, result: RunResult, checked: RequestsChecked
         verdict = "PASSED" if checked.passed else "FAILED"
         click.echo(f"verify: {verdict}  max|diff| {checked.max_abs_diff:.3g} on {checked.worst_output!r} over "
                    f"{checked.requests_checked} request(s) (tolerance {checked.tolerance:g} x max(1, max|reference|))")
-
-
-_RUN_ALL_EPILOG = ("Exit codes: 0 ok (a missed SLA is reported, not an error), 1 verification failed, 2 bad input, "
-                   f"3 run failure of a service, {EXIT_PIPE} stdout closed early, 128+N stopped by signal N.")
-
-
-@click.command("run-all", cls=RunCommand, epilog=_RUN_ALL_EPILOG, context_settings={"show_default": True})
-@click.argument("outdir", type=click.Path(file_okay=False))
-@click.option("--repeat", type=click.IntRange(min=1), default=1, help="Timed requests per service (after the --warmup ones).")
-@click.option("--warmup", type=click.IntRange(min=0, max=MAX_WARMUP), default=1, show_default=True,
-              help="Untimed requests each service runs one at a time first, as `edgec run --warmup`.")
-@click.option("--verify", is_flag=True, help="Compare every service's outputs with its source model run whole.")
-@click.option("--tolerance", type=_TOLERANCE, default=None, show_default="each plan's providers'",
-              help="As `edgec run --tolerance`.")
-@click.option("--seed", type=_SEED, default=0, help="Seed of the random inputs.")
-@click.option("--threads", type=click.IntRange(min=0, max=MAX_THREADS_HERE), default=None,
-              show_default="cores / all the services' devices", help="onnxruntime intra-op threads per worker.")
-@click.option("--emulate", is_flag=True, help="As `edgec run --emulate`: every service as on its planned devices.")
-@click.option("--timeout", type=_TIMEOUT, default=60.0,
-              help=f"Seconds allowed for each service's start-up and for each request; at most {MAX_TIMEOUT_S:g}.")
-@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON object on stdout.")
-@click.pass_context
-def run_all(ctx: click.Context, outdir, repeat, warmup, verify, tolerance, seed, threads, emulate, timeout,
-            as_json) -> None:
-    """Run every build of an `edgec allocate` OUTDIR at once, each on its own devices (random inputs), and
-    report each service's measured median latency against its SLA. A device shared by several services
-    (allocate --share) gets a local worker per service. Progress lines on stderr name their service."""
-    from .runall import run_all as run_all_api
-
-    def body() -> int:
-        result = run_all_api(outdir, repeat=repeat, verify=verify, tolerance=tolerance, threads=threads,
-                             emulate=emulate, timeout=timeout, seed=seed, warmup=warmup)
-        click.echo(json.dumps(result) if as_json else _format_run_all(result))
-        return EXIT_VERIFY_FAILED if result["verify_passed"] is False else EXIT_OK
-
-    ctx.exit(_exit_code(body))
-
-
-def _format_run_all(result: dict) -> str:
-    lines = []
-    for name, s in result["services"].items():
-        verdict = "met" if s["sla_met"] else "MISSED"
-        check = "" if s["verify"] is None else f", verify {'PASSED' if s['verify']['passed'] else 'FAILED'}"
-        lines.append(f"{name}: median {s['latency_ms']:.2f} ms (predicted {s['predicted_latency_ms']:.2f} ms) on "
-                     f"{', '.join(s['devices'])}: SLA {s['sla_ms']:g} ms {verdict}{check}")
-    lines.append(f"all SLAs met: {'yes' if result['all_sla_met'] else 'no'}")
-    return "\n".join(lines)
-
-
-_SERVE_EPILOG = ("Exit codes: 0 stopped by SIGTERM or SIGINT (every request accepted answered, the workers stopped), "
-                 "2 bad input (a build, an address it cannot listen on, a non-loopback address without --token-file), "
-                 "3 a worker failed at start-up. Logs `edgec: ready: ...` on stderr once it serves, then a status line "
-                 "a minute.")
-
-
-@click.command("serve", cls=RunCommand, epilog=_SERVE_EPILOG, context_settings={"show_default": True})
-@click.argument("build", type=click.Path())
-@click.option("--http", "http_bind", default="127.0.0.1:8000", metavar="HOST:PORT",
-              help="Where the Open Inference Protocol's REST endpoints listen (port 0: any free port).")
-@click.option("--grpc", "grpc_bind", default=None, metavar="HOST:PORT",
-              help="Also serve the protocol's gRPC service (inference.GRPCInferenceService) here.")
-@click.option("--model-name", default=None, metavar="NAME", show_default="the build folder's name",
-              help="The name clients ask for (/v2/models/NAME); not with an allocation, whose services keep theirs.")
-@click.option("--token-file", type=click.Path(dir_okay=False), metavar="FILE",
-              help="A bearer token (one line) every request must carry; required on a non-loopback address.")
-@click.option("--max-body-mb", type=click.FloatRange(min=0, min_open=True), default=None,
-              show_default="sized from the model's inputs", help="Larger request bodies are refused unread (413).")
-@click.option("--queue", type=click.IntRange(min=1, max=100_000), default=None,
-              show_default="4 x --inflight, at least 64", help="Requests waiting behind those in flight; more get 429.")
-@click.option("--threads", type=click.IntRange(min=0, max=MAX_THREADS_HERE), default=None,
-              show_default="cores / local devices", help="onnxruntime intra-op threads per local worker.")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=60.0,
-              help="Seconds allowed for start-up and for each request in the devices.")
-@click.option("--addresses", "address_pairs", multiple=True, metavar="NAME=tcp://HOST:PORT",
-              help="As `edgec run --addresses` (repeatable).")
-@click.option("--keys", "keys_dir", type=click.Path(file_okay=False), metavar="DIR", help="As `edgec run --keys`.")
-@click.option("--inflight", type=click.IntRange(min=1, max=MAX_INFLIGHT), default=None,
-              show_default="the plan's pipeline depth", help="Requests in the devices at once.")
-@click.option("--compress", type=click.Choice(COMPRESS_MODES, case_sensitive=False), default="none",
-              help="As `edgec run --compress`.")
-@click.option("--heartbeat-ms", type=click.IntRange(min=MIN_HEARTBEAT_MS, max=MAX_HEARTBEAT_MS),
-              default=HEARTBEAT_MS, help="As `edgec run --heartbeat-ms`.")
-@click.option("--adapt", is_flag=True, help="As `edgec run --adapt`: switch between the build's kept plans.")
-@click.option("--status-every", type=click.FloatRange(min=0.1), default=60.0, hidden=True,
-              help="Seconds between status lines (tests shorten it).")
-@click.pass_context
-def serve(ctx: click.Context, build, http_bind, grpc_bind, model_name, token_file, max_body_mb, queue, threads,
-          timeout, address_pairs, keys_dir, inflight, compress, heartbeat_ms, adapt, status_every) -> None:
-    """Serve BUILD (a build folder, or an `edgec allocate` folder: every service at its own
-    /v2/models/NAME) with the Open Inference Protocol (KServe v2) over HTTP, and gRPC with --grpc, until
-    SIGTERM or SIGINT. Binds 127.0.0.1 unless told otherwise."""
-    from ..serve.server import serve_forever
-
-    def body() -> int:
-        builds = _served_builds(build, model_name)
-        if address_pairs and len(builds) > 1:
-            raise InputError(f"--addresses: {build} is an allocation; its builds carry their devices' addresses")
-        return serve_forever(builds, http=http_bind, grpc=grpc_bind, token_file=token_file,
-                             max_body=None if max_body_mb is None else int(max_body_mb * (1 << 20)),
-                             version=edgec_version(), status_every=status_every, threads=threads, timeout=timeout,
-                             addresses=parse_addresses(address_pairs), keys=keys_dir,
-                             inflight=inflight, compress=compress, heartbeat_ms=heartbeat_ms, adapt=adapt, queue=queue)
-
-    ctx.exit(_exit_code(body))
-
-
-def _served_builds(build: str, model_name: str | None) -> dict[str, str]:
-    """{model name: build folder}: one build, or every service of an allocation."""
-    from .runall import load_allocation
-
-    folder = build[:-len("manifest.json")] if build.endswith("manifest.json") else build
-    if os.path.isfile(os.path.join(folder, "allocation.json")):
-        if model_name is not None:
-            raise InputError(f"--model-name: {build} is an allocation, whose services keep their own names")
-        allocation = load_allocation(folder)
-        return {s.name: str(s.manifest) for s in allocation.services}
-    name = model_name or os.path.basename(os.path.normpath(os.path.abspath(folder or ".")))
-    if not name or "/" in name:
-        raise InputError(f"--model-name {name!r}: expected a name without '/'")
-    return {name: build}
 
 
 def main() -> None:
