@@ -8,6 +8,10 @@ separate hierarchies; v2: one directory), at the top of the hierarchy and named 
 (netbed-<pid>-<seq>-h<i>), so `netbed.remove_stale()` finds the cgroups of dead runs by the same rule.
 - cpus (cores, may exceed 1): a CFS quota of cpus x period per period of PERIOD_US; v1 `cpu.cfs_period_us` and
   `cpu.cfs_quota_us`, v2 `cpu.max`. The quota cannot be under 1 ms, so cpus >= 1000 / PERIOD_US.
+- cpu_weight (1-10000, the kernel's default 100): how much CPU the host gets against every other process of the
+  machine when the cores are contended; v2 `cpu.weight`, v1 `cpu.shares` (weight x 1024 / 100). With a quota, a
+  heavy weight lets a host have its whole quota while other jobs load the machine: a benchmark's devices then
+  run at their profiled share whatever else runs (they still share the memory bandwidth and the caches).
 - memory_mb (MiB, as cluster.yaml's `memory_mb`): v1 `memory.limit_in_bytes`, and the same figure in
   `memory.memsw.limit_in_bytes` (RAM + swap) where the kernel accounts swap, so swapping cannot dodge the limit
   (without swap accounting, `memory.swappiness` 0); v2 `memory.max`, and `memory.swap.max` 0 where it exists.
@@ -56,6 +60,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 PERIOD_US = 5_000
+MIN_WEIGHT, MAX_WEIGHT = 1, 10_000  # cgroup v2's cpu.weight range (v1 cpu.shares: x 1024 / 100)
 MIN_QUOTA_US = 1_000  # the kernel refuses a smaller CFS quota
 MiB = 1 << 20
 CONTROLLERS = ("cpu", "memory")
@@ -68,10 +73,12 @@ class CgroupError(RuntimeError):
 
 @dataclass(frozen=True)
 class HostLimits:
-    """What one host may use: cpus in cores (a CFS quota), memory_mb in MiB (OOM kill beyond); None = no limit."""
+    """What one host may use: cpus in cores (a CFS quota), memory_mb in MiB (OOM kill beyond); None = no limit.
+    cpu_weight: its weight when the cores are contended (None: the kernel's default)."""
 
     cpus: float | None = None
     memory_mb: float | None = None
+    cpu_weight: int | None = None
 
     def __post_init__(self):
         for what, value in (("cpus", self.cpus), ("memory_mb", self.memory_mb)):
@@ -81,11 +88,16 @@ class HostLimits:
         if self.cpus is not None and self.cpus * PERIOD_US < MIN_QUOTA_US:
             raise ValueError(f"HostLimits.cpus must be at least {MIN_QUOTA_US / PERIOD_US:g} (a CFS quota of "
                              f"{MIN_QUOTA_US} us per {PERIOD_US} us period), not {self.cpus!r}")
+        if self.cpu_weight is not None and (isinstance(self.cpu_weight, bool) or not isinstance(self.cpu_weight, int)
+                                            or not MIN_WEIGHT <= self.cpu_weight <= MAX_WEIGHT):
+            raise ValueError(f"HostLimits.cpu_weight must be an integer from {MIN_WEIGHT} to {MAX_WEIGHT}, "
+                             f"not {self.cpu_weight!r}")
         if self.memory_mb is not None and self.memory_mb * MiB < 4096:
             raise ValueError(f"HostLimits.memory_mb must be at least one page, not {self.memory_mb!r}")
 
     def controllers(self) -> list[str]:
-        return [c for c, v in (("cpu", self.cpus), ("memory", self.memory_mb)) if v is not None]
+        cpu = self.cpus is not None or self.cpu_weight is not None
+        return [c for c, wanted in (("cpu", cpu), ("memory", self.memory_mb is not None)) if wanted]
 
 
 @dataclass(frozen=True)
@@ -130,12 +142,15 @@ def settings(limits: HostLimits, ctl: Controller, *, exists: Callable[[str], boo
     """The (file, value) writes, in order, that set `limits` for controller `ctl`; `exists(file)` says whether
     an optional file (swap accounting) is there."""
     if ctl.name == "cpu":
-        if limits.cpus is None:
-            return []
-        quota = max(MIN_QUOTA_US, round(limits.cpus * period_us))
-        if ctl.version == 1:
-            return [("cpu.cfs_period_us", str(period_us)), ("cpu.cfs_quota_us", str(quota))]
-        return [("cpu.max", f"{quota} {period_us}")]
+        out = []
+        if limits.cpus is not None:
+            quota = max(MIN_QUOTA_US, round(limits.cpus * period_us))
+            out += [("cpu.cfs_period_us", str(period_us)), ("cpu.cfs_quota_us", str(quota))] if ctl.version == 1 \
+                else [("cpu.max", f"{quota} {period_us}")]
+        if limits.cpu_weight is not None:
+            out.append(("cpu.shares", str(limits.cpu_weight * 1024 // 100)) if ctl.version == 1
+                       else ("cpu.weight", str(limits.cpu_weight)))
+        return out
     if limits.memory_mb is None:
         return []
     limit = str(math.ceil(limits.memory_mb * MiB))

@@ -319,6 +319,8 @@ def _wait_joined(pid: int, dirs: list[Path]) -> None:
 @pytest.mark.parametrize("kwargs, message", [
     (dict(cpus=0), "cpus"), (dict(cpus=-0.5), "cpus"), (dict(cpus=float("inf")), "cpus"), (dict(cpus=True), "cpus"),
     (dict(cpus=0.1), "at least 0.2"), (dict(memory_mb=0), "memory_mb"), (dict(memory_mb="512"), "memory_mb"),
+    (dict(cpu_weight=0), "cpu_weight"), (dict(cpu_weight=10_001), "cpu_weight"), (dict(cpu_weight=1.5), "cpu_weight"),
+    (dict(cpu_weight=True), "cpu_weight"),
 ])
 def test_bad_host_limits_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -349,6 +351,11 @@ def test_cgroup_files_per_version():
     assert netbed_limits.settings(lim, netbed_limits.Controller("memory", 2, Path("/sys/fs/cgroup"))) == [
         ("memory.max", str(300 << 20)), ("memory.swap.max", "0")]
     assert netbed_limits.settings(HostLimits(memory_mb=64), v2) == []  # no CPU limit, nothing to write
+    weighty = HostLimits(cpus=0.25, cpu_weight=5000)
+    assert netbed_limits.settings(weighty, found["cpu"])[-1] == ("cpu.shares", str(5000 * 1024 // 100))
+    assert netbed_limits.settings(weighty, v2) == [("cpu.max", f"{period // 4} {period}"), ("cpu.weight", "5000")]
+    assert netbed_limits.settings(HostLimits(cpu_weight=200), found["cpu"]) == [("cpu.shares", "2048")]
+    assert HostLimits(cpu_weight=200).controllers() == ["cpu"]
 
 
 def test_v2_hosts_get_one_cgroup_with_both_controllers(tmp_path):
@@ -432,6 +439,16 @@ def test_cpu_quota_caps_a_busy_loop(tmp_path):
     print(f"\n0.25-core host: a busy loop got {share:.3f} cores over 1 s, throttled {throttled} times")
     assert share <= 0.25 * 1.1, share
     assert throttled > 0
+
+
+def test_cpu_weight_is_written_to_the_hosts_cgroup():
+    netbed.skip_unless_available(limits=True)
+    with Testbed(["a", "b"], 50, limits={"a": HostLimits(cpus=0.5, cpu_weight=5000)}) as tb:
+        cpu = next(d for d in tb.cgroups("a") if (d / "cpu.shares").exists() or (d / "cpu.weight").exists())
+        if (cpu / "cpu.shares").exists():
+            assert (cpu / "cpu.shares").read_text().strip() == str(5000 * 1024 // 100)
+        else:
+            assert (cpu / "cpu.weight").read_text().strip() == "5000"
 
 
 @pytest.mark.slow

@@ -125,6 +125,9 @@ class Profile:
     threads: dict[int, Figures] = field(default_factory=dict, hash=False, repr=False)  # per intra-op thread count
     measurement: dict[str, Any] = field(default_factory=dict, hash=False, repr=False)  # how it was measured (informational)
     runtime: RuntimeFigures = NO_RUNTIME_FIGURES  # the runtime's fixed costs (not per thread count: no onnxruntime in them)
+    # The CPU quota (cores) the profile was measured under (`cpu_quota.cores`, read from the cgroup); None: none.
+    # Its figures already follow the quota; the worker's messaging shares it too (cost/evaluate.py _quota_periods).
+    cpu_quota_cores: float | None = None
     radio_tx_nj_per_byte: float | None = None  # the network interface's energy per byte sent; None: unknown
     radio_rx_nj_per_byte: float | None = None  # ... per byte received
     modes: dict[str, Mode] = field(default_factory=dict, hash=False, repr=False)  # power modes besides the top level's
@@ -256,6 +259,7 @@ def validate_profile_dict(data: Any, path: str) -> Profile:
         threads={n: _figures(entry) for n, entry in (doc.threads or {}).items()},
         # Informational: kept as written (the schema checked its shape), for the tools that read it.
         measurement=data["measurement"] if doc.measurement is not None else {},
+        cpu_quota_cores=doc.cpu_quota.cores if doc.cpu_quota is not None and doc.cpu_quota.read else None,
         runtime=NO_RUNTIME_FIGURES if doc.runtime is None else RuntimeFigures(
             doc.runtime.message_ms, doc.runtime.message_ms_per_mb, doc.runtime.request_ms,
             doc.runtime.message_cpu_ms, doc.runtime.message_cpu_ms_per_mb, doc.runtime.request_cpu_ms,

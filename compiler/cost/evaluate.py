@@ -181,7 +181,8 @@ def evaluate(plan: Plan, graph: LayerGraph, cost: CostTable, contention_order: b
     - A link is held for its transfers: each pair its own link on a switched network, one channel for all
       transfers on a shared medium, which the stages' bursts take first come first served (`_Flow`).
     - A machine several devices share (the cluster's `hosts:`) is held for the work one input gives its
-      cores, over their number (`_host_periods`, `host_ms`). The planners' own searches leave it out; it
+      cores, over their number (`_host_periods`, `host_ms`); a device profiled under a CPU quota, for its
+      compute and its runtime's messaging work over the quota, when that is longer (`_quota_periods`). The planners' own searches leave it out; it
       bounds the throughput evaluated here, which picks among their plans.
     A pipeline stage's period is its compute, as in the pipeline planner's DP (plan/pipeline.py), whose
     bottleneck is the same max(stage compute, transfers); on a machine it shares with another device of
@@ -282,6 +283,8 @@ def _predict(plan: Plan, graph: LayerGraph, cost: CostTable, spatial: dict, stag
         key = frozenset(["*"]) if cost.cluster.medium == "shared" else frozenset([tr.src, tr.dst])
         links[key] = links.get(key, 0.0) + tr.ms
     hosts = _host_periods(plan, graph, cost, streaming, transfers)
+    for dev, ms in _quota_periods(plan, graph, cost, streaming, transfers).items():
+        period[dev] = max(period[dev], ms)
     coordinator = sum(flow.req_in.values()) + sum(flow.req_out.values())
     bottleneck = max([*period.values(), *links.values(), *hosts.values(), coordinator])
     return Prediction(
@@ -353,6 +356,33 @@ def _host_periods(plan: Plan, graph: LayerGraph, cost: CostTable, busy: dict[str
                 if h is not None:
                     work[h] += ms / 2.0
     return {h: w / hosts[h].cores for h, w in work.items() if w > 0}
+
+
+def _quota_periods(plan: Plan, graph: LayerGraph, cost: CostTable, busy: dict[str, float],
+                   transfers) -> dict[str, float]:
+    """Per device of the plan whose profile was measured under a CPU quota (`cpu_quota.cores`: a container's
+    limit, a cgroup's) and that shares no machine (`hosts:` bounds those): the work one input gives the quota,
+    over it. The work: its compute, times the cores it runs on (its threads, at most the quota; its figures
+    already follow the quota), and the runtime's own work on every message with an end there and on each
+    request it takes inputs for or gives outputs of, counted as in `_host_periods`. ZeroMQ's I/O threads
+    encrypt and copy in the worker's process, so inside the same quota as its compute: the device cannot
+    stream faster than the quota lets both through, however its compute alone is priced."""
+    quota = {d.name: (d.profile.cpu_quota_cores, d.threads) for d in cost.cluster.devices
+             if d.host is None and d.profile.cpu_quota_cores is not None and d.name in busy}
+    if not quota:
+        return {}
+    work = {d: busy[d] * min(threads or cores, cores) for d, (cores, threads) in quota.items()}
+    net = cost.network
+    for tr in transfers:
+        half = net.runtime_ms(tr.nbytes, tr.src, tr.dst) / 2.0
+        for end in (tr.src, tr.dst):
+            if end in work:
+                work[end] += half
+    for extra in _request_costs(plan, graph, cost, cpu=True):
+        for k, ms in extra.items():
+            if plan.stages[k].device in work:
+                work[plan.stages[k].device] += ms / 2.0
+    return {d: w / quota[d][0] for d, w in work.items()}
 
 
 def _latency(finish: list[float], done: list[float]) -> float:

@@ -10,7 +10,8 @@ shaped to --mbps, an `edgec worker --threads 1` with its own key on each device 
 quota of --device-cpus cores (0.4 by default, tests/netbed_limits.py), so that the devices' CPU is theirs, as on
 separate boards, and the coordinator host (the server and its clients, or `edgec run`) has the rest of the cores:
 without quotas every host shares this machine's 2 cores, and the server's and the clients' CPU would slow the
-devices, which no deployment sees. One device host's cgroup is profiled (`edgec profile --threads 1`, as
+devices, which no deployment sees. Every host also gets a heavy CPU weight (--cpu-weight), so that other jobs
+on this machine do not take the devices' quotas or the server's CPU. One device host's cgroup is profiled (`edgec profile --threads 1`, as
 bench_fidelity's hetero part does) for all three. `--device-cpus 0` runs without quotas: this machine profiled
 once, the cluster saying that its hosts share the cores (`hosts:`). The model is compiled for the three devices with `--strategy pipeline
 --objective throughput --fallbacks` (the plan uses two or three of them). `edgec serve` runs on the coordinator host (HTTP and gRPC on
@@ -67,6 +68,7 @@ PORT, HTTP_PORT, GRPC_PORT = 7000, 8000, 8001
 THREADS = 1
 DEVICE_CPUS = 0.4  # each device host's CPU quota: three leave the server and the clients 0.8 of 2 cores
 COORDINATOR_CPUS = 0.5  # the least the devices' quotas must leave the coordinator host
+CPU_WEIGHT = 5000  # the testbed's hosts before other jobs on a shared machine (tests/netbed_limits.py)
 CONCURRENCY = (1, 4, 16)
 OPEN_FRACTIONS = (0.5, 0.8, 1.0)
 OPEN_CONNECTIONS = 64  # the open loop's requests outstanding at most (a request finding none free waits)
@@ -504,7 +506,9 @@ def measure(bench: Bench) -> dict:
     log(f"compiled {a.model}: predicted {predicted:.1f}/s, {summary['predicted_latency_ms']:.1f} ms")
     result: dict = {"model": a.model, "mbps": a.mbps, "seconds": seconds, "predicted_throughput_ips": predicted,
                     "local": a.local, "cores": os.cpu_count() or 1,
-                    "device_cpus": None if a.local else (a.device_cpus or None), "profile": bench.profile_record,
+                    "device_cpus": None if a.local else (a.device_cpus or None),
+                    "cpu_weight": None if a.local or not a.device_cpus else (a.cpu_weight or None),
+                    "profile": bench.profile_record,
                     "predicted_busy_ms": {d["name"]: d["predicted_busy_ms"] for d in summary["devices"]
                                           if d.get("fragments")}}
     result["run"] = bench.run_baseline(build, min(20_000, max(200, int(predicted * seconds))))
@@ -652,6 +656,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="mobilenetv2")
     p.add_argument("--device-cpus", type=float, default=DEVICE_CPUS, metavar="CORES",
                    help=f"each device host's CPU quota (default {DEVICE_CPUS:g}; 0: no quota, the hosts share the cores)")
+    p.add_argument("--cpu-weight", type=int, default=CPU_WEIGHT, metavar="W",
+                   help=f"with --device-cpus, every testbed host's CPU weight against the machine's other processes "
+                        f"(default {CPU_WEIGHT}, the kernel's 100; 0: the kernel's)")
     p.add_argument("--local", action="store_true", help="no testbed: local workers on this machine")
     p.add_argument("--json", dest="json_file")
     a = p.parse_args(argv)
@@ -680,7 +687,9 @@ def main(argv: list[str] | None = None) -> int:
                 reason = netbed.unavailable_reason(limits=True)
                 if reason:
                     raise SystemExit(f"no CPU quotas: {reason} (use --device-cpus 0)")
-                limits = {d: HostLimits(cpus=a.device_cpus) for d in DEVICES}
+                weight = a.cpu_weight or None
+                limits = {"coord": HostLimits(cpu_weight=weight)} if weight else {}
+                limits.update({d: HostLimits(cpus=a.device_cpus, cpu_weight=weight) for d in DEVICES})
             with Testbed(["coord", *DEVICES], a.mbps, unshaped=["coord"], burst_ms=burst_ms(a.mbps),
                          limits=limits) as tb:
                 bench.tb = tb

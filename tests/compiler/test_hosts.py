@@ -22,9 +22,10 @@ FIG = {"op_overhead_us": 10.0, "gflops": {"conv": 2.0, "depthwise_conv": 1.0, "g
 RUNTIME = {"message_ms": 0.4, "message_ms_per_mb": 2.0, "request_ms": 1.0}
 
 
-def write(tmp_path, hosts=None, device_hosts=("box", "box"), threads=(1, 1), runtime=True, name="c.yaml"):
+def write(tmp_path, hosts=None, device_hosts=("box", "box"), threads=(1, 1), runtime=True, name="c.yaml", quota=None):
     prof = {"name": "p", "memory_mb": 4096, "usable_memory_fraction": 0.75, "runtime_overhead_mb": 50, **FIG,
-            **({"runtime": RUNTIME} if runtime else {})}
+            **({"runtime": RUNTIME} if runtime else {}),
+            **({"cpu_quota": {"cores": quota, "period_us": 5000, "source": "cgroup v1"}} if quota else {})}
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(prof))
     devices = []
     for i, (h, t) in enumerate(zip(device_hosts, threads)):
@@ -254,3 +255,26 @@ def test_allocation_classes_keep_machines_apart(tmp_path):
     assert allocation_classes(load_cluster(path)).members == (("d0", "d1"), ("d2",))
     alone = write(tmp_path, device_hosts=(None, None, None), threads=(1, 1, 1), name="n.yaml")
     assert allocation_classes(load_cluster(alone)).members == (("d0", "d1", "d2"),)
+
+
+def test_a_quota_bounds_a_devices_period_by_its_compute_and_messaging_work(chain, tmp_path):
+    """A device profiled under a CPU quota (cpu_quota.cores): its compute (already at the quota's pace) and its
+    runtime's messaging work share the quota, so each device's period is at least compute + messaging / quota."""
+    cost, free = predict(chain, write(tmp_path, device_hosts=(None, None)))
+    qcost, limited = predict(chain, write(tmp_path, device_hosts=(None, None), quota=0.4, name="q.yaml"))
+    assert qcost.cluster.devices[0].profile.cpu_quota_cores == 0.4
+    net = qcost.network
+    (tr,) = limited.transfers
+    inputs = sum(chain.graph.tensors[t].nbytes for t in chain.graph.inputs)
+    outputs = sum(chain.graph.tensors[t].nbytes for t in chain.graph.outputs)
+    half = net.runtime_ms(tr.nbytes, "d0", "d1") / 2.0
+    # 1 thread over 0.4 cores: the compute's CPU is 0.4 x its time, over 0.4 cores: its time
+    d0 = limited.busy_ms["d0"] + (half + net.request_in_ms("d0", inputs, cpu=True) / 2.0) / 0.4
+    d1 = limited.busy_ms["d1"] + (half + net.request_out_ms("d1", outputs, cpu=True) / 2.0) / 0.4
+    assert limited.period_ms == {"d0": pytest.approx(d0), "d1": pytest.approx(d1)}
+    assert limited.bottleneck_ms == pytest.approx(max(d0, d1, *[v for v in free.period_ms.values()]))
+    assert free.period_ms == free.busy_ms  # without a quota, a pipeline stage's period is its compute
+    assert limited.latency_ms == free.latency_ms  # the bound is on throughput only
+    # a device sharing a machine (hosts:) is bounded by the machine's cores instead
+    _, shared = predict(chain, write(tmp_path, hosts={"box": {"cores": 1}}, quota=0.4, name="qh.yaml"))
+    assert shared.period_ms == shared.busy_ms and shared.host_ms
