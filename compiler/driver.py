@@ -11,11 +11,13 @@ from edgec.runtime.interrupts import check_interrupted
 from edgec.runtime.manifest.types import OBJECTIVES  # the plan objectives the manifest format knows
 
 from . import cluster as cluster_mod
-from .cost import CostTable, build_cost_table, int8_fallbacks
+from .cost import CostTable, build_cost_table, generate_cost, int8_fallbacks
 from .emit import (ExtraBuild, alternative_build, alternative_folder, assemble_manifest, build_fragments, extra_entries,
                    fallback_build, write_output)
+from .emit.state import fragment_shapes, generative_manifest
 from .errors import UserError
 from .ingest import Ingested, load_model
+from .ingest.phases import GenerateOptions, load_phases
 from .plan.choose import (Candidate, alternative_candidate, kept_points, pareto_points, plan_model, priced_on,
                           shift_candidates)
 from .plan.frontier import Point, pareto_front
@@ -25,7 +27,7 @@ from .plan.registry import STRATEGIES
 from .plan.views import plan_sections
 from .progress import Progress
 
-__all__ = ["CompileResult", "compile_model", "build_alternatives", "plan_fallbacks", "OBJECTIVES"]
+__all__ = ["CompileResult", "compile_model", "build_alternatives", "plan_fallbacks", "OBJECTIVES", "GenerateOptions"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,12 +53,14 @@ def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, st
                   objective: str = "latency", shapes: dict | None = None,
                   progress: Progress = Progress(), options: PlanOptions = PlanOptions(),
                   fallbacks: bool = False, pareto: bool = False, keep: int | None = None,
-                  shifts: bool = False) -> CompileResult:
+                  shifts: bool = False, generate: GenerateOptions | None = None) -> CompileResult:
     """Compile `model` for the cluster in `devices` into `outdir`. With `fallbacks`, also plan the cluster
     without each device the plan uses (same strategy and objective) and write those builds beside it. With
     `pareto`, also collect the non-dominated plans of every planner run (`pareto_points`). With `keep` N,
     also write the best N other plans of that frontier as alternative builds (`build_alternatives`); with
-    `shifts`, also the chosen plan's one-layer boundary shifts (plan/shifts.py), numbered after them."""
+    `shifts`, also the chosen plan's one-layer boundary shifts (plan/shifts.py), numbered after them. With
+    `generate`, a generative build: the model's caches found, a decode step planned with the prefill priced
+    too (ingest/phases.py, cost/generate.py), the manifest with its state (emit/state.py)."""
     timings: dict[str, float] = {}
     t = time.perf_counter()
 
@@ -78,12 +82,18 @@ def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, st
     if (objective == "energy") != (options.energy is not None):
         raise UserError("--objective energy needs --sla-ms" if objective == "energy"
                         else f"--sla-ms, --sla-soft and --lambda apply to --objective energy, not {objective}")
+    if generate is not None:
+        _check_generative(objective, shapes, fallbacks, pareto, keep, shifts)
     progress.status("reading the cluster")
     cluster = cluster_mod.load_cluster(devices)
     step("cluster", "reading and normalising the model")
-    ing = load_model(model, shapes)
+    phases = None if generate is None else load_phases(model, generate)
+    ing = load_model(model, shapes) if phases is None else phases.decode
     step("ingest", "pricing every layer on every device")
     cost = build_cost_table(ing.graph, cluster, ing.sha256, model=ing.model)
+    if phases is not None:  # the table prices a decode step; the prefill, caches and token beside it
+        prefill = build_cost_table(phases.prefill.graph, cluster, ing.sha256, model=phases.prefill.model)
+        cost = replace(cost, generate=generate_cost(phases, cost, prefill))
     reason = unplaceable(ing.graph, cost)  # before any search: a model no plan can fit (plan/placeable.py)
     if reason is not None:
         raise UserError(f"{reason} (devices: {devices})", model)
@@ -104,8 +114,10 @@ def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, st
         step("pareto", "building the fragments")
     else:
         step("plan", "building the fragments")
-    frags = build_fragments(ing, chosen.plan, chosen.prediction)
+    frags = build_fragments(ing, chosen.plan, chosen.prediction, None if phases is None else fragment_shapes(phases))
     manifest = _assemble(ing, chosen, candidates, frags, _run_on(chosen, cluster), Path(outdir))
+    if phases is not None:
+        manifest = generative_manifest(manifest, phases)
     done = "emit"  # the step that ends next
     alts: list[ExtraBuild] = []
     if keep or shifts:
@@ -126,6 +138,20 @@ def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, st
     step("write")
     return CompileResult(ing, cluster, cost, chosen, candidates, manifest, timings, tuple(builds),
                          front if pareto else None, with_energy, tuple(alts), keep - _kept_count(alts) if keep else 0)
+
+
+def _check_generative(objective: str, shapes: dict | None, fallbacks: bool, pareto: bool, keep: int | None,
+                      shifts: bool) -> None:
+    """What --generate does not take (yet): one line naming the option."""
+    if objective == "energy":
+        raise UserError("--objective energy does not apply to --generate (plan for latency: time per output "
+                        "token, or throughput: tokens per second)")
+    if shapes:
+        raise UserError("--shape does not apply to --generate: the phases pin the dynamic dimensions "
+                        "(--prompt-len, --max-context)")
+    for flag, given in (("--fallbacks", fallbacks), ("--pareto", pareto), ("--keep", keep), ("--shifts", shifts)):
+        if given:
+            raise UserError(f"{flag} does not apply to --generate yet")
 
 
 def build_alternatives(ing: Ingested, cluster: cluster_mod.ClusterModel, cost: CostTable, chosen: Candidate, candidates,

@@ -33,7 +33,7 @@ def compile_summary(result, outdir: Path, seconds: float) -> dict:
     for f in result.manifest["fragments"]:
         frags[f["device"]].append(f["file"])
     devices = []
-    need = device_memory_bytes(plan, graph)
+    need = device_memory_bytes(plan, graph, result.cost.generate)
     run_on = result.cluster if result.chosen.cost is None else result.chosen.cost.cluster  # its power modes
     for dev in run_on.devices:
         devices.append({"name": dev.name, "profile": dev.profile.name, "fragments": frags.get(dev.name, []),

@@ -16,7 +16,7 @@ from ..plan_types import Plan, Stage
 from .pipeline_coarse import solve_chain
 from .pipeline_dp import solve_on_tables
 from .pipeline_energy import plan_pipeline_energy
-from .pipeline_problem import pipeline_problem, to_plan, validate_request
+from .pipeline_problem import first_device_problems, pipeline_problem, solution_sort_key, to_plan, validate_request
 from .pipeline_tables import StageTables
 from .planner import InfeasibleError, PlanOptions
 from .stats import detail
@@ -30,10 +30,27 @@ def plan_pipeline(graph: LayerGraph, cost: CostTable, objective: str, options: P
     if objective == "energy":
         return plan_pipeline_energy(graph, cost, options)
     problem = pipeline_problem(graph, cost)
+    if cost.generate is not None:
+        return _plan_generative(graph, cost, problem, objective, options)
     report: dict = {}
     sols = solve_chain(problem, objective, top_k=options.top_k, copies=False, report=report)
     detail(**report)  # exact, and beyond the DP's state budget its optimality_gap (pipeline_dp.py: Size)
     return [to_plan(sol, "pipeline", objective, graph, problem) for sol in sols]
+
+
+def _plan_generative(graph: LayerGraph, cost: CostTable, problem, objective: str, options: PlanOptions) -> list[Plan]:
+    """The DP once per first device (the token returns to it: pipeline_problem.first_device_problems); the
+    best `options.top_k` solutions of all, each scored by the problem of its own first device."""
+    sols, error = [], None
+    for sub in first_device_problems(problem, cost):
+        try:
+            sols += solve_chain(sub, objective, top_k=options.top_k, copies=False, report={})
+        except InfeasibleError as exc:
+            error = exc
+    if not sols:
+        raise error
+    sols.sort(key=lambda s: solution_sort_key(s, objective))
+    return [to_plan(sol, "pipeline", objective, graph, problem) for sol in sols[:options.top_k]]
 
 
 class PipelineTail:

@@ -18,7 +18,7 @@ from .planner import InfeasibleError, Planner, PlanOptions
 from .spatial import plan_hybrid, plan_jointly, plan_spatial
 from .spatial_baselines import plan_bbgrap, plan_deepthings, plan_edgeflow
 
-__all__ = ["PLANNERS", "SEARCHES", "STRATEGIES", "schedule", "run_group"]
+__all__ = ["PLANNERS", "SEARCHES", "STRATEGIES", "GENERATIVE", "schedule", "run_group"]
 
 PLANNERS: dict[str, Planner] = {
     "pipeline": plan_pipeline,
@@ -31,6 +31,9 @@ PLANNERS: dict[str, Planner] = {
     "edgeflow": plan_edgeflow,
     "deepthings": plan_deepthings,
 }
+# The planners of pipeline stages, which alone keep a generative build's caches with their layers (the spatial
+# planners split a layer's rows over devices, its cache with them): `auto` runs only these for --generate
+GENERATIVE = ("pipeline", "single", "even", "neurosurgeon")
 SEARCHES = ("spatial", "hybrid")  # searching planners: they run last, together, bounded by the others
 # `auto` runs every planner and keeps the best predicted plan; ties go to the earlier name.
 STRATEGIES = ("auto", *PLANNERS)
