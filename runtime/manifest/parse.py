@@ -38,7 +38,7 @@ def build_manifest(data: Any, path: str | Path) -> tuple[Manifest, "Reader"]:
                            f"and {GENERATE_VERSION})")
     generative = version == GENERATE_VERSION
     if generative != ("generate" in top):
-        r.fail("manifest", f"version {version} {'needs' if generative else 'has no'} a `generate` block")
+        r.fail("manifest", f"version {version} {'needs a' if generative else 'takes no'} `generate` block")
     model = r.obj(r.get(top, "model", "manifest"), "model")
     model_path = Path(r.str(model, "path", "model"))
     devices = tuple(_device(r, d, f"devices[{i}]") for i, d in enumerate(r.list(top, "devices", "manifest")))
