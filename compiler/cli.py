@@ -76,7 +76,7 @@ def cli() -> None:
 # plan.registry.STRATEGIES, spelt out so that `edgec --help` need not import every planner (test_cli checks the two agree)
 @click.option("--strategy", default="auto",
               type=click.Choice(["auto", "pipeline", "single", "even", "neurosurgeon", "spatial", "hybrid", "bbgrap",
-                                 "edgeflow", "deepthings"]))
+                                 "edgeflow", "deepthings", "ring-memory", "equal-layers"]))
 @click.option("--objective", default="latency", type=click.Choice(OBJECTIVES),
               help="energy: the least energy per request predicted within --sla-ms")
 @click.option("--sla-ms", type=float, default=None, help="with --objective energy: the latency SLA in ms")
@@ -132,7 +132,13 @@ def compile_cmd(model, devices, outdir, strategy, objective, sla_ms, sla_soft, l
       hybrid        spatial tiles first, then pipeline stages on the rest of the model
       bbgrap        BBGraP: every block split equally, gathered and re-scattered after each
       edgeflow      EdgeFlow: one split per block, chosen against the previous block's
-      deepthings    DeepThings: a fixed grid of fused tiles over the first layers, one per device"""
+      deepthings    DeepThings: a fixed grid of fused tiles over the first layers, one per device
+      ring-memory   exo: devices in list order, stages in proportion to their free memory (not run by auto)
+      equal-layers  devices in list order, equal numbers of layers per stage (not run by auto)
+
+    \b
+    With --generate, auto runs pipeline, single, even and neurosurgeon; ring-memory and equal-layers apply
+    too; the spatial strategies (spatial, hybrid, bbgrap, edgeflow, deepthings) do not."""
     from .api import compile as compile_api
     from .emit import check_output_dir
     from .ingest import parse_shape_option

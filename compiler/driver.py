@@ -11,7 +11,7 @@ from edgec.runtime.interrupts import check_interrupted
 from edgec.runtime.manifest.types import OBJECTIVES  # the plan objectives the manifest format knows
 
 from . import cluster as cluster_mod
-from .cost import CostTable, build_cost_table, generate_cost, int8_fallbacks
+from .cost import CostTable, build_cost_table, generate_cost, generative_table, int8_fallbacks
 from .emit import (ExtraBuild, alternative_build, alternative_folder, assemble_manifest, build_fragments, extra_entries,
                    fallback_build, write_output)
 from .emit.state import fragment_shapes, generative_manifest
@@ -93,7 +93,7 @@ def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, st
     cost = build_cost_table(ing.graph, cluster, ing.sha256, model=ing.model)
     if phases is not None:  # the table prices a decode step; the prefill, caches and token beside it
         prefill = build_cost_table(phases.prefill.graph, cluster, ing.sha256, model=phases.prefill.model)
-        cost = replace(cost, generate=generate_cost(phases, cost, prefill))
+        cost = generative_table(cost, generate_cost(phases, cost, prefill))
     reason = unplaceable(ing.graph, cost)  # before any search: a model no plan can fit (plan/placeable.py)
     if reason is not None:
         raise UserError(f"{reason} (devices: {devices})", model)

@@ -22,7 +22,7 @@ It names plans through compiler.plan_types and imports nothing from compiler.pla
 on the cost model, never the other way round.
 """
 
-from .generate import TOKEN_BYTES, GenerateCost, generate_cost
+from .generate import TOKEN_BYTES, GenerateCost, GenerativeCostTable, generate_cost, generative_table
 from .memory import device_memory_bytes
 from .evaluate import Event, Prediction, Transfer, crossing_tensors, evaluate
 from .simulate import simulate_manifest
@@ -31,4 +31,5 @@ from .table import CostTable, build_cost_table, int8_fallbacks, layer_ms
 
 __all__ = ["CostTable", "build_cost_table", "int8_fallbacks", "layer_ms", "NetworkModel", "Prediction",
            "Transfer", "Event", "crossing_tensors", "evaluate", "simulate_manifest",
-           "device_memory_bytes", "GenerateCost", "generate_cost", "TOKEN_BYTES"]
+           "device_memory_bytes", "GenerateCost", "generate_cost", "TOKEN_BYTES",
+           "GenerativeCostTable", "generative_table"]

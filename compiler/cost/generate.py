@@ -11,14 +11,14 @@ activations.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
 from ..graph import LayerGraph
 from .table import CostTable
 
-__all__ = ["TOKEN_BYTES", "GenerateCost", "generate_cost"]
+__all__ = ["TOKEN_BYTES", "GenerateCost", "GenerativeCostTable", "generate_cost", "generative_table"]
 
 TOKEN_BYTES = 8  # the token id (int64) the last stage sends to the first stage every step
 
@@ -38,6 +38,18 @@ class GenerateCost:
     def token_ms(self, cost: CostTable, src: str, dst: str) -> float:
         """The token id's transfer from the last stage's device to the first's (none on one device)."""
         return 0.0 if src == dst else float(cost.transfer_ms(TOKEN_BYTES, src, dst))
+
+
+@dataclass(frozen=True, eq=False)
+class GenerativeCostTable(CostTable):
+    """A generative build's cost table: a decode step's, with `generate` beside it (a subclass, so that code
+    that copies a CostTable field by field, such as allocate's restrict, copies an ordinary table)."""
+
+    generate: GenerateCost | None = field(default=None, repr=False)
+
+
+def generative_table(cost: CostTable, generate: GenerateCost) -> GenerativeCostTable:
+    return GenerativeCostTable(**{f.name: getattr(cost, f.name) for f in fields(cost)}, generate=generate)
 
 
 def generate_cost(phases, cost: CostTable, prefill: CostTable) -> GenerateCost:
