@@ -17,7 +17,7 @@ from .emit import (ExtraBuild, alternative_build, alternative_folder, assemble_m
 from .emit.state import fragment_shapes, generative_manifest
 from .errors import UserError
 from .ingest import Ingested, load_model
-from .ingest.phases import GenerateOptions, load_phases
+from .ingest.phases import GenerateOptions, Phases, load_phases
 from .plan.choose import (Candidate, alternative_candidate, kept_points, pareto_points, plan_model, priced_on,
                           shift_candidates)
 from .plan.frontier import Point, pareto_front
@@ -90,10 +90,7 @@ def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, st
     phases = None if generate is None else load_phases(model, generate)
     ing = load_model(model, shapes) if phases is None else phases.decode
     step("ingest", "pricing every layer on every device")
-    cost = build_cost_table(ing.graph, cluster, ing.sha256, model=ing.model)
-    if phases is not None:  # the table prices a decode step; the prefill, caches and token beside it
-        prefill = build_cost_table(phases.prefill.graph, cluster, ing.sha256, model=phases.prefill.model)
-        cost = generative_table(cost, generate_cost(phases, cost, prefill))
+    cost = _price(ing, phases, cluster)
     reason = unplaceable(ing.graph, cost)  # before any search: a model no plan can fit (plan/placeable.py)
     if reason is not None:
         raise UserError(f"{reason} (devices: {devices})", model)
@@ -115,9 +112,7 @@ def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, st
     else:
         step("plan", "building the fragments")
     frags = build_fragments(ing, chosen.plan, chosen.prediction, None if phases is None else fragment_shapes(phases))
-    manifest = _assemble(ing, chosen, candidates, frags, _run_on(chosen, cluster), Path(outdir))
-    if phases is not None:
-        manifest = generative_manifest(manifest, phases)
+    manifest = _assemble(ing, chosen, candidates, frags, _run_on(chosen, cluster), Path(outdir), phases)
     done = "emit"  # the step that ends next
     alts: list[ExtraBuild] = []
     if keep or shifts:
@@ -130,7 +125,7 @@ def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, st
     builds: list[ExtraBuild] = []
     if fallbacks:
         step(done, "planning the fallbacks")
-        builds = plan_fallbacks(ing, cluster, manifest, Path(outdir), strategy, objective, options, progress)
+        builds = plan_fallbacks(ing, cluster, manifest, Path(outdir), strategy, objective, options, progress, phases)
         manifest["fallbacks"] = extra_entries(builds)
         done = "fallbacks"
     step(done, f"writing {outdir}")
@@ -138,6 +133,16 @@ def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, st
     step("write")
     return CompileResult(ing, cluster, cost, chosen, candidates, manifest, timings, tuple(builds),
                          front if pareto else None, with_energy, tuple(alts), keep - _kept_count(alts) if keep else 0)
+
+
+def _price(ing: Ingested, phases: Phases | None, cluster: cluster_mod.ClusterModel) -> CostTable:
+    """The cost table of `ing` on `cluster`; of a generative build (`phases`), a decode step's, with the
+    prefill, the caches and the token beside it (cost/generate.py)."""
+    cost = build_cost_table(ing.graph, cluster, ing.sha256, model=ing.model)
+    if phases is None:
+        return cost
+    prefill = build_cost_table(phases.prefill.graph, cluster, ing.sha256, model=phases.prefill.model)
+    return generative_table(cost, generate_cost(phases, cost, prefill))
 
 
 def _check_generative(objective: str, shapes: dict | None, fallbacks: bool, pareto: bool, keep: int | None,
@@ -149,7 +154,7 @@ def _check_generative(objective: str, shapes: dict | None, fallbacks: bool, pare
     if shapes:
         raise UserError("--shape does not apply to --generate: the phases pin the dynamic dimensions "
                         "(--prompt-len, --max-context)")
-    for flag, given in (("--fallbacks", fallbacks), ("--pareto", pareto), ("--keep", keep), ("--shifts", shifts)):
+    for flag, given in (("--pareto", pareto), ("--keep", keep), ("--shifts", shifts)):
         if given:
             raise UserError(f"{flag} does not apply to --generate yet")
 
@@ -194,7 +199,8 @@ def _kept_count(alts: list[ExtraBuild]) -> int:
 
 
 def plan_fallbacks(ing: Ingested, cluster: cluster_mod.ClusterModel, manifest: dict, outdir: Path, strategy: str,
-                   objective: str, options: PlanOptions, progress: Progress) -> list[ExtraBuild]:
+                   objective: str, options: PlanOptions, progress: Progress,
+                   phases: Phases | None = None) -> list[ExtraBuild]:
     """For each device with steps in `manifest`, in cluster order: the build planned for the cluster without
     it, or why there is none (no device left, or none of the rest can hold the model): reported, not fatal."""
     builds = []
@@ -206,7 +212,7 @@ def plan_fallbacks(ing: Ingested, cluster: cluster_mod.ClusterModel, manifest: d
             builds.append(fallback_build(device, error=f"no device is left without {device}"))
             progress.note(f"fallback without {device}: none (no device left)")
             continue
-        cost = build_cost_table(ing.graph, rest, ing.sha256, model=ing.model)
+        cost = _price(ing, phases, rest)
         try:  # the planners' own progress lines would read as the main plan's
             chosen, candidates = plan_model(ing.graph, cost, strategy, objective, options, Progress())
         except UserError as exc:
@@ -214,9 +220,9 @@ def plan_fallbacks(ing: Ingested, cluster: cluster_mod.ClusterModel, manifest: d
             builds.append(fallback_build(device, error=error))
             progress.note(f"fallback without {device}: none ({error})")
             continue
-        frags = build_fragments(ing, chosen.plan, chosen.prediction)
+        frags = build_fragments(ing, chosen.plan, chosen.prediction, None if phases is None else fragment_shapes(phases))
         folder = fallback_build(device).folder
-        data = _assemble(ing, chosen, candidates, frags, _run_on(chosen, rest), outdir / folder)
+        data = _assemble(ing, chosen, candidates, frags, _run_on(chosen, rest), outdir / folder, phases)
         builds.append(fallback_build(device, data, frags))
         used = sum(1 for steps in data["steps"].values() if steps)
         progress.note(f"fallback without {device}: {chosen.strategy} on {used} device(s), "
@@ -225,11 +231,13 @@ def plan_fallbacks(ing: Ingested, cluster: cluster_mod.ClusterModel, manifest: d
     return builds
 
 
-def _assemble(ing: Ingested, chosen: Candidate, candidates, frags, run_on: cluster_mod.ClusterModel, outdir: Path) -> dict:
-    """The manifest of a build of `chosen`, with the sections about its plan (plan/views.py plan_sections)."""
+def _assemble(ing: Ingested, chosen: Candidate, candidates, frags, run_on: cluster_mod.ClusterModel, outdir: Path,
+              phases: Phases | None = None) -> dict:
+    """The manifest of a build of `chosen`, with the sections about its plan (plan/views.py plan_sections); of
+    a generative build (`phases`), with its state (emit/state.py)."""
     sections = plan_sections(chosen, candidates, ing.graph)
     manifest = assemble_manifest(ing, chosen.plan, chosen.prediction, frags, run_on.to_dict(), outdir, sections.pop("plan"))
-    return manifest | sections
+    return (manifest if phases is None else generative_manifest(manifest, phases)) | sections
 
 
 def _run_on(chosen: Candidate, cluster: cluster_mod.ClusterModel) -> cluster_mod.ClusterModel:

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from ..cost import CostTable
+from ..cost import CostTable, evaluate
 from ..graph import LayerGraph
 from ..plan_types import Plan, Stage
 from .pipeline_coarse import solve_chain
@@ -39,8 +39,10 @@ def plan_pipeline(graph: LayerGraph, cost: CostTable, objective: str, options: P
 
 
 def _plan_generative(graph: LayerGraph, cost: CostTable, problem, objective: str, options: PlanOptions) -> list[Plan]:
-    """The DP once per first device (the token returns to it: pipeline_problem.first_device_problems); the
-    best `options.top_k` solutions of all, each scored by the problem of its own first device."""
+    """The DP once per first device (the token returns to it: pipeline_problem.first_device_problems), its
+    `options.top_k` best of each; of those, the `options.top_k` best as `evaluate` predicts them (what the
+    driver ranks plans by: it prices what the DP leaves out, such as the coordinator's hand-offs of the model
+    inputs every stage reads), so that no first device's best plan is cut by the DP's figures alone."""
     sols, error = [], None
     for sub in first_device_problems(problem, cost):
         try:
@@ -50,7 +52,10 @@ def _plan_generative(graph: LayerGraph, cost: CostTable, problem, objective: str
     if not sols:
         raise error
     sols.sort(key=lambda s: solution_sort_key(s, objective))
-    return [to_plan(sol, "pipeline", objective, graph, problem) for sol in sols[:options.top_k]]
+    plans = [to_plan(sol, "pipeline", objective, graph, problem) for sol in sols]
+    preds = [evaluate(p, graph, cost) for p in plans]
+    order = sorted(range(len(plans)), key=lambda i: (preds[i].latency_ms, preds[i].bottleneck_ms)[::1 if objective == "latency" else -1])
+    return [plans[i] for i in order[:options.top_k]]
 
 
 class PipelineTail:

@@ -189,12 +189,18 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def load_manifest(path: str | Path, *, check_files: bool = True, devices: Iterable[str] | None = None) -> Manifest:
+def load_manifest(path: str | Path, *, check_files: bool = True, devices: Iterable[str] | None = None,
+                  generative: bool = False) -> Manifest:
     """Read, parse and validate manifest.json; with check_files, verify fragment files (of `devices` only,
     when given) exist and match their sha256, and (all devices) that the manifest's tensors agree with the
-    fragments' own graph inputs and outputs (signatures.py)."""
+    fragments' own graph inputs and outputs (signatures.py). A generative build (version 2) is refused unless
+    the caller runs sequences step by step (`generative`): run as one pass per request, its caches would be
+    missing."""
     path = Path(path).absolute()
     manifest = parse_manifest(read_manifest_json(path), path)
+    if manifest.generate is not None and not generative:
+        raise InputError(f"{path}: a generative build (compiled with --generate, manifest version 2) runs a "
+                         "sequence step by step with its caches kept on the devices, not one pass per request")
     if check_files:
         check_fragment_files(manifest, devices)
         if devices is None:

@@ -176,3 +176,21 @@ def test_generate_options_are_checked():
         GenerateOptions(max_context=8, prompt_len=8).check()
     with pytest.raises(UserError, match="go with --generate"):
         compile_api(TINYLM, "c.yaml", "out", max_context=8)
+
+
+@needs_tinylm
+def test_fallbacks_of_a_generative_build_are_generative_builds(tmp_path):
+    summary = compile_api(TINYLM, _cluster(tmp_path, 2, profiles=("rpi5", "rpi4")), tmp_path / "out", generate=True,
+                          max_context=64, prompt_len=8, objective="throughput", fallbacks=True)
+    for fb in summary["fallbacks"]:
+        manifest = json.loads(Path(fb["manifest"]).read_text())
+        assert manifest["version"] == 2 and manifest["generate"]["max_context"] == 64
+        assert sum(len(f.get("state", [])) for f in manifest["fragments"]) == 8
+
+
+@needs_tinylm
+def test_edgec_run_refuses_a_generative_build_in_one_line(tmp_path):
+    compile_api(TINYLM, _cluster(tmp_path, 1), tmp_path / "out", generate=True, max_context=32, prompt_len=4)
+    proc = subprocess.run([sys.executable, "-m", "edgec.compiler", "run", str(tmp_path / "out"), "--random-inputs"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "a generative build" in proc.stderr and "Traceback" not in proc.stderr
