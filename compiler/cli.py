@@ -123,7 +123,7 @@ def compile_cmd(model, devices, outdir, strategy, objective, sla_ms, sla_soft, l
 
     \b
     Strategies (--strategy):
-      auto          run every planner below, keep the best predicted plan
+      auto          run every planner below but the last two, keep the best predicted plan
       pipeline      exact search: consecutive layers per device, each stage on its own device
       single        the whole model on the one best device
       even          EdgeShard-like: devices in list order, stages of equal compute

@@ -1,7 +1,7 @@
 """The planner registry: strategy name -> planner, every one `(graph, cost, objective, options) -> list[Plan]`.
 
-`auto` is no planner of its own: the driver runs the planners of `schedule(PLANNERS)` in order and keeps
-the best predicted plan (a branch and bound, see compiler/plan/choose.py plan_model). The schedule runs the
+`auto` is no planner of its own: the driver runs the planners of `schedule(PLANNERS)` (but the COMPARISONS;
+for a generative build only the GENERATIVE ones) in order and keeps the best predicted plan (a branch and bound, see compiler/plan/choose.py plan_model). The schedule runs the
 cheap planners first, in registry order, and the searching planners (SEARCHES) last, as one group:
 they share their searches (`plan_jointly`), bounded by the best plan found before them.
 """
@@ -40,7 +40,7 @@ COMPARISONS = ("ring-memory", "equal-layers")
 # planners split a layer's rows over devices, its cache with them): `auto` runs only these for --generate
 GENERATIVE = ("pipeline", "single", "even", "neurosurgeon", "ring-memory", "equal-layers")
 SEARCHES = ("spatial", "hybrid")  # searching planners: they run last, together, bounded by the others
-# `auto` runs every planner and keeps the best predicted plan; ties go to the earlier name.
+# `auto` runs every planner but the COMPARISONS and keeps the best predicted plan; ties go to the earlier name.
 STRATEGIES = ("auto", *PLANNERS)
 
 
