@@ -194,3 +194,35 @@ def test_edgec_run_refuses_a_generative_build_in_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "edgec.compiler", "run", str(tmp_path / "out"), "--random-inputs"],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "a generative build" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@needs_tinylm
+@pytest.mark.parametrize("objective", ["latency", "throughput"])
+def test_the_dp_per_first_device_is_exact_with_caches_and_the_tokens_way_back(tmp_path, objective):
+    """Brute force over every split and device assignment, each priced by the problem of its first device
+    (the token returns to it), finds nothing better than the DP; a plan's price holds the token's transfer."""
+    import math
+
+    from edgec.compiler.cluster import load_cluster
+    from edgec.compiler.driver import _price
+    from edgec.compiler.plan.pipeline_coarse import solve_chain
+    from edgec.compiler.plan.pipeline_problem import first_device_problems, pipeline_problem
+    from pipeline_reference import brute_force
+
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"devices": [{"name": "a", "profile": "rpi5", "memory_mb": 400},
+                                                {"name": "b", "profile": "rpi4"}, {"name": "c", "profile": "rpi5"}],
+                                    "network": {"bandwidth_mbps": 50, "latency_ms": 2, "medium": "switched"}}))
+    phases = load_phases(TINYLM, GenerateOptions(max_context=8192, prompt_len=32))
+    cost = _price(phases.decode, phases, load_cluster(path))
+    problem = pipeline_problem(phases.decode.graph, cost)
+    assert problem.block_param_bytes.sum() > sum(layer.param_bytes for layer in phases.decode.graph.layers)
+    subs = first_device_problems(problem, cost)
+    dp = min(solve_chain(sub, objective, top_k=1)[0].key(objective) for sub in subs)
+    every = [s for sub in subs for s in brute_force(sub, objective) if math.isfinite(s.latency_ms)]
+    assert dp == pytest.approx(min(s.key(objective) for s in every), rel=1e-12)
+    split = min((s for s in every if len(s.stages) > 1), key=lambda s: s.key(objective))
+    first, last = (problem.devices[split.stages[i].device] for i in (0, -1))
+    token = cost.generate.token_ms(cost, last, first)
+    assert token > 2  # the link's 2 ms latency and 8 bytes
+    assert split.latency_ms == pytest.approx(problem.evaluate(split.stages).latency_ms + token)
