@@ -49,8 +49,9 @@ def _plan_generative(graph: LayerGraph, cost: CostTable, problem, objective: str
             sols += solve_chain(sub, objective, top_k=options.top_k, copies=False, report={})
         except InfeasibleError as exc:
             error = exc
-    if not sols:
-        raise error
+    if not sols:  # the problem's "weights" hold the caches: say so
+        raise InfeasibleError(f"{error} (a generative build: each stage's weights include its layers' caches at "
+                              "--max-context)")
     sols.sort(key=lambda s: solution_sort_key(s, objective))
     plans = [to_plan(sol, "pipeline", objective, graph, problem) for sol in sols]
     preds = [evaluate(p, graph, cost) for p in plans]
