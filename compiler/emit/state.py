@@ -80,6 +80,7 @@ def generative_manifest(manifest: dict, phases: Phases) -> dict:
     names = [*host_inputs, logits[0]["name"], *pairs, *outs]
     out["generate"] = {
         "prompt_len": phases.options.prompt_len, "max_context": m, "priced_past": phases.priced_past,
+        "phases": {"prefill": {"seq": phases.options.prompt_len, "past": 0}, "decode": {"seq": 1, "past": phases.priced_past}},
         "token": {"input": phases.roles.token_input, "dtype": str(phases.decode.graph.tensors[phases.roles.token_input].dtype)},
         "logits": {"output": logits[0]["name"], "fragment": producer},
         "feeds": _feeds(phases, host_inputs),

@@ -50,10 +50,19 @@ def parse_generate(r, raw: Any) -> Generate:
         shapes[name] = tuple(dims)
     prompt_len = r.int(g, "prompt_len", "generate", minimum=1)
     max_context = r.int(g, "max_context", "generate", minimum=prompt_len + 1)
+    phases = {}
+    for name, pin in r.obj(r.get(g, "phases", "generate"), "generate.phases").items():
+        w = f"generate.phases.{name}"
+        pin = r.obj(pin, w)
+        if name not in ("prefill", "decode") or set(pin) != {"seq", "past"}:
+            r.fail(w, "expected prefill or decode: {\"seq\": int, \"past\": int}")
+        phases[name] = {"seq": r.int(pin, "seq", w, minimum=1), "past": r.int(pin, "past", w, minimum=0)}
+        if phases[name]["seq"] + phases[name]["past"] > max_context:
+            r.fail(w, f"seq + past is beyond max_context {max_context}")
     return Generate(prompt_len, max_context, r.int(g, "priced_past", "generate", minimum=0),
                     r.str(token, "input", "generate.token"), r.dtype(token, "generate.token"),
                     r.str(logits, "output", "generate.logits"), r.str(logits, "fragment", "generate.logits"),
-                    dict(feeds), shapes)
+                    dict(feeds), shapes, phases)
 
 
 def check_generate(r, m: Manifest) -> None:

@@ -83,13 +83,16 @@ are ignored):
               along `axis`, to at most `max_length` (= generate.max_context). The schedule checks treat a
               state input as in the store when its fragment runs.
   generate    version 2 only, required: {"prompt_len": int >= 1, "max_context": int > prompt_len,
-               "priced_past": int >= 0, "token": {"input": str, "dtype": str},
+               "priced_past": int >= 0, "phases": {"prefill"|"decode": {"seq": int >= 1, "past": int >= 0}},
+               "token": {"input": str, "dtype": str},
                "logits": {"output": str, "fragment": id}, "feeds": {input: "token" | "positions" | "mask"},
                "shapes": {tensor: [int >= 0 | "seq" | "past" | "total", ...]}}
               `prompt_len` and `max_context` are what the plan was priced for (the time to first token of a
               prompt of prompt_len; every cache counted in memory at max_context: a sequence may not grow
               beyond it), `priced_past` the past a decode step was priced at, (prompt_len + max_context - 1) //
-              2 (the mean of one generation). `logits` is the model output the token is chosen from and the
+              2 (the mean of one generation); `phases` the steps the plan was priced at (prefill: seq =
+              prompt_len, past = 0; decode: seq = 1, past = priced_past; a sequence's steps may run at any seq and
+              past with seq + past <= max_context). `logits` is the model output the token is chosen from and the
               fragment that gives it (on the last stage); the chosen token id goes back as `token.input`
               (shape [1, 1] at a decode step) to the first stage. `feeds` says how each model input of a step
               is made from the step's tokens (seq: how many, past: how many before them): "token" the token
@@ -395,6 +398,7 @@ def _generate_json(g: Generate) -> dict:
     return {"prompt_len": g.prompt_len, "max_context": g.max_context, "priced_past": g.priced_past,
             "token": {"input": g.token_input, "dtype": g.token_dtype},
             "logits": {"output": g.logits_output, "fragment": g.logits_fragment}, "feeds": dict(g.feeds),
+            "phases": {name: dict(pin) for name, pin in g.phases.items()},
             "shapes": {name: list(dims) for name, dims in g.shapes.items()}}
 
 

@@ -164,6 +164,9 @@ class Generate:
     logits_fragment: str
     feeds: dict[str, str]
     shapes: dict[str, tuple[int | str, ...]]
+    # the steps the plan was priced at: {"prefill": {"seq": prompt_len, "past": 0}, "decode": {"seq": 1,
+    # "past": priced_past}} (a sequence's steps run at any seq and past up to max_context)
+    phases: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

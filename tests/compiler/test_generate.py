@@ -133,6 +133,7 @@ def test_per_token_figures_and_json_keys(tmp_path):
     assert manifest["predicted"]["tpot_ms"] == summary["predicted_tpot_ms"]
     assert {i["name"] for i in manifest["inputs"]} == {"input_ids", "attention_mask", "position_ids"}
     assert [o["name"] for o in manifest["outputs"]] == ["logits"]
+    assert manifest["generate"]["phases"] == {"prefill": {"seq": 16, "past": 0}, "decode": {"seq": 1, "past": 71}}
 
 
 @needs_tinylm

@@ -56,6 +56,7 @@ def _manifest() -> dict:
         "predicted": {"latency_ms": 3.0, "throughput_ips": 500.0, "tpot_ms": 3.0, "tokens_per_s": 500.0, "ttft_ms": 4.0},
         "generate": {
             "prompt_len": 8, "max_context": 32, "priced_past": 19,
+            "phases": {"prefill": {"seq": 8, "past": 0}, "decode": {"seq": 1, "past": 19}},
             "token": {"input": "input_ids", "dtype": "int64"},
             "logits": {"output": "logits", "fragment": "f1"},
             "feeds": {"input_ids": "token", "position_ids": "positions", "attention_mask": "mask"},
@@ -69,6 +70,7 @@ def test_a_generative_manifest_parses_with_its_state_and_generate_block():
     m = parse_manifest(_manifest(), PATH)
     assert m.generate.token_input == "input_ids" and m.generate.logits_fragment == "f1"
     assert m.generate.feeds["attention_mask"] == "mask" and m.generate.shapes["present.0.key"] == (1, 2, "total", 8)
+    assert m.generate.phases == {"prefill": {"seq": 8, "past": 0}, "decode": {"seq": 1, "past": 19}}
     f0 = m.fragments["f0"]
     assert [s.input for s in f0.state] == ["past.0.key", "past.0.value"]
     assert f0.state[0].output == "present.0.key" and f0.state[0].axis == 2 and f0.state[0].shape == (1, 2, 0, 8)
@@ -119,6 +121,9 @@ def _broken(edit) -> str:
     (lambda m: m["generate"]["logits"].update(fragment="f0"), "fragment 'f0' does not give 'logits'"),
     (lambda m: m["generate"].update(max_context=8), "generate.max_context: expected an integer >= 9"),
     (lambda m: m["generate"]["shapes"].update(logits=[1, "width", 64]), "generate.shapes.logits"),
+    (lambda m: m["generate"]["phases"].update(verify={"seq": 1, "past": 0}), "generate.phases.verify: expected"),
+    (lambda m: m["generate"]["phases"]["decode"].update(past=40), "generate.phases.decode: seq + past is beyond"),
+    (lambda m: m["generate"].pop("phases"), "generate: missing key 'phases'"),
 ])
 def test_bad_state_and_generate_entries_are_one_line_naming_the_manifest(edit, expected):
     assert expected in _broken(edit)
