@@ -103,9 +103,28 @@ def state_spans(graph: LayerGraph, pairs: tuple[StatePair, ...], path: str) -> t
     return tuple(spans)
 
 
+LIGHT_ABOVE = 1 << 20  # bytes: a weight this large is a matrix, never a constant a pass reads
+
+
 def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model for a phase that is only shaped and priced, never emitted: weights beyond LIGHT_ABOVE keep
+    their name, type and dims (all that shapes and parameter counts read) without their data, so a 2 GB
+    decoder is not copied twice."""
     out = onnx.ModelProto()
-    out.CopyFrom(model)
+    out.ir_version = model.ir_version
+    out.opset_import.extend(model.opset_import)
+    out.functions.extend(model.functions)
+    g, src = out.graph, model.graph
+    g.name = src.name
+    for name in ("node", "input", "output", "value_info", "sparse_initializer"):
+        getattr(g, name).extend(getattr(src, name))
+    for init in src.initializer:
+        t = g.initializer.add()
+        if init.ByteSize() > LIGHT_ABOVE:
+            t.name, t.data_type = init.name, init.data_type
+            t.dims.extend(init.dims)
+        else:
+            t.CopyFrom(init)
     return out
 
 
