@@ -78,6 +78,9 @@ class LayerGraph:
     # (first, last) layer ranges no stage boundary may fall inside: a generative model's state (its KV
     # cache) is read and written there, and stays on the device that holds them (ingest/phases.py)
     unsplit: tuple[tuple[int, int], ...] = ()
+    # tensors that ride along any pipeline cut whatever their size (`is_small`): a generative model's rotary
+    # tables and attention mask, read by every decoder layer, beside a one-token hidden state (ingest/phases.py)
+    riders: frozenset[str] = frozenset()
 
     @cached_property
     def producer(self) -> dict[str, int]:
@@ -147,6 +150,8 @@ class LayerGraph:
         (a [1, S] mask against a [1, S, d] state is 1/d or less). Transfers are priced per tensor
         whatever the rule, so the rule only bounds the search space: it never makes a price wrong.
         """
+        if tensor in self.riders:
+            return True
         largest = max(self.tensors[t].nbytes for t in self._live_sets[cut])
         return self.tensors[tensor].nbytes * SMALL_FRACTION <= largest
 

@@ -26,7 +26,7 @@ from .normalise import normalise
 from .shapes import infer_shapes, pin_shapes
 from .state import DimRoles, StatePair, dim_roles, find_state, input_dims
 
-__all__ = ["GenerateOptions", "Phases", "load_phases", "priced_past", "state_spans"]
+__all__ = ["GenerateOptions", "Phases", "load_phases", "priced_past", "state_spans", "riders"]
 
 PROBE = (2, 3)  # (seq, past) of the probe: distinct from any prefill (past 0) and decode (seq 1) pin
 
@@ -60,6 +60,7 @@ class Phases:
     roles: DimRoles
     options: GenerateOptions
     varying: dict[str, tuple[bool, ...]]  # tensor -> per dimension, whether it changes from step to step
+    grows: frozenset[str] = frozenset()  # tensors with a dimension that grows with the context (`_grows`)
 
     @property
     def priced_past(self) -> int:
@@ -78,7 +79,9 @@ def load_phases(path: str | Path, options: GenerateOptions) -> Phases:
     prefill = _pinned(_copy(model), path, sha, roles, pairs, options.prompt_len, 0)
     probe = _pinned(_copy(model), path, sha, roles, pairs, *PROBE)
     decode = _pinned(model, path, sha, roles, pairs, 1, past)  # the one emitted from: no copy
-    decode = replace(decode, graph=replace(decode.graph, unsplit=state_spans(decode.graph, pairs, str(path))))
+    grows = _grows((prefill.graph, decode.graph, probe.graph), options, past)
+    spans = state_spans(decode.graph, pairs, grows, str(path))
+    decode = replace(decode, graph=replace(decode.graph, unsplit=spans, riders=riders(decode.graph, spans)))
     for other in (prefill, probe):
         if [layer.nodes for layer in other.graph.layers] != [layer.nodes for layer in decode.graph.layers]:
             raise UserError("--generate: the model's layers differ between prefill and decode", str(path))
@@ -86,21 +89,66 @@ def load_phases(path: str | Path, options: GenerateOptions) -> Phases:
     for name, t in decode.graph.tensors.items():
         shapes = [g.graph.tensors[name].shape for g in (prefill, probe) if name in g.graph.tensors]
         varying[name] = tuple(any(len(s) != len(t.shape) or s[i] != d for s in shapes) for i, d in enumerate(t.shape))
-    return Phases(decode, prefill, pairs, roles, options, varying)
+    return Phases(decode, prefill, pairs, roles, options, varying, frozenset(grows))
 
 
-def state_spans(graph: LayerGraph, pairs: tuple[StatePair, ...], path: str) -> tuple[tuple[int, int], ...]:
-    """Per pair, the (first, last) layer that reads its input or produces or reads its output: one stage
-    must hold them all, so that the cache never crosses the network."""
+def state_spans(graph: LayerGraph, pairs: tuple[StatePair, ...], grows: set[str], path: str) -> tuple[tuple[int, int], ...]:
+    """Per pair, the (first, last) layer that reads or writes its cache or a tensor computed from it that
+    grows with the context (`grows`: the cache repeated for grouped-query heads, the attention scores): one
+    stage must hold them all, so that neither the cache nor what grows with it crosses the network."""
     spans = []
     for p in pairs:
-        layers = {*graph.consumers.get(p.input, ()), *graph.consumers.get(p.output, ())}
+        layers: set[int] = set()
+        todo, seen = [p.input], {p.input}
+        while todo:
+            t = todo.pop()
+            users = graph.consumers.get(t, ())
+            layers.update(users)
+            if t in graph.producer:
+                layers.add(graph.producer[t])
+            for i in users:
+                for out in graph.layers[i].outputs:
+                    if out in grows and out not in seen:
+                        seen.add(out)
+                        todo.append(out)
         if p.output in graph.producer:
             layers.add(graph.producer[p.output])
+        layers.update(graph.consumers.get(p.output, ()))
         if not layers:
             raise UserError(f"state {p.input!r} -> {p.output!r}: no operator reads or writes it", path)
         spans.append((min(layers), max(layers)))
     return tuple(spans)
+
+
+def riders(graph: LayerGraph, spans: tuple[tuple[int, int], ...]) -> frozenset[str]:
+    """Tensors live into two or more decoder layers (groups of overlapping spans): the rotary tables and the
+    attention mask that every layer reads. A decode step's hidden state is one token, as small as they are,
+    so the size rule of pipeline cuts (graph.py is_small) would leave no cut between decoder layers."""
+    starts: list[int] = []
+    for lo, hi in sorted(spans):
+        if not starts or lo > ends:
+            starts.append(lo)
+            ends = hi
+        ends = max(ends, hi)
+    out = set()
+    for t, p in graph.producer.items():
+        users = graph.consumers.get(t, ())
+        if users and sum(1 for s in starts if p < s <= max(users)) >= 2:
+            out.add(t)
+    return frozenset(out)
+
+
+def _grows(phases_graphs, options: "GenerateOptions", past: int) -> set[str]:
+    """Tensors with a dimension that grows with the context: at the prefill, decode and probe pins, sized as
+    the past (0, past, 3) or the total (prompt_len, past + 1, 5)."""
+    prefill, decode, probe = phases_graphs
+    grow = {(0, past, PROBE[1]), (options.prompt_len, past + 1, sum(PROBE))}
+    out = set()
+    for name, t in decode.tensors.items():
+        shapes = [g.tensors[name].shape if name in g.tensors else () for g in (prefill, decode, probe)]
+        if len({len(s) for s in shapes}) == 1 and any(dims in grow for dims in zip(*shapes)):
+            out.add(name)
+    return out
 
 
 LIGHT_ABOVE = 1 << 20  # bytes: a weight this large is a matrix, never a constant a pass reads

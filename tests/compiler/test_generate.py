@@ -119,6 +119,13 @@ def test_phases_pin_prefill_and_decode_and_agree_on_layers():
     assert phases.varying["logits"] == (False, True, False)
     for lo, hi in dec.unsplit:  # no stage boundary inside a cache's layers
         assert not any(lo < c <= hi for c in dec.pipeline_cuts)
+    # nothing that grows with the context crosses a cut but the mask every layer reads (4 bytes a token):
+    # not the caches, nor the caches repeated for grouped-query heads, nor the attention scores
+    assert {"present.0.key", "past_key_values.0.key"} <= phases.grows
+    crossing = {t for c in dec.pipeline_cuts for t in dec.live_across(c)}
+    assert crossing & phases.grows == {"mask.bias"} and {"rope.cos", "rope.sin", "mask.bias"} <= dec.riders
+    blocks = [hi - lo for lo, hi in dec.pipeline_blocks if lo > 2 and hi < 198]
+    assert len(dec.pipeline_cuts) > 8 and max(blocks) < 47  # cuts between every two decoder layers
 
 
 @needs_tinylm
