@@ -8,6 +8,9 @@ The pins (batch 1):
   A decode step's cost grows linearly with its past (attention reads the cache), so the step priced at
   the mean past is priced at the mean step;
 - a probe (seq = 2, past = 3) that only tells, with the other two, which dimensions of each tensor vary.
+
+The decode step's graph is the one planned: its `unsplit` ranges keep each cache, and what grows with it, on
+one stage (`state_spans`), and its `riders` let the tables every decoder layer reads ride along any cut.
 """
 
 from __future__ import annotations
@@ -79,12 +82,12 @@ def load_phases(path: str | Path, options: GenerateOptions) -> Phases:
     prefill = _pinned(_copy(model), path, sha, roles, pairs, options.prompt_len, 0)
     probe = _pinned(_copy(model), path, sha, roles, pairs, *PROBE)
     decode = _pinned(model, path, sha, roles, pairs, 1, past)  # the one emitted from: no copy
-    grows = _grows((prefill.graph, decode.graph, probe.graph), options, past)
-    spans = state_spans(decode.graph, pairs, grows, str(path))
-    decode = replace(decode, graph=replace(decode.graph, unsplit=spans, riders=riders(decode.graph, spans)))
     for other in (prefill, probe):
         if [layer.nodes for layer in other.graph.layers] != [layer.nodes for layer in decode.graph.layers]:
             raise UserError("--generate: the model's layers differ between prefill and decode", str(path))
+    grows = _grows((prefill.graph, decode.graph, probe.graph), options, past)
+    spans = state_spans(decode.graph, pairs, grows, str(path))
+    decode = replace(decode, graph=replace(decode.graph, unsplit=spans, riders=riders(decode.graph, spans)))
     varying = {}
     for name, t in decode.graph.tensors.items():
         shapes = [g.graph.tensors[name].shape for g in (prefill, probe) if name in g.graph.tensors]
