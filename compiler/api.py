@@ -10,6 +10,7 @@ from typing import Mapping, Sequence
 
 from .driver import compile_model
 from .errors import UserError
+from .ingest.phases import GenerateOptions
 from .plan.planner import DEFAULT_LAMBDA, EnergyGoal, PlanOptions
 from .progress import Progress
 from .report import compile_summary
@@ -23,7 +24,9 @@ def compile(model: str | os.PathLike, devices: str | os.PathLike, outdir: str | 
             deepthings_grid: tuple[int, int] | None = None, deepthings_layers: int | None = None,
             jobs: int | None = None, progress: Progress | None = None, fallbacks: bool = False,
             sla_ms: float | None = None, sla_soft: bool = False, lam: float | None = None,
-            pareto: bool = False, keep: int | None = None, shifts: bool = False) -> dict:
+            pareto: bool = False, keep: int | None = None, shifts: bool = False, generate: bool = False,
+            max_context: int = GenerateOptions.max_context, prompt_len: int = GenerateOptions.prompt_len,
+            state: Mapping[str, str] | None = None) -> dict:
     """Compile `model` for the cluster in `devices` into `outdir`; return the `--json` summary.
 
     Bad input raises `edgec.compiler.errors.UserError` (one line, naming the file), and nothing is
@@ -40,6 +43,10 @@ def compile(model: str | os.PathLike, devices: str | os.PathLike, outdir: str | 
     variant of the chosen plan that moves one boundary between neighbouring pipeline stages by one layer
     (DGPAS's adjacent scheduling; spatial stages' boundaries stay) is written too, as the alternatives after
     --keep's, each with its `variant` saying what it moves (None for a --keep plan).
+    With `generate`, a generative build of a decoder with a KV cache (`state` {input: output} names pairs
+    its names do not tell): a decode step planned (time per output token for latency, tokens per second for
+    throughput) with the caches at `max_context` counted in memory and the prefill of `prompt_len` tokens
+    priced; the summary adds predicted_tokens_per_s, predicted_tpot_ms, predicted_ttft_ms and generate.
 
         >>> import edgec
         >>> summary = edgec.compile("models/build/tinychain.onnx", "tests/e2e/clusters/two.yaml",
@@ -51,12 +58,24 @@ def compile(model: str | os.PathLike, devices: str | os.PathLike, outdir: str | 
                           _positive("deepthings_layers", deepthings_layers), _positive("jobs", jobs),
                           energy=_energy_goal(sla_ms, sla_soft, lam))
     t0 = time.perf_counter()
-    for name, flag in (("fallbacks", fallbacks), ("pareto", pareto), ("shifts", shifts)):
+    for name, flag in (("fallbacks", fallbacks), ("pareto", pareto), ("shifts", shifts), ("generate", generate)):
         if not isinstance(flag, bool):
             raise UserError(f"{name} {flag!r}: expected True or False")
     result = compile_model(model, devices, outdir, strategy, objective, _shapes(shapes), progress or Progress(),
-                           options, fallbacks=fallbacks, pareto=pareto, keep=_positive("keep", keep), shifts=shifts)
+                           options, fallbacks=fallbacks, pareto=pareto, keep=_positive("keep", keep), shifts=shifts,
+                           generate=_generate(generate, max_context, prompt_len, state))
     return compile_summary(result, Path(outdir), time.perf_counter() - t0)
+
+
+def _generate(generate: bool, max_context: int, prompt_len: int, state: Mapping[str, str] | None) -> GenerateOptions | None:
+    """--generate's options (None without it; its options alone are refused)."""
+    if not generate:
+        if state or max_context != GenerateOptions.max_context or prompt_len != GenerateOptions.prompt_len:
+            raise UserError("--max-context, --prompt-len and --state go with --generate")
+        return None
+    _positive("max_context", max_context)
+    _positive("prompt_len", prompt_len)
+    return GenerateOptions(max_context, prompt_len, tuple((str(a), str(b)) for a, b in (state or {}).items()))
 
 
 def _energy_goal(sla_ms: float | None, soft: bool, lam: float | None) -> EnergyGoal | None:

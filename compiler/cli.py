@@ -76,7 +76,7 @@ def cli() -> None:
 # plan.registry.STRATEGIES, spelt out so that `edgec --help` need not import every planner (test_cli checks the two agree)
 @click.option("--strategy", default="auto",
               type=click.Choice(["auto", "pipeline", "single", "even", "neurosurgeon", "spatial", "hybrid", "bbgrap",
-                                 "edgeflow", "deepthings"]))
+                                 "edgeflow", "deepthings", "ring-memory", "equal-layers"]))
 @click.option("--objective", default="latency", type=click.Choice(OBJECTIVES),
               help="energy: the least energy per request predicted within --sla-ms")
 @click.option("--sla-ms", type=float, default=None, help="with --objective energy: the latency SLA in ms")
@@ -105,14 +105,25 @@ def cli() -> None:
               help="also write, as further alternative builds (OUTDIR/alt-K/, after --keep's), every variant of the "
                    "chosen plan that moves one boundary between neighbouring pipeline stages by one layer (DGPAS "
                    "adjacent scheduling), for the runtime to rebalance with")
+@click.option("--generate", is_flag=True,
+              help="a decoder LM with a KV cache: plan a decode step (latency: time per output token; throughput: "
+                   "tokens/s with sequences in flight), each layer's cache kept on its stage and counted at "
+                   "--max-context, the prefill of --prompt-len tokens priced; the manifest gains the state")
+@click.option("--max-context", type=click.IntRange(min=2), default=512, help="with --generate: the longest "
+              "context (prompt + generated tokens) a sequence reaches")
+@click.option("--prompt-len", type=click.IntRange(min=1), default=64, help="with --generate: the prompt "
+              "length the time to first token is priced at")
+@click.option("--state", "state", multiple=True, metavar="IN=OUT", help="with --generate: a cache input and "
+              "the output that replaces it at the next step, when the names do not tell (repeatable)")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON summary object on stdout")
 def compile_cmd(model, devices, outdir, strategy, objective, sla_ms, sla_soft, lam, shapes, search_threshold,
-                deepthings_grid, deepthings_layers, jobs, fallbacks, pareto, keep, shifts, as_json):
+                deepthings_grid, deepthings_layers, jobs, fallbacks, pareto, keep, shifts, generate, max_context,
+                prompt_len, state, as_json):
     """Compile MODEL for the devices in CLUSTER.yaml into OUTDIR (fragments + manifest.json).
 
     \b
     Strategies (--strategy):
-      auto          run every planner below, keep the best predicted plan
+      auto          run every planner below but the last two, keep the best predicted plan
       pipeline      exact search: consecutive layers per device, each stage on its own device
       single        the whole model on the one best device
       even          EdgeShard-like: devices in list order, stages of equal compute
@@ -121,10 +132,17 @@ def compile_cmd(model, devices, outdir, strategy, objective, sla_ms, sla_soft, l
       hybrid        spatial tiles first, then pipeline stages on the rest of the model
       bbgrap        BBGraP: every block split equally, gathered and re-scattered after each
       edgeflow      EdgeFlow: one split per block, chosen against the previous block's
-      deepthings    DeepThings: a fixed grid of fused tiles over the first layers, one per device"""
+      deepthings    DeepThings: a fixed grid of fused tiles over the first layers, one per device
+      ring-memory   exo: devices in list order, stages in proportion to their free memory (not run by auto)
+      equal-layers  devices in list order, equal numbers of layers per stage (not run by auto)
+
+    \b
+    With --generate, auto runs pipeline, single, even and neurosurgeon; ring-memory and equal-layers apply
+    too; the spatial strategies (spatial, hybrid, bbgrap, edgeflow, deepthings) do not."""
     from .api import compile as compile_api
     from .emit import check_output_dir
     from .ingest import parse_shape_option
+    from .ingest.state import parse_state_option
     from .progress import for_stderr
     from .report import format_compile, idle_devices_hint
 
@@ -140,7 +158,8 @@ def compile_cmd(model, devices, outdir, strategy, objective, sla_ms, sla_soft, l
                               shapes=parse_shape_option(shapes), search_threshold=search_threshold,
                               deepthings_grid=grid, deepthings_layers=deepthings_layers, jobs=jobs,
                               progress=progress, fallbacks=fallbacks, sla_ms=sla_ms, sla_soft=sla_soft, lam=lam,
-                              pareto=pareto, keep=keep, shifts=shifts)
+                              pareto=pareto, keep=keep, shifts=shifts, generate=generate, max_context=max_context,
+                              prompt_len=prompt_len, state=parse_state_option(state))
     hint = idle_devices_hint(summary)
     if hint:
         _progress(f"hint: {hint}")

@@ -11,11 +11,13 @@ from edgec.runtime.interrupts import check_interrupted
 from edgec.runtime.manifest.types import OBJECTIVES  # the plan objectives the manifest format knows
 
 from . import cluster as cluster_mod
-from .cost import CostTable, build_cost_table, int8_fallbacks
+from .cost import CostTable, build_cost_table, generate_cost, generative_table, int8_fallbacks
 from .emit import (ExtraBuild, alternative_build, alternative_folder, assemble_manifest, build_fragments, extra_entries,
                    fallback_build, write_output)
+from .emit.state import fragment_shapes, generative_manifest
 from .errors import UserError
 from .ingest import Ingested, load_model
+from .ingest.phases import GenerateOptions, Phases, load_phases
 from .plan.choose import (Candidate, alternative_candidate, kept_points, pareto_points, plan_model, priced_on,
                           shift_candidates)
 from .plan.frontier import Point, pareto_front
@@ -25,7 +27,7 @@ from .plan.registry import STRATEGIES
 from .plan.views import plan_sections
 from .progress import Progress
 
-__all__ = ["CompileResult", "compile_model", "build_alternatives", "plan_fallbacks", "OBJECTIVES"]
+__all__ = ["CompileResult", "compile_model", "build_alternatives", "plan_fallbacks", "OBJECTIVES", "GenerateOptions"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,12 +53,14 @@ def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, st
                   objective: str = "latency", shapes: dict | None = None,
                   progress: Progress = Progress(), options: PlanOptions = PlanOptions(),
                   fallbacks: bool = False, pareto: bool = False, keep: int | None = None,
-                  shifts: bool = False) -> CompileResult:
+                  shifts: bool = False, generate: GenerateOptions | None = None) -> CompileResult:
     """Compile `model` for the cluster in `devices` into `outdir`. With `fallbacks`, also plan the cluster
     without each device the plan uses (same strategy and objective) and write those builds beside it. With
     `pareto`, also collect the non-dominated plans of every planner run (`pareto_points`). With `keep` N,
     also write the best N other plans of that frontier as alternative builds (`build_alternatives`); with
-    `shifts`, also the chosen plan's one-layer boundary shifts (plan/shifts.py), numbered after them."""
+    `shifts`, also the chosen plan's one-layer boundary shifts (plan/shifts.py), numbered after them. With
+    `generate`, a generative build: the model's caches found, a decode step planned with the prefill priced
+    too (ingest/phases.py, cost/generate.py), the manifest with its state (emit/state.py)."""
     timings: dict[str, float] = {}
     t = time.perf_counter()
 
@@ -78,12 +82,15 @@ def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, st
     if (objective == "energy") != (options.energy is not None):
         raise UserError("--objective energy needs --sla-ms" if objective == "energy"
                         else f"--sla-ms, --sla-soft and --lambda apply to --objective energy, not {objective}")
+    if generate is not None:
+        _check_generative(objective, shapes, fallbacks, pareto, keep, shifts)
     progress.status("reading the cluster")
     cluster = cluster_mod.load_cluster(devices)
     step("cluster", "reading and normalising the model")
-    ing = load_model(model, shapes)
+    phases = None if generate is None else load_phases(model, generate)
+    ing = load_model(model, shapes) if phases is None else phases.decode
     step("ingest", "pricing every layer on every device")
-    cost = build_cost_table(ing.graph, cluster, ing.sha256, model=ing.model)
+    cost = _price(ing, phases, cluster)
     reason = unplaceable(ing.graph, cost)  # before any search: a model no plan can fit (plan/placeable.py)
     if reason is not None:
         raise UserError(f"{reason} (devices: {devices})", model)
@@ -104,8 +111,8 @@ def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, st
         step("pareto", "building the fragments")
     else:
         step("plan", "building the fragments")
-    frags = build_fragments(ing, chosen.plan, chosen.prediction)
-    manifest = _assemble(ing, chosen, candidates, frags, _run_on(chosen, cluster), Path(outdir))
+    frags = build_fragments(ing, chosen.plan, chosen.prediction, None if phases is None else fragment_shapes(phases))
+    manifest = _assemble(ing, chosen, candidates, frags, _run_on(chosen, cluster), Path(outdir), phases)
     done = "emit"  # the step that ends next
     alts: list[ExtraBuild] = []
     if keep or shifts:
@@ -118,7 +125,7 @@ def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, st
     builds: list[ExtraBuild] = []
     if fallbacks:
         step(done, "planning the fallbacks")
-        builds = plan_fallbacks(ing, cluster, manifest, Path(outdir), strategy, objective, options, progress)
+        builds = plan_fallbacks(ing, cluster, manifest, Path(outdir), strategy, objective, options, progress, phases)
         manifest["fallbacks"] = extra_entries(builds)
         done = "fallbacks"
     step(done, f"writing {outdir}")
@@ -126,6 +133,30 @@ def compile_model(model: str | Path, devices: str | Path, outdir: str | Path, st
     step("write")
     return CompileResult(ing, cluster, cost, chosen, candidates, manifest, timings, tuple(builds),
                          front if pareto else None, with_energy, tuple(alts), keep - _kept_count(alts) if keep else 0)
+
+
+def _price(ing: Ingested, phases: Phases | None, cluster: cluster_mod.ClusterModel) -> CostTable:
+    """The cost table of `ing` on `cluster`; of a generative build (`phases`), a decode step's, with the
+    prefill, the caches and the token beside it (cost/generate.py)."""
+    cost = build_cost_table(ing.graph, cluster, ing.sha256, model=ing.model)
+    if phases is None:
+        return cost
+    prefill = build_cost_table(phases.prefill.graph, cluster, ing.sha256, model=phases.prefill.model)
+    return generative_table(cost, generate_cost(phases, cost, prefill))
+
+
+def _check_generative(objective: str, shapes: dict | None, fallbacks: bool, pareto: bool, keep: int | None,
+                      shifts: bool) -> None:
+    """What --generate does not take (yet): one line naming the option."""
+    if objective == "energy":
+        raise UserError("--objective energy does not apply to --generate (plan for latency: time per output "
+                        "token, or throughput: tokens per second)")
+    if shapes:
+        raise UserError("--shape does not apply to --generate: the phases pin the dynamic dimensions "
+                        "(--prompt-len, --max-context)")
+    for flag, given in (("--pareto", pareto), ("--keep", keep), ("--shifts", shifts)):
+        if given:
+            raise UserError(f"{flag} does not apply to --generate yet")
 
 
 def build_alternatives(ing: Ingested, cluster: cluster_mod.ClusterModel, cost: CostTable, chosen: Candidate, candidates,
@@ -168,7 +199,8 @@ def _kept_count(alts: list[ExtraBuild]) -> int:
 
 
 def plan_fallbacks(ing: Ingested, cluster: cluster_mod.ClusterModel, manifest: dict, outdir: Path, strategy: str,
-                   objective: str, options: PlanOptions, progress: Progress) -> list[ExtraBuild]:
+                   objective: str, options: PlanOptions, progress: Progress,
+                   phases: Phases | None = None) -> list[ExtraBuild]:
     """For each device with steps in `manifest`, in cluster order: the build planned for the cluster without
     it, or why there is none (no device left, or none of the rest can hold the model): reported, not fatal."""
     builds = []
@@ -180,7 +212,7 @@ def plan_fallbacks(ing: Ingested, cluster: cluster_mod.ClusterModel, manifest: d
             builds.append(fallback_build(device, error=f"no device is left without {device}"))
             progress.note(f"fallback without {device}: none (no device left)")
             continue
-        cost = build_cost_table(ing.graph, rest, ing.sha256, model=ing.model)
+        cost = _price(ing, phases, rest)
         try:  # the planners' own progress lines would read as the main plan's
             chosen, candidates = plan_model(ing.graph, cost, strategy, objective, options, Progress())
         except UserError as exc:
@@ -188,9 +220,9 @@ def plan_fallbacks(ing: Ingested, cluster: cluster_mod.ClusterModel, manifest: d
             builds.append(fallback_build(device, error=error))
             progress.note(f"fallback without {device}: none ({error})")
             continue
-        frags = build_fragments(ing, chosen.plan, chosen.prediction)
+        frags = build_fragments(ing, chosen.plan, chosen.prediction, None if phases is None else fragment_shapes(phases))
         folder = fallback_build(device).folder
-        data = _assemble(ing, chosen, candidates, frags, _run_on(chosen, rest), outdir / folder)
+        data = _assemble(ing, chosen, candidates, frags, _run_on(chosen, rest), outdir / folder, phases)
         builds.append(fallback_build(device, data, frags))
         used = sum(1 for steps in data["steps"].values() if steps)
         progress.note(f"fallback without {device}: {chosen.strategy} on {used} device(s), "
@@ -199,11 +231,13 @@ def plan_fallbacks(ing: Ingested, cluster: cluster_mod.ClusterModel, manifest: d
     return builds
 
 
-def _assemble(ing: Ingested, chosen: Candidate, candidates, frags, run_on: cluster_mod.ClusterModel, outdir: Path) -> dict:
-    """The manifest of a build of `chosen`, with the sections about its plan (plan/views.py plan_sections)."""
+def _assemble(ing: Ingested, chosen: Candidate, candidates, frags, run_on: cluster_mod.ClusterModel, outdir: Path,
+              phases: Phases | None = None) -> dict:
+    """The manifest of a build of `chosen`, with the sections about its plan (plan/views.py plan_sections); of
+    a generative build (`phases`), with its state (emit/state.py)."""
     sections = plan_sections(chosen, candidates, ing.graph)
     manifest = assemble_manifest(ing, chosen.plan, chosen.prediction, frags, run_on.to_dict(), outdir, sections.pop("plan"))
-    return manifest | sections
+    return (manifest if phases is None else generative_manifest(manifest, phases)) | sections
 
 
 def _run_on(chosen: Candidate, cluster: cluster_mod.ClusterModel) -> cluster_mod.ClusterModel:

@@ -75,6 +75,12 @@ class LayerGraph:
     tensors: dict[str, TensorInfo] = field(hash=False)
     inputs: tuple[str, ...]  # graph inputs (activations fed by the user)
     outputs: tuple[str, ...]  # graph outputs
+    # (first, last) layer ranges no stage boundary may fall inside: a generative model's state (its KV
+    # cache) is read and written there, and stays on the device that holds them (ingest/phases.py)
+    unsplit: tuple[tuple[int, int], ...] = ()
+    # tensors that ride along any pipeline cut whatever their size (`is_small`): a generative model's rotary
+    # tables and attention mask, read by every decoder layer, beside a one-token hidden state (ingest/phases.py)
+    riders: frozenset[str] = frozenset()
 
     @cached_property
     def producer(self) -> dict[str, int]:
@@ -120,7 +126,11 @@ class LayerGraph:
         (Inception, ResNet, DenseNet, transformer) plans as a chain of blocks. Spatial regions start and
         end only here (they tile ONE tensor at a region boundary); pipeline stages use `pipeline_cuts`.
         """
-        return tuple(c for c in range(1, len(self.layers)) if len(self._live_sets[c]) == 1)
+        return tuple(c for c in range(1, len(self.layers)) if len(self._live_sets[c]) == 1 and self._may_cut(c))
+
+    def _may_cut(self, cut: int) -> bool:
+        """Whether no `unsplit` range holds layers on both sides of `cut`."""
+        return not any(lo < cut <= hi for lo, hi in self.unsplit)
 
     @cached_property
     def blocks(self) -> tuple[tuple[int, int], ...]:
@@ -140,6 +150,8 @@ class LayerGraph:
         (a [1, S] mask against a [1, S, d] state is 1/d or less). Transfers are priced per tensor
         whatever the rule, so the rule only bounds the search space: it never makes a price wrong.
         """
+        if tensor in self.riders:
+            return True
         largest = max(self.tensors[t].nbytes for t in self._live_sets[cut])
         return self.tensors[tensor].nbytes * SMALL_FRACTION <= largest
 
@@ -149,7 +161,7 @@ class LayerGraph:
         most one live activation is not small (`is_small`). Every block cut is one; so is, in a
         transformer, each encoder boundary and each attention/feed-forward boundary (the hidden state
         plus the attention mask). Every tensor live across a cut is sent (pipeline.py prices each)."""
-        return tuple(c for c in range(1, len(self.layers)) if self._live_sets[c]
+        return tuple(c for c in range(1, len(self.layers)) if self._live_sets[c] and self._may_cut(c)
                      and sum(not self.is_small(t, c) for t in self._live_sets[c]) <= 1)
 
     @cached_property

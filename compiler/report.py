@@ -33,7 +33,7 @@ def compile_summary(result, outdir: Path, seconds: float) -> dict:
     for f in result.manifest["fragments"]:
         frags[f["device"]].append(f["file"])
     devices = []
-    need = device_memory_bytes(plan, graph)
+    need = device_memory_bytes(plan, graph, result.cost.generate)
     run_on = result.cluster if result.chosen.cost is None else result.chosen.cost.cluster  # its power modes
     for dev in run_on.devices:
         devices.append({"name": dev.name, "profile": dev.profile.name, "fragments": frags.get(dev.name, []),
@@ -65,7 +65,16 @@ def compile_summary(result, outdir: Path, seconds: float) -> dict:
         "alternatives_missing": result.alternatives_missing,
         "planning": [_planning(c) for c in result.candidates],
         **(_pareto_summary(result) if result.pareto is not None else {}),
+        **(_generate_summary(pred.generation) if pred.generation is not None else {}),
     }
+
+
+def _generate_summary(g: dict) -> dict:
+    """compile --generate's keys: the per-token figures (cost/evaluate.py _per_token) and what they are priced at."""
+    return {"predicted_tokens_per_s": round(g["tokens_per_s"], 4), "predicted_tpot_ms": round(g["tpot_ms"], 4),
+            "predicted_ttft_ms": round(g["ttft_ms"], 4),
+            "generate": {"prompt_len": g["prompt_len"], "max_context": g["max_context"],
+                         "priced_past": g["priced_past"], "token_ms": round(g["token_ms"], 4)}}
 
 
 def _pareto_summary(result) -> dict:
@@ -135,12 +144,21 @@ def format_compile(s: dict) -> str:
         f"{_energy_text(s.get('predicted_energy_mj'))} per input, "
         f"{s['bytes_transferred']} bytes transferred per input; compiled in {s['compile_seconds']:.2f} s\n"
         f"wrote {s['manifest']}",
+        *([_generate_text(s)] if "predicted_tokens_per_s" in s else []),
         *([_fallback_table(s["fallbacks"])] if s.get("fallbacks") else []),
         *([_alternative_table(s["alternatives"])] if s.get("alternatives") else []),
         *([f"--keep: {s['alternatives_missing']} fewer alternative(s) than asked: no more plans of the frontier qualify"]
           if s.get("alternatives_missing") else []),
         *([_pareto_table(s)] if "pareto" in s else []),
     ]))
+
+
+def _generate_text(s: dict) -> str:
+    g = s["generate"]
+    return (f"generation: {s['predicted_tokens_per_s']:.2f} tokens/s with sequences in flight, "
+            f"{s['predicted_tpot_ms']:.3f} ms per output token for one, first token after {s['predicted_ttft_ms']:.3f} ms "
+            f"(prompt {g['prompt_len']}); decode steps priced at past {g['priced_past']}, caches counted at "
+            f"max context {g['max_context']}")
 
 
 # Why the objective's best plan leaves devices out, as the hint after compile says it.

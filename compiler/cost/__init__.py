@@ -10,6 +10,8 @@
 - order.py: the send order of each spatial exchange that gives the shortest predicted stage (never worse
   than tile order); evaluate records it in the Prediction and the emitter writes the steps in it.
 - memory.py: `device_memory_bytes(plan, graph)`, what each device must hold.
+- generate.py: `GenerateCost`, a generative build's prefill table, caches at the maximum context and token
+  transfer (the table itself prices a decode step); evaluate turns a step into per-token figures.
 - energy.py: `request_energy`, one request's energy (busy and idle power over the span, radio per byte);
   evaluate attaches it to every Prediction (`Prediction.energy`, `energy_mj`), simulate to every replay.
 - evaluate.py: `evaluate(plan, graph, cost) -> Prediction`.
@@ -20,6 +22,7 @@ It names plans through compiler.plan_types and imports nothing from compiler.pla
 on the cost model, never the other way round.
 """
 
+from .generate import TOKEN_BYTES, GenerateCost, GenerativeCostTable, generate_cost, generative_table
 from .memory import device_memory_bytes
 from .evaluate import Event, Prediction, Transfer, crossing_tensors, evaluate
 from .simulate import simulate_manifest
@@ -28,4 +31,5 @@ from .table import CostTable, build_cost_table, int8_fallbacks, layer_ms
 
 __all__ = ["CostTable", "build_cost_table", "int8_fallbacks", "layer_ms", "NetworkModel", "Prediction",
            "Transfer", "Event", "crossing_tensors", "evaluate", "simulate_manifest",
-           "device_memory_bytes"]
+           "device_memory_bytes", "GenerateCost", "generate_cost", "TOKEN_BYTES",
+           "GenerativeCostTable", "generative_table"]

@@ -59,6 +59,9 @@ class Prediction:
     # per stage whose burst of messages to later stages is better in another order than `hops` order: the
     # indices of its messages (the hops it sends, in `hops` order) in send order (order.py order_bursts)
     burst_order: dict = field(default_factory=dict)
+    # a generative build's per-token figures (`_per_token`): tpot_ms, tokens_per_s, ttft_ms, token_ms and the
+    # context they are priced at; None: an ordinary build
+    generation: dict | None = None
 
     @property
     def energy_mj(self) -> float | None:
@@ -80,6 +83,8 @@ class Prediction:
             # what bounds throughput on a machine several devices share (cluster `hosts:`), when there is one
             **({"hosts": {h: {"period_ms": round(v, 4)} for h, v in sorted(self.host_ms.items())}}
                if self.host_ms else {}),
+            **({} if self.generation is None else
+               {k: round(v, 4) if isinstance(v, float) else v for k, v in sorted(self.generation.items())}),
         }
 
     def _device_energy(self, device: str) -> dict:
@@ -212,7 +217,32 @@ def evaluate(plan: Plan, graph: LayerGraph, cost: CostTable, contention_order: b
     pred = _route(plan, graph, cost, spatial, stage_ms)
     if contention_order:
         pred = _ordered_bursts(plan, graph, cost, spatial, stage_ms, pred)
+    if cost.generate is not None:
+        pred = _per_token(plan, cost, pred)
     return with_energy(pred, cost)
+
+
+def _per_token(plan: Plan, cost: CostTable, step: Prediction) -> Prediction:
+    """A generative build's decode step `step` as per-token figures: the last stage sends the token id to
+    the first (generate.py token_ms) and the sequence's next step starts when it arrives, so
+    tpot = the step's latency + that transfer; the last stage's device is held until it has sent it, so with
+    sequences in flight (as many as the stages keep busy) a token leaves every bottleneck_ms:
+    tokens_per_s = 1000 / bottleneck. ttft = the prefill of prompt_len tokens through the same stages
+    (its last stage chooses the first token). latency_ms, bottleneck_ms and throughput_ips become the per-token
+    figures, so that every planner and the choice among them compare plans by them."""
+    gen = cost.generate
+    first, last = plan.stages[0].device, plan.stages[-1].device
+    token = gen.token_ms(cost, last, first)
+    period = dict(step.period_ms)
+    period[last] = period.get(last, 0.0) + token
+    bottleneck = max(step.bottleneck_ms, period[last])
+    prefill = evaluate(plan, gen.prefill_graph, gen.prefill)
+    tpot = step.latency_ms + token
+    figures = {"tpot_ms": tpot, "tokens_per_s": 1000.0 / bottleneck if bottleneck > 0 else float("inf"),
+               "ttft_ms": prefill.latency_ms, "token_ms": token, "priced_past": gen.priced_past,
+               "prompt_len": gen.prompt_len, "max_context": gen.max_context}
+    return replace(step, latency_ms=tpot, bottleneck_ms=bottleneck, period_ms=period,
+                   throughput_ips=figures["tokens_per_s"], generation=figures)
 
 
 def _ordered_bursts(plan: Plan, graph: LayerGraph, cost: CostTable, spatial: dict, stage_ms: tuple[float, ...],

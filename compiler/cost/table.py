@@ -131,6 +131,9 @@ class CostTable:
     curves: tuple[dict, ...]  # per device: {cost class: TileCurve}
     shared_weight_ms: np.ndarray | None = None  # [L, D]; None: zeros (see the module docstring)
     source: tuple | None = field(default=None, repr=False)  # (graph, model sha256, model): to price it again
+    # Not a field: a generative build's table is a GenerativeCostTable (generate.py), whose `generate` field
+    # holds the prefill, the caches and the token beside the decode step this table prices
+    generate = None
 
     def index(self, device: str) -> int:
         return self.devices.index(device)

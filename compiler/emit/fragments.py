@@ -43,9 +43,12 @@ def safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
 
 
-def build_fragments(ing: Ingested, plan: Plan, pred: Prediction) -> list[EmittedFragment]:
+def build_fragments(ing: Ingested, plan: Plan, pred: Prediction,
+                    shapes: dict[str, tuple[int | str, ...]] | None = None) -> list[EmittedFragment]:
     """The plan's fragments in stage order: a pipeline stage's layers as fragment f{stage}, a spatial stage
-    as one fragment per tile; each carries its predicted time from `pred`."""
+    as one fragment per tile; each carries its predicted time from `pred`. `shapes` (a generative build's,
+    emit/state.py fragment_shapes) declares the fragments' inputs and outputs with the dimensions that
+    change from step to step dynamic."""
     graph, model = ing.graph, ing.model
     crossing = crossing_tensors(plan, graph)
     leaving = {(t, a) for t, a, _ in crossing}
@@ -61,7 +64,7 @@ def build_fragments(ing: Ingested, plan: Plan, pred: Prediction) -> list[Emitted
         outputs = [t for layer in layers for t in layer.outputs if (t, k) in leaving or t in graph.outputs]
         node_ids = sorted(i for layer in layers for i in layer.nodes)
         fid = f"f{k}"
-        encoded = _fragment_model(model, graph, node_ids, inputs, outputs, f"{safe_name(stage.device)}_{fid}")
+        encoded = _fragment_model(model, graph, node_ids, inputs, outputs, f"{safe_name(stage.device)}_{fid}", shapes or {})
         frags.append(EmittedFragment(fid, stage.device, f"{safe_name(stage.device)}.{fid}.onnx", tuple(inputs),
                                      tuple(outputs), encoded, pred.stage_ms[k]))
     return frags
@@ -83,9 +86,9 @@ def _tile_fragments(ing: Ingested, stage: Stage, k: int, pred: Prediction) -> li
     return out
 
 
-def _fragment_model(model, graph: LayerGraph, node_ids, inputs, outputs, name) -> EncodedModel:
+def _fragment_model(model, graph: LayerGraph, node_ids, inputs, outputs, name, shapes: dict) -> EncodedModel:
     nodes = [model.graph.node[i] for i in node_ids]
     used = {n for node in nodes for n in node_inputs(node)}
     inits = [i for i in model.graph.initializer if i.name in used]
-    return assemble(model, nodes, [value_info(t, graph.tensors[t]) for t in inputs],
-                    [value_info(t, graph.tensors[t]) for t in outputs], inits, name)
+    return assemble(model, nodes, [value_info(t, graph.tensors[t], shapes.get(t)) for t in inputs],
+                    [value_info(t, graph.tensors[t], shapes.get(t)) for t in outputs], inits, name)

@@ -142,7 +142,7 @@ def _ensure_runtime_accepts(path: Path) -> None:
     names agrees with the fragments' own graph signatures, as `edgec run` checks before it starts. The
     fragment hashes are not recomputed: they were taken from the very bytes written."""
     try:
-        check_signatures(load_manifest(path, check_files=False))
+        check_signatures(load_manifest(path, check_files=False, generative=True))
     except InputError as exc:
         raise RuntimeError(f"the emitter wrote a manifest the runtime refuses: {exc}") from None
 

@@ -24,7 +24,10 @@ def _is_fixed(d: onnx.TensorShapeProto.Dimension) -> bool:
     return d.HasField("dim_value") and d.dim_value > 0
 
 
-def pin_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], path: Path) -> onnx.ModelProto:
+def pin_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], path: Path,
+               empty: frozenset[str] = frozenset()) -> onnx.ModelProto:
+    """Pin the inputs' dynamic dimensions to `shapes`; an input of `empty` may have a dimension of size 0
+    (a generative model's cache before its first step)."""
     inits = {i.name for i in model.graph.initializer}
     inputs = {i.name: i for i in model.graph.input if i.name not in inits}
     for name in shapes:
@@ -40,11 +43,11 @@ def pin_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]], path:
                     raise UserError(f"--shape {name}: dimension {d.dim_value} is fixed by the model, not {v}", str(path))
                 d.Clear()
                 d.dim_value = v
-        if any(d.HasField("dim_value") and d.dim_value == 0 for d in dims):
+        if name not in empty and any(d.HasField("dim_value") and d.dim_value == 0 for d in dims):
             shape = [d.dim_value if d.HasField("dim_value") else d.dim_param or "?" for d in dims]
             raise UserError(f"input {name!r} has a dimension of size 0 (shape {shape}): it holds no data to "
                             "split among devices", str(path))
-        unknown = [d for d in dims if not _is_fixed(d)]
+        unknown = [d for d in dims if not (_is_fixed(d) or (name in empty and d.HasField("dim_value") and d.dim_value == 0))]
         if unknown or not vi.type.tensor_type.HasField("shape"):
             syms = [d.dim_param or (str(d.dim_value) if d.HasField("dim_value") else "?") for d in unknown]
             raise UserError(

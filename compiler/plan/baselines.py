@@ -4,6 +4,10 @@
 - `plan_even`: EdgeShard-like: devices 0..n-1 in list order, contiguous stages of near-equal compute.
 - `plan_neurosurgeon`: the best split point between two devices (every ordered pair, every cut), or no
   split at all.
+- `plan_ring_memory`: exo's ring partition: devices in cluster order, contiguous stages whose memory (weights,
+  and a generative build's caches) is in proportion to each device's free memory.
+- `plan_equal_layers`: devices in cluster order, an equal number of layers per stage (distributed-llama's
+  equal slices, as pipeline stages).
 
 Each solves the pipeline planner's problem (pipeline.py) with its `solve_*` function, which has the
 interface of `solve_pipeline`: (problem, objective, ...) -> [PipelineSolution], a list with exactly one
@@ -26,8 +30,8 @@ from .pipeline_tables import StageTables
 from .planner import InfeasibleError, PlanOptions
 from .stats import count as count_work
 
-__all__ = ["plan_single", "plan_even", "plan_neurosurgeon", "solve_single", "solve_even", "solve_neurosurgeon",
-           "even_boundaries"]
+__all__ = ["plan_single", "plan_even", "plan_neurosurgeon", "plan_ring_memory", "plan_equal_layers", "solve_single",
+           "solve_even", "solve_neurosurgeon", "solve_ring_memory", "even_boundaries", "nearest_boundaries"]
 
 
 def _mb(x: float) -> str:
@@ -52,6 +56,23 @@ def plan_even(graph: LayerGraph, cost: CostTable, objective: str, options: PlanO
 def plan_neurosurgeon(graph: LayerGraph, cost: CostTable, objective: str, options: PlanOptions) -> list[Plan]:
     """The planner of `solve_neurosurgeon`."""
     return _plans("neurosurgeon", solve_neurosurgeon, graph, cost, objective, options)
+
+
+def plan_ring_memory(graph: LayerGraph, cost: CostTable, objective: str, options: PlanOptions) -> list[Plan]:
+    """The planner of `solve_ring_memory`."""
+    return _plans("ring-memory", solve_ring_memory, graph, cost, objective, options)
+
+
+def plan_equal_layers(graph: LayerGraph, cost: CostTable, objective: str, options: PlanOptions) -> list[Plan]:
+    """Devices in cluster order, stage k on device k, each stage as near k/n of the graph's layers as the
+    pipeline cuts allow (`nearest_boundaries` over the blocks' layer counts)."""
+    problem = pipeline_problem(graph, cost)
+    validate_request(problem, objective)
+    n = min(problem.n_blocks, problem.n_devices)
+    sizes = np.array([hi - lo for lo, hi in graph.pipeline_blocks], dtype=np.float64)
+    bounds = nearest_boundaries(sizes, [sizes.sum() * k / n for k in range(1, n)])
+    sol = _fixed_stages("equal-layers", problem, bounds)
+    return [to_plan(sol, "equal-layers", objective, graph, problem)]
 
 
 def _solve(problem: PipelineProblem, stages: list[tuple[int, int, int]]) -> PipelineSolution:
@@ -153,6 +174,51 @@ def solve_even(
             )
     count_work("plans", 1)
     return [_solve(problem, stages)]
+
+
+def nearest_boundaries(sizes: np.ndarray, targets: list[float]) -> list[int]:
+    """Block boundaries 0 = b_0 < b_1 < ... < b_n = B, b_k the boundary whose cumulative size is nearest to
+    targets[k-1] (ties: the later one), every stage keeping at least one block."""
+    B, n = len(sizes), len(targets) + 1
+    prefix = np.concatenate([[0.0], np.cumsum(sizes)])
+    bounds = [0]
+    for k, target in enumerate(targets, 1):
+        lo, hi = bounds[-1] + 1, B - (n - k)
+        dist = np.abs(prefix[lo : hi + 1] - target)
+        bounds.append(lo + int(np.flatnonzero(dist == dist.min())[-1]))
+    return bounds + [B]
+
+
+def solve_ring_memory(
+    problem: PipelineProblem, objective: str = "latency", top_k: int = 1, max_stages: int | None = None
+) -> list[PipelineSolution]:
+    """exo's ring: the first n = min(B, D[, max_stages]) devices in list order, stage k on device k, each
+    stage's memory (weights, and caches) as near its device's share of the devices' free memory as the
+    block boundaries allow (`nearest_boundaries` over block memory)."""
+    validate_request(problem, objective)
+    n = min(problem.n_blocks, problem.n_devices, max_stages or problem.n_devices)
+    sizes = np.asarray(problem.block_param_bytes, dtype=np.float64)
+    free = np.asarray(problem.device_mem_bytes[:n], dtype=np.float64)
+    share = np.cumsum(free)[:-1] / free.sum()
+    bounds = nearest_boundaries(sizes, list(sizes.sum() * share))
+    return [_fixed_stages("ring-memory", problem, bounds)]
+
+
+def _fixed_stages(name: str, problem: PipelineProblem, bounds: list[int]) -> PipelineSolution:
+    """Stage k = blocks [bounds[k], bounds[k+1]) on device k, or InfeasibleError (memory, a missing link)."""
+    stages = [(bounds[k], bounds[k + 1], k) for k in range(len(bounds) - 1)]
+    for lo, hi, d in stages:
+        need, have = problem.stage_memory(lo, hi), problem.device_mem_bytes[d]
+        if need > have:
+            raise InfeasibleError(f"{name} over {len(stages)} devices does not fit: stage {d} (blocks {lo}..{hi - 1}) "
+                                  f"needs {_mb(need)} but device {problem.devices[d]} offers {_mb(float(have))}")
+    bw = np.asarray(problem.bandwidth_bytes_per_ms)
+    for (_, _, a), (_, _, b) in zip(stages, stages[1:]):
+        if not bw[a, b] > 0:
+            raise InfeasibleError(f"{name} needs the link {problem.devices[a]} -> {problem.devices[b]}, which has "
+                                  "zero bandwidth")
+    count_work("plans", 1)
+    return _solve(problem, stages)
 
 
 def solve_neurosurgeon(

@@ -25,7 +25,7 @@ from .frontier import Point, plan_key
 from .pipeline_energy import energy_frontier
 from .placeable import unplaceable
 from .planner import Dominated, EnergyGoal, InfeasibleError, PlanOptions
-from .registry import PLANNERS, SEARCHES, STRATEGIES, run_group, schedule
+from .registry import COMPARISONS, GENERATIVE, PLANNERS, SEARCHES, STRATEGIES, run_group, schedule
 from .shifts import boundary_shifts
 from .stats import UNITS, recording
 
@@ -95,7 +95,12 @@ def plan_model(graph: LayerGraph, cost: CostTable, strategy: str, objective: str
 
     auto is a branch and bound over the registry's planners: the cheap ones run first and the best
     latency so far bounds the searching planners, which run last and share their searches."""
-    names = [s for s in STRATEGIES if s != "auto"] if strategy == "auto" else [strategy]
+    names = [s for s in STRATEGIES if s not in ("auto", *COMPARISONS)] if strategy == "auto" else [strategy]
+    if cost.generate is not None:
+        if strategy not in ("auto", *GENERATIVE):
+            raise UserError(f"--strategy {strategy} does not apply to --generate: it splits layers across devices, "
+                            f"and a layer's cache must stay on one (choose from auto, {', '.join(GENERATIVE)})")
+        names = [n for n in names if n in GENERATIVE]
     _check_whole_tensors_fit(graph, cost)
     done: dict[str, Candidate] = {}
     for group in schedule(names):

@@ -10,13 +10,13 @@ import math
 
 import numpy as np
 
-from ..cost import CostTable
+from ..cost import CostTable, evaluate
 from ..graph import LayerGraph
 from ..plan_types import Plan, Stage
 from .pipeline_coarse import solve_chain
 from .pipeline_dp import solve_on_tables
 from .pipeline_energy import plan_pipeline_energy
-from .pipeline_problem import pipeline_problem, to_plan, validate_request
+from .pipeline_problem import first_device_problems, pipeline_problem, solution_sort_key, to_plan, validate_request
 from .pipeline_tables import StageTables
 from .planner import InfeasibleError, PlanOptions
 from .stats import detail
@@ -30,10 +30,33 @@ def plan_pipeline(graph: LayerGraph, cost: CostTable, objective: str, options: P
     if objective == "energy":
         return plan_pipeline_energy(graph, cost, options)
     problem = pipeline_problem(graph, cost)
+    if cost.generate is not None:
+        return _plan_generative(graph, cost, problem, objective, options)
     report: dict = {}
     sols = solve_chain(problem, objective, top_k=options.top_k, copies=False, report=report)
     detail(**report)  # exact, and beyond the DP's state budget its optimality_gap (pipeline_dp.py: Size)
     return [to_plan(sol, "pipeline", objective, graph, problem) for sol in sols]
+
+
+def _plan_generative(graph: LayerGraph, cost: CostTable, problem, objective: str, options: PlanOptions) -> list[Plan]:
+    """The DP once per first device (the token returns to it: pipeline_problem.first_device_problems), its
+    `options.top_k` best of each; of those, the `options.top_k` best as `evaluate` predicts them (what the
+    driver ranks plans by: it prices what the DP leaves out, such as the coordinator's hand-offs of the model
+    inputs every stage reads), so that no first device's best plan is cut by the DP's figures alone."""
+    sols, error = [], None
+    for sub in first_device_problems(problem, cost):
+        try:
+            sols += solve_chain(sub, objective, top_k=options.top_k, copies=False, report={})
+        except InfeasibleError as exc:
+            error = exc
+    if not sols:  # the problem's "weights" hold the caches: say so
+        raise InfeasibleError(f"{error} (a generative build: each stage's weights include its layers' caches at "
+                              "--max-context)")
+    sols.sort(key=lambda s: solution_sort_key(s, objective))
+    plans = [to_plan(sol, "pipeline", objective, graph, problem) for sol in sols]
+    preds = [evaluate(p, graph, cost) for p in plans]
+    order = sorted(range(len(plans)), key=lambda i: (preds[i].latency_ms, preds[i].bottleneck_ms)[::1 if objective == "latency" else -1])
+    return [plans[i] for i in order[:options.top_k]]
 
 
 class PipelineTail:

@@ -19,6 +19,7 @@ from ..graph import LayerGraph
 from ..plan_types import Plan, Stage
 
 __all__ = ["PIPELINE_OBJECTIVES", "PipelineProblem", "StageChoice", "PipelineSolution", "pipeline_problem", "to_plan",
+           "first_device_problems",
            "validate_request", "solution_sort_key"]
 
 PIPELINE_OBJECTIVES = ("latency", "throughput")  # what the pipeline DP optimises (energy: pipeline_energy.py)
@@ -182,10 +183,13 @@ def pipeline_problem(graph: LayerGraph, cost: CostTable) -> PipelineProblem:
             if a != b:
                 bw[a, b] = net.bytes_per_ms(da.name, db.name)
                 lat[a, b] = net.latency_ms(da.name, db.name)
+    state = [0] * len(blocks) if cost.generate is None else [cost.generate.stage_state_bytes(lo, hi) for lo, hi in blocks]
     return PipelineProblem(
         devices=cost.devices,
         block_ms=np.stack([cost.layer_ms[lo:hi].sum(axis=0) for lo, hi in blocks]),
-        block_param_bytes=np.array([sum(graph.layers[i].param_bytes for i in range(lo, hi)) for lo, hi in blocks]),
+        # a generative build's caches at the maximum context stay with their layers' stage, like weights
+        block_param_bytes=np.array([sum(graph.layers[i].param_bytes for i in range(lo, hi)) + s
+                                    for (lo, hi), s in zip(blocks, state)]),
         block_peak_act_bytes=np.array([graph.peak_activation_bytes(lo, hi) for lo, hi in blocks]),
         cut_bytes=np.array([graph.cut_bytes(hi) for _, hi in blocks[:-1]], dtype=np.float64),
         device_mem_bytes=np.array([d.usable_bytes for d in cluster.devices]),
@@ -196,6 +200,22 @@ def pipeline_problem(graph: LayerGraph, cost: CostTable) -> PipelineProblem:
         cut_tensor_bytes=tuple(tuple(graph.tensors[t].nbytes for t in graph.live_across(hi)) for _, hi in blocks[:-1]),
         **_request_costs(cost),
     )
+
+
+def first_device_problems(problem: PipelineProblem, cost: CostTable) -> list[PipelineProblem]:
+    """A generative build's problem once per first device d0 (index order): a stage starting at block 0 only
+    on d0 (request_in_ms inf elsewhere), and the last stage paying the token id's transfer back to d0
+    (cost/generate.py token_ms, added to request_out_ms: evaluate holds the last stage's device until it is
+    sent too). Each is an ordinary problem, which the exact DP solves; together they cover every plan."""
+    gen, D = cost.generate, problem.n_devices
+    r_in = np.zeros(D) if problem.request_in_ms is None else np.asarray(problem.request_in_ms, dtype=np.float64)
+    r_out = np.zeros(D) if problem.request_out_ms is None else np.asarray(problem.request_out_ms, dtype=np.float64)
+    out = []
+    for d0, first in enumerate(problem.devices):
+        token = np.array([gen.token_ms(cost, d, first) for d in problem.devices])
+        out.append(replace(problem, request_in_ms=np.where(np.arange(D) == d0, r_in, np.inf),
+                           request_out_ms=r_out + token))
+    return out
 
 
 def _request_costs(cost: CostTable) -> dict:

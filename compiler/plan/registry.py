@@ -1,7 +1,7 @@
 """The planner registry: strategy name -> planner, every one `(graph, cost, objective, options) -> list[Plan]`.
 
-`auto` is no planner of its own: the driver runs the planners of `schedule(PLANNERS)` in order and keeps
-the best predicted plan (a branch and bound, see compiler/plan/choose.py plan_model). The schedule runs the
+`auto` is no planner of its own: the driver runs the planners of `schedule(PLANNERS)` (but the COMPARISONS;
+for a generative build only the GENERATIVE ones) in order and keeps the best predicted plan (a branch and bound, see compiler/plan/choose.py plan_model). The schedule runs the
 cheap planners first, in registry order, and the searching planners (SEARCHES) last, as one group:
 they share their searches (`plan_jointly`), bounded by the best plan found before them.
 """
@@ -12,13 +12,13 @@ from dataclasses import replace
 
 from ..cost import CostTable
 from ..graph import LayerGraph
-from .baselines import plan_even, plan_neurosurgeon, plan_single
+from .baselines import plan_equal_layers, plan_even, plan_neurosurgeon, plan_ring_memory, plan_single
 from .pipeline import plan_pipeline
 from .planner import InfeasibleError, Planner, PlanOptions
 from .spatial import plan_hybrid, plan_jointly, plan_spatial
 from .spatial_baselines import plan_bbgrap, plan_deepthings, plan_edgeflow
 
-__all__ = ["PLANNERS", "SEARCHES", "STRATEGIES", "schedule", "run_group"]
+__all__ = ["PLANNERS", "SEARCHES", "STRATEGIES", "GENERATIVE", "COMPARISONS", "schedule", "run_group"]
 
 PLANNERS: dict[str, Planner] = {
     "pipeline": plan_pipeline,
@@ -30,9 +30,17 @@ PLANNERS: dict[str, Planner] = {
     "bbgrap": plan_bbgrap,
     "edgeflow": plan_edgeflow,
     "deepthings": plan_deepthings,
+    "ring-memory": plan_ring_memory,
+    "equal-layers": plan_equal_layers,
 }
+# Baselines for comparison that `auto` does not run: their plans (contiguous stages, one device each) are in
+# the exact pipeline DP's search space, so they never beat the pipeline planner's plan
+COMPARISONS = ("ring-memory", "equal-layers")
+# The planners of pipeline stages, which alone keep a generative build's caches with their layers (the spatial
+# planners split a layer's rows over devices, its cache with them): `auto` runs only these for --generate
+GENERATIVE = ("pipeline", "single", "even", "neurosurgeon", "ring-memory", "equal-layers")
 SEARCHES = ("spatial", "hybrid")  # searching planners: they run last, together, bounded by the others
-# `auto` runs every planner and keeps the best predicted plan; ties go to the earlier name.
+# `auto` runs every planner but the COMPARISONS and keeps the best predicted plan; ties go to the earlier name.
 STRATEGIES = ("auto", *PLANNERS)
 
 

@@ -44,6 +44,17 @@ KEYS = {
         "alternatives": "with `--keep`/`--shifts`: each alternative build's manifest, strategy, predictions, `variant`",
         "alternatives_missing": "how many of `--keep N` the frontier could not supply",
     },
+    "compile --generate": {
+        "predicted_tokens_per_s": "tokens per second with sequences in flight (one token per bottleneck: the "
+                                  "busiest device or link per decode step, the last stage's send of the token id "
+                                  "back to the first included)",
+        "predicted_tpot_ms": "time per output token of one sequence: a decode step through every stage plus the "
+                             "token id's way back to the first stage (`predicted_latency_ms` is the same figure)",
+        "predicted_ttft_ms": "time to first token: the prefill of `--prompt-len` tokens through the same stages",
+        "generate": "what the figures are priced at: `{prompt_len, max_context, priced_past, token_ms}`; a decode "
+                    "step is priced at past `priced_past` = (prompt_len + max_context - 1) // 2, the mean past of "
+                    "one generation; every cache is counted in memory at `max_context`",
+    },
     "run": {
         "manifest": "the manifest run",
         "latency_ms": "median latency of the timed requests",
@@ -105,6 +116,10 @@ def _outputs() -> dict[str, tuple[str, dict]]:
             "compile": ("edgec compile tinychain.onnx --devices two.yaml -o build --strategy pipeline --json",
                         _run(["compile", model, "--devices", cluster, "-o", "build", "--strategy", "pipeline", "--json"],
                              cwd)),
+            "compile --generate": (
+                "edgec compile tinylm.onnx --devices two.yaml -o lm --generate --max-context 128 --prompt-len 16 --json",
+                _run(["compile", str(models.ensure("tinylm")), "--devices", cluster, "-o", "lm", "--generate",
+                      "--max-context", "128", "--prompt-len", "16", "--json"], cwd)),
             "run": ("edgec run build --random-inputs --verify --repeat 3 --json",
                     _run(["run", "build", "--random-inputs", "--verify", "--repeat", "3", "--json"], cwd)),
             "inspect MODEL": ("edgec inspect tinychain.onnx --json", _run(["inspect", model, "--json"], cwd)),
@@ -135,13 +150,15 @@ def json_page() -> str:
             "has a key not listed. `edgec allocate --json` prints the `allocation.json` it writes "
             "([several models](../how-to/several-models.md)).", ""]
     for name, (command, out) in outs.items():
-        meanings = KEYS[name]
+        meanings = KEYS[name] if name != "compile --generate" else KEYS["compile"] | KEYS[name]
         missing, extra = sorted(set(meanings) - set(out)), sorted(set(out) - set(meanings))
         if missing or extra:
             raise SystemExit(f"docs: `{command}`: keys documented but not printed {missing}, printed but not "
                              f"documented {extra} (docs/gen/jsonout.py)")
         page += [f"## `edgec {name}`", "", "| key | meaning |", "|---|---|"]
-        page += [f"| `{k}` | {meanings[k]} |" for k in out]
+        page += [f"| `{k}` | {meanings[k]} |" for k in out if name != "compile --generate" or k in KEYS[name]]
+        if name == "compile --generate":
+            page += ["", "and every key of `edgec compile`, the latency and throughput ones per output token."]
         page += ["", f"Output of `{command}` (long lists cut):", "", "```json",
                  json.dumps(_short(out), indent=1), "```", ""]
     return "\n".join(page) + "\n"

@@ -163,9 +163,11 @@ def schema_page(title: str, intro: str, root: type[BaseModel], meanings: dict[st
 def manifest_page() -> str:
     from edgec.runtime import MANIFEST_FORMAT, MANIFEST_VERSION
     from edgec.runtime.manifest import load, types
+    from edgec.runtime.manifest.types import GENERATE_VERSION
 
     out = ["# Manifest", "",
-           f"The manifest (`manifest.json`, format `{MANIFEST_FORMAT}`, version {MANIFEST_VERSION}) is the contract "
+           f"The manifest (`manifest.json`, format `{MANIFEST_FORMAT}`, version {MANIFEST_VERSION}; version "
+           f"{GENERATE_VERSION} for a generative build) is the contract "
            "between compiler and runtime. The runtime owns its schema and validates a manifest before running "
            "anything; a manifest over 64 MiB or nested more than 64 levels is refused unread. This page is "
            "generated from the runtime: the schema as runtime/manifest/load.py documents it, then the parser's types "

@@ -1,4 +1,4 @@
-"""The edgec manifest (format "edgec.manifest", version 1): loading, validation, and the JSON written back.
+"""The edgec manifest (format "edgec.manifest", version 1; version 2 for a generative build): loading, validation, and the JSON written back.
 The schema is documented here; its dataclasses are in types.py, the parser in parse.py.
 
 manifest.json is a UTF-8 JSON object (written with sorted keys). Relative paths are relative to the
@@ -6,7 +6,11 @@ folder that holds manifest.json. Keys (all required unless marked optional; unkn
 are ignored):
 
   format      "edgec.manifest"
-  version     1
+  version     1, or 2 for a generative build (`edgec compile --generate`: the keys below plus `generate` and
+              each fragment's `state`; a runtime that reads only version 1 refuses it, since it would feed
+              the caches from the host and run one pass). A version-2 manifest describes one step of a
+              sequence: prefill (all the prompt's tokens) or decode (one token); `inputs`, `outputs` and the
+              steps are the step's, with the shapes of a decode step at generate.priced_past.
   model       {"path": str, "sha256": hex str}: the source model, used only by `--verify`.
   inputs      [{"name": str, "shape": [int >= 0, ...], "dtype": str}]: the model inputs the host feeds.
               dtype is a numpy name: float16 float32 float64 int8 int16 int32 int64 uint8 uint16 uint32
@@ -70,9 +74,37 @@ are ignored):
                 {"op": "free", "tensors": [names]}   drop tensors from the store.
               Region ranges and slices need 0 <= start < stop <= the axis's size;
               concat needs at least one part.
+  fragments[].state  version 2 only, optional (a fragment whose layers hold no cache has none):
+              [{"input": str, "output": str, "dtype": str, "shape": [int >= 0, ...], "axis": int,
+                "max_length": int >= 1}]: the fragment's `output` at one step of a sequence is its `input` at
+              the next, kept on the fragment's device (never sent, never a model input or output; each name
+              the state of one fragment). Before a sequence's first step the input is empty: zeros of `shape`
+              and `dtype`, whose `axis` (the growing one, the past length) is 0. It grows by the step's tokens
+              along `axis`, to at most `max_length` (= generate.max_context). The schedule checks treat a
+              state input as in the store when its fragment runs.
+  generate    version 2 only, required: {"prompt_len": int >= 1, "max_context": int > prompt_len,
+               "priced_past": int >= 0, "phases": {"prefill"|"decode": {"seq": int >= 1, "past": int >= 0}},
+               "token": {"input": str, "dtype": str},
+               "logits": {"output": str, "fragment": id}, "feeds": {input: "token" | "positions" | "mask"},
+               "shapes": {tensor: [int >= 0 | "seq" | "past" | "total", ...]}}
+              `prompt_len` and `max_context` are what the plan was priced for (the time to first token of a
+              prompt of prompt_len; every cache counted in memory at max_context: a sequence may not grow
+              beyond it), `priced_past` the past a decode step was priced at, (prompt_len + max_context - 1) //
+              2 (the mean of one generation); `phases` the steps the plan was priced at (prefill: seq =
+              prompt_len, past = 0; decode: seq = 1, past = priced_past; a sequence's steps may run at any seq and
+              past with seq + past <= max_context). `logits` is the model output the token is chosen from and the
+              fragment that gives it (on the last stage); the chosen token id goes back as `token.input`
+              (shape [1, 1] at a decode step) to the first stage. `feeds` says how each model input of a step
+              is made from the step's tokens (seq: how many, past: how many before them): "token" the token
+              ids, "positions" past .. past + seq - 1 (int64, [1, seq]), "mask" ones of [1, past + seq] (int64).
+              `shapes` gives each model input's, the logits' and each state tensor's dimensions: a fixed size,
+              or the role of one that changes per step ("seq", "past", "total" = past + seq); the batch is 1.
   predicted   optional {"latency_ms": number, "throughput_ips": number, "devices": {device: {...}}};
               optional "energy_mj" (per request, null when a device has no power figures), and per
-              device "energy_mj".
+              device "energy_mj". A generative build's are per output token (latency_ms: a sequence's time per
+              output token, throughput_ips: tokens per second with sequences in flight), and it adds "tpot_ms",
+              "tokens_per_s", "ttft_ms" (the prefill of prompt_len tokens), "token_ms" (the token id's way back
+              to the first stage), "priced_past", "prompt_len" and "max_context".
   plan        optional, free-form; the runtime reads only `plan.objective` when it is "latency", "throughput" or
               "energy" (what the plan was compiled for: `edgec run --adapt` re-costs kept plans by it). The
               compiler writes its Plan there (compiler/plan_types.py Plan.to_dict: strategy, objective, stages
@@ -108,7 +140,10 @@ missing keys and wrong types; duplicate device names, fragment ids, input or out
 names an unknown op, fragment, device or tensor (dataflow is checked in order: a tensor must be in the
 device's store when a step reads it, and a name may not be stored twice without a free); every send
 matches exactly one recv and vice versa, on (src, dst, name-as-received); a recv from "@host" names a
-model input; every model output is sent to "@host" exactly once, by its declared device; the schedule
+model input; every model output is sent to "@host" exactly once, by its declared device; in version 2,
+the generate block against the rest (its token input is a model input fed "token", every model input has
+a feed, the logits are a model output of the named fragment) and each state entry (an input and output of
+its fragment, neither a model input nor output, of one fragment only, max_length <= max_context); the schedule
 cannot deadlock (sends never block); each fragment file exists and matches its sha256 (checked before any
 session loads it); and, when the coordinator loads a build (load_manifest with check_files, and every
 fallback or alternative build loaded with check_files, as `edgec run` does before switching to one), every tensor against the fragments' own graph signatures (signatures.py):
@@ -131,8 +166,8 @@ from .. import MANIFEST_FORMAT, MANIFEST_VERSION
 from ..errors import InputError
 from ..providers import CPU_ONLY
 from .parse import build_manifest
-from .types import (Alternative, Concat, Fallback, Fragment, Manifest, Recv, Region, Regions, Run, Send, Slice, Step,
-                    TensorSpec, region_ranges)
+from .types import (GENERATE_VERSION, Alternative, Concat, Fallback, Fragment, Generate, Manifest, Recv, Region,
+                    Regions, Run, Send, Slice, StateSpec, Step, TensorSpec, region_ranges)
 from .schedule import validate_schedule
 from .signatures import check_signatures
 
@@ -157,12 +192,18 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def load_manifest(path: str | Path, *, check_files: bool = True, devices: Iterable[str] | None = None) -> Manifest:
+def load_manifest(path: str | Path, *, check_files: bool = True, devices: Iterable[str] | None = None,
+                  generative: bool = False) -> Manifest:
     """Read, parse and validate manifest.json; with check_files, verify fragment files (of `devices` only,
     when given) exist and match their sha256, and (all devices) that the manifest's tensors agree with the
-    fragments' own graph inputs and outputs (signatures.py)."""
+    fragments' own graph inputs and outputs (signatures.py). A generative build (version 2) is refused unless
+    the caller runs sequences step by step (`generative`): run as one pass per request, its caches would be
+    missing."""
     path = Path(path).absolute()
     manifest = parse_manifest(read_manifest_json(path), path)
+    if manifest.generate is not None and not generative:
+        raise InputError(f"{path}: a generative build (compiled with --generate, manifest version 2) runs a "
+                         "sequence step by step with its caches kept on the devices, not one pass per request")
     if check_files:
         check_fragment_files(manifest, devices)
         if devices is None:
@@ -321,7 +362,7 @@ def manifest_json(m: Manifest) -> bytes:
     net = m.network
     no_network = net.bandwidth_mbps == float("inf")
     doc = {
-        "format": MANIFEST_FORMAT, "version": MANIFEST_VERSION,
+        "format": MANIFEST_FORMAT, "version": MANIFEST_VERSION if m.generate is None else GENERATE_VERSION,
         "model": {"path": str(m.model_path), "sha256": m.model_sha256},
         "inputs": [_spec(t) for t in m.inputs],
         "outputs": [{**_spec(o), "device": o.device} for o in m.outputs],
@@ -335,13 +376,30 @@ def manifest_json(m: Manifest) -> bytes:
                               for lk in net.links]}
                    | ({"costs": {d: vars(c) for d, c in net.costs.items()}} if net.costs else {}),
         "fragments": [{"id": f.id, "device": f.device, "file": f.file, "sha256": f.sha256, "inputs": list(f.inputs),
-                       "outputs": list(f.outputs), "predicted_ms": f.predicted_ms} for f in m.fragments.values()],
+                       "outputs": list(f.outputs), "predicted_ms": f.predicted_ms}
+                      | ({"state": [_state_json(st) for st in f.state]} if f.state else {})
+                      for f in m.fragments.values()],
         "transfers": [{"tensor": t.tensor, "src": t.src, "dst": t.dst, "shape": list(t.shape), "dtype": t.dtype,
                        "bytes": t.bytes, "region": _region_json(t.region)} for t in m.transfers],
         "steps": {dev: [_step_json(s) for s in steps] for dev, steps in m.steps.items()},
         "predicted": m.predicted,
     }
+    if m.generate is not None:
+        doc["generate"] = _generate_json(m.generate)
     return json.dumps(doc, allow_nan=False).encode()
+
+
+def _state_json(st: StateSpec) -> dict:
+    return {"input": st.input, "output": st.output, "dtype": st.dtype, "shape": list(st.shape), "axis": st.axis,
+            "max_length": st.max_length}
+
+
+def _generate_json(g: Generate) -> dict:
+    return {"prompt_len": g.prompt_len, "max_context": g.max_context, "priced_past": g.priced_past,
+            "token": {"input": g.token_input, "dtype": g.token_dtype},
+            "logits": {"output": g.logits_output, "fragment": g.logits_fragment}, "feeds": dict(g.feeds),
+            "phases": {name: dict(pin) for name, pin in g.phases.items()},
+            "shapes": {name: list(dims) for name, dims in g.shapes.items()}}
 
 
 def _spec(t: TensorSpec) -> dict:

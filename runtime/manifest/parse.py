@@ -12,7 +12,8 @@ from typing import Any, Iterable
 from .. import MANIFEST_FORMAT, MANIFEST_VERSION
 from ..errors import InputError
 from ..providers import CPU_ONLY, Provider
-from .types import (DTYPES, OBJECTIVES, Alternative, Concat, Device, Fallback, Fragment, Free, Link, Manifest, Network,
+from .generate import check_generate, parse_generate, parse_state
+from .types import (GENERATE_VERSION, DTYPES, OBJECTIVES, Alternative, Concat, Device, Fallback, Fragment, Free, Link, Manifest, Network,
                     OutputSpec, RuntimeCosts, Recv, Region, Regions, Run, Send, Slice, Step, TensorSpec, Transfer)
 
 __all__ = ["build_manifest", "Reader"]
@@ -32,8 +33,12 @@ def build_manifest(data: Any, path: str | Path) -> tuple[Manifest, "Reader"]:
     fmt, version = r.get(top, "format", "manifest"), r.get(top, "version", "manifest")
     if fmt != MANIFEST_FORMAT:
         r.fail("manifest", f"format is {_show(fmt)}, expected {MANIFEST_FORMAT!r}")
-    if version != MANIFEST_VERSION or isinstance(version, bool):
-        r.fail("manifest", f"unsupported version {_show(version)} (this runtime reads version {MANIFEST_VERSION})")
+    if version not in (MANIFEST_VERSION, GENERATE_VERSION) or isinstance(version, bool):
+        r.fail("manifest", f"unsupported version {_show(version)} (this runtime reads versions {MANIFEST_VERSION} "
+                           f"and {GENERATE_VERSION})")
+    generative = version == GENERATE_VERSION
+    if generative != ("generate" in top):
+        r.fail("manifest", f"version {version} {'needs a' if generative else 'takes no'} `generate` block")
     model = r.obj(r.get(top, "model", "manifest"), "model")
     model_path = Path(r.str(model, "path", "model"))
     devices = tuple(_device(r, d, f"devices[{i}]") for i, d in enumerate(r.list(top, "devices", "manifest")))
@@ -45,19 +50,22 @@ def build_manifest(data: Any, path: str | Path) -> tuple[Manifest, "Reader"]:
         outputs=tuple(_output(r, t, f"outputs[{i}]") for i, t in enumerate(r.list(top, "outputs", "manifest"))),
         devices=devices,
         network=_network(r, r.obj(r.get(top, "network", "manifest"), "network"), [d.name for d in devices]),
-        fragments=_fragments(r, r.list(top, "fragments", "manifest")),
+        fragments=_fragments(r, r.list(top, "fragments", "manifest"), generative),
         transfers=tuple(_transfer(r, t, f"transfers[{i}]") for i, t in enumerate(r.list(top, "transfers", "manifest"))),
         steps=_steps(r, r.obj(r.get(top, "steps", "manifest"), "steps")),
         predicted={} if top.get("predicted") is None else r.obj(top["predicted"], "predicted"),
         fallbacks=_fallbacks(r, top.get("fallbacks"), {d.name for d in devices}),
         alternatives=_alternatives(r, top.get("alternatives")),
         objective=_objective(top.get("plan")),
+        generate=parse_generate(r, top["generate"]) if generative else None,
     )
     for where, names in (("devices", manifest.device_names), ("inputs", [t.name for t in manifest.inputs]),
                          ("outputs", [t.name for t in manifest.outputs])):
         dup = _first_duplicate(names)
         if dup is not None:
             r.fail(where, f"duplicate name {_show(dup)}")
+    if generative:
+        check_generate(r, manifest)
     return manifest, r
 
 
@@ -239,13 +247,16 @@ def _costs(r: Reader, raw: Any, devices: list[str]) -> dict[str, RuntimeCosts]:
     return out
 
 
-def _fragments(r: Reader, items: list) -> dict[str, Fragment]:
+def _fragments(r: Reader, items: list, generative: bool = False) -> dict[str, Fragment]:
     out: dict[str, Fragment] = {}
     for i, d in enumerate(items):
         w = f"fragments[{i}]"
         d = r.obj(d, w)
+        if "state" in d and not generative:
+            r.fail(f"{w}.state", "state belongs to a generative build (version 2)")
         frag = Fragment(r.str(d, "id", w), r.str(d, "device", w), r.str(d, "file", w), r.str(d, "sha256", w),
-                        r.names(d, "inputs", w), r.names(d, "outputs", w), r.num(d, "predicted_ms", w))
+                        r.names(d, "inputs", w), r.names(d, "outputs", w), r.num(d, "predicted_ms", w),
+                        parse_state(r, d.get("state"), f"{w}.state"))
         if frag.id in out:
             r.fail("fragments", f"duplicate fragment id {_show(frag.id)}")
         _check_inside(r, frag.file, f"{w}.file")

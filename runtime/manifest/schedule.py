@@ -167,7 +167,8 @@ def _check_run(m: Manifest, device: str, step: Run, store: _Store, fail: Fail) -
     if frag.device != device:
         fail(store.where, f"fragment {frag.id} belongs to device {frag.device}, not {device}")
     for name in frag.inputs:
-        store.need(name)
+        if name not in frag.state_inputs:  # a generative build's state: the device keeps it, step to step
+            store.need(name)
     for name in frag.outputs:
         store.put(name)
 

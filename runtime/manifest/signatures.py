@@ -264,6 +264,8 @@ class _Walk:
 
     def _run(self, frag: Fragment, store: dict[str, Spec]) -> None:
         sig, where = self.sigs[frag.id], f"fragment {frag.id} ({frag.file})"
+        for st in frag.state:  # a generative build's state, which the device keeps: any length along its axis
+            store[st.input] = Spec(st.dtype, tuple(None if i == st.axis else d for i, d in enumerate(st.shape)))
         for name in frag.inputs:
             want = sig.inputs.get(name)
             if want is None:

@@ -1,4 +1,4 @@
-"""Manifest dataclasses (format version 1); the schema is documented in load.py."""
+"""Manifest dataclasses (format version 1, and 2 for a generative build); the schema is documented in load.py."""
 
 from __future__ import annotations
 
@@ -15,13 +15,18 @@ from ..linkmodel import wire_ms
 from ..providers import CPU_ONLY, Provider
 
 __all__ = [
-    "HOST", "DTYPES", "TensorSpec", "OutputSpec", "Device", "Link", "RuntimeCosts", "Network", "Fragment", "Region", "Regions",
+    "HOST", "DTYPES", "GENERATE_VERSION", "FEEDS", "DIM_ROLES", "StateSpec", "Generate", "TensorSpec", "OutputSpec", "Device", "Link", "RuntimeCosts", "Network", "Fragment", "Region", "Regions",
     "region_ranges", "Transfer", "Run", "Send", "Recv", "Slice", "Concat", "Free", "Step", "Fallback", "Alternative", "Manifest",
 ]
 
 logger = logging.getLogger(__name__)
 
 HOST = "@host"
+# A generative build's manifest (`edgec compile --generate`) is version 2: a runtime that reads only version 1
+# would run it as one pass and feed its caches from the host, so it refuses it instead.
+GENERATE_VERSION = 2
+FEEDS = ("token", "positions", "mask")  # how the runtime makes each input of a generative build's step
+DIM_ROLES = ("seq", "past", "total")  # what a dimension that changes from step to step counts
 DTYPES = frozenset({
     "float16", "float32", "float64", "int8", "int16", "int32", "int64",
     "uint8", "uint16", "uint32", "uint64", "bool",
@@ -114,6 +119,20 @@ class Network:
 
 
 @dataclass(frozen=True)
+class StateSpec:
+    """State a fragment keeps from one step of a sequence to the next: `output` of this step is `input` at
+    the next; `shape` (with 0 along `axis`) and `dtype` make its empty value before the first step; it
+    grows along `axis`, to at most `max_length`."""
+
+    input: str
+    output: str
+    dtype: str
+    shape: tuple[int, ...]
+    axis: int
+    max_length: int
+
+
+@dataclass(frozen=True)
 class Fragment:
     id: str
     device: str
@@ -122,6 +141,32 @@ class Fragment:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     predicted_ms: float
+    state: tuple[StateSpec, ...] = ()  # a generative build's (version 2); empty otherwise
+
+    @property
+    def state_inputs(self) -> frozenset[str]:
+        return frozenset(s.input for s in self.state)
+
+
+@dataclass(frozen=True)
+class Generate:
+    """A generative build's `generate` block: the prompt length and context the plan was priced for, the
+    input that takes the token id, the output (and the fragment that gives it) the token is chosen from,
+    how each host input of a step is made (`feeds`: FEEDS), and the shapes of the host inputs, the logits
+    and the state: per dimension a size, or the role (DIM_ROLES) of one that changes from step to step."""
+
+    prompt_len: int
+    max_context: int
+    priced_past: int
+    token_input: str
+    token_dtype: str
+    logits_output: str
+    logits_fragment: str
+    feeds: dict[str, str]
+    shapes: dict[str, tuple[int | str, ...]]
+    # the steps the plan was priced at: {"prefill": {"seq": prompt_len, "past": 0}, "decode": {"seq": 1,
+    # "past": priced_past}} (a sequence's steps run at any seq and past up to max_context)
+    phases: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -247,6 +292,7 @@ class Manifest:
     fallbacks: tuple[Fallback, ...] = ()
     alternatives: tuple[Alternative, ...] = ()
     objective: str | None = None  # what the plan was compiled for (`plan.objective`), when the manifest says
+    generate: Generate | None = None  # a generative build's (version 2); None: one pass per request
 
     @property
     def folder(self) -> Path:

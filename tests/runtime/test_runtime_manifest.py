@@ -67,7 +67,7 @@ def _append_step(device, step):
 
 BAD = {
     "format": (_set(["format"], "other"), "format is 'other'"),
-    "version": (_set(["version"], 2), "unsupported version 2"),
+    "version": (_set(["version"], 3), "unsupported version 3"),  # 2 is a generative build (test_manifest_generate.py)
     "missing key": (_drop("fragments"), "missing key 'fragments'"),
     "bad shape": (_set(["inputs", 0, "shape"], [1, -3]), "inputs[0].shape"),
     "bad dtype": (_set(["inputs", 0, "dtype"], "float8"), "unknown dtype 'float8'"),
