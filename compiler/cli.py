@@ -12,7 +12,6 @@ from pathlib import Path
 import click
 
 from edgec.runtime.command import EXIT_PIPE, OneLineErrors, quiet_broken_pipe
-from edgec.runtime.machine import MAX_THREADS_HERE
 from edgec.runtime.manifest.types import OBJECTIVES  # the plan objectives the manifest format knows
 from edgec.runtime.errors import EdgecRuntimeError
 from edgec.runtime.interrupts import Interrupted, interrupt_on_signals

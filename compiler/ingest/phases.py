@@ -128,10 +128,10 @@ def riders(graph: LayerGraph, spans: tuple[tuple[int, int], ...]) -> frozenset[s
     attention mask that every layer reads. A decode step's hidden state is one token, as small as they are,
     so the size rule of pipeline cuts (graph.py is_small) would leave no cut between decoder layers."""
     starts: list[int] = []
+    ends = -1  # the last layer of the group so far (spans start at layer 0 or later)
     for lo, hi in sorted(spans):
-        if not starts or lo > ends:
+        if lo > ends:
             starts.append(lo)
-            ends = hi
         ends = max(ends, hi)
     out = set()
     for t, p in graph.producer.items():
