@@ -60,7 +60,7 @@ class RuntimeFigures:
     message_cpu_ms, message_cpu_ms_per_mb, request_cpu_ms: the same in CPU time, every process and thread of
       the runtime counted (ZeroMQ's I/O threads encrypt while the sender goes on, so a message takes more
       CPU than time); None where not measured: the time figures stand in. They price what devices sharing
-      a machine take of its cores (cost/evaluate.py `_host_periods`), not the timeline.
+      a machine take of its cores (cost/cpu_bounds.py `host_periods`), not the timeline.
     """
 
     message_ms: float = 0.0
@@ -126,7 +126,7 @@ class Profile:
     measurement: dict[str, Any] = field(default_factory=dict, hash=False, repr=False)  # how it was measured (informational)
     runtime: RuntimeFigures = NO_RUNTIME_FIGURES  # the runtime's fixed costs (not per thread count: no onnxruntime in them)
     # The CPU quota (cores) the profile was measured under (`cpu_quota.cores`, read from the cgroup); None: none.
-    # Its figures already follow the quota; the worker's messaging shares it too (cost/evaluate.py _quota_periods).
+    # Its figures already follow the quota; the worker's messaging shares it too (cost/cpu_bounds.py quota_periods).
     cpu_quota_cores: float | None = None
     radio_tx_nj_per_byte: float | None = None  # the network interface's energy per byte sent; None: unknown
     radio_rx_nj_per_byte: float | None = None  # ... per byte received

@@ -13,7 +13,7 @@ from .energy import Energy, request_energy
 from .order import Message, better, order_bursts, order_stage
 from .table import CostTable
 from .stage_timeline import predict_stage
-from .tiles import host_mates
+from .cpu_bounds import host_periods, quota_periods, request_costs, streaming_weights
 
 __all__ = ["Transfer", "Event", "Prediction", "Hop", "crossing_tensors", "tensor_hops", "evaluate"]
 
@@ -186,12 +186,13 @@ def evaluate(plan: Plan, graph: LayerGraph, cost: CostTable, contention_order: b
     - A link is held for its transfers: each pair its own link on a switched network, one channel for all
       transfers on a shared medium, which the stages' bursts take first come first served (`_Flow`).
     - A machine several devices share (the cluster's `hosts:`) is held for the work one input gives its
-      cores, over their number (`_host_periods`, `host_ms`); a device profiled under a CPU quota, for its
-      compute and its runtime's messaging work over the quota, when that is longer (`_quota_periods`). The planners' own searches leave it out; it
-      bounds the throughput evaluated here, which picks among their plans.
+      cores, over their number (cpu_bounds.py `host_periods`, `host_ms`); a device profiled under a CPU
+      quota, for its compute and its runtime's messaging work over the quota, when that is longer
+      (`quota_periods`). The planners' own searches leave both out; they bound the throughput evaluated
+      here, which picks among their plans.
     A pipeline stage's period is its compute, as in the pipeline planner's DP (plan/pipeline.py), whose
     bottleneck is the same max(stage compute, transfers); on a machine it shares with another device of
-    the plan, its weights' streaming beside that one comes on top (`_streaming_weights`; the DP leaves it
+    the plan, its weights' streaming beside that one comes on top (`streaming_weights`; the DP leaves it
     out, as it leaves out the host bound).
     The runtime's per-request cost (the profiles' `runtime.request_ms`; network.py request_in_ms and
     request_out_ms) delays the first stage of a device that reads a model input (once its other inputs
@@ -301,8 +302,8 @@ def _predict(plan: Plan, graph: LayerGraph, cost: CostTable, spatial: dict, stag
             busy[dev] = busy.get(dev, 0.0) + dev_ms
         for dev, dev_ms in (spatial[k]["span_ms"].items() if k in spatial else [(s.device, ms)]):
             period[dev] = period.get(dev, 0.0) + dev_ms
-    streaming = dict(busy)  # what a device works per input while inputs stream (_streaming_weights)
-    for dev, ms in _streaming_weights(plan, cost, busy).items():
+    streaming = dict(busy)  # what a device works per input while inputs stream (cpu_bounds.py streaming_weights)
+    for dev, ms in streaming_weights(plan, cost, busy).items():
         period[dev] += ms
         streaming[dev] += ms
     for k, sp in spatial.items():
@@ -312,8 +313,8 @@ def _predict(plan: Plan, graph: LayerGraph, cost: CostTable, spatial: dict, stag
     for tr in transfers:
         key = frozenset(["*"]) if cost.cluster.medium == "shared" else frozenset([tr.src, tr.dst])
         links[key] = links.get(key, 0.0) + tr.ms
-    hosts = _host_periods(plan, graph, cost, streaming, transfers)
-    for dev, ms in _quota_periods(plan, graph, cost, streaming, transfers).items():
+    hosts = host_periods(plan, graph, cost, streaming, transfers)
+    for dev, ms in quota_periods(plan, graph, cost, streaming, transfers).items():
         period[dev] = max(period[dev], ms)
     coordinator = sum(flow.req_in.values()) + sum(flow.req_out.values())
     bottleneck = max([*period.values(), *links.values(), *hosts.values(), coordinator])
@@ -333,86 +334,6 @@ def _predict(plan: Plan, graph: LayerGraph, cost: CostTable, spatial: dict, stag
         send_order={k: sp["order"] for k, sp in spatial.items() if "order" in sp},
         burst_order=dict(burst_order or {}),
     )
-
-
-def _streaming_weights(plan: Plan, cost: CostTable, busy: dict[str, float]) -> dict[str, float]:
-    """Per device of a pipeline stage: what its stages' weights take beyond their price while inputs stream,
-    when another device of its host (the cluster's `hosts:`) works in the plan too. Streaming, the two work
-    at once, each on its own input, and each streams its weights beside the other (CostTable.shared_weights;
-    a spatial tile pays it in its own time already, where a mate tiles the same segment). A lone request
-    runs the stages one after another, so the latency does not pay it, nor do the fragments' predicted_ms,
-    which the emulator pads runs to: emulating such a cluster streams without it.  Measured 2026-11-26:
-    the bottleneck stage of a two-stage MobileNetV2 ran 1.05-1.13x slower beside the other stage than alone;
-    the shared rate prices 1.09x (and 1.002x for the other stage, measured 1.02-1.03x)."""
-    mates = host_mates(cost, [cost.index(d) for d in busy])
-    extra: dict[str, float] = {}
-    for s in plan.stages:
-        d = cost.index(s.device)
-        if s.spatial is None and d in mates:
-            extra[s.device] = extra.get(s.device, 0.0) + cost.shared_weights(s.lo, s.hi, d)
-    return extra
-
-
-def _host_periods(plan: Plan, graph: LayerGraph, cost: CostTable, busy: dict[str, float], transfers) -> dict[str, float]:
-    """Per machine that several devices share (the cluster's `hosts:`), the work one input gives its cores,
-    divided by them: a lower bound on the period when inputs stream, whatever each device's own period.
-    The work: each of its devices' compute, times the cores its worker runs on (its threads, at most the
-    machine's; all of them by default); the runtime's own work on every message with an end there, half per
-    end (network.runtime_ms: encoding, CURVE, copies, which the profiles measured with both ends on one
-    machine); and each request's cost at the devices taking model inputs and giving outputs, half to the
-    device's machine and half to the coordinator's (`coordinator: true`), both of which do that hand-off.
-    The runtime's costs are its CPU figures where the profiles measured them (RuntimeFigures.cpu).
-    Measured on a 2-core machine running two 1-thread workers and the coordinator, a two-stage MobileNetV2
-    streamed at 165/s where the devices' own periods said 215/s: 10.5 ms of CPU per request on 2 cores."""
-    hosts = cost.cluster.hosts
-    if not hosts:
-        return {}
-    where = {d.name: d.host for d in cost.cluster.devices}
-    coordinator = next((h for h, spec in hosts.items() if spec.coordinator), None)
-    work = dict.fromkeys(hosts, 0.0)
-    for d in cost.cluster.devices:
-        if d.host is not None and d.name in busy:
-            cores = hosts[d.host].cores
-            work[d.host] += busy[d.name] * min(d.threads or cores, cores)
-    net = cost.network
-    for tr in transfers:
-        half = net.runtime_ms(tr.nbytes, tr.src, tr.dst) / 2.0
-        for end in (tr.src, tr.dst):
-            if where.get(end) is not None:
-                work[where[end]] += half
-    for extra in _request_costs(plan, graph, cost, cpu=True):
-        for k, ms in extra.items():
-            for h in (where.get(plan.stages[k].device), coordinator):
-                if h is not None:
-                    work[h] += ms / 2.0
-    return {h: w / hosts[h].cores for h, w in work.items() if w > 0}
-
-
-def _quota_periods(plan: Plan, graph: LayerGraph, cost: CostTable, busy: dict[str, float],
-                   transfers) -> dict[str, float]:
-    """Per device of the plan whose profile was measured under a CPU quota (`cpu_quota.cores`: a container's
-    limit, a cgroup's) and that shares no machine (`hosts:` bounds those): the work one input gives the quota,
-    over it. The work: its compute, times the cores it runs on (its threads, at most the quota; its figures
-    already follow the quota), and the runtime's own work on every message with an end there and on each
-    request it takes inputs for or gives outputs of, counted as in `_host_periods`. ZeroMQ's I/O threads
-    encrypt and copy in the worker's process, so inside the same quota as its compute: the device cannot
-    stream faster than the quota lets both through, however its compute alone is priced."""
-    quota = {d.name: (d.profile.cpu_quota_cores, d.threads) for d in cost.cluster.devices
-             if d.host is None and d.profile.cpu_quota_cores is not None and d.name in busy}
-    if not quota:
-        return {}
-    work = {d: busy[d] * min(threads or cores, cores) for d, (cores, threads) in quota.items()}
-    net = cost.network
-    for tr in transfers:
-        half = net.runtime_ms(tr.nbytes, tr.src, tr.dst) / 2.0
-        for end in (tr.src, tr.dst):
-            if end in work:
-                work[end] += half
-    for extra in _request_costs(plan, graph, cost, cpu=True):
-        for k, ms in extra.items():
-            if plan.stages[k].device in work:
-                work[plan.stages[k].device] += ms / 2.0
-    return {d: w / quota[d][0] for d, w in work.items()}
 
 
 def _latency(finish: list[float], done: list[float]) -> float:
@@ -438,7 +359,7 @@ class _Flow:
                      cost.transfer_ms(graph.tensors[t].nbytes, plan.stages[a].device, plan.stages[b].device))
             for t, a, b in hops
         )
-        self.req_in, self.req_out = _request_costs(plan, graph, cost)
+        self.req_in, self.req_out = request_costs(plan, graph, cost)
         self.by_src: dict[int, list[tuple[Transfer, int]]] = {}
         self.inbound = [0] * len(plan.stages)  # per stage, how many hops it receives
         for tr, (_, a, b) in zip(self.transfers, hops):
@@ -504,33 +425,3 @@ class _Flow:
         if events is not None:
             events.extend(e for evs in per_stage for e in evs)
         return ready, finish, done
-
-
-def _request_costs(plan: Plan, graph: LayerGraph, cost: CostTable,
-                   cpu: bool = False) -> tuple[dict[int, float], dict[int, float]]:
-    """({stage: ms}, {stage: ms}) of the runtime's per-request cost: a device pays its request_in_ms at its
-    first stage that reads a model input, and its request_out_ms at its first stage that gives a model
-    output (after that stage's sends: the manifest sends outputs to the host in the same burst), each for
-    the bytes of every model input it reads / output it gives (the host sends them all at the request's
-    start; runtime/manifest/replay.py charges the same). Empty when no device has the figures."""
-    net = cost.network
-    taken: dict[str, int] = {}
-    given: dict[str, int] = {}
-    reads: dict[str, set[str]] = {}
-    gives: dict[str, set[str]] = {}
-    for k, s in enumerate(plan.stages):
-        layers = graph.layers[s.lo:s.hi]
-        ins = {t for layer in layers for t in layer.inputs if t in graph.inputs}
-        outs = {t for layer in layers for t in layer.outputs if t in graph.outputs}
-        if ins:
-            taken.setdefault(s.device, k)
-            reads.setdefault(s.device, set()).update(ins)
-        if outs:
-            given.setdefault(s.device, k)
-            gives.setdefault(s.device, set()).update(outs)
-
-    def nbytes(names: set[str]) -> int:
-        return sum(graph.tensors[t].nbytes for t in names)
-
-    return ({k: ms for d, k in taken.items() if (ms := net.request_in_ms(d, nbytes(reads[d]), cpu)) > 0},
-            {k: ms for d, k in given.items() if (ms := net.request_out_ms(d, nbytes(gives[d]), cpu)) > 0})

@@ -60,7 +60,7 @@ class NetworkModel:
     def runtime_ms(self, nbytes: float, src: str, dst: str) -> float:
         """The runtime's own work on a message of `nbytes` from src to dst (both ends together), without
         the wire's time, in CPU time where the profiles measured it (RuntimeFigures.cpu): what its hand-off
-        costs the machines' cores (evaluate.py `_host_periods`)."""
+        costs the machines' cores (cpu_bounds.py `host_periods`)."""
         if src == dst:
             return 0.0
         a, b = self._costs[src].cpu(), self._costs[dst].cpu()

@@ -1,5 +1,5 @@
 """Devices that share a machine (cluster.yaml `hosts:`): the work one input gives its cores bounds the
-throughput evaluate predicts (compiler/cost/evaluate.py `_host_periods`).
+throughput evaluate predicts (compiler/cost/cpu_bounds.py `host_periods`).
 
 Hand-made profiles with the runtime's costs, so every expected number is worked out here."""
 
