@@ -13,7 +13,8 @@ is priced at the profile's figures throughout (cluster.py `provider_note` says s
 A layer is priced at the `cpu:` figures when the CPU runs any of its nodes (a layer is one operator and the
 pointwise ones after it: the part an accelerator leaves also costs a crossing between providers), at the top
 level's otherwise. Where both figure sets hold a measured table of the model, each of its nodes is taken from the
-table of the provider that runs it.
+table of the provider that runs it. What table.py keeps per device, not per layer (the tile efficiency curves, the
+memory rate a tile's input is assembled at, the layout conversions) stays the top level's.
 """
 
 from __future__ import annotations
