@@ -385,8 +385,12 @@ def _with_providers(providers: list[str], model_path: str | None, args: dict) ->
         raise InputError(f"--providers: this onnxruntime does not have {missing} (it has {', '.join(available)})")
     say = args.get("progress") or (lambda s: None)
     args = {k: v for k, v in args.items() if k not in ("providers", "model_path")}
-    say("the CPU provider alone first (the profile's `cpu:`)")
-    cpu = measure_host(**(args | {"runtime_costs": False, "shared_weights": False}), model_path=model_path)
+    say("the CPU provider alone first (the profile's `cpu:`), in plain runs as under the others (timing.bound_run)")
+    measure_with([CPU], plain=True)
+    try:
+        cpu = measure_host(**(args | {"runtime_costs": False, "shared_weights": False}), model_path=model_path)
+    finally:
+        measure_with([CPU])
     say(f"then {', '.join(providers)}")
     measure_with(providers)
     try:

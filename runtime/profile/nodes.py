@@ -270,7 +270,9 @@ def measure_layers_on(
             for k, n in zip(keys, named.graph.node):
                 n.name = k
             run_path = os.path.join(tmp, "named.onnx")
-            onnx.save_model(named, run_path, save_as_external_data=True, all_tensors_to_one_file=True, location="named.weights")
+            # weights inline for an accelerator: OpenVINO's (1.24.1) failed to read a copy with external weights
+            onnx.save_model(named, run_path, save_as_external_data=not accelerated, all_tensors_to_one_file=True,
+                            location="named.weights")
         so = ort.SessionOptions()
         so.log_severity_level = 3
         so.enable_profiling = True
