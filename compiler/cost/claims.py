@@ -59,12 +59,14 @@ def _warn_once(text: str) -> None:
     logger.warning(text)
 
 
-_HERE: dict[tuple[str, tuple[Provider, ...]], frozenset[str]] = {}
+_HERE: dict[tuple, frozenset[str]] = {}
 
 
 def _here(sha: str, providers: tuple[Provider, ...], model: onnx.ModelProto) -> frozenset[str]:
-    """cpu_nodes on this machine's onnxruntime, once per model (sha256) and provider list."""
-    key = (sha, providers)
+    """cpu_nodes on this machine's onnxruntime, once per model (sha256 and its inputs' pinned shapes) and provider
+    list."""
+    shapes = tuple((v.name, tuple(d.dim_value for d in v.type.tensor_type.shape.dim)) for v in model.graph.input)
+    key = (sha, shapes, providers)
     if key not in _HERE:
         _HERE[key] = cpu_nodes(model, providers, where=f"model {sha[:12]}...")
     return _HERE[key]
