@@ -258,14 +258,14 @@ def _devices(docs: list[DeviceDoc], base_dir: Path, shown: str) -> tuple[DeviceS
 
 
 def provider_note(device: str, profile: Profile, providers: tuple[str, ...]) -> str | None:
-    """The pricing rule for execution providers, said when it matters. A device is priced at its profile's
-    figures, whatever providers run it: the profile says which providers they were measured with (`providers:`,
-    absent: the CPU's). A device that runs an accelerator its profile has no figures for is priced at the
-    profile's (the CPU's) figures, so its plan is conservative for the nodes the accelerator takes; a device whose
-    profile was measured with an accelerator it does not list runs on the CPU, slower than the plan predicts.
-    Both are said (a warning at compile), never silently assumed. Pricing each node at the figures of the
-    provider that claims it (the CPU's for the nodes an accelerator does not take) needs those claims from
-    onnxruntime with that provider, on the device: not yet done."""
+    """The pricing rule for execution providers, said when it matters. The profile says which providers its
+    figures were measured with (`providers:`, absent: the CPU's). A device that runs an accelerator its profile has
+    no figures for is priced at the profile's (the CPU's) figures, so its plan is conservative for the nodes the
+    accelerator takes; a device whose profile was measured with an accelerator it does not list runs on the CPU,
+    slower than the plan predicts. Both are said (a warning at compile), never silently assumed. A device whose
+    profile was measured with its accelerator is priced at those figures for the nodes the accelerator takes and at
+    the profile's `cpu:` figures for the nodes it leaves to the CPU provider (cost/claims.py, which says in a
+    warning when the profile has no `cpu:` figures or nothing says which nodes those are)."""
     extra = [p for p in providers if p != CPU and p not in profile.providers]
     if extra:
         return (f"device {device!r} runs {extra[0]}, but profile {profile.name} was measured with "

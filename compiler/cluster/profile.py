@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from .schema import FiguresDoc, ProfileDoc
 
 __all__ = [
-    "PROFILES_DIR", "Figures", "Mode", "DEFAULT_MODE", "RuntimeFigures", "NO_RUNTIME_FIGURES", "Profile", "profiles_dir", "available_profiles", "load_profile", "validate_profile_dict",
+    "PROFILES_DIR", "Figures", "CpuFigures", "pick_figures", "Mode", "DEFAULT_MODE", "RuntimeFigures", "NO_RUNTIME_FIGURES", "Profile", "profiles_dir", "available_profiles", "load_profile", "validate_profile_dict",
     "profile_path", "unknown_profile", "read_profile",
 ]
 
@@ -42,6 +42,30 @@ class Figures:
     # the same for a GEMM of several rows, whose weights, read from memory, hold its arithmetic up longer per
     # byte than a batch-1 MatMul's stream (None: not measured, weight_gbps prices them): see cost/table.py.
     gemm_weight_gbps: float | None = None
+
+
+def pick_figures(top: Figures, per_count: dict[int, Figures], threads: int | None) -> Figures:
+    """The figures for a worker running `threads` intra-op threads: that count's entry if measured; else the
+    largest measured count below it (fewer threads: a slower, safe estimate); else the smallest measured. The top
+    level when `threads` is None or there is no count."""
+    if threads is None or not per_count:
+        return top
+    if threads in per_count:
+        return per_count[threads]
+    below = [n for n in per_count if n < threads]
+    return per_count[max(below)] if below else per_count[min(per_count)]
+
+
+@dataclass(frozen=True)
+class CpuFigures:
+    """A profile measured with an accelerator: the CPU provider's own figures (`cpu:`, measured with it alone),
+    at which the compiler prices the nodes the accelerator leaves to the CPU (cost/claims.py)."""
+
+    top: Figures
+    threads: dict[int, Figures] = field(default_factory=dict, hash=False)
+
+    def figures(self, threads: int | None = None) -> Figures:
+        return pick_figures(self.top, self.threads, threads)
 
 
 @dataclass(frozen=True)
@@ -145,6 +169,10 @@ class Profile:
     # The onnxruntime execution providers its figures were measured (or estimated) with, in order: the CPU's
     # alone unless the file says otherwise (cluster.py provider_note says how a device running others is priced).
     providers: tuple[str, ...] = (CPU,)
+    # Measured with an accelerator among `providers`: the CPU provider's own figures (None: not measured), and per
+    # model (sha256) the nodes the CPU provider ran beside the accelerator (cost/claims.py prices them with `cpu`).
+    cpu: CpuFigures | None = field(default=None, hash=False, repr=False)
+    cpu_nodes: dict[str, frozenset[str]] = field(default_factory=dict, hash=False, repr=False)
 
     @property
     def mode_names(self) -> tuple[str, ...]:
@@ -167,12 +195,7 @@ class Profile:
         smallest measured.  The top level when `threads` is None or the profile has no `threads:`."""
         top = Figures(self.op_overhead_us, self.gflops, self.memory_gbps, self.op_ms_per_melem, self.efficiency,
                       self.layers, self.weight_gbps, self.gemm_weight_gbps)
-        if threads is None or not self.threads:
-            return top
-        if threads in self.threads:
-            return self.threads[threads]
-        below = [n for n in self.threads if n < threads]
-        return self.threads[max(below)] if below else self.threads[min(self.threads)]
+        return pick_figures(top, self.threads, threads)
 
 
 def profiles_dir() -> Path:
@@ -273,6 +296,9 @@ def validate_profile_dict(data: Any, path: str) -> Profile:
         shared_weight_gbps=doc.shared_weight_gbps,
         layout_conversions=doc.layout_conversions,
         providers=tuple(doc.providers) if doc.providers else (CPU,),
+        cpu=None if doc.cpu is None else CpuFigures(_figures(doc.cpu), {n: _figures(e) for n, e in
+                                                                        (doc.cpu.threads or {}).items()}),
+        cpu_nodes={model: frozenset(nodes) for model, nodes in (doc.cpu_nodes or {}).items()},
     )
 
 
@@ -315,9 +341,29 @@ def _check_relations(doc: ProfileDoc, path: str) -> None:
         if m.power_w.busy < m.power_w.idle:
             raise UserError(f"modes.{name}.power_w.busy ({m.power_w.busy:g}) is below its idle "
                             f"({m.power_w.idle:g})", path=path)
+    _check_cpu(doc, path)
     if doc.modes and (power is None or power.idle is None or power.busy is None):
         raise UserError("modes need power_w (idle and busy) at the top level too: the planner weighs them "
                         "against it", path=path)
+
+
+def _check_cpu(doc: ProfileDoc, path: str) -> None:
+    """`cpu:` and `cpu_nodes:` belong to a profile measured with an accelerator; a node listed twice, or not in the
+    profile's own table of that model, is a broken file."""
+    for key in ("cpu", "cpu_nodes"):
+        if getattr(doc, key) is not None and all(p == CPU for p in doc.providers or [CPU]):
+            raise UserError(f"{key}: the CPU provider's figures and nodes beside an accelerator, but 'providers' "
+                            f"lists none ({', '.join(doc.providers or [CPU])})", path=path)
+    for model, nodes in (doc.cpu_nodes or {}).items():
+        seen: set[str] = set()
+        twice = next((n for n in nodes if n in seen or seen.add(n)), None)
+        if twice is not None:
+            raise UserError(f"cpu_nodes.{model[:12]}...: {twice!r} is listed twice", path=path)
+        table = (doc.layers or {}).get(model)
+        stray = next((n for n in nodes if table is not None and n not in table), None)
+        if stray is not None:
+            raise UserError(f"cpu_nodes.{model[:12]}...: {stray!r} is not a node of the profile's table of that "
+                            "model (layers)", path=path)
 
 
 def _gflops(doc) -> dict[str, float]:

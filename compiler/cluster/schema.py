@@ -17,7 +17,7 @@ from pydantic_core import PydanticCustomError, PydanticKnownError
 from .format_names import EFFICIENCY_KEYS, MEDIUMS
 
 __all__ = ["DEVICE_NAME", "MAX_FIGURE", "MIN_POSITIVE", "MAX_THREADS", "MAX_EFFICIENCY", "MAX_FIXED_MS", "ProfileDoc",
-           "FiguresDoc", "RuntimeDoc", "ClusterDoc", "DeviceDoc", "LinkDoc", "NetworkDoc"]
+           "FiguresDoc", "CpuFiguresDoc", "RuntimeDoc", "ClusterDoc", "DeviceDoc", "LinkDoc", "NetworkDoc"]
 
 DEVICE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")  # device names end up in file names and manifests
 _OP_KEY = r"^[A-Za-z][A-Za-z0-9_]{0,63}(:[A-Za-z0-9_]{1,32})?\Z"  # op type, or op type:mode
@@ -109,6 +109,20 @@ class FiguresDoc(_Doc):
     op_ms_per_melem: dict[OpKey, Positive] | None = None
     efficiency: dict[Literal[EFFICIENCY_KEYS], Curve] | None = None
     layers: Layers | None = None
+
+
+class CpuFiguresDoc(FiguresDoc):
+    """A profile measured with an accelerator (`providers:`): the same figures measured with the CPU provider
+    alone, at the top level's thread count and per count (`threads:`), at which the compiler prices the nodes the
+    accelerator leaves to the CPU (cost/claims.py)."""
+
+    threads: Annotated[dict[ThreadKey, FiguresDoc],
+                       Field(min_length=1, description="a non-empty mapping of thread counts")] | None = None
+
+
+Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}\Z", description="model sha256s (64 lowercase hex digits)")]
+NodeName = Annotated[str, Field(min_length=1, description="a node name")]
+CpuNodes = dict[Sha256, Annotated[list[NodeName], Field(description="a list of node names")]]
 
 
 FixedMs = Annotated[float, Field(allow_inf_nan=False, ge=0, le=MAX_FIXED_MS,
@@ -273,6 +287,8 @@ class ProfileDoc(_Doc):
     cpu_quota: CpuQuotaDoc | None = None
     providers: Annotated[list[ProviderName],
                          Field(min_length=1, description="a non-empty list of execution provider names")] | None = None
+    cpu: CpuFiguresDoc | None = None  # with an accelerator in providers: the CPU provider's own figures
+    cpu_nodes: CpuNodes | None = None  # {model sha256: the nodes the CPU provider runs beside the accelerator}
 
 
 HostCores = Annotated[int, Field(ge=1, le=MAX_THREADS, description=f"an integer from 1 to {MAX_THREADS}")]

@@ -2,6 +2,8 @@
 
 - table.py: `CostTable`, every layer's time on every device (measured tables, or the roofline model with
   the op table), from the profile's figures for the thread count the device's worker runs.
+- claims.py: on a device that runs an accelerator, the layers whose nodes the CPU provider runs priced at the
+  profile's `cpu:` figures (table.py calls it last).
 - network.py: `NetworkModel`, the links between devices, priced by the runtime's link model
   (runtime/linkmodel.py: the one Mbps -> bytes/ms conversion and message time).
 - tiles.py, tile_steps.py, stage_timeline.py: the tile cost model of spatial stages (a tile's compute with the

@@ -70,6 +70,7 @@ from ..quant import FLOAT_CLASS_OF
 
 QDQ_FUSED = frozenset({"QuantizeLinear", "DequantizeLinear"})
 from ..units import gbps_to_bytes_per_ms, gflops_to_flops_per_ms, per_million_ms, us_to_ms
+from .claims import price_cpu_nodes
 from .network import NetworkModel
 
 __all__ = ["CostTable", "build_cost_table", "class_gflops", "int8_fallbacks", "layer_ms", "weight_ms", "shared_weight_ms", "price_keys", "layer_out_elems",
@@ -422,11 +423,11 @@ def build_cost_table(graph: LayerGraph, cluster: ClusterModel, model_sha256: str
                        for layer, pr in zip(graph.layers, prices)])
     shape = (len(graph.layers), len(cluster.devices))
     arr = np.asarray(cols, dtype=np.float64).T.reshape(shape)
-    return CostTable(tuple(d.name for d in cluster.devices), arr, tuple(measured), cluster,
+    return price_cpu_nodes(CostTable(tuple(d.name for d in cluster.devices), arr, tuple(measured), cluster,
                      overhead_ms=np.asarray(overhead, dtype=np.float64).T.reshape(shape),
                      priced_ms=np.asarray(priced, dtype=np.float64).T.reshape(shape),
                      out_elems=elems,
                      out_positions=np.asarray(positions, dtype=np.float64),
                      curves=tuple(_curves(dev.figures.efficiency) for dev in cluster.devices),
                      shared_weight_ms=np.asarray(shared, dtype=np.float64).T.reshape(shape),
-                     source=(graph, model_sha256, model))
+                     source=(graph, model_sha256, model)), build_cost_table)  # claims.py: what an accelerator leaves

@@ -35,7 +35,9 @@ MEANINGS = {
     "ServiceDoc.min_devices": "the fewest devices the service may get",
     "ServiceDoc.max_devices": "the most devices the service may get",
     # profiles
-    "ProfileDoc.providers": "the onnxruntime execution providers its figures were measured (or estimated) with; absent: `[CPUExecutionProvider]`. A device whose `providers:` differ is priced at these figures all the same, with a warning at compile ([providers](../how-to/providers.md))",
+    "ProfileDoc.providers": "the onnxruntime execution providers its figures were measured (or estimated) with; absent: `[CPUExecutionProvider]`. A device whose `providers:` differ is priced at these figures all the same, with a warning at compile; a device that runs the accelerator named here is priced at these figures for the nodes it takes and at `cpu:` for the others ([providers](../how-to/providers.md))",
+    "ProfileDoc.cpu": "with an accelerator in `providers`: the same figures (and `threads:`, and the models' tables) measured with `CPUExecutionProvider` alone, at which the nodes the accelerator leaves to the CPU are priced; absent: every node at the top level's figures, with a warning",
+    "ProfileDoc.cpu_nodes": "with an accelerator in `providers`: `{model sha256: [node, ...]}`, the nodes the CPU provider ran beside it (`edgec profile --providers ... --model ...`); absent for a model: the compiling machine's onnxruntime says, if it has the providers, else every node at the top level's figures, with a warning",
     "ProfileDoc.name": "the profile's name (what cluster.yaml's `profile:` names)",
     "ProfileDoc.description": "free text",
     "ProfileDoc.memory_mb": "physical memory",
@@ -75,6 +77,10 @@ MEANINGS = {
     "FiguresDoc.op_ms_per_melem": "as the top level's",
     "FiguresDoc.efficiency": "as the top level's",
     "FiguresDoc.layers": "as the top level's",
+    **{f"CpuFiguresDoc.{k}": "the CPU provider's, as the top level's" for k in (
+        "op_overhead_us", "gflops", "memory_gbps", "weight_gbps", "gemm_weight_gbps", "op_ms_per_melem", "efficiency",
+        "layers")},
+    "CpuFiguresDoc.threads": "the CPU provider's figures per intra-op thread count, as the top level's `threads:`",
     "RuntimeDoc.message_ms": "fixed cost of one device-to-device message (both ends)",
     "RuntimeDoc.message_ms_per_mb": "cost per 10^6 bytes of a message",
     "RuntimeDoc.request_ms": "cost per request of the inputs in and the outputs out",

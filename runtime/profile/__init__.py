@@ -10,7 +10,7 @@ Modules: host.py (CPU, memory, description), quota.py (the CPU share a cgroup gr
 micro-benchmarks in interleaved rounds), kernels.py (the throughput figures and the per-operator overhead),
 tables.py (the op table and the tile efficiency curves), figures.py (one thread count's figures), shared.py
 (shared_weight_gbps' co-runners), drift.py (whether the memory rate held), nodes.py (per-node tables of a real
-model), fixed.py (the runtime's own costs per message and per request, through its sockets and coordinator: the
+model), claims.py (the nodes the CPU provider runs beside an accelerator), fixed.py (the runtime's own costs per message and per request, through its sockets and coordinator: the
 profile's `runtime:`), measure.py (`measure_host`), write.py (`write_profile_flow`: the profile as flow-style
 YAML, written without a YAML library).
 
@@ -111,4 +111,10 @@ fusion, e.g. the Conv of a fused Conv+Relu; else the first mappable node downstr
 original graph is listed: nodes that were folded, eliminated or fused into another get 0.0, so summing
 node times per layer gives the layer's time.  Nodes without a name are keyed "<op_type>_<index in
 graph.node>".
+
+With `--providers` naming an accelerator, the profile also carries `cpu:`, the same figures (and `threads:`, and
+the model's tables) measured first with the CPU provider alone; with a model, `layers:` holds its per-node times on
+the providers (ORT_ENABLE_BASIC: each CPU node its own time, each accelerator subgraph's time shared among the
+nodes it took in proportion to their CPU times) and `cpu_nodes: {<sha256>: [<node>, ...]}` the nodes the CPU
+provider ran beside the accelerator (claims.py).
 """

@@ -61,8 +61,9 @@ _OPTIONS = [
                       "largest's"),
     click.option("--providers", "providers", metavar="NAME[,NAME...]", callback=provider_list, default=None,
                  show_default="CPUExecutionProvider",
-                 help="onnxruntime execution providers to measure with, in order; the profile says so (`providers:`). "
-                      "Not with --model (per-node times are the CPU provider's)"),
+                 help="onnxruntime execution providers to measure with, in order; the profile says so (`providers:`) and "
+                      "carries the CPU provider's own figures too (`cpu:`); with --model, the nodes the CPU provider "
+                      "runs beside them (`cpu_nodes:`)"),
     click.option("--strict", is_flag=True,
                  help="refuse (exit 2) when the machine is busy or a timing's spread stays above 10%, instead of "
                       "warning"),

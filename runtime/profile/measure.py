@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable, Iterator
 import onnxruntime as ort
 
 from edgec.runtime.errors import InputError
-from edgec.runtime.providers import CPU
+from edgec.runtime.providers import CPU, Provider
 
 from . import host, kernels, tables
 from . import shared as shared_mod
@@ -24,7 +24,7 @@ from .drift import DRIFT_LIMIT, check_drift, halves
 from .fixed import measure_runtime_costs
 from .fixed import source as runtime_source
 from .load import BUSY_FRACTION, LoadProbe, LoadSample, describe_load, is_busy, other_cpus
-from .nodes import measure_layers
+from .nodes import measure_layers, measure_layers_on
 from .quota import LIMITED, MAX_SAMPLE_S, SAMPLE_PERIODS, SPIN_S, UNKNOWN_PERIOD_SAMPLE_S, CpuQuota, see_quota
 from .shared import CoRunnerError, CoRunners
 from .timing import DEFAULT, QUICK, Figure, Policy, measure_with, rand, session, sig
@@ -374,28 +374,70 @@ def measure_host(
 
 def _with_providers(providers: list[str], model_path: str | None, args: dict) -> dict[str, Any]:
     """measure_host with every micro-benchmark session on `providers` (`edgec profile --providers`), the profile
-    saying so (`providers:`). What only the CPU provider has is not measured: the per-node tables (a provider that
-    fuses the graph reports one subgraph, not the model's nodes), layout_conversions (the CPU provider's blocked
+    saying so (`providers:`), and the CPU provider's own figures beside them (`cpu:`, measured with it alone: what
+    the compiler prices the nodes an accelerator leaves to the CPU at). With a model, its per-node times on the
+    providers (`layers:`; the CPU provider's alone in `cpu:`) and the nodes the CPU provider ran among them
+    (`cpu_nodes:`, claims.py). Not measured under the providers: layout_conversions (the CPU provider's blocked
     layout) and shared_weight_gbps (its co-runners are CPU sessions)."""
     available = ort.get_available_providers()
     missing = next((p for p in providers if p not in available), None)
     if missing is not None:
         raise InputError(f"--providers: this onnxruntime does not have {missing} (it has {', '.join(available)})")
-    if model_path is not None:
-        raise InputError("--model with --providers: per-node times are measured on the CPU provider only (another "
-                         "provider runs the graph as its own subgraphs); profile the model's layers without --providers")
-    args = {k: v for k, v in args.items() if k not in ("providers", "model_path")} | {"shared_weights": False}
+    say = args.get("progress") or (lambda s: None)
+    args = {k: v for k, v in args.items() if k not in ("providers", "model_path")}
+    say("the CPU provider alone first (the profile's `cpu:`), in plain runs as under the others (timing.bound_run)")
+    measure_with([CPU], plain=True)
+    try:
+        cpu = measure_host(**(args | {"runtime_costs": False, "shared_weights": False}), model_path=model_path)
+    finally:
+        measure_with([CPU])
+    say(f"then {', '.join(providers)}")
     measure_with(providers)
     try:
-        prof = measure_host(**args)
+        prof = measure_host(**(args | {"shared_weights": False}))
     finally:
         measure_with([CPU])
     prof["layout_conversions"] = False
-    prof["measurement"]["warnings"].append(
-        "measured with " + ", ".join(providers) + ": layout_conversions (the CPU provider's), shared_weight_gbps "
-        "and per-node tables are not measured")
+    prof["measurement"]["warnings"].extend(
+        ["measured with " + ", ".join(providers) + ": layout_conversions (the CPU provider's) and shared_weight_gbps "
+         "are not measured"] + [f"cpu: {w}" for w in cpu["measurement"]["warnings"]])
     prof["description"] = prof["description"].replace("CPU EP", ", ".join(providers), 1)
+    prof["sources"].append("cpu: the same figures measured with CPUExecutionProvider alone, before the others "
+                           "(the compiler prices the nodes the CPU provider runs beside " + ", ".join(providers)
+                           + " at them)")
+    prof["cpu"] = {k: cpu[k] for k in CPU_FIGURES if k in cpu} | {"threads": cpu["threads"]}
+    if model_path is not None:
+        _claimed_layers(model_path, [Provider(p) for p in providers], prof, cpu, args.get("quick", False), say)
     return {**prof, "providers": list(providers)}
+
+
+# The figures of a profile's `cpu:` block: the top level's that onnxruntime's kernels decide.
+CPU_FIGURES = ("op_overhead_us", "gflops", "memory_gbps", "weight_gbps", "gemm_weight_gbps", "op_ms_per_melem",
+               "efficiency", "layers")
+
+
+def _claimed_layers(model_path: str, providers: list[Provider], prof: dict, cpu: dict, quick: bool,
+                    say: Callable[[str], None]) -> None:
+    """The model's per-node times on `providers` at each thread count (`layers:`, top level and `threads:`) and
+    the nodes the CPU provider ran (`cpu_nodes:`), into `prof`; `cpu` holds the CPU provider's own tables."""
+    runs = 3 if quick else 5
+    digest, claimed = "", frozenset()
+    for n in sorted(prof["threads"]):
+        say(f"  per-node times of {model_path} on {', '.join(p.name for p in providers)} at {threads_label(n)}")
+        cpu_table = next(iter(cpu["threads"][n]["layers"].values()))
+        digest, table, claimed = measure_layers_on(model_path, threads=n, runs=runs, progress=say,
+                                                   providers=providers, cpu_table=cpu_table)
+        prof["threads"][n]["layers"] = {digest: table}
+    prof["layers"] = {digest: prof["threads"][max(prof["threads"])]["layers"][digest]}
+    prof["cpu_nodes"] = {digest: sorted(claimed)}
+    say(f"  the CPU provider ran {len(claimed)} of the model's nodes beside {providers[0].name}")
+    prof["sources"].append(
+        f"layers: onnxruntime profiler kernel times (median of {runs} runs) on {', '.join(p.name for p in providers)} "
+        f"at ORT_ENABLE_BASIC (the claims as at the default level, the CPU's nodes under their names), of "
+        f"{Path(model_path).name} (sha256 {digest[:12]}...), per thread count: the CPU provider's nodes their own "
+        "times, each accelerator subgraph's time shared among the nodes the CPU did not run in proportion to their "
+        "times in `cpu:`; cpu_nodes: the nodes whose kernels the CPU provider ran (args.provider of the profiler's "
+        "events)")
 
 
 def _within(policy: Policy, quota: CpuQuota, threads: int, say: Callable[[str], None]) -> Policy:

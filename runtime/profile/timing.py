@@ -200,11 +200,14 @@ def rand(rng, *shape):
 # The execution providers every micro-benchmark session runs (`edgec profile --providers`; measure_host sets them
 # for its run and puts the CPU's back after): one profile run per process, as `edgec profile` is.
 _providers: list[str] = [CPU]
+_plain: list[bool] = [False]  # plain runs even on the CPU provider (bound_run)
 
 
-def measure_with(providers: list[str]) -> None:
-    """The providers the next sessions are created with (in order; the CPU's alone by default)."""
+def measure_with(providers: list[str], plain: bool = False) -> None:
+    """The providers the next sessions are created with (in order; the CPU's alone by default), and whether
+    CPU-provider sessions are timed in plain runs too (bound_run)."""
     _providers[:] = providers
+    _plain[0] = plain
 
 
 def session(data: bytes, threads: int, opt=ort.GraphOptimizationLevel.ORT_ENABLE_ALL) -> ort.InferenceSession:
@@ -231,8 +234,11 @@ def bound_run(sess: ort.InferenceSession, feeds: dict[str, np.ndarray]) -> Calla
     Python binding's per-run output allocation and copy.  The inputs are copied, so every session gets
     buffers of its own (another placement in memory). Under another provider than the CPU's, plain runs: with
     onnxruntime-openvino 1.24.1, a 8x512 MatMul run through an io_binding to numpy outputs corrupts the heap
-    ("corrupted double-linked list", checked 2026-11-29), and its outputs are the provider's to allocate anyway."""
-    if sess.get_providers()[0] != CPU:
+    ("corrupted double-linked list", checked 2026-11-29), and its outputs are the provider's to allocate anyway.
+    Plain runs on the CPU provider too where measure_with says so: the `cpu:` figures of a profile measured with
+    an accelerator are timed as its other figures are, and in onnxruntime-openvino 1.24.1's build a CPU-only
+    profile timed through io_bindings crashed (a segmentation fault in a later session's creation, 2026-11-29)."""
+    if _plain[0] or sess.get_providers()[0] != CPU:
         fed = {name: np.array(array, copy=True) for name, array in feeds.items()}
         return lambda: sess.run(None, fed)
     io = sess.io_binding()

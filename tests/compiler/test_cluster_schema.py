@@ -49,7 +49,7 @@ PROFILE_CASES = [
     (_profile("threads/2/gflops/pool", 1), "unknown key 'pool' in threads.2.gflops (allowed: conv, depthwise_conv, gemm, other, conv_int8, depthwise_conv_int8, gemm_int8)"),
     (_profile("cores", 4), "unknown key 'cores' in profile (allowed: name, description, memory_mb, usable_memory_fraction, "
                            "runtime_overhead_mb, op_overhead_us, gflops, memory_gbps, weight_gbps, gemm_weight_gbps, shared_weight_gbps, layout_conversions, power_w, radio_nj_per_byte, mode, modes, sources, layers, "
-                           "op_ms_per_melem, efficiency, threads, runtime, measurement, cpu_quota, providers)"),
+                           "op_ms_per_melem, efficiency, threads, runtime, measurement, cpu_quota, providers, cpu, cpu_nodes)"),
     (_profile("weight_gbps", 0), "weight_gbps must be positive, got 0"),
     (_profile("threads/1/weight_gbps", -2), "threads.1.weight_gbps must be positive, got -2"),
     (_profile("efficiency/lstm", [[1, 1.0]]), "unknown key 'lstm' in efficiency (allowed: conv, conv_positions, depthwise_conv, gemm)"),

@@ -101,6 +101,46 @@ CASES = [
 ]
 
 
+SHA = "ab" * 32
+ACCEL = {**copy.deepcopy(GOOD), "providers": ["OpenVINOExecutionProvider", "CPUExecutionProvider"],
+         "layers": {SHA: {"conv": 1.0, "relu": 0.1, "fc": 0.5}},
+         "cpu": {**copy.deepcopy(FIGURES), "threads": {1: copy.deepcopy(FIGURES)}},
+         "cpu_nodes": {SHA: ["relu"]}}
+
+
+def bad_accel(path: str, value):
+    """ACCEL (a profile measured with OpenVINO, with `cpu:` and `cpu_nodes:`) with the value at a path replaced."""
+    doc = copy.deepcopy(ACCEL)
+    *head, last = path.split("/")
+    node = doc
+    for k in head:
+        node = node[int(k) if k.isdigit() else k]
+    if value is None:
+        del node[int(last) if last.isdigit() else last]
+    else:
+        node[int(last) if last.isdigit() else last] = value
+    return doc
+
+
+def test_a_profile_with_cpu_figures_and_cpu_nodes_loads():
+    p = validate_profile_dict(copy.deepcopy(ACCEL), "ov.yaml")
+    assert p.cpu_nodes == {SHA: frozenset({"relu"})} and p.cpu.figures(1).gflops["conv"] == 70.0
+    assert p.cpu.figures(None).memory_gbps == 12.0
+
+
+CASES += [
+    (bad_accel("cpu_nodes", {"abc": ["relu"]}), "cpu_nodes: keys must be model sha256s (64 lowercase hex digits)"),
+    (bad_accel(f"cpu_nodes/{SHA}", "relu"), f"cpu_nodes['{SHA}'] must be a list of node names"),
+    (bad_accel(f"cpu_nodes/{SHA}", ["relu", "relu"]), "cpu_nodes.abababababab...: 'relu' is listed twice"),
+    (bad_accel(f"cpu_nodes/{SHA}", ["softmax"]), "cpu_nodes.abababababab...: 'softmax' is not a node of the profile's"),
+    (bad_accel("providers", None), "cpu: the CPU provider's figures and nodes beside an accelerator, but 'providers' "
+                                   "lists none (CPUExecutionProvider)"),
+    (bad_accel("cpu/gflops/conv", -1), "cpu.gflops.conv must be positive, got -1"),
+    (bad_accel("cpu/threads/1/memory_gbps", "x"), "cpu.threads.1.memory_gbps must be a number, got str 'x'"),
+    (bad_accel("cpu/threads/1/threads", {1: FIGURES}), "unknown key 'threads' in cpu.threads.1"),
+]
+
+
 @pytest.mark.parametrize("doc, needle", CASES, ids=[c[1][:40] for c in CASES])
 def test_bad_profile_is_one_line_exit_2_through_compile(tmp_path, doc, needle):
     prof = tmp_path / "me.yaml"

@@ -4,11 +4,13 @@ the handshake, and the one-line refusal of a plan whose device needs a provider 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import onnx
 import onnxruntime as ort
 import pytest
 
@@ -19,8 +21,10 @@ from edgec.runtime.manifest.load import load_manifest, manifest_json
 from edgec.runtime.manifest.parse import build_manifest
 from edgec.runtime.providers import CPU, CPU_ONLY, DEFAULT_TOLERANCE, TOLERANCE, Provider, tolerance_of
 from edgec.runtime.wire.protocol import PROTOCOL_VERSION
+from edgec.runtime.manifest.load import file_sha256
 
 REPO = Path(__file__).resolve().parents[2]
+MODELS = Path(os.environ["EDGEC_MODELS_DIR"])
 ABSENT = "CUDAExecutionProvider"  # the stock onnxruntime wheel (CPU) has no CUDA
 assert ABSENT not in ort.get_available_providers()
 
@@ -151,10 +155,30 @@ def test_profile_providers_refuses_bad_input_in_one_line_before_measuring(tmp_pa
     assert not out.exists()
 
 
-def test_profile_providers_and_a_models_layers_do_not_go_together(tmp_path, monkeypatch):
-    """Per-node times are the CPU provider's: --model with --providers is refused, naming why."""
-    from edgec.runtime.profile import measure
+def test_profile_providers_with_a_model_records_the_cpu_nodes_and_the_cpu_figures(monkeypatch):
+    """`edgec profile --providers ... --model`: the stock build's AzureExecutionProvider (a real provider that
+    takes no node) leaves every node to the CPU, which the profile records (`cpu_nodes:`) beside the CPU
+    provider's own figures (`cpu:`); the compiler's schema loads it. Timings scripted: nothing is timed."""
+    from tests.compiler.profile_scripted import script_runtime_costs, script_timings
+    from tests.compiler.test_profile_stability import ScriptedProbe
 
-    monkeypatch.setattr(measure.ort, "get_available_providers", lambda: ["OpenVINOExecutionProvider", CPU])
-    with pytest.raises(InputError, match="--model with --providers: per-node times are measured on the CPU provider"):
-        measure.measure_host(model_path="m.onnx", providers=["OpenVINOExecutionProvider"], quick=True)
+    from edgec.compiler.cluster import validate_profile_dict
+    from edgec.runtime.profile import measure
+    from edgec.runtime.profile.nodes import node_keys
+
+    azure = "AzureExecutionProvider"
+    assert azure in ort.get_available_providers()
+    script_timings(monkeypatch)
+    script_runtime_costs(monkeypatch)
+    model = MODELS / "tinychain.onnx"
+    prof = measure.measure_host(model_path=str(model), providers=[azure, CPU], quick=True, threads=1,
+                                probe=ScriptedProbe(0.0))
+    digest = file_sha256(model)
+    keys = node_keys(onnx.load(str(model)))
+    assert prof["providers"] == [azure, CPU]
+    assert prof["cpu_nodes"] == {digest: sorted(keys)}
+    assert set(prof["cpu"]) >= {"op_overhead_us", "gflops", "memory_gbps", "layers", "threads"}
+    assert set(prof["cpu"]["layers"][digest]) == set(keys) and set(prof["layers"][digest]) == set(keys)
+    loaded = validate_profile_dict(prof, "p.yaml")
+    assert loaded.cpu_nodes == {digest: frozenset(keys)}
+    assert loaded.cpu.figures(1).gflops == prof["cpu"]["threads"][1]["gflops"]

@@ -3,7 +3,9 @@ edgec-runtime wheel, runtime/dist) with OpenVINO's build of onnxruntime (`onnxru
 share an environment with the stock wheel: both are the `onnxruntime` module) serves one device of a two-device
 cluster on loopback, the other device a local worker of the stock build; `edgec run --verify` from this
 environment checks the split against the CPU provider on the whole model; the device's profile is measured there
-with `edgec profile --providers OpenVINOExecutionProvider`. Slow (a venv and a 440 MB package);
+with `edgec profile --providers OpenVINOExecutionProvider`; a profile measured there with a model records which of
+its nodes the CPU provider runs beside OpenVINO (`cpu_nodes:`) and the CPU provider's own figures (`cpu:`), and
+the plan compiled with it verifies. Slow (a venv and a 440 MB package);
 skipped when the package index cannot serve onnxruntime-openvino."""
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pytest
 import edgec
 from edgec.compiler.cluster import load_cluster, load_profile
 from edgec.runtime.manifest.load import load_manifest
+from edgec.runtime.manifest.load import file_sha256
 from edgec.runtime.providers import TOLERANCE
 
 pytestmark = pytest.mark.slow
@@ -125,3 +128,54 @@ def test_an_openvino_device_runs_its_fragments_and_the_split_verifies(worker, op
     verify = json.loads(proc.stdout)["verify"]
     assert verify["passed"] is True and verify["tolerance"] == TOLERANCE[OPENVINO], verify
 
+
+
+@pytest.fixture(scope="module")
+def claims_profile(openvino_device, tmp_path_factory) -> Path:
+    """`edgec profile --providers OpenVINOExecutionProvider,CPUExecutionProvider --quick --model mobilenetv2.onnx`
+    of the device's install (1 thread)."""
+    out = tmp_path_factory.mktemp("ovclaims") / "ov.yaml"
+    proc = subprocess.run([str(openvino_device), "profile", "--quick", "--threads", "1", "--providers",
+                           f"{OPENVINO},CPUExecutionProvider", "--model", str(MODELS / "mobilenetv2.onnx"),
+                           "-o", str(out)], capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def test_the_device_records_which_nodes_the_cpu_runs_and_the_cpus_figures(claims_profile):
+    prof = load_profile(str(claims_profile))
+    sha = file_sha256(MODELS / "mobilenetv2.onnx")
+    assert prof.providers == (OPENVINO, "CPUExecutionProvider")
+    # OpenVINO takes MobileNetV2 whole (onnxruntime-openvino 1.24.1): the CPU provider runs none of its nodes
+    assert prof.cpu_nodes == {sha: frozenset()}
+    assert prof.cpu is not None and set(prof.cpu.figures(1).layers[sha]) == set(prof.layers[sha])
+    assert sum(prof.layers[sha].values()) > 0 and sum(prof.cpu.top.layers[sha].values()) > 0
+
+
+def test_the_claims_function_reads_openvinos_fallback_on_the_device(openvino_device):
+    """The function the profile and the compiler use, run in the OpenVINO environment on the model whose trace
+    tests/runtime/test_claims.py replays: the same nodes fall back to the CPU."""
+    model = ROOT / "tests" / "runtime" / "data" / "openvino_fallback.onnx"
+    code = ("import onnx, sys; from edgec.runtime.profile.claims import cpu_nodes; "
+            "from edgec.runtime.providers import Provider; "
+            f"print(sorted(cpu_nodes(onnx.load(sys.argv[1]), [Provider('{OPENVINO}', (('device_type', 'CPU'),)), "
+            "Provider('CPUExecutionProvider')])))")
+    proc = subprocess.run([str(openvino_device.parent / "python"), "-c", code, str(model)], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(sorted(["conv1", "relu1", "conv2", "mish", "flatten", "hardmax"]))
+
+
+def test_a_plan_priced_with_the_claims_verifies_on_an_openvino_worker(worker, claims_profile, tmp_path, caplog):
+    build = tmp_path / "build"
+    cluster = _cluster(tmp_path, worker, claims_profile)
+    with caplog.at_level("WARNING"):
+        edgec.compile(MODELS / "mobilenetv2.onnx", cluster, build, strategy="pipeline", objective="throughput")
+    assert not [r for r in caplog.records if "leaves to the CPU" in r.getMessage() or "no cpu:" in r.getMessage()]
+    m = load_manifest(build / "manifest.json")
+    assert m.device_fragments("ov") and m.device_fragments("cpu"), "the plan must use both devices"
+    proc = subprocess.run([sys.executable, "-m", "edgec.runtime", str(build), "--random-inputs", "--verify",
+                           "--json", "--timeout", "120"], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    verify = json.loads(proc.stdout)["verify"]
+    assert verify["passed"] is True and verify["tolerance"] == TOLERANCE[OPENVINO], verify
