@@ -21,6 +21,9 @@ another process's) and to the whole measurement.
 The load average (/proc/loadavg) is recorded beside it for the reader but does not decide: it is an
 exponential average over a minute, so it still shows a compile that ended 30 s ago, and while we measure
 it counts our own threads.
+
+LoadWatch applies the rule to a profile: an idle look before anything of ours runs, then the whole
+measurement; check_load turns a busy verdict into a warning, or with --strict a refusal.
 """
 
 from __future__ import annotations
@@ -29,11 +32,15 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from edgec.runtime.errors import InputError
 
 __all__ = ["BUSY_FRACTION", "CpuTimes", "LoadSample", "LoadProbe", "parse_proc_stat", "parse_self_stat",
-           "parse_loadavg", "other_cpus", "is_busy", "describe_load"]
+           "parse_loadavg", "other_cpus", "is_busy", "describe_load", "LoadWatch", "check_load", "IDLE_WINDOW_S"]
 
 BUSY_FRACTION = 0.10
+IDLE_WINDOW_S = {False: 0.5, True: 0.2}  # the look at the machine before anything of ours runs
 
 
 @dataclass(frozen=True)
@@ -139,3 +146,69 @@ def describe_load(others: float | None, cpus: int, loadavg: tuple[float, float, 
         f"other processes used {others:.2f} of {cpus} CPUs"
     avg = "" if loadavg is None else f", load average {loadavg[0]:.2f} {loadavg[1]:.2f} {loadavg[2]:.2f}"
     return used + avg
+
+
+class LoadWatch:
+    """What the machine's other processes did: an idle look before, then the whole measurement."""
+
+    def __init__(self, probe: LoadProbe, quick: bool):
+        self.probe = probe
+        self.idle_s = IDLE_WINDOW_S[quick]
+        a = probe.sample()
+        probe.wait(self.idle_s)
+        self.start = probe.sample()
+        self.before = other_cpus(a, self.start)
+        self.t0 = time.perf_counter()
+        self.end: LoadSample | None = None
+        self.during: float | None = None
+
+    @property
+    def cpus(self) -> int:
+        return self.start.cpu.cpus if self.start.cpu else 0
+
+    def busy_before(self) -> bool:
+        return is_busy(self.before, self.cpus)
+
+    def finish(self) -> None:
+        self.end = self.probe.sample()
+        self.during = other_cpus(self.start, self.end)
+
+    def busy_during(self) -> bool:
+        return is_busy(self.during, self.cpus)
+
+    def said_before(self) -> str:
+        return f"{describe_load(self.before, self.cpus, self.start.loadavg)} in the {self.idle_s:g} s before profiling"
+
+    def said_during(self) -> str:
+        return f"{describe_load(self.during, self.cpus, self.end.loadavg if self.end else None)} while profiling"
+
+    def section(self) -> dict[str, Any]:
+        unknown = self.before is None and self.during is None
+        return {
+            "cpus": self.cpus,
+            "busy_rule": f"busy when other processes use more than {BUSY_FRACTION:.0%} of the CPUs' time "
+                         f"({BUSY_FRACTION * self.cpus:g} of {self.cpus} CPUs), from /proc/stat less this "
+                         "process's own jiffies (/proc/self/stat); the load average is recorded, not used",
+            "before": {"seconds": self.idle_s, "other_cpus": _round(self.before), "loadavg": _avg(self.start)},
+            "during": {"seconds": round(time.perf_counter() - self.t0, 1), "other_cpus": _round(self.during),
+                       "loadavg": _avg(self.end)},
+            "verdict": "unknown" if unknown else "busy" if self.busy_before() or self.busy_during() else "quiet",
+        }
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 2)
+
+
+def _avg(s: LoadSample | None) -> list[float] | None:
+    return None if s is None or s.loadavg is None else [round(v, 2) for v in s.loadavg]
+
+
+def check_load(busy: bool, said: str, tense: str, strict: bool, warnings: list[str]) -> None:
+    """A busy machine (before or during the run) refuses with --strict, else becomes a warning."""
+    if not busy:
+        return
+    if strict:
+        raise InputError(f"the machine {tense} busy: {said}; profile on a quiet machine, or without "
+                        "--strict to write the profile with a warning")
+    warnings.append(f"the machine {tense} busy: {said}; the figures may be too slow")

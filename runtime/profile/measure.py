@@ -23,7 +23,7 @@ from .figures import measure_figures
 from .drift import DRIFT_LIMIT, check_drift, halves
 from .fixed import measure_runtime_costs
 from .fixed import source as runtime_source
-from .load import BUSY_FRACTION, LoadProbe, LoadSample, describe_load, is_busy, other_cpus
+from .load import LoadProbe, LoadWatch, check_load
 from .nodes import measure_layers, measure_layers_on
 from .quota import LIMITED, MAX_SAMPLE_S, SAMPLE_PERIODS, SPIN_S, UNKNOWN_PERIOD_SAMPLE_S, CpuQuota, see_quota
 from .shared import CoRunnerError, CoRunners
@@ -33,7 +33,6 @@ __all__ = ["measure_host", "thread_counts"]
 
 logger = logging.getLogger("edgec.runtime.profile")
 
-_IDLE_WINDOW_S = {False: 0.5, True: 0.2}  # the look at the machine before anything of ours runs
 
 
 def thread_counts(threads: int | Iterable[int] | None, cores: int) -> list[int]:
@@ -47,62 +46,6 @@ def thread_counts(threads: int | Iterable[int] | None, cores: int) -> list[int]:
     if not items or any(isinstance(t, bool) or not isinstance(t, int) or t < 1 for t in items):
         raise InputError(f"threads must be a positive integer or a list of them, got {threads!r}")
     return sorted(set(items))
-
-
-class _Load:
-    """What the machine's other processes did: an idle look before, then the whole measurement."""
-
-    def __init__(self, probe: LoadProbe, quick: bool):
-        self.probe = probe
-        self.idle_s = _IDLE_WINDOW_S[quick]
-        a = probe.sample()
-        probe.wait(self.idle_s)
-        self.start = probe.sample()
-        self.before = other_cpus(a, self.start)
-        self.t0 = time.perf_counter()
-        self.end: LoadSample | None = None
-        self.during: float | None = None
-
-    @property
-    def cpus(self) -> int:
-        return self.start.cpu.cpus if self.start.cpu else 0
-
-    def busy_before(self) -> bool:
-        return is_busy(self.before, self.cpus)
-
-    def finish(self) -> None:
-        self.end = self.probe.sample()
-        self.during = other_cpus(self.start, self.end)
-
-    def busy_during(self) -> bool:
-        return is_busy(self.during, self.cpus)
-
-    def said_before(self) -> str:
-        return f"{describe_load(self.before, self.cpus, self.start.loadavg)} in the {self.idle_s:g} s before profiling"
-
-    def said_during(self) -> str:
-        return f"{describe_load(self.during, self.cpus, self.end.loadavg if self.end else None)} while profiling"
-
-    def section(self) -> dict[str, Any]:
-        unknown = self.before is None and self.during is None
-        return {
-            "cpus": self.cpus,
-            "busy_rule": f"busy when other processes use more than {BUSY_FRACTION:.0%} of the CPUs' time "
-                         f"({BUSY_FRACTION * self.cpus:g} of {self.cpus} CPUs), from /proc/stat less this "
-                         "process's own jiffies (/proc/self/stat); the load average is recorded, not used",
-            "before": {"seconds": self.idle_s, "other_cpus": _round(self.before), "loadavg": _avg(self.start)},
-            "during": {"seconds": round(time.perf_counter() - self.t0, 1), "other_cpus": _round(self.during),
-                       "loadavg": _avg(self.end)},
-            "verdict": "unknown" if unknown else "busy" if self.busy_before() or self.busy_during() else "quiet",
-        }
-
-
-def _round(x: float | None) -> float | None:
-    return None if x is None else round(x, 2)
-
-
-def _avg(s: LoadSample | None) -> list[float] | None:
-    return None if s is None or s.loadavg is None else [round(v, 2) for v in s.loadavg]
 
 
 SHORT = 100  # a warning's first line: the rest is logged at INFO, which `edgec profile --verbose` prints
@@ -122,16 +65,6 @@ def warn(text: str) -> None:
 
 
 MORE = " (more with --verbose)"
-
-
-def _check_load(busy: bool, said: str, tense: str, strict: bool, warnings: list[str]) -> None:
-    """A busy machine (before or during the run) refuses with --strict, else becomes a warning."""
-    if not busy:
-        return
-    if strict:
-        raise InputError(f"the machine {tense} busy: {said}; profile on a quiet machine, or without "
-                        "--strict to write the profile with a warning")
-    warnings.append(f"the machine {tense} busy: {said}; the figures may be too slow")
 
 
 def _runtime_rss_mb() -> int:
@@ -275,8 +208,8 @@ def measure_host(
 
     say(f"profiling {host.host_name()}: onnxruntime {ort.__version__}, threads {', '.join(map(str, counts))}"
         f"{' (quick)' if quick else ''}")
-    load = _Load(probe, quick)
-    _check_load(load.busy_before(), load.said_before(), "is", strict, warnings)
+    load = LoadWatch(probe, quick)
+    check_load(load.busy_before(), load.said_before(), "is", strict, warnings)
     say(f"  {load.said_before()}")
     quota = quota or see_quota(quick)
     say(f"  {quota.said()}")
@@ -320,7 +253,7 @@ def measure_host(
         if co:
             shared = _shared_weights(gbps, co, strict, say, details, unstable)
     load.finish()  # the co-runners reaped: their CPU is this process's children's, not another's
-    _check_load(load.busy_during(), load.said_during(), "was", strict, warnings)
+    check_load(load.busy_during(), load.said_during(), "was", strict, warnings)
     say(f"  {load.said_during()}")
 
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
