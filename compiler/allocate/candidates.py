@@ -9,7 +9,8 @@ instead the shares are visited largest first and two monotonicity rules skip mos
 - a share whose best latency misses the SLA (or that cannot hold the model) has no subset that meets it.
 
 The shares are never listed all (100 devices of 8 kinds have about a billion): shares.py finds the next
-one to plan from the maximal shares left.
+one to plan from the maximal shares left. Beyond shares.LISTED shares (a fleet), a share offers at most
+shares.CLASS_CAP devices of each class (a progress note says so), which bounds each planner run's devices.
 
 A one-device share is planned by the pipeline DP alone: on one device every planner places the whole
 model there.
@@ -46,12 +47,17 @@ from ..plan_types import Plan
 from ..progress import Progress
 from .classes import Counts, DeviceClasses, restrict, sub_cluster
 from .services import Service
-from .shares import Shares, every_share
+from .shares import CLASS_CAP, Shares, every_share, offered
 
 __all__ = ["Option", "Planned", "ServiceOptions", "plan_service", "plan_shares", "service_options", "used_devices",
            "utility"]
 
 logger = logging.getLogger(__name__)
+
+# The partition-tree nodes the spatial and hybrid searches of one share's planner run may expand
+# (plan/planner.py SEARCH_NODES is a compile's): a service plans tens of shares, and a share of many slow
+# devices would spend a compile's budget on each. When it is spent, the run keeps the best plan found.
+SHARE_NODES = 50_000
 
 
 @dataclass(frozen=True)
@@ -126,9 +132,13 @@ def plan_service(service: Service, graph: LayerGraph, cost: CostTable, classes: 
 def plan_shares(service: Service, graph: LayerGraph, cost: CostTable, classes: DeviceClasses,
                 options: PlanOptions = PlanOptions(), progress: Progress = Progress()) -> list[Planned]:
     """The planner runs on the shares worth a plan, in visiting order (the module docstring)."""
-    limit = min(service.max_devices or math.inf, sum(classes.sizes))
+    sizes, capped = offered(classes.sizes)
+    limit = min(service.max_devices or math.inf, sum(sizes))
     planned: list[Planned] = []
-    shares = Shares(classes.sizes, limit)  # the shares not yet covered nor hopeless, in visiting order
+    shares = Shares(sizes, limit)  # the shares not yet covered nor hopeless, in visiting order
+    if capped:
+        progress.note(f"allocate: {service.name}: a share offers at most {CLASS_CAP} devices of a class "
+                      f"({math.prod(s + 1 for s in classes.sizes):,} shares otherwise; shares.py CLASS_CAP)")
     while (share := shares.next()) is not None:
         check_interrupted()
         run = _plan_share(service, graph, cost, classes, share, options)
@@ -168,6 +178,7 @@ def _plan_share(service: Service, graph: LayerGraph, cost: CostTable, classes: D
     sub = sub_cluster(cost.cluster, classes.first(share))
     strategy = "auto" if sum(share) > 1 else "pipeline"
     sub_cost = restrict(cost, sub)
+    options = replace(options, search_nodes=_share_nodes(options.search_nodes))
     latency = replace(options, incumbent=min(options.incumbent, service.sla_ms)) if bounded else options
     try:
         chosen, _ = plan_model(graph, sub_cost, strategy, "latency", latency)
@@ -177,6 +188,11 @@ def _plan_share(service: Service, graph: LayerGraph, cost: CostTable, classes: D
     except UserError:  # no plan fits these devices' memory
         return Planned(share, None, None, None)
     return Planned(share, plan, pred, classes.counts(used_devices(plan)))
+
+
+def _share_nodes(nodes: int | None) -> int:
+    """The spatial searches' node budget for one share (SHARE_NODES, or the caller's if smaller)."""
+    return SHARE_NODES if nodes is None else min(nodes, SHARE_NODES)
 
 
 def _faster_stream(graph, cost, strategy, options, service, plan, pred):

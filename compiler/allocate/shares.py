@@ -24,13 +24,26 @@ import heapq
 import itertools
 import math
 
-__all__ = ["Shares", "every_share", "LISTED"]
+__all__ = ["Shares", "every_share", "offered", "LISTED", "CLASS_CAP"]
 
 Counts = tuple[int, ...]
 
 # Up to this many shares the visiting order is the sorted list of every share (`every_share`); above it,
 # the maximal shares left (the module docstring). Both visit the same shares in the same order.
 LISTED = 100_000
+# Beyond LISTED shares (a fleet), a share offers at most this many devices of one class: every planner run
+# is then on at most CLASS_CAP x classes devices, and a plan that would tile over more alike devices than
+# that is not found.
+CLASS_CAP = 4
+
+
+def offered(sizes: Counts) -> tuple[Counts, bool]:
+    """(the most devices of each class a share offers, whether that is fewer than the class has): every
+    device while there are at most LISTED shares; beyond that, at most CLASS_CAP of each class."""
+    if math.prod(s + 1 for s in sizes) <= LISTED:
+        return tuple(sizes), False
+    capped = tuple(min(s, CLASS_CAP) for s in sizes)
+    return capped, capped != tuple(sizes)
 
 
 def every_share(sizes: Counts, limit: float) -> list[Counts]:

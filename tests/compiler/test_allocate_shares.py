@@ -63,3 +63,22 @@ def test_a_fleet_of_a_billion_shares_is_never_listed():
     assert shares.next() == sizes[:7] + (0,)
     shares.hopeless(sizes[:7] + (0,))  # nothing without an edge server meets the SLA
     assert shares.next() is None
+
+
+def test_a_fleet_offers_at_most_class_cap_devices_of_a_class():
+    from edgec.compiler.allocate.shares import CLASS_CAP, LISTED, offered
+
+    assert offered((3, 2, 5)) == ((3, 2, 5), False)  # few shares: every device
+    fleet = (13, 13, 13, 13, 12, 12, 12, 12)
+    assert math.prod(s + 1 for s in fleet) > LISTED
+    assert offered(fleet) == ((CLASS_CAP,) * 8, True)
+    assert offered((1,) * 20) == ((1,) * 20, False)  # over LISTED, but no class is larger than the cap
+
+
+def test_each_share_plans_its_searches_within_share_nodes():
+    """A share's planner run gets the smaller of the caller's spatial node budget and SHARE_NODES."""
+    from edgec.compiler.allocate import candidates
+
+    assert candidates._share_nodes(None) == candidates.SHARE_NODES
+    assert candidates._share_nodes(10**9) == candidates.SHARE_NODES
+    assert candidates._share_nodes(7) == 7
