@@ -57,7 +57,7 @@ logger = logging.getLogger(__name__)
 # The partition-tree nodes the spatial and hybrid searches of one share's planner run may expand
 # (plan/planner.py SEARCH_NODES is a compile's): a service plans tens of shares, and a share of many slow
 # devices would spend a compile's budget on each. When it is spent, the run keeps the best plan found.
-SHARE_NODES = 50_000
+SHARE_NODES = 20_000
 
 
 @dataclass(frozen=True)
