@@ -8,6 +8,10 @@ instead the shares are visited largest first and two monotonicity rules skip mos
   offers no more than v and at least u): those w are covered, the option is u;
 - a share whose best latency misses the SLA (or that cannot hold the model) has no subset that meets it.
 
+The shares are never listed all (100 devices of 8 kinds have about a billion): shares.py finds the next
+one to plan from the maximal shares left. Beyond shares.LISTED shares (a fleet), a share offers at most
+shares.CLASS_CAP devices of each class (a progress note says so), which bounds each planner run's devices.
+
 A one-device share is planned by the pipeline DP alone: on one device every planner places the whole
 model there.
 
@@ -43,11 +47,17 @@ from ..plan_types import Plan
 from ..progress import Progress
 from .classes import Counts, DeviceClasses, restrict, sub_cluster
 from .services import Service
+from .shares import CLASS_CAP, Shares, every_share, offered
 
 __all__ = ["Option", "Planned", "ServiceOptions", "plan_service", "plan_shares", "service_options", "used_devices",
            "utility"]
 
 logger = logging.getLogger(__name__)
+
+# The partition-tree nodes the spatial and hybrid searches of one share's planner run may expand
+# (plan/planner.py SEARCH_NODES is a compile's): a service plans tens of shares, and a share of many slow
+# devices would spend a compile's budget on each. When it is spent, the run keeps the best plan found.
+SHARE_NODES = 20_000
 
 
 @dataclass(frozen=True)
@@ -122,21 +132,22 @@ def plan_service(service: Service, graph: LayerGraph, cost: CostTable, classes: 
 def plan_shares(service: Service, graph: LayerGraph, cost: CostTable, classes: DeviceClasses,
                 options: PlanOptions = PlanOptions(), progress: Progress = Progress()) -> list[Planned]:
     """The planner runs on the shares worth a plan, in visiting order (the module docstring)."""
-    limit = min(service.max_devices or math.inf, sum(classes.sizes))
+    sizes, capped = offered(classes.sizes)
+    limit = min(service.max_devices or math.inf, sum(sizes))
     planned: list[Planned] = []
-    covered: list[tuple[Counts, Counts]] = []  # [u, v] boxes whose shares need no plan
-    hopeless: list[Counts] = []  # shares whose subsets all miss the SLA
-    for share in _shares(classes.sizes, limit):
-        if any(_within(lo, share, hi) for lo, hi in covered) or any(_within(share, share, h) for h in hopeless):
-            continue
+    shares = Shares(sizes, limit)  # the shares not yet covered nor hopeless, in visiting order
+    if capped:
+        progress.note(f"allocate: {service.name}: a share offers at most {CLASS_CAP} devices of a class "
+                      f"({math.prod(s + 1 for s in classes.sizes):,} shares otherwise; shares.py CLASS_CAP)")
+    while (share := shares.next()) is not None:
         check_interrupted()
         run = _plan_share(service, graph, cost, classes, share, options)
         planned.append(run)
         progress.note(_note(service, classes, run))
         if not _meets(service, run):
-            hopeless.append(share)
+            shares.hopeless(share)  # its subsets all miss the SLA
         if run.used is not None:
-            covered.append((run.used, share))
+            shares.cover(run.used, share)  # every share between what the plan uses and this one gets it
     if not any(_meets(service, r) for r in planned):  # the error names the best latency: plan it unbounded
         planned = [_plan_share(service, graph, cost, classes, r.share, options, bounded=False) if sum(r.share) > 1
                    else r for r in planned]
@@ -157,13 +168,9 @@ def _meets(service: Service, run: Planned) -> bool:
 
 
 def _shares(sizes: Counts, limit: float) -> list[Counts]:
-    """Every non-empty share of at most `limit` devices, largest first (then in class order)."""
-    every = [c for c in itertools.product(*(range(s, -1, -1) for s in sizes)) if 0 < sum(c) <= limit]
-    return sorted(every, key=lambda c: -sum(c))
-
-
-def _within(lo: Counts, x: Counts, hi: Counts) -> bool:
-    return all(a <= b <= c for a, b, c in zip(lo, x, hi))
+    """Every non-empty share of at most `limit` devices, largest first (then in class order): the order
+    `Shares` visits them in (the reference the tests plan every share of)."""
+    return every_share(sizes, limit)
 
 
 def _plan_share(service: Service, graph: LayerGraph, cost: CostTable, classes: DeviceClasses, share: Counts,
@@ -171,6 +178,7 @@ def _plan_share(service: Service, graph: LayerGraph, cost: CostTable, classes: D
     sub = sub_cluster(cost.cluster, classes.first(share))
     strategy = "auto" if sum(share) > 1 else "pipeline"
     sub_cost = restrict(cost, sub)
+    options = replace(options, search_nodes=_share_nodes(options.search_nodes))
     latency = replace(options, incumbent=min(options.incumbent, service.sla_ms)) if bounded else options
     try:
         chosen, _ = plan_model(graph, sub_cost, strategy, "latency", latency)
@@ -180,6 +188,11 @@ def _plan_share(service: Service, graph: LayerGraph, cost: CostTable, classes: D
     except UserError:  # no plan fits these devices' memory
         return Planned(share, None, None, None)
     return Planned(share, plan, pred, classes.counts(used_devices(plan)))
+
+
+def _share_nodes(nodes: int | None) -> int:
+    """The spatial searches' node budget for one share (SHARE_NODES, or the caller's if smaller)."""
+    return SHARE_NODES if nodes is None else min(nodes, SHARE_NODES)
 
 
 def _faster_stream(graph, cost, strategy, options, service, plan, pred):

@@ -14,7 +14,8 @@ from ..cost import CostTable
 from ..graph import LayerGraph
 from ..plan_types import Plan
 
-__all__ = ["Planner", "PlanOptions", "InfeasibleError", "Dominated", "TOP_K", "EnergyGoal", "DEFAULT_LAMBDA"]
+__all__ = ["Planner", "PlanOptions", "InfeasibleError", "Dominated", "TOP_K", "EnergyGoal", "DEFAULT_LAMBDA",
+           "SEARCH_NODES"]
 
 TOP_K = 3  # the pipeline planners keep this many plans; the runners-up are reported in the manifest
 # --sla-soft's price of a late millisecond, in mJ: about what a busy edge device (a Jetson at 10 W, a
@@ -60,6 +61,13 @@ class EnergyGoal:
         return self.sla_ms + (score - min_idle_w * self.sla_ms) / (min_idle_w + self.lam)
 
 
+# The partition-tree nodes the spatial and hybrid searches of one planner run may expand (spatial.py): their
+# lanes share it equally, and a lane's searches run in order, each with what the earlier ones left. When it
+# is spent the searches stop with the best plans found so far and report that they were truncated, with the
+# bound of what they did not search. The zoo's benchmark clusters take at most ~150,000 (vgg19, four devices).
+SEARCH_NODES = 1_000_000
+
+
 @dataclass(frozen=True)
 class PlanOptions:
     """The planners' knobs: the ADaPS search threshold (spatial, hybrid, edgeflow); DeepThings' grid and
@@ -75,6 +83,7 @@ class PlanOptions:
     incumbent: float = float("inf")
     energy: EnergyGoal | None = None  # with objective "energy": the SLA it is planned under
     incumbent_score: float = float("inf")  # with it: the best EnergyGoal.score of a plan found so far
+    search_nodes: int | None = SEARCH_NODES  # the spatial and hybrid searches' node budget (None: none)
 
 
 Planner = Callable[[LayerGraph, CostTable, str, PlanOptions], "list[Plan]"]

@@ -1,8 +1,11 @@
 """Spatial planners: a tiled prefix across devices (`plan_spatial`) or followed by pipeline stages (`plan_hybrid`).
 
 Both run spatial_search.SpatialSearch for every gather device class (and, for hybrid, every device
-subset), bound each search by the best total found so far, and re-score the best candidates with the
-cost model's event simulation (compiler.cost.evaluate): the best predicted plan that fits memory wins.
+group of spatial_groups.groups), bound each search by the best total found so far, and re-score the best
+candidates with the cost model's event simulation (compiler.cost.evaluate): the best predicted plan that
+fits memory wins. The searches of one planner run share a budget of partition-tree nodes
+(PlanOptions.search_nodes, planner.SEARCH_NODES by default): when it is spent they keep the best plans
+found, and `--json` says they were truncated, with the bound of what they left unsearched (`_report`).
 
 `plan_spatial` and `plan_hybrid` are planners, (graph, cost, objective, options) -> [Plan];
 `plan_jointly` runs both from shared searches (as auto does); `search_spatial` and `search_hybrid` are
@@ -11,7 +14,6 @@ the searches themselves, with every knob and the search statistics.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 import time
@@ -25,7 +27,8 @@ from ..spatial.regions import spatial_cuts
 from ..units import MB
 from .lanes import run_lanes
 from .pipeline import PipelineTail
-from .planner import Dominated, InfeasibleError, PlanOptions
+from .planner import SEARCH_NODES, Dominated, InfeasibleError, PlanOptions
+from .spatial_groups import class_ids, device_classes, groups
 from .spatial_search import INF, SearchStats, SpatialSearch, build_segments
 from .stats import count as count_work, detail, suspended
 
@@ -33,33 +36,6 @@ __all__ = ["plan_spatial", "plan_hybrid", "plan_jointly", "search_spatial", "sea
            "overflow", "best_plan", "best_of_phases", "device_classes", "regions", "SearchStats"]
 
 logger = logging.getLogger(__name__)
-
-
-def _classes(cost: CostTable, names) -> dict:
-    """Interchangeable devices: class representative -> names, in cluster order.
-
-    Two devices are interchangeable when swapping them changes nothing the planner sees: same profile,
-    memory, per-layer times and traits (machine and power figures, DeviceSpec.traits), and equal links to
-    every third device. Swaps compose, so any k members of a class are as good as the first k."""
-    cl = cost.cluster
-
-    def same(x: str, y: str) -> bool:
-        dx, dy = cl.device(x), cl.device(y)
-        return ((dx.profile.name, dx.memory_mb, dx.threads, dx.traits)
-                == (dy.profile.name, dy.memory_mb, dy.threads, dy.traits)
-                and bool((cost.layer_ms[:, cost.index(x)] == cost.layer_ms[:, cost.index(y)]).all())
-                and all(cl.link(x, z) == cl.link(y, z) for z in cl.device_names if z not in (x, y)))
-
-    out: dict = {}
-    for n in names:
-        rep = next((r for r in out if same(r, n)), n)
-        out.setdefault(rep, []).append(n)
-    return out
-
-
-def device_classes(cost: CostTable, names) -> list[str]:
-    """One device per interchangeable class."""
-    return [members[0] for members in _classes(cost, names).values()]
 
 
 def _axes(graph: LayerGraph, axis: int | None) -> tuple[int, ...]:
@@ -79,11 +55,16 @@ def _order(cost: CostTable, g: str, names) -> list[str]:
 
 
 def _search(graph, cost, axis, order, cuts, rest, opts: dict, cache: dict, incumbent,
-            exact_rest=None, entries=None, slack: float | None = None) -> tuple[SpatialSearch, dict]:
-    """One search for a tuple of tails: {end: (cost before the tail, path)} (SpatialSearch.run_tails)."""
+            exact_rest=None, entries=None, slack: float | None = None,
+            nodes_left: int | None = None) -> tuple[SpatialSearch, dict]:
+    """One search for a tuple of tails: {end: (cost before the tail, path)} (SpatialSearch.run_tails), within
+    `nodes_left` partition-tree nodes (None: no limit; 0 or less: skipped, only its bound recorded)."""
     s = SpatialSearch(graph, cost, axis, order, cuts, rest, opts["threshold"], opts["budget"], cache, exact_rest=exact_rest,
-                      entries=entries)
+                      entries=entries, nodes_left=nodes_left)
     t0 = time.perf_counter()
+    if nodes_left is not None and nodes_left <= 0:
+        s.skip(incumbent)
+        return s, {}
     ends = s.run_tails(opts["beam"], opts["branch"], incumbent, slack)
     s.stats.seconds = time.perf_counter() - t0
     s.stats.search_space_log10 = s.space_log10()
@@ -181,8 +162,8 @@ def regions(graph: LayerGraph, axis: int) -> tuple[tuple[int, ...] | None, list[
 
 def search_spatial(graph: LayerGraph, cost: CostTable, objective: str = "latency", threshold: float = 0.1,
                    devices=None, *, beam: int | None = 6, branch: int | None = 3, budget: int | None = 1000,
-                   axis: int | None = None, incumbent: float = INF,
-                   workers: int | None = None) -> tuple[Plan, SearchStats]:
+                   axis: int | None = None, incumbent: float = INF, workers: int | None = None,
+                   nodes: int | None = SEARCH_NODES) -> tuple[Plan, SearchStats]:
     """Tile a tileable region across `devices` (all by default): the prefix from the model input, or a
     run after an untileable stem (which runs as one stage first); the rest runs on the gather device.
 
@@ -190,10 +171,10 @@ def search_spatial(graph: LayerGraph, cost: CostTable, objective: str = "latency
     >>> plan.stages[0].spatial.segments[0].tiles                      # doctest: +SKIP
     (Tile(device='pi5', start=0, stop=130), Tile(device='pi4', start=130, stop=224))
     """
-    opts = {"threshold": threshold, "beam": beam, "branch": branch, "budget": budget}
+    opts = {"threshold": threshold, "beam": beam, "branch": branch, "budget": budget, "nodes": nodes}
     cands, stats = _search_family(graph, cost, objective, ("spatial",), opts, incumbent, list(devices or cost.devices), axis,
                                   workers)
-    return best_of_phases(cands["spatial"], graph, cost, objective, incumbent=incumbent), stats
+    return _best_or_why("spatial", cands, stats, nodes, graph, cost, objective, incumbent), stats
 
 
 # The search's totals are estimates: the event simulation that finally ranks plans may find a plan up to
@@ -221,39 +202,33 @@ def _distributed(path) -> bool:
 
 
 def _subsets(cost: CostTable) -> list[list[str]]:
-    """Device groups worth tiling over: every mix of class counts (>= 2 devices), or, when that would be
-    more than 16 groups, the fastest 2, 4, 8, ... and all devices."""
-    names = list(cost.devices)
-    members = list(_classes(cost, names).values())
-    combos = [cnt for cnt in itertools.product(*[range(len(m) + 1) for m in members]) if sum(cnt) >= 2]
-    if len(combos) <= 16:
-        return [[n for m, k in zip(members, cnt) for n in m[:k]] for cnt in combos]
-    order = sorted(names, key=lambda n: cost.layer_ms[:, cost.index(n)].sum())
-    sizes = sorted({*(2 ** i for i in range(1, len(order).bit_length())), len(order)})
-    return [order[:k] for k in sizes]
+    """Device groups worth tiling over (spatial_groups.groups)."""
+    return groups(cost).groups
 
 
 def search_hybrid(graph: LayerGraph, cost: CostTable, objective: str = "latency", threshold: float = 0.1, *,
                   beam: int | None = 6, branch: int | None = 3, budget: int | None = 1000,
-                  incumbent: float = INF, workers: int | None = None) -> tuple[Plan, SearchStats]:
+                  incumbent: float = INF, workers: int | None = None,
+                  nodes: int | None = SEARCH_NODES) -> tuple[Plan, SearchStats]:
     """A spatial group over a tileable region (after a stem stage, if the model input is not tileable), on
     a subset of the devices chosen by search, gathered on one of them; the remaining layers as pipeline
     stages over all devices (exact pipeline DP)."""
-    opts = {"threshold": threshold, "beam": beam, "branch": branch, "budget": budget}
+    opts = {"threshold": threshold, "beam": beam, "branch": branch, "budget": budget, "nodes": nodes}
     cands, stats = _search_family(graph, cost, objective, ("hybrid",), opts, incumbent, workers=workers)
-    return best_of_phases(cands["hybrid"], graph, cost, objective, incumbent=incumbent), stats
+    return _best_or_why("hybrid", cands, stats, nodes, graph, cost, objective, incumbent), stats
 
 
 def plan_searches(graph: LayerGraph, cost: CostTable, objective: str, kinds, threshold: float = 0.1, *,
                   beam: int | None = 6, branch: int | None = 3, budget: int | None = 1000,
-                  incumbent: float = INF, workers: int | None = None) -> tuple[dict, SearchStats]:
+                  incumbent: float = INF, workers: int | None = None,
+                  nodes: int | None = SEARCH_NODES) -> tuple[dict, SearchStats]:
     """`spatial` and `hybrid` from shared searches: {kind: Plan, or the InfeasibleError (Dominated) it
     ends with}. Both tile a prefix and differ only after the gather (the rest on the gather device, or
     pipeline stages), so one search per (axis, device group, gather device) serves both: each kind keeps
     its own bound, a state is dropped only when neither can use it, and each kind adds its own tail to
     the best prefix of every end. Under the latency objective the kinds compete (`_shared`): a kind left
     without candidates by the other's plans ends Dominated."""
-    opts = {"threshold": threshold, "beam": beam, "branch": branch, "budget": budget}
+    opts = {"threshold": threshold, "beam": beam, "branch": branch, "budget": budget, "nodes": nodes}
     try:
         cands, stats = _search_family(graph, cost, objective, tuple(kinds), opts, incumbent, workers=workers)
     except InfeasibleError as exc:  # nothing to tile: every kind ends the same way
@@ -263,8 +238,26 @@ def plan_searches(graph: LayerGraph, cost: CostTable, objective: str, kinds, thr
         try:
             out[kind] = best_of_phases(cands[kind], graph, cost, objective, incumbent=incumbent)
         except InfeasibleError as exc:
-            out[kind] = _outcompeted(kind, cands, objective, incumbent) or exc
+            out[kind] = _outcompeted(kind, cands, objective, incumbent) or _spent(kind, cands, stats, nodes) or exc
     return out, stats
+
+
+def _best_or_why(kind: str, cands: dict, stats: SearchStats, nodes: int | None, graph, cost, objective,
+                 incumbent: float) -> Plan:
+    """best_of_phases of `kind`'s candidates; when it has none because the node budget ran out, an
+    InfeasibleError that says so (`_spent`)."""
+    try:
+        return best_of_phases(cands[kind], graph, cost, objective, incumbent=incumbent)
+    except InfeasibleError as exc:
+        raise (_spent(kind, cands, stats, nodes) or exc) from None
+
+
+def _spent(kind: str, cands: dict, stats: SearchStats, nodes: int | None) -> InfeasibleError | None:
+    """Why `kind` has no candidates when the node budget stopped searches that might have found one."""
+    if not stats.truncated or any(cands[kind]):
+        return None
+    return InfeasibleError(f"the search budget of {nodes:,} partition-tree nodes ran out before a plan was found "
+                           f"(none left unsearched is predicted under {stats.unsearched_ms:.4g} ms)")
 
 
 def _outcompeted(kind: str, cands: dict, objective: str, incumbent: float) -> Dominated | None:
@@ -286,7 +279,7 @@ def plan_jointly(graph: LayerGraph, cost: CostTable, objective: str, options: Pl
     `options.incumbent`: {kind: [Plan], or the InfeasibleError (Dominated) it ends with, its message
     naming the planner}."""
     found, stats = plan_searches(graph, cost, objective, kinds, options.search_threshold, incumbent=options.incumbent,
-                                 workers=options.jobs)
+                                 workers=options.jobs, nodes=options.search_nodes)
     _report(stats)
     return {kind: type(got)(f"{kind}: {got}") if isinstance(got, InfeasibleError) else [got]
             for kind, got in found.items()}
@@ -300,6 +293,10 @@ def _report(stats: SearchStats) -> None:
     detail(searches=stats.searches, pruned=stats.pruned, memo_hits=stats.memo_hits, exact=stats.exact,
            search_seconds=round(stats.seconds, 4),
            search_space_log10=round(log10, 3) if math.isfinite(log10) else None)
+    if stats.groups:  # not every mix of device classes was searched
+        detail(truncated=True, groups=stats.groups)
+    if stats.truncated:  # the node budget stopped searches that might have found a better plan
+        detail(truncated=True, truncated_searches=stats.truncated, unsearched_bound_ms=round(stats.unsearched_ms, 4))
 
 
 def plan_spatial(graph: LayerGraph, cost: CostTable, objective: str, options: PlanOptions) -> list[Plan]:
@@ -336,9 +333,11 @@ def _search_family(graph: LayerGraph, cost: CostTable, objective: str, kinds: tu
     side by side in `workers` processes (default: as many as this machine has cores for); the plans do
     not depend on `workers`."""
     names = list(devices or cost.devices)
-    groups = _subsets(cost) if "hybrid" in kinds else [names]
-    if "spatial" in kinds and not any(set(gr) == set(names) for gr in groups):
-        groups.append(names)
+    ids = class_ids(cost)
+    chosen = groups(cost, ids) if "hybrid" in kinds else None
+    over = chosen.groups if chosen is not None else [names]
+    if "spatial" in kinds and not any(set(gr) == set(names) for gr in over):
+        over.append(names)
     axes = _axes(graph, axis)
     first, later = {}, {}
     for ax in axes:
@@ -349,28 +348,32 @@ def _search_family(graph: LayerGraph, cost: CostTable, objective: str, kinds: tu
     if not first and not later:
         raise InfeasibleError(f"no layer of the model can be tiled along axis {' or '.join(map(str, axes))}")
     bound = {k: _bound(objective, incumbent) for k in kinds}
-    stats = SearchStats(search_space_log10=-INF)
+    stats = SearchStats(search_space_log10=-INF, groups="" if chosen is None or chosen.every_mix else chosen.rule)
     phases: dict = {k: [] for k in kinds}
     tail = PipelineTail(graph, cost) if "hybrid" in kinds else None  # both phases reuse its pipeline DPs
     for found in (first, later):
-        cands = _run_phase(graph, cost, objective, kinds, opts, bound, names, found, groups, workers, stats, tail)
+        left = None if opts["nodes"] is None else opts["nodes"] - stats.nodes_visited
+        cands = _run_phase(graph, cost, objective, kinds, opts, bound, names, found, over, ids, left, workers, stats,
+                           tail)
         for kind in kinds:
             phases[kind].append(cands[kind])
             bound[kind] = min([bound[kind], *(total for total, _ in cands[kind])])
     return phases, stats
 
 
-def _run_phase(graph, cost, objective, kinds, opts, bound: dict, names, found: dict, groups, workers,
-               stats: SearchStats, tail: PipelineTail | None) -> dict:
-    """The searches of one phase over the regions `found` ({(axis, k): (cuts, entry cut indices)}), with
+def _run_phase(graph, cost, objective, kinds, opts, bound: dict, names, found: dict, over, ids: dict,
+               nodes: int | None, workers, stats: SearchStats, tail: PipelineTail | None) -> dict:
+    """The searches of one phase over the regions `found` ({(axis, k): (cuts, entry cut indices)}) and the
+    device groups `over` (`ids`: their classes), within `nodes` partition-tree nodes (None: no limit), with
     `tail` pricing hybrid's pipeline stages; adds their statistics to `stats`."""
-    jobs = [(key, group, g) for key in found for group in groups for g in device_classes(cost, group)]
+    jobs = [(key, group, g) for key in found for group in over for g in device_classes(cost, group, ids)]
     if not jobs:
         return {k: [] for k in kinds}
-    lane = _Lane(graph, cost, objective, kinds, opts, bound, names, found, tail)
     # lanes cost the bounds one lane's searches would give another's: worth it only when another planner's
     # plan bounds every lane from the start, and each lane has at least two searches
     lanes = LANES if max(bound.values()) < INF and len(jobs) >= 2 * LANES else 1
+    lane = _Lane(graph, cost, objective, kinds, opts, bound, names, found, tail,
+                 None if nodes is None else nodes // lanes)
     split = _split([len(group) ** 2 for _, group, _ in jobs], lanes)
     if len(split) > 1:  # every search prices every segment of its region: build them once, before forking
         for key, (cuts, _) in found.items():
@@ -400,8 +403,9 @@ class _Lane:
     (msgpack): candidates and summed statistics."""
 
     def __init__(self, graph: LayerGraph, cost: CostTable, objective: str, kinds: tuple, opts: dict, bound: dict,
-                 names: list[str], found: dict, rest_plan: PipelineTail | None):
+                 names: list[str], found: dict, rest_plan: PipelineTail | None, nodes: int | None = None):
         self.graph, self.cost, self.objective, self.kinds, self.opts = graph, cost, objective, kinds, opts
+        self.nodes = nodes  # partition-tree nodes for the lane's searches (None: no limit)
         self.bound, self.names, self.found = bound, names, found
         self.rest_plan = rest_plan
         # the kinds compete in auto (latency): one kind's plans bound the others' (`_shared`)
@@ -424,7 +428,7 @@ class _Lane:
         graph, cost, n = self.graph, self.cost, len(self.graph.layers)
         stats = SearchStats(search_space_log10=-INF)
         best = dict(self.bound)
-        out = []
+        out, left = [], self.nodes
         for index, (key, group, g) in jobs:
             (cuts, entry_idx), rest_plan = self.found[key], self.rest_plan
             stems = {j: self.stem(cuts[j], g) if cuts[j] > 0 else (0.0, g) for j in entry_idx}
@@ -441,8 +445,9 @@ class _Lane:
 
             s, ends = _search(graph, cost, key[0], _order(cost, g, group), cuts, tuple(tails[k][0] for k in kinds_here),
                               self.opts, self.caches[key], tuple(_shared(best, self.objective)[k] for k in kinds_here), exact,
-                              {j: ms for j, (ms, _) in stems.items()}, self.slack)
+                              {j: ms for j, (ms, _) in stems.items()}, self.slack, left)
             stats.add(s.stats)
+            left = None if left is None else left - s.stats.nodes_visited
             for end, (prefix, path) in ends.items():
                 if not _distributed(path):
                     continue  # every tile on one device: that is the single-device plan, not a spatial one

@@ -54,12 +54,17 @@ class SearchStats:
     seconds: float = 0.0
     exact: bool = True  # False when a beam/branch limit dropped candidates
     searches: int = 0  # SpatialSearch runs summed here (one per axis, region, device group, gather device)
+    truncated: int = 0  # searches a node budget cut short or skipped
+    unsearched_ms: float = INF  # no plan those searches left unfound totals less (their completion bounds)
+    groups: str = ""  # how the device groups were drawn when not every mix of classes (spatial_groups.py)
 
     def add(self, other: "SearchStats") -> None:
         self.search_space_log10 = _log10_add(self.search_space_log10, other.search_space_log10)
-        for f in ("nodes_visited", "states", "memo_hits", "pruned", "seconds", "searches"):
+        for f in ("nodes_visited", "states", "memo_hits", "pruned", "seconds", "searches", "truncated"):
             setattr(self, f, getattr(self, f) + getattr(other, f))
         self.exact &= other.exact
+        self.unsearched_ms = min(self.unsearched_ms, other.unsearched_ms)
+        self.groups = self.groups or other.groups
 
 
 def _log10_add(x: float, y: float) -> float:
@@ -74,7 +79,8 @@ class SpatialSearch:
 
     def __init__(self, graph: LayerGraph, cost: CostTable, axis: int, devices: list[str], cuts: tuple[int, ...],
                  rest: list[float], threshold: float = 0.1, budget: int | None = 1000, seg_cache: dict | None = None,
-                 max_span: int | None = MAX_SPAN, exact_rest=None, entries: dict[int, float] | None = None):
+                 max_span: int | None = MAX_SPAN, exact_rest=None, entries: dict[int, float] | None = None,
+                 nodes_left: int | None = None):
         self.graph, self.cost, self.axis, self.cuts, self.rest, self.thr = graph, cost, axis, cuts, rest, threshold
         # entries[j]: what reaching cut j with its tensor whole on the gather device costs (a stem run
         # before the group); the group may start at any of them with a scatter. Default: the model input.
@@ -89,6 +95,9 @@ class SpatialSearch:
         self.max_span = max_span
         self.devs = [cost.index(d) for d in devices]
         self.g, self.budget = self.devs[0], budget
+        # partition-tree nodes this search may still expand in all (None: no limit); when they run out the
+        # search stops with the ends found so far and the bound of the states it did not expand (run_tails)
+        self.nodes_left = nodes_left
         self.model = StepModel(cost, self.devs)
         prefix = cost.layer_ms[cuts[0]:cuts[-1]].sum(axis=0)
         self.speed = np.array([1.0 / max(prefix[d], 1e-9) for d in self.devs])
@@ -131,8 +140,10 @@ class SpatialSearch:
         first segment the scatter (`_scatter_lb`), for a later one the halo (`_halo`)."""
         if (j, j2) not in self._lb:
             sc, (lo, hi, _) = self.seg(j, j2), self.window(j2)
-            floors = [sc.floor(d) for d in self.devs]
             shared = ("lb", frozenset(self.devs), j, j2)  # the same for any order of the same devices
+            # each device's floor, when needed: a search over devices another search bounded already
+            # needs them only for the scatter
+            floors = [sc.floor(d) for d in self.devs] if shared not in self._seg or j == 0 else None
             if shared not in self._seg:
                 halo = self._halo(j, j2) if j > 0 else None
                 a, b = 0.0, max(f[-1] for f in floors) + (max(halo[1]) if halo else 0.0) + 1.0
@@ -232,8 +243,13 @@ class SpatialSearch:
         sc = self.seg(j, j2)
         cx = self.model.context(sc, self.holders(j, part))
         floors = [list(sc.floor(d)) for d in self.devs]
-        res, complete = PartitionSearch(self.model, cx, self.window(j2), floors, bound, k, self.budget, self.stats,
+        budget, before = self.budget, self.stats.nodes_visited
+        if self.nodes_left is not None:
+            budget = self.nodes_left if budget is None else min(budget, self.nodes_left)
+        res, complete = PartitionSearch(self.model, cx, self.window(j2), floors, bound, k, budget, self.stats,
                                     floor).run()
+        if self.nodes_left is not None:
+            self.nodes_left -= self.stats.nodes_visited - before
         self.stats.exact &= complete
         self._memo[key] = (bound, k, res)
         return res
@@ -266,6 +282,9 @@ class SpatialSearch:
                 if all(v + lbs[t][j] >= inc[t] for t in tails):
                     self.stats.pruned += 1
                     continue
+                if self.nodes_left is not None and self.nodes_left <= 0:
+                    self._truncate(states, j, lbs, inc)
+                    return ends
                 self.stats.states += 1
                 if part is not None:  # an entry state has tiled nothing yet: it cannot end the group
                     prefix = v + self.gather(j, part)
@@ -278,13 +297,40 @@ class SpatialSearch:
                             if slack is not None:
                                 inc = [min(x, inc[t] * (1.0 + slack)) for x in inc]
                 for j2 in self.nexts(j):
+                    if self.nodes_left is not None and self.nodes_left <= 0:
+                        break  # out of nodes: _truncate below bounds what this state's later transitions left
                     found = self.transition(j, part, j2, max(inc[t] - v - lbs[t][j2] for t in tails), branch)
                     if branch is not None and len(found) >= branch:
                         self.stats.exact = False
                     for c, part2 in found:
                         if v + c < states[j2].get(part2, (INF,))[0]:
                             states[j2][part2] = (v + c, (j, part))
+                if self.nodes_left is not None and self.nodes_left <= 0:  # this state's transitions ran out
+                    self._truncate(states, j, lbs, inc)
+                    return ends
         return ends
+
+    def _truncate(self, states: list[dict], j: int, lbs: list[list[float]], inc: list[float]) -> None:
+        """Out of nodes at cut j: no plan through a state at cut j or later totals less than its cost plus
+        its completion bound (the states at j already expanded included, as their last transition may
+        have been cut short). Counted as truncated only when such a bound is below its tail's incumbent
+        (else every state left would have been pruned)."""
+        self.stats.exact = False
+        self._unsearched([(v, j2) for j2 in range(j, len(self.cuts)) for v, _ in states[j2].values()], lbs, inc)
+
+    def skip(self, incumbent=INF) -> None:
+        """Record this search as skipped (its budget spent before it started), with the bound no plan of it
+        beats: its entries' costs plus their completion bounds (`_truncate`)."""
+        lbs = [self.completion_lb(t) for t in range(len(self.rests))]
+        inc = list(incumbent) if isinstance(incumbent, (list, tuple)) else [incumbent] * len(self.rests)
+        self.stats.exact = False
+        self._unsearched([(base, j) for j, base in self.entries.items()], lbs, inc)
+
+    def _unsearched(self, states: list[tuple[float, int]], lbs, inc) -> None:
+        bound = min([INF, *(v + lb[j] for v, j in states for lb, b in zip(lbs, inc) if v + lb[j] < b)])
+        if bound < INF:
+            self.stats.truncated += 1
+            self.stats.unsearched_ms = min(self.stats.unsearched_ms, bound)
 
     def rest_at(self, j: int, tail: int = 0) -> float:
         """The exact cost of the layers after an end at cut j."""

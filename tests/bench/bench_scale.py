@@ -252,10 +252,26 @@ def run_case(case: Case, tmp: Path) -> dict:
         if pipe and "exact" in pipe[0].get("detail", {}):
             row["exact"] = pipe[0]["detail"]["exact"]
             row["gap"] = pipe[0]["detail"].get("optimality_gap")
+        row["note"] = spatial_note(summary)
     else:
         row["note"] = (stderr.strip().splitlines() or [""])[-1][:160]
     row["verdict"] = verdict(case, row)
     return row
+
+
+def spatial_note(summary: dict) -> str:
+    """What the spatial and hybrid searches left out, from their --json detail (spatial.py `_report`)."""
+    found = [p["detail"] for p in summary.get("planning", []) if p.get("strategy") == "spatial" and
+             p.get("detail", {}).get("truncated")]
+    if not found:
+        return ""
+    d, parts = found[0], []
+    if "groups" in d:
+        parts.append(f"spatial groups: {d['groups']}")
+    if "truncated_searches" in d:
+        parts.append(f"{d['truncated_searches']} spatial searches cut by the node budget (none left is under "
+                     f"{d['unsearched_bound_ms']:.4g} ms)")
+    return "; ".join(parts)
 
 
 def verdict(case: Case, row: dict) -> str:

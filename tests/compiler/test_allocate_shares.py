@@ -1,0 +1,84 @@
+"""allocate/shares.py: the shares plan_shares visits, found from the maximal shares left, are the ones (in
+the same order) that listing every share and skipping the covered and hopeless ones gives."""
+
+from __future__ import annotations
+
+import math
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from edgec.compiler.allocate import shares as shares_mod
+from edgec.compiler.allocate.shares import Shares, every_share
+
+
+def _visit(sizes, limit, seed, listed: bool, monkeypatch) -> list[tuple[int, ...]]:
+    """plan_shares' loop with made-up planner runs: each share's run (the devices its plan uses, or no plan;
+    whether it meets the SLA) drawn from the seed and the share, so both orders see the same runs."""
+    monkeypatch.setattr(shares_mod, "LISTED", math.inf if listed else 0)
+    seq, shares = [], Shares(sizes, limit)
+    while (share := shares.next()) is not None:
+        seq.append(share)
+        rng = random.Random(f"{seed}:{share}")
+        used = tuple(rng.randint(0, x) if rng.random() < 0.5 else min(x, rng.randint(0, 1)) for x in share)
+        planned = rng.random() < 0.9
+        if not (planned and rng.random() < 0.7):
+            shares.hopeless(share)
+        if planned:
+            shares.cover(used, share)
+    return seq
+
+
+@settings(max_examples=300, deadline=None)
+@given(sizes=st.lists(st.integers(0, 4), min_size=1, max_size=4).filter(lambda s: sum(s) > 0),
+       limit_frac=st.sampled_from([None, 0.3, 0.6, 1.0]), seed=st.integers(0, 10**6))
+def test_the_maximal_shares_visit_what_the_full_list_visits(sizes, limit_frac, seed):
+    import pytest
+
+    limit = math.inf if limit_frac is None else max(1, round(limit_frac * sum(sizes)))
+    with pytest.MonkeyPatch.context() as mp:
+        listed = _visit(tuple(sizes), limit, seed, True, mp)
+        frontier = _visit(tuple(sizes), limit, seed, False, mp)
+    assert frontier == listed
+
+
+def test_nothing_ruled_out_visits_every_share_in_order(monkeypatch):
+    monkeypatch.setattr(shares_mod, "LISTED", 0)
+    shares, seen = Shares((2, 1, 3), 4), []
+    while (share := shares.next()) is not None:
+        seen.append(share)
+        shares.cover(share, share)
+    assert seen == every_share((2, 1, 3), 4)
+
+
+def test_a_fleet_of_a_billion_shares_is_never_listed():
+    """100 devices of 8 kinds: about 1.1 billion shares. The first is the whole cluster; a plan on it using one
+    edge server covers every share holding one, so the next is the whole cluster without the edge servers."""
+    sizes = (13, 13, 13, 13, 12, 12, 12, 12)
+    assert math.prod(s + 1 for s in sizes) > 10**9
+    shares = Shares(sizes, math.inf)
+    assert shares.next() == sizes
+    shares.cover((0,) * 7 + (1,), sizes)
+    assert shares.next() == sizes[:7] + (0,)
+    shares.hopeless(sizes[:7] + (0,))  # nothing without an edge server meets the SLA
+    assert shares.next() is None
+
+
+def test_a_fleet_offers_at_most_class_cap_devices_of_a_class():
+    from edgec.compiler.allocate.shares import CLASS_CAP, LISTED, offered
+
+    assert offered((3, 2, 5)) == ((3, 2, 5), False)  # few shares: every device
+    fleet = (13, 13, 13, 13, 12, 12, 12, 12)
+    assert math.prod(s + 1 for s in fleet) > LISTED
+    assert offered(fleet) == ((CLASS_CAP,) * 8, True)
+    assert offered((1,) * 20) == ((1,) * 20, False)  # over LISTED, but no class is larger than the cap
+
+
+def test_each_share_plans_its_searches_within_share_nodes():
+    """A share's planner run gets the smaller of the caller's spatial node budget and SHARE_NODES."""
+    from edgec.compiler.allocate import candidates
+
+    assert candidates._share_nodes(None) == candidates.SHARE_NODES
+    assert candidates._share_nodes(10**9) == candidates.SHARE_NODES
+    assert candidates._share_nodes(7) == 7
