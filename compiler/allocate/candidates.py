@@ -30,7 +30,6 @@ the best latency the service could get.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 import time
@@ -232,11 +231,35 @@ def _options(service: Service, graph: LayerGraph, classes: DeviceClasses, planne
     return tuple(o for o in opts if not any(_dominates(p, o) for p in opts if p is not o))
 
 
-def _padded(used: Counts, sizes: Counts, minimum: int) -> list[Counts]:
-    if sum(used) >= minimum:
+PAD_MIXES = 256  # the most ways one plan is padded up to min_devices (the first, in counts order)
+
+
+def _padded(used: Counts, sizes: Counts, minimum: int, limit: int = PAD_MIXES) -> list[Counts]:
+    """The device counts of `minimum` devices that hold `used` (every class at most its size), in counts
+    order: each way to add idle devices to a plan up to min_devices. Built one class at a time, never over
+    every share; at most `limit` of them (a fleet has millions: the allocation then chooses among the first,
+    and says so)."""
+    extra = minimum - sum(used)
+    if extra <= 0:
         return [used]
-    mixes = itertools.product(*(range(u, s + 1) for u, s in zip(used, sizes)))
-    return [c for c in mixes if sum(c) == minimum]
+    room = [s - u for u, s in zip(used, sizes)]
+    after = [sum(room[i + 1:]) for i in range(len(room))]  # what the classes after i can still take
+    out: list[Counts] = []
+
+    def fill(i: int, left: int, acc: tuple[int, ...]) -> None:
+        if len(out) >= limit:
+            return
+        if i == len(room):
+            out.append(tuple(u + a for u, a in zip(used, acc)))
+            return
+        for a in range(max(0, left - after[i]), min(room[i], left) + 1):
+            fill(i + 1, left - a, acc + (a,))
+
+    fill(0, extra, ())
+    if len(out) >= limit:
+        logger.warning("allocate: min_devices %d: a plan on %d device(s) is padded in its first %d ways only "
+                       "(candidates.py PAD_MIXES)", minimum, sum(used), limit)
+    return out
 
 
 def _dominates(p: Option, o: Option) -> bool:

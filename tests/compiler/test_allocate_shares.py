@@ -82,3 +82,32 @@ def test_each_share_plans_its_searches_within_share_nodes():
     assert candidates._share_nodes(None) == candidates.SHARE_NODES
     assert candidates._share_nodes(10**9) == candidates.SHARE_NODES
     assert candidates._share_nodes(7) == 7
+
+
+def _padded_by_listing(used, sizes, minimum):
+    """The definition: every share holding `used` with `minimum` devices, in counts order."""
+    import itertools
+
+    if sum(used) >= minimum:
+        return [used]
+    return [c for c in itertools.product(*(range(u, s + 1) for u, s in zip(used, sizes))) if sum(c) == minimum]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 4), min_size=1, max_size=4).flatmap(
+    lambda sizes: st.tuples(st.just(tuple(sizes)), st.tuples(*(st.integers(0, s) for s in sizes)),
+                            st.integers(0, sum(sizes)))))
+def test_padding_up_to_min_devices_is_its_definition(case):
+    from edgec.compiler.allocate.candidates import _padded
+
+    sizes, used, minimum = case
+    assert _padded(used, sizes, minimum, limit=10**9) == _padded_by_listing(used, sizes, minimum)
+
+
+def test_padding_on_a_fleet_stops_at_its_limit(caplog):
+    """100 devices of 8 kinds and min_devices 40: billions of mixes by listing; the first PAD_MIXES, said."""
+    from edgec.compiler.allocate.candidates import PAD_MIXES, _padded
+
+    out = _padded((1,) + (0,) * 7, (13,) * 4 + (12,) * 4, 40)
+    assert len(out) == PAD_MIXES and all(sum(c) == 40 for c in out) and out == sorted(out)
+    assert "padded in its first" in caplog.text
