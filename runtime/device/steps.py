@@ -9,6 +9,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from .emulate import DelayedLinks, pad_run
+from .sequences import feed_state, keep_state
 from ..errors import RunError, one_line
 from .executor import Executor
 from ..manifest.types import HOST, Concat, Free, Manifest, Recv, Run, Send, Slice, region_ranges
@@ -43,8 +44,10 @@ class StepsHost(Protocol):
 class Steps:
     """One request through this device's steps, in order."""
 
-    def __init__(self, session: StepsHost, req: int, slow: float = 1.0):
+    def __init__(self, session: StepsHost, req: int, slow: float = 1.0,
+                 state: dict[str, dict[str, np.ndarray]] | None = None):
         self.s, self.req = session, req
+        self.state = state  # a generative step's: its sequence's state per fragment (sequences.py)
         self.pad = session.dilate * slow  # an emulated run takes pad x its predicted time
         self.device = session.device
         # With the session's timings on (see session.py's module docstring): run ms and start clock per run
@@ -92,8 +95,13 @@ class Steps:
         """The fragment run's start (this worker's clock) and run time (s). Emulated: padded to its predicted
         time x the dilation, counted from when the device was ready for it, which is then its start."""
         s = self.s
+        own = None if self.state is None else self.state.get(step.fragment)
+        if own is not None:
+            feed_state(own, store)
         started = time.monotonic()
         elapsed = s.executor.run(step.fragment, store)
+        if own is not None:
+            keep_state(s.executor.fragments[step.fragment], own, store, self.device)
         if not s.emulate:
             return started, elapsed
         frag = s.executor.fragments[step.fragment]

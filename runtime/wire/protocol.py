@@ -39,6 +39,15 @@ A session (one run), in order:
     runs to slow x predicted_ms x dilate: a device that slows down mid-run (`edgec run --emulate --slow`)
     W overrun {req, fragments, measured_ms}  (before that request's `done`, when some of its fragment runs took
                                           longer than predicted_ms x dilate: the fragments and their run times)
+  a generative build's sequences (manifest version 2; device/sequences.py):
+    C begin {seq}                      (opens sequence seq, an int >= 0 never used before in the session, with
+                                          every state input of the device's fragments empty)
+    C run {req, slow, seq}             (a step of sequence seq: the device's fragments read the sequence's state
+                                          and keep their state outputs as its next step's inputs; the caches never
+                                          leave the worker. `seq` is required in a generative session, refused
+                                          in any other)
+    C drop {seq}                       (frees the sequence's state; sent once its last step is `done` on every
+                                          worker: begin and drop act when they arrive, runs when their turn comes)
   C ping {} (keeps the session alive while C is idle); C end {} -> W bye {stats}
   W error {kind: "input" | "run" | "stopped", req, message} at any point ends the session ("stopped": the worker
   is shutting down, e.g. SIGTERM; the coordinator treats its device as lost and fails over).
@@ -80,7 +89,9 @@ logger = logging.getLogger(__name__)
 # 5: `run` carries slow, the emulated slow-down of the request's fragment runs (`edgec run --emulate --slow`).
 # 6: `welcome` carries providers, the onnxruntime execution providers the worker has (checked after the version,
 #    so that a worker of version 5 is told about the version, not about a missing field).
-PROTOCOL_VERSION = 6
+# 7: a generative session's sequences: `begin`, `drop` and `run`'s seq (a worker of 6 would run a generative
+#    build's steps without their caches).
+PROTOCOL_VERSION = 7
 BLOB_CHUNK = 4 << 20  # fragment file bytes per blob message
 BLOB_WINDOW = 4  # blob messages in flight per worker: bounds what either side queues
 MAX_OPEN_BYTES = (64 << 20) + (1 << 16)  # the manifest (at most 64 MiB, manifest/load.py) and the other fields
@@ -119,6 +130,8 @@ _FIELDS: dict[str, dict[str, tuple]] = {
     "peers": {"peers": (dict,)},
     "run": {"req": (_INT,), "slow": (_NUM, _INT)},
     "sync": {"seq": (_INT,)},
+    "begin": {"seq": (_INT,)},
+    "drop": {"seq": (_INT,)},
     "grant": {"seq": (_INT,), "wait_ms": (_NUM, _INT)},
     "ping": {},
     "end": {},
@@ -163,6 +176,8 @@ def parse(frames: list[zmq.Frame], allowed: frozenset[str] | set[str]) -> tuple[
             raise BadMessage(f"{kind}: field {key!r} missing or not {'/'.join(t.__name__ for t in types)}")
     for key in _FINITE.get(kind, ()):
         _check_numbers(kind, key, msg[key], *_RANGE.get(kind, {}).get(key, (-math.inf, math.inf)))
+    if kind in ("begin", "drop") or (kind == "run" and "seq" in msg):
+        _check_seq(kind, msg.get("seq"))
     if kind == "overrun":
         _check_overrun(msg)
     if kind == "done":
@@ -201,6 +216,12 @@ def _check_numbers(kind: str, key: str, value: Any, lo: float, hi: float) -> Non
             raise BadMessage(f"{kind}: field {key!r} holds {str(v)[:40]!r}, not a finite number")
         if not lo <= v <= hi:
             raise BadMessage(f"{kind}: field {key!r} holds {v!r}, outside [{lo:g}, {hi:g}]")
+
+
+def _check_seq(kind: str, seq: Any) -> None:
+    """A sequence id: an int from 0 to 2**62 (run's is optional: absent outside a generative session)."""
+    if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq < 1 << 62:
+        raise BadMessage(f"{kind}: field 'seq' holds {str(seq)[:40]!r}, not a sequence id")
 
 
 def _check_overrun(msg: dict) -> None:
