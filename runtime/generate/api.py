@@ -122,8 +122,8 @@ def prompts_of(m: Manifest, prompt_ids, random_prompt: int | None, max_new_token
 def _given(prompt_ids, sequences: int) -> list[list]:
     ids = list(prompt_ids)
     if ids and all(isinstance(p, (list, tuple)) for p in ids):  # one prompt per sequence
-        if sequences not in (1, len(ids)):
-            raise InputError(f"--sequences {sequences}: {len(ids)} prompts were given")
+        if sequences not in (1, len(ids)) or len(ids) > MAX_SEQUENCES:
+            raise InputError(f"--sequences {sequences}: {len(ids)} prompts were given (at most {MAX_SEQUENCES})")
         return [list(p) for p in ids]
     return [ids for _ in range(sequences)]
 

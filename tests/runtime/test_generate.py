@@ -23,6 +23,7 @@ from edgec.runtime.device.sequences import Sequences, keep_state
 from edgec.runtime.device.session import Session
 from edgec.runtime.errors import InputError, RunError
 from edgec.runtime.front.generate_cli import generate as generate_cmd
+from edgec.runtime.generate.api import prompts_of
 from edgec.runtime.generate.feeds import step_inputs, vocab_size
 from edgec.runtime.generate.loop import Sequence
 from edgec.runtime.generate.reference import verify_sequences
@@ -125,6 +126,7 @@ def test_keyed_remote_workers_generate_the_same_tokens(builds, whole, tmp_path):
         report = _generate(builds[2], prompt_ids=[PROMPT, OTHER], keys=keys, addresses=addresses, verify=True)
         assert [s["tokens"] for s in report["sequences"]] == [whole[tuple(PROMPT)], whole[tuple(OTHER)]]
         assert workers[1].wait_for_log(f"run ended: {2 * NEW} request(s)")
+        assert "inflight 2" in workers[0].log()  # both sequences' steps in the stages at once
     finally:
         codes = [w.stop() for w in workers]
     assert codes == [0, 0]
@@ -255,6 +257,18 @@ def test_step_inputs_follow_the_generate_block(builds):
     assert feeds["input_ids"].tolist() == [[7]] and feeds["position_ids"].tolist() == [[4]]
     assert feeds["attention_mask"].tolist() == [[1] * 5]
     assert vocab_size(m) == 16384
+
+
+def test_prompts_are_checked_before_any_worker_starts(builds):
+    m = load_manifest(builds[1] / "manifest.json", check_files=False, generative=True)
+    assert prompts_of(m, [[1, 2], [3]], None, 4, 1, 0) == [[1, 2], [3]]
+    assert prompts_of(m, [1, 2], None, 4, 3, 0) == [[1, 2]] * 3
+    drawn = prompts_of(m, None, 3, 4, 2, 5)
+    assert drawn == prompts_of(m, None, 3, 4, 2, 5) and drawn[0] != drawn[1] and len(drawn[0]) == 3
+    for args, message in [(([[1], [2]], None, 4, 3, 0), "2 prompts were given"), (([1], None, 0, 1, 0), ">= 1"),
+                          (([True], None, 1, 1, 0), "is not a token id"), (([[]], None, 1, 1, 0), "is empty")]:
+        with pytest.raises(InputError, match=message):
+            prompts_of(m, *args)
 
 
 def test_verification_fails_on_a_different_token_or_logits():
