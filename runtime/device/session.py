@@ -303,7 +303,7 @@ class Session:
         self.next_run += 1
 
     def _on_begin(self, msg: dict, payload) -> None:
-        self._generative("begin").begin(msg["seq"])
+        self._generative("begin").begin(msg["seq"], float(msg["temperature"]), msg["seed"], msg["logits"])
 
     def _on_drop(self, msg: dict, payload) -> None:
         self._generative("drop").drop(msg["seq"])
@@ -388,8 +388,8 @@ class Session:
     def execute_next(self) -> None:
         req = self.queue.popleft()
         seq = self.seq_of.pop(req, None)
-        state = None if seq is None else self.sequences.state(seq)
-        steps = Steps(self, req, self.slow.pop(req, 1.0), state)
+        sequence = None if seq is None else self.sequences.get(seq)
+        steps = Steps(self, req, self.slow.pop(req, 1.0), sequence)
         run_s = steps.execute()
         self.inbox.advance(req)
         self.stats["requests"] += 1

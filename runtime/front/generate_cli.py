@@ -7,11 +7,12 @@ import json
 
 import click
 
-from ..command import EXIT_OK, EXIT_VERIFY_FAILED, RunCommand
+from ..command import EXIT_OK, EXIT_VERIFY_FAILED, Finite, RunCommand
 from ..errors import InputError
 from ..generate.api import MAX_SEQUENCES, generate as generate_api
 from ..machine import MAX_THREADS_HERE
 from ..wire.keys import COORDINATOR
+from ..wire.protocol import MAX_TEMPERATURE
 from .api import parse_addresses
 from .kit import SEED, TIMEOUT, TOLERANCE, command_exit_code
 
@@ -31,8 +32,9 @@ _EPILOG = ("Exit codes: 0 ok, 1 verification failed, 2 bad input (a build not co
               help="Tokens to generate per sequence; the prompt and N must fit in the build's --max-context.")
 @click.option("--sequences", type=click.IntRange(min=1, max=MAX_SEQUENCES), default=1, metavar="S",
               help="Independent sequences in flight at once (pipelined: each stage busy with another sequence).")
-@click.option("--temperature", type=TOLERANCE, default=0.0, metavar="T",
-              help="0: greedy (the largest logit); above 0: sampled from softmax(logits / T), reproducibly from --seed.")
+@click.option("--temperature", type=Finite(min=0, max=MAX_TEMPERATURE), default=0.0, metavar="T",
+              help="0: greedy (the largest logit); above 0: sampled from softmax(logits / T), reproducibly from --seed. "
+                   "The device that computes the logits chooses; only the token id leaves it.")
 @click.option("--seed", type=SEED, default=0, help="Seed for --random-prompt and for sampling.")
 @click.option("--verify", is_flag=True,
               help="Run the source model's own decode loop in onnxruntime and check every token, and every step's "

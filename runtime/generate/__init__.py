@@ -3,8 +3,8 @@ each fragment's caches kept on its device (device/sequences.py).
 
 - feeds.py: each step's model inputs as the manifest's `generate` block says (token, positions, mask), and the
   shapes that change from step to step;
-- pool.py: GeneratePool, the worker pool whose requests are steps of sequences (begin, run with seq, drop);
-- sample.py: the next token from the last logits (greedy, or seeded sampling at a temperature);
+- pool.py: GeneratePool, the worker pool whose requests are steps of sequences (begin, run with seq, drop), each
+  giving the token id the last stage chose (device/choose.py);
 - loop.py: the decode loop, S sequences in flight at once (pipelined): prefill, then one step per token;
 - reference.py: --verify, the whole model's decode loop in onnxruntime, token by token;
 - api.py: generate(), what `edgec generate` and `edgec.generate` run.

@@ -19,11 +19,12 @@ from ..device.sequences import MAX_SEQUENCES
 from ..errors import InputError
 from ..manifest.load import load_manifest
 from ..manifest.types import Manifest
+from ..wire.protocol import MAX_TEMPERATURE
 from .feeds import vocab_size
 from .loop import Sequence, decode
 from .pool import GeneratePool
 from .reference import reference_decode, verify_sequences
-from .sample import Sampler
+from ..device.choose import Sampler
 
 __all__ = ["generate", "load_generative", "prompts_of", "summary", "MAX_SEQUENCES"]
 
@@ -54,8 +55,9 @@ def generate(build: str | os.PathLike, *, prompt_ids: Seq[int] | Seq[Seq[int]] |
             raise InputError(f"--model {model}: the source model is used by --verify only; add --verify")
         m = _with_model(m, Path(model))
     prompts = prompts_of(m, prompt_ids, random_prompt, max_new_tokens, sequences, seed)
-    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature >= 0):
-        raise InputError(f"--temperature {temperature}: expected a finite number >= 0")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or \
+            not 0 <= temperature <= MAX_TEMPERATURE:
+        raise InputError(f"--temperature {temperature}: expected a number from 0 to {MAX_TEMPERATURE:g}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise InputError(f"--seed {seed}: expected an integer >= 0")
     if tolerance is not None and not (math.isfinite(tolerance) and tolerance >= 0):
@@ -63,9 +65,9 @@ def generate(build: str | os.PathLike, *, prompt_ids: Seq[int] | Seq[Seq[int]] |
     if verify:  # before the run: a moved or changed model fails in a second
         check_model(m)
     sampler = Sampler(temperature, seed)
-    with GeneratePool(m, threads=threads, timeout=timeout, addresses=addresses, keys=load_keys(keys),
-                      inflight=len(prompts)) as pool:
-        seqs, start = decode(pool, m, prompts, max_new_tokens, sampler, on_token)
+    with GeneratePool(m, sampler=sampler, logits=verify, threads=threads, timeout=timeout, addresses=addresses,
+                      keys=load_keys(keys), inflight=len(prompts)) as pool:
+        seqs, start = decode(pool, m, prompts, max_new_tokens, on_token)
         end = time.perf_counter()
     checked = None
     if verify:

@@ -1,6 +1,6 @@
 """The decode loop: S sequences through the stages at once. Each sequence's prompt runs as one step (prefill),
-then each chosen token as the next (decode), the coordinator choosing the token from the last stage's logits
-and sending only its id to the first stage. A sequence's next step waits for its token, so S sequences keep up
+then each chosen token as the next (decode): the device that gives the logits chooses the token and sends only
+its id back, which the coordinator feeds to the first stage with its position and the attention mask. A sequence's next step waits for its token, so S sequences keep up
 to S steps in flight: while the last stage runs sequence A's step, the first runs sequence B's (pipelined
 decoding). Every sequence has its own state on every device (device/sequences.py)."""
 
@@ -14,10 +14,11 @@ from typing import Callable, Iterator, Sequence as Seq
 import numpy as np
 
 from ..coordinator.window import IDLE
+from ..errors import RunError
 from ..manifest.types import Manifest
-from .feeds import step_inputs
+from ..wire.protocol import TOKEN_TENSOR
+from .feeds import step_inputs, vocab_size
 from .pool import GeneratePool, StepInputs
-from .sample import Sampler
 
 __all__ = ["Sequence", "decode"]
 
@@ -29,7 +30,7 @@ class Sequence:
     index: int
     prompt: list[int]
     tokens: list[int] = field(default_factory=list)
-    logits: list[np.ndarray] = field(default_factory=list)
+    logits: list[np.ndarray] = field(default_factory=list)  # with the pool's `logits` (--verify) only
     at: list[float] = field(default_factory=list)  # perf_counter() when each token was chosen
     past: int = 0
 
@@ -38,13 +39,12 @@ class Sequence:
         return StepInputs(step_inputs(m, fed, self.past), self.index, len(fed), self.past)
 
 
-def decode(pool: GeneratePool, m: Manifest, prompts: Seq[Seq[int]], max_new_tokens: int, sampler: Sampler,
+def decode(pool: GeneratePool, m: Manifest, prompts: Seq[Seq[int]], max_new_tokens: int,
            on_token: Callable[[int, int], None] | None = None) -> tuple[list[Sequence], float]:
     """(the sequences, with max_new_tokens tokens each; perf_counter() at the start). `on_token(sequence,
     token)` is called as each token is chosen."""
     seqs = [Sequence(i, list(p)) for i, p in enumerate(prompts)]
-    choose = [sampler.for_sequence(s.index) for s in seqs]
-    g = m.generate
+    g, vocab = m.generate, vocab_size(m)
     ready: deque[StepInputs] = deque()
     issued: deque[Sequence] = deque()  # the sequence of each step in flight, in request order
     left = len(seqs)
@@ -66,11 +66,13 @@ def decode(pool: GeneratePool, m: Manifest, prompts: Seq[Seq[int]], max_new_toke
     for outputs, _, _ in pool.stream(source(), inflight=len(seqs)):
         s = issued.popleft()
         s.past += len(s.prompt) if not s.tokens else 1
-        logits = outputs[g.logits_output]
-        last = np.array(logits.reshape(-1, logits.shape[-1])[-1])  # the logits of the step's last position
-        token = choose[s.index](last)
+        token = int(outputs[TOKEN_TENSOR][0])
+        if not 0 <= token < vocab:
+            raise RunError(f"device {pool.collects[TOKEN_TENSOR]}: chose token {token}, outside the vocabulary")
         s.tokens.append(token)
-        s.logits.append(last)
+        if g.logits_output in outputs:
+            logits = outputs[g.logits_output]
+            s.logits.append(np.array(logits.reshape(-1, logits.shape[-1])[-1]))  # the step's last position
         s.at.append(time.perf_counter())
         if on_token is not None:
             on_token(s.index, token)

@@ -1,6 +1,8 @@
 """GeneratePool: the worker pool of a generative build, whose requests are steps of sequences. Each sequence is
-opened on every worker (`begin`) before its first step, every step's `run` names its sequence, and `drop`
-frees it once its last step is done everywhere (wire/protocol.py); the outputs' shapes are those of the step."""
+opened on every worker (`begin`, with how its tokens are chosen) before its first step, every step's `run` names
+its sequence, and `drop` frees it once its last step is done everywhere (wire/protocol.py). A step's result is
+the token id the device that gives the logits chose (TOKEN_TENSOR), with the logits only when asked (--verify);
+the outputs' shapes are those of the step."""
 
 from __future__ import annotations
 
@@ -10,7 +12,9 @@ from typing import Mapping
 import numpy as np
 
 from ..coordinator.pool import WorkerPool
-from ..manifest.types import Manifest
+from ..device.choose import Sampler
+from ..manifest.types import Manifest, OutputSpec
+from ..wire.protocol import TOKEN_TENSOR
 from .feeds import step_shape
 
 __all__ = ["GeneratePool", "StepInputs"]
@@ -25,12 +29,18 @@ class StepInputs(dict):
 
 
 class GeneratePool(WorkerPool):
-    """A WorkerPool for a manifest with a `generate` block; stream() takes StepInputs."""
+    """A WorkerPool for a manifest with a `generate` block; stream() takes StepInputs and gives each step's
+    TOKEN_TENSOR (and its logits with `logits`)."""
 
-    def __init__(self, manifest: Manifest, **kwargs):
+    def __init__(self, manifest: Manifest, *, sampler: Sampler, logits: bool = False, **kwargs):
         super().__init__(manifest, **kwargs)
         g = manifest.generate
-        self.gen = g
+        self.gen, self.sampler, self.logits = g, sampler, logits
+        device = self.collects[g.logits_output]
+        if not logits:
+            del self.collects[g.logits_output]
+        self.collects[TOKEN_TENSOR] = device
+        self.specs[TOKEN_TENSOR] = OutputSpec(TOKEN_TENSOR, (1,), "int64", device)
         self.shapes: dict[int, tuple[int, int]] = {}  # open request -> (new tokens, past) of its step
         # The largest output a step can give: every step-varying dimension at the whole context.
         self.max_output_bytes = max(
@@ -39,8 +49,10 @@ class GeneratePool(WorkerPool):
 
     def begin(self, seq: int) -> None:
         """Open sequence `seq` on every worker, its state empty."""
+        msg = {"t": "begin", "seq": seq, "temperature": self.sampler.temperature, "seed": self.sampler.seed,
+               "logits": self.logits}
         for w in self.workers.values():
-            self._send(w, {"t": "begin", "seq": seq})
+            self._send(w, msg)
 
     def drop(self, seq: int) -> None:
         """Free sequence `seq` on every worker (its last step is done on all of them)."""

@@ -16,7 +16,7 @@ from ..errors import InputError, one_line
 from ..manifest.types import Manifest
 from .feeds import step_inputs
 from .loop import Sequence
-from .sample import Sampler
+from ..device.choose import Sampler
 
 __all__ = ["reference_decode", "verify_sequences"]
 

@@ -40,8 +40,14 @@ A session (one run), in order:
     W overrun {req, fragments, measured_ms}  (before that request's `done`, when some of its fragment runs took
                                           longer than predicted_ms x dilate: the fragments and their run times)
   a generative build's sequences (manifest version 2; device/sequences.py):
-    C begin {seq}                      (opens sequence seq, an int >= 0 never used before in the session, with
-                                          every state input of the device's fragments empty)
+    C begin {seq, temperature, seed, logits}
+                                       (opens sequence seq, an int >= 0 never used before in the session, with
+                                          every state input of the device's fragments empty; the device that
+                                          gives the logits chooses each token: greedy at temperature 0, else
+                                          drawn from a generator seeded (seed, seq), device/choose.py)
+    W tensor TOKEN_TENSOR              (per step, from the device that gives the logits: the chosen token id,
+                                          int64 [1], in place of the logits, which it sends too only when
+                                          `begin` asked for them with logits true, for --verify)
     C run {req, slow, seq}             (a step of sequence seq: the device's fragments read the sequence's state
                                           and keep their state outputs as its next step's inputs; the caches never
                                           leave the worker. `seq` is required in a generative session, refused
@@ -75,7 +81,7 @@ import zmq
 from ..manifest.types import HOST, Recv, Run, Send, Step
 from .transport import MAX_HEADER_BYTES, BadMessage, unpack
 
-__all__ = ["PROTOCOL_VERSION", "welcome_providers", "BLOB_CHUNK", "BLOB_WINDOW", "MAX_OPEN_BYTES", "MAX_TIMED_STEPS", "MAX_DILATE",
+__all__ = ["PROTOCOL_VERSION", "TOKEN_TENSOR", "MAX_TEMPERATURE", "welcome_providers", "BLOB_CHUNK", "BLOB_WINDOW", "MAX_OPEN_BYTES", "MAX_TIMED_STEPS", "MAX_DILATE",
            "is_timed", "timed_steps", "parse", "DropLog"]
 
 logger = logging.getLogger(__name__)
@@ -92,9 +98,11 @@ logger = logging.getLogger(__name__)
 # 7: a generative session's sequences: `begin`, `drop` and `run`'s seq (a worker of 6 would run a generative
 #    build's steps without their caches).
 PROTOCOL_VERSION = 7
+TOKEN_TENSOR = "@token"  # a generative step's chosen token id, sent to the coordinator in place of the logits
 BLOB_CHUNK = 4 << 20  # fragment file bytes per blob message
 BLOB_WINDOW = 4  # blob messages in flight per worker: bounds what either side queues
 MAX_OPEN_BYTES = (64 << 20) + (1 << 16)  # the manifest (at most 64 MiB, manifest/load.py) and the other fields
+MAX_TEMPERATURE = 1e6  # `begin`'s temperature: beyond it every token is as likely, so a larger one is a mistake
 MAX_DILATE = 1000.0  # --dilate: a 100 ms fragment then pads to 100 s, past any sensible --timeout
 # msgpack writes a float in 9 bytes, and a timed step costs a `done` at most two (a run: its start and its
 # time): this many timed steps keep a `done` header well inside MAX_HEADER_BYTES. Which steps are timed, and in
@@ -130,7 +138,7 @@ _FIELDS: dict[str, dict[str, tuple]] = {
     "peers": {"peers": (dict,)},
     "run": {"req": (_INT,), "slow": (_NUM, _INT)},
     "sync": {"seq": (_INT,)},
-    "begin": {"seq": (_INT,)},
+    "begin": {"seq": (_INT,), "temperature": (_NUM, _INT), "seed": (_INT,), "logits": (_BOOL,)},
     "drop": {"seq": (_INT,)},
     "grant": {"seq": (_INT,), "wait_ms": (_NUM, _INT)},
     "ping": {},
@@ -178,6 +186,8 @@ def parse(frames: list[zmq.Frame], allowed: frozenset[str] | set[str]) -> tuple[
         _check_numbers(kind, key, msg[key], *_RANGE.get(kind, {}).get(key, (-math.inf, math.inf)))
     if kind in ("begin", "drop") or (kind == "run" and "seq" in msg):
         _check_seq(kind, msg.get("seq"))
+    if kind == "begin" and not 0 <= msg["seed"] < 1 << 63:
+        raise BadMessage(f"begin: field 'seed' holds {msg['seed']!r}, outside [0, 2**63)")
     if kind == "overrun":
         _check_overrun(msg)
     if kind == "done":
@@ -192,10 +202,11 @@ _MISSING = object()
 # Fields that must hold finite numbers (a number, or a list of them): timings are subtracted and compared,
 # and NaN or infinity would reach the report as a figure.
 _FINITE = {"run": ("slow",), "synced": ("clock",), "done": ("frag_ms", "run_clocks", "clocks"), "open": ("dilate",),
-           "grant": ("wait_ms",), "channel": ("ms", "since_ms"), "overrun": ("measured_ms",)}
+           "grant": ("wait_ms",), "begin": ("temperature",), "channel": ("ms", "since_ms"), "overrun": ("measured_ms",)}
 # Numbers that must also lie in a range (a negative duration would run the emulated clock backwards).
-_RANGE = {"run": {"slow": (1.0 / MAX_DILATE, MAX_DILATE)}, "open": {"dilate": (1.0, MAX_DILATE)}, "channel": {"ms": (0.0, math.inf), "since_ms": (0.0, math.inf)},
-          "overrun": {"measured_ms": (0.0, math.inf)}}
+_RANGE = {"run": {"slow": (1.0 / MAX_DILATE, MAX_DILATE)}, "open": {"dilate": (1.0, MAX_DILATE)},
+          "channel": {"ms": (0.0, math.inf), "since_ms": (0.0, math.inf)}, "overrun": {"measured_ms": (0.0, math.inf)},
+          "begin": {"temperature": (0.0, MAX_TEMPERATURE)}}
 
 
 def welcome_providers(msg: dict) -> list[str]:

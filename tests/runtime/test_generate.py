@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -123,9 +124,11 @@ def test_keyed_remote_workers_generate_the_same_tokens(builds, whole, tmp_path):
     workers = [Worker(tmp_path / n, "--keys", str(keys), "--name", n, "--threads", "1") for n in ("pi5-a", "pi5-b")]
     try:
         addresses = {"pi5-a": workers[0].address, "pi5-b": workers[1].address}
-        report = _generate(builds[2], prompt_ids=[PROMPT, OTHER], keys=keys, addresses=addresses, verify=True)
+        report = _generate(builds[2], prompt_ids=[PROMPT, OTHER], keys=keys, addresses=addresses)
         assert [s["tokens"] for s in report["sequences"]] == [whole[tuple(PROMPT)], whole[tuple(OTHER)]]
         assert workers[1].wait_for_log(f"run ended: {2 * NEW} request(s)")
+        # The last stage chose every token: all it sent the coordinator is one int64 id per step, no logits.
+        assert re.search(rf"run ended: {2 * NEW} request\(s\);.* decoded\), {2 * NEW * 8} sent ", workers[1].log())
         assert "inflight 2" in workers[0].log()  # both sequences' steps in the stages at once
     finally:
         codes = [w.stop() for w in workers]
@@ -186,7 +189,12 @@ def _frames(msg: dict) -> list:
     return [zmq.Frame(pack(msg))]
 
 
-@pytest.mark.parametrize("msg", [{"t": "begin", "seq": -1}, {"t": "drop", "seq": "a"}, {"t": "begin"},
+BEGIN = {"t": "begin", "seq": 3, "temperature": 0.0, "seed": 0, "logits": False}
+
+
+@pytest.mark.parametrize("msg", [{**BEGIN, "seq": -1}, {"t": "drop", "seq": "a"}, {"t": "begin", "seq": 0},
+                                 {**BEGIN, "temperature": -1.0}, {**BEGIN, "temperature": float("nan")},
+                                 {**BEGIN, "seed": -2}, {**BEGIN, "logits": 1},
                                  {"t": "run", "req": 0, "slow": 1.0, "seq": True}])
 def test_malformed_sequence_messages_are_refused(msg):
     with pytest.raises(BadMessage):
@@ -210,10 +218,10 @@ def _session(build: Path, device: str = "pi5-a") -> Session:
 
 def test_a_session_keeps_state_per_sequence_and_refuses_what_does_not_fit(builds):
     s = _session(builds[2])
-    s.on_control(_frames({"t": "begin", "seq": 3}))
+    s.on_control(_frames(BEGIN))
     with pytest.raises(InputError, match="sequence 3 is already open"):
-        s.on_control(_frames({"t": "begin", "seq": 3}))
-    state = s.sequences.state(3)
+        s.on_control(_frames(BEGIN))
+    state = s.sequences.get(3).state
     frag = next(f for f in s.manifest.device_fragments("pi5-a") if f.state)
     assert all(a.shape[spec.axis] == 0 for spec, a in zip(frag.state, state[frag.id].values()))
     with pytest.raises(InputError, match="names no sequence in a generative session"):
@@ -222,7 +230,7 @@ def test_a_session_keeps_state_per_sequence_and_refuses_what_does_not_fit(builds
     assert s.seq_of == {0: 3} and list(s.queue) == [0]
     s.on_control(_frames({"t": "drop", "seq": 3}))
     with pytest.raises(RunError, match="sequence 3, which is not open"):
-        s.sequences.state(3)
+        s.sequences.get(3)
     with pytest.raises(InputError, match="not open"):
         s.on_control(_frames({"t": "drop", "seq": 3}))
 
@@ -231,7 +239,7 @@ def test_a_one_pass_session_refuses_sequences(builds, tmp_path):
     s = _session(builds[2])
     s.sequences = None
     with pytest.raises(InputError, match="not a generative build"):
-        s.on_control(_frames({"t": "begin", "seq": 0}))
+        s.on_control(_frames(BEGIN))
     with pytest.raises(InputError, match="names a sequence"):
         s.on_control(_frames({"t": "run", "req": 0, "slow": 1.0, "seq": 0}))
 

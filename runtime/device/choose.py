@@ -1,6 +1,7 @@
 """The next token from a step's last logits: the largest (greedy), or drawn at a temperature from a generator
-seeded per sequence, so that a sequence draws the same tokens alone or beside others, and the whole model's
-reference loop (reference.py) draws with the same numbers."""
+seeded per sequence (seed, sequence index), so that its draws do not depend on the other sequences in flight.
+The worker that holds the logits chooses (sequences.py), so only the token id leaves it; the whole model's
+reference loop (generate/reference.py) draws with the same code and the same numbers."""
 
 from __future__ import annotations
 
