@@ -1,6 +1,8 @@
 """`edgec generate` on local and keyed remote workers: a 1-, 2- and 3-stage build of tinylm generates exactly the
 whole model's tokens (its decode loop written out here, apart from the runtime's), each sequence of several in
-flight gets the tokens it gets alone, sampling is reproducible, and --json prints exactly its keys."""
+flight gets the tokens it gets alone, sampling verifies against the whole model's draws, the last stage sends
+nothing but token ids, --json prints exactly its keys and bad input is one line; then the parts without workers
+(the sequence messages, the worker's per-sequence state, the step inputs, the prompt checks, verification)."""
 
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from edgec.runtime.manifest.load import load_manifest
 from edgec.runtime.wire.keys import keygen
 from edgec.runtime.wire.protocol import parse
 from edgec.runtime.wire.transport import BadMessage, pack
+from tests.runtime.test_distributed import Worker  # an `edgec worker` subprocess on loopback
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = Path(os.environ["EDGEC_MODELS_DIR"])
@@ -43,8 +46,6 @@ MAX_CONTEXT = 16
 
 pytestmark = pytest.mark.skipif(not TINYLM.exists(), reason="models/build/tinylm.onnx is not built")
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_distributed import Worker  # noqa: E402
 
 
 def whole_model_tokens(prompt: list[int], steps: int) -> list[int]:
