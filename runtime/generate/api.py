@@ -26,7 +26,7 @@ from .pool import GeneratePool
 from .reference import reference_decode, verify_sequences
 from ..device.choose import Sampler
 
-__all__ = ["generate", "load_generative", "prompts_of", "summary", "MAX_SEQUENCES"]
+__all__ = ["generate", "load_generative", "prompts_of", "check_fits", "summary", "MAX_SEQUENCES"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +62,7 @@ def generate(build: str | os.PathLike, *, prompt_ids: Seq[int] | Seq[Seq[int]] |
         raise InputError(f"--seed {seed}: expected an integer >= 0")
     if tolerance is not None and not (math.isfinite(tolerance) and tolerance >= 0):
         raise InputError(f"--tolerance {tolerance}: expected a finite number >= 0")
+    check_fits(m, len(prompts))
     if verify:  # before the run: a moved or changed model fails in a second
         check_model(m)
     sampler = Sampler(temperature, seed)
@@ -119,6 +120,24 @@ def prompts_of(m: Manifest, prompt_ids, random_prompt: int | None, max_new_token
             raise InputError(f"{m.path}: a prompt of {len(p)} and {max_new_tokens} new tokens exceed the build's "
                              f"max_context {g.max_context} (compile with a larger --max-context)")
     return [[int(t) for t in p] for p in prompts]
+
+
+def check_fits(m: Manifest, sequences: int) -> None:
+    """InputError when a device cannot hold its fragments' files and every sequence's caches at max_context: the
+    plan counted one sequence's, and each sequence in flight holds its own. (A lower bound of what the device
+    needs: its activations and the runtime come on top.)"""
+    for d in m.devices:
+        frags = m.device_fragments(d.name)
+        caches = sum(math.prod(s.shape[:s.axis] + (s.max_length,) + s.shape[s.axis + 1:]) * np.dtype(s.dtype).itemsize
+                     for f in frags for s in f.state)
+        if not caches:
+            continue
+        weights = sum(m.fragment_path(f).stat().st_size for f in frags)
+        need = weights + sequences * caches
+        if need > d.memory_mb * (1 << 20):
+            raise InputError(f"--sequences {sequences}: device {d.name} would hold at least {need / (1 << 20):.0f} "
+                             f"MB (its fragments and {sequences} sequence(s)' caches at max_context "
+                             f"{m.generate.max_context}), more than its {d.memory_mb:g} MB")
 
 
 def _given(prompt_ids, sequences: int) -> list[list]:

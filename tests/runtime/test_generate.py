@@ -6,6 +6,7 @@ nothing but token ids, --json prints exactly its keys and bad input is one line;
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -26,7 +27,7 @@ from edgec.runtime.device.sequences import Sequences, keep_state
 from edgec.runtime.device.session import Session
 from edgec.runtime.errors import InputError, RunError
 from edgec.runtime.front.generate_cli import generate as generate_cmd
-from edgec.runtime.generate.api import prompts_of
+from edgec.runtime.generate.api import check_fits, prompts_of
 from edgec.runtime.generate.feeds import step_inputs, vocab_size
 from edgec.runtime.generate.loop import Sequence
 from edgec.runtime.generate.reference import verify_sequences
@@ -278,6 +279,19 @@ def test_prompts_are_checked_before_any_worker_starts(builds):
                           (([True], None, 1, 1, 0), "is not a token id"), (([[]], None, 1, 1, 0), "is empty")]:
         with pytest.raises(InputError, match=message):
             prompts_of(m, *args)
+
+
+def test_sequences_whose_caches_a_device_cannot_hold_are_refused(builds):
+    m = load_manifest(builds[2] / "manifest.json", check_files=False, generative=True)
+    frag = next(f for f in m.device_fragments("pi5-b") if f.state)
+    cache = sum(np.prod([s.max_length if i == s.axis else n for i, n in enumerate(s.shape)]) * 4 for s in frag.state)
+    weights = m.fragment_path(frag).stat().st_size
+    mb = (weights + 3 * cache) / (1 << 20)  # room for three sequences' caches on pi5-b
+    small = dataclasses.replace(m, devices=tuple(dataclasses.replace(d, memory_mb=mb) if d.name == "pi5-b" else d
+                                                 for d in m.devices))
+    check_fits(small, 3)
+    with pytest.raises(InputError, match="--sequences 4: device pi5-b would hold at least"):
+        check_fits(small, 4)
 
 
 def test_verification_fails_on_a_different_token_or_logits():
