@@ -7,7 +7,6 @@ import dataclasses
 import logging
 import math
 import os
-import time
 from pathlib import Path
 from typing import Callable, Mapping, Sequence as Seq
 
@@ -49,19 +48,13 @@ def generate(build: str | os.PathLike, *, prompt_ids: Seq[int] | Seq[Seq[int]] |
     mean time from the start to a sequence's first token, tpot_ms the mean time between a sequence's later
     tokens (None with one token), tokens_per_s every sequence's tokens over the time to the last one, verify
     None unless asked (reference.py)."""
+    _check_options(temperature, seed, tolerance, timeout)
     m = load_generative(build)
     if model is not None:
         if not verify:
             raise InputError(f"--model {model}: the source model is used by --verify only; add --verify")
-        m = _with_model(m, Path(model))
+        m = dataclasses.replace(m, model_path=Path(model))
     prompts = prompts_of(m, prompt_ids, random_prompt, max_new_tokens, sequences, seed)
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or \
-            not 0 <= temperature <= MAX_TEMPERATURE:
-        raise InputError(f"--temperature {temperature}: expected a number from 0 to {MAX_TEMPERATURE:g}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise InputError(f"--seed {seed}: expected an integer >= 0")
-    if tolerance is not None and not (math.isfinite(tolerance) and tolerance >= 0):
-        raise InputError(f"--tolerance {tolerance}: expected a finite number >= 0")
     check_fits(m, len(prompts))
     if verify:  # before the run: a moved or changed model fails in a second
         check_model(m)
@@ -69,13 +62,12 @@ def generate(build: str | os.PathLike, *, prompt_ids: Seq[int] | Seq[Seq[int]] |
     with GeneratePool(m, sampler=sampler, logits=verify, threads=threads, timeout=timeout, addresses=addresses,
                       keys=load_keys(keys), inflight=len(prompts)) as pool:
         seqs, start = decode(pool, m, prompts, max_new_tokens, on_token)
-        end = time.perf_counter()
     checked = None
     if verify:
         logger.info("verifying against %s", m.model_path)
         checked = verify_sequences(seqs, reference_decode(m, prompts, max_new_tokens, sampler),
                                    plan_tolerance(m) if tolerance is None else tolerance)
-    return summary(seqs, start, end, checked)
+    return summary(seqs, start, checked)
 
 
 def load_generative(build: str | os.PathLike) -> Manifest:
@@ -88,8 +80,17 @@ def load_generative(build: str | os.PathLike) -> Manifest:
     return m
 
 
-def _with_model(m: Manifest, model: Path) -> Manifest:
-    return dataclasses.replace(m, model_path=model)
+def _check_options(temperature, seed, tolerance, timeout) -> None:
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or \
+            not 0 <= temperature <= MAX_TEMPERATURE:
+        raise InputError(f"--temperature {temperature}: expected a number from 0 to {MAX_TEMPERATURE:g}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 63:
+        raise InputError(f"--seed {seed}: expected an integer from 0 to 2**63 - 1")
+    if tolerance is not None and not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance)
+                                      and tolerance >= 0):
+        raise InputError(f"--tolerance {tolerance}: expected a finite number >= 0")
+    if isinstance(timeout, bool) or not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
+        raise InputError(f"--timeout {timeout}: expected a finite number of seconds above 0")
 
 
 def prompts_of(m: Manifest, prompt_ids, random_prompt: int | None, max_new_tokens: int, sequences: int,
@@ -149,7 +150,7 @@ def _given(prompt_ids, sequences: int) -> list[list]:
     return [ids for _ in range(sequences)]
 
 
-def summary(seqs: list[Sequence], start: float, end: float, checked: dict | None) -> dict:
+def summary(seqs: list[Sequence], start: float, checked: dict | None) -> dict:
     """The --json report of a generation (see generate())."""
     firsts = [(s.at[0] - start) * 1000.0 for s in seqs]
     gaps = [(s.at[-1] - s.at[0]) * 1000.0 / (len(s.at) - 1) for s in seqs if len(s.at) > 1]

@@ -294,6 +294,16 @@ def test_sequences_whose_caches_a_device_cannot_hold_are_refused(builds):
         check_fits(small, 4)
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    ({"temperature": -0.5}, "--temperature"), ({"temperature": float("nan")}, "--temperature"),
+    ({"seed": -1, "random_prompt": 3}, "--seed"), ({"tolerance": float("inf")}, "--tolerance"),
+    ({"timeout": 0}, "--timeout"), ({"model": "elsewhere.onnx"}, "used by --verify only"),
+])
+def test_bad_options_of_the_api_are_one_line(builds, kwargs, message):
+    with pytest.raises(InputError, match=message):
+        edgec.generate(builds[1], **{"prompt_ids": [1, 2], "max_new_tokens": 2, **kwargs})
+
+
 def test_verification_fails_on_a_different_token_or_logits():
     logits = [np.array([0.0, 1.0, 0.5], np.float32), np.array([2.0, 0.0, 0.0], np.float32)]
     seq = Sequence(0, [1], tokens=[1, 0], logits=[a.copy() for a in logits])
