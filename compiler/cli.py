@@ -316,11 +316,13 @@ def allocate_cmd(services, devices, outdir, fairness, best_effort, share, time_l
 
 def _add_runtime_commands() -> None:
     from edgec.runtime.front.cli import keygen as keygen_cmd, run as run_cmd, run_all as run_all_cmd, serve as serve_cmd
+    from edgec.runtime.front.cli import generate as generate_cmd
     from edgec.runtime.device.worker import worker as worker_cmd
 
     cli.add_command(run_cmd, "run")
     cli.add_command(run_all_cmd, "run-all")
     cli.add_command(serve_cmd, "serve")
+    cli.add_command(generate_cmd, "generate")
     cli.add_command(worker_cmd, "worker")
     cli.add_command(keygen_cmd, "keygen")
 

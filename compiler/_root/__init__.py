@@ -6,6 +6,7 @@ The Python API for build scripts, the same as the command line:
     summary = edgec.compile("model.onnx", "cluster.yaml", "build/")      # what `edgec compile --json` prints
     report = edgec.run("build/", random_inputs=True, verify=True)       # what `edgec run --json` prints
     assert report["verify"]["passed"]
+    tokens = edgec.generate("lm-build/", prompt_ids=[5, 17, 300], max_new_tokens=8)  # `edgec generate --json`
     with edgec.Cluster("build/") as cluster:                            # a session serving requests
         outputs = cluster.infer({"input": x})                           # {output name: array}
 
@@ -18,13 +19,13 @@ models/ and profiles/ install as ``edgec.compiler``, ``edgec.runtime``, ``edgec.
 
 from importlib import metadata as _metadata
 
-__all__ = ["compile", "run", "Cluster", "__version__"]
+__all__ = ["compile", "run", "generate", "Cluster", "__version__"]
 
 __version__ = _metadata.version("edgec")
 
 
 def __getattr__(name: str):
-    """`edgec.compile`, `edgec.run` and `edgec.Cluster`, imported on first use: `import edgec` stays light."""
+    """`edgec.compile`, `edgec.run`, `edgec.generate` and `edgec.Cluster`, imported on first use: `import edgec` stays light."""
     if name == "compile":
         from edgec.compiler.api import compile
 
@@ -33,6 +34,10 @@ def __getattr__(name: str):
         from edgec.runtime.front.api import run
 
         return run
+    if name == "generate":
+        from edgec.runtime.generate.api import generate
+
+        return generate
     if name == "Cluster":
         from edgec.runtime.serve.session import Cluster
 

@@ -55,6 +55,16 @@ KEYS = {
                     "step is priced at past `priced_past` = (prompt_len + max_context - 1) // 2, the mean past of "
                     "one generation; every cache is counted in memory at `max_context`",
     },
+    "generate": {
+        "sequences": "per sequence: `{prompt, tokens}`, the prompt's and the generated token ids",
+        "ttft_ms": "time to first token: from the start (the workers ready) to a sequence's first token, the mean "
+                   "over the sequences",
+        "tpot_ms": "time per output token: the mean gap between a sequence's later tokens, the mean over the "
+                   "sequences; null with one new token",
+        "tokens_per_s": "every sequence's tokens over the time from the start to the last token",
+        "verify": "`{passed, tokens_match, max_abs_diff, tolerance, mismatch}` (mismatch: null, or the first "
+                  "different token's `{sequence, step, token, expected}`), or null without `--verify`",
+    },
     "run": {
         "manifest": "the manifest run",
         "latency_ms": "median latency of the timed requests",
@@ -120,6 +130,9 @@ def _outputs() -> dict[str, tuple[str, dict]]:
                 "edgec compile tinylm.onnx --devices two.yaml -o lm --generate --max-context 128 --prompt-len 16 --json",
                 _run(["compile", str(models.ensure("tinylm")), "--devices", cluster, "-o", "lm", "--generate",
                       "--max-context", "128", "--prompt-len", "16", "--json"], cwd)),
+            "generate": ("edgec generate lm --prompt-ids 5,17,300 --max-new-tokens 4 --sequences 2 --verify --json",
+                         _run(["generate", "lm", "--prompt-ids", "5,17,300", "--max-new-tokens", "4", "--sequences",
+                               "2", "--verify", "--json"], cwd)),
             "run": ("edgec run build --random-inputs --verify --repeat 3 --json",
                     _run(["run", "build", "--random-inputs", "--verify", "--repeat", "3", "--json"], cwd)),
             "inspect MODEL": ("edgec inspect tinychain.onnx --json", _run(["inspect", model, "--json"], cwd)),

@@ -111,11 +111,20 @@ class Window:
                 send_tensor(w.sock, r.req, HOST, tensor, np.asarray(inputs[tensor]))
             except zmq.Again:
                 raise RunError(f"{w.where}: accepted nothing for {self.timeout:g} s") from None
-        run = pack({"t": "run", "req": r.req, "slow": 1.0})
+        extra = self._run_fields(r.req, inputs)
+        run = pack({"t": "run", "req": r.req, "slow": 1.0, **extra})
         for w in self.workers.values():
             slow = self.slowdown.get(w.name, 1.0)
-            self._send_packed(w, run if slow == 1.0 else pack({"t": "run", "req": r.req, "slow": slow}))
+            self._send_packed(w, run if slow == 1.0 else pack({"t": "run", "req": r.req, "slow": slow, **extra}))
         return r
+
+    def _run_fields(self, req: int, inputs: Mapping[str, np.ndarray]) -> dict:
+        """What a request's `run` carries besides req and slow (a generative pool adds the sequence)."""
+        return {}
+
+    def _output_shape(self, name: str, req: int) -> tuple[int, ...]:
+        """The shape an output of request `req` must have (a generative pool's change from step to step)."""
+        return self.specs[name].shape
 
     def _send_packed(self, w: WorkerLink, frame: bytes) -> None:
         try:
@@ -143,10 +152,10 @@ class Window:
             return self.drops.drop(f"output {t.name[:80]!r} from {w.name} for request {t.req}, which is not open")
         if self.collects.get(t.name) != w.name or t.src != w.name:
             raise RunError(f"unexpected output {t.name!r} from {w.name}")
-        spec = self.specs[t.name]
-        if t.array.shape != spec.shape or msg["dtype"] != spec.dtype:  # decode_tensor checked the name
+        spec, shape = self.specs[t.name], self._output_shape(t.name, t.req)
+        if t.array.shape != shape or msg["dtype"] != spec.dtype:  # decode_tensor checked the name
             raise RunError(f"output {t.name!r} from {w.name} has shape {t.array.shape} {t.array.dtype.name}, "
-                           f"the manifest says {spec.shape} {spec.dtype}")
+                           f"the manifest says {shape} {spec.dtype}")
         r.outputs[t.name] = t.array
         if len(r.outputs) == len(self.collects):
             r.t_outputs = time.perf_counter()

@@ -37,6 +37,7 @@ from ..wire.compress import parse_mode
 from .emulate import DelayedLinks
 from ..errors import InputError, RunError
 from .executor import Executor
+from .sequences import Sequences
 from .steps import Steps
 from ..wire.inbox import FULL, Inbox
 from ..manifest.types import HOST, Manifest
@@ -60,7 +61,7 @@ _ALLOWED = {
     "hello": frozenset({"open", "ping", "end"}),
     "loading": frozenset({"blob", "ping", "end"}),
     "loaded": frozenset({"peers", "ping", "end"}),
-    "ready": frozenset({"run", "tensor", "sync", "grant", "ping", "end"}),
+    "ready": frozenset({"run", "tensor", "sync", "grant", "ping", "end", "begin", "drop"}),
 }
 
 
@@ -122,6 +123,8 @@ class Session:
         self.queue: deque[int] = deque()
         self.slow: dict[int, float] = {}  # emulated slow-down of a queued request's runs, when not 1 (wire/protocol.py)
         self.next_run = 0
+        self.sequences: Sequences | None = None  # a generative session's (manifest version 2)
+        self.seq_of: dict[int, int] = {}  # a queued generative request's sequence
         self.drops = DropLog(f"worker {daemon.endpoint}")
         # bytes_sent / bytes_received: tensor payloads on the wire (compressed where they were); *_raw: the
         # same tensors' own sizes. compress_ms / decompress_ms: time spent choosing, compressing, decoding.
@@ -185,6 +188,8 @@ class Session:
         if not 1 <= inflight <= MAX_INFLIGHT:
             raise InputError(f"inflight {inflight}: expected 1 to {MAX_INFLIGHT}")
         self.manifest, self.device, self.emulate, self.dilate = m, device, msg["emulate"], float(msg["dilate"])
+        if m.generate is not None:
+            self.sequences = Sequences(m, device)
         # Absent from an older coordinator's "open": it sends and expects raw tensors.
         self.compress = parse_mode(msg["compress"])
         for frag in m.device_fragments(device):
@@ -288,8 +293,25 @@ class Session:
                              "is not emulated")
         if msg["slow"] != 1:
             self.slow[req] = float(msg["slow"])
+        if (self.sequences is None) != ("seq" not in msg):
+            raise InputError(f"device {self.device}: run request {req} " + (
+                "names no sequence in a generative session" if self.sequences is not None else
+                "names a sequence, but the manifest is not a generative build"))
+        if self.sequences is not None:
+            self.seq_of[req] = msg["seq"]
         self.queue.append(req)
         self.next_run += 1
+
+    def _on_begin(self, msg: dict, payload) -> None:
+        self._generative("begin").begin(msg["seq"], float(msg["temperature"]), msg["seed"], msg["logits"])
+
+    def _on_drop(self, msg: dict, payload) -> None:
+        self._generative("drop").drop(msg["seq"])
+
+    def _generative(self, what: str) -> Sequences:
+        if self.sequences is None:
+            raise InputError(f"device {self.device}: {what} of a sequence, but the manifest is not a generative build")
+        return self.sequences
 
     def _on_tensor(self, msg: dict, payload: zmq.Frame) -> None:
         try:
@@ -365,7 +387,9 @@ class Session:
 
     def execute_next(self) -> None:
         req = self.queue.popleft()
-        steps = Steps(self, req, self.slow.pop(req, 1.0))
+        seq = self.seq_of.pop(req, None)
+        sequence = None if seq is None else self.sequences.get(seq)
+        steps = Steps(self, req, self.slow.pop(req, 1.0), sequence)
         run_s = steps.execute()
         self.inbox.advance(req)
         self.stats["requests"] += 1
@@ -460,3 +484,6 @@ class Session:
             self.data = None
         self.queue.clear()
         self.slow.clear()
+        self.seq_of.clear()
+        if self.sequences is not None:
+            self.sequences.clear()

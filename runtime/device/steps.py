@@ -9,9 +9,11 @@ from typing import Callable, Protocol
 import numpy as np
 
 from .emulate import DelayedLinks, pad_run
+from .sequences import SequenceState, feed_state, keep_state
 from ..errors import RunError, one_line
 from .executor import Executor
 from ..manifest.types import HOST, Concat, Free, Manifest, Recv, Run, Send, Slice, region_ranges
+from ..wire.protocol import TOKEN_TENSOR
 
 __all__ = ["Steps", "StepsHost"]
 
@@ -43,8 +45,9 @@ class StepsHost(Protocol):
 class Steps:
     """One request through this device's steps, in order."""
 
-    def __init__(self, session: StepsHost, req: int, slow: float = 1.0):
+    def __init__(self, session: StepsHost, req: int, slow: float = 1.0, sequence: SequenceState | None = None):
         self.s, self.req = session, req
+        self.sequence = sequence  # a generative step's: its sequence's state and token chooser (sequences.py)
         self.pad = session.dilate * slow  # an emulated run takes pad x its predicted time
         self.device = session.device
         # With the session's timings on (see session.py's module docstring): run ms and start clock per run
@@ -92,8 +95,13 @@ class Steps:
         """The fragment run's start (this worker's clock) and run time (s). Emulated: padded to its predicted
         time x the dilation, counted from when the device was ready for it, which is then its start."""
         s = self.s
+        own = None if self.sequence is None else self.sequence.state.get(step.fragment)
+        if own is not None:
+            feed_state(own, store)
         started = time.monotonic()
         elapsed = s.executor.run(step.fragment, store)
+        if own is not None:
+            keep_state(s.executor.fragments[step.fragment], own, store, self.device)
         if not s.emulate:
             return started, elapsed
         frag = s.executor.fragments[step.fragment]
@@ -125,6 +133,10 @@ class Steps:
         for r in region_ranges(step.region):  # a box: one view per axis, still no copy
             array = self.cut(array, r.axis, r.start, r.stop, step.tensor)
         if step.to == HOST:  # free in the planner's model: never delayed
+            if self.sequence is not None and step.name == s.manifest.generate.logits_output:
+                self.send_token(array)
+                if not self.sequence.logits:
+                    return
             s.send_output(self.req, step.name, array)
             return
         wire, send = s.encode_peer(self.req, step.to, step.name, array)
@@ -132,6 +144,11 @@ class Steps:
             send()
         else:
             self.burst.append((step.to, wire, send))  # the link carries the bytes actually sent
+
+    def send_token(self, logits: np.ndarray) -> None:
+        """A generative step's token, chosen here from the logits of its last position: only its id leaves."""
+        token = self.sequence.choose(logits.reshape(-1, logits.shape[-1])[-1])
+        self.s.send_output(self.req, TOKEN_TENSOR, np.array([token], dtype=np.int64))
 
     def flush(self) -> None:
         """Emulation: put the burst of consecutive sends on the link (on a shared medium, once the coordinator

@@ -1,7 +1,8 @@
 """The runtime's commands: `edgec run MANIFEST` (run a build on the devices' workers, time it, optionally
 verify it), `edgec worker` (the daemon on each device), `edgec keygen` (the cluster's keys) and, on the device-only
 install, `edgec profile` (measure this machine: the full install's own adds --refine); the device-only `edgec`
-group, which adds `edgec run-all` (run_all_cli.py) and `edgec serve` (serve_cli.py). kit.py holds what the
+group, which adds `edgec run-all` (run_all_cli.py), `edgec serve` (serve_cli.py) and `edgec generate`
+(generate_cli.py). kit.py holds what the
 commands share: option types, progress on stderr, exit codes."""
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ from .api import (MAX_HEARTBEAT_MS, MAX_TIMEOUT_S, MAX_WARMUP, MIN_HEARTBEAT_MS,
 from .kit import SEED, TIMEOUT, TOLERANCE, command_exit_code, request_lines
 from .run_all_cli import run_all
 from .serve_cli import serve
+from .generate_cli import generate
 
-__all__ = ["run", "run_all", "serve", "worker", "keygen", "main", "worker_main", "device_main", "OneLineErrors",
+__all__ = ["run", "run_all", "serve", "generate", "worker", "keygen", "main", "worker_main", "device_main", "OneLineErrors",
            "quiet_broken_pipe", "EXIT_OK", "EXIT_VERIFY_FAILED", "EXIT_INPUT", "EXIT_RUN", "EXIT_PIPE", "MAX_THREADS_HERE"]
 
 logger = logging.getLogger(__name__)
@@ -303,6 +305,7 @@ def device_cli() -> None:
 device_cli.add_command(run)
 device_cli.add_command(run_all)
 device_cli.add_command(serve)
+device_cli.add_command(generate)
 device_cli.add_command(worker)
 device_cli.add_command(keygen)
 device_cli.add_command(profile)

@@ -39,6 +39,21 @@ A session (one run), in order:
     runs to slow x predicted_ms x dilate: a device that slows down mid-run (`edgec run --emulate --slow`)
     W overrun {req, fragments, measured_ms}  (before that request's `done`, when some of its fragment runs took
                                           longer than predicted_ms x dilate: the fragments and their run times)
+  a generative build's sequences (manifest version 2; device/sequences.py):
+    C begin {seq, temperature, seed, logits}
+                                       (opens sequence seq, an int >= 0 never used before in the session, with
+                                          every state input of the device's fragments empty; the device that
+                                          gives the logits chooses each token: greedy at temperature 0, else
+                                          drawn from a generator seeded (seed, seq), device/choose.py)
+    W tensor TOKEN_TENSOR              (per step, from the device that gives the logits: the chosen token id,
+                                          int64 [1], in place of the logits, which it sends too only when
+                                          `begin` asked for them with logits true, for --verify)
+    C run {req, slow, seq}             (a step of sequence seq: the device's fragments read the sequence's state
+                                          and keep their state outputs as its next step's inputs; the caches never
+                                          leave the worker. `seq` is required in a generative session, refused
+                                          in any other)
+    C drop {seq}                       (frees the sequence's state; sent once its last step is `done` on every
+                                          worker: begin and drop act when they arrive, runs when their turn comes)
   C ping {} (keeps the session alive while C is idle); C end {} -> W bye {stats}
   W error {kind: "input" | "run" | "stopped", req, message} at any point ends the session ("stopped": the worker
   is shutting down, e.g. SIGTERM; the coordinator treats its device as lost and fails over).
@@ -66,7 +81,7 @@ import zmq
 from ..manifest.types import HOST, Recv, Run, Send, Step
 from .transport import MAX_HEADER_BYTES, BadMessage, unpack
 
-__all__ = ["PROTOCOL_VERSION", "welcome_providers", "BLOB_CHUNK", "BLOB_WINDOW", "MAX_OPEN_BYTES", "MAX_TIMED_STEPS", "MAX_DILATE",
+__all__ = ["PROTOCOL_VERSION", "TOKEN_TENSOR", "MAX_TEMPERATURE", "welcome_providers", "BLOB_CHUNK", "BLOB_WINDOW", "MAX_OPEN_BYTES", "MAX_TIMED_STEPS", "MAX_DILATE",
            "is_timed", "timed_steps", "parse", "DropLog"]
 
 logger = logging.getLogger(__name__)
@@ -80,10 +95,14 @@ logger = logging.getLogger(__name__)
 # 5: `run` carries slow, the emulated slow-down of the request's fragment runs (`edgec run --emulate --slow`).
 # 6: `welcome` carries providers, the onnxruntime execution providers the worker has (checked after the version,
 #    so that a worker of version 5 is told about the version, not about a missing field).
-PROTOCOL_VERSION = 6
+# 7: a generative session's sequences: `begin`, `drop` and `run`'s seq (a worker of 6 would run a generative
+#    build's steps without their caches).
+PROTOCOL_VERSION = 7
+TOKEN_TENSOR = "@token"  # a generative step's chosen token id, sent to the coordinator in place of the logits
 BLOB_CHUNK = 4 << 20  # fragment file bytes per blob message
 BLOB_WINDOW = 4  # blob messages in flight per worker: bounds what either side queues
 MAX_OPEN_BYTES = (64 << 20) + (1 << 16)  # the manifest (at most 64 MiB, manifest/load.py) and the other fields
+MAX_TEMPERATURE = 1e6  # `begin`'s temperature: beyond it every token is as likely, so a larger one is a mistake
 MAX_DILATE = 1000.0  # --dilate: a 100 ms fragment then pads to 100 s, past any sensible --timeout
 # msgpack writes a float in 9 bytes, and a timed step costs a `done` at most two (a run: its start and its
 # time): this many timed steps keep a `done` header well inside MAX_HEADER_BYTES. Which steps are timed, and in
@@ -119,6 +138,8 @@ _FIELDS: dict[str, dict[str, tuple]] = {
     "peers": {"peers": (dict,)},
     "run": {"req": (_INT,), "slow": (_NUM, _INT)},
     "sync": {"seq": (_INT,)},
+    "begin": {"seq": (_INT,), "temperature": (_NUM, _INT), "seed": (_INT,), "logits": (_BOOL,)},
+    "drop": {"seq": (_INT,)},
     "grant": {"seq": (_INT,), "wait_ms": (_NUM, _INT)},
     "ping": {},
     "end": {},
@@ -163,6 +184,10 @@ def parse(frames: list[zmq.Frame], allowed: frozenset[str] | set[str]) -> tuple[
             raise BadMessage(f"{kind}: field {key!r} missing or not {'/'.join(t.__name__ for t in types)}")
     for key in _FINITE.get(kind, ()):
         _check_numbers(kind, key, msg[key], *_RANGE.get(kind, {}).get(key, (-math.inf, math.inf)))
+    if kind in ("begin", "drop") or (kind == "run" and "seq" in msg):
+        _check_seq(kind, msg.get("seq"))
+    if kind == "begin" and not 0 <= msg["seed"] < 1 << 63:
+        raise BadMessage(f"begin: field 'seed' holds {msg['seed']!r}, outside [0, 2**63)")
     if kind == "overrun":
         _check_overrun(msg)
     if kind == "done":
@@ -177,10 +202,11 @@ _MISSING = object()
 # Fields that must hold finite numbers (a number, or a list of them): timings are subtracted and compared,
 # and NaN or infinity would reach the report as a figure.
 _FINITE = {"run": ("slow",), "synced": ("clock",), "done": ("frag_ms", "run_clocks", "clocks"), "open": ("dilate",),
-           "grant": ("wait_ms",), "channel": ("ms", "since_ms"), "overrun": ("measured_ms",)}
+           "grant": ("wait_ms",), "begin": ("temperature",), "channel": ("ms", "since_ms"), "overrun": ("measured_ms",)}
 # Numbers that must also lie in a range (a negative duration would run the emulated clock backwards).
-_RANGE = {"run": {"slow": (1.0 / MAX_DILATE, MAX_DILATE)}, "open": {"dilate": (1.0, MAX_DILATE)}, "channel": {"ms": (0.0, math.inf), "since_ms": (0.0, math.inf)},
-          "overrun": {"measured_ms": (0.0, math.inf)}}
+_RANGE = {"run": {"slow": (1.0 / MAX_DILATE, MAX_DILATE)}, "open": {"dilate": (1.0, MAX_DILATE)},
+          "channel": {"ms": (0.0, math.inf), "since_ms": (0.0, math.inf)}, "overrun": {"measured_ms": (0.0, math.inf)},
+          "begin": {"temperature": (0.0, MAX_TEMPERATURE)}}
 
 
 def welcome_providers(msg: dict) -> list[str]:
@@ -201,6 +227,12 @@ def _check_numbers(kind: str, key: str, value: Any, lo: float, hi: float) -> Non
             raise BadMessage(f"{kind}: field {key!r} holds {str(v)[:40]!r}, not a finite number")
         if not lo <= v <= hi:
             raise BadMessage(f"{kind}: field {key!r} holds {v!r}, outside [{lo:g}, {hi:g}]")
+
+
+def _check_seq(kind: str, seq: Any) -> None:
+    """A sequence id: an int from 0 to 2**62 (run's is optional: absent outside a generative session)."""
+    if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq < 1 << 62:
+        raise BadMessage(f"{kind}: field 'seq' holds {str(seq)[:40]!r}, not a sequence id")
 
 
 def _check_overrun(msg: dict) -> None:

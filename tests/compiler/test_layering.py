@@ -45,6 +45,7 @@ RUNTIME_LAYERS = [
     ["device"],  # the worker daemon, its sessions, onnxruntime, the fragment cache
     ["coordinator"],  # the worker pool, failover, adaptation, emulation, the run's report and trace
     ["profile"],  # `edgec profile`'s measuring: the device alone, or through the coordinator's pool
+    ["generate"],  # a generative build's sequences: the pool of steps, the decode loop, its verification
     ["serve"],  # the long-lived session and the network front over it
     ["front"],  # the commands and edgec.run
     ["__main__"],

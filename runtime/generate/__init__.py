@@ -1,0 +1,14 @@
+"""Generation: a generative build's sequences (manifest version 2) through the devices' workers, step by step,
+each fragment's caches kept on its device (device/sequences.py).
+
+- feeds.py: each step's model inputs as the manifest's `generate` block says (token, positions, mask), and the
+  shapes that change from step to step;
+- pool.py: GeneratePool, the worker pool whose requests are steps of sequences (begin, run with seq, drop), each
+  giving the token id the last stage chose (device/choose.py);
+- loop.py: the decode loop, S sequences in flight at once (pipelined): prefill, then one step per token;
+- reference.py: --verify, the whole model's decode loop in onnxruntime, token by token;
+- api.py: generate(), what `edgec generate` and `edgec.generate` run.
+
+May import the runtime's base modules, the manifest, the wire, the device room (the executor's session options)
+and the coordinator (the worker pool it extends, --verify's comparison); never serve or front.
+"""
