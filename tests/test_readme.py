@@ -192,3 +192,13 @@ def test_links_point_into_the_checkout():
 @pytest.mark.parametrize("line_limit", [250])
 def test_readme_stays_a_page(line_limit):
     assert len(README.splitlines()) <= line_limit
+
+
+def test_generate_runs_as_written(tmp_path):
+    """README's generate block: compile tinylm for generation, then generate on local workers, verified."""
+    (block,) = [b for b in _fenced("bash") if "edgec generate " in b]
+    _layout_like_checkout(tmp_path, ["tinylm"])
+    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "verify: PASS" in proc.stdout and proc.stdout.count("sequence ") == 2, proc.stdout
