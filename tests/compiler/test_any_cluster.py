@@ -115,7 +115,7 @@ def _check_compile(tmp: Path, cluster: dict, model: str, strategy: str, objectiv
        objective=st.sampled_from(GOALS), sla_ms=st.sampled_from([2.0, 20.0, 500.0]))
 @example(cluster=MIXED, model="tinychain", strategy="pipeline", objective="energy", sla_ms=20.0)
 @example(cluster=MIXED, model="squeezenet", strategy="auto", objective="pareto", sla_ms=20.0)
-@settings(derandomize=True, max_examples=45, deadline=None, database=None,
+@settings(derandomize=True, max_examples=30, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 def test_any_cluster_compiles_or_refuses_in_one_line(tmp_path_factory, cluster, model, strategy, objective, sla_ms):
     _check_compile(tmp_path_factory.mktemp("any"), cluster, model, strategy, objective, sla_ms)

@@ -18,6 +18,7 @@ from edgec.compiler.api import compile as compile_api
 from edgec.compiler.errors import UserError
 from edgec.compiler.ingest.phases import GenerateOptions, load_phases, priced_past
 from edgec.compiler.ingest.state import find_state
+from tests.matrix import quick_only
 
 ROOT = Path(__file__).resolve().parents[2]
 TINYLM = ROOT / "models/build/tinylm.onnx"
@@ -205,7 +206,7 @@ def test_edgec_run_refuses_a_generative_build_in_one_line(tmp_path):
 
 
 @needs_tinylm
-@pytest.mark.parametrize("objective", ["latency", "throughput"])
+@pytest.mark.parametrize("objective", quick_only(["latency", "throughput"], {"latency"}))
 def test_the_dp_per_first_device_is_exact_with_caches_and_the_tokens_way_back(tmp_path, objective):
     """Brute force over every split and device assignment, each priced by the problem of its first device
     (the token returns to it), finds nothing better than the DP; a plan's price holds the token's transfer."""

@@ -49,7 +49,7 @@ def grid_tiles(summary: dict) -> list[dict]:
     return sp["segments"][0]["tiles"]
 
 
-@pytest.mark.parametrize("grid, layers", [("2x2", 9), ("3x2", 9), ("2x3", None)])
+@pytest.mark.parametrize("grid, layers", [("2x2", 9), pytest.param("3x2", 9, marks=pytest.mark.slow), ("2x3", None)])
 def test_tinyconv_grid_verifies(grid, layers, tmp_path):
     """Residual, strided, pooled and inception-like blocks; 10 x 8 rows and columns do not divide by 3."""
     model = with_logits(models.ensure("tinyconv"), tmp_path / "tinyconv.onnx")

@@ -8,9 +8,10 @@ import pytest
 from edgec import models
 from tests.e2e.test_end_to_end import compile_and_verify
 from tests.e2e.test_tiling_anywhere import pi5_cluster
+from tests.matrix import quick_only
 
 
-@pytest.mark.parametrize("strategy", ["spatial", "hybrid"])
+@pytest.mark.parametrize("strategy", quick_only(["spatial", "hybrid"], {"hybrid"}))
 def test_focus_stem_inside_the_tiled_region_verifies(strategy, tmp_path):
     # at 1000 Mbps: at 100 Mbps scattering the 1.2 MB image costs more than tiling saves (see the report)
     summary, _ = compile_and_verify(models.ensure("yolo_focus"), pi5_cluster(tmp_path, 4, 1000), tmp_path / "out",

@@ -9,6 +9,7 @@ import yaml
 
 from edgec import models
 from tests.e2e.test_end_to_end import compile_and_verify
+from tests.matrix import quick_only
 
 
 def pi5_cluster(tmp: Path, n: int, mbps: float) -> Path:
@@ -19,7 +20,7 @@ def pi5_cluster(tmp: Path, n: int, mbps: float) -> Path:
     return path
 
 
-@pytest.mark.parametrize("strategy", ["spatial", "hybrid"])
+@pytest.mark.parametrize("strategy", quick_only(["spatial", "hybrid"], {"spatial"}))
 def test_focus_detector_tiles_on_two_devices_and_verifies(strategy, tmp_path):
     # at 1000 Mbps the detector is worth tiling on two rpi5 (at 100 Mbps the scatter of its 1.2 MB input
     # costs more than the tiles save). Its Focus stem tiles too (strided Slices), so the tiled
