@@ -115,7 +115,7 @@ def test_two_sequences_in_flight_each_get_their_tokens_alone(builds, whole):
 
 def test_sampling_is_reproducible(builds, whole):
     report = _generate(builds[2], prompt_ids=[PROMPT, OTHER], temperature=1.5, seed=7, verify=True)
-    # The whole model's loop, drawing with the same seeds (one generator per sequence), drew the same tokens.
+    # The whole model's loop, drawing with the same seeds (per sequence and token number), drew the same tokens.
     assert report["verify"]["passed"] and report["verify"]["tokens_match"]
     assert report["sequences"][0]["tokens"] != whole[tuple(PROMPT)]  # sampled, not greedy
 
