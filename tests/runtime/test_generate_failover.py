@@ -1,6 +1,7 @@
 """Failover mid-generation: on a 3-stage tinylm build compiled with --generate --fallbacks, a worker killed while
 two sequences are in flight is replaced by the fallback plan without it; both sequences restart their prefill
-there (prompt and tokens so far) and finish with exactly the whole model's tokens, greedy or sampled. Without
+there (prompt and tokens so far) and finish with exactly the whole model's tokens, greedy or sampled, whether
+the worker was killed or went silent past the heartbeats. Without
 a fallback the run fails in one line naming the device, exit 3. Then the parts without workers: the sampler's
 draws after a restart, and a restarted sequence's prefill."""
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +20,8 @@ import yaml
 
 import edgec
 from edgec.runtime.device.choose import Sampler
-from edgec.runtime.generate.loop import Sequence
+from edgec.runtime.generate.failover import Failover
+from edgec.runtime.generate.loop import Sequence, decode
 from edgec.runtime.manifest.load import load_manifest
 from tests.runtime.test_distributed import Worker
 from tests.runtime.test_generate_run import MAX_CONTEXT, NEW, OTHER, PROMPT, REPO, TINYLM, whole_model_tokens
@@ -108,6 +111,28 @@ def test_sampled_tokens_continue_with_the_same_draws_after_a_restart(build, work
     assert [f["device"] for f in lost["failovers"]] == ["pi5-b"] and calm["failovers"] == []
     assert lost["sequences"] == calm["sequences"]
     assert lost["verify"]["passed"] and lost["verify"]["tokens_match"]
+
+
+def test_a_device_silent_past_the_heartbeats_is_replaced(build, workers, whole):
+    """SIGSTOP keeps pi5-b's connection open but unanswered: only the heartbeats (100 ms, 5 missed) tell."""
+    m = load_manifest(build / "manifest.json", generative=True)
+    stopped = workers["pi5-b"].proc
+    seen = []
+
+    def on_token(seq: int, token: int) -> None:
+        seen.append(token)
+        if len(seen) == KILL_AFTER:
+            stopped.send_signal(signal.SIGSTOP)
+
+    try:
+        with Failover(m, sampler=Sampler(), addresses={n: w.address for n, w in workers.items()}, inflight=2,
+                      timeout=30, heartbeat_ms=100, threads=1) as plans:
+            seqs, _ = decode(plans.pool, m, [PROMPT, OTHER], NEW, on_token, plans)
+    finally:
+        stopped.send_signal(signal.SIGCONT)
+    assert [s.tokens for s in seqs] == [whole[tuple(PROMPT)], whole[tuple(OTHER)]]
+    [switch] = plans.failovers
+    assert switch["device"] == "pi5-b" and switch["after_tokens"] >= KILL_AFTER
 
 
 def test_the_command_reports_the_failover(build, workers, whole):
