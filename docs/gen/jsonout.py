@@ -64,6 +64,9 @@ KEYS = {
         "tokens_per_s": "every sequence's tokens over the time from the start to the last token",
         "verify": "`{passed, tokens_match, max_abs_diff, tolerance, mismatch}` (mismatch: null, or the first "
                   "different token's `{sequence, step, token, expected}`), or null without `--verify`",
+        "failovers": "with `--fallbacks`: each switch to a fallback plan when a device was lost mid-generation, "
+                     "`[{device, after_tokens, plan}]` (after_tokens: every sequence's tokens so far), the "
+                     "unfinished sequences restarted there with a prefill of their prompt and tokens",
     },
     "run": {
         "manifest": "the manifest run",

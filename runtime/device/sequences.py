@@ -39,13 +39,14 @@ class Sequences:
         self.fragments = [f for f in manifest.device_fragments(device) if f.state]
         self.open: dict[int, SequenceState] = {}
 
-    def begin(self, seq: int, temperature: float = 0.0, seed: int = 0, logits: bool = False) -> None:
+    def begin(self, seq: int, temperature: float = 0.0, seed: int = 0, logits: bool = False, drawn: int = 0) -> None:
+        """Open sequence `seq`, its state empty; its next token is its token number `drawn` (choose.py)."""
         if seq in self.open:
             raise InputError(f"device {self.device}: sequence {seq} is already open")
         if len(self.open) >= MAX_SEQUENCES:
             raise InputError(f"device {self.device}: more than {MAX_SEQUENCES} sequences open at once")
         state = {f.id: {s.input: np.zeros(s.shape, s.dtype) for s in f.state} for f in self.fragments}
-        self.open[seq] = SequenceState(state, Sampler(temperature, seed).for_sequence(seq), logits)
+        self.open[seq] = SequenceState(state, Sampler(temperature, seed).for_sequence(seq, drawn), logits)
 
     def drop(self, seq: int) -> None:
         if self.open.pop(seq, None) is None:

@@ -303,7 +303,8 @@ class Session:
         self.next_run += 1
 
     def _on_begin(self, msg: dict, payload) -> None:
-        self._generative("begin").begin(msg["seq"], float(msg["temperature"]), msg["seed"], msg["logits"])
+        self._generative("begin").begin(msg["seq"], float(msg["temperature"]), msg["seed"], msg["logits"],
+                                             msg["drawn"])
 
     def _on_drop(self, msg: dict, payload) -> None:
         self._generative("drop").drop(msg["seq"])

@@ -20,7 +20,8 @@ __all__ = ["generate", "parse_prompt_ids"]
 
 _EPILOG = ("Exit codes: 0 ok, 1 verification failed, 2 bad input (a build not compiled with --generate, bad token "
            "ids, a prompt and new tokens beyond the build's max context), 3 run failure (a worker failed, died or "
-           "timed out).")
+           "timed out; a device lost mid-generation on a build compiled with --fallbacks restarts the unfinished "
+           "sequences on the fallback plan without it instead).")
 
 
 @click.command("generate", cls=RunCommand, epilog=_EPILOG, context_settings={"show_default": True})
@@ -97,6 +98,9 @@ def _print(result: dict, streamed: bool) -> None:
     click.echo(f"edgec: first token after {result['ttft_ms']:.1f} ms, "
                + (f"{tpot:.2f} ms per later token, " if tpot is not None else "")
                + f"{result['tokens_per_s']:.1f} tokens/s over {len(result['sequences'])} sequence(s)", err=True)
+    for f in result["failovers"]:
+        click.echo(f"failover: device {f['device']} lost after {f['after_tokens']} token(s); every unfinished sequence "
+                   f"restarted its prefill on {f['plan']} and finished there", err=True)
     checked = result["verify"]
     if checked is not None:
         verdict = "PASS" if checked["passed"] else "FAIL"

@@ -21,7 +21,7 @@ from ..manifest.types import Manifest
 from ..wire.protocol import MAX_TEMPERATURE
 from .feeds import vocab_size
 from .loop import Sequence, decode
-from .pool import GeneratePool
+from .failover import Failover
 from .reference import reference_decode, verify_sequences
 from ..device.choose import Sampler
 
@@ -44,10 +44,12 @@ def generate(build: str | os.PathLike, *, prompt_ids: Seq[int] | Seq[Seq[int]] |
         >>> report["sequences"][0]["tokens"], report["verify"]["passed"]  # doctest: +SKIP
         ([812, 44, ...], True)
 
-    Returns {"sequences": [{"prompt", "tokens"}], "ttft_ms", "tpot_ms", "tokens_per_s", "verify"}: ttft_ms the
+    Returns {"sequences": [{"prompt", "tokens"}], "ttft_ms", "tpot_ms", "tokens_per_s", "verify", "failovers"}:
+    ttft_ms the
     mean time from the start to a sequence's first token, tpot_ms the mean time between a sequence's later
     tokens (None with one token), tokens_per_s every sequence's tokens over the time to the last one, verify
-    None unless asked (reference.py)."""
+    None unless asked (reference.py), failovers the switches to a fallback plan when a device was lost
+    mid-generation ([{device, after_tokens, plan}], failover.py; a build compiled with --fallbacks)."""
     _check_options(temperature, seed, tolerance, timeout)
     m = load_generative(build)
     if model is not None:
@@ -59,15 +61,15 @@ def generate(build: str | os.PathLike, *, prompt_ids: Seq[int] | Seq[Seq[int]] |
     if verify:  # before the run: a moved or changed model fails in a second
         check_model(m)
     sampler = Sampler(temperature, seed)
-    with GeneratePool(m, sampler=sampler, logits=verify, threads=threads, timeout=timeout, addresses=addresses,
-                      keys=load_keys(keys), inflight=len(prompts)) as pool:
-        seqs, start = decode(pool, m, prompts, max_new_tokens, on_token)
+    with Failover(m, sampler=sampler, logits=verify, threads=threads, timeout=timeout, addresses=addresses,
+                  keys=load_keys(keys), inflight=len(prompts)) as plans:
+        seqs, start = decode(plans.pool, plans.pool.manifest, prompts, max_new_tokens, on_token, plans)
     checked = None
     if verify:
         logger.info("verifying against %s", m.model_path)
         checked = verify_sequences(seqs, reference_decode(m, prompts, max_new_tokens, sampler),
                                    plan_tolerance(m) if tolerance is None else tolerance)
-    return summary(seqs, start, checked)
+    return summary(seqs, start, checked, plans.failovers)
 
 
 def load_generative(build: str | os.PathLike) -> Manifest:
@@ -150,11 +152,12 @@ def _given(prompt_ids, sequences: int) -> list[list]:
     return [ids for _ in range(sequences)]
 
 
-def summary(seqs: list[Sequence], start: float, checked: dict | None) -> dict:
+def summary(seqs: list[Sequence], start: float, checked: dict | None, failovers: list[dict] = ()) -> dict:
     """The --json report of a generation (see generate())."""
     firsts = [(s.at[0] - start) * 1000.0 for s in seqs]
     gaps = [(s.at[-1] - s.at[0]) * 1000.0 / (len(s.at) - 1) for s in seqs if len(s.at) > 1]
     total = sum(len(s.tokens) for s in seqs)
     return {"sequences": [{"prompt": s.prompt, "tokens": s.tokens} for s in seqs],
             "ttft_ms": sum(firsts) / len(firsts), "tpot_ms": sum(gaps) / len(gaps) if gaps else None,
-            "tokens_per_s": total / max(max(s.at[-1] for s in seqs) - start, 1e-9), "verify": checked}
+            "tokens_per_s": total / max(max(s.at[-1] for s in seqs) - start, 1e-9), "verify": checked,
+            "failovers": list(failovers)}

@@ -47,10 +47,10 @@ class GeneratePool(WorkerPool):
             math.prod(step_shape(g.shapes.get(o.name, o.shape), g.max_context, 0)) * np.dtype(o.dtype).itemsize
             for o in manifest.outputs)
 
-    def begin(self, seq: int) -> None:
-        """Open sequence `seq` on every worker, its state empty."""
+    def begin(self, seq: int, drawn: int = 0) -> None:
+        """Open sequence `seq` on every worker, its state empty, its next token its token number `drawn`."""
         msg = {"t": "begin", "seq": seq, "temperature": self.sampler.temperature, "seed": self.sampler.seed,
-               "logits": self.logits}
+               "logits": self.logits, "drawn": drawn}
         for w in self.workers.values():
             self._send(w, msg)
 

@@ -40,11 +40,13 @@ A session (one run), in order:
     W overrun {req, fragments, measured_ms}  (before that request's `done`, when some of its fragment runs took
                                           longer than predicted_ms x dilate: the fragments and their run times)
   a generative build's sequences (manifest version 2; device/sequences.py):
-    C begin {seq, temperature, seed, logits}
+    C begin {seq, temperature, seed, logits, drawn}
                                        (opens sequence seq, an int >= 0 never used before in the session, with
                                           every state input of the device's fragments empty; the device that
                                           gives the logits chooses each token: greedy at temperature 0, else
-                                          drawn from a generator seeded (seed, seq), device/choose.py)
+                                          drawn with a generator seeded (seed, seq, token number), the first
+                                          token chosen being number `drawn`: 0, or the tokens a sequence
+                                          restarted on a fallback plan already has; device/choose.py)
     W tensor TOKEN_TENSOR              (per step, from the device that gives the logits: the chosen token id,
                                           int64 [1], in place of the logits, which it sends too only when
                                           `begin` asked for them with logits true, for --verify)
@@ -97,7 +99,9 @@ logger = logging.getLogger(__name__)
 #    so that a worker of version 5 is told about the version, not about a missing field).
 # 7: a generative session's sequences: `begin`, `drop` and `run`'s seq (a worker of 6 would run a generative
 #    build's steps without their caches).
-PROTOCOL_VERSION = 7
+# 8: `begin` carries drawn, the tokens the sequence already has (restarted on a fallback plan mid-generation),
+#    and sampling seeds each token's draw by (seed, seq, token number) (a worker of 7 would draw other tokens).
+PROTOCOL_VERSION = 8
 TOKEN_TENSOR = "@token"  # a generative step's chosen token id, sent to the coordinator in place of the logits
 BLOB_CHUNK = 4 << 20  # fragment file bytes per blob message
 BLOB_WINDOW = 4  # blob messages in flight per worker: bounds what either side queues
@@ -138,7 +142,7 @@ _FIELDS: dict[str, dict[str, tuple]] = {
     "peers": {"peers": (dict,)},
     "run": {"req": (_INT,), "slow": (_NUM, _INT)},
     "sync": {"seq": (_INT,)},
-    "begin": {"seq": (_INT,), "temperature": (_NUM, _INT), "seed": (_INT,), "logits": (_BOOL,)},
+    "begin": {"seq": (_INT,), "temperature": (_NUM, _INT), "seed": (_INT,), "logits": (_BOOL,), "drawn": (_INT,)},
     "drop": {"seq": (_INT,)},
     "grant": {"seq": (_INT,), "wait_ms": (_NUM, _INT)},
     "ping": {},
@@ -188,6 +192,8 @@ def parse(frames: list[zmq.Frame], allowed: frozenset[str] | set[str]) -> tuple[
         _check_seq(kind, msg.get("seq"))
     if kind == "begin" and not 0 <= msg["seed"] < 1 << 63:
         raise BadMessage(f"begin: field 'seed' holds {msg['seed']!r}, outside [0, 2**63)")
+    if kind == "begin" and not 0 <= msg["drawn"] < 1 << 31:
+        raise BadMessage(f"begin: field 'drawn' holds {msg['drawn']!r}, outside [0, 2**31)")
     if kind == "overrun":
         _check_overrun(msg)
     if kind == "done":

@@ -115,7 +115,7 @@ def test_two_sequences_in_flight_each_get_their_tokens_alone(builds, whole):
 
 def test_sampling_is_reproducible(builds, whole):
     report = _generate(builds[2], prompt_ids=[PROMPT, OTHER], temperature=1.5, seed=7, verify=True)
-    # The whole model's loop, drawing with the same seeds (one generator per sequence), drew the same tokens.
+    # The whole model's loop, drawing with the same seeds (per sequence and token number), drew the same tokens.
     assert report["verify"]["passed"] and report["verify"]["tokens_match"]
     assert report["sequences"][0]["tokens"] != whole[tuple(PROMPT)]  # sampled, not greedy
 
@@ -147,7 +147,8 @@ def test_json_prints_exactly_the_report(builds, whole):
                           "--sequences", 2, "--verify", "--threads", 1, "--json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
-    assert set(report) == {"sequences", "ttft_ms", "tpot_ms", "tokens_per_s", "verify"}
+    assert set(report) == {"sequences", "ttft_ms", "tpot_ms", "tokens_per_s", "verify", "failovers"}
+    assert report["failovers"] == []
     assert report["sequences"] == [{"prompt": PROMPT, "tokens": whole[tuple(PROMPT)]}] * 2
     assert set(report["verify"]) == {"passed", "tokens_match", "max_abs_diff", "tolerance", "mismatch"}
     assert report["verify"]["passed"]
@@ -191,12 +192,12 @@ def _frames(msg: dict) -> list:
     return [zmq.Frame(pack(msg))]
 
 
-BEGIN = {"t": "begin", "seq": 3, "temperature": 0.0, "seed": 0, "logits": False}
+BEGIN = {"t": "begin", "seq": 3, "temperature": 0.0, "seed": 0, "logits": False, "drawn": 0}
 
 
 @pytest.mark.parametrize("msg", [{**BEGIN, "seq": -1}, {"t": "drop", "seq": "a"}, {"t": "begin", "seq": 0},
                                  {**BEGIN, "temperature": -1.0}, {**BEGIN, "temperature": float("nan")},
-                                 {**BEGIN, "seed": -2}, {**BEGIN, "logits": 1},
+                                 {**BEGIN, "seed": -2}, {**BEGIN, "logits": 1}, {**BEGIN, "drawn": -1},
                                  {"t": "run", "req": 0, "slow": 1.0, "seq": True}])
 def test_malformed_sequence_messages_are_refused(msg):
     with pytest.raises(BadMessage):
