@@ -554,7 +554,7 @@ def test_a_fragment_outside_the_build_folder_exits_2_without_a_hash(pipeline, tm
         line = one_line_error(edgec_run(build, "--random-inputs"))
         # the line names the path as given (a long one shortened in its middle, so its end is what is checked)
         assert "fragments[0].file" in line and "not a path inside the build folder" in line
-        assert f"{file[-40:]}' is not a path" in line, line
+        assert "secret.onnx' is not a path" in line, line
         assert digest[:8] not in line
     (build / "link.onnx").symlink_to(secret)
     data["fragments"][0]["file"] = "link.onnx"
