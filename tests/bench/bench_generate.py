@@ -195,6 +195,7 @@ def testbed_cluster(shares, a, folder: Path):
     reason = netbed.unavailable_reason(limits=True)
     if reason:
         raise Unavailable(f"no testbed with CPU quotas: {reason}")
+    folder.mkdir(parents=True, exist_ok=True)
 
     class Weighted(HeteroCluster):
         __test__ = False
