@@ -307,7 +307,8 @@ def part_inflight(a, folder: Path) -> dict:
             g = generate(hc, build, seqs, prompt, new)
             rows.append({"sequences": seqs, "tokens_per_s": g["tokens_per_s"], "tpot_ms": g["tpot_ms"]})
     return {"strategy": s["strategy"], "forced": forced, "stages": stages, "rows": rows,
-            "predicted_tokens_per_s": s["predicted_tokens_per_s"], "prompt": prompt, "new": new}
+            "predicted_tokens_per_s": s["predicted_tokens_per_s"], "predicted_tpot_ms": s["predicted_tpot_ms"],
+            "prompt": prompt, "new": new}
 
 
 def inflight_targets(r: dict) -> list[tuple[str, bool, str]]:
@@ -321,7 +322,8 @@ def inflight_markdown(r: dict) -> list[str]:
     how = "--strategy equal-layers (auto did not split in 4)" if r["forced"] else f"auto ({r['strategy']})"
     base = r["rows"][0]["tokens_per_s"]
     lines = [f"## Sequences in flight: tinylm on {INFLIGHT_DEVICES} device hosts at {INFLIGHT_SHARE:g} cores, "
-             f"{r['stages']} stages by {how}, predicted {r['predicted_tokens_per_s']:.2f} tokens/s", "",
+             f"{r['stages']} stages by {how}, predicted {r['predicted_tokens_per_s']:.2f} tokens/s in flight and "
+             f"{r['predicted_tpot_ms']:.2f} ms TPOT for one", "",
              "| S | tokens/s | TPOT ms | gain over S = 1 |", "|---:|---:|---:|---:|"]
     lines += [f"| {x['sequences']} | {x['tokens_per_s']:.2f} | {x['tpot_ms']:.2f} | {x['tokens_per_s'] / base:.2f} |"
               for x in r["rows"]]
@@ -346,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", dest="json_file")
     a = p.parse_args(argv)
     a.model = a.model or ("tinylm" if a.quick else "lm500m")
+    if not 1 <= a.prompt_len < a.max_context:
+        p.error(f"--prompt-len {a.prompt_len} and --max-context {a.max_context}: need 1 <= prompt-len < max-context")
     parts = [x.strip() for x in a.parts.split(",") if x.strip()]
     unknown = [x for x in parts if x not in PARTS]
     if unknown or not parts:
