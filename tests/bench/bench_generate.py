@@ -30,6 +30,10 @@ $EDGEC_MODELS_DIR) says where.  --quick plans tinylm and runs shorter generation
    `auto` does not split it in 4 stages, `--strategy equal-layers` forces 4 (the table says which).  `edgec
    generate` with S = 1, 2, 4, 8: tokens/s and the gain over S = 1.  Target: S = 4 >= 2.5x S = 1.
 
+Time: part plan on lm500m takes about 2 minutes (most of it reading the model); the testbed parts are mostly
+profiling: without --quick, about 5 minutes for the 0.6-core host and longer for smaller quotas (the four
+profiles near 35 minutes on a loaded 2-core machine), with --quick about 1 to 2.5 minutes each.
+
 Markdown tables to stdout (every figure, the targets PASS/FAIL), progress to stderr; results through
 benchlib.recorded (benchmarks/results/bench_generate.json).  Exit 0 when every target of the parts run holds,
 1 otherwise, 2 when a part cannot run here (no testbed, a model not built).
