@@ -61,6 +61,10 @@ BENCHES = {
     "bench_scale": ("Planning at fleet scale", "Planning time and peak memory of `edgec compile` (pipeline, auto) "
                     "and `edgec allocate` from 1 to 256 devices and on chains of up to 10,000 layers, each case a "
                     "subprocess with a timeout, checked against issue 42's targets.", "explanation/fleet-scale.md"),
+    "bench_generate": ("Generation across devices", "A decoder LM (`--generate`): `auto` against the ring-memory "
+                       "and equal-layers baselines on heterogeneous clusters (predicted tokens/s, TPOT, TTFT); on the "
+                       "network testbed with CPU-quota'd device hosts, measured against predicted; and tokens/s with "
+                       "1, 2, 4 and 8 sequences in flight on 4 stages.", "how-to/generate.md"),
     "bench_allocate": ("Several models", "`edgec allocate`: SLAs, optimality against brute force, planning time, "
                        "fairness.", "how-to/several-models.md"),
 }
