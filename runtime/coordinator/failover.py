@@ -186,7 +186,8 @@ class FailoverPool:
         first = not self.failovers
         fallback = self.fallbacks.get(lost.device) if first else None
         if fallback is None:
-            raise DeviceLost(lost.device, f"{lost}{self._why_no_fallback(lost.device, first)}") from None
+            switched = None if first else self.failovers[-1]["device"]
+            raise DeviceLost(lost.device, f"{lost}{why_no_fallback(self.main, lost.device, switched, 'the run')}") from None
         logger.warning("%s: switching to the fallback plan %s (devices %s) after %d completed request(s); "
                        "re-running the %d not completed", lost, fallback.path, ", ".join(working_devices(fallback)),
                        self.completed, pending)
@@ -217,16 +218,6 @@ class FailoverPool:
         addresses = {name: a for name, a in self.addresses.items() if name in manifest.device_names}
         self.cluster = self._open(manifest, addresses)
 
-    def _why_no_fallback(self, device: str, first: bool) -> str:
-        if not first:
-            return (f" (the run had already switched to the fallback plan without {self.failovers[-1]['device']}, "
-                    "which has no fallbacks of its own)")
-        if not self.main.fallbacks:
-            return " (the build has no fallback plans: compile with --fallbacks to finish on the devices left)"
-        entry = self.main.fallback_for(device)
-        return f" (no fallback plan without it: {entry.error})" if entry is not None else \
-            f" (the build has no fallback plan without {device})"
-
     def _keep_report(self, cluster: WorkerPool, lost: str | None = None) -> None:
         """Each device's figures from the last run it took part in; a lost device is marked so."""
         report = cluster.device_report()
@@ -242,3 +233,16 @@ class FailoverPool:
             cluster, self.cluster = self.cluster, None
             cluster.close()
             self._keep_report(cluster)
+
+
+def why_no_fallback(main: Manifest, device: str, switched_from: str | None, what: str) -> str:
+    """Why `device`'s loss ends `what` (the run, generation): the fallback plan in use (the one without
+    `switched_from`) has none of its own, the build has none, or none without that device."""
+    if switched_from is not None:
+        return (f" ({what} had already switched to the fallback plan without {switched_from}, which has no "
+                "fallbacks of its own)")
+    if not main.fallbacks:
+        return " (the build has no fallback plans: compile with --fallbacks to finish on the devices left)"
+    entry = main.fallback_for(device)
+    return f" (no fallback plan without it: {entry.error})" if entry is not None else \
+        f" (the build has no fallback plan without {device})"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Mapping
 
+from ..coordinator.failover import why_no_fallback
 from ..coordinator.liveness import DeviceLost
 from ..manifest.load import check_fragment_files, load_fallback
 from ..manifest.schedule import working_devices
@@ -58,7 +59,8 @@ class Failover:
         tokens each; DeviceLost naming the device (one line) when there is none."""
         fallback = self.fallbacks.get(lost.device) if not self.failovers else None
         if fallback is None:
-            raise DeviceLost(lost.device, f"{lost}{self._why_no_fallback(lost.device)}") from None
+            switched = self.failovers[-1]["device"] if self.failovers else None
+            raise DeviceLost(lost.device, f"{lost}{why_no_fallback(self.main, lost.device, switched, 'generation')}") from None
         logger.warning("%s: switching to the fallback plan %s (devices %s) after %d token(s); restarting the %d "
                        "unfinished sequence(s) with a prefill of their prompt and tokens so far", lost, fallback.path,
                        ", ".join(working_devices(fallback)), sum(tokens), len(tokens))
@@ -71,12 +73,3 @@ class Failover:
         self.pool = self._open(fallback)
         return self.pool
 
-    def _why_no_fallback(self, device: str) -> str:
-        if self.failovers:
-            return (f" (generation had already switched to the fallback plan without {self.failovers[-1]['device']}, "
-                    "which has no fallbacks of its own)")
-        if not self.main.fallbacks:
-            return " (the build has no fallback plans: compile with --fallbacks to finish on the devices left)"
-        entry = self.main.fallback_for(device)
-        return f" (no fallback plan without it: {entry.error})" if entry is not None else \
-            f" (the build has no fallback plan without {device})"
