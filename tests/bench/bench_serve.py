@@ -662,6 +662,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--local", action="store_true", help="no testbed: local workers on this machine")
     p.add_argument("--json", dest="json_file")
     a = p.parse_args(argv)
+    if a.device_cpus < 0 or (a.device_cpus and a.device_cpus < 0.2):
+        p.error(f"--device-cpus {a.device_cpus:g}: 0 (no quota) or at least 0.2 cores")
+    if not 0 <= a.cpu_weight <= 10_000:
+        p.error(f"--cpu-weight {a.cpu_weight}: 0 (the kernel's) or from 1 to 10000")
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as tmp:
         bench = Bench(a, Path(tmp))
         if a.local:
