@@ -19,10 +19,10 @@ from edgec.compiler.errors import UserError
 from edgec.compiler.ingest.phases import GenerateOptions, load_phases, priced_past
 from edgec.compiler.ingest.state import find_state
 from tests.matrix import quick_only
+from edgec import models
 
 ROOT = Path(__file__).resolve().parents[2]
-TINYLM = ROOT / "models/build/tinylm.onnx"
-needs_tinylm = pytest.mark.skipif(not TINYLM.exists(), reason="models/build/tinylm.onnx is not built")
+TINYLM = models.ensure("tinylm")  # built if missing, as every zoo model
 
 
 def _lm(past: list[str], present: list[str], out_dims=None, out_type=TensorProto.FLOAT, extra=()) -> onnx.ModelProto:
@@ -108,7 +108,6 @@ def _cluster(tmp_path: Path, n: int, memory_mb: float | None = None, profiles=("
     return path
 
 
-@needs_tinylm
 def test_phases_pin_prefill_and_decode_and_agree_on_layers():
     opts = GenerateOptions(max_context=128, prompt_len=16)
     phases = load_phases(TINYLM, opts)
@@ -129,7 +128,6 @@ def test_phases_pin_prefill_and_decode_and_agree_on_layers():
     assert len(dec.pipeline_cuts) > 8 and max(blocks) < 47  # cuts between every two decoder layers
 
 
-@needs_tinylm
 def test_per_token_figures_and_json_keys(tmp_path):
     summary = compile_api(TINYLM, _cluster(tmp_path, 3, profiles=("rpi5", "rpi4")), tmp_path / "out",
                           strategy="even", generate=True, max_context=128, prompt_len=16)
@@ -144,7 +142,6 @@ def test_per_token_figures_and_json_keys(tmp_path):
     assert manifest["generate"]["phases"] == {"prefill": {"seq": 16, "past": 0}, "decode": {"seq": 1, "past": 71}}
 
 
-@needs_tinylm
 def test_caches_at_max_context_count_in_memory(tmp_path):
     """tinylm's weights (~46 MB) fit one device with 220 MB usable (400 MB, rpi5's 0.75 and 80 MB overhead);
     its caches at 64K context (8 pairs x 32 MB, past and present: 512 MB) do not, and over four devices, one
@@ -161,7 +158,6 @@ def test_caches_at_max_context_count_in_memory(tmp_path):
     assert all(d["memory_mb"] <= d["memory_available_mb"] for d in four["devices"])
 
 
-@needs_tinylm
 @pytest.mark.parametrize("strategy", ["spatial", "hybrid", "bbgrap", "edgeflow", "deepthings"])
 def test_strategies_that_split_layers_refuse_generate_in_one_line(tmp_path, strategy):
     with pytest.raises(UserError, match=f"--strategy {strategy} does not apply to --generate"):
@@ -170,7 +166,6 @@ def test_strategies_that_split_layers_refuse_generate_in_one_line(tmp_path, stra
     assert not (tmp_path / "out").exists()
 
 
-@needs_tinylm
 def test_auto_runs_only_the_strategies_that_apply(tmp_path):
     summary = compile_api(TINYLM, _cluster(tmp_path, 2, profiles=("rpi5", "rpi4")), tmp_path / "out", generate=True,
                           max_context=64, prompt_len=8, objective="throughput")
@@ -187,7 +182,6 @@ def test_generate_options_are_checked():
         compile_api(TINYLM, "c.yaml", "out", max_context=8)
 
 
-@needs_tinylm
 def test_fallbacks_of_a_generative_build_are_generative_builds(tmp_path):
     summary = compile_api(TINYLM, _cluster(tmp_path, 2, profiles=("rpi5", "rpi4")), tmp_path / "out", generate=True,
                           max_context=64, prompt_len=8, objective="throughput", fallbacks=True)
@@ -197,7 +191,6 @@ def test_fallbacks_of_a_generative_build_are_generative_builds(tmp_path):
         assert sum(len(f.get("state", [])) for f in manifest["fragments"]) == 8
 
 
-@needs_tinylm
 def test_edgec_run_refuses_a_generative_build_in_one_line(tmp_path):
     compile_api(TINYLM, _cluster(tmp_path, 1), tmp_path / "out", generate=True, max_context=32, prompt_len=4)
     proc = subprocess.run([sys.executable, "-m", "edgec.compiler", "run", str(tmp_path / "out"), "--random-inputs"],
@@ -205,7 +198,6 @@ def test_edgec_run_refuses_a_generative_build_in_one_line(tmp_path):
     assert proc.returncode == 2 and "a generative build" in proc.stderr and "Traceback" not in proc.stderr
 
 
-@needs_tinylm
 @pytest.mark.parametrize("objective", quick_only(["latency", "throughput"], {"latency"}))
 def test_the_dp_per_first_device_is_exact_with_caches_and_the_tokens_way_back(tmp_path, objective):
     """Brute force over every split and device assignment, each priced by the problem of its first device

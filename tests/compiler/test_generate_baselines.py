@@ -21,10 +21,10 @@ from edgec.compiler.plan.planner import InfeasibleError
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_baselines import problems  # noqa: E402
 from tests.matrix import quick_only
+from edgec import models
 
 ROOT = Path(__file__).resolve().parents[2]
-TINYLM = ROOT / "models/build/tinylm.onnx"
-needs_tinylm = pytest.mark.skipif(not TINYLM.exists(), reason="models/build/tinylm.onnx is not built")
+TINYLM = models.ensure("tinylm")  # built if missing, as every zoo model
 MB = 1_000_000
 
 
@@ -74,7 +74,6 @@ def _cluster(tmp_path: Path, kinds, memory=None) -> Path:
     return path
 
 
-@needs_tinylm
 @pytest.mark.parametrize("objective", quick_only(["latency", "throughput"], {"throughput"}))
 def test_baselines_of_a_generative_build_are_priced_like_the_dp_and_never_beat_it(tmp_path, objective):
     cluster = _cluster(tmp_path, ["rpi5", "rpi4", "rpi5", "rpi4"])
@@ -93,7 +92,6 @@ def test_baselines_of_a_generative_build_are_priced_like_the_dp_and_never_beat_i
         assert out[strategy]["strategy"] == strategy and out[strategy]["predicted_ttft_ms"] > 0
 
 
-@needs_tinylm
 def test_ring_memory_follows_free_memory_on_a_decoder(tmp_path):
     """The device with four times the free memory takes most of the layers."""
     summary = compile_api(TINYLM, _cluster(tmp_path, ["rpi5", "rpi5"], memory=[400, 1200]), tmp_path / "out",
@@ -103,9 +101,7 @@ def test_ring_memory_follows_free_memory_on_a_decoder(tmp_path):
 
 
 def test_the_baselines_plan_ordinary_models_too(tmp_path):
-    model = ROOT / "models/build/tinychain.onnx"
-    if not model.exists():
-        pytest.skip("models/build/tinychain.onnx is not built")
+    model = models.ensure("tinychain")
     cluster = _cluster(tmp_path, ["rpi5", "rpi4"])
     for strategy in ("ring-memory", "equal-layers"):
         summary = compile_api(model, cluster, tmp_path / strategy, strategy=strategy)
@@ -118,9 +114,7 @@ def test_the_baselines_plan_ordinary_models_too(tmp_path):
 def test_a_baseline_that_does_not_fit_is_one_line(tmp_path):
     """ResNet-50's second half holds most of its 102 MB of weights: too much for a device with 70 MB usable,
     where the pipeline planner puts the whole model on the other device."""
-    model = ROOT / "models/build/resnet50.onnx"
-    if not model.exists():
-        pytest.skip("models/build/resnet50.onnx is not built")
+    model = models.ensure("resnet50")
     cluster = _cluster(tmp_path, ["rpi5", "rpi5"], memory=[1000, 200])
     with pytest.raises(UserError, match="equal-layers over 2 devices does not fit: stage 1"):
         compile_api(model, cluster, tmp_path / "out", strategy="equal-layers")

@@ -13,14 +13,14 @@ import pytest
 import yaml
 
 from edgec.compiler.api import compile as compile_api
+from edgec import models
 
 ROOT = Path(__file__).resolve().parents[2]
-TINYLM = ROOT / "models/build/tinylm.onnx"
+TINYLM = models.ensure("tinylm")  # built if missing, as every zoo model
 TOL = dict(rtol=1e-4, atol=1e-4)
 PROMPT = np.array([[5, 17, 300, 4096, 12, 9, 1000]], dtype=np.int64)
 NEW_TOKENS = 5
 
-pytestmark = pytest.mark.skipif(not TINYLM.exists(), reason="models/build/tinylm.onnx is not built")
 
 
 def _session(path: Path) -> ort.InferenceSession:

@@ -29,7 +29,6 @@ from tests.runtime.test_generate_run import MAX_CONTEXT, NEW, OTHER, PROMPT, REP
 DEVICES = ["pi5-a", "pi5-b", "pi5-c"]
 KILL_AFTER = 2  # tokens, over both sequences
 
-pytestmark = pytest.mark.skipif(not TINYLM.exists(), reason="models/build/tinylm.onnx is not built")
 
 
 def _compile(folder: Path, devices: list[str], fallbacks: bool) -> Path:
@@ -141,7 +140,7 @@ def test_the_command_reports_the_failover(build, workers, whole):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == [str(t) for t in whole[tuple(PROMPT)]]
     [line] = [ln for ln in proc.stderr.splitlines() if ln.startswith("failover:")]
-    assert line.startswith(f"failover: device pi5-b lost after ") and "fallback-pi5-b" in line, proc.stderr
+    assert line.startswith("failover: device pi5-b lost after ") and "fallback-pi5-b" in line, proc.stderr
     assert "Traceback" not in proc.stderr
 
 

@@ -36,16 +36,16 @@ from edgec.runtime.wire.keys import keygen
 from edgec.runtime.wire.protocol import parse
 from edgec.runtime.wire.transport import BadMessage, pack
 from tests.runtime.test_distributed import Worker  # an `edgec worker` subprocess on loopback
+from edgec import models
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = Path(os.environ["EDGEC_MODELS_DIR"])
-TINYLM = MODELS / "tinylm.onnx"
+TINYLM = models.ensure("tinylm")  # built if missing, as every zoo model
 PROMPT = [5, 17, 300, 4096, 12, 9, 1000]
 OTHER = [77, 3, 15000, 42]
 NEW = 5
 MAX_CONTEXT = 16
 
-pytestmark = pytest.mark.skipif(not TINYLM.exists(), reason="models/build/tinylm.onnx is not built")
 
 
 
