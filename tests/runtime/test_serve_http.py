@@ -168,6 +168,7 @@ def test_binary_inputs_are_views_of_the_body_not_copies(build):
 
 
 def test_metrics_count_requests_and_failures_by_kind(server):
+    _infer(httpclient.InferenceServerClient(server.http), _inputs(7), True)  # whatever ran before on this server
     _post(server, "/v2/models/chain/infer", b"{bad")
     conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=30)
     conn.request("GET", "/metrics")
