@@ -327,15 +327,26 @@ def inflight_targets(r: dict) -> list[tuple[str, bool, str]]:
              f"{by[4] / by[1]:.2f}x on {r['stages']} stage(s)")]
 
 
+def predicted_in_flight(r: dict, sequences: int) -> float:
+    """Tokens/s the build predicts with `sequences` in flight: each sequence gives a token every TPOT, and all of
+    them together no more than one a bottleneck (the predicted tokens/s in flight). So the gain over S = 1 can
+    reach at most tokens/s in flight x TPOT / 1000, whatever S: the stages' imbalance caps it."""
+    return min(sequences * 1000.0 / r["predicted_tpot_ms"], r["predicted_tokens_per_s"])
+
+
 def inflight_markdown(r: dict) -> list[str]:
     how = "--strategy equal-layers (auto did not split in 4)" if r["forced"] else f"auto ({r['strategy']})"
     base = r["rows"][0]["tokens_per_s"]
+    ceiling = predicted_in_flight(r, INFLIGHT_S[-1]) / predicted_in_flight(r, 1)
     lines = [f"## Sequences in flight: tinylm on {INFLIGHT_DEVICES} device hosts at {INFLIGHT_SHARE:g} cores, "
              f"{r['stages']} stages by {how}, predicted {r['predicted_tokens_per_s']:.2f} tokens/s in flight and "
-             f"{r['predicted_tpot_ms']:.2f} ms TPOT for one", "",
-             "| S | tokens/s | TPOT ms | gain over S = 1 |", "|---:|---:|---:|---:|"]
-    lines += [f"| {x['sequences']} | {x['tokens_per_s']:.2f} | {x['tpot_ms']:.2f} | {x['tokens_per_s'] / base:.2f} |"
-              for x in r["rows"]]
+             f"{r['predicted_tpot_ms']:.2f} ms TPOT for one (a gain of at most {ceiling:.2f}x)", "",
+             "| S | tokens/s | predicted tokens/s | measured/predicted | TPOT ms | gain over S = 1 |",
+             "|---:|---:|---:|---:|---:|---:|"]
+    for x in r["rows"]:
+        predicted = predicted_in_flight(r, x["sequences"])
+        lines.append(f"| {x['sequences']} | {x['tokens_per_s']:.2f} | {predicted:.2f} | "
+                     f"{x['tokens_per_s'] / predicted:.2f} | {x['tpot_ms']:.2f} | {x['tokens_per_s'] / base:.2f} |")
     return lines
 
 

@@ -104,3 +104,8 @@ def test_inflight_target_needs_four_stages_and_two_and_a_half_times_s1():
            "load": {"start": None, "end": None}, "tables": benchlib.tables_of(text)[0]}
     page = render.page("bench_generate", doc)
     assert "Generation across devices" in page and "| 4 | 25" in page
+    # predicted: one token per TPOT (50 ms) per sequence, 40 tokens/s at most: 20, 40, 40, 40; a gain of 2x at most
+    table = benchlib.tables_of(text)[0][0]
+    col = table["columns"].index("predicted tokens/s")
+    assert [row[col] for row in table["rows"]] == [20.0, 40.0, 40.0, 40.0]
+    assert "a gain of at most 2.00x" in text
