@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ..graph import LayerGraph
 from ..plan_types import Plan
+from .generate import GenerativeCostTable
 from .table import CostTable
 from .tiles import host_mates
 
@@ -100,25 +101,29 @@ def request_costs(plan: Plan, graph: LayerGraph, cost: CostTable,
     first stage that reads a model input, and its request_out_ms at its first stage that gives a model
     output (after that stage's sends: the manifest sends outputs to the host in the same burst), each for
     the bytes of every model input it reads / output it gives (the host sends them all at the request's
-    start; runtime/manifest/replay.py charges the same). Empty when no device has the figures."""
+    start; runtime/manifest/replay.py charges the same). A generative step's caches are neither (they stay
+    on their stage) and its logits leave as the token id (generate.py StepIO). Empty when no device has the
+    figures."""
     net = cost.network
+    io = cost.io if isinstance(cost, GenerativeCostTable) else None
     taken: dict[str, int] = {}
     given: dict[str, int] = {}
-    reads: dict[str, set[str]] = {}
-    gives: dict[str, set[str]] = {}
+    reads: dict[str, dict[str, int]] = {}
+    gives: dict[str, dict[str, int]] = {}
     for k, s in enumerate(plan.stages):
         layers = graph.layers[s.lo:s.hi]
-        ins = {t for layer in layers for t in layer.inputs if t in graph.inputs}
-        outs = {t for layer in layers for t in layer.outputs if t in graph.outputs}
+        read = {t for layer in layers for t in layer.inputs}
+        made = {t for layer in layers for t in layer.outputs}
+        ins = ({t: graph.tensors[t].nbytes for t in read if t in graph.inputs} if io is None
+               else io.inputs(graph, read))
+        outs = ({t: graph.tensors[t].nbytes for t in made if t in graph.outputs} if io is None
+                else io.outputs(graph, made))
         if ins:
             taken.setdefault(s.device, k)
-            reads.setdefault(s.device, set()).update(ins)
+            reads.setdefault(s.device, {}).update(ins)
         if outs:
             given.setdefault(s.device, k)
-            gives.setdefault(s.device, set()).update(outs)
+            gives.setdefault(s.device, {}).update(outs)
 
-    def nbytes(names: set[str]) -> int:
-        return sum(graph.tensors[t].nbytes for t in names)
-
-    return ({k: ms for d, k in taken.items() if (ms := net.request_in_ms(d, nbytes(reads[d]), cpu)) > 0},
-            {k: ms for d, k in given.items() if (ms := net.request_out_ms(d, nbytes(gives[d]), cpu)) > 0})
+    return ({k: ms for d, k in taken.items() if (ms := net.request_in_ms(d, sum(reads[d].values()), cpu)) > 0},
+            {k: ms for d, k in given.items() if (ms := net.request_out_ms(d, sum(gives[d].values()), cpu)) > 0})

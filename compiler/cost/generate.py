@@ -6,21 +6,45 @@ carries this, and `evaluate` turns a step's prediction into per-token figures (e
 Memory: a stage holds, for each state pair of its layers, the past input at max_context - 1 and the present
 output at max_context (the last step reads one while it writes the other), on top of its weights and
 activations.
+Hand-offs (`StepIO`): a step's caches never travel to or from the coordinator (the emitter drops those host
+steps, emit/state.py), and of the logits only the chosen token id leaves the last stage (runtime/device/steps.py
+send_token), so the per-request costs of a step (cpu_bounds.py request_costs, network.py request_in_ms /
+request_out_ms) count the other model inputs in and TOKEN_BYTES out, both for a decode step and for the prefill.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
+from functools import cached_property
 
 import numpy as np
 
 from ..graph import LayerGraph
+from .network import NetworkModel
 from .table import CostTable
 
-__all__ = ["TOKEN_BYTES", "GenerateCost", "GenerativeCostTable", "generate_cost", "generative_table"]
+__all__ = ["TOKEN_BYTES", "StepIO", "GenerateCost", "GenerativeCostTable", "generate_cost", "generative_table"]
 
 TOKEN_BYTES = 8  # the token id (int64) the last stage sends to the first stage every step
+
+
+@dataclass(frozen=True)
+class StepIO:
+    """What a generative step exchanges with the coordinator: every model input but the caches in, and the
+    token id chosen from `logits` out; the caches (`state`, inputs and outputs) stay on their stage."""
+
+    state: frozenset[str]
+    logits: str | None
+
+    def inputs(self, graph: LayerGraph, names) -> dict[str, int]:
+        """{name: bytes} of the model inputs among `names` that the coordinator sends."""
+        return {t: graph.tensors[t].nbytes for t in names if t in graph.inputs and t not in self.state}
+
+    def outputs(self, graph: LayerGraph, names) -> dict[str, int]:
+        """{name: bytes} of the model outputs among `names` that go to the coordinator: the logits as the token id."""
+        return {t: TOKEN_BYTES if t == self.logits else graph.tensors[t].nbytes
+                for t in names if t in graph.outputs and t not in self.state}
 
 
 @dataclass(frozen=True, eq=False)
@@ -31,6 +55,7 @@ class GenerateCost:
     prompt_len: int
     max_context: int
     priced_past: int  # the past a decode step is priced at (ingest/phases.py)
+    io: StepIO  # what a step (decode or prefill) hands to and takes from the coordinator
 
     def stage_state_bytes(self, lo: int, hi: int) -> int:
         return int(self.state_bytes[lo:hi].sum())
@@ -46,10 +71,24 @@ class GenerativeCostTable(CostTable):
     that copies a CostTable field by field, such as allocate's restrict, copies an ordinary table)."""
 
     generate: GenerateCost | None = field(default=None, repr=False)
+    io: StepIO | None = field(default=None, repr=False)  # None: every model input and output is a hand-off
+
+    @cached_property
+    def network(self) -> NetworkModel:
+        """The cluster's links, with a step's hand-offs (`StepIO`) as the bytes of a request in and out."""
+        if self.io is None or self.source is None:
+            return super().network
+        graph = self.source[0]
+        return NetworkModel(self.cluster, (sum(self.io.inputs(graph, graph.inputs).values()),
+                                           sum(self.io.outputs(graph, graph.outputs).values())))
+
+
+def _with(cost: CostTable, **extra) -> GenerativeCostTable:
+    return GenerativeCostTable(**{f.name: getattr(cost, f.name) for f in fields(CostTable)}, **extra)
 
 
 def generative_table(cost: CostTable, generate: GenerateCost) -> GenerativeCostTable:
-    return GenerativeCostTable(**{f.name: getattr(cost, f.name) for f in fields(cost)}, generate=generate)
+    return _with(cost, generate=generate, io=generate.io)
 
 
 def generate_cost(phases, cost: CostTable, prefill: CostTable) -> GenerateCost:
@@ -62,4 +101,8 @@ def generate_cost(phases, cost: CostTable, prefill: CostTable) -> GenerateCost:
         past = math.prod(phases.roles.pin(pair.dims, 1, m - 1))
         present = math.prod(phases.roles.pin(pair.dims, 1, m))  # the input's shape with m past is the output's
         state[lo] += (past + present) * itemsize
-    return GenerateCost(phases.prefill.graph, prefill, state, phases.options.prompt_len, m, phases.priced_past)
+    outs = {p.output for p in phases.pairs}
+    logits = [t for t in graph.outputs if t not in outs]  # one; if not, emit/state.py refuses the build
+    io = StepIO(frozenset(p.input for p in phases.pairs) | outs, logits[0] if len(logits) == 1 else None)
+    return GenerateCost(phases.prefill.graph, _with(prefill, io=io), state, phases.options.prompt_len, m,
+                        phases.priced_past, io)

@@ -82,17 +82,16 @@ def model_path(name: str, models_dir: str | None) -> Path:
 
 
 # -- part 1: planning --------------------------------------------------------------------------------------
-def _priced(model: Path, cluster: Path, gen):
-    """The generative cost table of `model` on `cluster`, as compile_model prices it (driver._price)."""
+def priced(model: Path, cluster: Path, gen):
+    """(the decode step's graph, the generative cost table of `model` on `cluster`), by the very function `edgec
+    compile --generate` prices with (driver._price), so that the figures here are the CLI's (test_bench_generate
+    compares them with `edgec compile --json`)."""
     from edgec.compiler.cluster import load_cluster
-    from edgec.compiler.cost import build_cost_table, generate_cost, generative_table
+    from edgec.compiler.driver import _price
     from edgec.compiler.ingest.phases import load_phases
 
     phases = load_phases(model, gen)
-    c = load_cluster(cluster)
-    cost = build_cost_table(phases.decode.graph, c, phases.decode.sha256, model=phases.decode.model)
-    prefill = build_cost_table(phases.prefill.graph, c, phases.decode.sha256, model=phases.prefill.model)
-    return phases.decode.graph, generative_table(cost, generate_cost(phases, cost, prefill))
+    return phases.decode.graph, _price(phases.decode, phases, load_cluster(cluster))
 
 
 def whole_need_mb(model: Path, folder: Path, gen) -> float:
@@ -101,7 +100,7 @@ def whole_need_mb(model: Path, folder: Path, gen) -> float:
     from edgec.compiler.plan.choose import plan_model
 
     cluster = write_cluster(folder / "one.yaml", [("big", "edge-server")], {})
-    graph, cost = _priced(model, cluster, gen)
+    graph, cost = priced(model, cluster, gen)
     chosen, _ = plan_model(graph, cost, "single", "latency")
     return max(device_memory_bytes(chosen.plan, graph, cost.generate).values()) / (1 << 20)
 
@@ -125,7 +124,6 @@ def split_only_memory(need_mb: float) -> dict[str, float]:
 
 def part_plan(a, folder: Path) -> dict:
     from edgec.compiler.ingest.phases import GenerateOptions
-    from edgec.compiler.plan.choose import plan_model
 
     model = model_path(a.model, a.models_dir)
     gen = GenerateOptions(max_context=a.max_context, prompt_len=a.prompt_len)
@@ -135,22 +133,29 @@ def part_plan(a, folder: Path) -> dict:
                 "split-only": write_cluster(folder / "split.yaml", HETERO, split_only_memory(need))}
     rows = []
     for cname, cluster in clusters.items():
-        graph, cost = _priced(model, cluster, gen)
+        graph, cost = priced(model, cluster, gen)
         for objective in OBJECTIVES:
             for strategy in STRATEGIES:
                 log(f"plan: {cname} {objective} {strategy} (load {loadavg()})")
-                try:
-                    chosen, _ = plan_model(graph, cost, strategy, objective)
-                except Exception as exc:  # noqa: BLE001 - a baseline that finds no plan that fits: reported
-                    rows.append({"cluster": cname, "objective": objective, "strategy": strategy,
-                                 "error": str(exc).splitlines()[0]})
-                    continue
-                g = chosen.prediction.generation
-                rows.append({"cluster": cname, "objective": objective, "strategy": strategy, "chose": chosen.strategy,
-                             "stages": [(s.device, s.hi - s.lo) for s in chosen.plan.stages],
-                             "tokens_per_s": g["tokens_per_s"], "one_tokens_per_s": 1000.0 / g["tpot_ms"],
-                             "tpot_ms": g["tpot_ms"], "ttft_ms": g["ttft_ms"]})
+                rows.append({"cluster": cname, **plan_row(graph, cost, objective, strategy)})
     return {"model": a.model, "need_mb": need, "rows": rows}
+
+
+def plan_row(graph, cost, objective: str, strategy: str) -> dict:
+    """One strategy's plan of the priced model (`priced`) as `edgec compile` plans it (plan_model with the CLI's
+    planner options): its stages and predicted figures, or the one line of a strategy that finds no plan."""
+    from edgec.compiler.errors import UserError
+    from edgec.compiler.plan.choose import plan_model
+
+    try:
+        chosen, _ = plan_model(graph, cost, strategy, objective)
+    except UserError as exc:  # a baseline that finds no plan that fits: reported
+        return {"objective": objective, "strategy": strategy, "error": str(exc).splitlines()[0]}
+    g = chosen.prediction.generation
+    return {"objective": objective, "strategy": strategy, "chose": chosen.strategy,
+            "stages": [(s.device, s.hi - s.lo) for s in chosen.plan.stages],
+            "tokens_per_s": g["tokens_per_s"], "one_tokens_per_s": 1000.0 / g["tpot_ms"],
+            "tpot_ms": g["tpot_ms"], "ttft_ms": g["ttft_ms"]}
 
 
 def plan_targets(r: dict) -> list[tuple[str, bool, str]]:
@@ -322,15 +327,26 @@ def inflight_targets(r: dict) -> list[tuple[str, bool, str]]:
              f"{by[4] / by[1]:.2f}x on {r['stages']} stage(s)")]
 
 
+def predicted_in_flight(r: dict, sequences: int) -> float:
+    """Tokens/s the build predicts with `sequences` in flight: each sequence gives a token every TPOT, and all of
+    them together no more than one a bottleneck (the predicted tokens/s in flight). So the gain over S = 1 can
+    reach at most tokens/s in flight x TPOT / 1000, whatever S: the stages' imbalance caps it."""
+    return min(sequences * 1000.0 / r["predicted_tpot_ms"], r["predicted_tokens_per_s"])
+
+
 def inflight_markdown(r: dict) -> list[str]:
     how = "--strategy equal-layers (auto did not split in 4)" if r["forced"] else f"auto ({r['strategy']})"
     base = r["rows"][0]["tokens_per_s"]
+    ceiling = predicted_in_flight(r, INFLIGHT_S[-1]) / predicted_in_flight(r, 1)
     lines = [f"## Sequences in flight: tinylm on {INFLIGHT_DEVICES} device hosts at {INFLIGHT_SHARE:g} cores, "
              f"{r['stages']} stages by {how}, predicted {r['predicted_tokens_per_s']:.2f} tokens/s in flight and "
-             f"{r['predicted_tpot_ms']:.2f} ms TPOT for one", "",
-             "| S | tokens/s | TPOT ms | gain over S = 1 |", "|---:|---:|---:|---:|"]
-    lines += [f"| {x['sequences']} | {x['tokens_per_s']:.2f} | {x['tpot_ms']:.2f} | {x['tokens_per_s'] / base:.2f} |"
-              for x in r["rows"]]
+             f"{r['predicted_tpot_ms']:.2f} ms TPOT for one (a gain of at most {ceiling:.2f}x)", "",
+             "| S | tokens/s | predicted tokens/s | measured/predicted | TPOT ms | gain over S = 1 |",
+             "|---:|---:|---:|---:|---:|---:|"]
+    for x in r["rows"]:
+        predicted = predicted_in_flight(r, x["sequences"])
+        lines.append(f"| {x['sequences']} | {x['tokens_per_s']:.2f} | {predicted:.2f} | "
+                     f"{x['tokens_per_s'] / predicted:.2f} | {x['tpot_ms']:.2f} | {x['tokens_per_s'] / base:.2f} |")
     return lines
 
 

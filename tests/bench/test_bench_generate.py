@@ -4,13 +4,18 @@ and its tables as the results file and the docs page read them."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 import benchlib  # tests/bench is on sys.path: pytest puts a test file's folder there (no __init__.py)
 from bench_generate import (HETERO, SPLIT_SHARE, inflight_markdown, inflight_targets, measure_markdown,
-                            measure_targets, plan_markdown, plan_targets, split_only_memory)
+                            measure_targets, plan_markdown, plan_row, plan_targets, priced, split_only_memory,
+                            write_cluster)
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("edgec_bench_render", ROOT / "benchmarks" / "render.py")
@@ -22,6 +27,28 @@ def _plan_row(cluster, objective, strategy, one, inflight):
     return {"cluster": cluster, "objective": objective, "strategy": strategy, "chose": strategy,
             "stages": [("pi5-a", 10), ("phone", 5)], "tokens_per_s": inflight, "one_tokens_per_s": one,
             "tpot_ms": 1000.0 / one, "ttft_ms": 50.0}
+
+
+@pytest.mark.parametrize("strategy", ["auto", "equal-layers"])
+def test_part_plan_figures_are_edgec_compiles(tmp_path, strategy):
+    """Part plan prices and plans in-process (reading a large model once for every strategy); its figures must be
+    what `edgec compile --generate --json` says of the same model, cluster and options."""
+    from edgec import models
+    from edgec.compiler.ingest.phases import GenerateOptions
+
+    model = models.ensure("tinylm")
+    cluster = write_cluster(tmp_path / "c.yaml", [("pi5", "rpi5"), ("pi4", "rpi4"), ("phone", "phone")], {})
+    row = plan_row(*priced(model, cluster, GenerateOptions(max_context=128, prompt_len=16)), "throughput", strategy)
+    done = subprocess.run([sys.executable, "-m", "edgec.compiler", "compile", str(model), "--devices", str(cluster),
+                           "-o", str(tmp_path / "out"), "--generate", "--max-context", "128", "--prompt-len", "16",
+                           "--objective", "throughput", "--strategy", strategy, "--json"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    cli = json.loads(done.stdout)
+    assert row["chose"] == cli["strategy"]
+    assert row["stages"] == [(s["device"], s["layers"][1] - s["layers"][0]) for s in cli["stages"]]
+    for key in ("tokens_per_s", "tpot_ms", "ttft_ms"):  # the summary rounds to 4 decimals
+        assert round(row[key], 4) == pytest.approx(cli[f"predicted_{key}"], abs=1e-4)
 
 
 def test_split_only_memory_leaves_no_device_the_whole_model_and_all_of_them_more_than_it():
@@ -77,3 +104,8 @@ def test_inflight_target_needs_four_stages_and_two_and_a_half_times_s1():
            "load": {"start": None, "end": None}, "tables": benchlib.tables_of(text)[0]}
     page = render.page("bench_generate", doc)
     assert "Generation across devices" in page and "| 4 | 25" in page
+    # predicted: one token per TPOT (50 ms) per sequence, 40 tokens/s at most: 20, 40, 40, 40; a gain of 2x at most
+    table = benchlib.tables_of(text)[0][0]
+    col = table["columns"].index("predicted tokens/s")
+    assert [row[col] for row in table["rows"]] == [20.0, 40.0, 40.0, 40.0]
+    assert "a gain of at most 2.00x" in text
