@@ -25,6 +25,7 @@ from ..manifest.schedule import recv_keys, send_targets
 from ..manifest.types import HOST
 from ..wire.keys import COORDINATOR, Keyring, ephemeral_keyring
 from ..wire.net import Endpoint, outward_host, parse_endpoint
+from ..device import zygote
 from ..providers import missing_provider, refusal
 from ..wire.protocol import PROTOCOL_VERSION, welcome_providers
 from ..wire.transport import POLL_MS, BadMessage
@@ -77,9 +78,8 @@ class Connecting:
         return all(order.index(w.phase) >= order.index(phase) for w in self.workers.values())
 
     def _spawn(self, w: WorkerLink) -> None:
-        cmd = [sys.executable, "-m", "edgec.runtime.device.worker", "--listen", "tcp://127.0.0.1:0", "--threads",
-               str(self.device_threads.get(w.name, self.threads)), "--once", "--exit-with-parent",
-               "--parent", str(os.getpid())]
+        cmd = ["--listen", "tcp://127.0.0.1:0", "--threads", str(self.device_threads.get(w.name, self.threads)),
+               "--once", "--exit-with-parent"]
         in_memory = self.keys is not None and self.keys.folder is None
         if in_memory:  # the worker reads its key pair on stdin: no key file a killed run could leave behind
             cmd += ["--keys-stdin"]
@@ -89,18 +89,32 @@ class Connecting:
         if data_host is not None:
             cmd += ["--data-host", data_host]
         w.log = tempfile.TemporaryFile()
+        keys = self.keys.member_json(self.keys.serves_as(w.name)) if in_memory else None
+        if zygote.available():  # forked from a process that has imported the worker's modules (zygote.py)
+            try:
+                w.proc = zygote.spawn(cmd, keys=keys, stderr=w.log, timeout=self.timeout)
+            except OSError as exc:
+                raise RunError(f"cannot start the local worker for {w.name}: {one_line(exc)}") from None
+        else:
+            w.proc = self._popen(cmd, keys, w.log)
+        logger.debug("started a local worker for %s (pid %d)", w.name, w.proc.pid)
+
+    @staticmethod
+    def _popen(cmd: list[str], keys: bytes | None, log) -> subprocess.Popen:
+        """A local worker as a process of its own, where no zygote can fork one."""
         # A session of its own: Ctrl-C in a terminal (SIGINT to the foreground group) reaches the coordinator
         # alone, which then ends the run on its workers (edgec serve answers what it accepted first); the
         # worker still dies with its parent (--parent).
-        w.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE if in_memory else subprocess.DEVNULL,
-                                  stdout=subprocess.PIPE, stderr=w.log, start_new_session=True)
-        if in_memory:
+        argv = [sys.executable, "-m", "edgec.runtime.device.worker", *cmd, "--parent", str(os.getpid())]
+        stdin = subprocess.DEVNULL if keys is None else subprocess.PIPE
+        proc = subprocess.Popen(argv, stdin=stdin, stdout=subprocess.PIPE, stderr=log, start_new_session=True)
+        if keys is not None:
             try:  # one line, far below a pipe's buffer: never blocks
-                w.proc.stdin.write(self.keys.member_json(self.keys.serves_as(w.name)))
-                w.proc.stdin.close()
+                proc.stdin.write(keys)
+                proc.stdin.close()
             except OSError:  # the worker already exited: _await_listening reports why
                 pass
-        logger.debug("started a local worker for %s (pid %d)", w.name, w.proc.pid)
+        return proc
 
     def _local_data_host(self, name: str) -> str | None:
         """Where a local worker binds its data socket: loopback, unless a remote device exchanges tensors

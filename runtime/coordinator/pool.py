@@ -29,7 +29,7 @@ from ..wire.transport import POLL_MS, BadMessage, pack, recv_message, send_frame
 from .clocks import Clocks, timings_store
 from .connect import Connecting
 from .emulate import Channel, Emulating, Overruns
-from .liveness import HEARTBEAT_MS, Liveness
+from .liveness import HEARTBEAT_MS, DeviceLost, Liveness
 from .shipping import Shipping
 from .trace import Trace
 from .window import OpenRequest, Window
@@ -100,6 +100,11 @@ class WorkerPool(Connecting, Shipping, Window, Liveness, Clocks, Emulating):
             self.start()
             if self.samples is not None:
                 self.sync_clocks()
+        except DeviceLost:
+            # A fallback plan may run next on the devices still there: each must have ended this session (a
+            # worker serves one at a time), which on a busy machine can take longer than close()'s default.
+            self.close(grace=self.timeout)
+            raise
         except BaseException:
             self.close()
             raise

@@ -10,6 +10,7 @@ from typing import Iterable, Iterator, Mapping
 
 import zmq
 
+from ..device.zygote import Child
 from ..errors import InputError, one_line
 from ..machine import available_cores
 from ..manifest.schedule import working_devices
@@ -26,7 +27,7 @@ class WorkerLink:
     def __init__(self, name: str, endpoint: Endpoint | None):
         self.name, self.endpoint = name, endpoint
         self.local = endpoint is None
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | Child | None = None  # a local worker's process
         self.log = None
         self.sock: zmq.Socket | None = None
         self.monitor: zmq.Socket | None = None
@@ -82,7 +83,7 @@ def log_tail(log) -> str:
     return one_line(lines[-1], 300) if lines else ""
 
 
-def reap(proc: subprocess.Popen, deadline: float) -> None:
+def reap(proc: subprocess.Popen | Child, deadline: float) -> None:
     try:
         proc.wait(timeout=max(0.05, deadline - time.monotonic()))
         return

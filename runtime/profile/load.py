@@ -9,7 +9,8 @@ between a busy and a quiet moment).  So every measurement records what the other
 over the measurement's interval: busy jiffies from the `cpu` line of /proc/stat (user, nice, system, irq,
 softirq, steal: time a hypervisor gave to other guests counts as taken), this process's own from
 /proc/self/stat (utime + stime, all its threads, so onnxruntime's thread pool is ours, and cutime + cstime,
-its reaped children: the runtime workers it starts to time the runtime's own costs), both in USER_HZ.
+its reaped children: the runtime workers it starts to time the runtime's own costs, with the zygote that
+forks them and the workers it reaped, device/zygote.py), both in USER_HZ.
 
 The rule (`is_busy`): the machine is busy when other processes used more than BUSY_FRACTION (10%) of its
 CPU time, i.e. more than 0.1 x CPUs CPUs on average.  Why 10%: onnxruntime's intra-op threads meet at a
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from edgec.runtime.errors import InputError
+from edgec.runtime.device.zygote import zygote_pids
 
 __all__ = ["BUSY_FRACTION", "CpuTimes", "LoadSample", "LoadProbe", "parse_proc_stat", "parse_self_stat",
            "parse_loadavg", "other_cpus", "is_busy", "describe_load", "LoadWatch", "check_load", "IDLE_WINDOW_S"]
@@ -117,6 +119,11 @@ class LoadProbe:
         try:
             busy, total, cpus = parse_proc_stat(Path("/proc/stat").read_text())
             own = parse_self_stat(Path("/proc/self/stat").read_text())
+            for pid in zygote_pids():  # the local workers' zygote and the workers it reaped are ours too
+                try:
+                    own += parse_self_stat(Path(f"/proc/{pid}/stat").read_text())
+                except FileNotFoundError:  # ended meanwhile
+                    pass
         except (OSError, ValueError, IndexError):
             return None  # not Linux: other processes' CPU use is unknown, and said so
         return CpuTimes(busy, total, own, cpus)

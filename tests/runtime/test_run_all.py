@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from edgec.compiler.cli import cli
 from edgec.runtime.errors import InputError
 from edgec.runtime.front.runall import load_allocation, run_all
+from tests.runtime.procs import local_workers
 
 MODELS = Path(os.environ["EDGEC_MODELS_DIR"])
 
@@ -113,19 +114,6 @@ def test_services_share_a_device_with_a_worker_each(tmp_path):
     assert got["services"]["chain"]["devices"] == got["services"]["conv"]["devices"] == ["a"]
 
 
-def _children(pid: int) -> set[int]:
-    """The processes whose parent is `pid` (Linux /proc)."""
-    out = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == pid:
-            out.add(int(stat.parent.name))
-    return out
-
-
 def _alive(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
@@ -151,7 +139,7 @@ def test_sigterm_closes_every_service_and_leaves_no_worker(allocation):
         while not all(any(ln.startswith(f"edgec: {n}: request ") for ln in list(lines)) for n in ("chain", "conv")):
             assert proc.poll() is None and time.monotonic() < deadline, lines[-5:]
             time.sleep(0.05)
-        workers = _children(proc.pid)
+        workers = local_workers(proc.pid)
         assert len(workers) == 2  # a local worker per device
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 128 + signal.SIGTERM

@@ -14,24 +14,12 @@ from pathlib import Path
 import pytest
 
 import edgec
+from tests.runtime.procs import local_workers
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = Path(os.environ["EDGEC_MODELS_DIR"])
 CLUSTERS = REPO / "tests" / "e2e" / "clusters"
 WAIT_S = 60.0  # a liveness deadline on a busy machine, not a timing: everything normally happens in about a second
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(entry))
-    return out
 
 
 def _running(pid: int) -> bool:
@@ -67,7 +55,7 @@ def test_a_killed_run_leaves_no_keys_and_no_workers(pipeline, tmp_path):
             assert proc.poll() is None and time.monotonic() < deadline, seen.decode(errors="replace")
             if select.select([proc.stderr], [], [], 0.2)[0]:
                 seen += os.read(proc.stderr.fileno(), 65536)
-        workers = _children(proc.pid)
+        workers = local_workers(proc.pid)
         assert len(workers) == 2, workers  # pi5-a's and pi5-b's local workers
         # What the run wrote under its TMPDIR while running: no key file, and no folder a key could hide in.
         assert not [p for p in _files(tmp) if "key" in p.name], _files(tmp)

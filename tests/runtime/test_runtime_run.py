@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from edgec.runtime.front.cli import run
+from tests.runtime.procs import local_workers
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -23,22 +24,9 @@ def invoke(*args: str):
 
 
 def workers_of(manifest: Path) -> list[int]:
-    """Live (non-zombie) local workers that `edgec run` started from this process, or that outlived the
-    process that started them (orphans): leftovers. (Local workers carry no manifest on their command
-    line; `manifest` names the run for the reader.)"""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        state, ppid = fields[0], int(fields[1])
-        if "edgec.runtime.device.worker" in cmdline and "--once" in cmdline and state != "Z" and ppid in (os.getpid(), 1):
-            pids.append(int(entry.name))
-    return pids
+    """Live local workers that runs in this process started: leftovers once a run has ended. (Local workers
+    carry no manifest on their command line; `manifest` names the run for the reader.)"""
+    return local_workers(os.getpid())
 
 
 def assert_one_line_error(stderr: str, *needles: str) -> None:

@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import time
-from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -23,6 +22,7 @@ from edgec.runtime.front.runall import load_allocation
 from tests.runtime.test_run_all import allocation  # noqa: F401 - the fixture: two services, a device each
 from tests.runtime.serve_helpers import EDGEC, Server, assert_close, reference
 from tests.runtime.serve_helpers import build  # noqa: F401 - the fixture: the chain model, built once per module
+from tests.runtime.procs import local_workers
 
 
 @pytest.fixture(scope="module")
@@ -243,22 +243,6 @@ def test_an_allocation_serves_every_service_at_its_own_name(allocation):  # noqa
         assert s.stop() == 0, "".join(s.lines)
 
 
-def _children(pid: int) -> list[int]:
-    """The processes below `pid`, whichever of its threads started them (the session's I/O thread does)."""
-    found, frontier = [], [pid]
-    while frontier:
-        parent = frontier.pop()
-        kids = []
-        for task in Path(f"/proc/{parent}/task").glob("*"):
-            try:
-                kids += [int(c) for c in (task / "children").read_text().split()]
-            except OSError:
-                pass
-        found += kids
-        frontier += kids
-    return found
-
-
 def test_a_full_queue_is_429_and_a_lost_device_503_naming_it(build):
     s = Server(build, "--model-name", "chain", "--queue", "1", "--inflight", "1", "--heartbeat-ms", "100")
     try:
@@ -272,7 +256,7 @@ def test_a_full_queue_is_429_and_a_lost_device_503_naming_it(build):
                 if 429 in seen:
                     break
         assert 429 in seen and seen <= {200, 429}, seen
-        workers = _children(s.proc.pid)
+        workers = local_workers(s.proc.pid)
         assert workers
         for pid in workers:  # every local worker: the build has no fallback
             os.kill(pid, signal.SIGKILL)
