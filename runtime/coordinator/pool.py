@@ -45,8 +45,9 @@ class WorkerPool(Connecting, Shipping, Window, Liveness, Clocks, Emulating):
     """The workers of a manifest's working devices; use as a context manager.
 
     `stream(inputs)` keeps up to `inflight` requests in flight and yields results in request order; `infer`
-    runs one request alone. Local workers die with the thread that started them (Linux PR_SET_PDEATHSIG),
-    so start and use a cluster from one long-lived thread.
+    runs one request alone. Local workers die with the coordinator's process (forked by its zygote,
+    device/zygote.py); where no zygote can run, with the thread that started them (Linux PR_SET_PDEATHSIG), so
+    start and use a cluster from one long-lived thread.
     """
 
     def __init__(self, manifest: Manifest, *, threads: int | None = None, emulate: bool = False,
