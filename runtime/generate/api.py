@@ -62,7 +62,7 @@ def generate(build: str | os.PathLike, *, prompt_ids: Seq[int] | Seq[Seq[int]] |
         check_model(m)
     sampler = Sampler(temperature, seed)
     with Failover(m, sampler=sampler, logits=verify, threads=threads, timeout=timeout, addresses=addresses,
-                  keys=load_keys(keys), inflight=len(prompts)) as plans:
+                  keys=load_keys(keys), sequences=len(prompts)) as plans:
         seqs, start = decode(plans.pool, plans.pool.manifest, prompts, max_new_tokens, on_token, plans)
     checked = None
     if verify:

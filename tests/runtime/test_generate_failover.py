@@ -124,7 +124,7 @@ def test_a_device_silent_past_the_heartbeats_is_replaced(build, workers, whole):
             stopped.send_signal(signal.SIGSTOP)
 
     try:
-        with Failover(m, sampler=Sampler(), addresses={n: w.address for n, w in workers.items()}, inflight=2,
+        with Failover(m, sampler=Sampler(), addresses={n: w.address for n, w in workers.items()}, sequences=2,
                       timeout=30, heartbeat_ms=100, threads=1) as plans:
             seqs, _ = decode(plans.pool, m, [PROMPT, OTHER], NEW, on_token, plans)
     finally:
