@@ -21,7 +21,7 @@ import yaml
 import edgec
 from edgec.runtime.device.choose import Sampler
 from edgec.runtime.generate.failover import Failover
-from edgec.runtime.generate.loop import Sequence, decode
+from edgec.runtime.generate.loop import Sequence, decode, schedule
 from edgec.runtime.manifest.load import load_manifest
 from tests.runtime.test_distributed import Worker
 from tests.runtime.test_generate_run import MAX_CONTEXT, NEW, OTHER, PROMPT, REPO, TINYLM, whole_model_tokens
@@ -190,10 +190,20 @@ def test_a_restarted_sampler_draws_what_the_running_one_would():
 
 def test_a_restarted_sequence_prefills_its_prompt_and_tokens(build):
     m = load_manifest(build / "manifest.json", generative=True)
+    [ids] = [name for name, how in m.generate.feeds.items() if how == "token"]
     s = Sequence(0, list(PROMPT), tokens=[40, 41], past=len(PROMPT) + 1)
-    assert s.fed() == [41] and s.next_step(m).past == len(PROMPT) + 1
+    step = s.next_step(m, ahead=2)  # a decode step: its token comes from the device that chose it
+    assert step.direct and ids not in step and (step.new, step.past, step.ahead) == (1, len(PROMPT) + 1, 2)
+    assert step["position_ids"].ravel().tolist() == [len(PROMPT) + 1] and s.past == len(PROMPT) + 2
     s.past = 0  # restarted on the fallback plan
     step = s.next_step(m)
-    assert s.fed() == PROMPT + [40, 41] and (step.new, step.past) == (len(PROMPT) + 2, 0)
-    [ids] = [name for name, how in m.generate.feeds.items() if how == "token"]
+    assert not step.direct and (step.new, step.past, step.ahead) == (len(PROMPT) + 2, 0, None)
     assert step[ids].ravel().tolist() == PROMPT + [40, 41]
+
+
+def test_after_a_restart_each_sequence_runs_its_own_count():
+    """Rounds over the sequences that still need a token: one restarted with 3 of 5 tokens runs 2 steps, one
+    with 1 runs 4; each step knows how many requests later its sequence's next one comes."""
+    a, b = Sequence(0, [1], tokens=[7, 8, 9]), Sequence(1, [2], tokens=[7])
+    steps = schedule([a, b], 5)
+    assert [(s.index, ahead) for s, ahead in steps] == [(0, 2), (1, 2), (0, None), (1, 1), (1, 1), (1, None)]
