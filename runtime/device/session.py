@@ -17,7 +17,17 @@ Under --emulate (emulate.py) each fragment run is padded to predicted_ms x the r
 of consecutive sends travels on the device's DelayedLinks, its step list waiting for the burst to end; on a
 shared medium the burst first asks the coordinator for the channel. A send's clock is then the emulated start
 of its transfer, a run's the moment its padding is counted from (when the device was ready for it), and runs
-slower than their padding are reported (`overrun`)."""
+slower than their padding are reported (`overrun`).
+
+A generative session (manifest version 2) keeps each sequence's caches between its steps (sequences.py), and
+carries the token's direct path (sequences.token_routes): the device that gives the logits sends each token it
+chooses, when the step's `run` names the sequence's next request (next_req), to every device that takes it as a
+model input, over the data sockets like every peer send (CURVE with keys), or into its own inbox when that is
+itself; a step whose `run` says token_from takes that input from the chooser instead of the host. So the inbox
+expects (chooser, input) besides the manifest's receives, a first stage that receives nothing else from its
+peers binds its data socket for it, and the chooser connects to it. That token's arrival holds the step as a
+tensor from a device does (under --emulate its timeline waits for it), but `done` has no clock for it: the
+timed steps are the manifest's (wire/protocol.py timed_steps), where it is a host input."""
 
 from __future__ import annotations
 
