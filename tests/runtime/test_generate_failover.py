@@ -3,10 +3,12 @@ two sequences are in flight is replaced by the fallback plan without it; both se
 there (prompt and tokens so far) and finish with exactly the whole model's tokens, greedy or sampled, whether
 the worker was killed or went silent past the heartbeats. Without
 a fallback the run fails in one line naming the device, exit 3. Then the parts without workers: the sampler's
-draws after a restart, and a restarted sequence's prefill."""
+draws after a restart, a restarted sequence's prefill, the schedule of sequences restarted with different
+counts, and S sequences' caches checked against the fallback plans' devices too."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -20,6 +22,8 @@ import yaml
 
 import edgec
 from edgec.runtime.device.choose import Sampler
+from edgec.runtime.errors import InputError
+from edgec.runtime.generate.api import check_fits
 from edgec.runtime.generate.failover import Failover
 from edgec.runtime.generate.loop import Sequence, decode, schedule
 from edgec.runtime.manifest.load import load_manifest
@@ -207,3 +211,23 @@ def test_after_a_restart_each_sequence_runs_its_own_count():
     a, b = Sequence(0, [1], tokens=[7, 8, 9]), Sequence(1, [2], tokens=[7])
     steps = schedule([a, b], 5)
     assert [(s.index, ahead) for s, ahead in steps] == [(0, 2), (1, 2), (0, None), (1, 1), (1, 1), (1, None)]
+
+
+def test_sequences_whose_caches_a_fallback_device_cannot_hold_are_refused(build):
+    """A failover restarts every unfinished sequence on the fallback plan, whose devices hold more layers, so
+    more caches each: S sequences must fit there too, and the one line names the plan and the device."""
+    m = load_manifest(build / "manifest.json", generative=True)
+    fallback = Failover(m, sampler=Sampler(), sequences=1).fallbacks["pi5-b"]
+    frags = [f for f in fallback.device_fragments("pi5-a") if f.state]
+    cache = sum(np.prod([s.max_length if i == s.axis else n for i, n in enumerate(s.shape)]) * 4
+                for f in frags for s in f.state)
+    weights = sum(fallback.fragment_path(f).stat().st_size for f in fallback.device_fragments("pi5-a"))
+    mb = (weights + 2 * cache) / (1 << 20)  # room for two sequences' caches on the fallback's pi5-a
+    small = dataclasses.replace(fallback, devices=tuple(
+        dataclasses.replace(d, memory_mb=mb) if d.name == "pi5-a" else d for d in fallback.devices))
+    check_fits(m, 3, {"pi5-b": fallback})
+    check_fits(m, 2, {"pi5-b": small})
+    with pytest.raises(InputError, match=r"^--sequences 3 on the fallback plan without pi5-b \(.*fallback-pi5-b"
+                                         r"/manifest.json\): device pi5-a would hold at least \d+ MB .* more than"):
+        check_fits(m, 3, {"pi5-b": small})
+    check_fits(m, 3)  # the main plan alone holds them
