@@ -177,8 +177,12 @@ class Steps:
                 array = np.full(route.shape, token, dtype=route.dtype)
                 if route.device == self.device:
                     s.deliver(self.next_req, route.input, array)
-                else:  # 8 bytes: sent at once, not through an emulated link's burst (`edgec generate` has none)
-                    s.encode_peer(self.next_req, route.device, route.input, array)[1]()
+                else:
+                    wire, send = s.encode_peer(self.next_req, route.device, route.input, array)
+                    if s.links is None:
+                        send()
+                    else:  # on the lane that owns the peer sockets, delayed as its link says; not timed in `done`
+                        s.links.submit(route.device, wire, send, not_before=self.ready)
                 s.stats["tokens_sent"] += 1
         s.send_output(self.req, TOKEN_TENSOR, np.array([token], dtype=np.int64))
 
