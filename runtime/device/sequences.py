@@ -9,6 +9,7 @@ coordinator asked for them, to verify), and straight to the devices that take it
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
@@ -46,18 +47,19 @@ def token_device(m: Manifest) -> str:
 def token_routes(m: Manifest) -> list[TokenRoute]:
     """Every host input fed the token (generate.feeds role "token"), with the device that receives it, in
     schedule order: the devices the token's chooser sends it to, keyed by the sequence's next request. The
-    input's shape at a decode step: its generate.shapes with one new token; InputError for a shape that would
-    need the step's past (the chooser does not know it)."""
+    input's shape at a decode step: its generate.shapes with one new token; InputError for a shape that does not
+    hold exactly one token then (one that would need the step's past, which the chooser does not know)."""
     g, dtypes = m.generate, {t.name: t.dtype for t in m.inputs}
     routes = []
     for device, name in host_feeds(m):
         if g.feeds.get(name) != "token":
             continue
         dims = g.shapes.get(name)
-        if dims is None or any(isinstance(d, str) and d != "seq" for d in dims):
-            raise InputError(f"{m.path}: generate.shapes of token input {name!r} is {dims}: expected sizes and "
-                             "seq (one token per decode step)")
-        routes.append(TokenRoute(device, name, tuple(1 if d == "seq" else d for d in dims), dtypes[name]))
+        shape = None if dims is None else tuple(1 if d == "seq" else d for d in dims)
+        if shape is None or any(isinstance(d, str) for d in shape) or math.prod(shape) != 1:
+            raise InputError(f"{m.path}: generate.shapes of token input {name!r} is {dims}: expected seq and sizes "
+                             "of 1 (one token per decode step)")
+        routes.append(TokenRoute(device, name, shape, dtypes[name]))
     return routes
 
 

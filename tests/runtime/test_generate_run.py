@@ -25,7 +25,7 @@ from click.testing import CliRunner
 import edgec
 from edgec.runtime.coordinator import window
 from edgec.runtime.device.choose import Sampler
-from edgec.runtime.device.sequences import Sequences, keep_state
+from edgec.runtime.device.sequences import Sequences, keep_state, token_device, token_routes
 from edgec.runtime.device.session import Session
 from edgec.runtime.errors import InputError, RunError
 from edgec.runtime.front.generate_cli import generate as generate_cmd
@@ -341,6 +341,15 @@ def test_step_inputs_follow_the_generate_block(builds):
     assert feeds["input_ids"].tolist() == [[7]] and feeds["position_ids"].tolist() == [[4]]
     assert feeds["attention_mask"].tolist() == [[1] * 5]
     assert vocab_size(m) == 16384
+
+
+def test_the_token_goes_to_the_devices_fed_it_as_one_token(builds):
+    m = load_manifest(builds[3] / "manifest.json", check_files=False, generative=True)
+    assert token_device(m) == "pi5-c" and token_routes(m) == [("pi5-a", "input_ids", (1, 1), "int64")]
+    for dims in ([1, "total"], [2, "seq"]):
+        g = dataclasses.replace(m.generate, shapes={**m.generate.shapes, "input_ids": tuple(dims)})
+        with pytest.raises(InputError, match=r"token input 'input_ids' is .*: expected seq and sizes of 1"):
+            token_routes(dataclasses.replace(m, generate=g))
 
 
 def test_prompts_are_checked_before_any_worker_starts(builds):
