@@ -54,7 +54,7 @@ class Sequence:
             fed = self.prompt + self.tokens
             step = StepInputs(step_inputs(m, fed, 0), self.index, len(fed), 0, ahead)
         else:
-            inputs = step_inputs(m, [0], self.past)  # the token's place: the pool sends everything but it
+            inputs = step_inputs(m, [0], self.past)  # a stand-in token, left out: its chooser sends the real one
             step = StepInputs({k: v for k, v in inputs.items() if m.generate.feeds[k] != "token"}, self.index, 1,
                               self.past, ahead, direct=True)
         self.past += step.new
