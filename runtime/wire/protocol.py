@@ -80,8 +80,10 @@ under --emulate), run_clocks one per frag_ms entry (the worker's time.monotonic(
 started: just before the executor ran it, or under --emulate the start the emulation counts the padded run
 from), and clocks one per device-to-device `send` and `recv` step, in step order (the worker's
 time.monotonic() in seconds when the send started, before compression; when the whole tensor message was
-taken off the data socket, for a recv). A device with more than MAX_TIMED_STEPS such steps cannot be timed
-(its `done` would outgrow MAX_HEADER_BYTES).
+taken off the data socket, for a recv; a token input that came from the device that chose it is a recv from
+the host in the steps, so not timed). A device with more than MAX_TIMED_STEPS such steps cannot be timed
+(its `done` would outgrow MAX_HEADER_BYTES). A generative session's `bye` stats count the token's direct path
+too: tokens_sent (by the chooser, to a next step's input) and tokens_received (token inputs taken from it).
 """
 
 from __future__ import annotations
