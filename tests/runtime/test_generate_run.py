@@ -1,8 +1,11 @@
 """`edgec generate` on local and keyed remote workers: a 1-, 2- and 3-stage build of tinylm generates exactly the
 whole model's tokens (its decode loop written out here, apart from the runtime's), each sequence of several in
-flight gets the tokens it gets alone, sampling verifies against the whole model's draws, the last stage sends
-nothing but token ids, --json prints exactly its keys and bad input is one line; then the parts without workers
-(the sequence messages, the worker's per-sequence state, the step inputs, the prompt checks, verification)."""
+flight gets the tokens it gets alone, sampling verifies against the whole model's draws, every token verifies with
+4 sequences in flight, each token goes from the device that chose it straight to the first stage (the direct
+path: the coordinator sends input_ids for the prefills alone), the last stage sends nothing but token ids, --json
+prints exactly its keys and bad input is one line; then the parts without workers (the sequence messages and the
+token path's fields, the worker's per-sequence state, the token's routes, the step inputs, the prompt checks,
+verification)."""
 
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from click.testing import CliRunner
 
 import edgec
 from edgec.runtime.coordinator import window
+from edgec.runtime.coordinator.pool import WorkerPool
 from edgec.runtime.device.choose import Sampler
 from edgec.runtime.device.sequences import Sequences, keep_state, token_device, token_routes
 from edgec.runtime.device.session import Session
@@ -31,8 +35,10 @@ from edgec.runtime.errors import InputError, RunError
 from edgec.runtime.front.generate_cli import generate as generate_cmd
 from edgec.runtime.generate.api import check_fits, prompts_of
 from edgec.runtime.generate.feeds import step_inputs, vocab_size
+from edgec.runtime.generate import pool as generate_pool
 from edgec.runtime.generate.failover import Failover
 from edgec.runtime.generate.loop import Sequence, decode
+from edgec.runtime.generate.pool import GeneratePool
 from edgec.runtime.generate.reference import verify_sequences
 from edgec.runtime.manifest.load import load_manifest
 from edgec.runtime.wire.keys import keygen
@@ -350,6 +356,16 @@ def test_the_token_goes_to_the_devices_fed_it_as_one_token(builds):
         g = dataclasses.replace(m.generate, shapes={**m.generate.shapes, "input_ids": tuple(dims)})
         with pytest.raises(InputError, match=r"token input 'input_ids' is .*: expected seq and sizes of 1"):
             token_routes(dataclasses.replace(m, generate=g))
+
+
+def test_a_local_first_stage_that_a_remote_chooser_sends_tokens_to_binds_outward(builds, monkeypatch):
+    """pi5-a (local) receives only from pi5-b (local) in the manifest's steps, but its tokens come from pi5-c
+    (remote): its data socket must be reachable from there, not bound on loopback."""
+    monkeypatch.setattr(generate_pool, "outward_host", lambda ep: f"outward-to-{ep.host}")
+    m = load_manifest(builds[3] / "manifest.json", check_files=False, generative=True)
+    pool = GeneratePool(m, sampler=Sampler(), sequences=1, addresses={"pi5-c": "tcp://10.9.8.7:5555"})
+    assert WorkerPool._local_data_host(pool, "pi5-a") is None  # the manifest's steps alone
+    assert pool._local_data_host("pi5-a") == "outward-to-10.9.8.7"
 
 
 def test_prompts_are_checked_before_any_worker_starts(builds):
