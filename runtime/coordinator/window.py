@@ -98,14 +98,15 @@ class Window:
         return len(r.outputs) == len(self.collects) and len(r.done) == len(self.workers)
 
     def _issue(self, inputs: Mapping[str, np.ndarray]) -> OpenRequest:
-        missing = sorted({name for _, name in self.feeds} - set(inputs))
+        feeds = self._host_feeds(inputs)
+        missing = sorted({name for _, name in feeds} - set(inputs))
         if missing:
             raise InputError(f"{self.manifest.path}: no value for model input(s) {missing}")
         r = self.open[self.next_req] = OpenRequest(self.next_req)
         self.next_req += 1
         # The inputs go first: a worker then usually finds them already there with its `run` and starts at
         # once, instead of waking for `run` and sleeping again until the inputs are decrypted (a wake-up less).
-        for name, tensor in self.feeds:
+        for name, tensor in feeds:
             w = self.workers[name]
             try:
                 send_tensor(w.sock, r.req, HOST, tensor, np.asarray(inputs[tensor]))
@@ -117,6 +118,11 @@ class Window:
             slow = self.slowdown.get(w.name, 1.0)
             self._send_packed(w, run if slow == 1.0 else pack({"t": "run", "req": r.req, "slow": slow, **extra}))
         return r
+
+    def _host_feeds(self, inputs: Mapping[str, np.ndarray]) -> list[tuple[str, str]]:
+        """(device, input) of the model inputs the coordinator sends for this request: every host feed (a
+        generative pool's step whose token comes from a device leaves that one out)."""
+        return self.feeds
 
     def _run_fields(self, req: int, inputs: Mapping[str, np.ndarray]) -> dict:
         """What a request's `run` carries besides req and slow (a generative pool adds the sequence)."""

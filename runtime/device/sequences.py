@@ -2,23 +2,65 @@
 between steps and never sent anywhere. `begin` opens a sequence with every state input empty (zeros of the
 manifest's shape, length 0 along the growing axis) and its token chooser (choose.py); a step feeds the
 sequence's state inputs to the fragment and keeps its state outputs as the next step's inputs; the device that
-gives the logits chooses the token and sends only its id (and the logits only when the coordinator asked for
-them, to verify); `drop` frees the sequence (wire/protocol.py)."""
+gives the logits chooses the token and sends only its id to the coordinator (and the logits only when the
+coordinator asked for them, to verify), and straight to the devices that take it as their next step's input
+(token_routes: the token's direct path, last stage -> first stage); `drop` frees the sequence
+(wire/protocol.py)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
 from ..errors import InputError, RunError
+from ..manifest.schedule import host_collects, host_feeds
 from ..manifest.types import Fragment, Manifest
 from .choose import Sampler
 
-__all__ = ["Sequences", "SequenceState", "MAX_SEQUENCES", "feed_state", "keep_state"]
+__all__ = ["Sequences", "SequenceState", "MAX_SEQUENCES", "TokenRoute", "token_device", "token_routes",
+           "feed_state", "keep_state"]
 
-MAX_SEQUENCES = 64  # sequences open at once on a device (each holds its caches up to max_context)
+# Sequences open at once on a device (each holds its caches up to max_context). The coordinator keeps up to two
+# steps of each sequence in flight (generate/loop.py), inside the worker's window of MAX_INFLIGHT = 64 requests
+# (session.py): 2 x 32.
+MAX_SEQUENCES = 32
+
+
+class TokenRoute(NamedTuple):
+    """Where the chosen token goes as a model input: the device whose step list receives `input` from the
+    host, as an array of `shape` and `dtype` (a decode step's: one new token)."""
+
+    device: str
+    input: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+def token_device(m: Manifest) -> str:
+    """The device that chooses each token: the one that sends the logits to the host."""
+    return host_collects(m)[m.generate.logits_output]
+
+
+def token_routes(m: Manifest) -> list[TokenRoute]:
+    """Every host input fed the token (generate.feeds role "token"), with the device that receives it, in
+    schedule order: the devices the token's chooser sends it to, keyed by the sequence's next request. The
+    input's shape at a decode step: its generate.shapes with one new token; InputError for a shape that does not
+    hold exactly one token then (one that would need the step's past, which the chooser does not know)."""
+    g, dtypes = m.generate, {t.name: t.dtype for t in m.inputs}
+    routes = []
+    for device, name in host_feeds(m):
+        if g.feeds.get(name) != "token":
+            continue
+        dims = g.shapes.get(name)
+        shape = None if dims is None else tuple(1 if d == "seq" else d for d in dims)
+        if shape is None or any(isinstance(d, str) for d in shape) or math.prod(shape) != 1:
+            raise InputError(f"{m.path}: generate.shapes of token input {name!r} is {dims}: expected seq and sizes "
+                             "of 1 (one token per decode step)")
+        routes.append(TokenRoute(device, name, shape, dtypes[name]))
+    return routes
 
 
 @dataclass

@@ -17,7 +17,17 @@ Under --emulate (emulate.py) each fragment run is padded to predicted_ms x the r
 of consecutive sends travels on the device's DelayedLinks, its step list waiting for the burst to end; on a
 shared medium the burst first asks the coordinator for the channel. A send's clock is then the emulated start
 of its transfer, a run's the moment its padding is counted from (when the device was ready for it), and runs
-slower than their padding are reported (`overrun`)."""
+slower than their padding are reported (`overrun`).
+
+A generative session (manifest version 2) keeps each sequence's caches between its steps (sequences.py), and
+carries the token's direct path (sequences.token_routes): the device that gives the logits sends each token it
+chooses, when the step's `run` names the sequence's next request (next_req), to every device that takes it as a
+model input, over the data sockets like every peer send (CURVE with keys), or into its own inbox when that is
+itself; a step whose `run` says token_from takes that input from the chooser instead of the host. So the inbox
+expects (chooser, input) besides the manifest's receives, a first stage that receives nothing else from its
+peers binds its data socket for it, and the chooser connects to it. That token's arrival holds the step as a
+tensor from a device does (under --emulate its timeline waits for it), but `done` has no clock for it: the
+timed steps are the manifest's (wire/protocol.py timed_steps), where it is a host input."""
 
 from __future__ import annotations
 
@@ -37,7 +47,7 @@ from ..wire.compress import parse_mode
 from .emulate import DelayedLinks
 from ..errors import InputError, RunError
 from .executor import Executor
-from .sequences import Sequences
+from .sequences import Sequences, TokenRoute, token_device, token_routes
 from .steps import Steps
 from ..wire.inbox import FULL, Inbox
 from ..manifest.types import HOST, Manifest
@@ -125,6 +135,13 @@ class Session:
         self.next_run = 0
         self.sequences: Sequences | None = None  # a generative session's (manifest version 2)
         self.seq_of: dict[int, int] = {}  # a queued generative request's sequence
+        # A generative session's token path (sequences.token_routes): the device that chooses each token, where
+        # this device sends it when it is that device, and the inputs this device takes it as.
+        self.chooser = ""
+        self.token_routes: list[TokenRoute] = []
+        self.token_inputs: set[str] = set()
+        self.next_of: dict[int, int] = {}  # a queued request -> its sequence's next request (`run`'s next_req)
+        self.token_from: dict[int, str] = {}  # a queued request whose token input comes from that device
         self.drops = DropLog(f"worker {daemon.endpoint}")
         # bytes_sent / bytes_received: tensor payloads on the wire (compressed where they were); *_raw: the
         # same tensors' own sizes. compress_ms / decompress_ms: time spent choosing, compressing, decoding.
@@ -188,8 +205,16 @@ class Session:
         if not 1 <= inflight <= MAX_INFLIGHT:
             raise InputError(f"inflight {inflight}: expected 1 to {MAX_INFLIGHT}")
         self.manifest, self.device, self.emulate, self.dilate = m, device, msg["emulate"], float(msg["dilate"])
+        expected = recv_keys(m, device)
         if m.generate is not None:
             self.sequences = Sequences(m, device)
+            self.chooser, routes = token_device(m), token_routes(m)
+            self.token_routes = routes if device == self.chooser else []
+            self.token_inputs = {r.input for r in routes if r.device == device}
+            expected |= {(self.chooser, name) for name in self.token_inputs}
+            # The token's direct path: the tokens this device handed to a sequence's next step (a peer's, over
+            # the data sockets, or its own), and the steps whose token input came that way, not from the host.
+            self.stats.update(tokens_sent=0, tokens_received=0)
         # Absent from an older coordinator's "open": it sends and expects raw tensors.
         self.compress = parse_mode(msg["compress"])
         for frag in m.device_fragments(device):
@@ -202,9 +227,8 @@ class Session:
                 self.d.cache.touch(sha)
             else:
                 self.need[sha] = frag.id
-        expected = recv_keys(m, device)
         self.inbox = Inbox(expected, inflight, self.d.max_buffer_bytes)
-        if any(src != HOST for src, _ in expected):
+        if any(src not in (HOST, device) for src, _ in expected):  # its own token goes straight to the inbox
             self.data = self.d.bind_data()
         port = None if self.data is None else int(self.data.getsockopt(zmq.LAST_ENDPOINT).decode().rsplit(":", 1)[1])
         logger.info("session from %s: device %s, %d fragment(s), %d to receive, inflight %d, compress %s", self.peer,
@@ -250,9 +274,10 @@ class Session:
 
     def _on_peers(self, msg: dict, payload) -> None:
         m, peers = self.manifest, msg["peers"]
-        for name in sorted({src for src, _ in recv_keys(m, self.device) if src != HOST}):
+        for name in sorted({src for src, _ in self.inbox.expected if src not in (HOST, self.device)}):
             self.peer_keys[name] = self._peer_entry(peers, name, need_addr=False)[1]
-        for name in sorted(send_targets(m, self.device)):
+        token_to = {r.device for r in self.token_routes if r.device != self.device}
+        for name in sorted(send_targets(m, self.device) | token_to):
             addr, key = self._peer_entry(peers, name, need_addr=True)
             sock = self.d.ctx.socket(zmq.PUSH)
             sock.setsockopt(zmq.SNDTIMEO, SEND_TIMEOUT_MS)
@@ -299,8 +324,28 @@ class Session:
                 "names a sequence, but the manifest is not a generative build"))
         if self.sequences is not None:
             self.seq_of[req] = msg["seq"]
+        self._token_fields(req, msg)
         self.queue.append(req)
         self.next_run += 1
+
+    def _token_fields(self, req: int, msg: dict) -> None:
+        """`run`'s next_req and token_from (wire/protocol.py), checked against this session."""
+        nxt, src = msg.get("next_req"), msg.get("token_from")
+        if nxt is None and src is None:
+            return
+        if self.sequences is None:
+            raise InputError(f"device {self.device}: run request {req} names a token path, but the manifest is not "
+                             "a generative build")
+        if src is not None and src != self.chooser:
+            raise InputError(f"device {self.device}: run request {req}: token_from {src[:80]!r} is not the device "
+                             f"that chooses the tokens ({self.chooser})")
+        if nxt is not None and nxt - req >= self.inbox.window:
+            raise InputError(f"device {self.device}: run request {req}: next_req {nxt} is beyond the window of "
+                             f"{self.inbox.window} requests")
+        if nxt is not None:
+            self.next_of[req] = nxt
+        if src is not None:
+            self.token_from[req] = src
 
     def _on_begin(self, msg: dict, payload) -> None:
         self._generative("begin").begin(msg["seq"], float(msg["temperature"]), msg["seed"], msg["logits"],
@@ -390,7 +435,8 @@ class Session:
         req = self.queue.popleft()
         seq = self.seq_of.pop(req, None)
         sequence = None if seq is None else self.sequences.get(seq)
-        steps = Steps(self, req, self.slow.pop(req, 1.0), sequence)
+        steps = Steps(self, req, self.slow.pop(req, 1.0), sequence, self.next_of.pop(req, None),
+                      self.token_from.pop(req, None))
         run_s = steps.execute()
         self.inbox.advance(req)
         self.stats["requests"] += 1
@@ -407,6 +453,12 @@ class Session:
                 return array
             self.d.pump()
             self.check_idle()
+
+    def deliver(self, req: int, name: str, array: np.ndarray) -> None:
+        """This device's own token for its request `req`'s input `name`: into its inbox, without the network."""
+        reason = self.inbox.offer(TensorMsg(req, self.device, name, array, array.nbytes))
+        if reason is not None:
+            raise RunError(f"device {self.device}: its own token for request {req} was refused: {reason}")
 
     def send_output(self, req: int, name: str, array: np.ndarray) -> None:
         wire = send_tensor(self.d.control, req, self.device, name, array, prefix=(self.owner,))
@@ -486,5 +538,7 @@ class Session:
         self.queue.clear()
         self.slow.clear()
         self.seq_of.clear()
+        self.next_of.clear()
+        self.token_from.clear()
         if self.sequences is not None:
             self.sequences.clear()

@@ -1,5 +1,11 @@
 """One request through a device's steps, in order: runs, receives, sends, slices, concatenations and frees,
-timed and (under --emulate) padded and delayed as the session's module docstring (session.py) describes."""
+timed and (under --emulate) padded and delayed as the session's module docstring (session.py) describes.
+
+A generative step (sequences.py) also reads and keeps its sequence's state, and on the device that gives the
+logits, chooses the token: its id goes to the coordinator and, when the `run` named the sequence's next request
+(next_req), to every device that takes it as a model input, keyed by that request (sequences.token_routes; to
+this device itself through its inbox). A step whose `run` said token_from takes its token input from that
+device instead of the host: its recv step from the host waits for (request, token_from, input)."""
 
 from __future__ import annotations
 
@@ -9,7 +15,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from .emulate import DelayedLinks, pad_run
-from .sequences import SequenceState, feed_state, keep_state
+from .sequences import SequenceState, TokenRoute, feed_state, keep_state
 from ..errors import RunError, one_line
 from .executor import Executor
 from ..manifest.types import HOST, Concat, Free, Manifest, Recv, Run, Send, Slice, region_ranges
@@ -30,10 +36,15 @@ class StepsHost(Protocol):
     emulate: bool
     dilate: float
     arrivals: dict[tuple[int, str, str], float]
+    token_routes: list[TokenRoute]
+    token_inputs: set[str]
+    stats: dict[str, float]
 
     def wait_for(self, key: tuple[int, str, str]) -> np.ndarray: ...
 
     def send_output(self, req: int, name: str, array: np.ndarray) -> None: ...
+
+    def deliver(self, req: int, name: str, array: np.ndarray) -> None: ...
 
     def encode_peer(self, req: int, to: str, name: str, array: np.ndarray) -> tuple[int, Callable[[], None]]: ...
 
@@ -45,9 +56,12 @@ class StepsHost(Protocol):
 class Steps:
     """One request through this device's steps, in order."""
 
-    def __init__(self, session: StepsHost, req: int, slow: float = 1.0, sequence: SequenceState | None = None):
+    def __init__(self, session: StepsHost, req: int, slow: float = 1.0, sequence: SequenceState | None = None,
+                 next_req: int | None = None, token_from: str | None = None):
         self.s, self.req = session, req
         self.sequence = sequence  # a generative step's: its sequence's state and token chooser (sequences.py)
+        self.next_req = next_req  # the sequence's next request, which the token chosen here feeds
+        self.token_from = token_from  # the device this step's token input comes from (else the host)
         self.pad = session.dilate * slow  # an emulated run takes pad x its predicted time
         self.device = session.device
         # With the session's timings on (see session.py's module docstring): run ms and start clock per run
@@ -115,8 +129,15 @@ class Steps:
 
     def recv(self, step: Recv) -> np.ndarray:
         s = self.s
-        key = (self.req, step.src, step.tensor)
+        direct = step.src == HOST and self.token_from is not None and step.tensor in s.token_inputs
+        key = (self.req, self.token_from if direct else step.src, step.tensor)
         array = s.wait_for(key)
+        if direct:  # the token from the device that chose it: the device waited for that hop, as the plan prices
+            s.stats["tokens_received"] += 1
+            arrived = s.arrivals.pop(key, None)
+            if s.emulate and arrived is not None:
+                self.ready = max(self.ready, arrived)
+            return array
         if step.src == HOST:  # free in the planner's model: the device's timeline does not wait for it
             return array
         arrived = s.arrivals.pop(key, None)
@@ -146,9 +167,24 @@ class Steps:
             self.burst.append((step.to, wire, send))  # the link carries the bytes actually sent
 
     def send_token(self, logits: np.ndarray) -> None:
-        """A generative step's token, chosen here from the logits of its last position: only its id leaves."""
+        """A generative step's token, chosen here from the logits of its last position: only its id leaves, to
+        the devices that take it as the sequence's next step's input first (the next step's critical path),
+        then to the coordinator, which reports and verifies it."""
+        s = self.s
         token = self.sequence.choose(logits.reshape(-1, logits.shape[-1])[-1])
-        self.s.send_output(self.req, TOKEN_TENSOR, np.array([token], dtype=np.int64))
+        if self.next_req is not None:
+            for route in s.token_routes:
+                array = np.full(route.shape, token, dtype=route.dtype)
+                if route.device == self.device:
+                    s.deliver(self.next_req, route.input, array)
+                else:
+                    wire, send = s.encode_peer(self.next_req, route.device, route.input, array)
+                    if s.links is None:
+                        send()
+                    else:  # on the lane that owns the peer sockets, delayed as its link says; not timed in `done`
+                        s.links.submit(route.device, wire, send, not_before=self.ready)
+                s.stats["tokens_sent"] += 1
+        s.send_output(self.req, TOKEN_TENSOR, np.array([token], dtype=np.int64))
 
     def flush(self) -> None:
         """Emulation: put the burst of consecutive sends on the link (on a shared medium, once the coordinator

@@ -57,12 +57,13 @@ def generate(build: str | os.PathLike, *, prompt_ids: Seq[int] | Seq[Seq[int]] |
             raise InputError(f"--model {model}: the source model is used by --verify only; add --verify")
         m = dataclasses.replace(m, model_path=Path(model))
     prompts = prompts_of(m, prompt_ids, random_prompt, max_new_tokens, sequences, seed)
-    check_fits(m, len(prompts))
+    sampler = Sampler(temperature, seed)
+    failover = Failover(m, sampler=sampler, logits=verify, threads=threads, timeout=timeout, addresses=addresses,
+                        keys=load_keys(keys), sequences=len(prompts))  # loads the fallback plans, starts nothing
+    check_fits(m, len(prompts), failover.fallbacks)
     if verify:  # before the run: a moved or changed model fails in a second
         check_model(m)
-    sampler = Sampler(temperature, seed)
-    with Failover(m, sampler=sampler, logits=verify, threads=threads, timeout=timeout, addresses=addresses,
-                  keys=load_keys(keys), inflight=len(prompts)) as plans:
+    with failover as plans:
         seqs, start = decode(plans.pool, plans.pool.manifest, prompts, max_new_tokens, on_token, plans)
     checked = None
     if verify:
@@ -125,22 +126,26 @@ def prompts_of(m: Manifest, prompt_ids, random_prompt: int | None, max_new_token
     return [[int(t) for t in p] for p in prompts]
 
 
-def check_fits(m: Manifest, sequences: int) -> None:
+def check_fits(m: Manifest, sequences: int, fallbacks: Mapping[str, Manifest] | None = None) -> None:
     """InputError when a device cannot hold its fragments' files and every sequence's caches at max_context: the
-    plan counted one sequence's, and each sequence in flight holds its own. (A lower bound of what the device
-    needs: its activations and the runtime come on top.)"""
-    for d in m.devices:
-        frags = m.device_fragments(d.name)
-        caches = sum(math.prod(s.shape[:s.axis] + (s.max_length,) + s.shape[s.axis + 1:]) * np.dtype(s.dtype).itemsize
-                     for f in frags for s in f.state)
-        if not caches:
-            continue
-        weights = sum(m.fragment_path(f).stat().st_size for f in frags)
-        need = weights + sequences * caches
-        if need > d.memory_mb * (1 << 20):
-            raise InputError(f"--sequences {sequences}: device {d.name} would hold at least {need / (1 << 20):.0f} "
-                             f"MB (its fragments and {sequences} sequence(s)' caches at max_context "
-                             f"{m.generate.max_context}), more than its {d.memory_mb:g} MB")
+    plan counted one sequence's, and each sequence in flight holds its own. The same for every fallback plan
+    ({lost device: its manifest}, failover.py): a failover restarts all the unfinished sequences there. (A lower
+    bound of what the device needs: its activations and the runtime come on top.)"""
+    plans = [("", m)] + [(f" on the fallback plan without {lost} ({fb.path})", fb)
+                         for lost, fb in sorted((fallbacks or {}).items())]
+    for where, plan in plans:
+        for d in plan.devices:
+            frags = plan.device_fragments(d.name)
+            caches = sum(math.prod(s.shape[:s.axis] + (s.max_length,) + s.shape[s.axis + 1:]) *
+                         np.dtype(s.dtype).itemsize for f in frags for s in f.state)
+            if not caches:
+                continue
+            weights = sum(plan.fragment_path(f).stat().st_size for f in frags)
+            need = weights + sequences * caches
+            if need > d.memory_mb * (1 << 20):
+                raise InputError(f"--sequences {sequences}{where}: device {d.name} would hold at least "
+                                 f"{need / (1 << 20):.0f} MB (its fragments and {sequences} sequence(s)' caches at "
+                                 f"max_context {plan.generate.max_context}), more than its {d.memory_mb:g} MB")
 
 
 def _given(prompt_ids, sequences: int) -> list[list]:

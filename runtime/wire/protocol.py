@@ -50,10 +50,22 @@ A session (one run), in order:
     W tensor TOKEN_TENSOR              (per step, from the device that gives the logits: the chosen token id,
                                           int64 [1], in place of the logits, which it sends too only when
                                           `begin` asked for them with logits true, for --verify)
-    C run {req, slow, seq}             (a step of sequence seq: the device's fragments read the sequence's state
+    C run {req, slow, seq, next_req?, token_from?}
+                                       (a step of sequence seq: the device's fragments read the sequence's state
                                           and keep their state outputs as its next step's inputs; the caches never
                                           leave the worker. `seq` is required in a generative session, refused
-                                          in any other)
+                                          in any other, as are next_req and token_from.
+                                          next_req: the request of the sequence's next step, absent on its last:
+                                          the device that gives the logits sends the token it chooses, besides
+                                          TOKEN_TENSOR to C, on the data sockets to every device that takes it as
+                                          a model input (the generate block's token feed), as that input, keyed
+                                          by next_req (to itself, straight into its inbox): the token's direct
+                                          path, last stage -> first stage. next_req > req, and less than the
+                                          window past it (the receiver must keep it).
+                                          token_from: the device the step's token input comes from, the one
+                                          that gives the logits; C sends the step's other inputs but not that
+                                          one, and the receiving device's recv step from the host waits for
+                                          (req, token_from, input) instead)
     C drop {seq}                       (frees the sequence's state; sent once its last step is `done` on every
                                           worker: begin and drop act when they arrive, runs when their turn comes)
   C ping {} (keeps the session alive while C is idle); C end {} -> W bye {stats}
@@ -68,8 +80,10 @@ under --emulate), run_clocks one per frag_ms entry (the worker's time.monotonic(
 started: just before the executor ran it, or under --emulate the start the emulation counts the padded run
 from), and clocks one per device-to-device `send` and `recv` step, in step order (the worker's
 time.monotonic() in seconds when the send started, before compression; when the whole tensor message was
-taken off the data socket, for a recv). A device with more than MAX_TIMED_STEPS such steps cannot be timed
-(its `done` would outgrow MAX_HEADER_BYTES).
+taken off the data socket, for a recv; a token input that came from the device that chose it is a recv from
+the host in the steps, so not timed). A device with more than MAX_TIMED_STEPS such steps cannot be timed
+(its `done` would outgrow MAX_HEADER_BYTES). A generative session's `bye` stats count the token's direct path
+too: tokens_sent (by the chooser, to a next step's input) and tokens_received (token inputs taken from it).
 """
 
 from __future__ import annotations
@@ -101,7 +115,10 @@ logger = logging.getLogger(__name__)
 #    build's steps without their caches).
 # 8: `begin` carries drawn, the tokens the sequence already has (restarted on a fallback plan mid-generation),
 #    and sampling seeds each token's draw by (seed, seq, token number) (a worker of 7 would draw other tokens).
-PROTOCOL_VERSION = 8
+# 9: `run` carries next_req and token_from: the token travels from the device that chooses it to the first
+#    stage directly, and the coordinator issues a sequence's next step before its token is known (a worker of 8
+#    would wait for a token input the coordinator no longer sends).
+PROTOCOL_VERSION = 9
 TOKEN_TENSOR = "@token"  # a generative step's chosen token id, sent to the coordinator in place of the logits
 BLOB_CHUNK = 4 << 20  # fragment file bytes per blob message
 BLOB_WINDOW = 4  # blob messages in flight per worker: bounds what either side queues
@@ -190,6 +207,8 @@ def parse(frames: list[zmq.Frame], allowed: frozenset[str] | set[str]) -> tuple[
         _check_numbers(kind, key, msg[key], *_RANGE.get(kind, {}).get(key, (-math.inf, math.inf)))
     if kind in ("begin", "drop") or (kind == "run" and "seq" in msg):
         _check_seq(kind, msg.get("seq"))
+    if kind == "run":
+        _check_token_fields(msg)
     if kind == "begin" and not 0 <= msg["seed"] < 1 << 63:
         raise BadMessage(f"begin: field 'seed' holds {msg['seed']!r}, outside [0, 2**63)")
     if kind == "begin" and not 0 <= msg["drawn"] < 1 << 31:
@@ -239,6 +258,16 @@ def _check_seq(kind: str, seq: Any) -> None:
     """A sequence id: an int from 0 to 2**62 (run's is optional: absent outside a generative session)."""
     if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq < 1 << 62:
         raise BadMessage(f"{kind}: field 'seq' holds {str(seq)[:40]!r}, not a sequence id")
+
+
+def _check_token_fields(msg: dict) -> None:
+    """run's optional next_req (a later request id) and token_from (a device name)."""
+    nxt = msg.get("next_req", _MISSING)
+    if nxt is not _MISSING and (isinstance(nxt, bool) or not isinstance(nxt, int) or not msg["req"] < nxt < 1 << 62):
+        raise BadMessage(f"run: field 'next_req' holds {str(nxt)[:40]!r}, not a request after {msg['req']}")
+    src = msg.get("token_from", _MISSING)
+    if src is not _MISSING and not (isinstance(src, str) and 0 < len(src) <= 128):
+        raise BadMessage(f"run: field 'token_from' holds {str(src)[:40]!r}, not a device name")
 
 
 def _check_overrun(msg: dict) -> None:

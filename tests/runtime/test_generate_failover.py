@@ -3,10 +3,12 @@ two sequences are in flight is replaced by the fallback plan without it; both se
 there (prompt and tokens so far) and finish with exactly the whole model's tokens, greedy or sampled, whether
 the worker was killed or went silent past the heartbeats. Without
 a fallback the run fails in one line naming the device, exit 3. Then the parts without workers: the sampler's
-draws after a restart, and a restarted sequence's prefill."""
+draws after a restart, a restarted sequence's prefill, the schedule of sequences restarted with different
+counts, and S sequences' caches checked against the fallback plans' devices too."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -20,8 +22,10 @@ import yaml
 
 import edgec
 from edgec.runtime.device.choose import Sampler
+from edgec.runtime.errors import InputError
+from edgec.runtime.generate.api import check_fits
 from edgec.runtime.generate.failover import Failover
-from edgec.runtime.generate.loop import Sequence, decode
+from edgec.runtime.generate.loop import Sequence, decode, schedule
 from edgec.runtime.manifest.load import load_manifest
 from tests.runtime.test_distributed import Worker
 from tests.runtime.test_generate_run import MAX_CONTEXT, NEW, OTHER, PROMPT, REPO, TINYLM, whole_model_tokens
@@ -124,7 +128,7 @@ def test_a_device_silent_past_the_heartbeats_is_replaced(build, workers, whole):
             stopped.send_signal(signal.SIGSTOP)
 
     try:
-        with Failover(m, sampler=Sampler(), addresses={n: w.address for n, w in workers.items()}, inflight=2,
+        with Failover(m, sampler=Sampler(), addresses={n: w.address for n, w in workers.items()}, sequences=2,
                       timeout=30, heartbeat_ms=100, threads=1) as plans:
             seqs, _ = decode(plans.pool, m, [PROMPT, OTHER], NEW, on_token, plans)
     finally:
@@ -190,10 +194,40 @@ def test_a_restarted_sampler_draws_what_the_running_one_would():
 
 def test_a_restarted_sequence_prefills_its_prompt_and_tokens(build):
     m = load_manifest(build / "manifest.json", generative=True)
+    [ids] = [name for name, how in m.generate.feeds.items() if how == "token"]
     s = Sequence(0, list(PROMPT), tokens=[40, 41], past=len(PROMPT) + 1)
-    assert s.fed() == [41] and s.next_step(m).past == len(PROMPT) + 1
+    step = s.next_step(m, ahead=2)  # a decode step: its token comes from the device that chose it
+    assert step.direct and ids not in step and (step.new, step.past, step.ahead) == (1, len(PROMPT) + 1, 2)
+    assert step["position_ids"].ravel().tolist() == [len(PROMPT) + 1] and s.past == len(PROMPT) + 2
     s.past = 0  # restarted on the fallback plan
     step = s.next_step(m)
-    assert s.fed() == PROMPT + [40, 41] and (step.new, step.past) == (len(PROMPT) + 2, 0)
-    [ids] = [name for name, how in m.generate.feeds.items() if how == "token"]
+    assert not step.direct and (step.new, step.past, step.ahead) == (len(PROMPT) + 2, 0, None)
     assert step[ids].ravel().tolist() == PROMPT + [40, 41]
+
+
+def test_after_a_restart_each_sequence_runs_its_own_count():
+    """Rounds over the sequences that still need a token: one restarted with 3 of 5 tokens runs 2 steps, one
+    with 1 runs 4; each step knows how many requests later its sequence's next one comes."""
+    a, b = Sequence(0, [1], tokens=[7, 8, 9]), Sequence(1, [2], tokens=[7])
+    steps = schedule([a, b], 5)
+    assert [(s.index, ahead) for s, ahead in steps] == [(0, 2), (1, 2), (0, None), (1, 1), (1, 1), (1, None)]
+
+
+def test_sequences_whose_caches_a_fallback_device_cannot_hold_are_refused(build):
+    """A failover restarts every unfinished sequence on the fallback plan, whose devices hold more layers, so
+    more caches each: S sequences must fit there too, and the one line names the plan and the device."""
+    m = load_manifest(build / "manifest.json", generative=True)
+    fallback = Failover(m, sampler=Sampler(), sequences=1).fallbacks["pi5-b"]
+    frags = [f for f in fallback.device_fragments("pi5-a") if f.state]
+    cache = sum(np.prod([s.max_length if i == s.axis else n for i, n in enumerate(s.shape)]) * 4
+                for f in frags for s in f.state)
+    weights = sum(fallback.fragment_path(f).stat().st_size for f in fallback.device_fragments("pi5-a"))
+    mb = (weights + 2 * cache) / (1 << 20)  # room for two sequences' caches on the fallback's pi5-a
+    small = dataclasses.replace(fallback, devices=tuple(
+        dataclasses.replace(d, memory_mb=mb) if d.name == "pi5-a" else d for d in fallback.devices))
+    check_fits(m, 3, {"pi5-b": fallback})
+    check_fits(m, 2, {"pi5-b": small})
+    with pytest.raises(InputError, match=r"^--sequences 3 on the fallback plan without pi5-b \(.*fallback-pi5-b"
+                                         r"/manifest.json\): device pi5-a would hold at least \d+ MB .* more than"):
+        check_fits(m, 3, {"pi5-b": small})
+    check_fits(m, 3)  # the main plan alone holds them

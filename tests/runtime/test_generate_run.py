@@ -1,8 +1,11 @@
 """`edgec generate` on local and keyed remote workers: a 1-, 2- and 3-stage build of tinylm generates exactly the
 whole model's tokens (its decode loop written out here, apart from the runtime's), each sequence of several in
-flight gets the tokens it gets alone, sampling verifies against the whole model's draws, the last stage sends
-nothing but token ids, --json prints exactly its keys and bad input is one line; then the parts without workers
-(the sequence messages, the worker's per-sequence state, the step inputs, the prompt checks, verification)."""
+flight gets the tokens it gets alone, sampling verifies against the whole model's draws, every token verifies with
+4 sequences in flight, each token goes from the device that chose it straight to the first stage (the direct
+path: the coordinator sends input_ids for the prefills alone), the last stage sends nothing but token ids, --json
+prints exactly its keys and bad input is one line; then the parts without workers (the sequence messages and the
+token path's fields, the worker's per-sequence state, the token's routes, the step inputs, the prompt checks,
+verification)."""
 
 from __future__ import annotations
 
@@ -23,13 +26,19 @@ import zmq
 from click.testing import CliRunner
 
 import edgec
-from edgec.runtime.device.sequences import Sequences, keep_state
+from edgec.runtime.coordinator import window
+from edgec.runtime.coordinator.pool import WorkerPool
+from edgec.runtime.device.choose import Sampler
+from edgec.runtime.device.sequences import Sequences, keep_state, token_device, token_routes
 from edgec.runtime.device.session import Session
 from edgec.runtime.errors import InputError, RunError
 from edgec.runtime.front.generate_cli import generate as generate_cmd
 from edgec.runtime.generate.api import check_fits, prompts_of
 from edgec.runtime.generate.feeds import step_inputs, vocab_size
-from edgec.runtime.generate.loop import Sequence
+from edgec.runtime.generate import pool as generate_pool
+from edgec.runtime.generate.failover import Failover
+from edgec.runtime.generate.loop import Sequence, decode
+from edgec.runtime.generate.pool import GeneratePool
 from edgec.runtime.generate.reference import verify_sequences
 from edgec.runtime.manifest.load import load_manifest
 from edgec.runtime.wire.keys import keygen
@@ -120,6 +129,52 @@ def test_sampling_is_reproducible(builds, whole):
     assert report["sequences"][0]["tokens"] != whole[tuple(PROMPT)]  # sampled, not greedy
 
 
+# S = 1 and 2 on every build run above and in test_the_token_takes_the_direct_path; here S = 4 greedy and sampled
+# on each (two of them in the quick set), and the rest of the matrix in the slow set.
+QUICK_FOUR = {(2, 1.5), (3, 0.0)}
+
+
+@pytest.mark.parametrize("stages, sequences, temperature", [
+    pytest.param(n, s, t, id=f"{n}stage-S{s}-{'sampled' if t else 'greedy'}",
+                 marks=[] if s == 4 and (n, t) in QUICK_FOUR else [pytest.mark.slow])
+    for n in (1, 2, 3) for s in (1, 2, 4) for t in (0.0, 1.5)])
+def test_every_token_verifies_with_sequences_in_flight(builds, stages, sequences, temperature):
+    report = _generate(builds[stages], random_prompt=len(PROMPT), sequences=sequences, temperature=temperature,
+                       seed=11, verify=True)
+    assert report["verify"]["passed"] and report["verify"]["tokens_match"], report["verify"]
+    assert len(report["sequences"]) == sequences and all(len(s["tokens"]) == NEW for s in report["sequences"])
+    assert len({tuple(s["prompt"]) for s in report["sequences"]}) == sequences  # each its own random prompt
+
+
+@pytest.mark.parametrize("stages", [1, 3])
+def test_the_token_takes_the_direct_path(builds, whole, monkeypatch, stages):
+    """The coordinator sends input_ids for the prefills alone; every decode step's token goes from the device
+    that chose it to the first stage (over the data sockets, or into its own inbox on one device)."""
+    sent = []
+    real = window.send_tensor
+
+    def counting(sock, req, src, name, array, *args, **kwargs):
+        sent.append(name)
+        return real(sock, req, src, name, array, *args, **kwargs)
+
+    monkeypatch.setattr(window, "send_tensor", counting)
+    m = load_manifest(builds[stages] / "manifest.json", generative=True)
+    with Failover(m, sampler=Sampler(), sequences=2, threads=1, timeout=60) as plans:
+        pool = plans.pool
+        seqs, _ = decode(pool, m, [PROMPT, OTHER], NEW, None, plans)
+    assert [s.tokens for s in seqs] == [whole[tuple(PROMPT)], whole[tuple(OTHER)]]
+    decode_steps = 2 * (NEW - 1)
+    assert sent.count("input_ids") == 2 and sent.count("position_ids") == 2 * NEW
+    report = pool.device_report()
+    working = [d for d in m.device_names if m.steps.get(d)]
+    first, last = working[0], working[-1]  # one device: the same
+    assert report[last]["tokens_sent"] == decode_steps and report[first]["tokens_received"] == decode_steps
+    for middle in working[1:-1]:
+        assert report[middle]["tokens_sent"] == report[middle]["tokens_received"] == 0
+    if stages > 1:
+        assert report[first]["tokens_sent"] == 0 and report[last]["tokens_received"] == 0
+
+
 def test_keyed_remote_workers_generate_the_same_tokens(builds, whole, tmp_path):
     keys = tmp_path / "keys"
     keygen(keys, ["coordinator", "pi5-a", "pi5-b"])
@@ -129,9 +184,11 @@ def test_keyed_remote_workers_generate_the_same_tokens(builds, whole, tmp_path):
         report = _generate(builds[2], prompt_ids=[PROMPT, OTHER], keys=keys, addresses=addresses)
         assert [s["tokens"] for s in report["sequences"]] == [whole[tuple(PROMPT)], whole[tuple(OTHER)]]
         assert workers[1].wait_for_log(f"run ended: {2 * NEW} request(s)")
-        # The last stage chose every token: all it sent the coordinator is one int64 id per step, no logits.
-        assert re.search(rf"run ended: {2 * NEW} request\(s\);.* decoded\), {2 * NEW * 8} sent ", workers[1].log())
-        assert "inflight 2" in workers[0].log()  # both sequences' steps in the stages at once
+        # The last stage chose every token: all it sent is one int64 id per step to the coordinator, and one per
+        # decode step to the first stage (CURVE, as every peer send), no logits.
+        sent = 2 * NEW * 8 + 2 * (NEW - 1) * 8
+        assert re.search(rf"run ended: {2 * NEW} request\(s\);.* decoded\), {sent} sent ", workers[1].log())
+        assert "inflight 4" in workers[0].log()  # two steps of each sequence in the stages at once
     finally:
         codes = [w.stop() for w in workers]
     assert codes == [0, 0]
@@ -195,13 +252,35 @@ def _frames(msg: dict) -> list:
 BEGIN = {"t": "begin", "seq": 3, "temperature": 0.0, "seed": 0, "logits": False, "drawn": 0}
 
 
+RUN = {"t": "run", "req": 4, "slow": 1.0, "seq": 0}
+
+
 @pytest.mark.parametrize("msg", [{**BEGIN, "seq": -1}, {"t": "drop", "seq": "a"}, {"t": "begin", "seq": 0},
                                  {**BEGIN, "temperature": -1.0}, {**BEGIN, "temperature": float("nan")},
                                  {**BEGIN, "seed": -2}, {**BEGIN, "logits": 1}, {**BEGIN, "drawn": -1},
-                                 {"t": "run", "req": 0, "slow": 1.0, "seq": True}])
+                                 {**RUN, "seq": True}, {**RUN, "next_req": 4}, {**RUN, "next_req": 3},
+                                 {**RUN, "next_req": True}, {**RUN, "next_req": "5"}, {**RUN, "next_req": 1 << 62},
+                                 {**RUN, "token_from": 5}, {**RUN, "token_from": ""}, {**RUN, "token_from": "x" * 129}])
 def test_malformed_sequence_messages_are_refused(msg):
-    with pytest.raises(BadMessage):
+    with pytest.raises(BadMessage) as refused:
         parse(_frames(msg), {"begin", "drop", "run"})
+    assert "\n" not in str(refused.value)
+
+
+def test_a_session_checks_the_token_path_of_a_run(builds):
+    s = _session(builds[2])  # pi5-a, the first stage; pi5-b chooses the tokens
+    s.chooser, s.inbox.window = "pi5-b", 4
+    s.on_control(_frames({**RUN, "req": 0, "next_req": 3, "token_from": "pi5-b"}))
+    assert s.next_of == {0: 3} and s.token_from == {0: "pi5-b"}
+    with pytest.raises(InputError, match=r"^device pi5-a: run request 1: token_from 'pi5-c' is not the device that "
+                                         r"chooses the tokens \(pi5-b\)$"):
+        s.on_control(_frames({**RUN, "req": 1, "token_from": "pi5-c"}))
+    with pytest.raises(InputError, match="next_req 5 is beyond the window of 4 requests"):
+        s.on_control(_frames({**RUN, "req": 1, "next_req": 5}))
+    s.sequences = None
+    for extra in ({"next_req": 2}, {"token_from": "pi5-b"}):
+        with pytest.raises(InputError, match="names a token path, but the manifest is not a generative build"):
+            s.on_control(_frames({"t": "run", "req": 1, "slow": 1.0, **extra}))
 
 
 class _Daemon:
@@ -268,6 +347,25 @@ def test_step_inputs_follow_the_generate_block(builds):
     assert feeds["input_ids"].tolist() == [[7]] and feeds["position_ids"].tolist() == [[4]]
     assert feeds["attention_mask"].tolist() == [[1] * 5]
     assert vocab_size(m) == 16384
+
+
+def test_the_token_goes_to_the_devices_fed_it_as_one_token(builds):
+    m = load_manifest(builds[3] / "manifest.json", check_files=False, generative=True)
+    assert token_device(m) == "pi5-c" and token_routes(m) == [("pi5-a", "input_ids", (1, 1), "int64")]
+    for dims in ([1, "total"], [2, "seq"]):
+        g = dataclasses.replace(m.generate, shapes={**m.generate.shapes, "input_ids": tuple(dims)})
+        with pytest.raises(InputError, match=r"token input 'input_ids' is .*: expected seq and sizes of 1"):
+            token_routes(dataclasses.replace(m, generate=g))
+
+
+def test_a_local_first_stage_that_a_remote_chooser_sends_tokens_to_binds_outward(builds, monkeypatch):
+    """pi5-a (local) receives only from pi5-b (local) in the manifest's steps, but its tokens come from pi5-c
+    (remote): its data socket must be reachable from there, not bound on loopback."""
+    monkeypatch.setattr(generate_pool, "outward_host", lambda ep: f"outward-to-{ep.host}")
+    m = load_manifest(builds[3] / "manifest.json", check_files=False, generative=True)
+    pool = GeneratePool(m, sampler=Sampler(), sequences=1, addresses={"pi5-c": "tcp://10.9.8.7:5555"})
+    assert WorkerPool._local_data_host(pool, "pi5-a") is None  # the manifest's steps alone
+    assert pool._local_data_host("pi5-a") == "outward-to-10.9.8.7"
 
 
 def test_prompts_are_checked_before_any_worker_starts(builds):

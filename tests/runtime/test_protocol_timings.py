@@ -34,8 +34,8 @@ DONE = {"t": "done", "req": 0, "run_ms": 1.5, "frag_ms": [0.5, 1.0], "run_clocks
         "clocks": [12.25, 12.5]}
 
 
-def test_version_8():
-    assert PROTOCOL_VERSION == 8
+def test_version_9():
+    assert PROTOCOL_VERSION == 9
 
 
 def test_valid_timing_messages_parse():
