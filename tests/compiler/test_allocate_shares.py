@@ -3,6 +3,7 @@ the same order) that listing every share and skipping the covered and hopeless o
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 
@@ -104,10 +105,17 @@ def test_padding_up_to_min_devices_is_its_definition(case):
     assert _padded(used, sizes, minimum, limit=10**9) == _padded_by_listing(used, sizes, minimum)
 
 
-def test_padding_on_a_fleet_stops_at_its_limit(caplog):
+def test_padding_on_a_fleet_stops_at_its_limit(caplog, monkeypatch):
     """100 devices of 8 kinds and min_devices 40: billions of mixes by listing; the first PAD_MIXES, said."""
-    from edgec.compiler.allocate.candidates import PAD_MIXES, _padded
+    from edgec.compiler.allocate.candidates import PAD_MIXES, _padded, logger
 
-    out = _padded((1,) + (0,) * 7, (13,) * 4 + (12,) * 4, 40)
+    # Heard here whatever logging set-up an earlier test in this process left behind (levels, propagation).
+    monkeypatch.setattr(logger, "disabled", False)
+    caplog.set_level(logging.WARNING, logger=logger.name)
+    logger.addHandler(caplog.handler)
+    try:
+        out = _padded((1,) + (0,) * 7, (13,) * 4 + (12,) * 4, 40)
+    finally:
+        logger.removeHandler(caplog.handler)
     assert len(out) == PAD_MIXES and all(sum(c) == 40 for c in out) and out == sorted(out)
     assert "padded in its first" in caplog.text

@@ -162,17 +162,17 @@ def _generate_and_kill(build: Path, workers, victim: str, after: int) -> subproc
     addresses = [a for n, w in workers.items() if n in _devices(build) for a in ("--addresses", f"{n}={w.address}")]
     cmd = [sys.executable, "-m", "edgec.compiler", "generate", str(build), "--prompt-ids", ",".join(map(str, PROMPT)),
            "--max-new-tokens", str(NEW), "--threads", "1", "--timeout", "30", *addresses]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    out = ""
-    while out.count(" ") < after:
-        char = proc.stdout.read(1)
+    out = b""
+    while out.count(b" ") < after:  # from the pipe itself: communicate() below reads it, not a buffer over it
+        char = os.read(proc.stdout.fileno(), 1)
         assert char, "the run ended before the worker was killed"
         out += char
     workers[victim].proc.kill()
     workers[victim].proc.wait()
     rest, err = proc.communicate(timeout=120)
-    return subprocess.CompletedProcess(cmd, proc.returncode, out + rest, err)
+    return subprocess.CompletedProcess(cmd, proc.returncode, (out + rest).decode(), err.decode())
 
 
 def _devices(build: Path) -> set[str]:
