@@ -20,9 +20,10 @@ LAYERS, HEADS, DIM, VOCAB = 2, 2, 4, 16
 HIDDEN = HEADS * DIM
 
 
-def _decoder(shape_reads: bool = True, mask: bool = True) -> onnx.ModelProto:
+def _decoder(shape_reads: bool = True, mask: bool = True, whole_shape: bool = False) -> onnx.ModelProto:
     """Two decoder-like layers as torch's dynamo exporter lays them out: every cache's shape read at the top
-    of the graph (its past, and layer 1's batch too), each read used by its own layer. Layer i appends the new
+    of the graph (its past, and layer 1's batch too), each read used by its own layer; with `whole_shape`, the
+    past is read as older exporters do, the whole shape then its element 2. Layer i appends the new
     tokens to cache i and adds the cache's mean over the total length (past + seq, from the Shape read) to
     the hidden state."""
     rng = np.random.default_rng(0)
@@ -37,7 +38,11 @@ def _decoder(shape_reads: bool = True, mask: bool = True) -> onnx.ModelProto:
     nodes = [helper.make_node("Shape", ["input_ids"], ["seq"], start=1, end=2)]
     if shape_reads:  # at the top, as torch emits them
         for i in range(LAYERS):
-            nodes.append(helper.make_node("Shape", [f"past_key_values.{i}.key"], [f"past{i}"], start=2, end=3))
+            if whole_shape:
+                nodes += [helper.make_node("Shape", [f"past_key_values.{i}.key"], [f"shape{i}"]),
+                          helper.make_node("Gather", [f"shape{i}", "axis2"], [f"past{i}"], axis=0)]
+            else:
+                nodes.append(helper.make_node("Shape", [f"past_key_values.{i}.key"], [f"past{i}"], start=2, end=3))
         nodes.append(helper.make_node("Shape", ["past_key_values.1.key"], ["batch1"], start=0, end=1))
     nodes.append(helper.make_node("Gather", ["emb", "input_ids"], ["x0"]))
     for i in range(LAYERS):
@@ -95,9 +100,10 @@ def _run(model: onnx.ModelProto, batch: int, seq: int, past: int) -> list[np.nda
     return sess.run(None, {i.name: feeds[i.name] for i in sess.get_inputs()})
 
 
+@pytest.mark.parametrize("whole_shape", [False, True])
 @pytest.mark.parametrize("batch, seq, past", [(1, 5, 0), (1, 1, 7), (3, 2, 4)])
-def test_the_reads_come_from_token_and_mask_with_the_same_values(batch, seq, past):
-    model = _decoder()
+def test_the_reads_come_from_token_and_mask_with_the_same_values(batch, seq, past, whole_shape):
+    model = _decoder(whole_shape=whole_shape)
     detached, n = _detached(model)
     assert n == LAYERS + 1
     readers = [node for node in detached.graph.node if node.op_type == "Shape"]
