@@ -44,6 +44,11 @@ def _decoder(shape_reads: bool = True, mask: bool = True, whole_shape: bool = Fa
             else:
                 nodes.append(helper.make_node("Shape", [f"past_key_values.{i}.key"], [f"past{i}"], start=2, end=3))
         nodes.append(helper.make_node("Shape", ["past_key_values.1.key"], ["batch1"], start=0, end=1))
+    for i in range(LAYERS):  # each layer's total length, also at the top
+        total = f"total{i}" if shape_reads else "seq"
+        if shape_reads:
+            nodes.append(helper.make_node("Add", [f"past{i}", "seq"], [total]))
+        nodes.append(helper.make_node("Cast", [total], [f"totalf{i}"], to=TensorProto.FLOAT))
     nodes.append(helper.make_node("Gather", ["emb", "input_ids"], ["x0"]))
     for i in range(LAYERS):
         inits.append(weight(f"w{i}", [HIDDEN, HIDDEN]))
@@ -53,10 +58,6 @@ def _decoder(shape_reads: bool = True, mask: bool = True, whole_shape: bool = Fa
                   helper.make_node("Transpose", [f"kv4_{i}"], [f"new{i}"], perm=[0, 2, 1, 3]),
                   helper.make_node("Concat", [key, f"new{i}"], [f"present.{i}.key"], axis=2),
                   helper.make_node("ReduceSum", [f"present.{i}.key", "axis2"], [f"sum{i}"], keepdims=0)]
-        total = "seq" if not shape_reads else f"total{i}"
-        if shape_reads:
-            nodes.append(helper.make_node("Add", [f"past{i}", "seq"], [total]))
-        nodes.append(helper.make_node("Cast", [total], [f"totalf{i}"], to=TensorProto.FLOAT))
         row = "row"
         if shape_reads and i == 1:  # the batch from the cache's shape, as a view's size
             row = "row1"
@@ -120,6 +121,7 @@ def test_each_cache_stays_with_its_layer_and_stages_can_meet_between_layers(tmp_
     (lo0, hi0), (lo1, hi1) = graph.unsplit
     assert hi0 < lo1  # before: both spans began at the top of the graph, where the Shapes were
     assert any(hi0 < c <= lo1 for c in graph.pipeline_cuts)
+    assert "total1" not in graph.tensors  # past + seq, now the same sum as layer 0's: merged (duplicates.py)
     # The same model without the pass: the spans overlap, no stage boundary between the layers.
     monkeypatch.setattr("edgec.compiler.ingest.phases.detach_cache_shapes", lambda *a: 0)
     graph = load_phases(path, GenerateOptions(max_context=16, prompt_len=4)).decode.graph
