@@ -17,7 +17,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-INSTALL = "the torch-exported decoder needs torch, transformers and onnxscript: pip install torch transformers onnxscript"
+INSTALL = "the torch-exported decoder needs torch, transformers and onnxscript: pip install -e '.[torch]'"
 for _module in ("torch", "transformers", "onnxscript"):
     pytest.importorskip(_module, reason=INSTALL)
 
