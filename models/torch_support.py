@@ -26,7 +26,7 @@ def _missing() -> str | None:
     """
     for mod in _NEEDED:
         if importlib.util.find_spec(mod) is None:
-            return f"{', '.join(MODELS)} need {', '.join(_NEEDED)}; {mod} is not installed"
+            return f"{', '.join(MODELS)} need {', '.join(_NEEDED)} (the torch extra); {mod} is not installed"
     return None
 
 

@@ -9,6 +9,8 @@ The pins (batch 1):
   the mean past is priced at the mean step;
 - a probe (seq = 2, past = 3) that only tells, with the other two, which dimensions of each tensor vary.
 
+Shape reads of the caches are first taken from the token and mask inputs (cache_shapes.py), so that they do
+not tie every cache to the top of the graph, and what that made one computation is merged (duplicates.py).
 The decode step's graph is the one planned: its `unsplit` ranges keep each cache, and what grows with it, on
 one stage (`state_spans`), and its `riders` let the tables every decoder layer reads ride along any cut.
 """
@@ -24,6 +26,8 @@ from ..errors import UserError
 from ..graph import LayerGraph
 from ..layers import build_layer_graph
 from . import Ingested, file_sha256
+from .cache_shapes import detach_cache_shapes
+from .duplicates import merge_duplicates
 from .checks import read_model
 from .normalise import normalise
 from .shapes import infer_shapes, pin_shapes
@@ -77,6 +81,8 @@ def load_phases(path: str | Path, options: GenerateOptions) -> Phases:
     model = normalise(read_model(path), path)
     pairs = find_state(model, dict(options.state), str(path))
     roles = dim_roles(model, pairs, str(path))
+    detach_cache_shapes(model, pairs, roles)  # before the copies: every phase has the same nodes
+    merge_duplicates(model)  # what the past reads computed once per layer, now the same
     sha = file_sha256(path)
     past = priced_past(options)
     prefill = _pinned(_copy(model), path, sha, roles, pairs, options.prompt_len, 0)
