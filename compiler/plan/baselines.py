@@ -109,38 +109,41 @@ def _representatives(cls: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return np.array(reps, dtype=np.int64), single, pair
 
 
-def _candidate_keys(tab: StageTables, objective: str, max_stages: int | None, weights=None):
-    """(every plan with one stage, or two stages on distinct devices, as (sort key, stages), fitting memory;
-    how many plans they stand for: `weights` (`_representatives`' single and pair counts) or one each).
+def _best_candidate(tab: StageTables, objective: str, max_stages: int | None, weights=None):
+    """(the best plan with one stage, or two stages on distinct devices, that fits memory, as stages (None:
+    none fits); how many such plans there are: each counted by `weights` (`_representatives`' single and
+    pair counts) or once).
 
     Keys are computed with evaluate's exact arithmetic: latency = (sum of computes) + (sum of transfers).
+    Ties go to the smaller stages tuple: of equal keys a split ((0, c, a), (c, B, b)) before a single stage
+    ((0, B, d)), as c < B; so the candidates are ranked by (key, c, a, b), a single stage's c being B.
+    Held as arrays of O(B D^2) floats, never one Python object per candidate.
     """
     B, D = tab.B, tab.D
     single, pair = weights if weights is not None else (np.ones(D, dtype=np.int64), 1 - np.eye(D, dtype=np.int64))
-    out, n = [], 0
-    for d in range(D):
-        c = float(tab.C[0, B, d])
-        if np.isfinite(c):
-            key = (c + 0, c) if objective == "latency" else (c, c + 0)
-            out.append((key, ((0, B, d),)))
-            n += int(single[d])
-    if (max_stages or 2) < 2 or B < 2 or D < 2:
-        return out, n
-    cuts = np.arange(1, B)
-    head = tab.C[0, cuts]  # [B-1, D(a)]
-    tail = tab.C[cuts, B]  # [B-1, D(b)]
-    trans = tab.T[cuts - 1]  # [B-1, a, b]
-    lat = (head[:, :, None] + tail[:, None, :]) + trans
-    bn = np.maximum(np.maximum(head[:, :, None], tail[:, None, :]), trans)
-    ok = np.isfinite(lat)
-    n += int((ok * pair[None]).sum())
-    for ci, a, b in zip(*np.nonzero(ok)):
-        key = (float(lat[ci, a, b]), float(bn[ci, a, b]))
-        if objective != "latency":
-            key = key[::-1]
-        c = int(cuts[ci])
-        out.append((key, ((0, c, int(a)), (c, B, int(b)))))
-    return out, n
+    c1 = tab.C[0, B]  # [D]
+    fit = np.flatnonzero(np.isfinite(c1))
+    keys = [(c1[fit] + 0, c1[fit], np.full(fit.size, B), fit, np.zeros(fit.size, dtype=np.int64))]
+    n = int(single[fit].sum())
+    if (max_stages or 2) >= 2 and B >= 2 and D >= 2:
+        cuts = np.arange(1, B)
+        head = tab.C[0, cuts]  # [B-1, D(a)]
+        tail = tab.C[cuts, B]  # [B-1, D(b)]
+        trans = tab.T[cuts - 1]  # [B-1, a, b]
+        lat = (head[:, :, None] + tail[:, None, :]) + trans
+        bn = np.maximum(np.maximum(head[:, :, None], tail[:, None, :]), trans)
+        ci, a, b = np.nonzero(np.isfinite(lat))
+        n += int(pair[a, b].sum())
+        keys.append((lat[ci, a, b], bn[ci, a, b], cuts[ci], a, b))
+    first, second, c, a, b = (np.concatenate(x) for x in zip(*keys))
+    if not first.size:
+        return None, n
+    if objective != "latency":
+        first, second = second, first
+    i = int(np.lexsort((b, a, c, second, first))[0])
+    if c[i] == B:
+        return ((0, B, int(a[i])),), n
+    return ((0, int(c[i]), int(a[i])), (int(c[i]), B, int(b[i]))), n
 
 
 def solve_single(
@@ -263,18 +266,17 @@ def solve_neurosurgeon(
 
     Interchangeable devices (`device_classes`) give equal-cost plans, of which the one on each class's
     first devices has the smallest stages tuple: only the first two devices of each class are priced
-    (`_representatives`), so the tables are O(B^2 Q + B Q^2), not O(B D^2), and the plans counted are
-    all the plans they stand for."""
+    (`_representatives`), so the tables and candidates are O(B^2 Q + B Q^2), not O(B D^2), and the plans
+    counted are all the plans they stand for."""
     validate_request(problem, objective)
     reps, single, pair = _representatives(device_classes(problem))
     sub = _restrict(problem, reps)
-    cands, n = _candidate_keys(StageTables(sub), objective, max_stages, (single, pair))
-    if not cands:
+    best, n = _best_candidate(StageTables(sub), objective, max_stages, (single, pair))
+    if best is None:
         raise InfeasibleError(
             f"no single device or two-device split fits: {infeasible_message(problem, min(2, max_stages or 2))}"
         )
     count_work("plans", n)
-    _, stages = min((key, tuple((lo, hi, int(reps[d])) for lo, hi, d in st)) for key, st in cands)
-    sol = _solve(problem, list(stages))
+    sol = _solve(problem, [(lo, hi, int(reps[d])) for lo, hi, d in best])
     return [sol]
 

@@ -12,9 +12,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from edgec.compiler.plan.baselines import _candidate_keys, solve_neurosurgeon
-from edgec.compiler.plan.pipeline_problem import PIPELINE_OBJECTIVES, PipelineProblem
-from edgec.compiler.plan.pipeline_tables import StageTables
+from edgec.compiler.plan.baselines import solve_neurosurgeon
+from edgec.compiler.plan.pipeline_problem import PIPELINE_OBJECTIVES, PipelineProblem, StageChoice
 from edgec.compiler.plan.planner import InfeasibleError
 from edgec.compiler.plan.stats import recording
 
@@ -38,9 +37,17 @@ def fleet(kinds: np.ndarray, B: int, seed: int = 0, medium: str = "switched") ->
 
 
 def every_device(problem: PipelineProblem, objective: str):
-    """What the neurosurgeon baseline chose and counted when it priced every device: (stages, plans)."""
-    cands, n = _candidate_keys(StageTables(problem), objective, None)
-    return (min(cands)[1] if cands else None), n
+    """The neurosurgeon baseline by its definition, on every device: every single-device plan and every split
+    between two distinct devices that fits memory and has a link, priced by `evaluate`; the least by (key,
+    stages), and how many there are."""
+    B, D = problem.n_blocks, problem.n_devices
+    plans = [(StageChoice(0, B, d),) for d in range(D)]
+    plans += [(StageChoice(0, c, a), StageChoice(c, B, b)) for c in range(1, B) for a in range(D) for b in range(D)
+              if a != b]
+    scored = [(problem.evaluate(p).key(objective), tuple((s.lo, s.hi, s.device) for s in p)) for p in plans
+              if problem.fits(p)]
+    scored = [x for x in scored if np.isfinite(x[0][0])]
+    return (min(scored)[1] if scored else None), len(scored)
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -63,8 +70,8 @@ def test_neurosurgeon_on_classes_equals_every_device(kinds, B, seed, medium):
 
 def test_neurosurgeon_memory_follows_classes_not_devices():
     """256 devices of 4 kinds, 24 blocks: pricing every ordered pair at every cut held several [B, D, D]
-    arrays (tens of MB); on the classes' first two devices the tables are [B, 8, 8], and what remains of
-    the device count is the problem's own [D, D] link matrices."""
+    arrays and a Python tuple per candidate (tens of MB); on the classes' first two devices the tables are
+    [B, 8, 8], and what remains of the device count is the problem's own [D, D] link matrices."""
     kinds = np.arange(256) % 4
     problem = fleet(kinds, 24)
     problem = replace(problem, device_mem_bytes=problem.device_mem_bytes * 4)  # splits fit
@@ -78,3 +85,19 @@ def test_neurosurgeon_memory_follows_classes_not_devices():
     one_bdd = B * D * D * 8  # a single float64 [B, D, D] table: 12.6 MB
     assert peak < one_bdd / 4, f"neurosurgeon peaked at {peak / MB:.1f} MB on {D} devices of 4 kinds"
     assert sol.stages[0].device < 8  # a class's first devices
+
+
+def test_neurosurgeon_candidates_are_arrays_not_objects():
+    """64 all-distinct devices (64 classes), 35 blocks: the B x 64 x 64 candidates are a few arrays of that
+    size (about 10 floats each at the peak), not a Python tuple each (over 50)."""
+    kinds = np.arange(64)
+    problem = fleet(kinds, 35)
+    problem = replace(problem, device_mem_bytes=problem.device_mem_bytes * 4)
+    tracemalloc.start()
+    try:
+        solve_neurosurgeon(problem, "latency")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    per_candidate = peak / (35 * 64 * 64)
+    assert per_candidate < 16 * 8, f"{per_candidate:.0f} bytes per candidate"
