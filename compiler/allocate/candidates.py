@@ -26,6 +26,10 @@ an option is a plan within the SLA:
   when none meets the SLA: no option either way, and the share is hopeless either way.
 When no share meets the SLA, the shares planned are planned again unbounded, so that the error names
 the best latency the service could get.
+
+Peak memory: one planner run at a time (auto's, on at most CLASS_CAP devices of each class on a fleet), the
+runs' plans, and the shares still to visit (shares.py: growing with the runs and the classes, never with
+the shares).
 """
 
 from __future__ import annotations

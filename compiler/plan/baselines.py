@@ -3,7 +3,7 @@
 - `plan_single`: the whole model on the best single device that fits.
 - `plan_even`: EdgeShard-like: devices 0..n-1 in list order, contiguous stages of near-equal compute.
 - `plan_neurosurgeon`: the best split point between two devices (every ordered pair, every cut), or no
-  split at all.
+  split at all, priced on the first two devices of each class of interchangeable devices only.
 - `plan_ring_memory`: exo's ring partition: devices in cluster order, contiguous stages whose memory (weights,
   and a generative build's caches) is in proportion to each device's free memory.
 - `plan_equal_layers`: devices in cluster order, an equal number of layers per stage (distributed-llama's
@@ -13,6 +13,12 @@ Each solves the pipeline planner's problem (pipeline.py) with its `solve_*` func
 interface of `solve_pipeline`: (problem, objective, ...) -> [PipelineSolution], a list with exactly one
 solution (scored by `PipelineProblem.evaluate`; `top_k` is accepted for interface compatibility and
 ignored). They raise the same `InfeasibleError` as `solve_pipeline`.
+
+Cost, B blocks, D devices in Q classes (pipeline_tables.py `device_classes`): `single`, `even`, `ring-memory`
+and `equal-layers` price at most D stages, O(B D) time and memory beyond the problem's arrays; `neurosurgeon`
+prices O(B Q^2) candidates on tables of O(B^2 Q + B Q^2) floats (at most 2Q devices), plus the O(D^2) link
+matrices and class test every pipeline planner shares. Peak memory: O(B D + B^2 Q + B Q^2 + D^2), never
+O(B D^2).
 """
 
 from __future__ import annotations
@@ -23,10 +29,10 @@ from ..cost import CostTable
 from ..graph import LayerGraph
 from ..plan_types import Plan
 from ..units import MB
-from .pipeline_dp import infeasible_message
+from .pipeline_dp import _restrict, infeasible_message
 from .pipeline_problem import (PipelineProblem, PipelineSolution, StageChoice, pipeline_problem, solution_sort_key,
                                to_plan, validate_request)
-from .pipeline_tables import StageTables
+from .pipeline_tables import StageTables, device_classes
 from .planner import InfeasibleError, PlanOptions
 from .stats import count as count_work
 
@@ -79,34 +85,65 @@ def _solve(problem: PipelineProblem, stages: list[tuple[int, int, int]]) -> Pipe
     return problem.evaluate(tuple(StageChoice(lo, hi, d) for lo, hi, d in stages))
 
 
-def _candidate_keys(tab: StageTables, objective: str, max_stages: int | None):
-    """Every plan with one stage, or two stages on distinct devices, as (sort key, stages), fitting memory.
+def _representatives(cls: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(the first two devices of each class of `cls`, ascending; how many plans each stands for as a single
+    stage; and as a pair [a, b], the rest standing for none): a split on the first device of class p then
+    the first of q (the second of p when q = p) stands for the n_p x n_q (n_p x (n_p - 1)) equal-cost splits
+    on p and q, and is the one of them with the smallest stages tuple."""
+    reps, first = [], {}
+    for d, c in enumerate(cls.tolist()):
+        if c not in first or len(first[c]) < 2:
+            first.setdefault(c, []).append(d)
+            reps.append(d)
+    pos = {d: i for i, d in enumerate(reps)}
+    size = np.bincount(cls, minlength=cls.size)
+    single = np.zeros(len(reps), dtype=np.int64)
+    pair = np.zeros((len(reps), len(reps)), dtype=np.int64)
+    for c, members in first.items():
+        single[pos[members[0]]] = size[c]
+        for q, other in first.items():
+            if q != c:
+                pair[pos[members[0]], pos[other[0]]] = size[c] * size[q]
+            elif len(members) > 1:
+                pair[pos[members[0]], pos[members[1]]] = size[c] * (size[c] - 1)
+    return np.array(reps, dtype=np.int64), single, pair
+
+
+def _best_candidate(tab: StageTables, objective: str, max_stages: int | None, weights=None):
+    """(the best plan with one stage, or two stages on distinct devices, that fits memory, as stages (None:
+    none fits); how many such plans there are: each counted by `weights` (`_representatives`' single and
+    pair counts) or once).
 
     Keys are computed with evaluate's exact arithmetic: latency = (sum of computes) + (sum of transfers).
+    Ties go to the smaller stages tuple: of equal keys a split ((0, c, a), (c, B, b)) before a single stage
+    ((0, B, d)), as c < B; so the candidates are ranked by (key, c, a, b), a single stage's c being B.
+    Held as arrays of O(B D^2) floats, never one Python object per candidate.
     """
     B, D = tab.B, tab.D
-    out = []
-    for d in range(D):
-        c = float(tab.C[0, B, d])
-        if np.isfinite(c):
-            key = (c + 0, c) if objective == "latency" else (c, c + 0)
-            out.append((key, ((0, B, d),)))
-    if (max_stages or 2) < 2 or B < 2 or D < 2:
-        return out
-    cuts = np.arange(1, B)
-    head = tab.C[0, cuts]  # [B-1, D(a)]
-    tail = tab.C[cuts, B]  # [B-1, D(b)]
-    trans = tab.T[cuts - 1]  # [B-1, a, b]
-    lat = (head[:, :, None] + tail[:, None, :]) + trans
-    bn = np.maximum(np.maximum(head[:, :, None], tail[:, None, :]), trans)
-    ok = np.isfinite(lat)
-    for ci, a, b in zip(*np.nonzero(ok)):
-        key = (float(lat[ci, a, b]), float(bn[ci, a, b]))
-        if objective != "latency":
-            key = key[::-1]
-        c = int(cuts[ci])
-        out.append((key, ((0, c, int(a)), (c, B, int(b)))))
-    return out
+    single, pair = weights if weights is not None else (np.ones(D, dtype=np.int64), 1 - np.eye(D, dtype=np.int64))
+    c1 = tab.C[0, B]  # [D]
+    fit = np.flatnonzero(np.isfinite(c1))
+    keys = [(c1[fit] + 0, c1[fit], np.full(fit.size, B), fit, np.zeros(fit.size, dtype=np.int64))]
+    n = int(single[fit].sum())
+    if (max_stages or 2) >= 2 and B >= 2 and D >= 2:
+        cuts = np.arange(1, B)
+        head = tab.C[0, cuts]  # [B-1, D(a)]
+        tail = tab.C[cuts, B]  # [B-1, D(b)]
+        trans = tab.T[cuts - 1]  # [B-1, a, b]
+        lat = (head[:, :, None] + tail[:, None, :]) + trans
+        bn = np.maximum(np.maximum(head[:, :, None], tail[:, None, :]), trans)
+        ci, a, b = np.nonzero(np.isfinite(lat))
+        n += int(pair[a, b].sum())
+        keys.append((lat[ci, a, b], bn[ci, a, b], cuts[ci], a, b))
+    first, second, c, a, b = (np.concatenate(x) for x in zip(*keys))
+    if not first.size:
+        return None, n
+    if objective != "latency":
+        first, second = second, first
+    i = int(np.lexsort((b, a, c, second, first))[0])
+    if c[i] == B:
+        return ((0, B, int(a[i])),), n
+    return ((0, int(c[i]), int(a[i])), (int(c[i]), B, int(b[i]))), n
 
 
 def solve_single(
@@ -225,15 +262,21 @@ def solve_neurosurgeon(
     problem: PipelineProblem, objective: str = "latency", top_k: int = 1, max_stages: int | None = None
 ) -> list[PipelineSolution]:
     """The best split point between two devices: every ordered pair (a, b), every cut, plus every
-    single-device plan; the best that fits (ties: smaller stages tuple)."""
+    single-device plan; the best that fits (ties: smaller stages tuple).
+
+    Interchangeable devices (`device_classes`) give equal-cost plans, of which the one on each class's
+    first devices has the smallest stages tuple: only the first two devices of each class are priced
+    (`_representatives`), so the tables and candidates are O(B^2 Q + B Q^2), not O(B D^2), and the plans
+    counted are all the plans they stand for."""
     validate_request(problem, objective)
-    cands = _candidate_keys(StageTables(problem), objective, max_stages)
-    if not cands:
+    reps, single, pair = _representatives(device_classes(problem))
+    sub = _restrict(problem, reps)
+    best, n = _best_candidate(StageTables(sub), objective, max_stages, (single, pair))
+    if best is None:
         raise InfeasibleError(
             f"no single device or two-device split fits: {infeasible_message(problem, min(2, max_stages or 2))}"
         )
-    count_work("plans", len(cands))
-    _, stages = min(cands)
-    sol = _solve(problem, list(stages))
+    count_work("plans", n)
+    sol = _solve(problem, [(lo, hi, int(reps[d])) for lo, hi, d in best])
     return [sol]
 

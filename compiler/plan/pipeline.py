@@ -2,7 +2,11 @@
 chain of blocks between the graph's pipeline cuts (pipeline_problem.py; coarsened and refined on chains of
 more than pipeline_coarse.COARSE_ABOVE blocks), or for the energy objective the
 energy planner (pipeline_energy.py); and `PipelineTail`, the same DP for the layers after a cut (what a
-hybrid plan runs after its spatial prefix, spatial.py)."""
+hybrid plan runs after its spatial prefix, spatial.py).
+
+Peak memory: the exact DP's (pipeline_dp.py) or the coarse one's (pipeline_coarse.py); a generative build
+solves D problems, one per first device, one at a time (O(D^2) for their per-request vectors), and keeps
+the top-k plans of each, O(D k)."""
 
 from __future__ import annotations
 

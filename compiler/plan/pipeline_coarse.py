@@ -12,7 +12,8 @@ prices the whole plan best (under `evaluate`, memory checked), until no move imp
 Complexity, B blocks, D devices, G = GROUPS, S stages: the coarse DP is the exact DP's on G blocks
 (O(G^2 D) tables, its states as pipeline_dp.py says); refinement evaluates O(S x B / G) placements per pass,
 each O(B): O(B) per pass for fixed G and S, and the problem's arrays are O(B D). Planning is near-linear in
-the layers of a chain.
+the layers of a chain. Peak memory: O(B D) for the problem and O(G^2 D + G D^2) for the coarse DP's stage and
+transfer tables, with its DP tables under pipeline_dp.py's budgets; refinement holds one plan at a time.
 
 Not exact: the plans are reported as such (`report["exact"] = False`) with `optimality_gap` against a
 bound no plan beats (latency: every block on its fastest device, no transfers; throughput: the slowest

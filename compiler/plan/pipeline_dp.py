@@ -54,6 +54,11 @@ bytes of tables the exact DP refuses (`TooManyStates`) instead of allocating, an
 plans are not real either (`_beyond_budget`), the plans are the best of its real ones and of the exact DP
 over the devices the budget allows, reported not exact with their optimality gap over the relaxation's
 best value (a lower bound). The planner (pipeline.py) adds pipeline_coarse.py on chains of many blocks.
+Peak memory: O(B^2 D + B D^2) for the stage and transfer tables (pipeline_tables.py; the transfer table is
+per pair of devices, though the DPs read it by class), plus the DP's tables, 48 bytes per (state, class,
+block, top-k slot): at most STATE_BUDGET pairs and TABLE_BUDGET bytes, checked before they are allocated
+(`Space`); the relaxation's are O(Q B k), and the exact DP over a subset of the devices is held to
+SUBSET_BUDGET. The shared medium's Pareto sets (pipeline_pareto.py) have no cap of their own.
 
 Numerics: stage compute is summed with the same numpy reduction `PipelineProblem.evaluate` uses, and
 transfers with the same expression, so bottleneck values are bit-identical to `evaluate`'s. Latency is

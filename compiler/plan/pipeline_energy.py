@@ -23,6 +23,11 @@ are non-decreasing in L and in E0, so a label that another label of its state ma
 L and E0 can be dropped: the Pareto set of each state is exact. Bounds only prune: a label whose L plus
 the least compute of the blocks left already exceeds X (hard), or whose objective with that least
 remainder cannot beat the best plan found so far (the best single-device plan, to start with).
+
+Peak memory, K columns and B blocks: the stage tables O(B^2 K), the transfer and radio tables O(B K^2) each,
+and the Pareto labels of every (block, column mask, last column) state the bounds keep. The masks are sets of
+columns with alike devices taken in index order: for a fleet of a few kinds with one mode each, at most
+prod(n_c + 1) masks; for many distinct devices, up to 2^K. No budget caps the labels (fleet-scale.md: Memory).
 """
 
 from __future__ import annotations

@@ -7,6 +7,11 @@ fits memory wins. The searches of one planner run share a budget of partition-tr
 (PlanOptions.search_nodes, planner.SEARCH_NODES by default): when it is spent they keep the best plans
 found, and `--json` says they were truncated, with the bound of what they left unsearched (`_report`).
 
+Peak memory: the segment costs of each tiled region, shared by a lane's searches (at most J x MAX_SPAN
+segments over J block cuts, O(D M) floats each for M output rows, and an O(M^2) tile table per class of
+devices with an efficiency curve); one search at a time (spatial_search.py); a hybrid plan's pipeline tails,
+the exact DP's (pipeline_dp.py). The node budget caps the work, not these.
+
 `plan_spatial` and `plan_hybrid` are planners, (graph, cost, objective, options) -> [Plan];
 `plan_jointly` runs both from shared searches (as auto does); `search_spatial` and `search_hybrid` are
 the searches themselves, with every knob and the search statistics.

@@ -11,6 +11,10 @@
 `plan_bbgrap`, `plan_edgeflow` and `plan_deepthings` are the planners, (graph, cost, objective, options)
 -> [Plan]: the plan over all devices, checked against the devices' memory.
 
+Peak memory: one plan: bbgrap and edgeflow O(D) tiles per block; edgeflow's partition searches (at most
+1,000 nodes each, spatial_partitions.py) and its segment costs, O(D M) for M rows; deepthings one tile per
+grid cell.
+
 A block is the finest segment a Plan allows (segments end on serial-block cuts), so inside an Inception
 or residual block every baseline fuses. All run their Type-3 remainder on the gather device.
 """

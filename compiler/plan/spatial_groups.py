@@ -10,7 +10,8 @@ device with one member of every class found so far: O(D x Q) comparisons of D-lo
 The groups (`groups`): every mix of class counts of two devices or more while there are at most MIXES of
 them; beyond that (many kinds, or many devices of a few: 256 devices of 8 kinds have 33^8 mixes), the
 fastest 2, 4, 8, ... devices and all of them (by summed layer time, ties in cluster order). The mixes are
-counted before any is built.
+counted before any is built. Peak memory: O(D^2) for the links between devices, O(D) classes, and at
+most MIXES groups (or log2 D + 1 of the fastest devices).
 """
 
 from __future__ import annotations

@@ -20,6 +20,10 @@ incumbent and the completion bounds, and passes the partition search only a boun
 Exact when unbounded (beam=None, branch=None, budget=None: tests compare with `exhaustive`); by default
 the DP keeps `beam` states per cut, `branch` partitions per transition, and each partition search stops
 after `budget` nodes with the best partitions found so far (SearchStats.exact says whether any limit bit).
+
+Peak memory of a search over G devices and J cuts: its states (at most `beam` per cut) and its memo, at most
+J x beam x MAX_SPAN transitions of `branch` partitions (G + 1 row offsets each); a partition search holds its
+k best and at most 32 labels per (position, rows), O(G M) for M rows. The segment costs are the caller's.
 """
 
 from __future__ import annotations

@@ -12,7 +12,12 @@ whose processes together hold more than RSS_CAP_MB, is killed and reported as su
 - allocate: 20 services on 100 devices of 8 kinds;
 - refuse: a 1x3x100000x100000 convolution, refused before any search;
 - gaps: the pipeline planner's inexact paths (beyond the state budget; coarsened chains) against the exact
-  DP where it finishes, in this process.
+  DP where it finishes, in this process;
+- memory: each planner `edgec compile` runs (and the energy and --generate DPs) alone, in a child process at
+  the largest fleet it meets here: the peak RSS of the planning call itself (the process's high-water mark
+  reset just before it, /proc/self/clear_refs), above the RSS of the model and the cost table it starts from,
+  and the memory of those shared analyses (the layer graph, the cost table) as the process grew building
+  them. Only these rows: --memory. docs/explanation/fleet-scale.md states each planner's bound.
 
 Each case with a target of the issue is checked against it and reported PASS or FAIL (a timeout is a FAIL).
 Clusters are built from the shipped profiles; models come from $EDGEC_MODELS_DIR (or models/build). A
@@ -129,6 +134,95 @@ def cases() -> list[Case]:
     out.append(Case("1x3x100000x100000 convolution, refused", "compile", "huge-conv", kinds(3, SIX), "auto",
                     timeout_s=30, wall_target_s=1.0, expect_exit=2, quick=True))
     return out
+
+
+# The child of a memory row: the model loaded and priced, then one planner run in this process (jobs=1: no
+# forked lane) with the resident high-water mark reset just before it, so that VmHWM after it is the planning
+# call's own peak. argv: model, cluster file, planner, objective, "generate" or "".
+PLAN_ALONE = """import json, sys, time
+from edgec.compiler.cluster import load_cluster
+from edgec.compiler.driver import _price
+from edgec.compiler.ingest import load_model
+from edgec.compiler.ingest.phases import GenerateOptions, load_phases
+from edgec.compiler.plan.planner import EnergyGoal, InfeasibleError, PlanOptions
+from edgec.compiler.plan.registry import PLANNERS
+
+def vm():
+    with open("/proc/self/status") as f:
+        return {k: int(v.split()[0]) / 1024 for k, v in (ln.split(":", 1) for ln in f) if k in ("VmRSS", "VmHWM")}
+
+model, devices, name, objective, generate = sys.argv[1:6]
+out = {"start_mb": vm()["VmRSS"]}
+phases = load_phases(model, GenerateOptions()) if generate else None  # a decode step, as compile loads it
+ing = load_model(model) if phases is None else phases.decode
+out["graph_mb"] = vm()["VmRSS"] - out["start_mb"]
+before = vm()["VmRSS"]
+cost = _price(ing, phases, load_cluster(devices))
+out["cost_mb"] = vm()["VmRSS"] - before
+options = PlanOptions(jobs=1, energy=EnergyGoal(1000.0) if objective == "energy" else None)
+base = vm()["VmRSS"]
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # VmHWM := VmRSS
+t0 = time.perf_counter()
+try:
+    plans = PLANNERS[name](ing.graph, cost, objective, options)
+    out["result"] = f"{len(plans)} plan(s)"
+except InfeasibleError as exc:
+    out["result"] = "infeasible: " + str(exc)[:100]
+out["plan_s"] = time.perf_counter() - t0
+out["base_mb"], out["plan_peak_mb"] = base, vm()["VmHWM"] - base
+print(json.dumps(out))
+"""
+
+PIPELINES = ("single", "even", "neurosurgeon", "ring-memory", "equal-layers", "pipeline")
+SPATIALS = ("bbgrap", "edgeflow", "deepthings", "spatial", "hybrid")
+# (model, cluster name, devices, planners, objective, generate): each planner at the largest fleet bench_scale
+# runs it on (auto runs all but ring-memory and equal-layers), and the energy and generative DPs beside them
+MEMORY_CASES = [
+    ("resnet50", "256 devices of 8 kinds", lambda: kinds(256, EIGHT), PIPELINES + SPATIALS, "latency", False),
+    ("mobilenetv2", "64 all-distinct", lambda: distinct(64), PIPELINES + SPATIALS, "latency", False),
+    ("chain:10000", "4 devices of 4 kinds", lambda: kinds(4, FOUR), ("pipeline",), "latency", False),
+    ("resnet50", "256 devices of 8 kinds", lambda: kinds(256, EIGHT), ("pipeline",), "energy", False),
+    ("resnet50", "16 all-distinct", lambda: distinct(16), ("pipeline",), "energy", False),
+    ("tinylm", "256 devices of 8 kinds", lambda: kinds(256, EIGHT), ("pipeline",), "latency", True),
+]
+QUICK_MEMORY = [("mobilenetv2", "8 devices of 4 kinds", lambda: kinds(8, FOUR), ("neurosurgeon", "pipeline"), "latency",
+                 False)]
+
+
+def memory_rows(tmp: Path, quick: bool) -> list[dict]:
+    """One row per planner of MEMORY_CASES (QUICK_MEMORY with `quick`), each in a child process (PLAN_ALONE)."""
+    rows = []
+    for model, cname, devices, names, objective, generate in QUICK_MEMORY if quick else MEMORY_CASES:
+        cluster = tmp / "memory.yaml"
+        cluster.write_text(yaml.safe_dump({"devices": devices(), "network": NET}))
+        for name in names:
+            cmd = [sys.executable, "-c", PLAN_ALONE, str(model_path(model, tmp)), str(cluster), name, objective,
+                   "generate" if generate else ""]
+            code, wall, rss, stdout, stderr = run_child(cmd, 600, RSS_CAP_MB)
+            row = {"model": model, "cluster": cname, "planner": name + (" --generate" if generate else ""),
+                   "objective": objective, "exit": code, "rss_mb": round(rss)}
+            if code == 0:
+                got = json.loads(stdout.strip().splitlines()[-1])
+                row.update({k: round(v, 2 if k.endswith("_s") else 1) for k, v in got.items() if k.endswith(("_mb", "_s"))},
+                           result=got["result"])
+            else:
+                row["result"] = (stderr.strip().splitlines() or ["(no message)"])[-1][:160]
+            rows.append(row)
+            print(f"  {row}", file=sys.stderr, flush=True)
+    return rows
+
+
+def memory_table(rows: list[dict]) -> str:
+    lines = ["| model | cluster | planner | objective | planning peak MB (above its start) | RSS before planning MB "
+             "| graph MB | cost table MB | plan s | process peak RSS MB | result |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        f = lambda k: "-" if r.get(k) is None else r[k]  # noqa: E731
+        lines.append(f"| {r['model']} | {r['cluster']} | {r['planner']} | {r['objective']} | {f('plan_peak_mb')} | "
+                     f"{f('base_mb')} | {f('graph_mb')} | {f('cost_mb')} | {f('plan_s')} | {r['rss_mb']} | "
+                     f"{r['result'].replace('|', '/')} |")
+    return "\n".join(lines)
 
 
 def chain_model(n: int, width: int = 16) -> onnx.ModelProto:
@@ -380,8 +474,9 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="a few small cases only")
     ap.add_argument("--only", default="", help="cases whose name contains this")
     ap.add_argument("--json", type=Path, default=None, help="write every case as JSON here")
+    ap.add_argument("--memory", action="store_true", help="the planners' memory rows only (with --quick: a few)")
     args = ap.parse_args()
-    chosen = [c for c in cases() if (c.quick or not args.quick) and args.only in c.name]
+    chosen = [c for c in cases() if (c.quick or not args.quick) and args.only in c.name and not args.memory]
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench_scale_") as d:
         tmp = Path(d)
@@ -389,8 +484,12 @@ def main() -> int:
             print(f"{case.name} ...", file=sys.stderr, flush=True)
             rows.append(run_case(case, tmp))
             print(f"  {rows[-1]}", file=sys.stderr, flush=True)
-        gaps = gap_rows(tmp, args.quick) if not args.only else []
-    print(table(rows, {c.name: c for c in chosen}))
+        gaps = gap_rows(tmp, args.quick) if not (args.only or args.memory) else []
+        memory = memory_rows(tmp, args.quick) if not args.only else []
+    if rows:
+        print(table(rows, {c.name: c for c in chosen}))
+    if memory:
+        print("\n" + memory_table(memory))
     if gaps:
         print("\n" + gap_table(gaps))
         worst = max(r["worse_pct"] for r in gaps)
@@ -400,7 +499,7 @@ def main() -> int:
     print(f"\ntargets met: {sum(r['verdict'] == 'PASS' for r in checked)} of {len(checked)}; "
           f"timeouts: {sum(r['exit'] is None for r in rows)} of {len(rows)} cases")
     if args.json:
-        args.json.write_text(json.dumps({"cases": rows, "gaps": gaps}, indent=1))
+        args.json.write_text(json.dumps({"cases": rows, "gaps": gaps, "memory": memory}, indent=1))
     return 0
 
 
