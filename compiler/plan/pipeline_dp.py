@@ -75,6 +75,7 @@ from .pipeline_pareto import pareto_dp
 from .pipeline_problem import PipelineProblem, PipelineSolution, StageChoice, solution_sort_key, validate_request
 from . import pipeline_space
 from .pipeline_space import RELAX_FIRST, TABLE_BUDGET, Relaxed, Space, TooManyStates, count_states
+from .pipeline_routed import routed_runs
 from .pipeline_tables import Span, StageTables
 from .planner import InfeasibleError
 from .stats import count as count_work
@@ -216,14 +217,14 @@ def _lex_dp(
 
 def _latency_dp(tab: StageTables, K: int, S: int, cap: float = np.inf) -> list[tuple[float, float, list[Span]]]:
     """K best (latency, switched bottleneck); stages and transfers above `cap` are forbidden."""
-    C = tab.C if cap == np.inf else np.where(tab.C <= cap, tab.C, np.inf)
+    C = tab.C if cap == np.inf else np.where(tab.Cmax <= cap, tab.C, np.inf)
     T = tab.T if cap == np.inf else np.where(tab.T <= cap, tab.T, np.inf)
-    return _lex_dp(tab, K, S, C, C, T, T, np.add, np.maximum)
+    return _lex_dp(tab, K, S, C, tab.Cmax, T, T, np.add, np.maximum)
 
 
 def _bottleneck_dp(tab: StageTables, K: int, S: int) -> list[tuple[float, float, list[Span]]]:
     """K best switched bottlenecks (min-max DP; latency only as a tie-break that may be inexact)."""
-    return _lex_dp(tab, K, S, tab.C, tab.C, tab.T, tab.T, np.maximum, np.add)
+    return _lex_dp(tab, K, S, tab.Cmax, tab.C, tab.T, tab.T, np.maximum, np.add)
 
 
 def _transfer_sum_dp(tab: StageTables, S: int, cap: float) -> list[tuple[float, float, list[Span]]]:
@@ -423,16 +424,27 @@ def solve_on_tables(problem: PipelineProblem, tab: StageTables, objective: str, 
     "exact" (whether the plans are the exact top-k) and, when not, "optimality_gap" (module docstring: Size)."""
     S = min(tab.D, tab.B, max_stages or tab.D)
     shared = problem.medium == "shared" and tab.B > 1 and S > 1
-    exact, gap = True, 0.0
-    plans = _relaxed_if_real(tab, objective, top_k, S, shared) if _states(tab, S) > RELAX_FIRST else None
+    exact, gap, beyond = True, 0.0, False
+    plans = None
+    routed = problem.riders is not None and not shared
+    if routed and _states(tab, S) <= RELAX_FIRST:
+        try:  # once per first stage (pipeline_routed.py)
+            plans = [p for run in routed_runs(problem, tab) for p in _solve(run, objective, top_k, S, False)]
+        except TooManyStates:
+            plans = None
+    if routed and plans is None:
+        exact = False  # beyond the state budget the riders are priced forwarded: a bound, not the routed price
+    if plans is None and _states(tab, S) > RELAX_FIRST:
+        plans = _relaxed_if_real(tab, objective, top_k, S, shared)
     if plans is None:
         try:
             plans = _solve(tab, objective, top_k, S, shared)
         except TooManyStates:
             plans, exact, gap = _beyond_budget(problem, tab, objective, top_k, S, shared)
+            beyond = True
     if report is not None:
         report.update({"exact": exact} if exact else {"exact": False, "optimality_gap": gap})
-    if not plans and not exact:
+    if not plans and beyond:
         raise InfeasibleError("the exact pipeline DP's states exceed its budget, and neither its relaxation nor the "
                               "exact DP over the devices the budget allows found a placement that fits")
     if not plans:
