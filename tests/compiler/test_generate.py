@@ -201,13 +201,16 @@ def test_edgec_run_refuses_a_generative_build_in_one_line(tmp_path):
 @pytest.mark.parametrize("objective", quick_only(["latency", "throughput"], {"latency"}))
 def test_the_dp_per_first_device_is_exact_with_caches_and_the_tokens_way_back(tmp_path, objective):
     """Brute force over every split and device assignment, each priced by the problem of its first device
-    (the token returns to it), finds nothing better than the DP; a plan's price holds the token's transfer."""
+    (the token returns to it), finds nothing better than the DP; a plan's price holds the token's transfer,
+    and the riders (rotary tables, mask) as evaluate and the emitter route them: on this network a message
+    costs 2 ms, so a plan priced with the riders forwarded stage to stage is priced 3 messages per link high."""
     import math
 
     from edgec.compiler.cluster import load_cluster
     from edgec.compiler.driver import _price
     from edgec.compiler.plan.pipeline_coarse import solve_chain
-    from edgec.compiler.plan.pipeline_problem import first_device_problems, pipeline_problem
+    from edgec.compiler.cost import evaluate
+    from edgec.compiler.plan.pipeline_problem import first_device_problems, pipeline_problem, to_plan
     from pipeline_reference import brute_force
 
     path = tmp_path / "c.yaml"
@@ -227,3 +230,16 @@ def test_the_dp_per_first_device_is_exact_with_caches_and_the_tokens_way_back(tm
     token = cost.generate.token_ms(cost, last, first)
     assert token > 2  # the link's 2 ms latency and 8 bytes
     assert split.latency_ms == pytest.approx(problem.evaluate(split.stages).latency_ms + token)
+    # the price is evaluate's (what the emitter sends), for the best plan, and the bottleneck for the best 3-stage
+    # plans whose third stage reads the riders (the first stage sends them straight there, not through the
+    # second); their latency is a lower bound (the riders' arrival at the third stage is assumed not to be late)
+    graph, riders = phases.decode.graph, problem.riders
+    assert riders is not None and riders.ready > 1
+    best = min(every, key=lambda s: s.key(objective))
+    pred = evaluate(to_plan(best, "pipeline", objective, graph, problem), graph, cost)
+    assert (pred.latency_ms, pred.bottleneck_ms) == pytest.approx((best.latency_ms, best.bottleneck_ms), rel=1e-12)
+    reading = [s for s in every if len(s.stages) == 3 and riders.reads[:, s.stages[2].lo:s.stages[2].hi].any()]
+    for sol in sorted(reading, key=lambda s: s.key(objective))[:3]:
+        pred = evaluate(to_plan(sol, "pipeline", objective, graph, problem), graph, cost)
+        assert pred.bottleneck_ms == pytest.approx(sol.bottleneck_ms, rel=1e-12)
+        assert pred.latency_ms >= sol.latency_ms - 1e-9
