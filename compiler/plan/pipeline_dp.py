@@ -55,6 +55,10 @@ plans are not real either (`_beyond_budget`), the plans are the best of its real
 over the devices the budget allows, reported not exact with their optimality gap over the relaxation's
 best value (a lower bound). The planner (pipeline.py) adds pipeline_coarse.py on chains of many blocks.
 
+Riders (a generative build's rotary tables and mask, pipeline_riders.py): the DP runs once per routing of
+them and first stage that computes them, on tables that price that routing (pipeline_routed.py), skipping
+the runs whose first stage alone prices them out of the k best; a plan's price is its best routing's.
+
 Numerics: stage compute is summed with the same numpy reduction `PipelineProblem.evaluate` uses, and
 transfers with the same expression, so bottleneck values are bit-identical to `evaluate`'s. Latency is
 accumulated in a different order than `evaluate` (rounding differences ~1e-16 relative); returned plans
@@ -428,8 +432,8 @@ def solve_on_tables(problem: PipelineProblem, tab: StageTables, objective: str, 
     plans = None
     routed = problem.riders is not None and not shared
     if routed and _states(tab, S) <= RELAX_FIRST:
-        try:  # once per first stage (pipeline_routed.py)
-            plans = [p for run in routed_runs(problem, tab) for p in _solve(run, objective, top_k, S, False)]
+        try:  # once per routing and first stage (pipeline_routed.py)
+            plans = _solve_routed(problem, tab, objective, top_k, S)
         except TooManyStates:
             plans = None
     if routed and plans is None:
@@ -451,9 +455,24 @@ def solve_on_tables(problem: PipelineProblem, tab: StageTables, objective: str, 
         raise InfeasibleError(infeasible_message(problem, max_stages))
     if copies and top_k > 1 and np.any(tab.cls != np.arange(tab.D)):  # the DPs searched canonical orders only
         plans = [q for p in plans for q in _relabelings(tab, p, top_k)]
-    sols = [problem.evaluate(tuple(StageChoice(lo, hi, d) for lo, hi, d in p)) for p in plans]
+    unique = dict.fromkeys(tuple(StageChoice(lo, hi, d) for lo, hi, d in p) for p in plans)  # a plan in several runs
+    sols = [problem.evaluate(stages, objective) for stages in unique]
     sols.sort(key=lambda s: solution_sort_key(s, objective))
     return sols[:top_k]
+
+
+def _solve_routed(problem: PipelineProblem, tab: StageTables, objective: str, k: int, S: int) -> list[list[Span]]:
+    """The k best plans of a problem with riders over its runs (pipeline_routed.py), each run skipped when its
+    bound is above the k-th best price found so far."""
+    keys: dict[tuple, float] = {}  # each plan found: the objective, by the problem's price
+    for bound, run in routed_runs(problem, tab, objective):
+        if len(keys) >= k and bound > sorted(keys.values())[k - 1] * (1 + 1e-12):
+            continue
+        for p in _solve(run, objective, k, S, False):
+            stages = tuple(StageChoice(*s) for s in p)
+            if stages not in keys:
+                keys[stages] = problem.evaluate(stages, objective).key(objective)[0]
+    return [[(s.lo, s.hi, s.device) for s in stages] for stages in keys]
 
 
 def _solve(tab: StageTables, objective: str, k: int, S: int, shared: bool) -> list[list[Span]]:
@@ -488,7 +507,7 @@ def _beyond_budget(problem: PipelineProblem, tab: StageTables, objective: str, k
     plans = real + [[(lo, hi, int(subset[d])) for lo, hi, d in p] for p in found]
     if not plans:
         return [], False, math.inf
-    keys = sorted(problem.evaluate(tuple(StageChoice(*s) for s in p)).key(objective)[0] for p in plans)
+    keys = sorted(problem.evaluate(tuple(StageChoice(*s) for s in p), objective).key(objective)[0] for p in plans)
     return plans, False, (keys[0] / lower - 1.0) if lower > 0 else 0.0
 
 

@@ -1,13 +1,13 @@
 """Riders: the tensors a decoder's first layers compute and every decoder layer reads (the rotary tables, the
 attention mask; graph.py `riders`), as the pipeline problem prices them (`Riders`).
 
-When the first stage computes every rider, `evaluate` (cost/evaluate.py `_route`) and the emitter send each
-one straight from the first stage's device to each later stage that reads it, which on a network where a
-message costs its latency is fewer messages per link than forwarding it stage to stage; so the problem prices
-them so: the link from the first stage's device to stage k carries the riders stage k reads (beside the
-chain's tensors when k = 1), and no chain link carries a rider. A first stage that ends before the last rider
-is computed forwards them like any tensor (a price `evaluate`, which routes each tensor no worse than
-forwarded, never exceeds).
+`evaluate` (cost/evaluate.py `_route`) and the emitter send each tensor that skips a stage either forwarded
+stage to stage or straight from its producer's stage to each stage that reads it, whichever it finds no
+worse, tensor by tensor; where a message costs its latency (1 ms on bench_generate's network), the riders'
+routing is most of a split decoder's traffic. So the problem prices each routing (`routings`: a set of
+riders sent direct from the first stage, which must compute them, the others forwarded) and a plan at its
+best routing: the link from the first stage's device to stage k carries the direct riders stage k reads
+(beside the chain's tensors when k = 1), and the chain's links the forwarded ones.
 """
 
 from __future__ import annotations
@@ -27,37 +27,52 @@ __all__ = ["Riders", "riders_of"]
 class Riders:
     """The riders of a chain of B blocks, in (producer, name) order."""
 
-    ready: int  # blocks [0, ready) compute every rider
+    made: tuple[int, ...]  # per rider: the block that computes it
     nbytes: tuple[int, ...]  # per rider
     reads: np.ndarray  # [R, B] bool: block b reads rider r
-    chain_bytes: tuple[tuple[int, ...], ...]  # [B-1]: per cut, the bytes of each crossing tensor but the riders
+    items: tuple[tuple[tuple[int, int], ...], ...]  # [B-1]: per cut, (bytes, rider or -1) of each crossing tensor
 
-    def routed(self, first_hi: int) -> bool:
-        """Whether a first stage of blocks [0, first_hi) computes every rider (then they go direct from it)."""
-        return first_hi >= self.ready
+    def ready(self, direct: frozenset[int]) -> int:
+        """The first stage sends the riders `direct` when it computes them: when it ends at this block or later."""
+        return 1 + max(self.made[r] for r in direct)
 
-    def side_ms(self, lo: int, hi: int, bw: float, lat: float) -> float:
-        """The messages of the riders that blocks [lo, hi) read, over a link of `bw` bytes/ms and `lat` ms,
-        summed in rider order (as `evaluate` adds a link's transfers)."""
+    def routings(self) -> list[frozenset[int]]:
+        """Every set of riders that may go direct (the others forwarded), up to swapping riders alike (same
+        bytes, block and readers: rope.cos and rope.sin), which route alike: the empty set first."""
+        groups: dict[tuple, list[int]] = {}
+        for r in range(len(self.nbytes)):
+            groups.setdefault((self.nbytes[r], self.made[r], self.reads[r].tobytes()), []).append(r)
+        out = [frozenset()]
+        for members in groups.values():
+            out = [d | frozenset(members[:c]) for d in out for c in range(len(members) + 1)]
+        return out
+
+    def chain_bytes(self, direct: frozenset[int]) -> tuple[tuple[int, ...], ...]:
+        """Per cut, the bytes of each crossing tensor but the riders `direct`."""
+        return tuple(tuple(nb for nb, r in cut if r not in direct) for cut in self.items)
+
+    def side_ms(self, lo: int, hi: int, bw: float, lat: float, direct: frozenset[int]) -> float:
+        """The messages of the riders `direct` that blocks [lo, hi) read, over a link of `bw` bytes/ms and `lat`
+        ms, summed in rider order (as `evaluate` adds a link's transfers)."""
         total = 0.0
-        for nb, reads in zip(self.nbytes, self.reads):
-            if reads[lo:hi].any():
-                total += message_ms(nb, float(bw), float(lat)) if bw > 0 else np.inf  # no link
+        for r in sorted(direct):
+            if self.reads[r, lo:hi].any():
+                total += message_ms(self.nbytes[r], float(bw), float(lat)) if bw > 0 else np.inf  # no link
         return float(total)
 
-    def side_table(self, bw: np.ndarray, lat: np.ndarray) -> np.ndarray:
-        """S[lo, hi, d] = side_ms(lo, hi, bw[d], lat[d]) for every stage (bit for bit: the same messages added
-        in the same order), bw and lat [D] from the first stage's device; inf where it has no link."""
-        B = self.reads.shape[1] if self.reads.size else len(self.chain_bytes) + 1
+    def side_table(self, bw: np.ndarray, lat: np.ndarray, direct: frozenset[int]) -> np.ndarray:
+        """S[lo, hi, d] = side_ms(lo, hi, bw[d], lat[d], direct) for every stage (bit for bit: the same messages
+        added in the same order), bw and lat [D] from the first stage's device."""
+        B = self.reads.shape[1]
         S = np.zeros((B + 1, B + 1, bw.size))
         hi = np.arange(B + 1)
-        for nb, reads in zip(self.nbytes, self.reads):
+        for r in sorted(direct):
             # the first block at or after lo that reads it: [lo, hi) reads it when that block is below hi
             after = np.full(B + 1, B, dtype=np.int64)
             for b in range(B - 1, -1, -1):
-                after[b] = b if reads[b] else after[b + 1]
+                after[b] = b if self.reads[r, b] else after[b + 1]
             read = after[:, None] < hi[None, :]  # [lo, hi]
-            msg = np.array([message_ms(nb, float(w), float(t)) if w > 0 else np.inf for w, t in zip(bw, lat)])
+            msg = np.array([message_ms(self.nbytes[r], float(w), float(t)) if w > 0 else np.inf for w, t in zip(bw, lat)])
             S = S + np.where(read[:, :, None], msg[None, None, :], 0.0)
         return S
 
@@ -79,7 +94,7 @@ def riders_of(graph: LayerGraph, blocks: tuple[tuple[int, int], ...]) -> Riders 
     for r, t in enumerate(names):
         for u in graph.consumers[t]:
             reads[r, block_of(u)] = True
-    skip = set(names)
-    chain = tuple(tuple(graph.tensors[t].nbytes for t in graph.live_across(hi) if t not in skip) for _, hi in blocks[:-1])
-    return Riders(ready=1 + max(block_of(graph.producer[t]) for t in names),
-                  nbytes=tuple(graph.tensors[t].nbytes for t in names), reads=reads, chain_bytes=chain)
+    index = {t: r for r, t in enumerate(names)}
+    items = tuple(tuple((graph.tensors[t].nbytes, index.get(t, -1)) for t in graph.live_across(hi)) for _, hi in blocks[:-1])
+    return Riders(made=tuple(block_of(graph.producer[t]) for t in names),
+                  nbytes=tuple(graph.tensors[t].nbytes for t in names), reads=reads, items=items)
