@@ -13,6 +13,7 @@ best routing: the link from the first stage's device to stage k carries the dire
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -36,6 +37,7 @@ class Riders:
         """The first stage sends the riders `direct` when it computes them: when it ends at this block or later."""
         return 1 + max(self.made[r] for r in direct)
 
+    @lru_cache(maxsize=None)  # noqa: B019 (a problem's riders live as long as it; a few sets each)
     def routings(self) -> list[frozenset[int]]:
         """Every set of riders that may go direct (the others forwarded), up to swapping riders alike (same
         bytes, block and readers: rope.cos and rope.sin), which route alike: the empty set first."""
@@ -47,6 +49,7 @@ class Riders:
             out = [d | frozenset(members[:c]) for d in out for c in range(len(members) + 1)]
         return out
 
+    @lru_cache(maxsize=None)  # noqa: B019
     def chain_bytes(self, direct: frozenset[int]) -> tuple[tuple[int, ...], ...]:
         """Per cut, the bytes of each crossing tensor but the riders `direct`."""
         return tuple(tuple(nb for nb, r in cut if r not in direct) for cut in self.items)

@@ -27,9 +27,9 @@ __all__ = ["routed_runs"]
 
 def routed_runs(problem: PipelineProblem, tab: StageTables, objective: str) -> Iterator[tuple[float, StageTables]]:
     """(bound, tables) of every run (module docstring), each routed run with its first device in a class of its
-    own; the bound is a value of the objective no plan of the run beats (its first stage's compute, and for
-    latency the rest of the blocks on their fastest devices), for the DP to skip runs that cannot make its
-    top k. The runs of a routing come in the order of their first stage's end."""
+    own; the bound is a value of the objective no plan of the run beats (its first stage's compute and the
+    least transfer of the chain out of it, and for latency the rest of the blocks on their fastest devices),
+    for the DP to skip runs that cannot make its top k. The runs of a routing come in the order of their first stage's end."""
     riders, B = problem.riders, tab.B
     yield 0.0, tab  # every rider forwarded: the ordinary tables, any first stage
     bw, lat = np.asarray(problem.bandwidth_bytes_per_ms), np.asarray(problem.link_latency_ms)
@@ -46,9 +46,10 @@ def routed_runs(problem: PipelineProblem, tab: StageTables, objective: str) -> I
             later = np.maximum(tab.C, side)  # a later stage: its compute and its riders' link
             for j in range(ready, B + 1):
                 first = float(tab.C[0, j, d0])
-                if np.isfinite(first):
-                    yield first + (float(tab.lat_rest[j]) if objective == "latency" else 0.0), \
-                        _first_stage(tab, T, side, later, d0, j)
+                if np.isfinite(first):  # the second stage's link takes at least its chain's least transfer
+                    into = float(T[j - 1, d0].min()) if j < B else 0.0
+                    bound = first + into + float(tab.lat_rest[j]) if objective == "latency" else max(first, into)
+                    yield bound, _first_stage(tab, T, side, later, d0, j)
 
 
 def _first_stage(tab: StageTables, T: np.ndarray, side: np.ndarray, later: np.ndarray, d0: int, j: int) -> StageTables:
