@@ -20,7 +20,7 @@ from ..plan_types import Plan, Stage
 from .pipeline_coarse import solve_chain
 from .pipeline_dp import solve_on_tables
 from .pipeline_energy import plan_pipeline_energy
-from .pipeline_problem import first_device_problems, pipeline_problem, solution_sort_key, to_plan, validate_request
+from .pipeline_problem import first_device_problems, pipeline_problem, to_plan, validate_request
 from .pipeline_tables import StageTables
 from .planner import InfeasibleError, PlanOptions
 from .stats import detail
@@ -42,25 +42,57 @@ def plan_pipeline(graph: LayerGraph, cost: CostTable, objective: str, options: P
     return [to_plan(sol, "pipeline", objective, graph, problem) for sol in sols]
 
 
+WIDEST = 256  # plans per first device the generative planner considers at most (`_plan_generative`)
+
+
 def _plan_generative(graph: LayerGraph, cost: CostTable, problem, objective: str, options: PlanOptions) -> list[Plan]:
-    """The DP once per first device (the token returns to it: pipeline_problem.first_device_problems), its
-    `options.top_k` best of each; of those, the `options.top_k` best as `evaluate` predicts them (what the
-    driver ranks plans by: it prices what the DP leaves out, such as the coordinator's hand-offs of the model
-    inputs every stage reads), so that no first device's best plan is cut by the DP's figures alone."""
-    sols, error = [], None
-    for sub in first_device_problems(problem, cost):
-        try:
-            sols += solve_chain(sub, objective, top_k=options.top_k, copies=False, report={})
-        except InfeasibleError as exc:
-            error = exc
-    if not sols:  # the problem's "weights" hold the caches: say so
-        raise InfeasibleError(f"{error} (a generative build: each stage's weights include its layers' caches at "
-                              "--max-context)")
-    sols.sort(key=lambda s: solution_sort_key(s, objective))
-    plans = [to_plan(sol, "pipeline", objective, graph, problem) for sol in sols]
-    preds = [evaluate(p, graph, cost) for p in plans]
-    order = sorted(range(len(plans)), key=lambda i: (preds[i].latency_ms, preds[i].bottleneck_ms)[::1 if objective == "latency" else -1])
-    return [plans[i] for i in order[:options.top_k]]
+    """The DP once per first device (the token returns to it: pipeline_problem.first_device_problems), its k
+    best of each, evaluated (what the driver ranks plans by, and what the emitter sends: it routes each rider
+    as `evaluate` does, and prices what the DP leaves out, such as the coordinator's hand-offs); the
+    `options.top_k` best as `evaluate` predicts them.
+
+    The DP's price of a plan is a bound of `evaluate`'s, never above it (its best routing of the riders, and
+    their arrival at a stage after the second assumed not late: pipeline_problem.py), so once the best plan
+    evaluated is no worse than every first device's k-th DP price, no plan unseen beats it: k grows (x4, up to
+    WIDEST) until then, and the plans are exact; else reported with the gap to that bound. (Not a bound: a
+    plan where another tensor skips a stage, or whose first stage ends before a rider is computed, is priced
+    with it forwarded, which evaluate may beat.)"""
+    subs = first_device_problems(problem, cost)
+    k, seen = options.top_k, {}
+    while True:
+        sols, bound, error = [], None, None
+        for sub in subs:
+            try:
+                got = solve_chain(sub, objective, top_k=k, copies=False, report={})
+            except InfeasibleError as exc:
+                error = exc
+                continue
+            sols += got
+            if len(got) == k:  # this first device's plans not returned price at least the k-th
+                bound = got[-1].key(objective) if bound is None else min(bound, got[-1].key(objective))
+        if not sols:  # the problem's "weights" hold the caches: say so
+            raise InfeasibleError(f"{error} (a generative build: each stage's weights include its layers' caches at "
+                                  "--max-context)")
+        for sol in sols:
+            plan = to_plan(sol, "pipeline", objective, graph, problem)
+            if plan.stages not in seen:
+                pred = evaluate(plan, graph, cost)
+                seen[plan.stages] = (plan, (pred.latency_ms, pred.bottleneck_ms)[::1 if objective == "latency" else -1])
+        best = min(key for _, key in seen.values())
+        if bound is None or _no_worse(best, bound) or k >= WIDEST:
+            break
+        k = min(4 * k, WIDEST)
+    detail(exact=bound is None or _no_worse(best, bound),
+           **({} if bound is None else {"optimality_gap": max(0.0, best[0] / bound[0] - 1.0)}))
+    ranked = sorted(seen.values(), key=lambda x: x[1])
+    return [plan for plan, _ in ranked[:options.top_k]]
+
+
+def _no_worse(a: tuple[float, float], b: tuple[float, float], rel: float = 1e-12) -> bool:
+    """a <= b lexicographically, equal within `rel` (the DP and evaluate add the same terms in other orders)."""
+    if a[0] < b[0] * (1 - rel):
+        return True
+    return a[0] <= b[0] * (1 + rel) and a[1] <= b[1] * (1 + rel)
 
 
 class PipelineTail:

@@ -82,7 +82,7 @@ def _coarsen(problem: PipelineProblem, bounds: np.ndarray) -> PipelineProblem:
 
 def _refine(problem: PipelineProblem, stages: list[StageChoice], objective: str, width: int) -> PipelineSolution:
     """Move each boundary within `width` blocks either side, devices kept, while the plan improves."""
-    best = problem.evaluate(tuple(stages))
+    best = problem.evaluate(tuple(stages), objective)
     improved = True
     while improved:
         improved = False
@@ -94,7 +94,7 @@ def _refine(problem: PipelineProblem, stages: list[StageChoice], objective: str,
                 trial = stages[:i] + [StageChoice(a.lo, c, a.device), StageChoice(c, b.hi, b.device)] + stages[i + 2:]
                 if not problem.fits((trial[i], trial[i + 1])):
                     continue
-                sol = problem.evaluate(tuple(trial))
+                sol = problem.evaluate(tuple(trial), objective)
                 if solution_sort_key(sol, objective) < solution_sort_key(best, objective):
                     best, stages, improved = sol, trial, True
     return best

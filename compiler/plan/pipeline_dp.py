@@ -60,6 +60,10 @@ block, top-k slot): at most STATE_BUDGET pairs and TABLE_BUDGET bytes, checked b
 (`Space`); the relaxation's are O(Q B k), and the exact DP over a subset of the devices is held to
 SUBSET_BUDGET. The shared medium's Pareto sets (pipeline_pareto.py) have no cap of their own.
 
+Riders (a generative build's rotary tables and mask, pipeline_riders.py): the DP runs once per routing of
+them and first stage that computes them, on tables that price that routing (pipeline_routed.py), skipping
+the runs whose first stage alone prices them out of the k best; a plan's price is its best routing's.
+
 Numerics: stage compute is summed with the same numpy reduction `PipelineProblem.evaluate` uses, and
 transfers with the same expression, so bottleneck values are bit-identical to `evaluate`'s. Latency is
 accumulated in a different order than `evaluate` (rounding differences ~1e-16 relative); returned plans
@@ -80,6 +84,7 @@ from .pipeline_pareto import pareto_dp
 from .pipeline_problem import PipelineProblem, PipelineSolution, StageChoice, solution_sort_key, validate_request
 from . import pipeline_space
 from .pipeline_space import RELAX_FIRST, TABLE_BUDGET, Relaxed, Space, TooManyStates, count_states
+from .pipeline_routed import routed_runs
 from .pipeline_tables import Span, StageTables
 from .planner import InfeasibleError
 from .stats import count as count_work
@@ -221,14 +226,14 @@ def _lex_dp(
 
 def _latency_dp(tab: StageTables, K: int, S: int, cap: float = np.inf) -> list[tuple[float, float, list[Span]]]:
     """K best (latency, switched bottleneck); stages and transfers above `cap` are forbidden."""
-    C = tab.C if cap == np.inf else np.where(tab.C <= cap, tab.C, np.inf)
+    C = tab.C if cap == np.inf else np.where(tab.Cmax <= cap, tab.C, np.inf)
     T = tab.T if cap == np.inf else np.where(tab.T <= cap, tab.T, np.inf)
-    return _lex_dp(tab, K, S, C, C, T, T, np.add, np.maximum)
+    return _lex_dp(tab, K, S, C, tab.Cmax, T, T, np.add, np.maximum)
 
 
 def _bottleneck_dp(tab: StageTables, K: int, S: int) -> list[tuple[float, float, list[Span]]]:
     """K best switched bottlenecks (min-max DP; latency only as a tie-break that may be inexact)."""
-    return _lex_dp(tab, K, S, tab.C, tab.C, tab.T, tab.T, np.maximum, np.add)
+    return _lex_dp(tab, K, S, tab.Cmax, tab.C, tab.T, tab.T, np.maximum, np.add)
 
 
 def _transfer_sum_dp(tab: StageTables, S: int, cap: float) -> list[tuple[float, float, list[Span]]]:
@@ -428,25 +433,51 @@ def solve_on_tables(problem: PipelineProblem, tab: StageTables, objective: str, 
     "exact" (whether the plans are the exact top-k) and, when not, "optimality_gap" (module docstring: Size)."""
     S = min(tab.D, tab.B, max_stages or tab.D)
     shared = problem.medium == "shared" and tab.B > 1 and S > 1
-    exact, gap = True, 0.0
-    plans = _relaxed_if_real(tab, objective, top_k, S, shared) if _states(tab, S) > RELAX_FIRST else None
+    exact, gap, beyond = True, 0.0, False
+    plans = None
+    routed = problem.riders is not None and not shared
+    if routed and _states(tab, S) <= RELAX_FIRST:
+        try:  # once per routing and first stage (pipeline_routed.py)
+            plans = _solve_routed(problem, tab, objective, top_k, S)
+        except TooManyStates:
+            plans = None
+    if routed and plans is None:
+        exact = False  # beyond the state budget the riders are priced forwarded: a bound, not the routed price
+    if plans is None and _states(tab, S) > RELAX_FIRST:
+        plans = _relaxed_if_real(tab, objective, top_k, S, shared)
     if plans is None:
         try:
             plans = _solve(tab, objective, top_k, S, shared)
         except TooManyStates:
             plans, exact, gap = _beyond_budget(problem, tab, objective, top_k, S, shared)
+            beyond = True
     if report is not None:
         report.update({"exact": exact} if exact else {"exact": False, "optimality_gap": gap})
-    if not plans and not exact:
+    if not plans and beyond:
         raise InfeasibleError("the exact pipeline DP's states exceed its budget, and neither its relaxation nor the "
                               "exact DP over the devices the budget allows found a placement that fits")
     if not plans:
         raise InfeasibleError(infeasible_message(problem, max_stages))
     if copies and top_k > 1 and np.any(tab.cls != np.arange(tab.D)):  # the DPs searched canonical orders only
         plans = [q for p in plans for q in _relabelings(tab, p, top_k)]
-    sols = [problem.evaluate(tuple(StageChoice(lo, hi, d) for lo, hi, d in p)) for p in plans]
+    unique = dict.fromkeys(tuple(StageChoice(lo, hi, d) for lo, hi, d in p) for p in plans)  # a plan in several runs
+    sols = [problem.evaluate(stages, objective) for stages in unique]
     sols.sort(key=lambda s: solution_sort_key(s, objective))
     return sols[:top_k]
+
+
+def _solve_routed(problem: PipelineProblem, tab: StageTables, objective: str, k: int, S: int) -> list[list[Span]]:
+    """The k best plans of a problem with riders over its runs (pipeline_routed.py), each run skipped when its
+    bound is above the k-th best price found so far."""
+    keys: dict[tuple, float] = {}  # each plan found: the objective, by the problem's price
+    for bound, run in routed_runs(problem, tab, objective):
+        if len(keys) >= k and bound > sorted(keys.values())[k - 1] * (1 + 1e-12):
+            continue
+        for p in _solve(run, objective, k, S, False):
+            stages = tuple(StageChoice(*s) for s in p)
+            if stages not in keys:
+                keys[stages] = problem.evaluate(stages, objective).key(objective)[0]
+    return [[(s.lo, s.hi, s.device) for s in stages] for stages in keys]
 
 
 def _solve(tab: StageTables, objective: str, k: int, S: int, shared: bool) -> list[list[Span]]:
@@ -481,7 +512,7 @@ def _beyond_budget(problem: PipelineProblem, tab: StageTables, objective: str, k
     plans = real + [[(lo, hi, int(subset[d])) for lo, hi, d in p] for p in found]
     if not plans:
         return [], False, math.inf
-    keys = sorted(problem.evaluate(tuple(StageChoice(*s) for s in p)).key(objective)[0] for p in plans)
+    keys = sorted(problem.evaluate(tuple(StageChoice(*s) for s in p), objective).key(objective)[0] for p in plans)
     return plans, False, (keys[0] / lower - 1.0) if lower > 0 else 0.0
 
 

@@ -17,6 +17,7 @@ from edgec.runtime.linkmodel import message_ms, wire_ms
 from ..cost import CostTable
 from ..graph import LayerGraph
 from ..plan_types import Plan, Stage
+from .pipeline_riders import Riders, riders_of
 
 __all__ = ["PIPELINE_OBJECTIVES", "PipelineProblem", "StageChoice", "PipelineSolution", "pipeline_problem", "to_plan",
            "first_device_problems",
@@ -50,7 +51,16 @@ class PipelineProblem:
 
     A tensor used beyond the next stage crosses every cut in between: it is priced as forwarded stage
     to stage (the emitter sends it so, or straight from its producer when evaluate prices that no
-    higher, so a plan never runs slower than its DP price).
+    higher, so a plan never runs slower than its DP price); except `riders` (a generative build's rotary
+    tables and mask, pipeline_riders.py), which the first stage may send straight to each stage that reads
+    them when it computes them: a plan is priced at its best routing of them (`evaluate(stages, objective)`),
+    the link into the second stage carrying its chain tensors and its direct riders (one link, in the latency
+    too), and the link from the first stage's device to each later stage its direct riders (in the bottleneck
+    only: the latency assumes they arrive before the chain does). That is a bound of `evaluate`'s price of the
+    plan, which routes tensor by tensor and times each arrival: equal where its routing is the best one and
+    the riders are not late (pipeline.py `_plan_generative` searches on until no plan unseen can beat the
+    best it evaluated). A first stage that ends before a rider is computed forwards it in this price, as any
+    other tensor that skips a stage (a residual around a stage of a norm alone), which evaluate may beat.
     """
 
     devices: tuple[str, ...]
@@ -69,6 +79,7 @@ class PipelineProblem:
     # figures), compared for equality only.  Two devices are interchangeable only where these are equal too
     # (device_classes).  None: nothing beyond the arrays
     traits: tuple | None = None
+    riders: Riders | None = None  # a generative build's riders, priced at their best routing (above); None: none
 
     def __post_init__(self) -> None:
         """Every per-device array has one entry per device, in the order of `devices`, and every per-block
@@ -118,14 +129,45 @@ class PipelineProblem:
             total += message_ms(nbytes, bw, lat)
         return float(total)
 
+    def chain_transfer_ms(self, cut: int, src: int, dst: int, direct: frozenset[int]) -> float:
+        """`transfer_ms` of the tensors crossing `cut` but the riders `direct`, which go straight there."""
+        bw, lat = self.bandwidth_bytes_per_ms[src, dst], self.link_latency_ms[src, dst]
+        total = 0.0
+        for nbytes in self.riders.chain_bytes(direct)[cut]:
+            total += message_ms(nbytes, bw, lat)
+        return float(total)
+
+    def side_ms(self, lo: int, hi: int, src: int, dst: int, direct: frozenset[int]) -> float:
+        """The riders `direct`'s messages from `src` (the first stage's device) to the stage [lo, hi) on `dst`."""
+        return self.riders.side_ms(lo, hi, self.bandwidth_bytes_per_ms[src, dst], self.link_latency_ms[src, dst], direct)
+
+    def routings(self, stages: tuple["StageChoice", ...]) -> list[frozenset[int]]:
+        """The sets of riders these stages may send direct from the first stage (class docstring): those it
+        computes; [frozenset()] (all forwarded) when there are none or one stage."""
+        if self.riders is None or len(stages) < 2 or stages[0].lo != 0:
+            return [frozenset()]
+        return [d for d in self.riders.routings() if not d or self.riders.ready(d) <= stages[0].hi]
+
     def stage_memory(self, lo: int, hi: int) -> int:
         return int(self.block_param_bytes[lo:hi].sum() + self.block_peak_act_bytes[lo:hi].max())
 
-    def evaluate(self, stages: tuple["StageChoice", ...]) -> "PipelineSolution":
-        """Score a placement under the cost model (no feasibility check; see `fits`)."""
+    def evaluate(self, stages: tuple["StageChoice", ...], objective: str = "latency") -> "PipelineSolution":
+        """Score a placement under the cost model (no feasibility check; see `fits`): with riders, under the
+        routing of them that is best for `objective` (a bound of what evaluate's routing gives, below)."""
+        sols = [self._routed(stages, d) for d in self.routings(stages)]
+        return min(sols, key=lambda s: s.key(objective))
+
+    def _routed(self, stages: tuple["StageChoice", ...], direct: frozenset[int]) -> "PipelineSolution":
         compute = [self.stage_ms(s.lo, s.hi, s.device) for s in stages]
-        transfers = [self.transfer_ms(a.hi - 1, a.device, b.device) for a, b in zip(stages, stages[1:])]
-        link = (sum(transfers) if self.medium == "shared" else max(transfers)) if transfers else 0.0
+        sides: list[float] = []  # the riders' links from the first stage's device to the third stage on
+        if direct:
+            d0 = stages[0].device
+            transfers = [self.chain_transfer_ms(a.hi - 1, a.device, b.device, direct) for a, b in zip(stages, stages[1:])]
+            transfers[0] = transfers[0] + self.side_ms(stages[1].lo, stages[1].hi, d0, stages[1].device, direct)
+            sides = [self.side_ms(s.lo, s.hi, d0, s.device, direct) for s in stages[2:]]
+        else:
+            transfers = [self.transfer_ms(a.hi - 1, a.device, b.device) for a, b in zip(stages, stages[1:])]
+        link = (sum(transfers) + sum(sides) if self.medium == "shared" else max(transfers + sides)) if transfers else 0.0
         return PipelineSolution(
             stages=tuple(stages),
             latency_ms=sum(compute) + sum(transfers),
@@ -142,7 +184,8 @@ class PipelineProblem:
         return replace(self, block_ms=self.block_ms[first:], block_param_bytes=self.block_param_bytes[first:],
                        block_peak_act_bytes=self.block_peak_act_bytes[first:], cut_bytes=self.cut_bytes[first:],
                        cut_tensor_bytes=None if self.cut_tensor_bytes is None else self.cut_tensor_bytes[first:],
-                       request_in_ms=self.request_in_ms if first == 0 else None)  # only block 0 takes the input
+                       request_in_ms=self.request_in_ms if first == 0 else None,  # only block 0 takes the input
+                       riders=self.riders if first == 0 else None)
 
 
 @dataclass(frozen=True)
@@ -199,6 +242,9 @@ def pipeline_problem(graph: LayerGraph, cost: CostTable) -> PipelineProblem:
         traits=tuple(d.traits for d in cluster.devices),
         cut_tensor_bytes=tuple(tuple(graph.tensors[t].nbytes for t in graph.live_across(hi)) for _, hi in blocks[:-1]),
         **_request_costs(cost),
+        # routed riders: a generative build on a switched network (on a shared medium the riders' sends would
+        # hold the one channel while the chain waits: priced forwarded there, a bound evaluate never exceeds)
+        riders=riders_of(graph, blocks) if cost.generate is not None and cluster.medium == "switched" else None,
     )
 
 

@@ -19,7 +19,11 @@ Span = tuple[int, int, int]  # (lo, hi, device): one stage of the DPs
 
 
 class StageTables:
-    """Stage compute C[lo, hi, d] (inf when the stage does not fit d's memory) and transfers T[c, a, b]."""
+    """Stage compute C[lo, hi, d] (inf when the stage does not fit d's memory) and transfers T[c, a, b].
+
+    Cmax[lo, hi, d] is a stage's term of the bottleneck, C its term of the latency: the same table, except
+    where a stage also takes a link of its own (the riders' direct sends, pipeline_routed.py), whose time
+    is in Cmax as max(compute, link) and, for the stage after the first, in C too."""
 
     def __init__(self, problem: PipelineProblem, full: "StageTables | None" = None, first: int = 0):
         """The tables of `problem`; with `full`, those of the problem it is the suffix of (from block
@@ -49,7 +53,7 @@ class StageTables:
             if extra is not None and np.any(np.asarray(extra) != 0):
                 rows = C[0, :] if first else C[:, B]  # [hi or lo, D]: stages that start at 0 / end at B
                 rows += np.asarray(extra, dtype=np.float64)[None, :]
-        self.C = C
+        self.C = self.Cmax = C
         self.T = transfer_table(problem) if B > 1 else np.zeros((0, D, D))
         rowmin = bm.min(axis=1)
         self.lat_rest = np.concatenate([np.cumsum(rowmin[::-1])[::-1], [0.0]])  # lower bound, blocks j..B-1
@@ -61,6 +65,7 @@ class StageTables:
         # from the end: every slice is bit-identical to building the suffix's tables (test_plan_tail.py).
         self.B, self.D = full.B - first, full.D
         self.C, self.mem_ok = full.C[first:, first:], full.mem_ok[first:, first:]
+        self.Cmax = full.Cmax[first:, first:]
         self.T = full.T[first:] if self.B > 1 else np.zeros((0, self.D, self.D))
         self.lat_rest, self.max_rest = full.lat_rest[first:], full.max_rest[first:]
         self._symmetry(problem)  # devices may be interchangeable on a suffix and not on the whole chain
@@ -86,9 +91,8 @@ class StageTables:
                 lat += t
                 st += t
                 mt = max(mt, t)
-            c = float(self.C[lo, hi, d])
-            lat += c
-            mc = max(mc, c)
+            lat += float(self.C[lo, hi, d])
+            mc = max(mc, float(self.Cmax[lo, hi, d]))
             prev = d
         return lat, mc, mt, st
 

@@ -201,13 +201,16 @@ def test_edgec_run_refuses_a_generative_build_in_one_line(tmp_path):
 @pytest.mark.parametrize("objective", quick_only(["latency", "throughput"], {"latency"}))
 def test_the_dp_per_first_device_is_exact_with_caches_and_the_tokens_way_back(tmp_path, objective):
     """Brute force over every split and device assignment, each priced by the problem of its first device
-    (the token returns to it), finds nothing better than the DP; a plan's price holds the token's transfer."""
+    (the token returns to it), finds nothing better than the DP; a plan's price holds the token's transfer,
+    and the riders (rotary tables, mask) as evaluate and the emitter route them: on this network a message
+    costs 2 ms, so a plan priced with the riders forwarded stage to stage is priced 3 messages per link high."""
     import math
 
     from edgec.compiler.cluster import load_cluster
     from edgec.compiler.driver import _price
     from edgec.compiler.plan.pipeline_coarse import solve_chain
-    from edgec.compiler.plan.pipeline_problem import first_device_problems, pipeline_problem
+    from edgec.compiler.cost import evaluate
+    from edgec.compiler.plan.pipeline_problem import first_device_problems, pipeline_problem, to_plan
     from pipeline_reference import brute_force
 
     path = tmp_path / "c.yaml"
@@ -227,3 +230,56 @@ def test_the_dp_per_first_device_is_exact_with_caches_and_the_tokens_way_back(tm
     token = cost.generate.token_ms(cost, last, first)
     assert token > 2  # the link's 2 ms latency and 8 bytes
     assert split.latency_ms == pytest.approx(problem.evaluate(split.stages).latency_ms + token)
+    # the price is evaluate's (what the emitter sends), for the best plan, and the bottleneck for the best 3-stage
+    # plans whose third stage reads the riders (the first stage sends them straight there, not through the
+    # second); their latency is a lower bound (the riders' arrival at the third stage is assumed not to be late)
+    graph, riders = phases.decode.graph, problem.riders
+    assert riders is not None and riders.ready(frozenset(range(len(riders.nbytes)))) > 1
+    best = min(every, key=lambda s: s.key(objective))
+    pred = evaluate(to_plan(best, "pipeline", objective, graph, problem), graph, cost)
+    assert (pred.latency_ms, pred.bottleneck_ms) == pytest.approx((best.latency_ms, best.bottleneck_ms), rel=1e-12)
+    reading = [s for s in every if len(s.stages) == 3 and riders.reads[:, s.stages[2].lo:s.stages[2].hi].any()]
+    for sol in sorted(reading, key=lambda s: s.key(objective))[:3]:
+        pred = evaluate(to_plan(sol, "pipeline", objective, graph, problem), graph, cost)
+        assert pred.bottleneck_ms == pytest.approx(sol.bottleneck_ms, rel=1e-12)
+        assert pred.latency_ms >= sol.latency_ms - 1e-9
+
+
+def test_the_dp_price_of_a_generative_plan_never_exceeds_its_evaluation(tmp_path):
+    """The DP's price of a plan (its best routing of the riders, their arrival assumed not late) is a bound of
+    `evaluate`'s, which the planner's search relies on (pipeline.py _plan_generative); on bench_generate's
+    cluster (1 ms a message), over plans of 2 to 5 stages whose first stage computes the riders and where no
+    other tensor skips a stage (a residual around a stage of a norm alone: priced forwarded, as in every build)."""
+    from edgec.compiler.cluster import load_cluster
+    from edgec.compiler.cost import evaluate
+    from edgec.compiler.cost.evaluate import crossing_tensors
+    from edgec.compiler.driver import _price
+    from edgec.compiler.plan.pipeline_problem import StageChoice, first_device_problems, pipeline_problem, to_plan
+
+    kinds = ["rpi5", "rpi5", "rpi4", "rpi4", "phone"]
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"devices": [{"name": f"{k}-{i}", "profile": k} for i, k in enumerate(kinds)],
+                                    "network": {"bandwidth_mbps": 100, "latency_ms": 1, "medium": "switched"}}))
+    phases = load_phases(TINYLM, GenerateOptions(max_context=512, prompt_len=64))
+    graph, cost = phases.decode.graph, _price(phases.decode, phases, load_cluster(path))
+    problem = pipeline_problem(graph, cost)
+    subs, B, ready = first_device_problems(problem, cost), problem.n_blocks, problem.riders.ready(frozenset(range(3)))
+    rng = np.random.default_rng(0)
+    below = tried = 0
+    while tried < 40:
+        n = int(rng.integers(2, 6))
+        cuts = sorted(rng.choice(np.arange(ready, B), n - 1, replace=False).tolist())
+        devs = rng.permutation(5)[:n].tolist()
+        bounds = [0, *cuts, B]
+        stages = tuple(StageChoice(bounds[i], bounds[i + 1], devs[i]) for i in range(n))
+        plan = to_plan(subs[devs[0]].evaluate(stages), "pipeline", "latency", graph, problem)
+        if any(b > a + 1 and t not in graph.riders for t, a, b in crossing_tensors(plan, graph)):
+            continue
+        tried += 1
+        for objective in ("latency", "throughput"):
+            sol = subs[devs[0]].evaluate(stages, objective)
+            pred = evaluate(to_plan(sol, "pipeline", objective, graph, problem), graph, cost)
+            assert sol.bottleneck_ms <= pred.bottleneck_ms * (1 + 1e-12)
+            assert sol.latency_ms <= pred.latency_ms * (1 + 1e-12)
+            below += sol.bottleneck_ms < pred.bottleneck_ms * (1 - 1e-9)
+    assert below < 40  # a bound that is mostly the price itself
