@@ -5,7 +5,7 @@ and whether `edgec profile` agrees with itself.
                                          [--repeat 10] [--warmup 5] [--rounds 5] [--models resnet50,...]
                                          [--two-models resnet50,...] [--baseline-profile OLD.yaml]
                                          [--testbed-mbps 100,1000] [--pairs 1] [--hetero-models squeezenet,...]
-                                         [--hetero-shares 0.9,0.45,0.25] [--hetero-mbps 1000] [--quick]
+                                         [--hetero-shares 0.9,0.45,0.25] [--hetero-mbps 1000] [--cpu-weight 5000] [--quick]
                                          [--folder DIR] [--json FILE]
 
 The default --parts is single,two,stability; testbed and hetero (as root) are asked for by name.
@@ -52,6 +52,7 @@ import fidelity_common  # tests/bench is sys.path[0] when run as a script
 from benchlib import recorded
 from fidelity_common import (NETWORK, WARMUP, cluster, loadavg, log, model_path, one_thread_figures, profile_host,
                              profile_load, top_level_only)
+from fidelity_part_hetero import CPU_WEIGHT as HETERO_CPU_WEIGHT
 from fidelity_part_hetero import MBPS as HETERO_MBPS
 from fidelity_part_hetero import MODELS as HETERO_MODELS
 from fidelity_part_hetero import QUICK_MODELS as HETERO_QUICK_MODELS
@@ -96,6 +97,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="part hetero: each device host's CPU share in cores (a CFS quota), comma-separated")
     ap.add_argument("--hetero-mbps", type=float, default=HETERO_MBPS,
                     help="part hetero: the device links' bandwidth (Mbps, switched)")
+    ap.add_argument("--cpu-weight", type=int, default=HETERO_CPU_WEIGHT, metavar="W",
+                    help="part hetero: every testbed host's CPU weight (1-10000; 0 leaves the kernel's), so that "
+                    "other jobs on a shared machine take less of the hosts' quotas")
     ap.add_argument("--quick", action="store_true", help="part hetero: profile the devices with `edgec profile "
                     "--quick` (noisier figures, minutes sooner) and default --hetero-models to tiny models")
     ap.add_argument("--folder", type=Path, help="work folder, kept (it grows to several GB: the builds and the "
@@ -116,6 +120,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.hetero_shares = parse_shares(args.hetero_shares, os.cpu_count() or 1)
     except ValueError as exc:
         ap.error(str(exc))
+    if not 0 <= args.cpu_weight <= 10_000:
+        ap.error(f"--cpu-weight {args.cpu_weight}: 0 (the kernel's) or from 1 to 10000")
     if not 0 < args.hetero_mbps <= netbed.MAX_MBPS:
         ap.error(f"--hetero-mbps {args.hetero_mbps:g}: must be in (0, {netbed.MAX_MBPS:g}]")
     default = HETERO_QUICK_MODELS if args.quick else HETERO_MODELS
@@ -216,7 +222,7 @@ def run_parts(args: argparse.Namespace, folder: Path) -> int:
         print(testbed_text(out["testbed"]))
     if "hetero" in args.parts:
         out["hetero"] = bench_hetero(args.hetero_models, folder, args.hetero_shares, args.hetero_mbps, args.repeat,
-                                     args.rounds, args.warmup, args.quick)
+                                     args.rounds, args.warmup, args.quick, args.cpu_weight or None)
         shares = ", ".join(f"{d} {s:g}" for d, s in out["hetero"].get("shares", {}).items())
         print(f"\n## Devices of different CPU shares on a network testbed ({shares or 'n/a'} cores, a worker at 1 "
               f"thread each, {args.hetero_mbps:g} Mbps switched; {args.rounds} rounds, medians)\n")

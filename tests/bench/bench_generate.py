@@ -197,10 +197,8 @@ def plan_markdown(r: dict) -> list[str]:
 def testbed_cluster(shares, a, folder: Path):
     """fidelity_hetero_cluster's HeteroCluster with every host at a heavy CPU weight, and devices of one share
     profiled once (the first of them), the others given its profile."""
-    from fidelity_hetero_cluster import COORDINATOR, HeteroCluster
-    from fidelity_testbed import burst_ms
+    from fidelity_hetero_cluster import HeteroCluster
     from tests import netbed
-    from tests.netbed import HostLimits, Testbed
 
     reason = netbed.unavailable_reason(limits=True)
     if reason:
@@ -211,13 +209,7 @@ def testbed_cluster(shares, a, folder: Path):
         __test__ = False
 
         def __init__(self):
-            super().__init__(list(shares), 100.0, folder, 0, a.quick)
-            weight = a.cpu_weight or None
-            limits = {d: HostLimits(cpus=s, cpu_weight=weight) for d, s in zip(self.devices, shares)}
-            if weight:
-                limits[COORDINATOR] = HostLimits(cpu_weight=weight)
-            self._tb = Testbed([COORDINATOR, *self.devices], 100.0, medium="switched", unshaped=[COORDINATOR],
-                               burst_ms=burst_ms(100.0), limits=limits)
+            super().__init__(list(shares), 100.0, folder, 0, a.quick, cpu_weight=a.cpu_weight or None)
 
         def _profile(self, device, share):
             for other, path in self.profiles.items():

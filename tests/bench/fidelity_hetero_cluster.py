@@ -3,7 +3,9 @@ own cgroup, with a worker in each (fidelity_part_hetero.py measures on it).
 
 The testbed: an unshaped coordinator host and one device host per share, dev-a, dev-b, ... (the largest share
 first), on a switched medium shaped to one bandwidth (tbf's bucket as part testbed's, fidelity_testbed.burst_ms).
-Each device host gets a CFS quota of its share (tests/netbed_limits.py, a 5 ms period) and no memory limit.
+Each device host gets a CFS quota of its share (tests/netbed_limits.py, a 5 ms period) and no memory limit; with
+`cpu_weight`, every host (the coordinator too) also gets that CPU weight, so that other jobs on a shared machine
+take less of the hosts' quotas (a quota caps a host; a weight is what it gets first when cores are contended).
 
 Profiles.  Each device is profiled with `edgec profile --threads 1` inside its host's cgroups (joined as its worker
 joins them, tests/netbed_limits.join_argv), one device after another so that no two profiles compete for this
@@ -75,12 +77,15 @@ class HeteroCluster(TestbedCluster):  # run() and worker_logs() as the testbed p
 
     __test__ = False
 
-    def __init__(self, shares: list[float], mbps: float, folder: Path, warmup: int, quick_profile: bool):
+    def __init__(self, shares: list[float], mbps: float, folder: Path, warmup: int, quick_profile: bool,
+                 cpu_weight: int | None = None):
         self.shares, self.mbps, self.folder, self.warmup, self.quick = shares, mbps, folder, warmup, quick_profile
         self.devices = device_names(shares)
+        limits = {d: HostLimits(cpus=s, cpu_weight=cpu_weight) for d, s in zip(self.devices, shares)}
+        if cpu_weight:
+            limits[COORDINATOR] = HostLimits(cpu_weight=cpu_weight)
         self._tb = Testbed([COORDINATOR, *self.devices], mbps, medium="switched", unshaped=[COORDINATOR],
-                           burst_ms=burst_ms(mbps),
-                           limits={d: HostLimits(cpus=s) for d, s in zip(self.devices, shares)})
+                           burst_ms=burst_ms(mbps), limits=limits)
         self.workers: dict = {}
         self.profiles: dict[str, Path] = {}
         self.profile_records: dict[str, dict] = {}

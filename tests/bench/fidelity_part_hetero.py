@@ -52,6 +52,7 @@ SHARES = (0.9, 0.45, 0.25)
 MODELS = ("squeezenet", "mobilenetv2", "resnet50", "transformer")
 QUICK_MODELS = ("tinyconv", "tinytransformer")
 MBPS = 1000.0
+CPU_WEIGHT = 5000  # every host before other jobs on a shared machine (tests/netbed_limits.py), as bench_serve
 COORDINATOR_CORES = 0.25  # what the shares must leave of this machine's cores for `edgec run` on the coordinator
 
 
@@ -203,7 +204,7 @@ def bench_hetero_model(tc: HeteroCluster, name: str, folder: Path, repeat: int, 
 
 
 def bench_hetero(names: list[str], folder: Path, shares: list[float], mbps: float, repeat: int, rounds: int,
-                 warmup: int, quick_profile: bool) -> dict:
+                 warmup: int, quick_profile: bool, cpu_weight: int | None = None) -> dict:
     """Every model on one testbed of devices of `shares`; not run (and said why) where it cannot be built."""
     reason = netbed.unavailable_reason("switched", limits=True)
     if reason is not None:
@@ -211,11 +212,11 @@ def bench_hetero(names: list[str], folder: Path, shares: list[float], mbps: floa
         return {"ran": False, "reason": reason}
     out: dict = {"ran": True, "mbps": mbps, "medium": "switched", "rounds": rounds, "shares": dict(
         zip(device_names(shares), shares)), "rows": [], "refused": [], "efficiency": [], "errors": [],
-        "profiles": {}, "loadavg_start": loadavg()}
+        "profiles": {}, "cpu_weight": cpu_weight, "loadavg_start": loadavg()}
     t0 = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="hetero-", dir=folder))
     try:
-        with HeteroCluster(shares, mbps, work, warmup, quick_profile) as tc:
+        with HeteroCluster(shares, mbps, work, warmup, quick_profile, cpu_weight) as tc:
             out["profiles"] = tc.profile_records
             for name in names:
                 try:
