@@ -152,6 +152,9 @@ class Profile:
     # The CPU quota (cores) the profile was measured under (`cpu_quota.cores`, read from the cgroup); None: none.
     # Its figures already follow the quota; the worker's messaging shares it too (cost/cpu_bounds.py quota_periods).
     cpu_quota_cores: float | None = None
+    # CPU ms a thread ran at full speed after idle before the quota's first stall (`cpu_quota.burst_ms`): a lone
+    # request's work up to it runs at full speed (cost/quota_burst.py); None: not measured.
+    cpu_quota_burst_ms: float | None = None
     radio_tx_nj_per_byte: float | None = None  # the network interface's energy per byte sent; None: unknown
     radio_rx_nj_per_byte: float | None = None  # ... per byte received
     modes: dict[str, Mode] = field(default_factory=dict, hash=False, repr=False)  # power modes besides the top level's
@@ -283,6 +286,7 @@ def validate_profile_dict(data: Any, path: str) -> Profile:
         # Informational: kept as written (the schema checked its shape), for the tools that read it.
         measurement=data["measurement"] if doc.measurement is not None else {},
         cpu_quota_cores=doc.cpu_quota.cores if doc.cpu_quota is not None and doc.cpu_quota.read else None,
+        cpu_quota_burst_ms=doc.cpu_quota.burst_ms if doc.cpu_quota is not None and doc.cpu_quota.read else None,
         runtime=NO_RUNTIME_FIGURES if doc.runtime is None else RuntimeFigures(
             doc.runtime.message_ms, doc.runtime.message_ms_per_mb, doc.runtime.request_ms,
             doc.runtime.message_cpu_ms, doc.runtime.message_cpu_ms_per_mb, doc.runtime.request_cpu_ms,

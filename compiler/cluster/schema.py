@@ -228,14 +228,15 @@ class MemoryDriftDoc(_Doc):
 
 class CpuQuotaDoc(_Doc):
     """The CPU share `edgec profile` saw (runtime/profile/quota.py): the cgroup's CFS quota, read, and a spinning
-    thread's share, measured; at a thread count above it, the length of each timing's samples. Informational:
-    the figures already follow the share."""
+    thread's share, measured; at a thread count above it, the length of each timing's samples. The figures
+    already follow the share; `burst_ms` times lone requests (compiler/cost/quota_burst.py)."""
 
     cores: Positive | None = None  # quota / period; None: no quota, or none readable
     period_us: Count | None = None
     source: str = ""  # where the quota was read, or why it could not be
     read: bool = True  # whether the cgroup files were read
     measured_share: NonNegative | None = None  # CPU time / wall time of a spinning thread
+    burst_ms: NonNegative | None = None  # CPU ms a thread ran at full speed after idle before its first stall
     sample_ms: Annotated[dict[ThreadKey, Positive],
                          Field(min_length=1, description="a non-empty mapping of thread counts")] | None = None
 

@@ -14,6 +14,7 @@ from .order import Message, better, order_bursts, order_stage
 from .table import CostTable
 from .stage_timeline import predict_stage
 from .cpu_bounds import host_periods, quota_periods, request_costs, streaming_weights
+from .quota_burst import lone_stage_ms
 
 __all__ = ["Transfer", "Event", "Prediction", "Hop", "crossing_tensors", "tensor_hops", "evaluate"]
 
@@ -194,6 +195,10 @@ def evaluate(plan: Plan, graph: LayerGraph, cost: CostTable, contention_order: b
     bottleneck is the same max(stage compute, transfers); on a machine it shares with another device of
     the plan, its weights' streaming beside that one comes on top (`streaming_weights`; the DP leaves it
     out, as it leaves out the host bound).
+    The latency is of lone inputs one after another (as `edgec run --inflight 1` measures): a device profiled
+    under a CPU quota computes a lone input at full speed while its burst lasts (quota_burst.py `lone_stage_ms`:
+    the timeline's compute), and the inputs follow each other no faster than its period (its `quota_periods`),
+    so the latency is at least that.
     The runtime's per-request cost (the profiles' `runtime.request_ms`; network.py request_in_ms and
     request_out_ms) delays the first stage of a device that reads a model input (once its other inputs
     are there) and follows the sends of the first stage of a device that gives a model output.
@@ -215,6 +220,7 @@ def evaluate(plan: Plan, graph: LayerGraph, cost: CostTable, contention_order: b
                 spatial[k]["order"] = order
     stage_ms = tuple(spatial[k]["latency_ms"] if k in spatial else float(cost.layer_ms[s.lo:s.hi, cost.index(s.device)].sum())
                      for k, s in enumerate(plan.stages))
+    stage_ms = _Times(stage_ms, lone_stage_ms(plan, cost, stage_ms, spatial))
     pred = _route(plan, graph, cost, spatial, stage_ms)
     if contention_order:
         pred = _ordered_bursts(plan, graph, cost, spatial, stage_ms, pred)
@@ -223,13 +229,26 @@ def evaluate(plan: Plan, graph: LayerGraph, cost: CostTable, contention_order: b
     return with_energy(pred, cost)
 
 
+class _Times(tuple):
+    """Per stage, its compute priced at the device's figures (the tuple: what holds the device while inputs
+    stream) and, as `lone`, in a lone request's timeline (quota_burst.py: a quota'd device's burst)."""
+
+    lone: tuple[float, ...]
+
+    def __new__(cls, ms: tuple[float, ...], lone: tuple[float, ...]) -> "_Times":
+        out = super().__new__(cls, ms)
+        out.lone = lone
+        return out
+
+
 def _per_token(plan: Plan, cost: CostTable, step: Prediction) -> Prediction:
     """A generative build's decode step `step` as per-token figures: the last stage sends the token id to
     the first (generate.py token_ms) and the sequence's next step starts when it arrives, so
     tpot = the step's latency + that transfer; the last stage's device is held until it has sent it, so with
     sequences in flight (as many as the stages keep busy) a token leaves every bottleneck_ms:
     tokens_per_s = 1000 / bottleneck. ttft = the prefill of prompt_len tokens through the same stages
-    (its last stage chooses the first token). latency_ms, bottleneck_ms and throughput_ips become the per-token
+    (its last stage chooses the first token). A step's latency is at least every quota'd device's period
+    (_predict), the last one's with the token's send. latency_ms, bottleneck_ms and throughput_ips become the per-token
     figures, so that every planner and the choice among them compare plans by them."""
     gen = cost.generate
     first, last = plan.stages[0].device, plan.stages[-1].device
@@ -239,6 +258,8 @@ def _per_token(plan: Plan, cost: CostTable, step: Prediction) -> Prediction:
     bottleneck = max(step.bottleneck_ms, period[last])
     prefill = evaluate(plan, gen.prefill_graph, gen.prefill)
     tpot = step.latency_ms + token
+    if any(d.name == last and d.host is None and d.profile.cpu_quota_cores is not None for d in cost.cluster.devices):
+        tpot = max(tpot, period[last])  # one sequence's steps follow each other no faster than its quota lets
     figures = {"tpot_ms": tpot, "tokens_per_s": 1000.0 / bottleneck if bottleneck > 0 else float("inf"),
                "ttft_ms": prefill.latency_ms, "token_ms": token, "priced_past": gen.priced_past,
                "prompt_len": gen.prompt_len, "max_context": gen.max_context}
@@ -314,16 +335,17 @@ def _predict(plan: Plan, graph: LayerGraph, cost: CostTable, spatial: dict, stag
         key = frozenset(["*"]) if cost.cluster.medium == "shared" else frozenset([tr.src, tr.dst])
         links[key] = links.get(key, 0.0) + tr.ms
     hosts = host_periods(plan, graph, cost, streaming, transfers)
-    for dev, ms in quota_periods(plan, graph, cost, streaming, transfers).items():
+    quotas = quota_periods(plan, graph, cost, streaming, transfers)
+    for dev, ms in quotas.items():
         period[dev] = max(period[dev], ms)
     coordinator = sum(flow.req_in.values()) + sum(flow.req_out.values())
     bottleneck = max([*period.values(), *links.values(), *hosts.values(), coordinator])
     return Prediction(
-        latency_ms=_latency(finish, done),
+        latency_ms=max([_latency(finish, done), *quotas.values()]),
         throughput_ips=1000.0 / bottleneck if bottleneck > 0 else float("inf"),
         bottleneck_ms=bottleneck,
         busy_ms=busy,
-        stage_ms=stage_ms,
+        stage_ms=tuple(stage_ms),
         transfers=transfers,
         timeline=tuple(events),
         tile_ms={(k, seg, t): ms for k, sp in spatial.items() for (seg, t), ms in sp["tile_ms"].items()},
@@ -351,7 +373,7 @@ class _Flow:
     (`_ordered_bursts`, which replays it once per candidate) time it here, so they agree to the bit."""
 
     def __init__(self, plan: Plan, graph: LayerGraph, cost: CostTable, stage_ms: tuple[float, ...], hops: list[Hop]):
-        self.plan, self.stage_ms = plan, stage_ms
+        self.plan, self.stage_ms = plan, getattr(stage_ms, "lone", stage_ms)  # a lone input's compute
         self.shared = cost.cluster.medium == "shared"
         self.transfers = tuple(
             Transfer(t, plan.stages[a].device, plan.stages[b].device,

@@ -123,6 +123,7 @@ MEANINGS = {
     "CpuQuotaDoc.source": "where the quota was read, or why it could not be",
     "CpuQuotaDoc.read": "whether the cgroup files were read (else the measured share decides)",
     "CpuQuotaDoc.measured_share": "the share of a core a spinning thread got (CPU time / wall time)",
+    "CpuQuotaDoc.burst_ms": "CPU ms a thread ran at full speed after idle before the quota's first stall (median of trials); the compiler times a lone request's work up to it at full speed; null: not measured",
     "CpuQuotaDoc.sample_ms": "per thread count above the share: each sample's length, spanning many periods",
     "MemoryDriftDoc.first_gbps": "rate over the first half of the rounds",
     "MemoryDriftDoc.second_gbps": "rate over the second half",

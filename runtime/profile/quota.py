@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CpuQuota", "read_cgroup_quota", "spin_share", "see_quota", "SAMPLE_PERIODS", "LIMITED",
+__all__ = ["CpuQuota", "read_cgroup_quota", "spin_share", "see_quota", "burst", "SAMPLE_PERIODS", "LIMITED",
            "UNKNOWN_PERIOD_SAMPLE_S", "MAX_SAMPLE_S", "parse_cgroups", "parse_mountinfo"]
 
 SAMPLE_PERIODS = 10  # periods per sample: a sample's CPU then lies within a tenth of its share's
@@ -34,6 +34,10 @@ MAX_SAMPLE_S = 0.25  # at the kernel's default period (100 ms) samples span 2.5 
 UNKNOWN_PERIOD_SAMPLE_S = 0.05  # 10 periods of 5 ms (the testbed's), half of the kernel's default 100 ms
 LIMITED = 0.9  # a spinning thread that gets less of a core than this is limited (when no quota file says so)
 SPIN_S = {False: 0.5, True: 0.25}  # the share's spin (quick: shorter)
+BURST_TRIALS = {False: 9, True: 5}  # the burst probe's trials (median)
+BURST_IDLE_PERIODS = 4  # each trial starts after this many periods asleep (the kernel's 100 ms when unknown)
+BURST_MAX_PERIODS = 8  # a trial spins at most this many periods' quota of CPU before it gives up on a stall
+STALL_MS = 0.25  # a gap in a spinning thread's clock this long is a stall (a time slice elsewhere is shorter here)
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,7 @@ class CpuQuota:
     source: str
     measured_share: float | None
     read: bool = True  # the cgroup files were read (then they decide, and the measured share is recorded only)
+    burst_ms: float | None = None  # CPU ms a thread ran at full speed after idle before its first stall (`burst`)
 
     def sample_s(self, threads: int) -> float | None:
         """How long each sample of a timing at `threads` intra-op threads must last to follow the share (None:
@@ -64,13 +69,15 @@ class CpuQuota:
         return {"cores": None if self.cores is None else round(self.cores, 4), "period_us": self.period_us,
                 "source": self.source, "read": self.read,
                 "measured_share": None if self.measured_share is None else round(self.measured_share, 3),
+                "burst_ms": None if self.burst_ms is None else round(self.burst_ms, 3),
                 "sample_ms": {n: round(s * 1e3, 3) for n, s in samples.items() if s is not None} or None}
 
     def said(self) -> str:
         quota = "no CPU quota" if self.cores is None else \
             f"a CPU quota of {self.cores:g} cores ({self.period_us} us period)"
         share = "" if self.measured_share is None else f", a spinning thread got {self.measured_share:.2f} of a core"
-        return f"{quota} ({self.source}){share}"
+        burst = "" if self.burst_ms is None else f", {self.burst_ms:.2f} ms at full speed after idle"
+        return f"{quota} ({self.source}){share}{burst}"
 
 
 def parse_cgroups(text: str) -> dict[str, str]:
@@ -169,7 +176,43 @@ def spin_share(seconds: float) -> float | None:
     return share if math.isfinite(share) else None
 
 
+def burst(period_us: int | None, trials: int, stall_ms: float = STALL_MS) -> float | None:
+    """The CPU ms a thread runs at full speed, after idle, before the quota's first stall: the median over `trials`
+    of (sleep BURST_IDLE_PERIODS periods, then spin until the thread's clock jumps by `stall_ms` or more, counting
+    the CPU time spun until then).  None where no trial stalled within BURST_MAX_PERIODS periods' worth of CPU (or
+    a thread's CPU time cannot be read).
+
+    Why it is measured: a quota is a budget of CPU per period, and a run that starts after idle spends the
+    budget at full speed before its first stall; the kernel's per-CPU slices can hold up to about one more
+    quota from an earlier period (tests/netbed_limits.py measured about two quotas).  A lone request whose
+    work on a device fits that burst takes its full-speed time, not its time at the share: the cost model
+    times lone requests with it (cost/quota_burst.py), where the figures, which follow the share, time streams."""
+    period_s = (period_us or 100_000) / 1e6
+    found: list[float] = []
+    try:
+        for _ in range(trials):
+            time.sleep(BURST_IDLE_PERIODS * period_s)
+            limit = BURST_MAX_PERIODS * period_s
+            c0 = time.thread_time()
+            prev = t0 = time.perf_counter()
+            while True:
+                now = time.perf_counter()
+                if now - prev >= stall_ms / 1e3:
+                    found.append((time.thread_time() - c0) * 1e3)
+                    break
+                prev = now
+                if now - t0 > limit:
+                    break
+    except (AttributeError, OSError):
+        return None
+    if len(found) * 2 <= trials:  # most trials never stalled: no quota bites a single thread here
+        return None
+    return float(sorted(found)[len(found) // 2])
+
+
 def see_quota(quick: bool) -> CpuQuota:
-    """The quota read, and the share measured."""
+    """The quota read, the share measured, and (where either says one thread is limited) its burst."""
     cores, period, where, read = read_cgroup_quota()
-    return CpuQuota(cores, period, where, spin_share(SPIN_S[quick]), read)
+    share = spin_share(SPIN_S[quick])
+    limited = (cores is not None and cores < 1) or (not read and share is not None and share < LIMITED)
+    return CpuQuota(cores, period, where, share, read, burst(period, BURST_TRIALS[quick]) if limited else None)

@@ -22,10 +22,12 @@ FIG = {"op_overhead_us": 10.0, "gflops": {"conv": 2.0, "depthwise_conv": 1.0, "g
 RUNTIME = {"message_ms": 0.4, "message_ms_per_mb": 2.0, "request_ms": 1.0}
 
 
-def write(tmp_path, hosts=None, device_hosts=("box", "box"), threads=(1, 1), runtime=True, name="c.yaml", quota=None):
+def write(tmp_path, hosts=None, device_hosts=("box", "box"), threads=(1, 1), runtime=True, name="c.yaml", quota=None,
+          burst=None):
     prof = {"name": "p", "memory_mb": 4096, "usable_memory_fraction": 0.75, "runtime_overhead_mb": 50, **FIG,
             **({"runtime": RUNTIME} if runtime else {}),
-            **({"cpu_quota": {"cores": quota, "period_us": 5000, "source": "cgroup v1"}} if quota else {})}
+            **({"cpu_quota": {"cores": quota, "period_us": 5000, "source": "cgroup v1", "burst_ms": burst}}
+               if quota else {})}
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(prof))
     devices = []
     for i, (h, t) in enumerate(zip(device_hosts, threads)):
@@ -274,7 +276,43 @@ def test_a_quota_bounds_a_devices_period_by_its_compute_and_messaging_work(chain
     assert limited.period_ms == {"d0": pytest.approx(d0), "d1": pytest.approx(d1)}
     assert limited.bottleneck_ms == pytest.approx(max(d0, d1, *[v for v in free.period_ms.values()]))
     assert free.period_ms == free.busy_ms  # without a quota, a pipeline stage's period is its compute
-    assert limited.latency_ms == free.latency_ms  # the bound is on throughput only
+    assert limited.latency_ms == free.latency_ms  # lone inputs one after another: no device's period is longer
     # a device sharing a machine (hosts:) is bounded by the machine's cores instead
     _, shared = predict(chain, write(tmp_path, hosts={"box": {"cores": 1}}, quota=0.4, name="qh.yaml"))
     assert shared.period_ms == shared.busy_ms and shared.host_ms
+
+
+def compute_ms(pred, device):
+    (ev,) = [e for e in pred.timeline if e.kind == "compute" and e.device == device]
+    return ev.end_ms - ev.start_ms
+
+
+def test_a_lone_input_runs_a_quotad_devices_burst_at_full_speed(chain, tmp_path):
+    """A device profiled under a quota with a measured burst (cpu_quota.burst_ms, CPU ms at full speed after
+    idle): a lone input's compute there runs its first burst_ms of CPU at full speed and the rest at the share
+    (cost/quota_burst.py); throughput and periods stay as without the burst; and inputs one after another
+    follow each other no faster than any quota'd device's period, so the latency is at least that."""
+    _, slow = predict(chain, write(tmp_path, device_hosts=(None, None), quota=0.4, name="q.yaml"))
+    d0, d1 = slow.busy_ms["d0"], slow.busy_ms["d1"]  # at the share: CPU = 0.4 x these, at 1 thread
+    burst = 0.4 * d0 / 2  # half of d0's CPU
+    _, part = predict(chain, write(tmp_path, device_hosts=(None, None), quota=0.4, burst=burst, name="b.yaml"))
+    assert compute_ms(part, "d0") == pytest.approx(burst + (0.4 * d0 - burst) / 0.4)
+    assert compute_ms(part, "d1") == pytest.approx(burst + (0.4 * d1 - burst) / 0.4)
+    saved = (d0 - compute_ms(part, "d0")) + (d1 - compute_ms(part, "d1"))
+    assert part.latency_ms == pytest.approx(slow.latency_ms - saved)
+    assert part.period_ms == slow.period_ms and part.throughput_ips == slow.throughput_ips
+    assert part.stage_ms == slow.stage_ms  # the fragments' compute, which the emulator pads runs to
+    # a burst longer than all of it: full speed, and the latency is the longest quota'd period
+    _, fast = predict(chain, write(tmp_path, device_hosts=(None, None), quota=0.4, burst=1e3, name="f.yaml"))
+    assert compute_ms(fast, "d0") == pytest.approx(0.4 * d0)
+    timeline = slow.latency_ms - 0.6 * (d0 + d1)  # the lone input's path, at full speed
+    assert fast.latency_ms == pytest.approx(max(timeline, *fast.period_ms.values()))
+    # one device: its whole request in a burst is faster than it can take requests one after another
+    cost = build_cost_table(chain.graph, load_cluster(tmp_path / "f.yaml"), chain.sha256)
+    one = evaluate(Plan("manual", "latency", (Stage("d0", 0, len(chain.graph.layers)),)).ensures(chain.graph),
+                   chain.graph, cost)
+    assert one.latency_ms == one.period_ms["d0"] > compute_ms(one, "d0") + cost.network.request_in_ms(
+        "d0", sum(chain.graph.tensors[t].nbytes for t in chain.graph.inputs))
+    # without a quota the burst is not read
+    _, free = predict(chain, write(tmp_path, device_hosts=(None, None)))
+    assert compute_ms(free, "d0") == free.busy_ms["d0"]

@@ -60,6 +60,10 @@ def test_a_quarter_core_profiles_about_three_and_a_half_times_slower_than_nine_t
         assert quota["read"] is True and quota["cores"] == pytest.approx(cpus, rel=0.01), quota
         assert quota["period_us"] == netbed_limits.PERIOD_US and quota["sample_ms"] == {1: 50.0}, quota
         assert f"CPU quota {cpus:.3g} cores" in got["profile"].description
+        # the burst probe: CPU a thread runs at full speed after idle before the first stall (quota.burst)
+        quota_ms = cpus * netbed_limits.PERIOD_US / 1e3
+        assert quota["burst_ms"] is not None and quota_ms / 2 <= quota["burst_ms"] <= 8 * quota_ms / cpus, quota
+        assert got["profile"].cpu_quota_burst_ms == quota["burst_ms"]
     slow, fast = (seen[c]["profile"].figures(1).gflops for c in SHARES)
     ratios = {k: fast[k] / slow[k] for k in RATES}
     if any(seen[c]["verdict"] != "quiet" for c in SHARES):  # the quotas are recorded; the ratio needs them met
