@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import heapq
+import itertools
 from dataclasses import dataclass, field, replace
 
 from ..graph import LayerGraph
@@ -281,20 +282,37 @@ def _ordered_bursts(plan: Plan, graph: LayerGraph, cost: CostTable, spatial: dic
     return trial if better(trial.latency_ms, trial.bottleneck_ms, fixed.latency_ms, fixed.bottleneck_ms) else fixed
 
 
+EVERY_ROUTING = 4  # up to this many tensors skipping a stage, `_route` tries every set of them sent direct
+
+
 def _route(plan: Plan, graph: LayerGraph, cost: CostTable, spatial: dict, stage_ms: tuple[float, ...]) -> Prediction:
     """The prediction with the best routes: starting from every tensor forwarded (the pipeline planner's
     price), each tensor that skips a stage, in (producer, name) order, goes direct when that is no worse
-    under the plan's objective (ties go direct: fewer messages). Never worse than all forwarded."""
+    under the plan's objective (ties go direct: fewer messages). Never worse than all forwarded. Where at
+    most EVERY_ROUTING tensors skip a stage, every other set of them sent direct is tried too, and taken
+    when strictly better: so every routing the pipeline planner prices (a decoder's riders, pipeline_riders.py)
+    is tried, and its price is never below this one."""
     def key(pred: Prediction) -> tuple[float, float]:
         main = (pred.latency_ms, pred.bottleneck_ms)
         return main[::-1] if plan.objective == "throughput" else main  # energy: its idle share falls with latency
 
     direct: frozenset[str] = frozenset()
     best = _predict(plan, graph, cost, spatial, stage_ms, tensor_hops(plan, graph, direct))
-    for t in _skipping(plan, graph):
+    skipping = _skipping(plan, graph)
+    tried = {direct}
+    for t in skipping:
+        tried.add(direct | {t})
         trial = _predict(plan, graph, cost, spatial, stage_ms, tensor_hops(plan, graph, direct | {t}))
         if key(trial) <= key(best):
             direct, best = direct | {t}, trial
+    if len(skipping) <= EVERY_ROUTING:
+        for n in range(1, len(skipping) + 1):
+            for combo in itertools.combinations(skipping, n):
+                if frozenset(combo) in tried:
+                    continue
+                trial = _predict(plan, graph, cost, spatial, stage_ms, tensor_hops(plan, graph, frozenset(combo)))
+                if key(trial) < key(best):
+                    best = trial
     return best
 
 
