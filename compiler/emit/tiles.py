@@ -10,6 +10,7 @@ from onnx import helper, numpy_helper
 
 from ..graph import LayerGraph, Window
 from ..layers import node_inputs
+from ..names import fresh
 from ..spatial.ops import SliceWindow, Transposed, Upsample, transposed_attrs
 from ..spatial.regions import tile_pads, window_position
 from ..spatial.tiles import Geometry
@@ -37,12 +38,7 @@ class _Builder:
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
 
     def fresh(self, base: str) -> str:
-        name, n = base, 0
-        while name in self.taken:
-            n += 1
-            name = f"{base}~{n}"
-        self.taken.add(name)
-        return name
+        return fresh(base, self.taken, "~")
 
     def slice(self, src: str, tensor: str, cut: tuple[tuple[int, int, int], ...], label: str) -> str:
         """The ranges `cut` ((axis, start, stop), relative to what `src` holds) of an activation, one

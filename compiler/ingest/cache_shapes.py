@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ..names import fresh
 from .state import DimRoles, StatePair, input_dims
 
 __all__ = ["detach_cache_shapes"]
@@ -127,13 +128,7 @@ class _Rewrite:
         return name
 
     def _name(self, stem: str) -> str:
-        base = f"{PREFIX}/{stem}"
-        name, i = base, 0
-        while name in self.taken:
-            i += 1
-            name = f"{base}_{i}"
-        self.taken.add(name)
-        return name
+        return fresh(f"{PREFIX}/{stem}", self.taken)
 
 
 def _clamp(i: int, rank: int) -> int:

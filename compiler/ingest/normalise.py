@@ -13,6 +13,7 @@ from onnx import helper, shape_inference
 
 from ..errors import UserError
 from ..layers import node_inputs, np_dtype
+from ..names import fresh
 from .protos import message, name_nodes
 
 __all__ = ["normalise"]
@@ -204,17 +205,9 @@ def _constant_outputs_as_identities(graph: onnx.GraphProto) -> None:
     for name in dict.fromkeys(o.name for o in graph.output):
         if name not in inits or name in produced:
             continue
-        inits[name].name = new = _fresh(f"{name}.const", taken)
+        inits[name].name = new = fresh(f"{name}.const", taken, "")
         _rename_reads(graph.node, name, new)
-        graph.node.append(helper.make_node("Identity", [new], [name], name=_fresh(f"{name}.output", taken)))
-
-
-def _fresh(base: str, taken: set[str]) -> str:
-    name, k = base, 1
-    while name in taken:
-        name, k = f"{base}{k}", k + 1
-    taken.add(name)
-    return name
+        graph.node.append(helper.make_node("Identity", [new], [name], name=fresh(f"{name}.output", taken, "")))
 
 
 def _rename_reads(nodes, old: str, new: str) -> None:
@@ -252,8 +245,8 @@ def _one_reader_per_dequantize(graph: onnx.GraphProto) -> None:
         for reader in readers.get(node.output[0], [])[1:]:
             copy = onnx.NodeProto()
             copy.CopyFrom(node)
-            copy.name = _fresh(f"{node.name}.{reader.name}", taken)
-            copy.output[0] = _fresh(f"{node.output[0]}.{reader.name}", taken)
+            copy.name = fresh(f"{node.name}.{reader.name}", taken, "")
+            copy.output[0] = fresh(f"{node.output[0]}.{reader.name}", taken, "")
             for k, name in enumerate(reader.input):
                 if name == node.output[0]:
                     reader.input[k] = copy.output[0]
