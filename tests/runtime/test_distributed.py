@@ -111,6 +111,16 @@ class Worker:
             self.proc.stdout.close()
 
 
+def killable_workers(folder: Path, names: list[str], *args: str):
+    """A generator for a fixture: an `edgec worker` per name on loopback (dict name -> Worker); at teardown
+    every one is stopped, and those the test did not kill must have stopped cleanly on SIGTERM (exit 0)."""
+    started = {name: Worker(folder / name, *args) for name in names}
+    yield started
+    killed = {name for name, w in started.items() if w.proc.poll() is not None}
+    codes = {name: w.stop() for name, w in started.items()}
+    assert all(codes[name] == 0 for name in started if name not in killed), codes
+
+
 @pytest.fixture
 def start_worker(tmp_path):
     started: list[Worker] = []

@@ -25,7 +25,7 @@ from edgec.runtime.coordinator.pool import WorkerPool
 from edgec.runtime.errors import InputError
 from edgec.runtime.coordinator.inputs import random_inputs
 from edgec.runtime.manifest.load import load_manifest
-from tests.runtime.test_distributed import REPO, Worker
+from tests.runtime.test_distributed import REPO, killable_workers
 
 MODELS = Path(os.environ["EDGEC_MODELS_DIR"])
 DEVICES = ["pi5-a", "pi5-b", "pi5-c"]
@@ -65,11 +65,7 @@ def plain_build(tmp_path_factory) -> Path:
 @pytest.fixture
 def workers(tmp_path):
     """An `edgec worker` per device on loopback; those the test did not kill must stop cleanly on SIGTERM."""
-    started = {name: Worker(tmp_path / name, "--threads", "1") for name in DEVICES}
-    yield started
-    killed = {name for name, w in started.items() if w.proc.poll() is not None}
-    codes = {name: w.stop() for name, w in started.items()}
-    assert all(codes[name] == 0 for name in started if name not in killed), codes
+    yield from killable_workers(tmp_path, DEVICES, "--threads", "1")
 
 
 def _addresses(workers) -> list[str]:

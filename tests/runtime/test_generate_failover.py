@@ -27,7 +27,7 @@ from edgec.runtime.generate.api import check_fits
 from edgec.runtime.generate.failover import Failover
 from edgec.runtime.generate.loop import Sequence, decode, schedule
 from edgec.runtime.manifest.load import load_manifest
-from tests.runtime.test_distributed import Worker
+from tests.runtime.test_distributed import killable_workers
 from tests.runtime.test_generate_run import MAX_CONTEXT, NEW, OTHER, PROMPT, REPO, TINYLM, whole_model_tokens
 
 DEVICES = ["pi5-a", "pi5-b", "pi5-c"]
@@ -71,11 +71,7 @@ def whole() -> dict[tuple[int, ...], list[int]]:
 @pytest.fixture
 def workers(tmp_path):
     """An `edgec worker` per device on loopback; those the test did not kill must stop cleanly."""
-    started = {name: Worker(tmp_path / name, "--threads", "1") for name in DEVICES}
-    yield started
-    killed = {name for name, w in started.items() if w.proc.poll() is not None}
-    codes = {name: w.stop() for name, w in started.items()}
-    assert all(codes[name] == 0 for name in started if name not in killed), codes
+    yield from killable_workers(tmp_path, DEVICES, "--threads", "1")
 
 
 def _kill_after(workers, victim: str, count: int):
