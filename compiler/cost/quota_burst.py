@@ -16,6 +16,10 @@ any quota'd device's period (its compute and messaging at the share, cpu_bounds.
 latency of requests one after another (what `edgec run --inflight 1` and a generation of one sequence see) is
 at least that period.  Throughput is unchanged: streaming, the budget is spent as fast as it comes.
 
+The planners' DPs price every stage at the share (an upper bound of a lone request's compute there), and
+evaluate, which ranks their best plans, times the burst; so on such devices a latency plan is the best of
+the DP's top plans as evaluate times them, and the generative planner reports its plans as not exact.
+
 Approximations: a device's messaging (ZeroMQ's encryption and copies, inside the same quota) is not drawn from
 its burst; a spatial stage's tiles are timed at the share; a device of t threads (its `threads`, 1 when unset)
 runs its burst on t cores at once.

@@ -39,7 +39,7 @@ KEYS = {
         "planning": "per planner: `{strategy, seconds, group, work, detail}`; `work` counts `labels`, `nodes`, "
                     "`states`, `plans` (independent of `--jobs`); the pipeline planner's `detail` has `exact` (its "
                     "plans are the exact best) and, when false, `optimality_gap` (its best plan's objective over a "
-                    "lower bound, minus one)",
+                    "lower bound, minus one) or `inexact` (why no bound is known)",
         "fallbacks": "with `--fallbacks`: `[{without, manifest, sha256, error?}]`",
         "alternatives": "with `--keep`/`--shifts`: each alternative build's manifest, strategy, predictions, `variant`",
         "alternatives_missing": "how many of `--keep N` the frontier could not supply",
