@@ -283,3 +283,28 @@ def test_the_dp_price_of_a_generative_plan_never_exceeds_its_evaluation(tmp_path
             assert sol.latency_ms <= pred.latency_ms * (1 + 1e-12)
             below += sol.bottleneck_ms < pred.bottleneck_ms * (1 - 1e-9)
     assert below < 40  # a bound that is mostly the price itself
+
+
+def test_quota_bursts_shorten_one_sequence_and_the_dp_says_it_is_no_bound(tmp_path):
+    """Devices profiled under a CPU quota with a burst (cpu_quota.burst_ms): one sequence's steps run their
+    first burst_ms of CPU per device at full speed (cost/quota_burst.py), so the TPOT is below the same
+    devices' without a burst, the throughput the same; and the generative planner, whose DP prices the steps
+    at the share, reports its latency plans as not exact, saying why."""
+    base = yaml.safe_load((Path(__file__).resolve().parents[2] / "profiles" / "rpi5.yaml").read_text())
+    summaries = {}
+    for burst in (None, 3.5):
+        prof = dict(base, cpu_quota={"cores": 0.35, "period_us": 5000, "source": "cgroup v1", "read": True,
+                                     **({"burst_ms": burst} if burst else {})})
+        (tmp_path / f"q{burst}.yaml").write_text(yaml.safe_dump(prof))
+        cluster = tmp_path / f"c{burst}.yaml"
+        cluster.write_text(yaml.safe_dump({"devices": [{"name": f"d{i}", "profile": f"q{burst}.yaml", "threads": 1}
+                                                       for i in range(3)],
+                                           "network": {"bandwidth_mbps": 100, "latency_ms": 1, "medium": "switched"}}))
+        summaries[burst] = compile_api(TINYLM, cluster, tmp_path / f"out{burst}", strategy="pipeline", generate=True,
+                                       max_context=128, prompt_len=16, objective="latency")
+    slow, fast = summaries[None], summaries[3.5]
+    assert fast["predicted_tpot_ms"] < slow["predicted_tpot_ms"]
+    (plan,) = [p for p in fast["planning"] if p["strategy"] == "pipeline"]
+    assert plan["detail"]["exact"] is False and "burst" in plan["detail"]["inexact"]
+    (plan,) = [p for p in slow["planning"] if p["strategy"] == "pipeline"]
+    assert plan["detail"]["exact"] is True
