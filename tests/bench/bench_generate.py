@@ -310,7 +310,7 @@ def measure_markdown(r: dict) -> list[str]:
 
 
 def part_inflight(a, folder: Path) -> dict:
-    name = a.inflight_model or ("tinylm" if a.quick else a.model)
+    name = a.inflight_model
     prompt, new = lengths(a) if name == "tinylm" else INFLIGHT_LENGTHS
     model = model_path(name, a.models_dir)
     rows = []
@@ -381,12 +381,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", dest="json_file")
     a = p.parse_args(argv)
     a.model = a.model or ("tinylm" if a.quick else "lm500m")
+    a.inflight_model = a.inflight_model or ("tinylm" if a.quick else a.model)
     if not 1 <= a.prompt_len < a.max_context:
         p.error(f"--prompt-len {a.prompt_len} and --max-context {a.max_context}: need 1 <= prompt-len < max-context")
     parts = [x.strip() for x in a.parts.split(",") if x.strip()]
     unknown = [x for x in parts if x not in PARTS]
     if unknown or not parts:
         p.error(f"--parts: unknown {', '.join(unknown) or '(none)'}; choose from {', '.join(PARTS)}")
+    needs = {"plan": [a.model], "measure": ["tinylm"] + [a.model] * a.measure_model,
+             "inflight": [a.inflight_model]}
+    try:  # every model the parts run, before any part profiles for minutes
+        for name in parts:
+            for model in needs[name]:
+                model_path(model, a.models_dir)
+    except Unavailable as exc:
+        log(f"bench_generate: {exc}")
+        return 2
     results, lines, checks = {}, [f"# bench_generate{' --quick' * a.quick} (load average {loadavg()})"], []
     with tempfile.TemporaryDirectory(prefix="bench-generate-") as tmp:
         for name in parts:

@@ -210,7 +210,7 @@ class _Tee(io.TextIOBase):
 def recorded(main: Callable[[], int | None]) -> int | None:
     """Run a bench script's main with its stdout (where it prints its markdown tables) also kept, then
     write_results with what it printed once main returns (a missed target included: its exit code is kept;
-    not after an exception).  Each bench_*.py ends `sys.exit(recorded(main))`."""
+    not after an exception, nor on exit 2, a bench's "cannot run here").  Each bench_*.py ends `sys.exit(recorded(main))`."""
     bench = Path(sys.argv[0]).stem if sys.argv and sys.argv[0] else "bench"
     load_start, started = _loadavg(), datetime.datetime.now(datetime.timezone.utc)
     tee, real = _Tee(sys.stdout), sys.stdout
@@ -219,5 +219,8 @@ def recorded(main: Callable[[], int | None]) -> int | None:
         code = main()
     finally:
         sys.stdout = real
+    if code == 2:  # the bench could not run here (a model not built, no testbed): nothing measured to record
+        print(f"{bench}: exit 2, results not written", file=sys.stderr)
+        return code
     write_results(bench, tee.text.getvalue(), load_start, started, exit_code=code or 0)
     return code
