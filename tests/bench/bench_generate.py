@@ -49,6 +49,7 @@ benchlib.recorded (benchmarks/results/bench_generate.json).  Exit 0 when every t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -379,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--cpu-weight", type=int, default=CPU_WEIGHT, help="testbed hosts' CPU weight (0: the kernel's)")
     p.add_argument("--json", dest="json_file")
+    p.add_argument("--folder", type=Path, help="work folder, kept (profiles, cluster files, builds); default: a "
+                   "temporary one, removed at the end")
     a = p.parse_args(argv)
     a.model = a.model or ("tinylm" if a.quick else "lm500m")
     a.inflight_model = a.inflight_model or ("tinylm" if a.quick else a.model)
@@ -398,7 +401,10 @@ def main(argv: list[str] | None = None) -> int:
         log(f"bench_generate: {exc}")
         return 2
     results, lines, checks = {}, [f"# bench_generate{' --quick' * a.quick} (load average {loadavg()})"], []
-    with tempfile.TemporaryDirectory(prefix="bench-generate-") as tmp:
+    with contextlib.ExitStack() as stack:
+        if a.folder:
+            a.folder.mkdir(parents=True, exist_ok=True)
+        tmp = a.folder or stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-generate-"))
         for name in parts:
             run, targets, markdown = PARTS[name]
             try:
