@@ -24,10 +24,12 @@ L and E0 can be dropped: the Pareto set of each state is exact. Bounds only prun
 the least compute of the blocks left already exceeds X (hard), or whose objective with that least
 remainder cannot beat the best plan found so far (the best single-device plan, to start with).
 
-Peak memory, K columns and B blocks: the stage tables O(B^2 K), the transfer and radio tables O(B K^2) each,
-and the Pareto labels of every (block, column mask, last column) state the bounds keep. The masks are sets of
-columns with alike devices taken in index order: for a fleet of a few kinds with one mode each, at most
-prod(n_c + 1) masks; for many distinct devices, up to 2^K. No budget caps the labels (fleet-scale.md: Memory).
+Peak memory, K columns in Q classes of interchangeable columns and B blocks: the stage and transfer tables
+per class, O(B^2 Q + B Q^2) (pipeline_tables.py `StageTables`; a cut's radio energy is priced per transition
+from the two columns' figures, never tabled), and the Pareto labels of every (block, column mask, last column)
+state the bounds keep. The masks are sets of columns with alike devices taken in index order: for a fleet of a
+few kinds with one mode each, at most prod(n_c + 1) masks; for many distinct devices, up to 2^K. No budget
+caps the labels (fleet-scale.md: Memory).
 """
 
 from __future__ import annotations
@@ -215,14 +217,15 @@ class _EnergyDP:
                  alike: np.ndarray | None = None):
         self.p, self.tab, self.cols, self.goal = problem, tab, cols, goal
         self.B, self.K = tab.B, tab.D
+        self.cq = tab.cq  # [column]: its class in the tables
         self.bit = [1 << int(d) for d in cols.device]
         # [column]: the devices alike to its device and before it, which a canonical plan has used already
         dev = [int(d) for d in cols.device]
         self.before = [0 if alike is None else sum(1 << e for e in range(d) if alike[e] == alike[d]) for d in dev]
         self.dyn = np.asarray(cols.busy_w, dtype=np.float64) - np.asarray(cols.idle_w, dtype=np.float64)
-        cut = np.asarray(problem.cut_bytes, dtype=np.float64)
-        tx, rx = np.asarray(cols.tx_nj, dtype=np.float64), np.asarray(cols.rx_nj, dtype=np.float64)
-        self.R = link_mj(cut[:, None, None], tx[None, :, None], rx[None, None, :])  # mJ of cut c, a -> b
+        # a cut's radio energy, link_mj(cut bytes, tx of the sender, rx of the receiver), priced per transition
+        self.cut = np.asarray(problem.cut_bytes, dtype=np.float64)
+        self.tx, self.rx = np.asarray(cols.tx_nj, dtype=np.float64), np.asarray(cols.rx_nj, dtype=np.float64)
         self.rest = tab.lat_rest  # least compute of blocks j.. (each on its fastest column)
         self.least_out = float(np.min(cols.request_out_ms))
         self.best: EnergySolution | None = None
@@ -260,13 +263,15 @@ class _EnergyDP:
             pending[h] = {}
             if h == B:
                 break
+            T, cq, cut = self.tab.T[h - 1], self.cq, self.cut[h - 1]
             for (mask, a), (L, E, _) in self.states[h].items():
                 used = self._devices(mask)
                 for b in range(K):
-                    t = float(self.tab.T[h - 1, a, b])
+                    t = float(T[cq[a], cq[b]])  # a != b: a column is used once
                     if used & self.bit[b] or used & self.before[b] != self.before[b] or not math.isfinite(t):
                         continue
-                    self._push(pending, h, (h, mask, a), L + t, E + float(self.R[h - 1, a, b]), b, mask)
+                    radio = float(link_mj(cut, self.tx[a], self.rx[b]))
+                    self._push(pending, h, (h, mask, a), L + t, E + radio, b, mask)
         count_work("labels", labels)
         self._finish()
         return self.best
@@ -274,7 +279,7 @@ class _EnergyDP:
     def _seed(self) -> None:
         """The best single-column placement bounds the search from the start."""
         for k in range(self.K):
-            if math.isfinite(self.tab.C[0, self.B, k]):
+            if math.isfinite(self.tab.C[0, self.B, self.cq[k]]):
                 stages = (StageChoice(0, self.B, k),)
                 lat, energy = energy_of(self.p, self.cols, stages)
                 obj = self.objective(lat, energy)
@@ -285,7 +290,7 @@ class _EnergyDP:
         """Labels (L, E0) of state `src` (at block j) extended by a stage [j, h) on column b, for every h."""
         nmask = mask | (1 << b)
         idle = self._idle(nmask)
-        C = self.tab.C[j, j + 1:, b]  # [h - j - 1]
+        C = self.tab.C[j, j + 1:, self.cq[b]]  # [h - j - 1]
         for off in np.flatnonzero(np.isfinite(C)):
             h = j + 1 + int(off)
             c = float(C[off])

@@ -74,7 +74,7 @@ def pareto_dp(
     `lb_bn` a lower bound on every plan's bottleneck; both only prune, the result stays exact.
     """
     B = tab.B
-    C, T = sp.tables(tab.C, tab.T)  # by class
+    C, T = tab.C, tab.T  # by class, as the states count devices (the classes of sp and tab are one)
     latency_first = objective == "latency"
     ub_lat, ub_bn = ub
     ub_lat_slack = ub_lat + REL_SLACK * abs(ub_lat) if np.isfinite(ub_lat) else np.inf
