@@ -24,12 +24,15 @@ L and E0 can be dropped: the Pareto set of each state is exact. Bounds only prun
 the least compute of the blocks left already exceeds X (hard), or whose objective with that least
 remainder cannot beat the best plan found so far (the best single-device plan, to start with).
 
-Peak memory, K columns in Q classes of interchangeable columns and B blocks: the stage and transfer tables
-per class, O(B^2 Q + B Q^2) (pipeline_tables.py `StageTables`; a cut's radio energy is priced per transition
-from the two columns' figures, never tabled), and the Pareto labels of every (block, column mask, last column)
-state the bounds keep. The masks are sets of columns with alike devices taken in index order: for a fleet of a
-few kinds with one mode each, at most prod(n_c + 1) masks; for many distinct devices, up to 2^K. No budget
-caps the labels (fleet-scale.md: Memory).
+Peak memory, K columns in Q classes of alike columns (`column_classes`: the i-th modes of alike devices) and B
+blocks: the stage and transfer tables per class, O(B^2 Q + B Q^2) (pipeline_tables.py `StageTables`; a cut's
+radio energy is priced per transition from the two columns' figures, never tabled), and the Pareto labels of
+every (block, column mask, last column) state the bounds keep. The masks are sets of columns with alike devices
+taken in index order: for a fleet of a few kinds with one mode each, at most prod(n_c + 1) masks; for many
+distinct devices, up to 2^K. The labels held at once (kept, and pending for later blocks) are capped by
+`LABEL_BUDGET`: beyond it the DP refuses (`LabelBudgetExceeded`, an InfeasibleError naming the budget, the
+states and the columns) instead of growing without limit, so the labels take O(LABEL_BUDGET) memory (about
+100 bytes each with their back pointers) plus their states' keys (fleet-scale.md: Memory).
 """
 
 from __future__ import annotations
@@ -50,7 +53,14 @@ from .planner import EnergyGoal, InfeasibleError, PlanOptions
 from .stats import count as count_work
 
 __all__ = ["energy_frontier", "EnergyColumns", "EnergySolution", "solve_energy", "energy_of", "plan_pipeline_energy",
-           "device_columns"]
+           "device_columns", "LABEL_BUDGET", "LabelBudgetExceeded"]
+
+# The most labels the energy DP holds at once (those its states keep and those pending for later blocks).
+LABEL_BUDGET = 4_000_000
+
+
+class LabelBudgetExceeded(InfeasibleError):
+    """The energy DP would hold more than LABEL_BUDGET labels (the message says how many states it had)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -147,11 +157,15 @@ def plan_pipeline_energy(graph: LayerGraph, cost: CostTable, options: PlanOption
     problem = _column_problem(base, cost, graph, columns)
     try:
         sol = solve_energy(problem, cols, goal, device_classes(base))
+    except LabelBudgetExceeded:
+        raise
     except InfeasibleError as exc:
         if not memory_feasible(base, None):
             raise
-        fastest = min(energy_of(problem, cols, s.stages)[0] for s in _fastest(problem, cols))
-        raise InfeasibleError(f"{exc}: the fastest pipeline plan takes {fastest:.3f} ms") from None
+        fastest = [energy_of(problem, cols, s.stages)[0] for s in _fastest(problem, cols)]
+        if not fastest:  # the timing DP found none within its label budget: the reason stands alone
+            raise
+        raise InfeasibleError(f"{exc}: the fastest pipeline plan takes {min(fastest):.3f} ms") from None
     blocks = graph.pipeline_blocks
     stages = tuple(Stage(cost.devices[columns[s.device].device], blocks[s.lo][0], blocks[s.hi - 1][1])
                    for s in sol.stages)
@@ -199,14 +213,51 @@ def solve_energy(problem: PipelineProblem, cols: EnergyColumns, goal: EnergyGoal
     taken in index order, which drops relabelled copies of plans (equal cost) from the search."""
     # the per-request costs are idle time, not compute: the columns carry them, the tables do not
     problem = replace(problem, request_in_ms=None, request_out_ms=None)
-    tab = StageTables(problem)
-    dp = _EnergyDP(problem, tab, cols, goal, alike)
+    dp = _EnergyDP(problem, column_tables(problem, cols), cols, goal, alike)
     best = dp.run()
     if best is None:
         if not memory_feasible(problem, None):
             raise InfeasibleError(infeasible_message(problem))
         raise InfeasibleError(f"no pipeline placement is predicted within the SLA of {goal.sla_ms:g} ms")
     return best
+
+
+def column_tables(problem: PipelineProblem, cols: EnergyColumns) -> StageTables:
+    """The stage and transfer tables of the columns' problem per class of alike columns (`column_classes`)."""
+    return StageTables(problem, classes=column_classes(problem, cols), device=cols.device)
+
+
+def column_classes(problem: PipelineProblem, cols: EnergyColumns) -> np.ndarray:
+    """Per column, the lowest column of its class. Two devices are alike with all their columns when swapping
+    them, the i-th column of one for the i-th of the other (their modes in the same order), changes nothing the
+    tables hold: the same number of columns, pairwise the same block times and memory, and every link between
+    columns of two distinct devices (the only links a plan takes) unchanged by the swap. The i-th columns of
+    alike devices form a class: a fleet of 256 devices of 8 kinds in 416 operating points has as many classes
+    as its kinds have modes. The DP prices energy per column (its figures), so they are not compared here."""
+    K = problem.n_devices
+    dev = np.asarray(cols.device)
+    own = [np.flatnonzero(dev == d) for d in np.unique(dev)]  # each device's columns, ascending
+    bm, mem = np.asarray(problem.block_ms), np.asarray(problem.device_mem_bytes)
+    mats = [np.asarray(problem.bandwidth_bytes_per_ms), np.asarray(problem.link_latency_ms)]
+    apart = dev[:, None] != dev[None, :]  # links between columns of two devices
+    label = np.arange(K)
+    leaders: list[np.ndarray] = []  # the first device of each class of devices, by its columns
+    for mine in own:
+        for theirs in leaders:
+            if theirs.size != mine.size or not (np.array_equal(bm[:, theirs], bm[:, mine])
+                                                 and np.array_equal(mem[theirs], mem[mine])):
+                continue
+            perm = np.arange(K)
+            perm[theirs], perm[mine] = mine, theirs
+            if all(np.array_equal(x[np.ix_(perm, perm)][apart], x[apart]) for x in mats):
+                label[mine] = label[theirs]
+                break
+        else:
+            leaders.append(mine)
+    lowest = {}  # a class's label: its lowest column
+    for k, lab in enumerate(label.tolist()):
+        lowest.setdefault(lab, k)
+    return np.array([lowest[lab] for lab in label.tolist()])
 
 
 class _EnergyDP:
@@ -226,6 +277,7 @@ class _EnergyDP:
         # a cut's radio energy, link_mj(cut bytes, tx of the sender, rx of the receiver), priced per transition
         self.cut = np.asarray(problem.cut_bytes, dtype=np.float64)
         self.tx, self.rx = np.asarray(cols.tx_nj, dtype=np.float64), np.asarray(cols.rx_nj, dtype=np.float64)
+        self.held = 0  # labels kept in states or pending, against LABEL_BUDGET
         self.rest = tab.lat_rest  # least compute of blocks j.. (each on its fastest column)
         self.least_out = float(np.min(cols.request_out_ms))
         self.best: EnergySolution | None = None
@@ -259,6 +311,7 @@ class _EnergyDP:
                 back = [bk for x in parts for bk in x[2]]
                 keep = _pareto(L, E)
                 labels += L.size
+                self.held += len(keep) - L.size
                 self.states[h][key] = (L[keep], E[keep], [back[i] for i in keep])
             pending[h] = {}
             if h == B:
@@ -297,7 +350,18 @@ class _EnergyDP:
             L2, E2 = L + c, E + c * self.dyn[b]
             idx = np.flatnonzero(self._hopeful(L2, E2, idle, h))
             if idx.size:
+                self._hold(idx.size, j)
                 pending[h].setdefault((nmask, b), []).append((L2[idx], E2[idx], [(src, int(i), j) for i in idx]))
+
+    def _hold(self, n: int, j: int) -> None:
+        """Count n more labels held; over LABEL_BUDGET, refuse in one line (module docstring: Peak memory)."""
+        self.held += n
+        if self.held > LABEL_BUDGET:
+            states = sum(len(x) for x in self.states)
+            raise LabelBudgetExceeded(
+                f"the energy DP would hold more than {LABEL_BUDGET:,} labels ({states:,} states of column masks over "
+                f"{self.K} columns (devices x power modes) by block {j} of {self.B}); its state grows with the "
+                f"distinct devices and modes: use fewer, or another objective")
 
     def _hopeful(self, L: np.ndarray, E: np.ndarray, idle: float, h: int) -> np.ndarray:
         """Labels that may still lead to a plan better than the best so far (and, hard, meet the SLA):
@@ -354,7 +418,7 @@ def energy_frontier(graph: LayerGraph, cost: CostTable, goal: EnergyGoal) -> lis
     columns = _columns(cost)
     cols = device_columns(cost, columns)
     problem = replace(_column_problem(base, cost, graph, columns), request_in_ms=None, request_out_ms=None)
-    dp = _FrontierDP(problem, StageTables(problem), cols, goal)
+    dp = _FrontierDP(problem, column_tables(problem, cols), cols, goal)
     dp.run()
     labels = dp.final_labels()
     if not labels:

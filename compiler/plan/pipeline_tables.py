@@ -36,15 +36,21 @@ class StageTables:
     Size: with Q classes, (B + 1)^2 Q entries of C (and mem_ok) and (B - 1) Q^2 of T: 256 devices of 8 kinds
     hold the 8^2 transfers a cut has, not 256^2."""
 
-    def __init__(self, problem: PipelineProblem, full: "StageTables | None" = None, first: int = 0):
+    def __init__(self, problem: PipelineProblem, full: "StageTables | None" = None, first: int = 0, *,
+                 classes: np.ndarray | None = None, device: np.ndarray | None = None):
         """The tables of `problem`; with `full`, those of the problem it is the suffix of (from block
-        `first` on), sliced from `full` instead of summed again (the sums are the same numbers)."""
+        `first` on), sliced from `full` instead of summed again (the sums are the same numbers).
+
+        `classes` and `device` are for a problem whose devices are columns (the energy DP's operating points,
+        pipeline_energy.py): `classes` per column the lowest column of its class (default `device_classes`),
+        `device` each column's physical device. A transfer between two classes is then between columns on two
+        distinct devices (a plan never uses two columns of one device), which the classes must make one number."""
         if full is not None:
             self._slice(problem, full, first)
             return
         B, D = problem.n_blocks, problem.n_devices
         self.B, self.D = B, D
-        self._symmetry(device_classes(problem))
+        self._symmetry(device_classes(problem) if classes is None else np.asarray(classes))
         rep, Q = self.rep, self.Q
         bm = np.asarray(problem.block_ms, dtype=np.float64)
         bmT = np.ascontiguousarray(bm[:, rep].T)  # [Q, B]; window sums below match evaluate's slice sums bit for bit
@@ -67,7 +73,7 @@ class StageTables:
                 rows = C[0, :] if first else C[:, B]  # [hi or lo, Q]: stages that start at 0 / end at B
                 rows += np.asarray(extra, dtype=np.float64)[rep][None, :]
         self.C = self.Cmax = C
-        self.T = transfer_table(problem, self.cls) if B > 1 else np.zeros((0, Q, Q))
+        self.T = transfer_table(problem, self.cls, device) if B > 1 else np.zeros((0, Q, Q))
         rowmin = bm.min(axis=1)
         self.lat_rest = np.concatenate([np.cumsum(rowmin[::-1])[::-1], [0.0]])  # lower bound, blocks j..B-1
         self.max_rest = np.concatenate([np.maximum.accumulate(rowmin[::-1])[::-1], [0.0]])
@@ -122,16 +128,19 @@ class StageTables:
         return lat, mc, mt, st
 
 
-def class_pairs(cls: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def class_pairs(cls: np.ndarray, device: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(rep, dst) of the classes of `cls`: rep[q] the lowest device of class q (ascending) and dst[p, q] the
-    device of q that a transfer from rep[p] goes to: rep[q], or q's second device when p = q (-1: q has one)."""
+    device of q that a transfer from rep[p] goes to: the lowest of q on another device than rep[p] (-1: none),
+    which is rep[q] when p != q, or q's second device when p = q; with `device` (columns: each one's physical
+    device), the lowest column of q on another physical device than rep[p]'s."""
     rep = np.unique(cls)
-    second = np.full(rep.size, -1, dtype=np.int64)
+    phys = np.arange(cls.size) if device is None else np.asarray(device)
+    dst = np.full((rep.size, rep.size), -1, dtype=np.int64)
     for q, r in enumerate(rep.tolist()):
         mates = np.flatnonzero(cls == r)
-        if mates.size > 1:
-            second[q] = mates[1]
-    dst = np.where(np.eye(rep.size, dtype=bool), second[None, :], rep[None, :])
+        other = phys[mates][None, :] != phys[rep][:, None]  # [p, member of q]: on another device than rep[p]
+        found = other.any(axis=1)
+        dst[found, q] = mates[other.argmax(axis=1)[found]]
     return rep, dst
 
 
@@ -149,11 +158,11 @@ def regroup_transfers(T: np.ndarray, cq: np.ndarray, cls: np.ndarray) -> np.ndar
     return out
 
 
-def transfer_table(problem: PipelineProblem, cls: np.ndarray) -> np.ndarray:
-    """T[c, p, q] = problem.transfer_ms(c, a, b) between the devices a = rep[p], b = dst[p, q] of `class_pairs(cls)`,
-    bit for bit (the messages are added in the same order); inf where q has one device and p = q, or the link
-    has no bandwidth."""
-    rep, dst = class_pairs(cls)
+def transfer_table(problem: PipelineProblem, cls: np.ndarray, device: np.ndarray | None = None) -> np.ndarray:
+    """T[c, p, q] = problem.transfer_ms(c, a, b) between the devices a = rep[p], b = dst[p, q] of
+    `class_pairs(cls, device)`, bit for bit (the messages are added in the same order); inf where there is no
+    such b (q has one device and p = q) or the link has no bandwidth."""
+    rep, dst = class_pairs(cls, device)
     one = dst < 0
     dst = np.maximum(dst, 0)
     bw = np.asarray(problem.bandwidth_bytes_per_ms, dtype=np.float64)[rep[:, None], dst][None]
@@ -173,7 +182,7 @@ def transfer_table(problem: PipelineProblem, cls: np.ndarray) -> np.ndarray:
     T = np.asarray(T, dtype=np.float64)
     T[~np.isfinite(T)] = np.inf
     T[:, bw[0] == 0] = np.inf  # zero bandwidth: no link
-    T[:, one] = np.inf  # a class of one device has no link to another of its class
+    T[:, one] = np.inf  # no device of q but rep[p]'s (a class of one device and itself)
     return T
 
 

@@ -289,3 +289,16 @@ def test_energy_on_power_modes_beside_alike_devices(tmp_path):
     assert res.exit_code == 0, res.output
     res = invoke("compile", model, "--devices", path, "-o", tmp_path / "front", "--pareto")
     assert res.exit_code == 0, res.output
+
+
+def test_the_energy_dps_label_budget_is_a_one_line_refusal(tmp_path, monkeypatch):
+    """Over the energy DP's label budget, `compile --strategy pipeline --objective energy` exits 2 with the DP's
+    reason (its size), not an internal error, and writes nothing (auto goes on with its other planners)."""
+    from edgec.compiler.plan import pipeline_energy
+    monkeypatch.setattr(pipeline_energy, "LABEL_BUDGET", 1)
+    path = write_cluster(tmp_path, {"fast": FAST, "slow": SLOW}, [("f", "fast"), ("s", "slow")])
+    res = invoke("compile", TINY, "--devices", path, "-o", tmp_path / "out", "--strategy", "pipeline",
+                 "--objective", "energy", "--sla-ms", 1000)
+    line = error_line(res)
+    assert "the energy DP would hold more than 1 labels" in line, line
+    assert not (tmp_path / "out").exists()
