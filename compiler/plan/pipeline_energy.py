@@ -24,7 +24,7 @@ L and E0 can be dropped: the Pareto set of each state is exact. Bounds only prun
 the least compute of the blocks left already exceeds X (hard), or whose objective with that least
 remainder cannot beat the best plan found so far (the best single-device plan, to start with).
 
-Peak memory, K columns in Q classes of alike columns (`column_classes`: the i-th modes of alike devices) and B
+Peak memory, K columns in Q classes of alike columns (pipeline_tables.py `column_classes`: the i-th modes of alike devices) and B
 blocks: the stage and transfer tables per class, O(B^2 Q + B Q^2) (pipeline_tables.py `StageTables`; a cut's
 radio energy is priced per transition from the two columns' figures, never tabled), and the Pareto labels of
 every (block, column mask, last column) state the bounds keep. The masks are sets of columns with alike devices
@@ -48,7 +48,7 @@ from ..graph import LayerGraph
 from ..plan_types import Plan, Stage
 from .pipeline_dp import infeasible_message, memory_feasible
 from .pipeline_problem import PipelineProblem, StageChoice, pipeline_problem
-from .pipeline_tables import StageTables, device_classes
+from .pipeline_tables import StageTables, column_classes, device_classes
 from .planner import EnergyGoal, InfeasibleError, PlanOptions
 from .stats import count as count_work
 
@@ -224,40 +224,7 @@ def solve_energy(problem: PipelineProblem, cols: EnergyColumns, goal: EnergyGoal
 
 def column_tables(problem: PipelineProblem, cols: EnergyColumns) -> StageTables:
     """The stage and transfer tables of the columns' problem per class of alike columns (`column_classes`)."""
-    return StageTables(problem, classes=column_classes(problem, cols), device=cols.device)
-
-
-def column_classes(problem: PipelineProblem, cols: EnergyColumns) -> np.ndarray:
-    """Per column, the lowest column of its class. Two devices are alike with all their columns when swapping
-    them, the i-th column of one for the i-th of the other (their modes in the same order), changes nothing the
-    tables hold: the same number of columns, pairwise the same block times and memory, and every link between
-    columns of two distinct devices (the only links a plan takes) unchanged by the swap. The i-th columns of
-    alike devices form a class: a fleet of 256 devices of 8 kinds in 416 operating points has as many classes
-    as its kinds have modes. The DP prices energy per column (its figures), so they are not compared here."""
-    K = problem.n_devices
-    dev = np.asarray(cols.device)
-    own = [np.flatnonzero(dev == d) for d in np.unique(dev)]  # each device's columns, ascending
-    bm, mem = np.asarray(problem.block_ms), np.asarray(problem.device_mem_bytes)
-    mats = [np.asarray(problem.bandwidth_bytes_per_ms), np.asarray(problem.link_latency_ms)]
-    apart = dev[:, None] != dev[None, :]  # links between columns of two devices
-    label = np.arange(K)
-    leaders: list[np.ndarray] = []  # the first device of each class of devices, by its columns
-    for mine in own:
-        for theirs in leaders:
-            if theirs.size != mine.size or not (np.array_equal(bm[:, theirs], bm[:, mine])
-                                                 and np.array_equal(mem[theirs], mem[mine])):
-                continue
-            perm = np.arange(K)
-            perm[theirs], perm[mine] = mine, theirs
-            if all(np.array_equal(x[np.ix_(perm, perm)][apart], x[apart]) for x in mats):
-                label[mine] = label[theirs]
-                break
-        else:
-            leaders.append(mine)
-    lowest = {}  # a class's label: its lowest column
-    for k, lab in enumerate(label.tolist()):
-        lowest.setdefault(lab, k)
-    return np.array([lowest[lab] for lab in label.tolist()])
+    return StageTables(problem, classes=column_classes(problem, cols.device), device=cols.device)
 
 
 class _EnergyDP:

@@ -14,8 +14,8 @@ from edgec.runtime.linkmodel import wire_ms
 
 from .pipeline_problem import PipelineProblem
 
-__all__ = ["Span", "StageTables", "transfer_table", "device_classes", "class_pairs", "regroup_stages",
-           "regroup_transfers"]
+__all__ = ["Span", "StageTables", "transfer_table", "device_classes", "column_classes", "class_pairs",
+           "regroup_stages", "regroup_transfers"]
 
 Span = tuple[int, int, int]  # (lo, hi, device): one stage of the DPs
 
@@ -209,3 +209,38 @@ def device_classes(problem: PipelineProblem) -> np.ndarray:
                 cls[d] = r
                 break
     return cls
+
+
+def column_classes(problem: PipelineProblem, device: np.ndarray) -> np.ndarray:
+    """Per column, the lowest column of its class. Two devices are alike with all their columns when swapping
+    them, the i-th column of one for the i-th of the other (their modes in the same order), changes nothing the
+    tables hold: the same number of columns, pairwise the same block times and memory, and every link between
+    columns of two distinct devices (the only links a plan takes) unchanged by the swap. The i-th columns of
+    alike devices form a class: a fleet of 256 devices of 8 kinds in 416 operating points has as many classes
+    as its kinds have modes. The problem's devices are columns (the energy DP's operating points) and `device`
+    is each column's physical device; what is per column beyond the tables (power, radio) the energy DP
+    prices itself."""
+    K = problem.n_devices
+    dev = np.asarray(device)
+    own = [np.flatnonzero(dev == d) for d in np.unique(dev)]  # each device's columns, ascending
+    bm, mem = np.asarray(problem.block_ms), np.asarray(problem.device_mem_bytes)
+    mats = [np.asarray(problem.bandwidth_bytes_per_ms), np.asarray(problem.link_latency_ms)]
+    apart = dev[:, None] != dev[None, :]  # links between columns of two devices
+    label = np.arange(K)
+    leaders: list[np.ndarray] = []  # the first device of each class of devices, by its columns
+    for mine in own:
+        for theirs in leaders:
+            if theirs.size != mine.size or not (np.array_equal(bm[:, theirs], bm[:, mine])
+                                                 and np.array_equal(mem[theirs], mem[mine])):
+                continue
+            perm = np.arange(K)
+            perm[theirs], perm[mine] = mine, theirs
+            if all(np.array_equal(x[np.ix_(perm, perm)][apart], x[apart]) for x in mats):
+                label[mine] = label[theirs]
+                break
+        else:
+            leaders.append(mine)
+    lowest = {}  # a class's label: its lowest column
+    for k, lab in enumerate(label.tolist()):
+        lowest.setdefault(lab, k)
+    return np.array([lowest[lab] for lab in label.tolist()])

@@ -12,8 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edgec.compiler.plan import pipeline_energy
-from edgec.compiler.plan.pipeline_energy import (EnergyColumns, LabelBudgetExceeded, column_classes, column_tables,
+from edgec.compiler.plan.pipeline_energy import (EnergyColumns, LabelBudgetExceeded, column_tables,
                                                  energy_of, solve_energy)
+from edgec.compiler.plan.pipeline_tables import column_classes
 from edgec.compiler.plan.planner import EnergyGoal, InfeasibleError
 from pipeline_reference import brute_force_energy
 from test_pipeline_dp import make_problem, problems
@@ -149,7 +150,7 @@ def test_column_classes_are_the_modes_of_alike_devices():
     """3 kinds of 4, 1 and 3 devices, two modes each: 16 columns in 6 classes, and the tables hold 6 classes
     (the stage and transfer tables of 256 such devices are those of 8)."""
     problem, cols, _ = _moded_fleet([4, 1, 3])
-    cls = column_classes(problem, cols)
+    cls = column_classes(problem, cols.device)
     assert np.unique(cls).size == 6
     assert cls.tolist() == [0, 1, 0, 1, 0, 1, 0, 1, 8, 9, 10, 11, 10, 11, 10, 11]
     tab = column_tables(problem, cols)
@@ -172,7 +173,7 @@ def test_energy_dp_on_column_classes_is_the_dp_on_columns(seed, monkeypatch):
     alike = np.array([int(np.flatnonzero(kinds == k)[0]) for k in kinds])
     goals = (EnergyGoal(12.0), EnergyGoal(3.0, soft=True, lam=2.0))
     got = [solve_energy(problem, cols, g, alike) for g in goals]
-    monkeypatch.setattr(pipeline_energy, "column_classes", lambda p, c: np.arange(p.n_devices))
+    monkeypatch.setattr(pipeline_energy, "column_classes", lambda p, device: np.arange(p.n_devices))
     want = [solve_energy(problem, cols, g, alike) for g in goals]
     assert got == want
 
