@@ -24,15 +24,16 @@ L and E0 can be dropped: the Pareto set of each state is exact. Bounds only prun
 the least compute of the blocks left already exceeds X (hard), or whose objective with that least
 remainder cannot beat the best plan found so far (the best single-device plan, to start with).
 
-Peak memory, K columns in Q classes of alike columns (pipeline_tables.py `column_classes`: the i-th modes of alike devices) and B
-blocks: the stage and transfer tables per class, O(B^2 Q + B Q^2) (pipeline_tables.py `StageTables`; a cut's
-radio energy is priced per transition from the two columns' figures, never tabled), and the Pareto labels of
-every (block, column mask, last column) state the bounds keep. The masks are sets of columns with alike devices
-taken in index order: for a fleet of a few kinds with one mode each, at most prod(n_c + 1) masks; for many
-distinct devices, up to 2^K. The labels held at once (kept, and pending for later blocks) are capped by
-`LABEL_BUDGET`: beyond it the DP refuses (`LabelBudgetExceeded`, an InfeasibleError naming the budget, the
-states and the columns) instead of growing without limit, so the labels take O(LABEL_BUDGET) memory (about
-100 bytes each with their back pointers) plus their states' keys (fleet-scale.md: Memory).
+Peak memory, K columns in Q classes of alike columns (pipeline_tables.py `column_classes`: the i-th modes of
+alike devices) and B blocks: the stage and transfer tables per class, O(B^2 Q + B Q^2) (pipeline_tables.py
+`StageTables`; a cut's radio energy is priced per transition from the two columns' figures, never tabled),
+and the Pareto labels of every (block, column mask, last column) state the bounds keep. The masks are sets of
+columns with alike devices taken in index order: for a fleet of a few kinds with one mode each, at most
+prod(n_c + 1) masks; for many distinct devices, up to 2^K. The labels held at once (kept, and pending for
+later blocks) are capped by `LABEL_BUDGET`: beyond it the DP refuses (`LabelBudgetExceeded`, an
+InfeasibleError naming the budget, the states and the columns) instead of growing without limit, so the
+labels take O(LABEL_BUDGET) memory (about 100 bytes each with their back pointers) plus their states' keys
+(fleet-scale.md: Memory).
 """
 
 from __future__ import annotations
