@@ -60,7 +60,8 @@ in them follows the device count), plus the DP's tables, 48 bytes per (state, cl
 most STATE_BUDGET pairs and TABLE_BUDGET bytes, checked before they are allocated (`Space`); the relaxation's
 are O(Q B k), and the exact DP over a subset of the devices is held to SUBSET_BUDGET. Beside them, the
 problem's O(B D) block times and O(D^2) link matrices, and the class test (`device_classes`). The shared
-medium's Pareto sets (pipeline_pareto.py) have no cap of their own. With riders, each run's tables are
+medium's Pareto sets (pipeline_pareto.py) hold at most its LABEL_BUDGET labels (48 bytes each): beyond it the
+DP refuses as beyond the state budget, and the planner goes on with the relaxation and fewer devices. With riders, each run's tables are
 copies per class of the run (its first device in a class of its own): O(B^2 Q + B Q^2) at a time.
 
 Riders (a generative build's rotary tables and mask, pipeline_riders.py): the DP runs once per routing of

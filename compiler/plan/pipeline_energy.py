@@ -32,8 +32,7 @@ columns with alike devices taken in index order: for a fleet of a few kinds with
 prod(n_c + 1) masks; for many distinct devices, up to 2^K. The labels held at once (kept, and pending for
 later blocks) are capped by `LABEL_BUDGET`: beyond it the DP refuses (`LabelBudgetExceeded`, an
 InfeasibleError naming the budget, the states and the columns) instead of growing without limit, so the
-labels take O(LABEL_BUDGET) memory (about 100 bytes each with their back pointers) plus their states' keys
-(fleet-scale.md: Memory).
+labels take O(LABEL_BUDGET) memory, about half a gigabyte at most (fleet-scale.md: Memory).
 """
 
 from __future__ import annotations
@@ -56,8 +55,10 @@ from .stats import count as count_work
 __all__ = ["energy_frontier", "EnergyColumns", "EnergySolution", "solve_energy", "energy_of", "plan_pipeline_energy",
            "device_columns", "LABEL_BUDGET", "LabelBudgetExceeded"]
 
-# The most labels the energy DP holds at once (those its states keep and those pending for later blocks).
-LABEL_BUDGET = 4_000_000
+# The most labels the energy DP holds at once (those its states keep and those pending for later blocks): at
+# 200 to 330 bytes a label with its back pointer and its share of the states' keys (traced on the frontier DP,
+# SqueezeNet on 4 and 6 all-distinct devices), about half a gigabyte.
+LABEL_BUDGET = 2_000_000
 
 
 class LabelBudgetExceeded(InfeasibleError):

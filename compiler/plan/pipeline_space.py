@@ -32,7 +32,8 @@ RELAX_FIRST = 2_000
 
 
 class TooManyStates(InfeasibleError):
-    """The exact DP's state space exceeds STATE_BUDGET (the message says by how much and why)."""
+    """The exact DP's state space exceeds STATE_BUDGET, or the shared medium's Pareto labels their budget
+    (pipeline_pareto.py LABEL_BUDGET); the message says by how much and why."""
 
 
 def count_states(sizes: list[int], S: int) -> int:
