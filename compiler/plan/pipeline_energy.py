@@ -96,12 +96,25 @@ class _Column:
 
 
 def _columns(cost: CostTable) -> list[_Column]:
-    """Every (device, power mode) operating point, devices in cluster order, each device's top level first."""
+    """Every (device, power mode) operating point, devices in cluster order, each device's top level first.
+
+    A column is priced by a cost table with its device in its mode, one per mode name with every device that
+    has it there (a device's figures do not depend on the others' modes): a few tables of O(L D), not one per
+    column (O(K L D): 160 tables on 256 devices of 8 kinds, most of the DP's memory and time)."""
+    devices = cost.cluster.devices
+    tops = [d.mode or d.profile.top_mode for d in devices]
+    priced: dict[str, CostTable] = {}
+
+    def in_mode(m: str) -> CostTable:
+        if m not in priced:
+            priced[m] = cost.with_modes({d.name: m for d, top in zip(devices, tops) if m != top
+                                         and m in d.profile.mode_names})
+        return priced[m]
+
     out = []
-    for i, d in enumerate(cost.cluster.devices):
-        top = d.mode or d.profile.top_mode
+    for i, (d, top) in enumerate(zip(devices, tops)):
         out.append(_Column(i, top, cost))
-        out.extend(_Column(i, m, cost.with_modes({d.name: m})) for m in d.profile.mode_names if m != top)
+        out.extend(_Column(i, m, in_mode(m)) for m in d.profile.mode_names if m != top)
     return out
 
 
