@@ -9,6 +9,9 @@ every later stage on d has the link of its riders from d0 in its bottleneck term
 chain's transfers carry no rider sent direct. Plus one run with every rider forwarded, on the ordinary
 tables. A plan is in one run per routing it allows, priced there as `PipelineProblem.evaluate` prices that
 routing, so the best of the runs' best are the best under the problem's price (the best routing of each).
+
+Peak memory: one run's tables at a time, per class of the run (the first device's class split in two):
+O(B^2 Q + B Q^2), and its exact DP's (pipeline_dp.py).
 """
 
 from __future__ import annotations

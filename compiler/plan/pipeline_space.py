@@ -12,6 +12,10 @@ the highest device in which they differ), so the DPs break exact ties as they di
 The last device of a stage matters only by its class (its compute, memory and links are its class's), so
 the DPs index it by class, as the stage and transfer tables are built (pipeline_tables.py `StageTables`, whose
 classes are these, in the same order).
+
+Peak memory: O(n Q) integers for n states (counts, moves, last devices and their order), and, to order the
+states as their subsets' bitmasks, one bit per device per state while they are sorted (O(n D / 8) bytes);
+n Q is at most STATE_BUDGET, checked before anything is built.
 """
 
 from __future__ import annotations
