@@ -128,12 +128,13 @@ def _best_candidate(tab: StageTables, objective: str, max_stages: int | None, we
     n = int(single[fit].sum())
     if (max_stages or 2) >= 2 and B >= 2 and D >= 2:
         cuts = np.arange(1, B)
-        head = tab.C[0, cuts][:, cq]  # [B-1, D(a)]
-        tail = tab.C[cuts, B][:, cq]  # [B-1, D(b)]
-        trans = tab.T[cuts - 1][:, cq[:, None], cq[None, :]]  # [B-1, a, b]: T[c, q, q] is between two devices of q
-        trans[:, np.arange(D), np.arange(D)] = np.inf  # but a device has no link to itself
-        lat = (head[:, :, None] + tail[:, None, :]) + trans
-        bn = np.maximum(np.maximum(head[:, :, None], tail[:, None, :]), trans)
+        head = tab.C[0, cuts]  # [B-1, class of a]
+        tail = tab.C[cuts, B]  # [B-1, class of b]
+        trans = tab.T[cuts - 1]  # [B-1, class of a, class of b]: T[c, q, q] is between two devices of q
+        spread = (slice(None), cq[:, None], cq[None, :])  # per class, then over the devices [B-1, a, b]
+        lat = ((head[:, :, None] + tail[:, None, :]) + trans)[spread]
+        lat[:, np.arange(D), np.arange(D)] = np.inf  # a device has no link to itself
+        bn = np.maximum(np.maximum(head[:, :, None], tail[:, None, :]), trans)[spread]
         ci, a, b = np.nonzero(np.isfinite(lat))
         n += int(pair[a, b].sum())
         keys.append((lat[ci, a, b], bn[ci, a, b], cuts[ci], a, b))
