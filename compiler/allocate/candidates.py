@@ -10,7 +10,9 @@ instead the shares are visited largest first and two monotonicity rules skip mos
 
 The shares are never listed all (100 devices of 8 kinds have about a billion): shares.py finds the next
 one to plan from the maximal shares left. Beyond shares.LISTED shares (a fleet), a share offers at most
-shares.CLASS_CAP devices of each class (a progress note says so), which bounds each planner run's devices.
+shares.CLASS_CAP devices of each class (a progress note says so), which bounds each planner run's devices,
+and with max_devices the walk probes shares over the limit first (shares.py): a run whose plan uses more
+devices than max_devices is no option, and no run's option is a plan over it.
 
 A one-device share is planned by the pipeline DP alone: on one device every planner places the whole
 model there.
@@ -151,7 +153,7 @@ def plan_shares(service: Service, graph: LayerGraph, cost: CostTable, classes: D
             shares.hopeless(share)  # its subsets all miss the SLA
         if run.used is not None:
             shares.cover(run.used, share)  # every share between what the plan uses and this one gets it
-    if not any(_meets(service, r) for r in planned):  # the error names the best latency: plan it unbounded
+    if not any(_serves(service, r) for r in planned):  # the error names the best latency: plan it unbounded
         planned = [_plan_share(service, graph, cost, classes, r.share, options, bounded=False) if sum(r.share) > 1
                    else r for r in planned]
     return planned
@@ -160,14 +162,24 @@ def plan_shares(service: Service, graph: LayerGraph, cost: CostTable, classes: D
 def service_options(service: Service, graph: LayerGraph, classes: DeviceClasses, planned: list[Planned],
                     seconds: float) -> ServiceOptions:
     """The service's options from its planner runs (`plan_shares`)."""
-    best = min((p for p in planned if p.prediction is not None), key=lambda p: (p.prediction.latency_ms, sum(p.used)),
-               default=None)
+    best = min((p for p in planned if p.prediction is not None and _within(service, p)),
+               key=lambda p: (p.prediction.latency_ms, sum(p.used)), default=None)
     opts = _options(service, graph, classes, planned)
     return ServiceOptions(service, opts, tuple(planned), best, seconds)
 
 
 def _meets(service: Service, run: Planned) -> bool:
     return run.plan is not None and run.prediction.latency_ms <= service.sla_ms
+
+
+def _within(service: Service, run: Planned) -> bool:
+    """Whether the run's plan uses at most max_devices devices (a probe's may not: shares.py)."""
+    return run.used is None or service.max_devices is None or sum(run.used) <= service.max_devices
+
+
+def _serves(service: Service, run: Planned) -> bool:
+    """Whether the run is an option's: its plan meets the SLA within max_devices."""
+    return _meets(service, run) and _within(service, run)
 
 
 def _shares(sizes: Counts, limit: float) -> list[Counts]:
@@ -221,7 +233,7 @@ def _options(service: Service, graph: LayerGraph, classes: DeviceClasses, planne
     mix of idle devices), without those another option dominates."""
     found: dict[Counts, Option] = {}
     for run in planned:
-        if run.plan is None:
+        if run.plan is None or not _within(service, run):
             continue
         u = utility(service, run.prediction)
         if u is None:

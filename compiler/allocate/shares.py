@@ -7,8 +7,20 @@ That first share is always a maximal one of what is left (a larger share comes e
 keeps the maximal shares still to visit, an antichain, and the regions ruled out, and finds the next
 share by splitting the first maximal share that a region rules out into the maximal shares below it that
 the region leaves (for a box [lo, hi]: the share with class c lowered to lo[c] - 1, for each c with
-lo[c] > 0; below a hopeless share: none). It visits the shares the full list would, in the same order,
-in time and memory that grow with the planner runs and the classes, not with the number of shares.
+lo[c] > 0; below a hopeless share: none). Without a device limit it visits the shares the full list would,
+in the same order, in time and memory that grow with the planner runs and the classes, not with the number
+of shares.
+
+With a device limit (a service's max_devices) on a fleet, the maximal shares within it are an antichain
+as large as the ways to choose that many devices from the classes (330 for 4 devices of 8 classes, 5,475
+for 8), and no box of one rules out another: listing them made a planner run of each. So beyond LISTED
+shares the walk starts from the whole (offered) cluster whatever the limit, and a share over the limit is
+a probe: its plan, when it uses no more devices than the limit, rules out the box [used, share] as any
+run does (every share within the limit in that box gets that plan); when it misses the SLA, everything
+under it is hopeless; and when its plan uses more devices than the limit, the walk goes on from the maximal
+shares within the limit below it (a box of more devices than the limit holds none of them). A plan over
+the limit is no option (candidates.py). The runs then follow the classes a service's plans use, not the
+shares within its limit: one probe suffices when the best plan on the whole cluster is within the limit.
 
 >>> s = Shares((2, 1), limit=3)
 >>> s.next()
@@ -87,9 +99,9 @@ class Shares:
         self._at = 0
         self._heap: list = []  # the maximal shares left, by visiting order
         self._live: set[Counts] = set()
+        self.limit = limit
         if self._listed is None and limit > 0:
-            for top in _top(self.sizes, limit):
-                self._push(top)
+            self._push(self.sizes)  # the whole cluster: a probe when it is over the limit (module docstring)
         self._covered: list[tuple[Counts, Counts]] = []
         self._hopeless: list[Counts] = []
         self._last: Counts | None = None
@@ -103,7 +115,8 @@ class Shares:
         self._hopeless.append(tuple(share))
 
     def next(self) -> Counts | None:
-        """The first share in visiting order not ruled out; None when there is none."""
+        """The first share in visiting order not ruled out; None when there is none. Beyond LISTED shares it
+        may be over the limit (a probe: the module docstring)."""
         if self._listed is not None:
             while self._at < len(self._listed):
                 share = self._listed[self._at]
@@ -121,11 +134,13 @@ class Shares:
                 self._last = share
                 return share
             lo = share if lo is None else lo  # visited and ruled out nothing: only itself is done
-            for c, low in enumerate(lo):  # the maximal shares below `share` outside the box
-                if low > 0:
-                    child = share[:c] + (low - 1,) + share[c + 1:]
-                    if sum(child) > 0 and not any(_le(child, m) for m in self._live):
-                        self._push(child)
+            if sum(lo) > self.limit:  # a probe whose box is over the limit: the shares within it below
+                children = _top(share, self.limit)
+            else:  # the maximal shares below `share` outside the box
+                children = [share[:c] + (low - 1,) + share[c + 1:] for c, low in enumerate(lo) if low > 0]
+            for child in children:
+                if sum(child) > 0 and not any(_le(child, m) for m in self._live):
+                    self._push(child)
         self._last = None
         return None
 

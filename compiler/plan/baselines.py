@@ -117,21 +117,24 @@ def _best_candidate(tab: StageTables, objective: str, max_stages: int | None, we
     Keys are computed with evaluate's exact arithmetic: latency = (sum of computes) + (sum of transfers).
     Ties go to the smaller stages tuple: of equal keys a split ((0, c, a), (c, B, b)) before a single stage
     ((0, B, d)), as c < B; so the candidates are ranked by (key, c, a, b), a single stage's c being B.
-    Held as arrays of O(B D^2) floats, never one Python object per candidate.
+    Held as arrays of O(B D^2) floats, never one Python object per candidate: the tables are per class
+    (StageTables), spread here over the devices of `tab` (neurosurgeon's are at most two of each class).
     """
-    B, D = tab.B, tab.D
+    B, D, cq = tab.B, tab.D, tab.cq
     single, pair = weights if weights is not None else (np.ones(D, dtype=np.int64), 1 - np.eye(D, dtype=np.int64))
-    c1 = tab.C[0, B]  # [D]
+    c1 = tab.C[0, B, cq]  # [D]
     fit = np.flatnonzero(np.isfinite(c1))
     keys = [(c1[fit] + 0, c1[fit], np.full(fit.size, B), fit, np.zeros(fit.size, dtype=np.int64))]
     n = int(single[fit].sum())
     if (max_stages or 2) >= 2 and B >= 2 and D >= 2:
         cuts = np.arange(1, B)
-        head = tab.C[0, cuts]  # [B-1, D(a)]
-        tail = tab.C[cuts, B]  # [B-1, D(b)]
-        trans = tab.T[cuts - 1]  # [B-1, a, b]
-        lat = (head[:, :, None] + tail[:, None, :]) + trans
-        bn = np.maximum(np.maximum(head[:, :, None], tail[:, None, :]), trans)
+        head = tab.C[0, cuts]  # [B-1, class of a]
+        tail = tab.C[cuts, B]  # [B-1, class of b]
+        trans = tab.T[cuts - 1]  # [B-1, class of a, class of b]: T[c, q, q] is between two devices of q
+        spread = (slice(None), cq[:, None], cq[None, :])  # per class, then over the devices [B-1, a, b]
+        lat = ((head[:, :, None] + tail[:, None, :]) + trans)[spread]
+        lat[:, np.arange(D), np.arange(D)] = np.inf  # a device has no link to itself
+        bn = np.maximum(np.maximum(head[:, :, None], tail[:, None, :]), trans)[spread]
         ci, a, b = np.nonzero(np.isfinite(lat))
         n += int(pair[a, b].sum())
         keys.append((lat[ci, a, b], bn[ci, a, b], cuts[ci], a, b))

@@ -1,19 +1,20 @@
 """The pipeline planner on long chains: runs of blocks coarsened into groups, the exact DP on the groups, then
 every stage boundary refined block by block around where the coarse plan put it (`solve_chain`).
 
-The exact DP (pipeline_dp.py) prices every stage [lo, hi) on every device: O(B^2 D) tables and time in the
-B blocks between pipeline cuts, which on a 10,000-layer chain is 10^8 stages and gigabytes. Above
-`COARSE_ABOVE` blocks the chain is cut into `GROUPS` groups of consecutive blocks (a group is a block of the
-coarse problem: its compute summed, its weights summed, its peak activations the largest; the cuts between
-groups are real cuts, priced as they are), the coarse problem is solved exactly, and each boundary of each
-coarse plan then moves, one at a time and devices kept, to the block within a group either side of it that
-prices the whole plan best (under `evaluate`, memory checked), until no move improves it.
+The exact DP (pipeline_dp.py) prices every stage [lo, hi) on every class of devices: O(B^2 Q) tables and
+O(B^3 Q) time in the B blocks between pipeline cuts, which on a 10,000-layer chain is 10^8 stages per class
+and gigabytes. Above `COARSE_ABOVE` blocks the chain is cut into `GROUPS` groups of consecutive blocks (a
+group is a block of the coarse problem: its compute summed, its weights summed, its peak activations the
+largest; the cuts between groups are real cuts, priced as they are), the coarse problem is solved exactly,
+and each boundary of each coarse plan then moves, one at a time and devices kept, to the block within a group
+either side of it that prices the whole plan best (under `evaluate`, memory checked), until no move improves it.
 
-Complexity, B blocks, D devices, G = GROUPS, S stages: the coarse DP is the exact DP's on G blocks
-(O(G^2 D) tables, its states as pipeline_dp.py says); refinement evaluates O(S x B / G) placements per pass,
-each O(B): O(B) per pass for fixed G and S, and the problem's arrays are O(B D). Planning is near-linear in
-the layers of a chain. Peak memory: O(B D) for the problem and O(G^2 D + G D^2) for the coarse DP's stage and
-transfer tables, with its DP tables under pipeline_dp.py's budgets; refinement holds one plan at a time.
+Complexity, B blocks, D devices in Q classes, G = GROUPS, S stages: the coarse DP is the exact DP's on G
+blocks (O(G^2 Q) tables, its states as pipeline_dp.py says); refinement evaluates O(S x B / G) placements per
+pass, each O(B): O(B) per pass for fixed G and S, and the problem's arrays are O(B D). Planning is
+near-linear in the layers of a chain. Peak memory: O(B D) for the problem and O(G^2 Q + G Q^2) for the coarse
+DP's stage and transfer tables, with its DP tables under pipeline_dp.py's budgets; refinement holds one plan
+at a time.
 
 Not exact: the plans are reported as such (`report["exact"] = False`) with `optimality_gap` against a
 bound no plan beats (latency: every block on its fastest device, no transfers; throughput: the slowest

@@ -46,7 +46,8 @@ distinct plans.
 
 Size: with Q classes of n_1..n_Q devices and S = min(D, B) stages at most, the states are the count vectors
 of sum <= S (at most prod(n_c + 1)), never the 2^D subsets: 32 identical devices are 33 states. The tables
-are [states, Q, B, k]; time O(states x Q x (B^2 + B Q) x k). Above `pipeline_space.RELAX_FIRST` (state,
+are [states, Q, B, k]; time O(states x Q x (B^2 + B Q) x k), after O(B^3 Q + B Q^2) to build the stage and
+transfer tables. Above `pipeline_space.RELAX_FIRST` (state,
 class) pairs the relaxation is solved first: a class may run any number of stages, so its state is the last
 class alone (O(Q B^2 + Q^2 B) x k); when its k best plans use no class more often than it has devices they
 are the exact k best (every real plan is a relaxed one). Over `STATE_BUDGET` states or `TABLE_BUDGET`
@@ -54,11 +55,14 @@ bytes of tables the exact DP refuses (`TooManyStates`) instead of allocating, an
 plans are not real either (`_beyond_budget`), the plans are the best of its real ones and of the exact DP
 over the devices the budget allows, reported not exact with their optimality gap over the relaxation's
 best value (a lower bound). The planner (pipeline.py) adds pipeline_coarse.py on chains of many blocks.
-Peak memory: O(B^2 D + B D^2) for the stage and transfer tables (pipeline_tables.py; the transfer table is
-per pair of devices, though the DPs read it by class), plus the DP's tables, 48 bytes per (state, class,
-block, top-k slot): at most STATE_BUDGET pairs and TABLE_BUDGET bytes, checked before they are allocated
-(`Space`); the relaxation's are O(Q B k), and the exact DP over a subset of the devices is held to
-SUBSET_BUDGET. The shared medium's Pareto sets (pipeline_pareto.py) have no cap of their own.
+Peak memory: O(B^2 Q + B Q^2) for the stage and transfer tables, built per class (pipeline_tables.py; nothing
+in them follows the device count), plus the DP's tables, 48 bytes per (state, class, block, top-k slot): at
+most STATE_BUDGET pairs and TABLE_BUDGET bytes, checked before they are allocated (`Space`); the relaxation's
+are O(Q B k), and the exact DP over a subset of the devices is held to SUBSET_BUDGET. Beside them, the
+problem's O(B D) block times and O(D^2) link matrices, and the class test (`device_classes`). The shared
+medium's Pareto sets (pipeline_pareto.py) hold at most its LABEL_BUDGET labels (48 bytes each): beyond it the
+DP refuses as beyond the state budget, and the planner goes on with the relaxation and fewer devices. With riders, each run's tables are
+copies per class of the run (its first device in a class of its own): O(B^2 Q + B Q^2) at a time.
 
 Riders (a generative build's rotary tables and mask, pipeline_riders.py): the DP runs once per routing of
 them and first stage that computes them, on tables that price that routing (pipeline_routed.py), skipping
@@ -143,7 +147,8 @@ def _lex_dp(
 ) -> list[tuple[float, float, list[Span]]]:
     """K best plans by the lexicographic label (p, s), best first, as (p, s, stages).
 
-    A stage [lo, hi) on d contributes Cp/Cs[lo, hi, d], a transfer over cut c from a to b Tp/Ts[c, a, b];
+    A stage [lo, hi) on class q contributes Cp/Cs[lo, hi, q], a transfer over cut c from class p to q
+    Tp/Ts[c, p, q] (tables per class, as StageTables holds them);
     labels combine with op_p / op_s (np.add or np.maximum). inf in Cp or Tp forbids that stage/transfer.
     Exact for the multiset of the K best p values, and for (p, s) whenever extension preserves the
     lexicographic order (p additive, s a running max). At most S stages; canonical device orders only.
@@ -151,8 +156,6 @@ def _lex_dp(
     B = tab.B
     sp = _space(tab, S, pair_bytes=(2 * B + 1) * K * 24)  # W and V: two float64 and two int32 per slot
     Q, nS = sp.Q, sp.n
-    Cp, Tp = sp.tables(Cp, Tp)
-    Cs, Ts = sp.tables(Cs, Ts)
     pm, pq, psrc = sp.pm, sp.pq, sp.psrc
     P = pm.size
     # W[m, q, j, r]: label after the transfer into class q at block j (q's next device not in m); V[m, p, h, r]:

@@ -24,10 +24,15 @@ L and E0 can be dropped: the Pareto set of each state is exact. Bounds only prun
 the least compute of the blocks left already exceeds X (hard), or whose objective with that least
 remainder cannot beat the best plan found so far (the best single-device plan, to start with).
 
-Peak memory, K columns and B blocks: the stage tables O(B^2 K), the transfer and radio tables O(B K^2) each,
+Peak memory, K columns in Q classes of alike columns (pipeline_tables.py `column_classes`: the i-th modes of
+alike devices) and B blocks: the stage and transfer tables per class, O(B^2 Q + B Q^2) (pipeline_tables.py
+`StageTables`; a cut's radio energy is priced per transition from the two columns' figures, never tabled),
 and the Pareto labels of every (block, column mask, last column) state the bounds keep. The masks are sets of
 columns with alike devices taken in index order: for a fleet of a few kinds with one mode each, at most
-prod(n_c + 1) masks; for many distinct devices, up to 2^K. No budget caps the labels (fleet-scale.md: Memory).
+prod(n_c + 1) masks; for many distinct devices, up to 2^K. The labels held at once (kept, and pending for
+later blocks) are capped by `LABEL_BUDGET`: beyond it the DP refuses (`LabelBudgetExceeded`, an
+InfeasibleError naming the budget, the states and the columns) instead of growing without limit, so the
+labels take O(LABEL_BUDGET) memory, about half a gigabyte at most (fleet-scale.md: Memory).
 """
 
 from __future__ import annotations
@@ -43,12 +48,21 @@ from ..graph import LayerGraph
 from ..plan_types import Plan, Stage
 from .pipeline_dp import infeasible_message, memory_feasible
 from .pipeline_problem import PipelineProblem, StageChoice, pipeline_problem
-from .pipeline_tables import StageTables, device_classes
+from .pipeline_tables import StageTables, column_classes, device_classes
 from .planner import EnergyGoal, InfeasibleError, PlanOptions
 from .stats import count as count_work
 
 __all__ = ["energy_frontier", "EnergyColumns", "EnergySolution", "solve_energy", "energy_of", "plan_pipeline_energy",
-           "device_columns"]
+           "device_columns", "LABEL_BUDGET", "LabelBudgetExceeded"]
+
+# The most labels the energy DP holds at once (those its states keep and those pending for later blocks): at
+# 200 to 330 bytes a label with its back pointer and its share of the states' keys (traced on the frontier DP,
+# SqueezeNet on 4 and 6 all-distinct devices), about half a gigabyte.
+LABEL_BUDGET = 2_000_000
+
+
+class LabelBudgetExceeded(InfeasibleError):
+    """The energy DP would hold more than LABEL_BUDGET labels (the message says how many states it had)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -82,12 +96,25 @@ class _Column:
 
 
 def _columns(cost: CostTable) -> list[_Column]:
-    """Every (device, power mode) operating point, devices in cluster order, each device's top level first."""
+    """Every (device, power mode) operating point, devices in cluster order, each device's top level first.
+
+    A column is priced by a cost table with its device in its mode, one per mode name with every device that
+    has it there (a device's figures do not depend on the others' modes): a few tables of O(L D), not one per
+    column (O(K L D): 160 tables on 256 devices of 8 kinds, most of the DP's memory and time)."""
+    devices = cost.cluster.devices
+    tops = [d.mode or d.profile.top_mode for d in devices]
+    priced: dict[str, CostTable] = {}
+
+    def in_mode(m: str) -> CostTable:
+        if m not in priced:
+            priced[m] = cost.with_modes({d.name: m for d, top in zip(devices, tops) if m != top
+                                         and m in d.profile.mode_names})
+        return priced[m]
+
     out = []
-    for i, d in enumerate(cost.cluster.devices):
-        top = d.mode or d.profile.top_mode
+    for i, (d, top) in enumerate(zip(devices, tops)):
         out.append(_Column(i, top, cost))
-        out.extend(_Column(i, m, cost.with_modes({d.name: m})) for m in d.profile.mode_names if m != top)
+        out.extend(_Column(i, m, in_mode(m)) for m in d.profile.mode_names if m != top)
     return out
 
 
@@ -145,11 +172,15 @@ def plan_pipeline_energy(graph: LayerGraph, cost: CostTable, options: PlanOption
     problem = _column_problem(base, cost, graph, columns)
     try:
         sol = solve_energy(problem, cols, goal, device_classes(base))
+    except LabelBudgetExceeded:
+        raise
     except InfeasibleError as exc:
         if not memory_feasible(base, None):
             raise
-        fastest = min(energy_of(problem, cols, s.stages)[0] for s in _fastest(problem, cols))
-        raise InfeasibleError(f"{exc}: the fastest pipeline plan takes {fastest:.3f} ms") from None
+        fastest = [energy_of(problem, cols, s.stages)[0] for s in _fastest(problem, cols)]
+        if not fastest:  # the timing DP found none within its label budget: the reason stands alone
+            raise
+        raise InfeasibleError(f"{exc}: the fastest pipeline plan takes {min(fastest):.3f} ms") from None
     blocks = graph.pipeline_blocks
     stages = tuple(Stage(cost.devices[columns[s.device].device], blocks[s.lo][0], blocks[s.hi - 1][1])
                    for s in sol.stages)
@@ -197,14 +228,18 @@ def solve_energy(problem: PipelineProblem, cols: EnergyColumns, goal: EnergyGoal
     taken in index order, which drops relabelled copies of plans (equal cost) from the search."""
     # the per-request costs are idle time, not compute: the columns carry them, the tables do not
     problem = replace(problem, request_in_ms=None, request_out_ms=None)
-    tab = StageTables(problem)
-    dp = _EnergyDP(problem, tab, cols, goal, alike)
+    dp = _EnergyDP(problem, column_tables(problem, cols), cols, goal, alike)
     best = dp.run()
     if best is None:
         if not memory_feasible(problem, None):
             raise InfeasibleError(infeasible_message(problem))
         raise InfeasibleError(f"no pipeline placement is predicted within the SLA of {goal.sla_ms:g} ms")
     return best
+
+
+def column_tables(problem: PipelineProblem, cols: EnergyColumns) -> StageTables:
+    """The stage and transfer tables of the columns' problem per class of alike columns (`column_classes`)."""
+    return StageTables(problem, classes=column_classes(problem, cols.device), device=cols.device)
 
 
 class _EnergyDP:
@@ -215,14 +250,16 @@ class _EnergyDP:
                  alike: np.ndarray | None = None):
         self.p, self.tab, self.cols, self.goal = problem, tab, cols, goal
         self.B, self.K = tab.B, tab.D
+        self.cq = tab.cq  # [column]: its class in the tables
         self.bit = [1 << int(d) for d in cols.device]
         # [column]: the devices alike to its device and before it, which a canonical plan has used already
         dev = [int(d) for d in cols.device]
         self.before = [0 if alike is None else sum(1 << e for e in range(d) if alike[e] == alike[d]) for d in dev]
         self.dyn = np.asarray(cols.busy_w, dtype=np.float64) - np.asarray(cols.idle_w, dtype=np.float64)
-        cut = np.asarray(problem.cut_bytes, dtype=np.float64)
-        tx, rx = np.asarray(cols.tx_nj, dtype=np.float64), np.asarray(cols.rx_nj, dtype=np.float64)
-        self.R = link_mj(cut[:, None, None], tx[None, :, None], rx[None, None, :])  # mJ of cut c, a -> b
+        # a cut's radio energy, link_mj(cut bytes, tx of the sender, rx of the receiver), priced per transition
+        self.cut = np.asarray(problem.cut_bytes, dtype=np.float64)
+        self.tx, self.rx = np.asarray(cols.tx_nj, dtype=np.float64), np.asarray(cols.rx_nj, dtype=np.float64)
+        self.held = 0  # labels kept in states or pending, against LABEL_BUDGET
         self.rest = tab.lat_rest  # least compute of blocks j.. (each on its fastest column)
         self.least_out = float(np.min(cols.request_out_ms))
         self.best: EnergySolution | None = None
@@ -256,17 +293,20 @@ class _EnergyDP:
                 back = [bk for x in parts for bk in x[2]]
                 keep = _pareto(L, E)
                 labels += L.size
+                self.held += len(keep) - L.size
                 self.states[h][key] = (L[keep], E[keep], [back[i] for i in keep])
             pending[h] = {}
             if h == B:
                 break
+            T, cq, cut = self.tab.T[h - 1], self.cq, self.cut[h - 1]
             for (mask, a), (L, E, _) in self.states[h].items():
                 used = self._devices(mask)
                 for b in range(K):
-                    t = float(self.tab.T[h - 1, a, b])
+                    t = float(T[cq[a], cq[b]])  # a != b: a column is used once
                     if used & self.bit[b] or used & self.before[b] != self.before[b] or not math.isfinite(t):
                         continue
-                    self._push(pending, h, (h, mask, a), L + t, E + float(self.R[h - 1, a, b]), b, mask)
+                    radio = float(link_mj(cut, self.tx[a], self.rx[b]))
+                    self._push(pending, h, (h, mask, a), L + t, E + radio, b, mask)
         count_work("labels", labels)
         self._finish()
         return self.best
@@ -274,7 +314,7 @@ class _EnergyDP:
     def _seed(self) -> None:
         """The best single-column placement bounds the search from the start."""
         for k in range(self.K):
-            if math.isfinite(self.tab.C[0, self.B, k]):
+            if math.isfinite(self.tab.C[0, self.B, self.cq[k]]):
                 stages = (StageChoice(0, self.B, k),)
                 lat, energy = energy_of(self.p, self.cols, stages)
                 obj = self.objective(lat, energy)
@@ -285,14 +325,25 @@ class _EnergyDP:
         """Labels (L, E0) of state `src` (at block j) extended by a stage [j, h) on column b, for every h."""
         nmask = mask | (1 << b)
         idle = self._idle(nmask)
-        C = self.tab.C[j, j + 1:, b]  # [h - j - 1]
+        C = self.tab.C[j, j + 1:, self.cq[b]]  # [h - j - 1]
         for off in np.flatnonzero(np.isfinite(C)):
             h = j + 1 + int(off)
             c = float(C[off])
             L2, E2 = L + c, E + c * self.dyn[b]
             idx = np.flatnonzero(self._hopeful(L2, E2, idle, h))
             if idx.size:
+                self._hold(idx.size, j)
                 pending[h].setdefault((nmask, b), []).append((L2[idx], E2[idx], [(src, int(i), j) for i in idx]))
+
+    def _hold(self, n: int, j: int) -> None:
+        """Count n more labels held; over LABEL_BUDGET, refuse in one line (module docstring: Peak memory)."""
+        self.held += n
+        if self.held > LABEL_BUDGET:
+            states = sum(len(x) for x in self.states)
+            raise LabelBudgetExceeded(
+                f"the energy DP would hold more than {LABEL_BUDGET:,} labels ({states:,} states of column masks over "
+                f"{self.K} columns (devices x power modes) by block {j} of {self.B}); its state grows with the "
+                f"distinct devices and modes: use fewer, or another objective")
 
     def _hopeful(self, L: np.ndarray, E: np.ndarray, idle: float, h: int) -> np.ndarray:
         """Labels that may still lead to a plan better than the best so far (and, hard, meet the SLA):
@@ -349,7 +400,7 @@ def energy_frontier(graph: LayerGraph, cost: CostTable, goal: EnergyGoal) -> lis
     columns = _columns(cost)
     cols = device_columns(cost, columns)
     problem = replace(_column_problem(base, cost, graph, columns), request_in_ms=None, request_out_ms=None)
-    dp = _FrontierDP(problem, StageTables(problem), cols, goal)
+    dp = _FrontierDP(problem, column_tables(problem, cols), cols, goal)
     dp.run()
     labels = dp.final_labels()
     if not labels:

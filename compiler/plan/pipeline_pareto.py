@@ -4,15 +4,25 @@ On a shared medium the link term of the bottleneck is the SUM of the transfers, 
 max(max compute, transfer sum) does not decompose over stages. A label is (latency, max compute,
 transfer sum) and each state (blocks done, devices used per class, last device's class) keeps its k-Pareto set: the
 labels dominated by fewer than k others. The bounds the caller passes only prune; the result is exact.
+
+Peak memory: the states' labels, 48 bytes each (three floats and three back pointers), kept until the plans
+are read back: at most `LABEL_BUDGET` of them, beyond which the DP refuses (`TooManyStates`, one line naming
+the size) and the planner goes on as beyond its state budget (pipeline_dp.py: Size), with the relaxation and
+the exact DP over fewer devices, reported not exact; the tables per class are the caller's.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from .pipeline_space import TooManyStates
 from .stats import count as count_work
 
-__all__ = ["pareto_dp", "REL_SLACK"]
+__all__ = ["pareto_dp", "REL_SLACK", "LABEL_BUDGET"]
+
+# The most labels the Pareto DP keeps (48 bytes each in its arrays, and their states' share of the dicts):
+# a few hundred MB at most.
+LABEL_BUDGET = 5_000_000
 
 REL_SLACK = 1e-9  # slack on latency bounds (latency sums are rounded in a different order than evaluate's)
 
@@ -51,6 +61,15 @@ def _kpareto(lat: np.ndarray, mc: np.ndarray, st: np.ndarray, k: int, latency_fi
     return order[:n2][count < k]
 
 
+def _hold(held: int, n: int, sp, j: int, B: int) -> int:
+    """held + n, or TooManyStates when that is over LABEL_BUDGET (module docstring: Peak memory)."""
+    held += n
+    if held > LABEL_BUDGET:
+        raise TooManyStates(f"the shared-medium Pareto DP would keep more than {LABEL_BUDGET:,} labels (by block {j} "
+                            f"of {B}, over {sp.n:,} states of {sp.Q} classes of devices)")
+    return held
+
+
 class _Labels:
     __slots__ = ("lat", "mc", "st", "i", "a", "r")
 
@@ -74,7 +93,7 @@ def pareto_dp(
     `lb_bn` a lower bound on every plan's bottleneck; both only prune, the result stays exact.
     """
     B = tab.B
-    C, T = sp.tables(tab.C, tab.T)  # by class
+    C, T = tab.C, tab.T  # by class, as the states count devices (the classes of sp and tab are one)
     latency_first = objective == "latency"
     ub_lat, ub_bn = ub
     ub_lat_slack = ub_lat + REL_SLACK * abs(ub_lat) if np.isfinite(ub_lat) else np.inf
@@ -104,6 +123,7 @@ def pareto_dp(
     V: dict[tuple[int, int, int], _Labels] = {}  # (j, m, p): labels after a stage on class p ending at j
     W: dict[tuple[int, int], _Labels] = {}  # (m, q): all labels entering q's next device after m (any j), j in .i
     empty_i = np.zeros(0, dtype=np.int64)
+    held = 0  # labels kept in V and W, against LABEL_BUDGET
     for q in np.flatnonzero(sp.inc[sp.empty] >= 0).tolist():
         z = np.zeros(1)
         W[(sp.empty, q)] = _Labels(z, z, z, np.zeros(1, np.int64), np.full(1, -1), np.full(1, -1))
@@ -125,6 +145,7 @@ def pareto_dp(
             if keep.size == 0:
                 continue
             sel = keep[_kpareto(lat[keep], mc[keep], src.st[keep], k, latency_first)]
+            held = _hold(held, sel.size, sp, j, B)
             V[(j, m, q)] = _Labels(lat[sel], mc[sel], src.st[sel], empty_i, empty_i, sel)  # r -> W index
         if j == B:
             break
@@ -147,6 +168,7 @@ def pareto_dp(
                 if keep.size == 0:
                     continue
                 sel = keep[_kpareto(lat[keep], mc0[keep], st[keep], k, latency_first)]
+                held = _hold(held, sel.size, sp, j, B)
                 new = _Labels(lat[sel], mc0[sel], st[sel], np.full(sel.size, j), a0[sel], r0[sel])
                 W[(m, q)] = W[(m, q)].extend(new) if (m, q) in W else new
     # final selection by the objective's key, then reconstruction

@@ -10,7 +10,12 @@ first n_c members of every class, and the states are ordered as those subsets' b
 the highest device in which they differ), so the DPs break exact ties as they did over subsets.
 
 The last device of a stage matters only by its class (its compute, memory and links are its class's), so
-the DPs index it by class (`Space.tables`: the stage and transfer tables per class).
+the DPs index it by class, as the stage and transfer tables are built (pipeline_tables.py `StageTables`, whose
+classes are these, in the same order).
+
+Peak memory: O(n Q) integers for n states (counts, moves, last devices and their order), and, to order the
+states as their subsets' bitmasks, one bit per device per state while they are sorted (O(n D / 8) bytes);
+n Q is at most STATE_BUDGET, checked before anything is built.
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ RELAX_FIRST = 2_000
 
 
 class TooManyStates(InfeasibleError):
-    """The exact DP's state space exceeds STATE_BUDGET (the message says by how much and why)."""
+    """The exact DP's state space exceeds STATE_BUDGET, or the shared medium's Pareto labels their budget
+    (pipeline_pareto.py LABEL_BUDGET); the message says by how much and why."""
 
 
 def count_states(sizes: list[int], S: int) -> int:
@@ -54,7 +60,6 @@ class Space:
     cnt[m, q]: devices of class q used in state m; inc[m, q] / dec[m, q]: the state with one more / one
     fewer of class q (-1: none, as the class is exhausted, S is reached or none is used); device(m, q): the
     last device of class q used in m; order[m]: the classes ordered by that device's index (unused last).
-    `tables` gives a DP's stage and transfer tables by class.
     """
 
     def __init__(self, cls: np.ndarray, S: int, pair_bytes: int = 0, budget: int | None = None):
@@ -118,14 +123,6 @@ class Space:
     def _lookup(self, rows: np.ndarray) -> np.ndarray:
         """The state index of each count vector in `rows` (all of them states)."""
         return self._index.find(rows)
-
-    def tables(self, C: np.ndarray, T: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """A DP's stage table [lo, hi, device] and transfer table [cut, device, device] by class: [lo, hi, q]
-        and [cut, p, q], T[c, q, q] between two devices of q (inf when q has one)."""
-        rep = self.rep
-        second = np.array([m[1] if m.size > 1 else m[0] for m in self.members])
-        dst = np.where(np.eye(self.Q, dtype=bool), second[None, :], rep[None, :])  # [p, q]
-        return C[:, :, rep], T[:, rep[:, None], dst]
 
 
 class _Index:

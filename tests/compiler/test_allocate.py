@@ -147,6 +147,37 @@ def test_the_pruned_shares_give_the_options_of_planning_every_share(tmp_path):
         assert classes.counts(used_devices(o.plan)) == o.counts
 
 
+@pytest.mark.parametrize("sla", [1e4, None])
+def test_with_max_devices_the_fleet_walk_probes_and_keeps_the_options_within_it(tmp_path, monkeypatch, sla):
+    """The fleet walk (shares.py, forced here on a small cluster) with max_devices 2 plans the whole cluster
+    first, a probe over the limit; its options are those of planning every share of at most 2 devices alone,
+    none uses more than 2 devices, and neither does the best run it reports (a tight SLA: the best's)."""
+    from edgec.compiler.allocate import shares as shares_mod
+
+    cluster = load_cluster(cluster_file(tmp_path, [("a", "rpi5"), ("b", "rpi5"), ("c", "rpi4"), ("d", "phone")]))
+    classes = device_classes(cluster)
+    ing = load_model(MODELS / "tinyconv.onnx")
+    cost = build_cost_table(ing.graph, cluster, ing.sha256, model=ing.model)
+    alone = {share: plan_service(_service(1e4, max_devices=sum(share)), ing.graph,
+                                 restrict(cost, sub_cluster(cluster, classes.first(share))),
+                                 device_classes(sub_cluster(cluster, classes.first(share))))
+             for share in _shares(classes.sizes, 2)}
+    if sla is None:  # just under the best any share of 2 devices gets: no option, the best reported
+        sla = min(one.best.prediction.latency_ms for one in alone.values()) * 0.999
+    monkeypatch.setattr(shares_mod, "LISTED", 0)
+    got = plan_service(_service(sla, max_devices=2), ing.graph, cost, classes)
+    assert got.planned[0].share == classes.sizes  # the probe
+    assert all(o.size <= 2 for o in got.options) and sum(got.best.used) <= 2
+    for share, one in alone.items():
+        best = max((o.utility for o in one.options if utility(_service(sla), o.prediction) is not None),
+                   default=None)
+        if best is not None:
+            assert any(o.utility >= best - 1e-12 and all(a <= b for a, b in zip(o.counts, share))
+                       for o in got.options), share
+    if not got.options:
+        assert got.best.prediction.latency_ms == min(one.best.prediction.latency_ms for one in alone.values())
+
+
 def test_options_meet_the_sla_and_min_devices_pads(tmp_path):
     cluster = load_cluster(cluster_file(tmp_path, [("a", "rpi5"), ("b", "rpi4"), ("c", "rpi4")]))
     classes = device_classes(cluster)

@@ -1,5 +1,6 @@
 """allocate/shares.py: the shares plan_shares visits, found from the maximal shares left, are the ones (in
-the same order) that listing every share and skipping the covered and hopeless ones gives."""
+the same order) that listing every share and skipping the covered and hopeless ones gives; with a device
+limit on a fleet, the probes over it leave no share within it unplanned or not ruled out."""
 
 from __future__ import annotations
 
@@ -14,26 +15,32 @@ from edgec.compiler.allocate import shares as shares_mod
 from edgec.compiler.allocate.shares import Shares, every_share
 
 
+def _run(seed, share):
+    """A made-up planner run on `share`, drawn from the seed and the share (so every walk sees the same runs):
+    (the devices its plan uses or None, whether it meets the SLA)."""
+    rng = random.Random(f"{seed}:{share}")
+    used = tuple(rng.randint(0, x) if rng.random() < 0.5 else min(x, rng.randint(0, 1)) for x in share)
+    planned = rng.random() < 0.9
+    return (used if planned else None), planned and rng.random() < 0.7
+
+
 def _visit(sizes, limit, seed, listed: bool, monkeypatch) -> list[tuple[int, ...]]:
-    """plan_shares' loop with made-up planner runs: each share's run (the devices its plan uses, or no plan;
-    whether it meets the SLA) drawn from the seed and the share, so both orders see the same runs."""
+    """plan_shares' loop with made-up planner runs (`_run`)."""
     monkeypatch.setattr(shares_mod, "LISTED", math.inf if listed else 0)
     seq, shares = [], Shares(sizes, limit)
     while (share := shares.next()) is not None:
         seq.append(share)
-        rng = random.Random(f"{seed}:{share}")
-        used = tuple(rng.randint(0, x) if rng.random() < 0.5 else min(x, rng.randint(0, 1)) for x in share)
-        planned = rng.random() < 0.9
-        if not (planned and rng.random() < 0.7):
+        used, meets = _run(seed, share)
+        if not meets:
             shares.hopeless(share)
-        if planned:
+        if used is not None:
             shares.cover(used, share)
     return seq
 
 
 @settings(max_examples=300, deadline=None)
 @given(sizes=st.lists(st.integers(0, 4), min_size=1, max_size=4).filter(lambda s: sum(s) > 0),
-       limit_frac=st.sampled_from([None, 0.3, 0.6, 1.0]), seed=st.integers(0, 10**6))
+       limit_frac=st.sampled_from([None, 1.0]), seed=st.integers(0, 10**6))
 def test_the_maximal_shares_visit_what_the_full_list_visits(sizes, limit_frac, seed):
     import pytest
 
@@ -44,13 +51,47 @@ def test_the_maximal_shares_visit_what_the_full_list_visits(sizes, limit_frac, s
     assert frontier == listed
 
 
+@settings(max_examples=300, deadline=None)
+@given(sizes=st.lists(st.integers(0, 4), min_size=1, max_size=5).filter(lambda s: sum(s) > 1),
+       limit_frac=st.sampled_from([0.2, 0.3, 0.6, 0.9]), seed=st.integers(0, 10**6))
+def test_with_a_limit_the_probes_leave_no_share_within_it_unplanned(sizes, limit_frac, seed):
+    """Beyond LISTED shares with a device limit, the walk probes shares over it (shares.py): every share within
+    the limit is then planned, or in the box [used, share] of a run whose plan is within the limit, or under a
+    share that misses the SLA; and the shares come largest first."""
+    import pytest
+
+    sizes = tuple(sizes)
+    limit = max(1, round(limit_frac * sum(sizes)))
+    with pytest.MonkeyPatch.context() as mp:
+        seq = _visit(sizes, limit, seed, False, mp)
+    assert [-sum(c) for c in seq] == sorted(-sum(c) for c in seq)
+    runs = {c: _run(seed, c) for c in seq}
+    le = lambda a, b: all(x <= y for x, y in zip(a, b))  # noqa: E731
+    for share in every_share(sizes, limit):
+        assert share in runs or any(
+            (used is not None and sum(used) <= limit and le(used, share) and le(share, w))
+            or (not meets and le(share, w)) for w, (used, meets) in runs.items()), share
+
+
+def test_a_limit_on_a_fleet_plans_the_classes_not_the_shares_within_it():
+    """100 devices of 8 kinds (4 of each offered) and max_devices 8: 5,475 shares of 8 devices, no box of one
+    holding another. When every plan uses one device, of the first class its share has, the walk plans the whole
+    cluster and then the cluster without each class in turn: 8 runs."""
+    shares, seen = Shares((4,) * 8, 8), []
+    while (share := shares.next()) is not None:
+        seen.append(share)
+        first = next(c for c, n in enumerate(share) if n)
+        shares.cover(tuple(int(c == first) for c in range(8)), share)
+    assert seen == [(0,) * c + (4,) * (8 - c) for c in range(8)]
+
+
 def test_nothing_ruled_out_visits_every_share_in_order(monkeypatch):
     monkeypatch.setattr(shares_mod, "LISTED", 0)
     shares, seen = Shares((2, 1, 3), 4), []
     while (share := shares.next()) is not None:
         seen.append(share)
         shares.cover(share, share)
-    assert seen == every_share((2, 1, 3), 4)
+    assert seen == [(2, 1, 3)] + every_share((2, 1, 3), 4)  # the probe of the whole cluster, over the limit, first
 
 
 def test_a_fleet_of_a_billion_shares_is_never_listed():

@@ -7,6 +7,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -289,3 +290,36 @@ def test_energy_on_power_modes_beside_alike_devices(tmp_path):
     assert res.exit_code == 0, res.output
     res = invoke("compile", model, "--devices", path, "-o", tmp_path / "front", "--pareto")
     assert res.exit_code == 0, res.output
+
+
+def test_the_energy_dps_label_budget_is_a_one_line_refusal(tmp_path, monkeypatch):
+    """Over the energy DP's label budget, `compile --strategy pipeline --objective energy` exits 2 with the DP's
+    reason (its size), not an internal error, and writes nothing (auto goes on with its other planners)."""
+    from edgec.compiler.plan import pipeline_energy
+    monkeypatch.setattr(pipeline_energy, "LABEL_BUDGET", 1)
+    path = write_cluster(tmp_path, {"fast": FAST, "slow": SLOW}, [("f", "fast"), ("s", "slow")])
+    res = invoke("compile", TINY, "--devices", path, "-o", tmp_path / "out", "--strategy", "pipeline",
+                 "--objective", "energy", "--sla-ms", 1000)
+    line = error_line(res)
+    assert "the energy DP would hold more than 1 labels" in line, line
+    assert not (tmp_path / "out").exists()
+
+
+def test_columns_share_one_cost_table_per_mode_priced_as_one_device_at_a_time(tmp_path):
+    """The energy planner prices every column of one power mode in one cost table (not one table per column,
+    O(columns x layers x devices)): each column's figures are those of its device alone in that mode, bit for bit."""
+    from edgec.compiler.plan.pipeline_energy import _columns
+
+    moded2 = MODED | {"name": "moded2"}
+    path = write_cluster(tmp_path, {"moded": MODED, "moded2": moded2, "fast": FAST},
+                         [("m1", "moded"), ("f", "fast"), ("m2", "moded"), ("m3", "moded2")])
+    ing = load_model(TINY)
+    cost = build_cost_table(ing.graph, load_cluster(path), ing.sha256, model=ing.model)
+    columns = _columns(cost)
+    assert [c.device for c in columns] == [0, 0, 1, 2, 2, 3, 3]
+    assert [(c.device, c.mode) for c in columns if c.cost is not cost] == [(0, "eco"), (2, "eco"), (3, "eco")]
+    assert len({id(c.cost) for c in columns}) == 2  # the cluster as it is, and every moded device in "eco"
+    for c in columns:
+        alone = cost if c.cost is cost else cost.with_modes({cost.devices[c.device]: c.mode})
+        assert np.array_equal(c.cost.layer_ms[:, c.device], alone.layer_ms[:, c.device])
+        assert c.cost.cluster.devices[c.device].traits == alone.cluster.devices[c.device].traits

@@ -1,5 +1,6 @@
 """The pipeline energy DP (plan/pipeline_energy.py) equals brute force on small instances: hard and soft
-SLAs, power modes (several columns of one device), per-request costs; and its infeasible cases."""
+SLAs, power modes (several columns of one device), per-request costs; and its infeasible cases. Its tables
+are per class of alike columns, and its labels within a budget."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from edgec.compiler.plan.pipeline_energy import EnergyColumns, energy_of, solve_energy
+from edgec.compiler.plan import pipeline_energy
+from edgec.compiler.plan.pipeline_energy import (EnergyColumns, LabelBudgetExceeded, column_tables,
+                                                 energy_of, solve_energy)
+from edgec.compiler.plan.pipeline_tables import column_classes
 from edgec.compiler.plan.planner import EnergyGoal, InfeasibleError
 from pipeline_reference import brute_force_energy
 from test_pipeline_dp import make_problem, problems
@@ -120,3 +124,67 @@ def test_alike_devices_taken_in_order_keep_the_optimum(seed):
         assert ordered.objective == pytest.approx(free.objective, rel=1e-12)
         used = [int(device[s.device]) for s in ordered.stages]
         assert sorted(used) == list(range(len(used)))  # the first devices, whatever the modes
+
+
+def _moded_fleet(per_kind: list[int], B: int = 4, seed: int = 0):
+    """Devices of a few kinds (alike within a kind), kind k with per_kind[k] devices in two power modes: its
+    columns problem (a device's two columns share no link) and their figures."""
+    rng = np.random.default_rng(seed)
+    kinds = np.repeat(np.arange(len(per_kind)), per_kind)
+    device = np.repeat(np.arange(kinds.size), 2)  # columns 2d, 2d + 1: device d in its fast and its slow mode
+    kind = kinds[device]
+    fast = rng.integers(2, 8, (B, len(per_kind))) / 4.0
+    block = np.where(np.arange(device.size) % 2 == 0, fast[:, kind], 2.0 * fast[:, kind])
+    bw_k = 2.0 ** rng.integers(5, 8, (len(per_kind), len(per_kind)))
+    bw = np.minimum(bw_k, bw_k.T)[np.ix_(kind, kind)]
+    bw[device[:, None] == device[None, :]] = 0.0
+    problem = make_problem(block, [10**6] * B, [10**6] * B, [128] * (B - 1), [3 * 10**6] * device.size, bw,
+                           np.full((device.size, device.size), 0.125))
+    idle = np.where(np.arange(device.size) % 2 == 0, 2.0, 0.5) * (1 + kind)
+    cols = EnergyColumns(device, idle, 3.0 * idle, np.full(device.size, 40.0), np.full(device.size, 20.0),
+                         np.zeros(device.size), np.zeros(device.size))
+    return problem, cols, kinds
+
+
+def test_column_classes_are_the_modes_of_alike_devices():
+    """3 kinds of 4, 1 and 3 devices, two modes each: 16 columns in 6 classes, and the tables hold 6 classes
+    (the stage and transfer tables of 256 such devices are those of 8)."""
+    problem, cols, _ = _moded_fleet([4, 1, 3])
+    cls = column_classes(problem, cols.device)
+    assert np.unique(cls).size == 6
+    assert cls.tolist() == [0, 1, 0, 1, 0, 1, 0, 1, 8, 9, 10, 11, 10, 11, 10, 11]
+    tab = column_tables(problem, cols)
+    assert tab.Q == 6 and tab.T.shape == (3, 6, 6)
+    for a in range(cols.device.size):  # every pair of columns of two devices: the problem's transfer
+        for b in range(cols.device.size):
+            if cols.device[a] != cols.device[b]:
+                assert tab.T[0, tab.cq[a], tab.cq[b]] == problem.transfer_ms(0, a, b)
+    big, big_cols, _ = _moded_fleet([128, 128])
+    small, small_cols, _ = _moded_fleet([1, 1])
+    held = [sum(x.nbytes for x in (t.C, t.T)) for t in (column_tables(big, big_cols), column_tables(small, small_cols))]
+    assert held[0] == held[1]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_energy_dp_on_column_classes_is_the_dp_on_columns(seed, monkeypatch):
+    """The DP on the tables per class of columns returns the plan, latency and energy the DP on one class per
+    column returns, bit for bit."""
+    problem, cols, kinds = _moded_fleet([3, 2, 1], B=5, seed=seed)
+    alike = np.array([int(np.flatnonzero(kinds == k)[0]) for k in kinds])
+    goals = (EnergyGoal(12.0), EnergyGoal(3.0, soft=True, lam=2.0))
+    got = [solve_energy(problem, cols, g, alike) for g in goals]
+    monkeypatch.setattr(pipeline_energy, "column_classes", lambda p, device: np.arange(p.n_devices))
+    want = [solve_energy(problem, cols, g, alike) for g in goals]
+    assert got == want
+
+
+def test_the_label_budget_refuses_in_one_line(monkeypatch):
+    """Over LABEL_BUDGET labels held, the DP refuses with the size, in one line; the planner passes it on
+    as it is (not as an SLA out of reach)."""
+    problem, cols, _ = _moded_fleet([3, 2, 1], B=5)
+    solve_energy(problem, cols, EnergyGoal(1e6, soft=True, lam=1.0))  # within the default budget
+    monkeypatch.setattr(pipeline_energy, "LABEL_BUDGET", 20)
+    with pytest.raises(LabelBudgetExceeded) as err:
+        solve_energy(problem, cols, EnergyGoal(1e6, soft=True, lam=1.0))
+    msg = str(err.value)
+    assert "\n" not in msg and "more than 20 labels" in msg and f"over {cols.device.size} columns" in msg

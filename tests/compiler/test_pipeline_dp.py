@@ -364,3 +364,18 @@ def test_rejects_bad_arguments():
         solve_pipeline(problem, "latency", top_k=0)
     with pytest.raises(ValueError):
         solve_pipeline(problem, "latency", max_stages=0)
+
+
+def test_the_shared_mediums_pareto_labels_have_a_budget(monkeypatch):
+    """Over pipeline_pareto.LABEL_BUDGET labels the shared medium's Pareto DP refuses in one line naming the
+    size (the planner then goes on as beyond its state budget); within it, the plans are the exact ones."""
+    from edgec.compiler.plan import pipeline_pareto
+
+    problem = make_problem([[1.0, 1.0, 2.0], [2.0, 1.0, 1.0], [1.0, 2.0, 1.0], [1.0, 1.0, 1.0]], [0] * 4, [0] * 4,
+                           [64, 64, 64], [10**9] * 3, np.full((3, 3), 64.0), medium="shared")
+    want = keys(brute_force(problem, "throughput")[:3], "throughput")
+    assert keys(solve_pipeline(problem, "throughput", top_k=3), "throughput") == want
+    monkeypatch.setattr(pipeline_pareto, "LABEL_BUDGET", 2)
+    with pytest.raises(InfeasibleError) as err:
+        solve_pipeline(problem, "throughput", top_k=3)
+    assert "\n" not in str(err.value) and "Pareto DP would keep more than 2 labels" in str(err.value)
