@@ -17,7 +17,7 @@ FOLDERS = {"compiler": "edgec.compiler", "runtime": "edgec.runtime"}
 # Bottom to top: a module may import a module of a lower layer, or of its own unit (a package, or the
 # module itself); never one of a higher layer or of another unit of its own layer.
 COMPILER_LAYERS = [
-    ["", "errors", "units", "progress", "text"],  # "": the edgec.compiler package itself
+    ["", "errors", "units", "progress", "text", "names"],  # "": the edgec.compiler package itself
     ["graph"],
     ["plan_types"],
     ["spatial"],
