@@ -93,60 +93,14 @@ RUNTIME_SECONDS = 1.6
 RUNTIME_QUANTILE = 0.5
 CPU_EXCHANGES = 4  # exchanges in each of message_cpu_ms_per_mb's two requests (module docstring)
 CLUSTERS = 4  # the runtime figures' rounds are spread over this many clusters of fresh workers
-# Under a CPU share below this many cores, the runtime's timings run on one CPU, coordinator and workers alike.
-# CFS hands a cgroup's quota out to each CPU in slices (5 ms) larger than a small quota, so processes of one
-# cgroup on two CPUs stall each other: a 64-byte hand-off between two local workers in a 0.3-core cgroup took
-# 0.32-2.36 ms across this machine's two CPUs, 0.113 ms on one (about 0.15 ms without a quota).  A device of
-# less than a core runs as one core would.
-ONE_CPU_BELOW = 1.0
 
 
-def measure_runtime_costs(policy: Policy, quick: bool, say: Callable[[str], None],
-                          cores: float | None = None) -> tuple[dict, dict, list[str]]:
+def measure_runtime_costs(policy: Policy, quick: bool, say: Callable[[str], None]) -> tuple[dict, dict, list[str]]:
     """({message_ms, message_ms_per_mb, request_ms, and the CPU figures where measured}, {timing name: Figure},
-    [a line per figure left out or written as 0 because noise swamped it]) on this machine; `cores`: the CPU
-    share this process runs under (None: none), below one core its timings run on one CPU (`ONE_CPU_BELOW`)."""
+    [a line per figure left out or written as 0 because noise swamped it]) on this machine."""
     if policy.rounds >= DEFAULT.rounds:  # a quick profile keeps its few short rounds, in one cluster
         policy = replace(policy, max_seconds=min(policy.max_seconds * RUNTIME_ROUNDS / policy.rounds, RUNTIME_SECONDS),
                          rounds=RUNTIME_ROUNDS)
-    mine = _affinity(0)
-    if cores is not None and cores < ONE_CPU_BELOW and mine:
-        cpu = min(mine)
-        say(f"  runtime costs under a share of {cores:g} cores: timed on CPU {cpu} alone, as a device of less than a "
-            "core runs")
-        policy = replace(policy, cpu=cpu)
-        os.sched_setaffinity(0, {cpu})
-        try:
-            return _measure_runtime_costs(policy, quick, say)
-        finally:
-            os.sched_setaffinity(0, mine)
-    return _measure_runtime_costs(policy, quick, say)
-
-
-def _affinity(pid: int) -> set[int] | None:
-    """The CPUs task `pid` (0: this thread) may run on; None where the OS cannot say."""
-    try:
-        return os.sched_getaffinity(pid)
-    except (AttributeError, OSError):
-        return None
-
-
-def _pin(cluster, cpu: int | None) -> None:
-    """Every thread of `cluster`'s local workers onto `cpu` (None: as they are). They may be forks of a process
-    made before this one was pinned (the zygote), so their own affinity is set, thread by thread."""
-    if cpu is None:
-        return
-    for w in cluster.workers.values():
-        if w.proc is None:
-            continue
-        for task in Path(f"/proc/{w.proc.pid}/task").iterdir():
-            try:
-                os.sched_setaffinity(int(task.name), {cpu})
-            except (ProcessLookupError, FileNotFoundError):  # a thread that has just ended
-                pass
-
-
-def _measure_runtime_costs(policy: Policy, quick: bool, say: Callable[[str], None]) -> tuple[dict, dict, list[str]]:
     say("  runtime costs: a message between two local workers and one request through the coordinator")
     large = _LARGE_BYTES[quick]
     figures = _message_figures(policy, large)
@@ -192,7 +146,7 @@ def source(quick: bool) -> str:
             "message_cpu_ms_per_mb, request_cpu_ms: the same in CPU time of the coordinator and its workers, every "
             "thread (schedstat): the CPU difference per message and per 10^6 bytes between a request exchanging a "
             f"large tensor {CPU_EXCHANGES} times and one exchanging a 64-byte tensor as often between two workers, "
-            "and a request of the 64-float Relu; under a CPU share below a core, all of it on one CPU")
+            "and a request of the 64-float Relu")
 
 
 def _rounds(sample: Callable[[], float], policy: Policy) -> Figure:
@@ -210,7 +164,6 @@ def _over_clusters(manifest, samplers: dict[str, Callable], policy: Policy, timi
     for k in range(clusters):
         per = policy.rounds // clusters + (k < policy.rounds % clusters)
         with WorkerPool(manifest, threads=1, timeout=30.0, timings=timings) as cluster:
-            _pin(cluster, policy.cpu)
             made = {name: make(cluster) for name, make in samplers.items()}
             for _ in range(per):
                 for name, sample in made.items():

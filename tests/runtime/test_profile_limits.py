@@ -13,7 +13,6 @@ are checked and the ratio is not (skipped, saying so): slow tests run on an idle
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -87,37 +86,3 @@ def test_inside_a_testbed_host_the_share_is_measured_where_the_quota_cannot_be_r
     assert quota["read"] is False and quota["cores"] is None and "ip netns exec" in quota["source"], quota
     assert 0.1 <= quota["measured_share"] <= 0.3 and quota["sample_ms"] == {1: 50.0}, quota
     assert "CPU quota" not in load_profile(str(out)).description
-
-
-RUNTIME_COSTS = """
-import json, os
-from edgec.runtime.profile.fixed import measure_runtime_costs
-from edgec.runtime.profile.timing import DEFAULT
-said = []
-costs, _, _ = measure_runtime_costs(DEFAULT, False, said.append, {cores})
-print(json.dumps({{"costs": costs, "said": said, "affinity": sorted(os.sched_getaffinity(0))}}))
-"""
-
-
-def test_the_runtimes_costs_under_a_fraction_of_a_core_are_timed_on_one_cpu(tmp_path):
-    """Under a share below a core the runtime's timings (a message between two local workers, a request) run on
-    one CPU, as a device of less than a core runs: across two CPUs the cgroup's small quota, handed to each CPU in
-    slices larger than itself, stalled every other hand-off (1.66 ms for a 64-byte message in a 0.3-core host's
-    profile, about 0.15 ms unlimited). The process's own affinity is given back after."""
-    netbed.skip_unless_available(limits=True)
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("one CPU here: nothing to stall across")
-    found = netbed_limits.find_controllers()
-    made: list[Path] = []
-    try:
-        dirs = netbed_limits.create(f"{netbed.PREFIX}-{os.getpid()}-9-h0", HostLimits(cpus=0.25), found, made)
-        argv = [sys.executable, "-c", RUNTIME_COSTS.format(cores=0.25)]
-        proc = subprocess.run(netbed_limits.join_argv(dirs, argv), capture_output=True, text=True, timeout=600)
-    finally:
-        for path in reversed(made):
-            netbed_limits.remove(path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    got = json.loads(proc.stdout.splitlines()[-1])
-    assert any("alone, as a device of less than a core runs" in line for line in got["said"]), got["said"]
-    assert len(got["affinity"]) >= 2  # given back
-    assert got["costs"]["message_ms"] < 0.6, got["costs"]  # measured 0.107-0.113 (0.3 cores), 0.32-2.36 unpinned
