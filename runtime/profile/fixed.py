@@ -6,7 +6,8 @@
   timed as `edgec run --report` times a transfer, from the sender's send step starting to the receiver
   holding the decoded tensor, and the hand-off is the mean of both ways (a worker's clock offset adds to
   one way what it takes from the other, so it cancels). Timed for a 64-byte tensor (the fixed part) and a
-  1 MiB one (quick: 256 KiB); the per-MB figure is the difference per 10^6 bytes. Both ends run here, so
+  1 MiB one (quick: 256 KiB), each in requests of its own whose input is no larger than the tensor exchanged;
+  the per-MB figure is the difference per 10^6 bytes. Both ends run here, so
   the figure is both ends' work. The workers keep their heap (runtime worker.keep_heap), as every worker does:
   with glibc's defaults each 1 MiB message faulted in fresh pages, and its hand-off alternated between about
   1.0 and 1.8 ms from one request to the next, so message_large's spread stayed at 26-28% (the profile warned,
@@ -44,6 +45,19 @@
   of a message is not taken: a difference of two requests' CPU that small (0.1-0.4 ms) drowned in how
   this machine's CPU per request wanders (3.6 to 5.4 ms for the same request, minutes apart); message_ms
   stands in. Left out where /proc cannot say.
+
+Under a CPU share below a core (ONE_CPU_BELOW; the profile's quota.py reads or measures it), every thread of the
+coordinator and of its workers runs on one CPU while these are timed. They stand in for two devices and the
+coordinator but share one quota, and CFS hands a quota out to each CPU in slices (5 ms) larger than a small quota:
+processes of one cgroup on two CPUs stall each other until the next period. Measured on this 2-core machine, in a
+0.3-core cgroup (1.5 ms per 5 ms period), a 64-byte hand-off took 0.25-2.4 ms across both CPUs (bimodal, run to
+run) and 0.10-0.11 ms on one CPU (0.11 with no quota), while between two testbed hosts of 0.3 cores each, each in
+a cgroup of its own, it took 0.17-0.21 ms back to back (0.18 with no quota): a device's own hand-off does not meet
+that stall. The hand-offs are timed in requests of their own size for the same reason: with the large tensor's
+exchange in the same request, its CPU ran the quota out and the stall landed in the 64-byte hand-off as often as
+not (1.8-2.2 ms on one CPU too). The per-MB figure under a small share is still both ends' work within one quota
+(8.5-8.8 ms per MB at 0.3 cores, one CPU or two), where two such devices each spend their own: a 256 KiB hand-off
+between two 0.3-core testbed hosts took 0.93 ms (0.80 with no quota), the profile's figures say 2.4.
 
 Each is timed in rounds of samples until the last `window` agree (timing.py), but unlike the micro-benchmarks:
 - a sample is the median of its requests (or runs), not their mean: one late wake-up of a worker is not the
@@ -93,14 +107,49 @@ RUNTIME_SECONDS = 1.6
 RUNTIME_QUANTILE = 0.5
 CPU_EXCHANGES = 4  # exchanges in each of message_cpu_ms_per_mb's two requests (module docstring)
 CLUSTERS = 4  # the runtime figures' rounds are spread over this many clusters of fresh workers
+ONE_CPU_BELOW = 1.0  # under a CPU share below this many cores, the runtime's timings run on one CPU (docstring)
 
 
-def measure_runtime_costs(policy: Policy, quick: bool, say: Callable[[str], None]) -> tuple[dict, dict, list[str]]:
+def measure_runtime_costs(policy: Policy, quick: bool, say: Callable[[str], None],
+                          cores: float | None = None) -> tuple[dict, dict, list[str]]:
     """({message_ms, message_ms_per_mb, request_ms, and the CPU figures where measured}, {timing name: Figure},
-    [a line per figure left out or written as 0 because noise swamped it]) on this machine."""
+    [a line per figure left out or written as 0 because noise swamped it]) on this machine; `cores`: the CPU
+    share this process runs under (None: none seen), below ONE_CPU_BELOW its timings run on one CPU."""
     if policy.rounds >= DEFAULT.rounds:  # a quick profile keeps its few short rounds, in one cluster
         policy = replace(policy, max_seconds=min(policy.max_seconds * RUNTIME_ROUNDS / policy.rounds, RUNTIME_SECONDS),
                          rounds=RUNTIME_ROUNDS)
+    mine = _affinity()
+    if cores is None or cores >= ONE_CPU_BELOW or not mine:
+        return _measure_runtime_costs(policy, quick, say)
+    cpu = min(mine)
+    say(f"  runtime costs under a share of {cores:g} cores: timed on CPU {cpu} alone (the coordinator and both "
+        "workers share this process's quota; across CPUs they would stall each other)")
+    _set_affinity(os.getpid(), {cpu})
+    try:
+        return _measure_runtime_costs(replace(policy, cpu=cpu), quick, say)
+    finally:
+        _set_affinity(os.getpid(), mine)
+
+
+def _affinity() -> set[int] | None:
+    """The CPUs this thread may run on; None where the OS cannot say (then nothing is pinned)."""
+    try:
+        return os.sched_getaffinity(0)
+    except (AttributeError, OSError):
+        return None
+
+
+def _set_affinity(pid: int, cpus: set[int]) -> None:
+    """Every thread of process `pid` onto `cpus`: an affinity is a thread's, and a thread started before (ZeroMQ's
+    I/O threads, a worker forked by the zygote before this process was pinned) keeps its own."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            os.sched_setaffinity(int(task.name), cpus)
+        except (ProcessLookupError, FileNotFoundError):  # a thread that has just ended
+            pass
+
+
+def _measure_runtime_costs(policy: Policy, quick: bool, say: Callable[[str], None]) -> tuple[dict, dict, list[str]]:
     say("  runtime costs: a message between two local workers and one request through the coordinator")
     large = _LARGE_BYTES[quick]
     figures = _message_figures(policy, large)
@@ -146,7 +195,7 @@ def source(quick: bool) -> str:
             "message_cpu_ms_per_mb, request_cpu_ms: the same in CPU time of the coordinator and its workers, every "
             "thread (schedstat): the CPU difference per message and per 10^6 bytes between a request exchanging a "
             f"large tensor {CPU_EXCHANGES} times and one exchanging a 64-byte tensor as often between two workers, "
-            "and a request of the 64-float Relu")
+            "and a request of the 64-float Relu; under a CPU share below a core, all of it on one CPU")
 
 
 def _rounds(sample: Callable[[], float], policy: Policy) -> Figure:
@@ -164,6 +213,10 @@ def _over_clusters(manifest, samplers: dict[str, Callable], policy: Policy, timi
     for k in range(clusters):
         per = policy.rounds // clusters + (k < policy.rounds % clusters)
         with WorkerPool(manifest, threads=1, timeout=30.0, timings=timings) as cluster:
+            if policy.cpu is not None:
+                for w in cluster.workers.values():
+                    if w.proc is not None:
+                        _set_affinity(w.proc.pid, {policy.cpu})
             made = {name: make(cluster) for name, make in samplers.items()}
             for _ in range(per):
                 for name, sample in made.items():
@@ -355,13 +408,19 @@ def _cpu_figures(policy: Policy, large: int) -> dict[str, Figure] | None:
 
 
 def _message_figures(policy: Policy, large: int) -> dict[str, Figure]:
+    """{"message_small": a 64-byte hand-off, "message_large": a `large`-byte one}, each in requests of its own
+    exchange build whose input is as large as the tensor exchanged (module docstring: why not one request)."""
     folder = Path(tempfile.mkdtemp(prefix="edgec-profile-message-"))
+    out: dict[str, Figure] = {}
     try:
-        manifest = load_manifest(_exchange_build(folder, large))
-        feeds = {"x": np.ones((1, large // 4), dtype=np.float32)}
-        return _over_clusters(manifest, {"message_small": lambda c: _request_sampler(c, feeds, "s", policy),
-                                         "message_large": lambda c: _request_sampler(c, feeds, "l", policy)},
-                              policy, timings=True)
+        for name, size, way in (("message_small", SMALL_BYTES, "s"), ("message_large", large, "l")):
+            sub = folder / name
+            sub.mkdir()
+            manifest = load_manifest(_exchange_build(sub, size, way))
+            feeds = {"x": np.ones((1, size // 4), dtype=np.float32)}
+            out.update(_over_clusters(manifest, {name: lambda c: _request_sampler(c, feeds, way, policy)}, policy,
+                                      timings=True))
+        return out
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

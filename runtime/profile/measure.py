@@ -248,8 +248,8 @@ def measure_host(
         conversions = kernels.blocked_layout(counts[-1])
         say(f"  onnxruntime runs convolutions in a blocked layout: {'yes' if conversions else 'no'} "
             "(layout_conversions)")
-        runtime, runtime_entries = (_runtime_costs(policy, quick, strict, say, details, unstable) if runtime_costs
-                                    else ({}, {}))
+        runtime, runtime_entries = (_runtime_costs(policy, quick, strict, say, details, unstable, quota.share())
+                                    if runtime_costs else ({}, {}))
         if co:
             shared = _shared_weights(gbps, co, strict, say, details, unstable)
     load.finish()  # the co-runners reaped: their CPU is this process's children's, not another's
@@ -453,10 +453,10 @@ def _shared_weights(gbps: float, co: CoRunners, strict: bool, say: Callable[[str
 
 
 def _runtime_costs(policy: Policy, quick: bool, strict: bool, say: Callable[[str], None], details: list[str],
-                   unstable: list[str]) -> tuple[dict, dict]:
+                   unstable: list[str], quota_cores: float | None = None) -> tuple[dict, dict]:
     """The runtime's costs and their `measurement.runtime` entries; an unstable timing is refused with
     strict, else a warning like any other figure's."""
-    costs, figures, notes = measure_runtime_costs(policy, quick, say)
+    costs, figures, notes = measure_runtime_costs(policy, quick, say, quota_cores)
     details.extend(notes)
     entries = {}
     for name, f in figures.items():

@@ -63,6 +63,15 @@ class CpuQuota:
             return UNKNOWN_PERIOD_SAMPLE_S
         return None
 
+    def share(self) -> float | None:
+        """The cores this process may use: the quota read, else (files unreadable) the measured share where it is
+        below LIMITED; None: no limit seen."""
+        if self.cores is not None:
+            return self.cores
+        if not self.read and self.measured_share is not None and self.measured_share < LIMITED:
+            return self.measured_share
+        return None
+
     def entry(self, counts: list[int]) -> dict:
         """The profile's `cpu_quota:`."""
         samples = {n: self.sample_s(n) for n in counts}

@@ -68,6 +68,8 @@ class Policy:
     # A CPU quota throttles this process (quota.py): a sample's runs are counted over a first min_sample_s
     # stretch, however many, so that every sample spans that long (a run timed alone may have stalled)
     long_samples: bool = False
+    # The runtime's timings (fixed.py) under a CPU share below a core: the one CPU their processes run on
+    cpu: int | None = None
 
     def __post_init__(self):
         if (not (0 < self.max_spread < 10) or self.window < 3 or self.max_seconds <= 0 or self.rounds < 2

@@ -82,9 +82,14 @@ def test_a_message_is_the_mean_of_both_ways_between_two_workers(monkeypatch):
     assert costs["request_ms"] == pytest.approx(0.75)
     assert figures["run_in_plan"].median_s * 1e3 == pytest.approx(RUN_IN_PLAN_MS)
     assert costs["run_ms"] == pytest.approx(RUN_IN_PLAN_MS - RUN_ALONE_MS)
-    exchange = FakeCluster.manifests[0]
-    assert working_devices(exchange) == ("a", "b")  # one worker process each
-    assert [t.bytes for t in exchange.transfers] == [fixed.SMALL_BYTES] * 2 + [quick_large] * 2
+    small, large = FakeCluster.manifests[:2]
+    for exchange in (small, large):
+        assert working_devices(exchange) == ("a", "b")  # one worker process each
+    # each figure in requests of its own, whose input is no larger than the tensor exchanged: under a small CPU
+    # quota a request's other work runs the quota out and the stall lands in the hand-off timed
+    assert [t.bytes for t in small.transfers] == [fixed.SMALL_BYTES] * 2
+    assert [i.nbytes for i in small.inputs] == [fixed.SMALL_BYTES]
+    assert [t.bytes for t in large.transfers] == [quick_large] * 2
 
 
 def _cpu(ms: float) -> Figure:
@@ -216,3 +221,60 @@ def test_runtime_figures_spread_their_rounds_over_fresh_clusters_and_take_the_me
     started.clear()
     fixed._over_clusters("m", {"x": sampler}, replace(policy, rounds=2))
     assert len(started) == 1
+
+
+def _affinities(pid: int) -> set[frozenset]:
+    """The CPU sets of every thread of process `pid`."""
+    import os
+
+    return {frozenset(os.sched_getaffinity(int(t.name))) for t in Path(f"/proc/{pid}/task").iterdir()}
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "sched_getaffinity") or not Path("/proc/self/task").exists(),
+                    reason="thread affinities are Linux's")
+def test_under_a_share_below_a_core_the_runtime_is_timed_on_one_cpu(monkeypatch):
+    """The coordinator and both workers share the profile's quota; across CPUs CFS hands it out in slices larger
+    than a small quota, and they stall each other (a 64-byte hand-off 0.25-2.4 ms in a 0.3-core cgroup on this
+    2-core machine, 0.10-0.11 on one CPU, against 0.17-0.21 between two 0.3-core testbed hosts of their own).
+    Below ONE_CPU_BELOW every thread of this process runs on one CPU while the runtime is timed, and its
+    affinity comes back after; at a core or more, or with no quota, nothing is pinned."""
+    import os
+
+    mine = os.sched_getaffinity(0)
+    seen: list = []
+
+    def record(policy, quick, say):
+        seen.append((policy.cpu, _affinities(os.getpid())))
+        return {}, {}, []
+
+    monkeypatch.setattr(fixed, "_measure_runtime_costs", record)
+    for cores in (None, 1.0, 2.5):
+        fixed.measure_runtime_costs(QUICK, True, lambda s: None, cores)
+    assert [cpu for cpu, _ in seen] == [None] * 3
+    seen.clear()
+    said: list[str] = []
+    fixed.measure_runtime_costs(QUICK, True, said.append, 0.3)
+    (cpu, during), = seen
+    assert cpu == min(mine) and during == {frozenset({cpu})}
+    assert "0.3 cores" in said[0] and f"CPU {cpu}" in said[0]
+    assert _affinities(os.getpid()) == {frozenset(mine)}  # every thread back where it was
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "sched_getaffinity") or not Path("/proc/self/task").exists(),
+                    reason="thread affinities are Linux's")
+def test_pinned_timings_pin_every_thread_of_the_workers(tmp_path: Path):
+    """The workers are forked by the zygote, made before this process was pinned: each of their threads is
+    pinned when their cluster starts."""
+    import os
+
+    cpu = min(os.sched_getaffinity(0))
+    manifest = load_manifest(fixed._exchange_build(tmp_path, fixed.SMALL_BYTES, "s"))
+    seen: list = []
+
+    def sampler(cluster):
+        seen.extend(_affinities(w.proc.pid) for w in cluster.workers.values())
+        return lambda: 1e-3
+
+    policy = replace(QUICK, cpu=cpu)
+    fixed._over_clusters(manifest, {"x": sampler}, policy)
+    assert len(seen) == 2 and all(a == {frozenset({cpu})} for a in seen)

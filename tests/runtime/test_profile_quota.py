@@ -138,6 +138,10 @@ def test_a_profile_below_its_quota_takes_long_samples_and_records_the_quota(monk
 
     script_timings(monkeypatch, timer=timer)
     script_runtime_costs(monkeypatch)
+    from edgec.runtime.profile import fixed
+
+    request_figure, pinned = fixed._request_figure, []
+    monkeypatch.setattr(fixed, "_request_figure", lambda policy: (pinned.append(policy.cpu), request_figure(policy))[1])
     lines: list[str] = []
     for cores, threads, long in ((0.25, 1, True), (2.0, 2, False)):
         q = CpuQuota(cores, 5000, "cgroup v1 cpu.cfs_quota_us of /sys/fs/cgroup/cpu/box", 0.24)
@@ -148,6 +152,8 @@ def test_a_profile_below_its_quota_takes_long_samples_and_records_the_quota(monk
         assert p["description"].endswith(f"; CPU quota {cores:g} cores")
         assert any("cpu_quota:" in s for s in p["sources"])
     assert any("samples of 50 ms" in line for line in lines)
+    # the runtime's costs on one CPU below a core only (fixed.ONE_CPU_BELOW), where the OS says the CPUs
+    assert pinned[1] is None and (pinned[0] is not None or not hasattr(__import__("os"), "sched_getaffinity"))
 
 
 def test_below_the_machine_s_cores_no_co_runner_starts(monkeypatch):
