@@ -10,7 +10,7 @@ from .generate import GenerativeCostTable
 from .table import CostTable
 from .tiles import host_mates
 
-__all__ = ["streaming_weights", "host_periods", "quota_periods", "request_costs"]
+__all__ = ["streaming_weights", "host_periods", "quota_devices", "quota_periods", "request_costs"]
 
 
 def streaming_weights(plan: Plan, cost: CostTable, busy: dict[str, float]) -> dict[str, float]:
@@ -66,6 +66,13 @@ def host_periods(plan: Plan, graph: LayerGraph, cost: CostTable, busy: dict[str,
     return {h: w / hosts[h].cores for h, w in work.items() if w > 0}
 
 
+def quota_devices(cost: CostTable) -> dict[str, tuple[float, int | None]]:
+    """{device: (its quota in cores, its threads)} of the devices profiled under a CPU quota that share no
+    machine (a shared machine's `hosts:` bound covers those)."""
+    return {d.name: (d.profile.cpu_quota_cores, d.threads) for d in cost.cluster.devices
+            if d.host is None and d.profile.cpu_quota_cores is not None}
+
+
 def quota_periods(plan: Plan, graph: LayerGraph, cost: CostTable, busy: dict[str, float],
                    transfers) -> dict[str, float]:
     """Per device of the plan whose profile was measured under a CPU quota (`cpu_quota.cores`: a container's
@@ -75,8 +82,7 @@ def quota_periods(plan: Plan, graph: LayerGraph, cost: CostTable, busy: dict[str
     request it takes inputs for or gives outputs of, counted as in `host_periods`. ZeroMQ's I/O threads
     encrypt and copy in the worker's process, so inside the same quota as its compute: the device cannot
     stream faster than the quota lets both through, however its compute alone is priced."""
-    quota = {d.name: (d.profile.cpu_quota_cores, d.threads) for d in cost.cluster.devices
-             if d.host is None and d.profile.cpu_quota_cores is not None and d.name in busy}
+    quota = {name: q for name, q in quota_devices(cost).items() if name in busy}
     if not quota:
         return {}
     work = {d: busy[d] * min(threads or cores, cores) for d, (cores, threads) in quota.items()}

@@ -14,7 +14,7 @@ from .energy import Energy, request_energy
 from .order import Message, better, order_bursts, order_stage
 from .table import CostTable
 from .stage_timeline import predict_stage
-from .cpu_bounds import host_periods, quota_periods, request_costs, streaming_weights
+from .cpu_bounds import host_periods, quota_devices, quota_periods, request_costs, streaming_weights
 from .quota_burst import lone_stage_ms
 
 __all__ = ["Transfer", "Event", "Prediction", "Hop", "crossing_tensors", "tensor_hops", "evaluate"]
@@ -221,25 +221,22 @@ def evaluate(plan: Plan, graph: LayerGraph, cost: CostTable, contention_order: b
                 spatial[k]["order"] = order
     stage_ms = tuple(spatial[k]["latency_ms"] if k in spatial else float(cost.layer_ms[s.lo:s.hi, cost.index(s.device)].sum())
                      for k, s in enumerate(plan.stages))
-    stage_ms = _Times(stage_ms, lone_stage_ms(plan, cost, stage_ms, spatial))
-    pred = _route(plan, graph, cost, spatial, stage_ms)
+    times = _StageTimes(stage_ms, lone_stage_ms(plan, cost, stage_ms, spatial))
+    pred = _route(plan, graph, cost, spatial, times)
     if contention_order:
-        pred = _ordered_bursts(plan, graph, cost, spatial, stage_ms, pred)
+        pred = _ordered_bursts(plan, graph, cost, spatial, times, pred)
     if cost.generate is not None:
         pred = _per_token(plan, cost, pred)
     return with_energy(pred, cost)
 
 
-class _Times(tuple):
-    """Per stage, its compute priced at the device's figures (the tuple: what holds the device while inputs
-    stream) and, as `lone`, in a lone request's timeline (quota_burst.py: a quota'd device's burst)."""
+@dataclass(frozen=True)
+class _StageTimes:
+    """Per stage, its compute priced at the device's figures (`held`: what holds the device while inputs
+    stream) and in a lone request's timeline (`lone`: a quota'd device's burst, quota_burst.py)."""
 
+    held: tuple[float, ...]
     lone: tuple[float, ...]
-
-    def __new__(cls, ms: tuple[float, ...], lone: tuple[float, ...]) -> "_Times":
-        out = super().__new__(cls, ms)
-        out.lone = lone
-        return out
 
 
 def _per_token(plan: Plan, cost: CostTable, step: Prediction) -> Prediction:
@@ -259,7 +256,7 @@ def _per_token(plan: Plan, cost: CostTable, step: Prediction) -> Prediction:
     bottleneck = max(step.bottleneck_ms, period[last])
     prefill = evaluate(plan, gen.prefill_graph, gen.prefill)
     tpot = step.latency_ms + token
-    if any(d.name == last and d.host is None and d.profile.cpu_quota_cores is not None for d in cost.cluster.devices):
+    if last in quota_devices(cost):
         tpot = max(tpot, period[last])  # one sequence's steps follow each other no faster than its quota lets
     figures = {"tpot_ms": tpot, "tokens_per_s": 1000.0 / bottleneck if bottleneck > 0 else float("inf"),
                "ttft_ms": prefill.latency_ms, "token_ms": token, "priced_past": gen.priced_past,
@@ -268,24 +265,24 @@ def _per_token(plan: Plan, cost: CostTable, step: Prediction) -> Prediction:
                    throughput_ips=figures["tokens_per_s"], generation=figures)
 
 
-def _ordered_bursts(plan: Plan, graph: LayerGraph, cost: CostTable, spatial: dict, stage_ms: tuple[float, ...],
+def _ordered_bursts(plan: Plan, graph: LayerGraph, cost: CostTable, spatial: dict, times: _StageTimes,
                     fixed: Prediction) -> Prediction:
     """`fixed` (each burst in `hops` order) with the stages' bursts in the contention-aware order
     (order.py order_bursts) when that predicts a better plan: a lower latency and no device or link
     held longer (`better`); else `fixed` itself."""
     hops = list(fixed.hops)
-    flow = _Flow(plan, graph, cost, stage_ms, hops)
-    orders = order_bursts(flow.bursts(), stage_ms, flow.key)
+    flow = _Flow(plan, graph, cost, times.lone, hops)
+    orders = order_bursts(flow.bursts(), times.lone, flow.key)
     if not orders:
         return fixed
-    trial = _predict(plan, graph, cost, spatial, stage_ms, hops, orders)
+    trial = _predict(plan, graph, cost, spatial, times, hops, orders)
     return trial if better(trial.latency_ms, trial.bottleneck_ms, fixed.latency_ms, fixed.bottleneck_ms) else fixed
 
 
 EVERY_ROUTING = 4  # up to this many tensors skipping a stage, `_route` tries every set of them sent direct
 
 
-def _route(plan: Plan, graph: LayerGraph, cost: CostTable, spatial: dict, stage_ms: tuple[float, ...]) -> Prediction:
+def _route(plan: Plan, graph: LayerGraph, cost: CostTable, spatial: dict, times: _StageTimes) -> Prediction:
     """The prediction with the best routes: starting from every tensor forwarded (the pipeline planner's
     price), each tensor that skips a stage, in (producer, name) order, goes direct when that is no worse
     under the plan's objective (ties go direct: fewer messages). Never worse than all forwarded. Where at
@@ -297,12 +294,12 @@ def _route(plan: Plan, graph: LayerGraph, cost: CostTable, spatial: dict, stage_
         return main[::-1] if plan.objective == "throughput" else main  # energy: its idle share falls with latency
 
     direct: frozenset[str] = frozenset()
-    best = _predict(plan, graph, cost, spatial, stage_ms, tensor_hops(plan, graph, direct))
+    best = _predict(plan, graph, cost, spatial, times, tensor_hops(plan, graph, direct))
     skipping = _skipping(plan, graph)
     tried = {direct}
     for t in skipping:
         tried.add(direct | {t})
-        trial = _predict(plan, graph, cost, spatial, stage_ms, tensor_hops(plan, graph, direct | {t}))
+        trial = _predict(plan, graph, cost, spatial, times, tensor_hops(plan, graph, direct | {t}))
         if key(trial) <= key(best):
             direct, best = direct | {t}, trial
     if len(skipping) <= EVERY_ROUTING:
@@ -310,7 +307,7 @@ def _route(plan: Plan, graph: LayerGraph, cost: CostTable, spatial: dict, stage_
             for combo in itertools.combinations(skipping, n):
                 if frozenset(combo) in tried:
                     continue
-                trial = _predict(plan, graph, cost, spatial, stage_ms, tensor_hops(plan, graph, frozenset(combo)))
+                trial = _predict(plan, graph, cost, spatial, times, tensor_hops(plan, graph, frozenset(combo)))
                 if key(trial) < key(best):
                     best = trial
     return best
@@ -326,17 +323,17 @@ def _skipping(plan: Plan, graph: LayerGraph) -> list[str]:
             if last[t][1] > last[t][0] + 1 and _forwardable(plan, *last[t])]
 
 
-def _predict(plan: Plan, graph: LayerGraph, cost: CostTable, spatial: dict, stage_ms: tuple[float, ...],
+def _predict(plan: Plan, graph: LayerGraph, cost: CostTable, spatial: dict, times: _StageTimes,
              hops: list[Hop], burst_order: dict[int, tuple[int, ...]] | None = None) -> Prediction:
     """The timeline of one input when the stages exchange `hops` (each stage sends after it computes), each
     stage's burst in `burst_order` (see _Flow) or else in `hops` order."""
-    flow = _Flow(plan, graph, cost, stage_ms, hops)
+    flow = _Flow(plan, graph, cost, times.lone, hops)
     events: list[Event] = []
     ready, finish, done = flow.run(burst_order or {}, events)
     transfers = flow.transfers
     busy: dict[str, float] = {}
     period: dict[str, float] = {}
-    for k, (s, ms) in enumerate(zip(plan.stages, stage_ms)):
+    for k, (s, ms) in enumerate(zip(plan.stages, times.held)):
         for dev, dev_ms in (spatial[k]["compute_ms"].items() if k in spatial else [(s.device, ms)]):
             busy[dev] = busy.get(dev, 0.0) + dev_ms
         for dev, dev_ms in (spatial[k]["span_ms"].items() if k in spatial else [(s.device, ms)]):
@@ -363,7 +360,7 @@ def _predict(plan: Plan, graph: LayerGraph, cost: CostTable, spatial: dict, stag
         throughput_ips=1000.0 / bottleneck if bottleneck > 0 else float("inf"),
         bottleneck_ms=bottleneck,
         busy_ms=busy,
-        stage_ms=tuple(stage_ms),
+        stage_ms=times.held,
         transfers=transfers,
         timeline=tuple(events),
         tile_ms={(k, seg, t): ms for k, sp in spatial.items() for (seg, t), ms in sp["tile_ms"].items()},
@@ -391,7 +388,7 @@ class _Flow:
     (`_ordered_bursts`, which replays it once per candidate) time it here, so they agree to the bit."""
 
     def __init__(self, plan: Plan, graph: LayerGraph, cost: CostTable, stage_ms: tuple[float, ...], hops: list[Hop]):
-        self.plan, self.stage_ms = plan, getattr(stage_ms, "lone", stage_ms)  # a lone input's compute
+        self.plan, self.stage_ms = plan, stage_ms  # a lone input's compute
         self.shared = cost.cluster.medium == "shared"
         self.transfers = tuple(
             Transfer(t, plan.stages[a].device, plan.stages[b].device,

@@ -16,7 +16,7 @@ import yaml
 
 from edgec.compiler.cluster import load_cluster
 from edgec.compiler.cost import build_cost_table, evaluate, simulate_manifest
-from edgec.compiler.cost.evaluate import _predict
+from edgec.compiler.cost.evaluate import _predict, _StageTimes
 from edgec.compiler.cost.order import EXACT_LIMIT, exchange_order
 from edgec.compiler.cost.stage_timeline import _Timeline, predict_stage
 from edgec.compiler.emit import assemble_manifest, build_fragments, write_output
@@ -259,7 +259,7 @@ def test_bursts_take_the_channel_first_come_first_served(tmp_path):
     ing, cost = setup(tmp_path, fan_net(tmp_path / "fan.onnx", (1, 3)), ["laptop", "laptop", "rpi4"], "shared")
     plan = branch_stages(ing, (1, 3), ["d0", "d1", "d2", "d0"])
     fixed = evaluate(plan, ing.graph, cost, contention_order=False)
-    served = _predict(plan, ing.graph, cost, {}, fixed.stage_ms, list(fixed.hops), {0: (1, 0)})
+    served = _predict(plan, ing.graph, cost, {}, _StageTimes(fixed.stage_ms, fixed.stage_ms), list(fixed.hops), {0: (1, 0)})
     sends = sorted((e.start_ms, e.device) for e in served.timeline if e.kind == "transfer" and e.device != "d0")
     assert [d for _, d in sends] == ["d2", "d1"]
     emit(ing, cost, plan, served, tmp_path / "o")
@@ -318,7 +318,7 @@ def _check_exact(plan: Plan, ing, cost, ordered) -> bool:
         return False
     k = several[0]
     count = sum(1 for _, a, _ in hops if a == k)
-    best = min(_predict(plan, ing.graph, cost, {}, ordered.stage_ms, hops, {k: perm}).latency_ms
+    best = min(_predict(plan, ing.graph, cost, {}, _StageTimes(ordered.stage_ms, ordered.stage_ms), hops, {k: perm}).latency_ms
                for perm in itertools.permutations(range(count)))
     assert ordered.latency_ms == pytest.approx(best, rel=1e-12)
     return True
