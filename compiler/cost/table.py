@@ -316,13 +316,15 @@ def gemm_rows(layer: Layer) -> float:
 def weight_ms(layer: Layer, figures: Figures) -> float:
     """Streaming the layer's weights in at the figures' weight_gbps, or for a gemm layer of two rows or more
     at their gemm_weight_gbps where measured (a GEMM waits for its weights longer per byte than a batch-1
-    MatMul streams them; the transformer's MatMuls of 128 rows): 0 for a memory-bound class (its roofline
-    moves them at memory_gbps) and where neither was measured."""
+    MatMul streams them; the transformer's MatMuls of 128 rows), never faster than weight_gbps (a faster GEMM
+    figure timed weights that stayed in a cache; `edgec profile` no longer records one, kernels.py
+    gemm_weight_figure): 0 for a memory-bound class (its roofline moves them at memory_gbps) and where neither
+    was measured."""
     if layer.cost_class in MEMORY_BOUND:
         return 0.0
     gbps = figures.weight_gbps
     if figures.gemm_weight_gbps is not None and layer.cost_class in ("gemm", "gemm_int8") and gemm_rows(layer) >= 2:
-        gbps = figures.gemm_weight_gbps
+        gbps = figures.gemm_weight_gbps if gbps is None else min(gbps, figures.gemm_weight_gbps)
     return 0.0 if gbps is None else layer.read_param_bytes / gbps_to_bytes_per_ms(gbps)
 
 

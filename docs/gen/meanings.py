@@ -47,7 +47,7 @@ MEANINGS = {
     "ProfileDoc.gflops": "sustained fp32 GFLOP/s (2 x MACs) per operator class",
     "ProfileDoc.memory_gbps": "sustained bandwidth of memory-bound operators",
     "ProfileDoc.weight_gbps": "rate at which a layer's weights stream in from memory, added to its compute",
-    "ProfileDoc.gemm_weight_gbps": "the same for a GEMM of two rows or more",
+    "ProfileDoc.gemm_weight_gbps": "the same for a GEMM of two rows or more (never priced faster than weight_gbps)",
     "ProfileDoc.shared_weight_gbps": "`weight_gbps` while every other core streams its own weights",
     "ProfileDoc.layout_conversions": "onnxruntime converts conv activations to its blocked layout at a fragment's ends (x86 AVX2)",
     "ProfileDoc.power_w": "idle and busy power in watts (null: unknown; energy is then not predicted)",

@@ -7,8 +7,8 @@ from typing import Callable
 
 from .bench import Bench, Formula, threads_label
 from .kernels import (GEMM_COLD_ROWS, bench_conv, bench_conv_int8, bench_depthwise, bench_gemm, bench_gemm_int8,
-                      bench_gemm_weights, bench_memory,
-                      bench_other, bench_weights, dispatch_floor_us, small_layer_overhead_us)
+                      bench_gemm_weights, bench_memory, bench_other, bench_weights, dispatch_floor_us,
+                      gemm_weight_figure, small_layer_overhead_us)
 from .tables import conv_positions_curve, depthwise_curve, gemm_curve, op_table
 from .timing import sig
 
@@ -42,7 +42,8 @@ def measure_figures(b: Bench, more: dict[str, Callable[[Bench], Formula]] | None
     g_convt, g_lstm = other(t)
     b.say(f"    other: ConvTranspose {g_convt:.1f} GFLOP/s, LSTM {g_lstm:.1f} GFLOP/s")
     memory = mem(t)
-    weight_gbps, gemm_weight_gbps = weights(t), gemm_weights(t)
+    weight_gbps = weights(t)
+    gemm_weight_gbps = gemm_weight_figure(gemm_weights(t), weight_gbps)
     gemm_said = "not measured: its weights stayed in a cache" if gemm_weight_gbps is None else \
         f"{gemm_weight_gbps:.1f} GB/s"
     b.say(f"    memory (elementwise) {memory:.1f} GB/s, weights (batch-1 MatMul) {weight_gbps:.1f} GB/s, weights "

@@ -168,4 +168,21 @@ def test_a_gemm_of_two_rows_or_more_reads_its_weights_at_gemm_weight_gbps(tmp_pa
     roof = max(compute, moved / (FIG["memory_gbps"] * 1e6))
     stream = layer.param_bytes / (WEIGHT_GBPS * 1e6)
     assert old.layer_ms[0, 0] == pytest.approx(FIG["op_overhead_us"] / 1000 + roof + stream)
+    # a GEMM figure faster than weight_gbps timed weights a cache held (a profile under a CPU quota, before
+    # kernels.gemm_weight_figure): never priced faster than weight_gbps
+    cached = tmp_path / "cached"
+    cached.mkdir()
+    _, fast = costs(cached, path, weight_gbps=WEIGHT_GBPS, gemm_weight_gbps=WEIGHT_GBPS * 30)
+    assert fast.layer_ms[0, 0] == pytest.approx(old.layer_ms[0, 0])
 
+
+
+def test_the_profile_records_no_gemm_weight_figure_faster_than_weight_gbps():
+    """A GEMM waits on its weights longer per byte than a batch-1 MatMul streams them: a chain that came in
+    faster read them from a cache, and the profile leaves the figure out (the cost model then uses weight_gbps)."""
+    from edgec.runtime.profile.kernels import gemm_weight_figure
+
+    assert gemm_weight_figure(20.0, 24.0) == 20.0
+    assert gemm_weight_figure(24.0, 24.0) == 24.0
+    assert gemm_weight_figure(646.0, 22.3) is None  # measured under a 0.9-core quota
+    assert gemm_weight_figure(None, 22.3) is None
