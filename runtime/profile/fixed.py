@@ -85,6 +85,7 @@ import statistics
 import tempfile
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -92,6 +93,7 @@ import numpy as np
 
 from edgec.runtime.manifest.load import file_sha256, load_manifest
 
+from .quota import throttle_reader
 from .timing import DEFAULT, Figure, Policy, bound_run, combine, measure_stable, model, session, settle, sig, vi
 
 __all__ = ["measure_runtime_costs", "SMALL_BYTES"]
@@ -121,12 +123,13 @@ def measure_runtime_costs(policy: Policy, quick: bool, say: Callable[[str], None
     mine = _affinity()
     if cores is None or cores >= ONE_CPU_BELOW or not mine:
         return _measure_runtime_costs(policy, quick, say)
-    cpu = min(mine)
-    say(f"  runtime costs under a share of {cores:g} cores: timed on CPU {cpu} alone (the coordinator and both "
-        "workers share this process's quota; across CPUs they would stall each other)")
+    cpu, throttled = min(mine), throttle_reader()
+    said = "" if throttled is None else ", each request that met a stall of the quota taken again"
+    say(f"  runtime costs under a share of {cores:g} cores: timed on CPU {cpu} alone{said} (the coordinator and "
+        "both workers share this process's quota)")
     _set_affinity(os.getpid(), {cpu})
     try:
-        return _measure_runtime_costs(replace(policy, cpu=cpu), quick, say)
+        return _measure_runtime_costs(replace(policy, cpu=cpu), quick, say, throttled)
     finally:
         _set_affinity(os.getpid(), mine)
 
@@ -149,12 +152,13 @@ def _set_affinity(pid: int, cpus: set[int]) -> None:
             pass
 
 
-def _measure_runtime_costs(policy: Policy, quick: bool, say: Callable[[str], None]) -> tuple[dict, dict, list[str]]:
+def _measure_runtime_costs(policy: Policy, quick: bool, say: Callable[[str], None],
+                           throttled: Callable[[], int] | None = None) -> tuple[dict, dict, list[str]]:
     say("  runtime costs: a message between two local workers and one request through the coordinator")
     large = _LARGE_BYTES[quick]
-    figures = _message_figures(policy, large)
+    figures = _message_figures(policy, large, throttled)
     figures.update(_run_figures(policy))
-    figures["request"] = _request_figure(policy)
+    figures["request"] = _request_figure(policy, throttled)
     small_ms = figures["message_small"].median_s * 1e3
     per_mb = (figures["message_large"].median_s * 1e3 - small_ms) / (large - SMALL_BYTES) * 1e6
     run_ms = (figures["run_in_plan"].median_s - figures["run_alone"].median_s) * 1e3
@@ -407,7 +411,27 @@ def _cpu_figures(policy: Policy, large: int) -> dict[str, Figure] | None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _message_figures(policy: Policy, large: int) -> dict[str, Figure]:
+STALL_TRIES = 20  # a request that met a stall of the quota is taken again, up to this many times (then kept)
+
+
+def _unstalled(take: Callable[[], object], throttled: Callable[[], int] | None) -> Callable[[], object]:
+    """`take` (one request) taken again until the quota's throttled time did not move over it, at most
+    STALL_TRIES times, the last one kept then; `take` itself where no throttled time can be read."""
+    if throttled is None:
+        return take
+
+    def once():
+        for _ in range(STALL_TRIES):
+            before = throttled()
+            out = take()
+            if throttled() == before:
+                break
+        return out
+
+    return once
+
+
+def _message_figures(policy: Policy, large: int, throttled: Callable[[], int] | None = None) -> dict[str, Figure]:
     """{"message_small": a 64-byte hand-off, "message_large": a `large`-byte one}, each in requests of its own
     exchange build whose input is as large as the tensor exchanged (module docstring: why not one request)."""
     folder = Path(tempfile.mkdtemp(prefix="edgec-profile-message-"))
@@ -418,18 +442,21 @@ def _message_figures(policy: Policy, large: int) -> dict[str, Figure]:
             sub.mkdir()
             manifest = load_manifest(_exchange_build(sub, size, way))
             feeds = {"x": np.ones((1, size // 4), dtype=np.float32)}
-            out.update(_over_clusters(manifest, {name: lambda c: _request_sampler(c, feeds, way, policy)}, policy,
-                                      timings=True))
+            out.update(_over_clusters(manifest, {name: lambda c: _request_sampler(c, feeds, way, policy, throttled)},
+                                      policy, timings=True))
         return out
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _request_sampler(cluster, feeds: dict, name: str, policy: Policy) -> Callable[[], float]:
+def _request_sampler(cluster, feeds: dict, name: str, policy: Policy,
+                     throttled: Callable[[], int] | None = None) -> Callable[[], float]:
     """Seconds of one hand-off of tensor `name` (the mean of a -> b and b -> a in one request), the median over
-    enough requests to last policy.min_sample_s of wall time, after the warm-up."""
+    enough requests to last policy.min_sample_s of wall time, after the warm-up; with `throttled`, of requests
+    that met no stall of the quota (`_unstalled`)."""
     ways = ((_A, _B, name), (_B, _A, name))  # the report's transfer keys: (sender, receiver, received name)
 
+    @partial(_unstalled, throttled=throttled)
     def hand_off() -> tuple[float, float]:
         """(the request's hand-off, its wall time), in seconds."""
         t = time.perf_counter()
@@ -491,13 +518,14 @@ def _tiny_build(folder: Path) -> Path:
     return _manifest(folder, _relu(folder, 64), ["d"], 64, [], steps)
 
 
-def _request_figure(policy: Policy) -> Figure:
+def _request_figure(policy: Policy, throttled: Callable[[], int] | None = None) -> Figure:
     folder = Path(tempfile.mkdtemp(prefix="edgec-profile-request-"))
     try:
         manifest = load_manifest(_tiny_build(folder))
         feeds = {"x": np.ones((1, 64), dtype=np.float32)}
 
         def sampler(cluster) -> Callable[[], float]:
+            @partial(_unstalled, throttled=throttled)
             def request() -> float:
                 _, latency_ms, run_ms = cluster.infer(feeds)
                 return max(0.0, latency_ms - sum(run_ms.values())) / 1e3

@@ -25,8 +25,9 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
-__all__ = ["CpuQuota", "read_cgroup_quota", "spin_share", "see_quota", "burst", "SAMPLE_PERIODS", "LIMITED",
+__all__ = ["CpuQuota", "read_cgroup_quota", "throttle_reader", "spin_share", "see_quota", "burst", "SAMPLE_PERIODS", "LIMITED",
            "UNKNOWN_PERIOD_SAMPLE_S", "MAX_SAMPLE_S", "parse_cgroups", "parse_mountinfo"]
 
 SAMPLE_PERIODS = 10  # periods per sample: a sample's CPU then lies within a tenth of its share's
@@ -135,11 +136,40 @@ def _limit_at(folder: Path, version: int) -> tuple[float, int] | None:
 def read_cgroup_quota(proc: Path = Path("/proc")) -> tuple[float | None, int | None, str, bool]:
     """(cores, period_us, where, read) of the tightest CFS quota over this process's cgroup and its ancestors;
     cores None when there is none, `where` saying where it looked, or why it could not (then `read` is False)."""
+    return _tightest(proc)[:4]
+
+
+def throttle_reader(proc: Path = Path("/proc")) -> Callable[[], int] | None:
+    """A reader of how long the cgroup of this process's tightest CFS quota has been throttled in all (its
+    cpu.stat: v1 `throttled_time` in ns, v2 `throttled_usec`; any unit, only differences count); None where
+    there is no quota or its cpu.stat cannot be read. A span over which it does not move met no stall of the
+    quota (the kernel adds a stall when it ends)."""
+    cores, _, _, read, folder, version = _tightest(proc)
+    if cores is None or not read or folder is None:
+        return None
+    stat, key = folder / "cpu.stat", ("throttled_time" if version == 1 else "throttled_usec")
+
+    def throttled() -> int:
+        for line in stat.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key:
+                return int(value)
+        raise ValueError(f"no {key} in {stat}")
+
+    try:
+        throttled()
+    except (OSError, ValueError):
+        return None
+    return throttled
+
+
+def _tightest(proc: Path) -> tuple[float | None, int | None, str, bool, Path | None, int | None]:
+    """read_cgroup_quota's figures, and the folder of the tightest quota's cgroup and its hierarchy's version."""
     try:
         groups = parse_cgroups((proc / "self" / "cgroup").read_text())
         mounts = parse_mountinfo((proc / "self" / "mountinfo").read_text())
     except OSError as e:
-        return None, None, f"unreadable: {e.strerror or e}", False
+        return None, None, f"unreadable: {e.strerror or e}", False, None, None
     for root, point, fstype, options in mounts:
         version = 2 if fstype == "cgroup2" else 1
         if version == 1 and "cpu" not in options:
@@ -162,13 +192,13 @@ def read_cgroup_quota(proc: Path = Path("/proc")) -> tuple[float | None, int | N
                 if f == point:
                     break
         except (OSError, ValueError) as e:
-            return None, None, f"unreadable: {e}", False
+            return None, None, f"unreadable: {e}", False, None, None
         files = "cpu.cfs_quota_us" if version == 1 else "cpu.max"
         if tightest is None:
-            return None, None, f"cgroup v{version}: no limit in {files} of {folder} or its parents", True
-        return tightest[0], tightest[1], f"cgroup v{version} {files} of {where}", True
-    return None, None, "no cgroup with a cpu controller mounted here (e.g. inside `ip netns exec`, which remounts /sys)", \
-        False
+            return None, None, f"cgroup v{version}: no limit in {files} of {folder} or its parents", True, None, None
+        return tightest[0], tightest[1], f"cgroup v{version} {files} of {where}", True, where, version
+    return (None, None, "no cgroup with a cpu controller mounted here (e.g. inside `ip netns exec`, which remounts "
+            "/sys)", False, None, None)
 
 
 def spin_share(seconds: float) -> float | None:

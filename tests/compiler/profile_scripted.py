@@ -93,5 +93,5 @@ def script_runtime_costs(monkeypatch, ms: dict[str, float] = RUNTIME_MS) -> None
 
     monkeypatch.setattr(fixed, "_message_figures", figures("message_small", "message_large"))
     monkeypatch.setattr(fixed, "_run_figures", figures("run_in_plan", "run_alone"))
-    monkeypatch.setattr(fixed, "_request_figure", lambda policy: _figure(ms["request"], policy))
+    monkeypatch.setattr(fixed, "_request_figure", lambda policy, *_: _figure(ms["request"], policy))
     monkeypatch.setattr(fixed, "_cpu_figures", figures("cpu_small", "cpu_large", "cpu_request"))

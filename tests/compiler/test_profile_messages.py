@@ -243,7 +243,7 @@ def test_under_a_share_below_a_core_the_runtime_is_timed_on_one_cpu(monkeypatch)
     mine = os.sched_getaffinity(0)
     seen: list = []
 
-    def record(policy, quick, say):
+    def record(policy, quick, say, throttled=None):
         seen.append((policy.cpu, _affinities(os.getpid())))
         return {}, {}, []
 

@@ -40,6 +40,40 @@ def _v1_group(tmp: Path, path: str, quota_us: int, period_us: int) -> None:
     (folder / "cpu.cfs_period_us").write_text(f"{period_us}\n")
 
 
+def test_the_throttled_time_is_read_from_the_tightest_quota_s_cgroup(tmp_path):
+    """The runtime's costs under a quota are timed over requests that met no stall (fixed._unstalled): the
+    throttled time of the cgroup whose quota is the tightest (v1 ns), None without a quota or a cpu.stat."""
+    from edgec.runtime.profile.quota import throttle_reader
+
+    _v1_group(tmp_path, "", -1, 100_000)
+    _v1_group(tmp_path, "pod", 50_000, 100_000)
+    _v1_group(tmp_path, "pod/box", 100_000, 100_000)
+    proc = _proc(tmp_path, "3:cpu:/pod/box\n", V1_MOUNTS)
+    assert throttle_reader(proc) is None  # no cpu.stat
+    stat = tmp_path / "fs" / "cpu" / "pod" / "cpu.stat"
+    stat.write_text("nr_periods 10\nnr_throttled 2\nthrottled_time 7000\n")
+    (tmp_path / "fs" / "cpu" / "pod" / "box" / "cpu.stat").write_text("throttled_time 1\n")  # not the tightest
+    read = throttle_reader(proc)
+    assert read() == 7000
+    stat.write_text("nr_periods 11\nnr_throttled 3\nthrottled_time 9500\n")
+    assert read() == 9500
+    _v1_group(tmp_path, "pod", -1, 100_000)
+    _v1_group(tmp_path, "pod/box", -1, 100_000)
+    assert throttle_reader(proc) is None  # no quota
+
+
+def test_a_request_that_met_a_stall_is_taken_again():
+    from edgec.runtime.profile import fixed
+
+    counter, taken = iter([0, 5, 5, 5]), []
+    once = fixed._unstalled(lambda: taken.append(len(taken)) or len(taken), lambda: next(counter))
+    assert once() == 2 and len(taken) == 2  # the first met a stall (0 -> 5), the second none (5 -> 5)
+    always = iter(range(100))
+    stalled = fixed._unstalled(lambda: "last", lambda: next(always))
+    assert stalled() == "last"  # STALL_TRIES stalls: the last is kept
+    assert fixed._unstalled(len, None) is len
+
+
 def test_cgroup_and_mountinfo_lines_parse():
     assert parse_cgroups("4:memory:/a\n1:cpu,cpuacct:/box\n0::/v2\n") == {"memory": "/a", "cpu": "/box",
                                                                           "cpuacct": "/box", "": "/v2"}
@@ -141,7 +175,8 @@ def test_a_profile_below_its_quota_takes_long_samples_and_records_the_quota(monk
     from edgec.runtime.profile import fixed
 
     request_figure, pinned = fixed._request_figure, []
-    monkeypatch.setattr(fixed, "_request_figure", lambda policy: (pinned.append(policy.cpu), request_figure(policy))[1])
+    monkeypatch.setattr(fixed, "_request_figure",
+                        lambda policy, *a: (pinned.append(policy.cpu), request_figure(policy, *a))[1])
     lines: list[str] = []
     for cores, threads, long in ((0.25, 1, True), (2.0, 2, False)):
         q = CpuQuota(cores, 5000, "cgroup v1 cpu.cfs_quota_us of /sys/fs/cgroup/cpu/box", 0.24)
