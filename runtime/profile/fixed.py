@@ -53,9 +53,14 @@ processes of one cgroup on two CPUs stall each other until the next period. Meas
 0.3-core cgroup (1.5 ms per 5 ms period), a 64-byte hand-off took 0.25-2.4 ms across both CPUs (bimodal, run to
 run) and 0.10-0.11 ms on one CPU (0.11 with no quota), while between two testbed hosts of 0.3 cores each, each in
 a cgroup of its own, it took 0.17-0.21 ms back to back (0.18 with no quota): a device's own hand-off does not meet
-that stall. The hand-offs are timed in requests of their own size for the same reason: with the large tensor's
-exchange in the same request, its CPU ran the quota out and the stall landed in the 64-byte hand-off as often as
-not (1.8-2.2 ms on one CPU too). The per-MB figure under a small share is still both ends' work within one quota
+that stall. The requests themselves, back to back, still run the shared quota out, and where a request's CPU is
+half the quota or more the median request meets a stall: at 0.25 cores a profile's request_ms came out 4.43 ms
+and its message_ms 2.0. So under a quota, a timed request over which the cgroup's throttled time moved (its
+cpu.stat) is taken again (`_unstalled`): a lone request on the device finds its quota so. (Idle gaps before each
+request instead, so that the quota refills, were worse here: a wake from idle on this virtual machine costs about
+0.2 ms, and a 0.25-core hand-off measured 0.25-2.6 ms.) The hand-offs are timed in requests of their own size
+for the same reason: with the large tensor's exchange in the same request, its CPU ran the quota out and the
+stall landed in the 64-byte hand-off as often as not (1.8-2.2 ms on one CPU too). The per-MB figure under a small share is still both ends' work within one quota
 (8.5-8.8 ms per MB at 0.3 cores, one CPU or two), where two such devices each spend their own: a 256 KiB hand-off
 between two 0.3-core testbed hosts took 0.93 ms (0.80 with no quota), the profile's figures say 2.4.
 
