@@ -60,8 +60,8 @@ cpu.stat) is taken again (`_unstalled`): a lone request on the device finds its 
 request instead, so that the quota refills, were worse here: a wake from idle on this virtual machine costs about
 0.2 ms, and a 0.25-core hand-off measured 0.25-2.6 ms.) The hand-offs are timed in requests of their own size
 for the same reason: with the large tensor's exchange in the same request, its CPU ran the quota out and the
-stall landed in the 64-byte hand-off as often as not (1.8-2.2 ms on one CPU too). The per-MB figure under a small share is still both ends' work within one quota
-(8.5-8.8 ms per MB at 0.3 cores, one CPU or two), where two such devices each spend their own: a 256 KiB hand-off
+stall landed in the 64-byte hand-off as often as not (1.8-2.2 ms on one CPU too). The per-MB figure under a small
+share is still both ends' work within one quota (8.5-8.8 ms per MB at 0.3 cores, one CPU or two), where two such devices each spend their own: a 256 KiB hand-off
 between two 0.3-core testbed hosts took 0.93 ms (0.80 with no quota), the profile's figures say 2.4.
 
 Each is timed in rounds of samples until the last `window` agree (timing.py), but unlike the micro-benchmarks:
@@ -160,6 +160,7 @@ def _set_affinity(pid: int, cpus: set[int]) -> None:
 def _measure_runtime_costs(policy: Policy, quick: bool, say: Callable[[str], None],
                            throttled: Callable[[], int] | None = None) -> tuple[dict, dict, list[str]]:
     say("  runtime costs: a message between two local workers and one request through the coordinator")
+    STALLED_KEPT.clear()
     large = _LARGE_BYTES[quick]
     figures = _message_figures(policy, large, throttled)
     figures.update(_run_figures(policy))
@@ -176,6 +177,9 @@ def _measure_runtime_costs(policy: Policy, quick: bool, say: Callable[[str], Non
     if per_mb <= 0:
         notes.append(f"runtime message_ms_per_mb written as 0: the large message took {per_mb:.3g} ms per MB more "
                      "than the 64-byte one (timing noise larger than its bytes' cost)")
+    if STALLED_KEPT:
+        notes.append(f"runtime costs: {len(STALLED_KEPT)} timed request(s) met a stall of the CPU quota in each of "
+                     f"{STALL_TRIES} tries and were kept as they were (the figures may include the stall)")
     cpu = _cpu_figures(policy, large)
     if cpu is not None:
         figures.update(cpu)
@@ -419,9 +423,13 @@ def _cpu_figures(policy: Policy, large: int) -> dict[str, Figure] | None:
 STALL_TRIES = 20  # a request that met a stall of the quota is taken again, up to this many times (then kept)
 
 
+STALLED_KEPT: list[int] = []  # one entry per request kept although every try met a stall (said in the notes)
+
+
 def _unstalled(take: Callable[[], object], throttled: Callable[[], int] | None) -> Callable[[], object]:
     """`take` (one request) taken again until the quota's throttled time did not move over it, at most
-    STALL_TRIES times, the last one kept then; `take` itself where no throttled time can be read."""
+    STALL_TRIES times, the last one kept then and counted in STALLED_KEPT; `take` itself where no throttled time
+    can be read."""
     if throttled is None:
         return take
 
@@ -430,7 +438,8 @@ def _unstalled(take: Callable[[], object], throttled: Callable[[], int] | None) 
             before = throttled()
             out = take()
             if throttled() == before:
-                break
+                return out
+        STALLED_KEPT.append(1)
         return out
 
     return once

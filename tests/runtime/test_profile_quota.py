@@ -70,7 +70,10 @@ def test_a_request_that_met_a_stall_is_taken_again():
     assert once() == 2 and len(taken) == 2  # the first met a stall (0 -> 5), the second none (5 -> 5)
     always = iter(range(100))
     stalled = fixed._unstalled(lambda: "last", lambda: next(always))
-    assert stalled() == "last"  # STALL_TRIES stalls: the last is kept
+    fixed.STALLED_KEPT.clear()
+    assert stalled() == "last"  # STALL_TRIES stalls: the last is kept, and counted for the profile's notes
+    assert fixed.STALLED_KEPT == [1]
+    fixed.STALLED_KEPT.clear()
     assert fixed._unstalled(len, None) is len
 
 
