@@ -5,7 +5,7 @@ and whether `edgec profile` agrees with itself.
                                          [--repeat 10] [--warmup 5] [--rounds 5] [--models resnet50,...]
                                          [--two-models resnet50,...] [--baseline-profile OLD.yaml]
                                          [--testbed-mbps 100,1000] [--pairs 1] [--hetero-models squeezenet,...]
-                                         [--hetero-shares 0.9,0.45,0.25] [--hetero-mbps 1000] [--cpu-weight 5000] [--quick]
+                                         [--hetero-shares 0.9,0.45,0.25] [--hetero-mbps 1000] [--cpu-weight 5000] [--no-recheck] [--quick]
                                          [--folder DIR] [--json FILE]
 
 The default --parts is single,two,stability; testbed and hetero (as root) are asked for by name.
@@ -100,6 +100,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--cpu-weight", type=int, default=HETERO_CPU_WEIGHT, metavar="W",
                     help="part hetero: every testbed host's CPU weight (1-10000; 0 leaves the kernel's), so that "
                     "other jobs on a shared machine take less of the hosts' quotas")
+    ap.add_argument("--no-recheck", dest="recheck", action="store_false", help="part hetero: do not profile every "
+                    "device again after the runs (the check that the machine held still; about as long as the "
+                    "profiles before)")
     ap.add_argument("--quick", action="store_true", help="part hetero: profile the devices with `edgec profile "
                     "--quick` (noisier figures, minutes sooner) and default --hetero-models to tiny models")
     ap.add_argument("--folder", type=Path, help="work folder, kept (it grows to several GB: the builds and the "
@@ -222,7 +225,8 @@ def run_parts(args: argparse.Namespace, folder: Path) -> int:
         print(testbed_text(out["testbed"]))
     if "hetero" in args.parts:
         out["hetero"] = bench_hetero(args.hetero_models, folder, args.hetero_shares, args.hetero_mbps, args.repeat,
-                                     args.rounds, args.warmup, args.quick, args.cpu_weight or None)
+                                     args.rounds, args.warmup, args.quick, args.cpu_weight or None,
+                                     recheck=args.recheck)
         shares = ", ".join(f"{d} {s:g}" for d, s in out["hetero"].get("shares", {}).items())
         print(f"\n## Devices of different CPU shares on a network testbed ({shares or 'n/a'} cores, a worker at 1 "
               f"thread each, {args.hetero_mbps:g} Mbps switched; {args.rounds} rounds, medians)\n")

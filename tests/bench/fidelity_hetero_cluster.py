@@ -111,16 +111,30 @@ class HeteroCluster(TestbedCluster):  # run() and worker_logs() as the testbed p
         finally:
             self._tb.__exit__(exc_type, exc, tb)
 
-    def _profile(self, device: str, share: float) -> tuple[Path, dict]:
-        out = self.folder / f"profile-{device}.yaml"
-        log(f"hetero: profiling {device} at {share:g} cores{' (--quick)' * self.quick} (load average {loadavg()})")
+    def _profile(self, device: str, share: float, suffix: str = "") -> tuple[Path, dict]:
+        out = self.folder / f"profile{suffix}-{device}.yaml"
+        log(f"hetero: profiling {device}{suffix.replace('-', ' ')} at {share:g} cores{' (--quick)' * self.quick} "
+            f"(load average {loadavg()})")
         record = profile_in_host(self._tb, device, out, quick=self.quick)
         record["share"] = share
         log(f"hetero: {device} profiled in {record['seconds']:.0f} s, quota {record['cpu_quota']}")
         return out, record
 
-    def _cluster_file(self, name: str, devices: list[str]) -> Path:
-        doc = cluster_doc(self._tb, {d: str(self.profiles[d]) for d in devices}, self.mbps, PORT)
+    def profile_again(self) -> tuple[dict[str, Path], dict[str, dict]]:
+        """Every device profiled once more, as before the runs (profile-after-<device>.yaml): whether the machine
+        still runs as its profiles said (fidelity_part_hetero.drift); ({device: profile}, {device: record})."""
+        paths, records = {}, {}
+        for device, share in zip(self.devices, self.shares):
+            paths[device], records[device] = self._profile(device, share, "-after")
+        return paths, records
+
+    def single_file(self, device: str, profile: Path, name: str) -> Path:
+        """A one-device cluster file of `device` with `profile` (cluster-<name>.yaml)."""
+        return self._cluster_file(name, [device], {device: profile})
+
+    def _cluster_file(self, name: str, devices: list[str], profiles: dict[str, Path] | None = None) -> Path:
+        profiles = self.profiles if profiles is None else profiles
+        doc = cluster_doc(self._tb, {d: str(profiles[d]) for d in devices}, self.mbps, PORT)
         for d in doc["devices"]:
             d["threads"] = THREADS
         if len(devices) == 1:

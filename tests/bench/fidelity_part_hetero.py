@@ -22,6 +22,12 @@ For each of --hetero-models (default squeezenet, mobilenetv2, resnet50, transfor
   - Pipeline efficiency (item 5): the plan of the highest predicted throughput, its measured throughput over
     the sum of the devices' measured single-device throughputs (each device running the whole model alone:
     the most pipelining can reach), beside the same ratio predicted.
+  - Whether the machine held still (`drift`): after the runs every device is profiled again as before them, and
+    each model alone on each device predicted with the profile after beside the one before.  On a shared virtual
+    machine the figures move with other tenants' load in phases of minutes (profiles an hour apart have differed
+    by 10-25%); when the predictions moved by more than DRIFT_LIMIT, the part says that its errors measure the
+    machine as much as the cost model.  The targets are still judged against the profiles before (--no-recheck
+    leaves the check out).
 A run that fails (or does not verify) makes its model an error row, counted as targets not met.  The testbed,
 its namespaces and cgroups, is removed at the end whatever failed (Ctrl-C and SIGTERM included).  Where it cannot
 be built (tests.netbed.unavailable_reason with limits), the part says why and is reported as not run.
@@ -53,6 +59,7 @@ MODELS = ("squeezenet", "mobilenetv2", "resnet50", "transformer")
 QUICK_MODELS = ("tinyconv", "tinytransformer")
 MBPS = 1000.0
 CPU_WEIGHT = 5000  # every host before other jobs on a shared machine (tests/netbed_limits.py), as bench_serve
+DRIFT_LIMIT = 0.10  # how far the single devices' predictions may move between the profiles before and after
 COORDINATOR_CORES = 0.25  # what the shares must leave of this machine's cores for `edgec run` on the coordinator
 
 
@@ -203,8 +210,26 @@ def bench_hetero_model(tc: HeteroCluster, name: str, folder: Path, repeat: int, 
             "efficiency": efficiency(name, plan_rows, single_rows)}
 
 
+def drift(tc: HeteroCluster, rows: list[dict], folder: Path) -> dict:
+    """Did the machine hold still: every device profiled again, and each single-device row's model predicted alone
+    on its device with the profile after (a one-device build beside the one measured) against the profile before."""
+    paths, records = tc.profile_again()
+    out = []
+    for r in (r for r in rows if r["kind"] == "single"):
+        device = r["devices"][0]
+        summary, reason = compile_build(model_path(r["model"]), tc.single_file(device, paths[device], f"{device}-after"),
+                                        folder / f"{r['model']}-single-{device}-after")
+        if summary is None:
+            raise ClusterError(f"{r['model']} alone on {device} with the profile after the runs: {reason}")
+        before, after = r["predicted_latency_ms"], summary["predicted_latency_ms"]
+        out.append({"model": r["model"], "device": device, "before_ms": before, "after_ms": after,
+                    "change": after / before - 1, "measured_ms": r["measured_latency_ms"]})
+    worst = max((abs(x["change"]) for x in out), default=None)
+    return {"profiles": records, "rows": out, "worst": worst, "held": worst is not None and worst <= DRIFT_LIMIT}
+
+
 def bench_hetero(names: list[str], folder: Path, shares: list[float], mbps: float, repeat: int, rounds: int,
-                 warmup: int, quick_profile: bool, cpu_weight: int | None = None) -> dict:
+                 warmup: int, quick_profile: bool, cpu_weight: int | None = None, recheck: bool = True) -> dict:
     """Every model on one testbed of devices of `shares`; not run (and said why) where it cannot be built."""
     reason = netbed.unavailable_reason("switched", limits=True)
     if reason is not None:
@@ -228,6 +253,12 @@ def bench_hetero(names: list[str], folder: Path, shares: list[float], mbps: floa
                 out["rows"] += got["rows"]
                 out["refused"] += got["refused"]
                 out["efficiency"].append(got["efficiency"])
+            if recheck and out["rows"]:
+                try:
+                    out["drift"] = drift(tc, out["rows"], work)
+                except ClusterError as exc:
+                    log(f"hetero: profiling again after the runs FAILED: {exc}")
+                    out["drift"] = {"error": str(exc)}
         out["stop_codes"] = tc.stop_codes
     except (ClusterError, TestbedError) as exc:
         log(f"hetero: FAILED to set up: {exc}")
@@ -279,6 +310,22 @@ def targets_text(t: dict) -> str:
             f"{verdict(t['throughput_pass'])}; overall {verdict(t['pass'])}.")
 
 
+def drift_text(d: dict) -> str:
+    """The check that the machine held still: a line, and the table of predictions before and after."""
+    if "error" in d:
+        return f"Whether the machine held still: not known (profiling again after the runs failed: {brief(d['error'])})."
+    where = ", ".join(f"{p['device']} {p['seconds']:.0f} s, verdict {p['verdict']}" for p in d["profiles"].values())
+    line = (f"Whether the machine held still: every device profiled again after the runs ({where}); each model alone "
+            f"on each device predicted with both profiles moved by up to {d['worst']:.1%} (at most "
+            f"{DRIFT_LIMIT:.0%}): " + ("held still." if d["held"] else "MOVED: the errors above measure this "
+                                        "machine's drift as much as the cost model."))
+    lines = ["| model | device | pred ms before | pred ms after | change | meas ms |", "|---|---|---:|---:|---:|---:|"]
+    lines += [f"| {x['model']} | {x['device']} | {x['before_ms']:.1f} | {x['after_ms']:.1f} | {_pct(x['change'])} | "
+              f"{x['measured_ms']:.1f} |" for x in d["rows"]]
+    return (line + "\n\n### The machine's drift: each model alone on each device, predicted with the profiles "
+            "before and after the runs\n\n" + "\n".join(lines))
+
+
 def hetero_text(h: dict) -> str:
     if not h["ran"]:
         return f"Not run: {h['reason']}"
@@ -293,6 +340,8 @@ def hetero_text(h: dict) -> str:
              targets_text(h["targets"])]
     if h["refused"]:
         parts.append("\n".join(f"- {x['model']} {x['plan']}: refused at compile: {x['reason']}" for x in h["refused"]))
+    if h.get("drift"):
+        parts.append(drift_text(h["drift"]))
     if h["efficiency"]:
         parts.append("### Pipeline efficiency: the best throughput plan over the sum of single-device throughputs "
                      "(measured, predicted in brackets)\n\n" + efficiency_table(h["efficiency"]))

@@ -1,5 +1,6 @@
 """bench_fidelity's part hetero, its logic without a testbed: the shares it accepts, the targets' verdicts, the
-pipeline efficiency ratio, and its tables as the results file and the docs page read them."""
+pipeline efficiency ratio, the check that the machine held still, and its tables as the results file and the docs
+page read them."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from pathlib import Path
 import pytest
 
 import benchlib  # tests/bench is on sys.path: pytest puts a test file's folder there (no __init__.py)
-from fidelity_part_hetero import efficiency, hetero_text, parse_shares, targets
+import fidelity_part_hetero
+from fidelity_part_hetero import drift, efficiency, hetero_text, parse_shares, targets
 
 RENDER = Path(__file__).resolve().parents[2] / "benchmarks" / "render.py"
 _spec = importlib.util.spec_from_file_location("edgec_bench_render", RENDER)
@@ -87,3 +89,54 @@ def test_the_part_prints_tables_the_results_file_keeps():
            "machine": {}, "load": {}, "tables": tables, "notes": notes}
     page = render.page("bench_fidelity", doc)
     assert "## Pipeline efficiency" in page and "| m | pipeline/throughput=auto/throughput | dev-a+dev-b |" in page
+
+
+class _Reprofiled:
+    """A HeteroCluster that profiled its devices again: what `drift` asks of it."""
+
+    def __init__(self, tmp: Path):
+        self.tmp, self.asked = tmp, []
+
+    def profile_again(self):
+        return ({"dev-a": self.tmp / "pa.yaml", "dev-b": self.tmp / "pb.yaml"},
+                {d: {"device": d, "seconds": 60.0, "verdict": "quiet"} for d in ("dev-a", "dev-b")})
+
+    def single_file(self, device, profile, name):
+        self.asked.append((device, profile.name, name))
+        return self.tmp / f"cluster-{name}.yaml"
+
+
+def test_drift_predicts_each_single_row_again_with_the_profile_after_and_says_whether_the_machine_held(
+        tmp_path, monkeypatch):
+    after = {("m", "dev-a"): 10.5, ("m", "dev-b"): 26.0}  # +5% and +30% over the rows' predictions below
+    monkeypatch.setattr(fidelity_part_hetero, "model_path", lambda name: Path(f"/models/{name}.onnx"))
+    monkeypatch.setattr(fidelity_part_hetero, "compile_build", lambda model, cluster, out: (
+        {"predicted_latency_ms": after[(model.stem, cluster.stem.split("-", 1)[1].rsplit("-", 1)[0])]}, None))
+    rows = [_row("m", "auto/latency", "plan", ["dev-a", "dev-b"], 8, 8, 100, 100),
+            _row("m", "single/dev-a", "single", ["dev-a"], 10, 9, 100, 100),
+            _row("m", "single/dev-b", "single", ["dev-b"], 20, 25, 50, 40)]
+    tc = _Reprofiled(tmp_path)
+    d = drift(tc, rows, tmp_path)
+    assert tc.asked == [("dev-a", "pa.yaml", "dev-a-after"), ("dev-b", "pb.yaml", "dev-b-after")]
+    assert [(x["device"], x["before_ms"], x["after_ms"], x["measured_ms"]) for x in d["rows"]] == [
+        ("dev-a", 10, 10.5, 9), ("dev-b", 20, 26.0, 25)]
+    assert d["worst"] == pytest.approx(0.30) and d["held"] is False
+    after[("m", "dev-b")] = 19.0  # -5%
+    assert drift(tc, rows, tmp_path)["held"] is True
+
+
+def test_the_drift_check_prints_a_verdict_and_a_table_or_why_it_is_not_known():
+    plans = [_row("m", "auto/latency", "plan", ["dev-a"], 10, 10, 100, 100)]
+    singles = [_row("m", "single/dev-a", "single", ["dev-a"], 10, 9, 100, 100)]
+    h = {"ran": True, "rows": plans + singles, "errors": [], "refused": [], "efficiency": [],
+         "targets": targets(plans + singles), "profiles": {}, "loadavg_start": [1.0] * 3, "loadavg_end": [1.0] * 3,
+         "seconds": 1.0, "drift": {"profiles": {"dev-a": {"device": "dev-a", "seconds": 60.0, "verdict": "quiet"}},
+                                   "rows": [{"model": "m", "device": "dev-a", "before_ms": 10.0, "after_ms": 12.5,
+                                             "change": 0.25, "measured_ms": 9.0}], "worst": 0.25, "held": False}}
+    tables, notes = benchlib.tables_of(hetero_text(h))
+    assert tables[-1]["title"].startswith("The machine's drift") and tables[-1]["rows"] == [
+        ["m", "dev-a", 10.0, 12.5, "+25.0%", 9.0]]
+    assert any("moved by up to 25.0% (at most 10%): MOVED" in n for n in notes)
+    h["drift"] = {"error": "edgec profile on dev-a exited 1: boom"}
+    _, notes = benchlib.tables_of(hetero_text(h))
+    assert any(n.startswith("Whether the machine held still: not known (profiling again") for n in notes)
