@@ -50,6 +50,29 @@ class DeviceSpec:
         return self.profile.runtime
 
     @property
+    def quota_burst(self) -> tuple[float, int, float] | None:
+        """(quota cores, threads, burst CPU ms) of a device profiled under a CPU quota below its threads (1 when
+        unset) whose profile measured the burst (`cpu_quota.burst_ms`) and that shares no machine (`hosts:`
+        prices those): a lone request's work there runs at full speed while the burst lasts
+        (cost/quota_burst.py); None for any other device."""
+        p, threads = self.profile, self.threads or 1
+        q, burst = p.cpu_quota_cores, p.cpu_quota_burst_ms
+        if self.host is None and q is not None and burst is not None and q < threads:
+            return q, threads, burst
+        return None
+
+    @property
+    def lone_runtime(self) -> RuntimeFigures:
+        """The runtime's costs as a lone request meets them: on a device whose quota bursts (`quota_burst`), a
+        message's bytes at the profile's CPU figure (message_cpu_ms_per_mb, timed on one CPU: the work at full
+        speed) where it is below the time figure, which follows the share; `runtime` itself otherwise."""
+        r = self.runtime
+        cpu = r.message_cpu_ms_per_mb
+        if self.quota_burst is None or cpu is None or cpu >= r.message_ms_per_mb:
+            return r
+        return replace(r, message_ms_per_mb=cpu)
+
+    @property
     def run_mode(self) -> str | None:
         """The power mode it must run in: its mode, or its profile's top level's when the profile has modes
         (None: the profile has one operating point)."""

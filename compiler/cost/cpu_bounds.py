@@ -101,16 +101,16 @@ def quota_periods(plan: Plan, graph: LayerGraph, cost: CostTable, busy: dict[str
 
 
 
-def request_costs(plan: Plan, graph: LayerGraph, cost: CostTable,
-                   cpu: bool = False) -> tuple[dict[int, float], dict[int, float]]:
+def request_costs(plan: Plan, graph: LayerGraph, cost: CostTable, cpu: bool = False,
+                  lone: bool = False) -> tuple[dict[int, float], dict[int, float]]:
     """({stage: ms}, {stage: ms}) of the runtime's per-request cost: a device pays its request_in_ms at its
     first stage that reads a model input, and its request_out_ms at its first stage that gives a model
     output (after that stage's sends: the manifest sends outputs to the host in the same burst), each for
     the bytes of every model input it reads / output it gives (the host sends them all at the request's
     start; runtime/manifest/replay.py charges the same). A generative step's caches are neither (they stay
     on their stage) and its logits leave as the token id (generate.py StepIO). Empty when no device has the
-    figures."""
-    net = cost.network
+    figures. With `lone`, as a lone request's timeline meets them (CostTable.lone_network)."""
+    net = cost.lone_network if lone else cost.network
     io = cost.io if isinstance(cost, GenerativeCostTable) else None
     taken: dict[str, int] = {}
     given: dict[str, int] = {}

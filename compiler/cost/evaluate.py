@@ -13,7 +13,7 @@ from ..cluster.power import DevicePower
 from .energy import Energy, request_energy
 from .order import Message, better, order_bursts, order_stage
 from .table import CostTable
-from .stage_timeline import predict_stage
+from .stage_timeline import StageWork, predict_stage, run_stage
 from .cpu_bounds import host_periods, quota_devices, quota_periods, request_costs, streaming_weights
 from .quota_burst import lone_stage_ms
 
@@ -221,7 +221,17 @@ def evaluate(plan: Plan, graph: LayerGraph, cost: CostTable, contention_order: b
                 spatial[k]["order"] = order
     stage_ms = tuple(spatial[k]["latency_ms"] if k in spatial else float(cost.layer_ms[s.lo:s.hi, cost.index(s.device)].sum())
                      for k, s in enumerate(plan.stages))
-    times = _StageTimes(stage_ms, lone_stage_ms(plan, cost, stage_ms, spatial))
+    lone_events: dict[int, list] = {}
+
+    def lone_spatial(k: int, burst) -> float:
+        """Spatial stage k's timeline as a lone request meets it (quota_burst.py), in the send order chosen."""
+        s, order = plan.stages[k], spatial[k].get("order")
+        lone = run_stage(s, graph, cost, StageWork.build(s, graph, cost),
+                         lambda j, *_: None if order is None else order[j], burst)
+        lone_events[k] = lone["events"]
+        return lone["latency_ms"]
+
+    times = _StageTimes(stage_ms, lone_stage_ms(plan, cost, stage_ms, spatial, lone_spatial), lone_events)
     pred = _route(plan, graph, cost, spatial, times)
     if contention_order:
         pred = _ordered_bursts(plan, graph, cost, spatial, times, pred)
@@ -237,6 +247,7 @@ class _StageTimes:
 
     held: tuple[float, ...]
     lone: tuple[float, ...]
+    spatial_events: dict[int, list] = field(default_factory=dict)  # a spatial stage's lone timeline, where it differs
 
 
 def _per_token(plan: Plan, cost: CostTable, step: Prediction) -> Prediction:
@@ -343,7 +354,8 @@ def _predict(plan: Plan, graph: LayerGraph, cost: CostTable, spatial: dict, time
         period[dev] += ms
         streaming[dev] += ms
     for k, sp in spatial.items():
-        events.extend(Event(d, kind, what, ready[k] + t0, ready[k] + t1) for d, kind, what, t0, t1 in sp["events"])
+        events.extend(Event(d, kind, what, ready[k] + t0, ready[k] + t1)
+                      for d, kind, what, t0, t1 in times.spatial_events.get(k, sp["events"]))
         transfers += tuple(Transfer(*tr) for tr in sp["transfers"])
     links: dict[frozenset, float] = {}
     for tr in transfers:
@@ -353,7 +365,7 @@ def _predict(plan: Plan, graph: LayerGraph, cost: CostTable, spatial: dict, time
     quotas = quota_periods(plan, graph, cost, streaming, transfers)
     for dev, ms in quotas.items():
         period[dev] = max(period[dev], ms)
-    coordinator = sum(flow.req_in.values()) + sum(flow.req_out.values())
+    coordinator = sum(sum(extra.values()) for extra in request_costs(plan, graph, cost))  # streaming: at the share
     bottleneck = max([*period.values(), *links.values(), *hosts.values(), coordinator])
     return Prediction(
         latency_ms=max([_latency(finish, done), *quotas.values()]),
@@ -390,22 +402,23 @@ class _Flow:
     def __init__(self, plan: Plan, graph: LayerGraph, cost: CostTable, stage_ms: tuple[float, ...], hops: list[Hop]):
         self.plan, self.stage_ms = plan, stage_ms  # a lone input's compute
         self.shared = cost.cluster.medium == "shared"
-        self.transfers = tuple(
-            Transfer(t, plan.stages[a].device, plan.stages[b].device,
-                     graph.tensors[t].nbytes if plan.stages[a].device != plan.stages[b].device else 0,
-                     cost.transfer_ms(graph.tensors[t].nbytes, plan.stages[a].device, plan.stages[b].device))
-            for t, a, b in hops
-        )
-        self.req_in, self.req_out = request_costs(plan, graph, cost)
-        self.by_src: dict[int, list[tuple[Transfer, int]]] = {}
+        ends = [(t, plan.stages[a].device, plan.stages[b].device) for t, a, b in hops]
+        # what each transfer holds its link for while inputs stream; the timeline times a lone input's
+        # (CostTable.lone_network: faster to and from a device whose quota bursts, quota_burst.py)
+        self.transfers = tuple(Transfer(t, src, dst, graph.tensors[t].nbytes if src != dst else 0,
+                                        cost.transfer_ms(graph.tensors[t].nbytes, src, dst)) for t, src, dst in ends)
+        lone = cost.lone_network
+        lone_ms = [lone.transfer_ms(graph.tensors[t].nbytes, src, dst) for t, src, dst in ends]
+        self.req_in, self.req_out = request_costs(plan, graph, cost, lone=True)
+        self.by_src: dict[int, list[tuple[Transfer, float, int]]] = {}
         self.inbound = [0] * len(plan.stages)  # per stage, how many hops it receives
-        for tr, (_, a, b) in zip(self.transfers, hops):
-            self.by_src.setdefault(a, []).append((tr, b))
+        for tr, ms, (_, a, b) in zip(self.transfers, lone_ms, hops):
+            self.by_src.setdefault(a, []).append((tr, ms, b))
             self.inbound[b] += 1
 
     def bursts(self) -> dict[int, list[Message]]:
         """Per sending stage, its messages in `hops` order, as the burst order search sees them."""
-        return {k: [Message(b, tr.ms, tr.src != tr.dst) for tr, b in burst] for k, burst in self.by_src.items()}
+        return {k: [Message(b, ms, tr.src != tr.dst) for tr, ms, b in burst] for k, burst in self.by_src.items()}
 
     def key(self, burst_order: dict[int, tuple[int, ...]]) -> tuple[float, float]:
         """(latency, the sum of the stages' ready times): what the burst order search minimises."""
@@ -444,12 +457,12 @@ class _Flow:
             t0 = done[k] = finish[k]
             burst = self.by_src.get(k, [])
             for i in burst_order.get(k, range(len(burst))):
-                tr, b = burst[i]
+                tr, ms, b = burst[i]
                 if tr.src == tr.dst:  # nothing is sent (and the channel stays free): the device's stage there
                     start = end = t0  # runs once the messages before are out, as its steps come after them
                 else:
                     start = max(t0, channel_free) if self.shared else t0
-                    end = t0 = start + tr.ms  # one sender sends its tensors one after another
+                    end = t0 = start + ms  # one sender sends its tensors one after another
                     channel_free = end if self.shared else channel_free
                 done[k] = end
                 if events is not None:

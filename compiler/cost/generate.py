@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
-from functools import cached_property
 
 import numpy as np
 
@@ -73,14 +72,13 @@ class GenerativeCostTable(CostTable):
     generate: GenerateCost | None = field(default=None, repr=False)
     io: StepIO | None = field(default=None, repr=False)  # None: every model input and output is a hand-off
 
-    @cached_property
-    def network(self) -> NetworkModel:
+    def _network(self, lone: bool) -> NetworkModel:
         """The cluster's links, with a step's hand-offs (`StepIO`) as the bytes of a request in and out."""
         if self.io is None or self.source is None:
-            return super().network
+            return super()._network(lone)
         graph = self.source[0]
         return NetworkModel(self.cluster, (sum(self.io.inputs(graph, graph.inputs).values()),
-                                           sum(self.io.outputs(graph, graph.outputs).values())))
+                                           sum(self.io.outputs(graph, graph.outputs).values())), lone)
 
 
 def _with(cost: CostTable, **extra) -> GenerativeCostTable:

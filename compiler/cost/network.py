@@ -30,12 +30,13 @@ class NetworkModel:
     outputs travel between the coordinator and the device through the same transport as any message.
     """
 
-    def __init__(self, cluster: ClusterModel, io_bytes: tuple[int, int] = (0, 0)):
+    def __init__(self, cluster: ClusterModel, io_bytes: tuple[int, int] = (0, 0), lone: bool = False):
         self.io_bytes = io_bytes  # (bytes of the model's inputs, of its outputs)
         self.devices = cluster.device_names
         self.medium = cluster.medium
         self.shared = cluster.medium == "shared"
-        self._costs = {d.name: d.runtime for d in cluster.devices}
+        # lone: the runtime's costs as a lone request meets them (DeviceSpec.lone_runtime, cost/quota_burst.py)
+        self._costs = {d.name: d.lone_runtime if lone else d.runtime for d in cluster.devices}
         self._links: dict[tuple[str, str], tuple[float, float]] = {}
         for a in self.devices:
             for b in self.devices:

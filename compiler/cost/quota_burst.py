@@ -20,47 +20,70 @@ The planners' DPs price every stage at the share (an upper bound of a lone reque
 evaluate, which ranks their best plans, times the burst; so on such devices a latency plan is the best of
 the DP's top plans as evaluate times them, and the generative planner reports its plans as not exact.
 
+A lone request's messages to and from such a device go at full speed too: their bytes at the profile's CPU
+figure (`message_cpu_ms_per_mb`, the runtime's work timed on one CPU) rather than at `message_ms_per_mb`, which
+the profile times back to back and so follows the share (DeviceSpec.lone_runtime; CostTable.lone_network prices
+the timeline's messages and hand-offs with it, and the links' periods stay at the share).  Measured on the
+testbed: a 256 KiB hand-off between two idle 0.3-core hosts took 0.93 ms, where the share's figure (8.3 ms per
+MB) said 2.4.
+
+A spatial stage's timeline is run twice: at the share for what it holds its devices for while inputs stream
+(its spans, its compute, the links' transfers), and as a lone request meets it for the latency: each tile on a
+bursting device spends that device's burst, and its scatter, halo and gather messages go at the lone request's
+figures (stage_timeline.py `run_stage`, `lone=`).
+
 Approximations: a device's messaging (ZeroMQ's encryption and copies, inside the same quota) is not drawn from
-its burst; a spatial stage's tiles are timed at the share; a device of t threads (its `threads`, 1 when unset)
-runs its burst on t cores at once.
+its burst; a device of t threads (its `threads`, 1 when unset) runs its burst on t cores at once.
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 from ..plan_types import Plan
 from .table import CostTable
 
-__all__ = ["bursting_devices", "lone_stage_ms"]
+__all__ = ["Burst", "bursting_devices", "lone_stage_ms"]
 
 
 def bursting_devices(cost: CostTable) -> dict[str, tuple[float, int, float]]:
     """{device: (quota cores, threads, burst CPU ms)} of the devices whose quota is below their threads and
     whose profile measured a burst (`cpu_quota.burst_ms`), sharing no machine (`hosts:` prices those)."""
-    out = {}
-    for d in cost.cluster.devices:
-        p = d.profile
-        q, burst, t = p.cpu_quota_cores, p.cpu_quota_burst_ms, d.threads or 1
-        if d.host is None and q is not None and burst is not None and q < t:
-            out[d.name] = (q, t, burst)
-    return out
+    return {d.name: d.quota_burst for d in cost.cluster.devices if d.quota_burst is not None}
 
 
-def lone_stage_ms(plan: Plan, cost: CostTable, stage_ms: tuple[float, ...], spatial: dict) -> tuple[float, ...]:
-    """Per stage, its compute in a lone request: `stage_ms` (priced at the share), except a pipeline stage of
-    a bursting device, whose CPU (its price times the quota) runs at full speed on its t threads while the
-    device's burst lasts (spent by its stages in order) and at the share beyond."""
-    bursting = bursting_devices(cost)
-    if not bursting:
+class Burst:
+    """What is left of each bursting device's burst as one lone request spends it (`spend`)."""
+
+    def __init__(self, cost: CostTable):
+        self.devices = bursting_devices(cost)
+        self.left = {d: burst for d, (_, _, burst) in self.devices.items()}
+
+    def spend(self, device: str, ms: float) -> float:
+        """The time of `ms` of work priced at the share on `device` when a lone request runs it: its CPU (ms
+        times the quota) at full speed on its t threads while the burst lasts, the rest at the share."""
+        if device not in self.devices:
+            return ms
+        q, t, _ = self.devices[device]
+        cpu = ms * q
+        fast = min(cpu, self.left[device])
+        self.left[device] -= fast
+        return fast / t + (cpu - fast) / q
+
+
+def lone_stage_ms(plan: Plan, cost: CostTable, stage_ms: tuple[float, ...], spatial: dict,
+                  lone_spatial: Callable[[int, Burst], float] | None = None) -> tuple[float, ...]:
+    """Per stage, its compute in a lone request: `stage_ms` (priced at the share), except on a bursting
+    device, whose work runs at full speed while the device's burst lasts (`Burst`, spent in stage order) and
+    at the share beyond.  A spatial stage's time is `lone_spatial(k, burst)` (its timeline with the tiles'
+    bursts and a lone request's messages, evaluate.py), or its `stage_ms` without it."""
+    if not bursting_devices(cost):
         return stage_ms
-    left = {d: burst for d, (_, _, burst) in bursting.items()}
+    burst = Burst(cost)
     out = []
     for k, (s, ms) in enumerate(zip(plan.stages, stage_ms)):
-        if k in spatial or s.device not in bursting:
-            out.append(ms)
-            continue
-        q, t, _ = bursting[s.device]
-        cpu = ms * q
-        fast = min(cpu, left[s.device])
-        left[s.device] -= fast
-        out.append(fast / t + (cpu - fast) / q)
+        if k in spatial:
+            out.append(ms if lone_spatial is None else lone_spatial(k, burst))
+        else:
+            out.append(burst.spend(s.device, ms))
     return tuple(out)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from ..graph import LayerGraph
 from ..plan_types import Stage
 from ..spatial.regions import SegmentMaps, segment_maps
+from .quota_burst import Burst
 from .table import CostTable
 from .tiles import Relayout, SegmentCost, copy_ms, host_mates, tile_ms
 
@@ -30,6 +31,8 @@ class _Timeline:
     channel: float = 0.0
     transfers: list = field(default_factory=list)
     events: list = field(default_factory=list)
+    burst: Burst | None = None  # a lone request's: compute on bursting devices spends their bursts
+    lone: bool = False  # messages at a lone request's figures (CostTable.lone_network)
 
     def exchange(self, tensor: str, per_cell: float, holders, needs, order=None) -> dict[str, float]:
         """Every holder (device, box) sends each receiver (device, box) the part of its box that receiver
@@ -39,6 +42,7 @@ class _Timeline:
         `holders` order) the needs' indices in the order it sends to them (order.py); None: need order.
         Returns when each receiver has all its pieces."""
         shared = self.cost.cluster.medium == "shared"
+        net = self.cost.lone_network if self.lone else self.cost.network
         ready: dict[str, float] = {}
         ranked = sorted(enumerate(holders), key=lambda eh: (self.clock[eh[1][0]], eh[1][1]))
         for e, (src, have) in ranked:
@@ -48,7 +52,7 @@ class _Timeline:
                 if dst == src or any(b <= a for a, b in part):
                     continue
                 nbytes = int(round(math.prod(b - a for a, b in part) * per_cell))
-                ms = self.cost.transfer_ms(nbytes, src, dst)
+                ms = net.transfer_ms(nbytes, src, dst)
                 start = max(self.clock[src], self.channel) if shared else self.clock[src]
                 self.clock[src] = start + ms
                 self.channel = self.clock[src] if shared else self.channel
@@ -59,9 +63,11 @@ class _Timeline:
 
     def copy(self) -> "_Timeline":
         """A timeline to try an exchange on: its own clocks and channel, no transfers or events."""
-        return _Timeline(self.cost, dict(self.clock), self.channel)
+        return _Timeline(self.cost, dict(self.clock), self.channel, lone=self.lone)
 
     def run(self, device: str, what: str, ready: float, ms: float) -> None:
+        if self.burst is not None:
+            ms = self.burst.spend(device, ms)
         start = max(self.clock[device], ready)
         self.clock[device] = start + ms
         self.events.append((device, "compute", what, start, start + ms))
@@ -196,11 +202,14 @@ def predict_stage(stage: Stage, graph: LayerGraph, cost: CostTable, order=None) 
     return run_stage(stage, graph, cost, work, (lambda j, tl, holders, needs: None if order is None else order[j]))
 
 
-def run_stage(stage: Stage, graph: LayerGraph, cost: CostTable, work: StageWork, choose) -> dict:
+def run_stage(stage: Stage, graph: LayerGraph, cost: CostTable, work: StageWork, choose,
+              burst: Burst | None = None) -> dict:
     """predict_stage's timeline of `work`, where `choose(j, timeline, holders, needs)` gives exchange j's
-    send order (see _Timeline.exchange) when the timeline has reached it."""
+    send order (see _Timeline.exchange) when the timeline has reached it.  With `burst`, as a lone request
+    meets it (quota_burst.py): each tile on a bursting device spends its burst, and messages go at the lone
+    request's figures; its compute_ms and tile_ms stay the tiles' prices."""
     devices = {stage.device, *stage.spatial.devices}
-    tl = _Timeline(cost, {d: 0.0 for d in devices})
+    tl = _Timeline(cost, {d: 0.0 for d in devices}, burst=burst, lone=burst is not None)
     compute = {d: 0.0 for d in devices}
     per_tile = {}
 

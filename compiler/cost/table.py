@@ -158,11 +158,22 @@ class CostTable:
     @cached_property
     def network(self) -> NetworkModel:
         """The cluster's links (network.py): the one place bandwidth becomes bytes per ms."""
+        return self._network(lone=False)
+
+    @cached_property
+    def lone_network(self) -> NetworkModel:
+        """The links as a lone request's timeline meets them: a message to or from a device whose quota bursts
+        at full speed (cost/quota_burst.py); `network` itself where no device's costs differ so."""
+        if all(d.lone_runtime is d.runtime for d in self.cluster.devices):
+            return self.network
+        return self._network(lone=True)
+
+    def _network(self, lone: bool) -> NetworkModel:
         if self.source is None:
-            return NetworkModel(self.cluster)
+            return NetworkModel(self.cluster, lone=lone)
         graph = self.source[0]
         return NetworkModel(self.cluster, (sum(graph.tensors[t].nbytes for t in graph.inputs),
-                                      sum(graph.tensors[t].nbytes for t in graph.outputs)))
+                                      sum(graph.tensors[t].nbytes for t in graph.outputs)), lone)
 
     def transfer_ms(self, nbytes: int, src: str, dst: str) -> float:
         return self.network.transfer_ms(nbytes, src, dst)

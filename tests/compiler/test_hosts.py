@@ -25,7 +25,7 @@ RUNTIME = {"message_ms": 0.4, "message_ms_per_mb": 2.0, "request_ms": 1.0}
 def write(tmp_path, hosts=None, device_hosts=("box", "box"), threads=(1, 1), runtime=True, name="c.yaml", quota=None,
           burst=None):
     prof = {"name": "p", "memory_mb": 4096, "usable_memory_fraction": 0.75, "runtime_overhead_mb": 50, **FIG,
-            **({"runtime": RUNTIME} if runtime else {}),
+            **({"runtime": RUNTIME if runtime is True else runtime} if runtime else {}),
             **({"cpu_quota": {"cores": quota, "period_us": 5000, "source": "cgroup v1", "burst_ms": burst}}
                if quota else {})}
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(prof))
@@ -316,3 +316,66 @@ def test_a_lone_input_runs_a_quotad_devices_burst_at_full_speed(chain, tmp_path)
     # without a quota the burst is not read
     _, free = predict(chain, write(tmp_path, device_hosts=(None, None)))
     assert compute_ms(free, "d0") == free.busy_ms["d0"]
+
+
+def test_a_lone_inputs_messages_to_a_bursting_device_go_at_the_cpu_figure_and_streaming_at_the_share(
+        chain, tmp_path, monkeypatch):
+    """A lone input's hand-offs to and from a device whose quota bursts run at full speed: their bytes at the
+    profile's message_cpu_ms_per_mb (the runtime's work timed on one CPU), not at message_ms_per_mb, which
+    follows the share (cost/quota_burst.py); the links' periods and the coordinator's stay at the share."""
+    from edgec.compiler.cluster.cluster import DeviceSpec
+
+    cpu = {**RUNTIME, "message_cpu_ms_per_mb": 0.5}
+    path = write(tmp_path, device_hosts=(None, None), quota=0.4, burst=1e3, runtime=cpu, name="f.yaml")
+    _, fast = predict(chain, path)
+    with monkeypatch.context() as m:  # the same cluster with a lone input's costs those of streaming
+        m.setattr(DeviceSpec, "lone_runtime", property(lambda self: self.runtime))
+        _, share = predict(chain, path)
+    (tr,) = share.transfers
+    (ev,) = [e for e in fast.timeline if e.kind == "transfer" and e.device == "d0" and "-> d1" in e.what]
+    assert fast.transfers == share.transfers  # what holds the link while inputs stream
+    assert ev.end_ms - ev.start_ms == pytest.approx(tr.ms - tr.nbytes * (2.0 - 0.5) / 1e6)
+    assert fast.period_ms == share.period_ms and fast.throughput_ips == share.throughput_ips
+    assert fast.coordinator_ms == share.coordinator_ms
+    ins = sum(chain.graph.tensors[t].nbytes for t in chain.graph.inputs)
+    saved = (tr.nbytes + ins) * (2.0 - 0.5) / 1e6  # the hand-off between the devices and the model's input
+    timeline = lambda p: max(e.end_ms for e in p.timeline)  # the last compute (the output's hand-off follows it)
+    assert timeline(fast) == pytest.approx(timeline(share) - saved)
+    # without a burst (or without a quota) the lone input meets the share's figures
+    for quota, burst in ((0.4, None), (None, None)):
+        _, plain = predict(chain, write(tmp_path, device_hosts=(None, None), quota=quota, burst=burst, runtime=cpu,
+                                        name="plain.yaml"))
+        (ev,) = [e for e in plain.timeline if e.kind == "transfer" and e.device == "d0" and "-> d1" in e.what]
+        assert ev.end_ms - ev.start_ms == pytest.approx(plain.transfers[0].ms)
+
+
+def test_a_spatial_stage_on_bursting_devices_times_its_tiles_and_messages_as_a_lone_request_meets_them(
+        tmp_path, monkeypatch):
+    """A spatial stage's timeline is run at the share for what it holds its devices for while inputs stream
+    (spans, compute, the links' transfers) and as a lone request meets it for the latency: its tiles spend their
+    devices' bursts (here longer than all of it: full speed, the price times the quota) and its messages go at
+    the CPU figure (cost/quota_burst.py)."""
+    from edgec.compiler.cluster.cluster import DeviceSpec
+    from edgec.compiler.plan.spatial import search_spatial
+
+    path = tmp_path / "wide.onnx"
+    onnx.save(shape_inference.infer_shapes(conv_chain_model(n=4, channels=32, size=32)), path)
+    graph = load_model(path).graph
+    cluster = load_cluster(write(tmp_path, device_hosts=(None, None), quota=0.4, burst=1e3,
+                                 runtime={**RUNTIME, "message_cpu_ms_per_mb": 0.5}, name="q.yaml"))
+    cost = build_cost_table(graph, cluster)
+    plan, _ = search_spatial(graph, cost)
+    assert plan.stages[0].spatial is not None and len(set(plan.stages[0].spatial.devices)) == 2
+    lone = evaluate(plan, graph, cost)
+    with monkeypatch.context() as m:  # the same cluster with no burst and a lone input's costs at the share
+        m.setattr(DeviceSpec, "quota_burst", property(lambda self: None))
+        share = evaluate(plan, graph, build_cost_table(graph, cluster))
+    assert (lone.period_ms, lone.busy_ms, lone.transfers, lone.stage_ms) == (
+        share.period_ms, share.busy_ms, share.transfers, share.stage_ms)
+    tiles = lambda p: [e.end_ms - e.start_ms for e in p.timeline if e.kind == "compute" and " rows " in e.what]
+    assert len(tiles(lone)) > 1 and tiles(lone) == pytest.approx([0.4 * ms for ms in tiles(share)])
+    sends = lambda p: {(e.device, e.what): e.end_ms - e.start_ms for e in p.timeline
+                       if e.kind == "transfer" and not e.what.endswith(f"-> {e.device}")}  # not a stage's own
+    assert sends(lone).keys() == sends(share).keys() and len(sends(lone)) > 0
+    assert all(ms < sends(share)[k] for k, ms in sends(lone).items())
+    assert max(e.end_ms for e in lone.timeline) < max(e.end_ms for e in share.timeline)
