@@ -102,8 +102,8 @@ def compile_build(model: Path, cluster: Path, out: Path, *flags: str) -> tuple[d
     """`edgec compile --json`: its summary, or None and the reason it printed when it refused (exit 2)."""
     done = subprocess.run([*EDGEC, "compile", str(model), "--devices", str(cluster), "-o", str(out), *flags, "--json"],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if done.returncode == 2:
-        return None, (done.stderr.strip().splitlines() or ["exit 2"])[-1]
+    if done.returncode == 2:  # the reason, without "edgec: <cluster file>: " (a path in the work folder)
+        return None, (done.stderr.strip().splitlines() or ["exit 2"])[-1].removeprefix(f"edgec: {cluster}: ")
     if done.returncode != 0:
         raise ClusterError(f"edgec compile {model.name} {' '.join(flags)} exited {done.returncode}: "
                            f"{' / '.join(done.stderr.strip().splitlines()[-3:])}")
