@@ -61,6 +61,7 @@ class Connecting:
             self._connect(w)
         for w in self.workers.values():
             self._send_first(w, {"t": "hello", "protocol": PROTOCOL_VERSION, "edgec": edgec_version()}, deadline)
+            w.hello_sent = True
         self._pump(deadline, lambda: self._all("welcomed"), "connecting")
         raw, path = manifest_json(self.manifest), str(self.manifest.path)
         for w in self.workers.values():

@@ -17,6 +17,7 @@ import uuid
 from typing import Callable, Mapping
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from ..errors import RunError
 from ..machine import MAX_THREADS_HERE
@@ -179,7 +180,8 @@ class WorkerPool(Connecting, Shipping, Window, Liveness, Clocks, Emulating):
         if self.wake_fd is not None:  # the caller's pipe: nothing to wait for any more
             self.poller.unregister(self.wake_fd)
             self.wake_fd = None
-        talking = [w for w in self.workers.values() if w.sock is not None and w.phase not in ("connecting", "ended")]
+        talking = [w for w in self.workers.values() if w.sock is not None and w.phase != "ended"
+                   and (w.phase != "connecting" or self._reached(w))]
         for w in talking:
             try:
                 w.sock.send(pack({"t": "end"}), flags=zmq.NOBLOCK)
@@ -208,14 +210,31 @@ class WorkerPool(Connecting, Shipping, Window, Liveness, Clocks, Emulating):
         if self.ephemeral:
             self.keys, self.ephemeral = None, False
 
+    def _reached(self, w: WorkerLink) -> bool:
+        """Whether a worker still connecting when the run ends holds a session of this coordinator, or may:
+        told hello over a connection whose handshake succeeded (its monitor's events read here), it began one
+        when it read the hello, or will, and a worker serves one session at a time, so it must be told the
+        run is over, or it stays busy for the next coordinator (a fallback plan's) until it misses our
+        heartbeats.  A worker never reached (no handshake) cannot have read the hello: nothing to wait for."""
+        if not w.hello_sent or w.monitor is None:
+            return False
+        while not w.handshake_ok:
+            try:
+                event = parse_monitor_message(w.monitor.recv_multipart(flags=zmq.NOBLOCK))["event"]
+            except zmq.Again:
+                break
+            w.handshake_ok = event == zmq.EVENT_HANDSHAKE_SUCCEEDED
+        return w.handshake_ok
+
     def _drain_quietly(self, w: WorkerLink) -> None:
-        """While closing: only the final counts matter; late outputs and errors are ignored."""
+        """While closing: only the final counts matter; late outputs and errors are ignored, and a worker that
+        refused the run (busy with another coordinator's) has no session of ours to end."""
         while (frames := recv_message(w.sock)) is not None:
             try:
                 msg, _ = parse(frames, _FROM_WORKER)
             except BadMessage:
                 continue
-            if msg["t"] in ("bye", "error"):
+            if msg["t"] in ("bye", "error", "refused"):
                 if msg["t"] == "bye":
                     self._on_bye(w, msg, None)
                 w.phase = "ended"

@@ -34,6 +34,7 @@ class WorkerLink:
         self.key: bytes | None = None  # the worker's public key (its CURVE server key)
         self.phase = "connecting"  # -> welcomed -> opened -> loaded -> ready -> ended
         self.handshake_ok = False
+        self.hello_sent = False  # a worker told hello may have begun a session with this coordinator
         self.data_addr: str | None = None
         self.blobs: Iterator | None = None
         self.unacked = 0

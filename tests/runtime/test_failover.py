@@ -202,6 +202,29 @@ def test_a_worker_dying_as_the_run_starts_is_a_lost_device(build, workers, monke
     assert report["pi5-b"]["lost"] is True and report["pi5-c"]["requests"] == 3
 
 
+def test_a_worker_still_connecting_when_the_first_plan_fails_is_told_the_run_is_over(build, workers, monkeypatch):
+    """pi5-b dies as it is welcomed while pi5-a's welcome is still unread (a busy machine): pi5-a read its hello
+    and began a session of this coordinator, so ending that run must end the session there too, or the fallback
+    plan finds pi5-a busy with it ("refused: the worker is busy with the run of another coordinator")."""
+    welcome, pools = WorkerPool._on_welcome, []
+
+    def first_run_reads_only_pi5b(self, w, msg, payload):
+        pools.append(self) if self not in pools else None
+        if self is pools[0] and w.name == "pi5-a":
+            return  # unread: pi5-a stays "connecting" in the first run
+        welcome(self, w, msg, payload)
+        if self is pools[0] and w.name == "pi5-b" and workers["pi5-b"].proc.poll() is None:
+            workers["pi5-b"].proc.kill()
+            workers["pi5-b"].proc.wait()
+
+    monkeypatch.setattr(WorkerPool, "_on_welcome", first_run_reads_only_pi5b)
+    m = load_manifest(build / "manifest.json")
+    with FailoverPool(m, addresses={n: w.address for n, w in workers.items()}, inflight=1, timeout=30) as cluster:
+        assert len(list(cluster.stream([random_inputs(m.inputs, 3)] * 2))) == 2
+        assert [f["device"] for f in cluster.failovers] == ["pi5-b"] and set(cluster.workers) == {"pi5-a", "pi5-c"}
+    assert len(pools) == 2 and cluster.device_report()["pi5-a"]["requests"] == 2
+
+
 def test_without_fallbacks_a_worker_dying_as_the_run_starts_fails_naming_it(plain_build, workers, monkeypatch):
     _kill_once_welcomed(monkeypatch, workers, "pi5-b")
     m = load_manifest(plain_build / "manifest.json")
