@@ -227,7 +227,8 @@ def bench_weights(b: Bench) -> Formula:
     return _rate(nbytes, WEIGHTS)
 
 
-GEMM_COLD_LAYERS = 12  # MatMuls of 1024 x 1024 weights, 48 MB in all: more than this machine's 32 MB L3 holds
+GEMM_COLD_LAYERS = 12  # MatMuls of 1024 x 1024 weights, 48 MB in all: more than a 32 MB L3 holds (a larger
+#   cache may keep them: gemm_weight_figure leaves such a figure out)
 # Rows of its MatMuls: the figure is a difference of two timings, so the fewer the rows, the larger the weights'
 # share of the chain's time and the less the timings' noise moves it. At 128 rows the weights are about 16% of
 # the chain's time, and two profiles back to back put the figure 14-16% apart in two pairs of four. At 32 rows
