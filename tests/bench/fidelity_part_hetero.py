@@ -13,8 +13,9 @@ For each of --hetero-models (default squeezenet, mobilenetv2, resnet50, transfor
   - Single devices: the model alone on each device (a one-device cluster of its profile), the same runs.
   - Measured with `edgec run --random-inputs --verify --json` from the coordinator host, every run verified:
     latency is the median request at `--inflight 1`, throughput the streamed rate at the default --inflight
-    (the plan's depth), each run of `requests_for` its predicted rate.  --rounds rounds, in each the single
-    devices then every plan; each figure is the median over the rounds.
+    (the plan's depth), each run of `requests_for` its predicted rate.  --rounds rounds, in each every model in
+    turn (its single devices, then every plan), so that a slow phase of the machine falls on all models alike;
+    each figure is the median over the rounds.
   - Targets (HETERO_TARGETS, issue 41): each plan's measured latency within 15% of its predicted latency and
     the median error at most 10%; each plan's streamed throughput within 20% of predicted.  Reported PASS or
     FAIL in the summary and in --json (`hetero.targets`), not enforced (the bench exits 0 when every command
@@ -181,7 +182,19 @@ def targets(rows: list[dict], errors: int = 0) -> dict:
     return out
 
 
-def bench_hetero_model(tc: HeteroCluster, name: str, folder: Path, repeat: int, rounds: int) -> dict:
+@dataclass
+class ModelRun:
+    """One model's builds on the testbed: its plans for the cluster, each device alone, the strategies that
+    refused it, and the load average at the start of each of its rounds."""
+
+    name: str
+    builds: list[Build]
+    singles: list[Build]
+    refused: list[dict]
+    loads: list = field(default_factory=list)
+
+
+def prepare_model(tc: HeteroCluster, name: str, folder: Path) -> ModelRun:
     model = model_path(name)
     log(f"hetero: {name}: compiling for {'+'.join(tc.devices)} and for each device alone")
     builds, refused = compile_plans(model, tc.cluster, folder)
@@ -194,20 +207,38 @@ def bench_hetero_model(tc: HeteroCluster, name: str, folder: Path, repeat: int, 
     for b in builds:
         log(f"  {'='.join(b.labels)}: {len(b.summary['stages'])} stage(s) on {'+'.join(b.busy)}, predicted "
             f"{b.summary['predicted_latency_ms']:.1f} ms, {b.summary['predicted_throughput_ips']:.2f}/s")
-    loads = []
+    return ModelRun(name, builds, singles, refused)
+
+
+def measure_rounds(tc: HeteroCluster, runs: list[ModelRun], rounds: int, repeat: int) -> list[dict]:
+    """`rounds` rounds, in each every model in turn (its single devices, then its plans), so that a slow phase
+    of the machine (on a shared virtual machine, minutes long) falls on every model alike instead of on the
+    models measured during it.  A model whose run fails is left out of the later rounds: [{model, error}]."""
+    errors = []
     for r in range(rounds):
-        loads.append(loadavg())
-        log(f"hetero: {name}: round {r + 1}/{rounds} (load average {loads[-1]})")
-        for b in singles + builds:
-            measure(tc, b, repeat)
-    plan_rows = [row(name, b, "plan") for b in builds]
-    single_rows = [row(name, b, "single") for b in singles]
+        for m in list(runs):
+            m.loads.append(loadavg())
+            log(f"hetero: {m.name}: round {r + 1}/{rounds} (load average {m.loads[-1]})")
+            try:
+                for b in m.singles + m.builds:
+                    measure(tc, b, repeat)
+            except ClusterError as exc:
+                log(f"hetero: {m.name}: FAILED: {exc}")
+                errors.append({"model": m.name, "error": str(exc), "worker_logs": tc.worker_logs()})
+                runs.remove(m)
+    return errors
+
+
+def model_result(m: ModelRun) -> dict:
+    """A measured model's rows (its plans, then each device alone), refusals and pipeline efficiency."""
+    plan_rows = [row(m.name, b, "plan") for b in m.builds]
+    single_rows = [row(m.name, b, "single") for b in m.singles]
     for r in plan_rows + single_rows:
-        r["loadavg_rounds"] = loads
+        r["loadavg_rounds"] = m.loads
         log(f"  {r['plan']}: latency {r['measured_latency_ms']:.1f} ms (predicted {r['predicted_latency_ms']:.1f}), "
             f"throughput {r['measured_throughput_ips']:.2f}/s (predicted {r['predicted_throughput_ips']:.2f})")
-    return {"rows": plan_rows + single_rows, "refused": [dict(x, model=name) for x in refused],
-            "efficiency": efficiency(name, plan_rows, single_rows)}
+    return {"rows": plan_rows + single_rows, "refused": [dict(x, model=m.name) for x in m.refused],
+            "efficiency": efficiency(m.name, plan_rows, single_rows)}
 
 
 def drift(tc: HeteroCluster, rows: list[dict], folder: Path) -> dict:
@@ -243,13 +274,16 @@ def bench_hetero(names: list[str], folder: Path, shares: list[float], mbps: floa
     try:
         with HeteroCluster(shares, mbps, work, warmup, quick_profile, cpu_weight) as tc:
             out["profiles"] = tc.profile_records
+            runs = []
             for name in names:
                 try:
-                    got = bench_hetero_model(tc, name, work, repeat, rounds)
+                    runs.append(prepare_model(tc, name, work))
                 except ClusterError as exc:
                     log(f"hetero: {name}: FAILED: {exc}")
                     out["errors"].append({"model": name, "error": str(exc), "worker_logs": tc.worker_logs()})
-                    continue
+            out["errors"] += measure_rounds(tc, runs, rounds, repeat)
+            for m in runs:
+                got = model_result(m)
                 out["rows"] += got["rows"]
                 out["refused"] += got["refused"]
                 out["efficiency"].append(got["efficiency"])

@@ -11,7 +11,7 @@ import pytest
 
 import benchlib  # tests/bench is on sys.path: pytest puts a test file's folder there (no __init__.py)
 import fidelity_part_hetero
-from fidelity_part_hetero import drift, efficiency, hetero_text, parse_shares, targets
+from fidelity_part_hetero import Build, ModelRun, drift, efficiency, hetero_text, measure_rounds, parse_shares, targets
 
 RENDER = Path(__file__).resolve().parents[2] / "benchmarks" / "render.py"
 _spec = importlib.util.spec_from_file_location("edgec_bench_render", RENDER)
@@ -140,3 +140,39 @@ def test_the_drift_check_prints_a_verdict_and_a_table_or_why_it_is_not_known():
     h["drift"] = {"error": "edgec profile on dev-a exited 1: boom"}
     _, notes = benchlib.tables_of(hetero_text(h))
     assert any(n.startswith("Whether the machine held still: not known (profiling again") for n in notes)
+
+
+class _Testbed:
+    """A HeteroCluster whose runs answer at once, in the order asked (and fail for one build)."""
+
+    def __init__(self, fail: str | None = None):
+        self.ran, self.fail = [], fail
+
+    def run(self, path, requests, *flags):
+        if path.name == self.fail:
+            raise fidelity_part_hetero.ClusterError(f"edgec run {path.name} exited 1")
+        self.ran.append((path.name, "latency" if "--inflight" in flags else "throughput"))
+        return {"latency_ms": 10.0, "throughput_ips": 100.0}
+
+    def worker_logs(self):
+        return {}
+
+
+def _model(name: str) -> ModelRun:
+    summary = {"predicted_latency_ms": 10.0, "predicted_throughput_ips": 100.0, "stages": [], "devices": []}
+    return ModelRun(name, [Build(["auto/latency"], Path(f"{name}-plan"), summary)],
+                    [Build(["single/dev-a"], Path(f"{name}-single"), summary)], [])
+
+
+def test_rounds_take_every_model_in_turn_and_leave_out_a_model_that_failed():
+    tb, runs = _Testbed(), [_model("m"), _model("n")]
+    assert measure_rounds(tb, runs, 2, repeat=1) == []
+    order = [name for name, kind in tb.ran if kind == "latency"]
+    assert order == ["m-single", "m-plan", "n-single", "n-plan"] * 2  # each round: every model, singles first
+    assert [len(b.latency_ms) for m in runs for b in m.singles + m.builds] == [2] * 4
+    assert all(len(m.loads) == 2 for m in runs)
+    tb, runs = _Testbed(fail="m-plan"), [_model("m"), _model("n")]
+    errors = measure_rounds(tb, runs, 2, repeat=1)
+    assert [e["model"] for e in errors] == ["m"] and "m-plan exited 1" in errors[0]["error"]
+    assert [m.name for m in runs] == ["n"] and [name for name, kind in tb.ran if kind == "latency"] == [
+        "m-single", "n-single", "n-plan", "n-single", "n-plan"]
