@@ -30,7 +30,7 @@ MB) said 2.4.
 A spatial stage's timeline is run twice: at the share for what it holds its devices for while inputs stream
 (its spans, its compute, the links' transfers), and as a lone request meets it for the latency: each tile on a
 bursting device spends that device's burst, and its scatter, halo and gather messages go at the lone request's
-figures (stage_timeline.py `run_stage`, `lone=`).
+figures (stage_timeline.py `run_stage`, `burst=`).
 
 Approximations: a device's messaging (ZeroMQ's encryption and copies, inside the same quota) is not drawn from
 its burst; a device of t threads (its `threads`, 1 when unset) runs its burst on t cores at once.

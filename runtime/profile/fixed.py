@@ -61,8 +61,10 @@ request instead, so that the quota refills, were worse here: a wake from idle on
 0.2 ms, and a 0.25-core hand-off measured 0.25-2.6 ms.) The hand-offs are timed in requests of their own size
 for the same reason: with the large tensor's exchange in the same request, its CPU ran the quota out and the
 stall landed in the 64-byte hand-off as often as not (1.8-2.2 ms on one CPU too). The per-MB figure under a small
-share is still both ends' work within one quota (8.5-8.8 ms per MB at 0.3 cores, one CPU or two), where two such devices each spend their own: a 256 KiB hand-off
-between two 0.3-core testbed hosts took 0.93 ms (0.80 with no quota), the profile's figures say 2.4.
+share is still both ends' work within one quota (8.5-8.8 ms per MB at 0.3 cores, one CPU or two), what streamed
+requests pay; a lone request's hand-off between two such devices runs at full speed within their bursts (a 256 KiB
+one between two idle 0.3-core testbed hosts took 0.93 ms, 0.80 with no quota, where this figure says 2.4), which
+the compiler prices with message_cpu_ms_per_mb instead (compiler/cost/quota_burst.py).
 
 Each is timed in rounds of samples until the last `window` agree (timing.py), but unlike the micro-benchmarks:
 - a sample is the median of its requests (or runs), not their mean: one late wake-up of a worker is not the

@@ -56,7 +56,7 @@ def test_a_provider_this_onnxruntime_lacks_is_refused_in_one_line():
         cpu_nodes(onnx.load(str(MODEL)), [Provider("CUDAExecutionProvider")], where="m.onnx")
 
 
-def test_a_subgraphs_time_is_shared_among_the_nodes_the_cpu_did_not_run(monkeypatch):
+def test_a_subgraphs_time_is_shared_among_the_nodes_the_cpu_did_not_run(monkeypatch, tmp_path):
     """measure_layers_on with an accelerator: the trace's accelerator events go to the claimed nodes in proportion
     to their CPU times; the CPU's nodes keep theirs. Replayed from the recorded trace (one run, no warm-up)."""
     import edgec.runtime.profile.nodes as nodes
@@ -74,7 +74,7 @@ def test_a_subgraphs_time_is_shared_among_the_nodes_the_cpu_did_not_run(monkeypa
             pass
 
         def end_profiling(self):
-            f = Path(tempfile.mkdtemp()) / "trace.json"
+            f = tmp_path / "trace.json"
             f.write_text(json.dumps(events))
             return str(f)
 
